@@ -1,0 +1,303 @@
+"""Torch reference of every op statechat's model uses: the CPU path and the kernels' oracle.
+
+All ops work on varlen batches packed along the token axis: sequence i owns tokens
+`cu_seqlens[i]:cu_seqlens[i+1]`. Recurrent state lives in pools indexed by slot; per sequence a
+source slot is read (slot 0 = "start from zeros") and a destination slot is written. Checkpoint
+targets ask for the state after the first `boundary` tokens of a sequence's segment (a multiple
+of `CHUNK`), written to a slot from inside the same pass.
+
+The math runs in float32 (float64 when the inputs are float64, for use as an oracle). The
+functions are written for clarity, with host-side loops over sequences; only the Triton kernels
+need to be fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64  # GDN chunk size; checkpoint boundaries are multiples of it
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Where states should be saved during a prefill: C targets.
+
+    seq: [C] int32, index of the sequence in the batch
+    boundary: [C] int32, tokens of that sequence's segment consumed, a positive multiple of CHUNK
+        and at most the segment length
+    slot: [C] int32, state slot to write
+    """
+
+    seq: torch.Tensor
+    boundary: torch.Tensor
+    slot: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.seq.shape[0])
+
+    def for_seq(self, i: int) -> list[tuple[int, int]]:
+        """(boundary, slot) pairs of sequence i, host side."""
+        return [
+            (int(b), int(s))
+            for q, b, s in zip(self.seq.tolist(), self.boundary.tolist(), self.slot.tolist())
+            if q == i
+        ]
+
+
+def _math_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _bounds(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
+    cu = cu_seqlens.tolist()
+    return list(zip(cu[:-1], cu[1:]))
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim (FLA's and transformers' convention)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gdn_gating(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decay and write strength of the gated delta rule.
+
+    a, b: [T, HV]; A_log, dt_bias: [HV]. Returns g = -exp(A_log) * softplus(a + dt_bias) (log
+    decay, <= 0) and beta = sigmoid(b), both [T, HV] in the math dtype.
+    """
+    dt = _math_dtype(a)
+    g = -A_log.to(dt).exp() * F.softplus(a.to(dt) + dt_bias.to(dt))
+    return g, b.to(dt).sigmoid()
+
+
+def _gdn_prepare(q, k, v, a, b, A_log, dt_bias):
+    """Gate, normalise, scale and expand q/k to the value heads. Shapes as in chunk_gdn."""
+    dt = _math_dtype(q)
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    rep = v.shape[1] // q.shape[1]
+    q = l2norm(q.to(dt)).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+    k = l2norm(k.to(dt)).repeat_interleave(rep, dim=1)
+    return q, k, v.to(dt), g, beta
+
+
+def _chunk_scan(q, k, v, g, beta, state, targets):
+    """Chunked gated delta rule over one sequence.
+
+    q, k: [T, HV, K]; v: [T, HV, V]; g, beta: [T, HV]; state: [HV, K, V] (math dtype).
+    targets: {boundary: callback(state)} called with the state after `boundary` tokens.
+    Returns (o [T, HV, V], final state).
+    """
+    T = q.shape[0]
+    out = torch.empty_like(v)
+    mask = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(0)
+    for s in range(0, T, CHUNK):
+        e = min(s + CHUNK, T)
+        # [HV, L, *] views of this chunk
+        qc, kc, vc = (x[s:e].transpose(0, 1) for x in (q, k, v))
+        gc, bc = g[s:e].transpose(0, 1), beta[s:e].transpose(0, 1)
+        L = e - s
+        gcum = gc.cumsum(-1)  # [HV, L]
+        decay = (gcum[:, :, None] - gcum[:, None, :]).masked_fill(mask[:L, :L].T.logical_not(), float("-inf")).exp()
+        # Solve (I + A) u = beta * (v - exp(gcum) k S) with A strictly lower: A_ij = beta_i k_i.k_j decay_ij
+        kk = (kc @ kc.transpose(-1, -2)) * decay * bc[:, :, None]
+        A = kk.tril(-1) + torch.eye(L, dtype=q.dtype, device=q.device)
+        rhs = bc[:, :, None] * (vc - (kc * gcum.exp()[:, :, None]) @ state)
+        u = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+        attn = (qc @ kc.transpose(-1, -2)) * decay  # causal incl. diagonal
+        out[s:e] = ((qc * gcum.exp()[:, :, None]) @ state + attn @ u).transpose(0, 1)
+        kdec = kc * (gcum[:, -1:] - gcum).exp()[:, :, None]
+        state = state * gcum[:, -1].exp()[:, None, None] + kdec.transpose(-1, -2) @ u
+        if e in targets:
+            targets[e](state)
+    return out, state
+
+
+def chunk_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    checkpoints: Checkpoints | None = None,
+) -> torch.Tensor:
+    """Varlen chunked gated delta rule with fused gating and q/k L2 norm.
+
+    q, k: [T, H, K]; v: [T, HV, V] (HV a multiple of H; value head j reads key head j // (HV/H));
+    a, b: [T, HV] raw gate inputs; A_log, dt_bias: [HV];
+    state_pool: [num_slots, HV, K, V] float32, read at src_slots and written at dst_slots
+    (and at checkpoint slots); cu_seqlens: [N+1] int32; src_slots, dst_slots: [N] int32.
+    Returns o: [T, HV, V] in v's dtype.
+    """
+    qm, km, vm, g, beta = _gdn_prepare(q, k, v, a, b, A_log, dt_bias)
+    out = torch.empty_like(vm)
+    for i, (s, e) in enumerate(_bounds(cu_seqlens)):
+        src, dst = int(src_slots[i]), int(dst_slots[i])
+        state = state_pool[src].to(qm.dtype) if src != 0 else qm.new_zeros(state_pool.shape[1:])
+        targets = {}
+        for boundary, slot in (checkpoints.for_seq(i) if checkpoints is not None else []):
+            targets[boundary] = lambda st, slot=slot: state_pool[slot].copy_(st)
+        out[s:e], state = _chunk_scan(qm[s:e], km[s:e], vm[s:e], g[s:e], beta[s:e], state, targets)
+        state_pool[dst].copy_(state)
+    return out.to(v.dtype)
+
+
+def recurrent_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step of the gated delta rule for N sequences (one token each).
+
+    q, k: [N, H, K]; v: [N, HV, V]; a, b: [N, HV]; state_pool: [num_slots, HV, K, V] float32;
+    src_slots, dst_slots: [N] int32. Returns o: [N, HV, V] in v's dtype.
+    """
+    qm, km, vm, g, beta = _gdn_prepare(q, k, v, a, b, A_log, dt_bias)
+    src = src_slots.long()
+    state = state_pool[src].to(qm.dtype) * (src != 0).to(qm.dtype)[:, None, None, None]
+    state = state * g.exp()[:, :, None, None]
+    delta = beta[:, :, None] * (vm - torch.einsum("nhkv,nhk->nhv", state, km))
+    state = state + km[:, :, :, None] * delta[:, :, None, :]
+    out = torch.einsum("nhkv,nhk->nhv", state, qm)
+    state_pool[dst_slots.long()] = state.to(state_pool.dtype)
+    return out.to(v.dtype)
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_pool: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    checkpoints: Checkpoints | None = None,
+) -> torch.Tensor:
+    """Varlen causal depthwise conv1d (no bias) followed by SiLU.
+
+    x: [T, D]; weight: [D, W]; conv_pool: [num_slots, W-1, D] holds the last W-1 inputs of each
+    sequence (oldest first), read at src_slots (slot 0 = zeros) and written at dst_slots; a
+    checkpoint target (boundary n) receives the window of inputs n-W+1 .. n-1.
+    Returns [T, D] in x's dtype.
+    """
+    dt = _math_dtype(x)
+    width = weight.shape[1]
+    w = weight.to(dt)
+    out = torch.empty(x.shape, dtype=dt, device=x.device)
+    for i, (s, e) in enumerate(_bounds(cu_seqlens)):
+        src, dst = int(src_slots[i]), int(dst_slots[i])
+        init = conv_pool[src].to(dt) if src != 0 else x.new_zeros(width - 1, x.shape[1], dtype=dt)
+        xs = torch.cat([init, x[s:e].to(dt)], dim=0)  # [W-1+L, D]
+        windows = xs.unfold(0, width, 1)  # [L, D, W]
+        out[s:e] = F.silu((windows * w).sum(-1))
+        for boundary, slot in (checkpoints.for_seq(i) if checkpoints is not None else []):
+            conv_pool[slot].copy_(xs[boundary : boundary + width - 1])
+        conv_pool[dst].copy_(xs[xs.shape[0] - (width - 1) :])
+    return out.to(x.dtype)
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_pool: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step of causal_conv1d: x: [N, D] -> [N, D]; conv_pool as in causal_conv1d."""
+    dt = _math_dtype(x)
+    src = src_slots.long()
+    init = conv_pool[src].to(dt) * (src != 0).to(dt)[:, None, None]
+    xs = torch.cat([init, x.to(dt)[:, None, :]], dim=1)  # [N, W, D]
+    out = F.silu((xs * weight.to(dt).T[None]).sum(1))
+    conv_pool[dst_slots.long()] = xs[:, 1:].to(conv_pool.dtype)
+    return out.to(x.dtype)
+
+
+def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x over its last dim, times weight, times SiLU(gate) (transformers' order).
+
+    x, gate: [..., D]; weight: [D]. The norm runs in float32, the weight multiplies in x's dtype.
+    """
+    dt = _math_dtype(x)
+    xf = x.to(dt)
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed).to(dt).mul(F.silu(gate.to(dt))).to(x.dtype)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm: norm(x) * (1 + weight), computed in float32. x: [..., D]."""
+    dt = _math_dtype(x)
+    xf = x.to(dt)
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.to(dt))
+    return out.to(x.dtype)
+
+
+def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """pool[dst[i]] = pool[src[i]] for every i (src and dst: [M] int32, disjoint)."""
+    pool[dst.long()] = pool[src.long()]
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write new keys/values into the paged cache.
+
+    k, v: [T, Hkv, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D];
+    slot_mapping: [T] int64, block * block_size + offset for each token (-1 = skip).
+    """
+    keep = slot_mapping >= 0
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    flat_k[slot_mapping[keep]] = k[keep].to(k_cache.dtype)
+    flat_v[slot_mapping[keep]] = v[keep].to(v_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of new queries over a paged KV cache (prefill and decode alike).
+
+    q: [T, Hq, D] (Hq a multiple of Hkv); k_cache, v_cache: [num_blocks, block_size, Hkv, D];
+    block_tables: [N, max_blocks] int32; cu_seqlens_q: [N+1] int32; context_lens: [N] int32,
+    tokens in the cache for each sequence including its new ones (which are its last tokens).
+    Returns [T, Hq, D] in q's dtype; softmax in float32.
+    """
+    dt = _math_dtype(q)
+    block_size = k_cache.shape[1]
+    rep = q.shape[1] // k_cache.shape[2]
+    out = torch.empty(q.shape, dtype=dt, device=q.device)
+    for i, (s, e) in enumerate(_bounds(cu_seqlens_q)):
+        n_ctx = int(context_lens[i])
+        n_blocks = (n_ctx + block_size - 1) // block_size
+        blocks = block_tables[i, :n_blocks].long()
+        keys = k_cache[blocks].reshape(-1, *k_cache.shape[2:])[:n_ctx].to(dt).repeat_interleave(rep, dim=1)
+        vals = v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:n_ctx].to(dt).repeat_interleave(rep, dim=1)
+        qs = q[s:e].to(dt)
+        scores = torch.einsum("thd,shd->hts", qs, keys) * scale
+        q_pos = torch.arange(n_ctx - (e - s), n_ctx, device=q.device)
+        causal = torch.arange(n_ctx, device=q.device)[None, :] <= q_pos[:, None]
+        scores = scores.masked_fill(~causal[None], float("-inf"))
+        probs = scores.float().softmax(-1).to(dt)
+        out[s:e] = torch.einsum("hts,shd->thd", probs, vals)
+    return out.to(q.dtype)

@@ -1,0 +1,44 @@
+"""Backend choice: an Ascend NPU when torch_npu imports and sees one, else CUDA, else the CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from statechat.errors import ConfigError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+
+
+def npu_available() -> bool:
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except ImportError:
+        return False
+    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' -> npu > cuda > cpu; an explicit name must be available or it is an error."""
+    if name not in DEVICE_CHOICES:
+        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if name == "auto":
+        if npu_available():
+            return torch.device("npu")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but torch sees no CUDA GPU")
+    if name == "npu" and not npu_available():
+        raise ConfigError("--device npu was asked for but torch_npu is missing or sees no NPU")
+    return torch.device(name)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on accelerators; float32 on the CPU, where it is exact and not slower."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def free_memory(device: torch.device) -> int:
+    """Free bytes on an accelerator (what the caches may take a share of)."""
+    backend = torch.npu if device.type == "npu" else torch.cuda
+    free, _ = backend.mem_get_info(device)
+    return int(free)

@@ -1,0 +1,18 @@
+"""Errors a user can cause. Each carries one sentence that says what is wrong and what to do.
+
+The CLI, TUI and server print `str(error)` on one line; a traceback only with STATECHAT_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+
+class StatechatError(Exception):
+    """Base of every error statechat reports to a user as one line."""
+
+
+class ModelError(StatechatError):
+    """A checkpoint directory that cannot be loaded (missing file, wrong type, bad tensor)."""
+
+
+class ConfigError(StatechatError):
+    """An invalid option or configuration value."""

@@ -1,0 +1,55 @@
+"""Gated full attention of Qwen3.5 over a paged KV cache.
+
+q/k RMSNorm per head, partial RoPE, grouped KV heads, and a sigmoid output gate that comes out
+of q_proj interleaved with the queries (per head: D query channels, then D gate channels).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import kernels
+from statechat.model.config import ModelConfig
+from statechat.model.context import Context
+from statechat.model.layers import RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    """One full-attention layer; `cache_index` selects its KV cache among the attention layers."""
+
+    def __init__(self, config: ModelConfig, cache_index: int) -> None:
+        super().__init__()
+        c = config
+        self.cache_index = cache_index
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.scale = c.head_dim**-0.5
+        self.q_proj = nn.Linear(c.hidden_size, 2 * c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        ctx: Context,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]; writes this step's keys and values into the cache."""
+        T = x.shape[0]
+        q, gate = self.q_proj(x).view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q = RotaryEmbedding.apply(q, *cos_sin)
+        k = RotaryEmbedding.apply(k, *cos_sin)
+        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+        o = kernels.paged_attention(
+            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale
+        )
+        o = o.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1))
+        return self.o_proj(o)

@@ -1,0 +1,172 @@
+"""ModelConfig: the text-model fields of a Qwen3.5 checkpoint, read once from config.json.
+
+This is the only module that reads a Hugging Face `config.json`; layers take a ModelConfig and
+never look at the raw dict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from statechat.errors import ModelError
+
+SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Flattened Qwen3.5 text-model configuration."""
+
+    model_type: str  # "qwen3_5" (multimodal layout) or "qwen3_5_text"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]  # "linear_attention" (GDN) or "full_attention" per layer
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    # full attention
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    partial_rotary_factor: float
+    max_position_embeddings: int
+    # Gated DeltaNet
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    eos_token_ids: tuple[int, ...] = field(default=())
+    torch_dtype: str = "bfloat16"  # dtype the weights are stored in
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ModelError(
+                f"config.json lists {len(self.layer_types)} layer_types for "
+                f"{self.num_hidden_layers} layers"
+            )
+        bad = sorted(set(self.layer_types) - {"linear_attention", "full_attention"})
+        if bad:
+            raise ModelError(f"config.json has unknown layer type {bad[0]!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ModelError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def gdn_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def attn_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the GDN causal conv: q, k and v projections side by side."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.value_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    def fingerprint_fields(self) -> dict:
+        """The fields that change the numbers a model computes (for cache fingerprints)."""
+        d = asdict(self)
+        d.pop("eos_token_ids")
+        return d
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.fingerprint_fields(), sort_keys=True).encode()).hexdigest()
+
+    @classmethod
+    def from_hf(cls, path: str | Path) -> ModelConfig:
+        """Read `path/config.json` (a checkpoint directory) into a ModelConfig."""
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not path.is_dir():
+            raise ModelError(f"model directory {path} does not exist")
+        if not cfg_file.is_file():
+            raise ModelError(f"{path} has no config.json; is it a Hugging Face checkpoint directory?")
+        try:
+            raw = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelError(f"{cfg_file} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        model_type = raw.get("model_type")
+        if model_type == "qwen3_5_moe":
+            raise ModelError(
+                "model_type 'qwen3_5_moe' (Qwen3.5 MoE) is not supported yet; use a dense Qwen3.5 checkpoint"
+            )
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelError(
+                f"unsupported model_type {model_type!r} in {cfg_file}; statechat runs Qwen3.5 "
+                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        text = raw.get("text_config", {}) if model_type == "qwen3_5" else raw
+        return cls._from_text_fields(model_type, text, raw, path)
+
+    @classmethod
+    def _from_text_fields(cls, model_type: str, text: dict, raw: dict, path: Path) -> ModelConfig:
+        def need(key: str):
+            if key not in text:
+                raise ModelError(f"{path / 'config.json'} lacks the field {key!r}")
+            return text[key]
+
+        num_layers = need("num_hidden_layers")
+        interval = text.get("full_attention_interval", 4)
+        layer_types = text.get("layer_types") or [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ]
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ModelError(f"rope_type {rope_type!r} is not supported (only 'default')")
+        tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=need("vocab_size"),
+            hidden_size=need("hidden_size"),
+            intermediate_size=need("intermediate_size"),
+            num_hidden_layers=num_layers,
+            layer_types=tuple(layer_types),
+            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(tie),
+            num_attention_heads=need("num_attention_heads"),
+            num_key_value_heads=need("num_key_value_heads"),
+            head_dim=text.get("head_dim") or need("hidden_size") // need("num_attention_heads"),
+            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
+            partial_rotary_factor=float(
+                rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+            ),
+            max_position_embeddings=text.get("max_position_embeddings", 32768),
+            linear_num_key_heads=need("linear_num_key_heads"),
+            linear_num_value_heads=need("linear_num_value_heads"),
+            linear_key_head_dim=need("linear_key_head_dim"),
+            linear_value_head_dim=need("linear_value_head_dim"),
+            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
+            eos_token_ids=_eos_ids(path, text),
+            torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype") or "bfloat16"),
+        )
+
+
+def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
+    """End-of-sequence ids: generation_config.json's when present, else config.json's."""
+    eos = text.get("eos_token_id")
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        try:
+            eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
+        except json.JSONDecodeError:
+            pass
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)

@@ -1,0 +1,95 @@
+"""Per-step metadata handed to the model, and the state caches it reads and writes.
+
+The engine builds one `Context` per forward step; the model only reads it. The caches are plain
+tensors owned by the engine's pools; the model sees slot and block indices, nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.reference import Checkpoints
+from statechat.model.config import ModelConfig
+
+
+@dataclass
+class Context:
+    """Metadata of one forward step over N sequences and T new tokens (packed).
+
+    positions: [T] int64, absolute position of each token in its sequence
+    cu_seqlens: [N+1] int32, token offsets of the sequences in the packed batch
+    is_decode: every sequence has exactly one new token (GDN uses its recurrent ops)
+    state_src: [N] int32, GDN state slot to start from (0 = zeros)
+    state_dst: [N] int32, GDN state slot to leave the final state in
+    checkpoints: GDN states to save at block boundaries inside this step, or None
+    slot_mapping: [T] int64, KV cache position (block * block_size + offset) of each token
+    block_tables: [N, max_blocks] int32, KV blocks of each sequence, in order
+    context_lens: [N] int32, tokens in the KV cache for each sequence after this step
+    logits_indices: [M] int64, rows of the packed batch whose logits are returned (None = all)
+    """
+
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    is_decode: bool
+    state_src: torch.Tensor
+    state_dst: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    checkpoints: Checkpoints | None = None
+    logits_indices: torch.Tensor | None = None
+
+
+@dataclass
+class ModelCaches:
+    """State tensors of every layer.
+
+    conv: per GDN layer [num_slots, W-1, conv_dim] in the model dtype (slot 0 stays zero)
+    ssm: per GDN layer [num_slots, HV, K, V] float32 (slot 0 stays zero)
+    k, v: per attention layer [num_blocks, block_size, Hkv, head_dim] in the model dtype
+    """
+
+    conv: list[torch.Tensor]
+    ssm: list[torch.Tensor]
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @classmethod
+    def allocate(
+        cls,
+        config: ModelConfig,
+        num_slots: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> ModelCaches:
+        """Zero-filled caches for `num_slots` GDN state slots and `num_blocks` KV blocks."""
+        c = config
+        conv_shape = (num_slots, c.linear_conv_kernel_dim - 1, c.conv_dim)
+        ssm_shape = (num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+        kv_shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        n_gdn, n_attn = len(c.gdn_layers), len(c.attn_layers)
+        return cls(
+            conv=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in range(n_gdn)],
+            ssm=[torch.zeros(ssm_shape, dtype=torch.float32, device=device) for _ in range(n_gdn)],
+            k=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(n_attn)],
+            v=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in range(n_attn)],
+        )
+
+    @staticmethod
+    def bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
+        """Bytes of one GDN state slot over all GDN layers (conv + recurrent)."""
+        c = config
+        conv = (c.linear_conv_kernel_dim - 1) * c.conv_dim * torch.empty((), dtype=dtype).element_size()
+        ssm = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+        return (conv + ssm) * len(c.gdn_layers)
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, dtype: torch.dtype, block_size: int) -> int:
+        """Bytes of one KV block over all attention layers (keys + values)."""
+        c = config
+        per_layer = 2 * block_size * c.num_key_value_heads * c.head_dim
+        return per_layer * len(c.attn_layers) * torch.empty((), dtype=dtype).element_size()

@@ -1,0 +1,70 @@
+"""Small building blocks of Qwen3.5: zero-centred RMSNorm, SwiGLU MLP, partial rotary embedding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm (`norm(x) * (1 + weight)`), computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.rmsnorm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding on the first `rotary_dim` channels of each head.
+
+    Qwen3.5's multimodal RoPE reduces to this for text, where the temporal, height and width
+    positions of a token are all equal.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float) -> None:
+        super().__init__()
+        self.rotary_dim, self.theta = rotary_dim, theta
+        self.register_buffer("inv_freq", torch.empty(rotary_dim // 2), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """(Re)compute the inverse frequencies, e.g. after `to_empty` on a meta-built model."""
+        r = self.rotary_dim
+        steps = torch.arange(0, r, 2, dtype=torch.float32, device=self.inv_freq.device)
+        self.inv_freq = 1.0 / (self.theta ** (steps / r))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [T, rotary_dim] in `dtype` for positions [T]."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x: [T, H, D] by cos, sin: [T, R] (R <= D, the rest passes through)."""
+        r = cos.shape[-1]
+        rot, rest = x[..., :r], x[..., r:]
+        half = r // 2
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+        return torch.cat([out, rest], dim=-1)

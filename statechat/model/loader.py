@@ -1,0 +1,140 @@
+"""Load a Qwen3.5 checkpoint directory as published: config, safetensors weights, tokenizer.
+
+Weights load by name: the multimodal layout keeps the text model under `model.language_model.`
+(mapped to our `model.`); `model.visual.*` and `mtp.*` are ignored. One file or shards with
+`model.safetensors.index.json`; tied or untied embeddings; any stored float dtype is converted
+to the requested one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from statechat.errors import ModelError
+from statechat.model.config import ModelConfig
+from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
+
+IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+
+
+@dataclass
+class LoadedModel:
+    """A ready model with its tokenizer and the facts the cache needs to trust it."""
+
+    path: Path
+    config: ModelConfig
+    model: Qwen3_5ForCausalLM
+    tokenizer: object  # a transformers PreTrainedTokenizerBase with a chat template
+    dtype: torch.dtype
+    device: torch.device
+    weights_digest: str  # sha256 over the safetensors headers (names, shapes, dtypes, offsets)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, from its index when it is sharded."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError):
+            raise ModelError(f"{index} is not a valid safetensors index (no weight_map)") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{path} holds no *.safetensors weights")
+    for f in files:
+        if not f.is_file():
+            raise ModelError(f"weight shard {f.name} named in the index is missing from {path}")
+    return files
+
+
+def map_name(name: str, model_type: str) -> str | None:
+    """Checkpoint tensor name -> our parameter name, or None for tensors we ignore."""
+    if name.startswith(IGNORED_PREFIXES):
+        return None
+    if model_type == "qwen3_5" and name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    return name
+
+
+def headers_digest(files: list[Path]) -> str:
+    """sha256 of the safetensors headers: changes when any tensor's name, shape or dtype does."""
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            h.update(fh.read(n))
+    return h.hexdigest()
+
+
+def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConfig) -> None:
+    """Copy every checkpoint tensor into `model`; name the first missing or misshapen tensor."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for f in files:
+        with safe_open(f, framework="pt", device="cpu") as st:
+            for name in st.keys():
+                ours = map_name(name, config.model_type)
+                if ours is None or ours not in params:
+                    continue
+                tensor = st.get_tensor(name)
+                param = params[ours]
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise ModelError(
+                        f"tensor {name} has shape {list(tensor.shape)} in the checkpoint but the "
+                        f"config implies {list(param.shape)}"
+                    )
+                with torch.no_grad():
+                    param.copy_(tensor.to(param.dtype))
+                loaded.add(ours)
+    if config.tie_word_embeddings:
+        loaded.add("lm_head.weight")
+    missing = [n for n in params if n not in loaded]
+    if missing:
+        prefix = "model.language_model." if config.model_type == "qwen3_5" else "model."
+        shown = missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.") else missing[0]
+        raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer and chat template stored beside the weights."""
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelError(f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint for the user
+        raise ModelError(f"cannot load the tokenizer in {path}: {str(e).splitlines()[0]}") from None
+    if not getattr(tok, "chat_template", None):
+        raise ModelError(f"the tokenizer in {path} has no chat template")
+    return tok
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load the checkpoint directory `path` into `dtype` on `device`."""
+    path = Path(path).expanduser()
+    config = ModelConfig.from_hf(path)
+    files = weight_files(path)
+    tokenizer = load_tokenizer(path)
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(config)
+    model = model.to(dtype).to_empty(device=device)
+    model.model.rotary.reset_parameters()
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    load_weights(model, files, config)
+    model.eval()
+    return LoadedModel(path, config, model, tokenizer, dtype, device, headers_digest(files))
+

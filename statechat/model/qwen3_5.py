@@ -1,0 +1,94 @@
+"""Qwen3.5 causal LM (dense), written top-down with Hugging Face parameter names.
+
+    Qwen3_5ForCausalLM
+      model: TextModel
+        embed_tokens
+        layers[i]: DecoderLayer = input_layernorm -> (GatedDeltaNet | Attention) -> residual
+                                  -> post_attention_layernorm -> MLP -> residual
+        norm
+      lm_head (tied to embed_tokens when the config says so)
+
+The model is stateless: a step's per-sequence state comes in through a `Context` (slot and
+block indices) and `ModelCaches` (the tensors), so a later chunk or a decode step continues
+exactly where the previous step stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from statechat.model.attention import Attention
+from statechat.model.config import ModelConfig
+from statechat.model.context import Context, ModelCaches
+from statechat.model.gdn import GatedDeltaNet
+from statechat.model.layers import MLP, RMSNorm, RotaryEmbedding
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """Token ids in, next-token logits out."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = TextModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
+        """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices."""
+        hidden = self.model(input_ids, ctx, caches)
+        if ctx.logits_indices is not None:
+            hidden = hidden[ctx.logits_indices]
+        return self.lm_head(hidden).float()
+
+
+class TextModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        gdn_index = {layer: i for i, layer in enumerate(config.gdn_layers)}
+        attn_index = {layer: i for i, layer in enumerate(config.attn_layers)}
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, gdn_index.get(i, attn_index.get(i)), t)
+            for i, t in enumerate(config.layer_types)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+
+    def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos_sin, ctx, caches)
+        return self.norm(h)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block whose token mixer is a GDN layer or a full-attention layer."""
+
+    def __init__(self, config: ModelConfig, cache_index: int, layer_type: str) -> None:
+        super().__init__()
+        self.is_gdn = layer_type == "linear_attention"
+        if self.is_gdn:
+            self.linear_attn = GatedDeltaNet(config, cache_index)
+        else:
+            self.self_attn = Attention(config, cache_index)
+        self.cache_index = cache_index
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: Context, caches: ModelCaches
+    ) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        i = self.cache_index
+        if self.is_gdn:
+            x = self.linear_attn(x, ctx, caches.conv[i], caches.ssm[i])
+        else:
+            x = self.self_attn(x, cos_sin, ctx, caches.k[i], caches.v[i])
+        h = h + x
+        return h + self.mlp(self.post_attention_layernorm(h))

@@ -1,0 +1,46 @@
+"""Every path statechat resolves, in one place: the embedded model, the cache dir, the HF cache."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-qwen3.5"
+
+
+def is_embedded(model: Path) -> bool:
+    """True for the tiny random-weight model shipped inside the package."""
+    return Path(model).resolve() == EMBEDDED_MODEL
+
+
+def cache_dir(explicit: str | Path | None = None) -> Path:
+    """--cache-dir, else $STATECHAT_CACHE_DIR, else $XDG_DATA_HOME/statechat (~/.local/share)."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get("STATECHAT_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data) / "statechat"
+
+
+def find_hf_checkpoint() -> Path | None:
+    """A Qwen3.5 checkpoint in the local Hugging Face cache (newest snapshot), if any."""
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    if not hub.is_dir():
+        return None
+    found = []
+    for cfg in hub.glob("models--*/snapshots/*/config.json"):
+        try:
+            model_type = json.loads(cfg.read_text()).get("model_type")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if model_type in ("qwen3_5", "qwen3_5_text") and any(cfg.parent.glob("*.safetensors")):
+            found.append(cfg.parent)
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def default_model() -> Path:
+    """No --model: a Qwen3.5 checkpoint from the HF cache, else the embedded tiny model."""
+    return find_hf_checkpoint() or EMBEDDED_MODEL

@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny Qwen3.5 checkpoints written with transformers' own classes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import make_tiny
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, object]:
+    """float32 tiny checkpoints: multimodal layout (one file) and text layout (sharded, tied)."""
+    base = tmp_path_factory.mktemp("tiny")
+    return {
+        "qwen3_5": make_tiny(base / "mm", layout="qwen3_5", dtype="float32"),
+        "qwen3_5_text": make_tiny(base / "text", layout="qwen3_5_text", dtype="float32",
+                                  shard_size="200KB", tie=True, seed=1),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

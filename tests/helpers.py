@@ -1,0 +1,53 @@
+"""Test helpers: tiny checkpoints and a single-sequence driver of our model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from statechat.model.context import Context, ModelCaches
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = 64
+
+
+def make_tiny(out: Path, **kwargs) -> Path:
+    """scripts/make_tiny_model.py's make_tiny_model, imported from the script file."""
+    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_tiny_model(out, **kwargs)
+
+
+class OneSequence:
+    """Drives our model over one sequence: prefill chunks and decode steps, state carried.
+
+    Uses GDN slot 1 and KV blocks 0.. in order, exactly as the engine would for one request.
+    """
+
+    def __init__(self, loaded, max_tokens: int = 1024) -> None:
+        self.model, self.config = loaded.model, loaded.config
+        num_blocks = (max_tokens + BLOCK - 1) // BLOCK
+        self.caches = ModelCaches.allocate(self.config, 2, num_blocks, BLOCK, loaded.dtype, loaded.device)
+        self.block_table = torch.arange(num_blocks, dtype=torch.int32)[None]
+        self.num_tokens = 0
+
+    def step(self, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Feed `ids`; return logits of every token (all_logits) or of the last one."""
+        n, start = len(ids), self.num_tokens
+        positions = torch.arange(start, start + n)
+        ctx = Context(
+            positions=positions,
+            cu_seqlens=torch.tensor([0, n], dtype=torch.int32),
+            is_decode=n == 1 and start > 0,
+            state_src=torch.tensor([1 if start > 0 else 0], dtype=torch.int32),
+            state_dst=torch.tensor([1], dtype=torch.int32),
+            slot_mapping=positions.clone(),
+            block_tables=self.block_table,
+            context_lens=torch.tensor([start + n], dtype=torch.int32),
+            logits_indices=None if all_logits else torch.tensor([n - 1]),
+        )
+        self.num_tokens += n
+        return self.model(torch.tensor(ids), ctx, self.caches)

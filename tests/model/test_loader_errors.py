@@ -1,0 +1,93 @@
+"""Each bad checkpoint a user can hand us ends in one line that names the problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from statechat.errors import ModelError
+from statechat.model.loader import load_model
+
+
+def copy_ckpt(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def error_of(path) -> str:
+    with pytest.raises(ModelError) as info:
+        load_model(path, dtype=torch.float32)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_directory(tmp_path):
+    assert "does not exist" in error_of(tmp_path / "nope")
+
+
+def test_no_config_json(tmp_path):
+    assert "no config.json" in error_of(tmp_path)
+
+
+def test_bad_json(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    assert "not valid JSON" in error_of(tmp_path)
+
+
+def test_unsupported_model_type_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert "'llama'" in error_of(tmp_path)
+
+
+def test_moe_is_rejected_clearly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    assert "qwen3_5_moe" in error_of(tmp_path)
+
+
+def test_missing_tensor_is_named(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.language_model.layers.1.linear_attn.A_log"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    assert "model.language_model.layers.1.linear_attn.A_log" in error_of(path)
+
+
+def test_shape_mismatch_names_tensor_and_shapes(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.language_model.norm.weight"] = torch.zeros(7)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    msg = error_of(path)
+    assert "model.language_model.norm.weight" in msg and "[7]" in msg and "[64]" in msg
+
+
+def test_missing_shard_is_named(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5_text"], tmp_path / "m")
+    (path / "model-00002-of-00009.safetensors").unlink()
+    assert "model-00002-of-00009.safetensors" in error_of(path)
+
+
+def test_missing_tokenizer_files(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    (path / "tokenizer.json").unlink()
+    assert "no tokenizer files" in error_of(path)
+
+
+def test_ignores_visual_and_mtp_and_loads_bf16_into_float32(tiny_dirs):
+    loaded = load_model(tiny_dirs["qwen3_5"], dtype=torch.float32)
+    names = [n for n, _ in loaded.model.named_parameters()]
+    assert not any("visual" in n or "mtp" in n for n in names)
+    assert all(p.dtype == torch.float32 for p in loaded.model.parameters())
+
+
+def test_embedded_model_loads_from_bf16():
+    from statechat.paths import EMBEDDED_MODEL
+
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    assert loaded.config.model_type == "qwen3_5_text"
+    assert loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
