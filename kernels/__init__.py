@@ -1,0 +1,172 @@
+"""statechat's ops for Qwen3.5: Triton kernels with torch references (kernels.reference).
+
+Every public op here has the name and signature of its reference in `kernels/reference.py`
+and dispatches on the backend:
+- "auto" (default): the Triton kernel when the op's first tensor is on cuda or npu, the torch
+  reference otherwise (the CPU path);
+- "triton": always the Triton kernel (on CPU tensors it runs under TRITON_INTERPRET=1);
+- "reference": always the torch reference.
+The backend is read once from `STATECHAT_KERNELS` at import and changed with `set_backend`.
+Triton modules are imported on first use, so the CPU path never imports triton. The GDN kernel
+modules may be absent while they are written: then their ops fall back to the reference (any
+other import error is raised).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable
+
+import torch
+
+from kernels import reference
+from kernels.reference import CHUNK, Checkpoints
+
+BACKENDS = ("auto", "triton", "reference")
+_ACCELERATORS = frozenset({"cuda", "npu"})
+# op name -> module holding its Triton launcher (a function of the same name)
+_TRITON_MODULES = {
+    "causal_conv1d": "kernels.conv1d",
+    "causal_conv1d_update": "kernels.conv1d",
+    "chunk_gdn": "kernels.gdn_chunk",
+    "recurrent_gdn": "kernels.gdn_recurrent",
+    "gated_rmsnorm": "kernels.norms",
+    "rmsnorm": "kernels.norms",
+    "copy_slots": "kernels.slots",
+    "store_kv": "kernels.slots",
+    "paged_attention": "kernels.attention",
+}
+_OPTIONAL_MODULES = frozenset({"kernels.gdn_chunk", "kernels.gdn_recurrent"})
+
+
+def _checked(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}: use one of {', '.join(BACKENDS)}")
+    return name
+
+
+_backend = _checked(os.environ.get("STATECHAT_KERNELS", "auto").strip().lower() or "auto")
+_triton_ops: dict[str, Callable] = {}
+
+
+def set_backend(name: str) -> None:
+    """Choose the backend of every op: "auto", "triton" or "reference"."""
+    global _backend
+    _backend = _checked(name)
+
+
+def get_backend() -> str:
+    """The backend set by `set_backend` or `STATECHAT_KERNELS` ("auto" by default)."""
+    return _backend
+
+
+def _load_triton(name: str) -> Callable:
+    module_name = _TRITON_MODULES[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name or module_name not in _OPTIONAL_MODULES:
+            raise
+        return getattr(reference, name)
+    return getattr(module, name)
+
+
+def implementation(name: str, device: torch.device | str) -> Callable:
+    """The function that op `name` runs for tensors on `device` under the current backend."""
+    if _backend == "reference" or (
+        _backend == "auto" and torch.device(device).type not in _ACCELERATORS
+    ):
+        return getattr(reference, name)
+    fn = _triton_ops.get(name)
+    if fn is None:
+        fn = _triton_ops[name] = _load_triton(name)
+    return fn
+
+
+def _pick(name: str, x: torch.Tensor) -> Callable:
+    # hot path: two comparisons and a dict lookup
+    if _backend == "reference" or (_backend == "auto" and x.device.type not in _ACCELERATORS):
+        return getattr(reference, name)
+    fn = _triton_ops.get(name)
+    return fn if fn is not None else implementation(name, x.device)
+
+
+def _same_contract(ref: Callable) -> Callable[[Callable], Callable]:
+    """Give a dispatching wrapper its reference's docstring and signature."""
+    return functools.wraps(ref, assigned=("__doc__", "__annotations__"))
+
+
+@_same_contract(reference.causal_conv1d)
+def causal_conv1d(x, weight, conv_pool, cu_seqlens, src_slots, dst_slots, checkpoints=None):
+    return _pick("causal_conv1d", x)(
+        x, weight, conv_pool, cu_seqlens, src_slots, dst_slots, checkpoints
+    )
+
+
+@_same_contract(reference.causal_conv1d_update)
+def causal_conv1d_update(x, weight, conv_pool, src_slots, dst_slots):
+    return _pick("causal_conv1d_update", x)(x, weight, conv_pool, src_slots, dst_slots)
+
+
+@_same_contract(reference.chunk_gdn)
+def chunk_gdn(
+    q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints=None
+):
+    return _pick("chunk_gdn", q)(
+        q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints
+    )
+
+
+@_same_contract(reference.recurrent_gdn)
+def recurrent_gdn(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots):
+    return _pick("recurrent_gdn", q)(
+        q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots
+    )
+
+
+@_same_contract(reference.gated_rmsnorm)
+def gated_rmsnorm(x, gate, weight, eps):
+    return _pick("gated_rmsnorm", x)(x, gate, weight, eps)
+
+
+@_same_contract(reference.rmsnorm)
+def rmsnorm(x, weight, eps):
+    return _pick("rmsnorm", x)(x, weight, eps)
+
+
+@_same_contract(reference.copy_slots)
+def copy_slots(pool, src, dst):
+    return _pick("copy_slots", pool)(pool, src, dst)
+
+
+@_same_contract(reference.store_kv)
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    return _pick("store_kv", k)(k, v, k_cache, v_cache, slot_mapping)
+
+
+@_same_contract(reference.paged_attention)
+def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
+    return _pick("paged_attention", q)(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+    )
+
+
+__all__ = [
+    "BACKENDS",
+    "CHUNK",
+    "Checkpoints",
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "chunk_gdn",
+    "copy_slots",
+    "gated_rmsnorm",
+    "get_backend",
+    "implementation",
+    "paged_attention",
+    "recurrent_gdn",
+    "rmsnorm",
+    "set_backend",
+    "store_kv",
+]

@@ -1,0 +1,379 @@
+"""Causal attention of new queries over a paged KV cache, prefill and decode in one kernel.
+
+Tiling: a program owns one KV head and a tile of BQ consecutive query tokens of one sequence;
+the tile's rows are (token, q head of that KV head's group) pairs, BM = BQ * G rows padded to a
+power of two, so every K/V block is loaded once for the whole group (G = Hq / Hkv). KV tiles
+are the cache's own blocks (block_size tokens), fetched through the block table.
+
+Grid without host sync: sequence i's tiles are numbered from cu_seqlens_q[i] // BQ + i (or
+cu_seqlens_q[i] when BQ == 1), which leaves room for ceil(len_i / BQ) tiles; the grid covers
+T // BQ + N tile numbers and each program finds its sequence by binary search; unused numbers
+exit at once.
+
+Decode (one query per sequence) runs the same kernel with BQ = 1 and split-KV: the KV blocks a
+tile needs are cut into NUM_SPLITS ranges, each program writes an unnormalised partial result
+(running max, sum, accumulator) in float32, and a second kernel merges the splits.
+
+Softmax runs online in float32 (base 2, with scale * log2(e) folded into the scores).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_block(
+    b_q,
+    b_acc,
+    b_m,
+    b_l,
+    k_cache,
+    v_cache,
+    p_table,
+    i_blk,
+    i_kvh,
+    b_pos,
+    ctx_len,
+    qk_scale,
+    stride_cb,
+    stride_ct,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    IS_MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold KV block i_blk of the sequence into the running (acc, m, l) of the tile's rows."""
+    o_n = tl.arange(0, BLOCK_SIZE)
+    o_d = tl.arange(0, BD)
+    i_phys = tl.load(p_table + i_blk).to(tl.int64)
+    o_base = i_phys * stride_cb + i_kvh * D
+    k_pos = i_blk * BLOCK_SIZE + o_n
+    m_d = o_d < D
+    if IS_MASKED:
+        m_n = k_pos < ctx_len
+    else:
+        m_n = o_n < BLOCK_SIZE
+    p_kt = k_cache + o_base + o_n[None, :] * stride_ct + o_d[:, None]
+    b_kt = tl.load(p_kt, mask=m_d[:, None] & m_n[None, :], other=0.0)
+    b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION) * qk_scale
+    if IS_MASKED:
+        b_s = tl.where(k_pos[None, :] <= b_pos[:, None], b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+    if IS_MASKED:
+        # a row may have seen no key yet (split-KV): keep exp2 away from -inf - -inf
+        b_m_new = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp2(b_m - b_m_new)
+    b_p = tl.exp2(b_s - b_m_new[:, None])
+    b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+    p_v = v_cache + o_base + o_n[:, None] * stride_ct + o_d[None, :]
+    b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PRECISION)
+    return b_acc, b_m_new, b_l
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q,
+    k_cache,
+    v_cache,
+    out,
+    part_acc,
+    part_ml,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_ct,
+    stride_bt,
+    N,
+    NUM_TILES,
+    NUM_SEARCH_STEPS,
+    NUM_SPLITS,
+    HQ: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BQ: tl.constexpr,
+    BM: tl.constexpr,
+    PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # longest tiles (the last of each sequence) tend to get the high numbers: start those first
+    i_tile = NUM_TILES - 1 - tl.program_id(0)
+    i_kvh, i_split = tl.program_id(1), tl.program_id(2)
+    # sequence of this tile: the largest i < N whose first tile number (cu // BQ + i * PAD,
+    # PAD = 0 when BQ == 1 as tiles are then exactly tokens) is <= i_tile
+    i_lo = tl.program_id(0) * 0  # a tensor even when N == 1 is specialised to a constant
+    i_hi = i_lo + (N - 1)
+    for _ in range(NUM_SEARCH_STEPS):
+        i_mid = (i_lo + i_hi + 1) // 2
+        is_right = tl.load(cu_seqlens_q + i_mid) // BQ + i_mid * PAD <= i_tile
+        i_lo = tl.where(is_right, i_mid, i_lo)
+        i_hi = tl.where(is_right, i_hi, i_mid - 1)
+    i_n = i_lo
+    bos = tl.load(cu_seqlens_q + i_n)
+    q_len = tl.load(cu_seqlens_q + i_n + 1) - bos
+    q_start = (i_tile - (bos // BQ + i_n * PAD)) * BQ
+    if q_start >= q_len:
+        return
+    ctx_len = tl.load(context_lens + i_n)
+    pos0 = ctx_len - q_len + q_start  # position of the tile's first query
+    q_last = tl.minimum(q_start + BQ, q_len) - 1
+    num_blocks = (ctx_len - q_len + q_last) // BLOCK_SIZE + 1  # blocks the tile may see
+    blocks_per_split = tl.cdiv(num_blocks, NUM_SPLITS)
+    blk_lo = i_split * blocks_per_split
+    blk_hi = tl.minimum(blk_lo + blocks_per_split, num_blocks)
+    blk_full = tl.minimum((pos0 + 1) // BLOCK_SIZE, blk_hi)  # blocks seen whole by every row
+
+    o_m = tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    r_tok = o_m // G
+    r_head = i_kvh * G + o_m % G
+    m_row = (r_tok < BQ) & (q_start + r_tok < q_len)
+    b_pos = pos0 + r_tok
+    o_tok = (bos + q_start + r_tok).to(tl.int64)
+    p_q = q + o_tok[:, None] * stride_qt + r_head[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_row[:, None] & (o_d < D)[None, :], other=0.0)
+
+    b_acc = tl.zeros([BM, BD], dtype=tl.float32)
+    b_m = tl.zeros([BM], dtype=tl.float32) + float("-inf")
+    b_l = tl.zeros([BM], dtype=tl.float32)
+    p_table = block_tables + i_n.to(tl.int64) * stride_bt
+    for i_blk in range(blk_lo, blk_full):
+        b_acc, b_m, b_l = _attn_block(
+            b_q,
+            b_acc,
+            b_m,
+            b_l,
+            k_cache,
+            v_cache,
+            p_table,
+            i_blk,
+            i_kvh,
+            b_pos,
+            ctx_len,
+            qk_scale,
+            stride_cb,
+            stride_ct,
+            D,
+            BD,
+            BLOCK_SIZE,
+            False,
+            DOT_PRECISION,
+        )
+    for i_blk in range(tl.maximum(blk_lo, blk_full), blk_hi):
+        b_acc, b_m, b_l = _attn_block(
+            b_q,
+            b_acc,
+            b_m,
+            b_l,
+            k_cache,
+            v_cache,
+            p_table,
+            i_blk,
+            i_kvh,
+            b_pos,
+            ctx_len,
+            qk_scale,
+            stride_cb,
+            stride_ct,
+            D,
+            BD,
+            BLOCK_SIZE,
+            True,
+            DOT_PRECISION,
+        )
+
+    o_row = o_tok * HQ + r_head  # row of [T, Hq]
+    if IS_SPLIT:
+        o_part = o_row * NUM_SPLITS + i_split
+        p_acc = part_acc + o_part[:, None] * D + o_d[None, :]
+        tl.store(p_acc, b_acc, mask=m_row[:, None] & (o_d < D)[None, :])
+        tl.store(part_ml + o_part * 2, b_m, mask=m_row)
+        tl.store(part_ml + o_part * 2 + 1, b_l, mask=m_row)
+    else:
+        b_out = b_acc / b_l[:, None]
+        p_out = out + o_row[:, None] * D + o_d[None, :]
+        tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_row[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_acc, part_ml, out, NUM_SPLITS, D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr
+):
+    i_row = tl.program_id(0).to(tl.int64)  # row of [T, Hq]
+    o_s = tl.arange(0, BS)
+    o_d = tl.arange(0, BD)
+    m_s = o_s < NUM_SPLITS
+    o_part = i_row * NUM_SPLITS + o_s
+    b_m = tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf"))
+    b_l = tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0)
+    b_max = tl.max(b_m, axis=0)
+    b_w = tl.exp2(b_m - b_max)
+    b_acc = tl.load(
+        part_acc + o_part[:, None] * D + o_d[None, :],
+        mask=m_s[:, None] & (o_d < D)[None, :],
+        other=0.0,
+    )
+    b_out = tl.sum(b_acc * b_w[:, None], axis=0) / tl.sum(b_l * b_w, axis=0)
+    tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=o_d < D)
+
+
+# CUDA launch tuning (ignored elsewhere); module-level so that a benchmark can sweep it
+CUDA_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
+CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 2}
+
+
+@functools.lru_cache(maxsize=8)
+def _num_cores(device: torch.device) -> int:
+    """Streaming multiprocessors (CUDA) or AI cores (Ascend) of the device; a guess elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+    except Exception:  # noqa: BLE001 - the interpreter and unknown drivers have no properties
+        return 8
+    counts = [
+        props[k] for k in ("multiprocessor_count", "num_vectorcore", "num_aicore") if k in props
+    ]
+    return int(counts[0]) if counts else 8
+
+
+def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> None:
+    if q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"paged_attention expects q [T, Hq, D] and caches [num_blocks, block_size, Hkv, D]; "
+            "got "
+            f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    Hq, D = q.shape[1:]
+    block_size, Hkv = k_cache.shape[1:3]
+    if k_cache.shape[3] != D or Hq % Hkv:
+        raise ValueError(
+            f"paged_attention: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)}"
+        )
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"paged_attention needs a power-of-two block_size >= 16, got {block_size}")
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"paged_attention needs q and caches of one dtype; got {q.dtype}, {k_cache.dtype}"
+        )
+    if q.stride(2) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(
+            "paged_attention needs contiguous caches and q with a unit-stride last dim"
+        )
+    N = cu_seqlens_q.shape[0] - 1
+    if block_tables.ndim != 2 or block_tables.shape[0] != N or context_lens.shape != (N,):
+        raise ValueError(
+            f"paged_attention: {N} sequences but block_tables {tuple(block_tables.shape)}, "
+            f"context_lens {tuple(context_lens.shape)}"
+        )
+    for name, t in (
+        ("block_tables", block_tables),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("context_lens", context_lens),
+    ):
+        if t.dtype != torch.int32 or t.stride(-1) != 1:
+            raise ValueError(f"paged_attention needs {name} as int32 with a unit-stride last dim")
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of new queries over a paged KV cache (prefill and decode alike).
+
+    q: [T, Hq, D] (Hq a multiple of Hkv; token/head strides free); k_cache, v_cache:
+    [num_blocks, block_size, Hkv, D] contiguous, q's dtype; block_tables: [N, max_blocks] int32;
+    cu_seqlens_q: [N+1] int32; context_lens: [N] int32, tokens in the cache for each sequence
+    including its new ones (which are its last tokens).
+    Returns [T, Hq, D] in q's dtype; softmax in float32.
+    """
+    _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    T, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1:3]
+    N = cu_seqlens_q.shape[0] - 1
+    G = Hq // Hkv
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if T == 0 or N == 0:
+        return out
+    is_cuda = q.device.type == "cuda"
+    is_decode = T == N
+    if is_decode:
+        BQ, BM = 1, max(16, triton.next_power_of_2(G))
+        num_tiles = T
+        # fill the device (programs_per_core per core), each split with at least two KV blocks
+        num_programs = CUDA_DECODE["programs_per_core"] * _num_cores(q.device)
+        num_splits = min(triton.cdiv(num_programs, N * Hkv), max(1, block_tables.shape[1] // 2))
+    else:
+        BM = max(CUDA_PREFILL["BM"] if is_cuda else 64, triton.next_power_of_2(G))
+        BQ = BM // G
+        num_tiles = T // BQ + N
+        num_splits = 1
+    is_split = num_splits > 1
+    if is_split:
+        part_acc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((T, Hq, num_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # never touched
+    BD = triton.next_power_of_2(D)
+    tuning = {}
+    if is_cuda:
+        config = CUDA_DECODE if is_decode else CUDA_PREFILL
+        tuning = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        if q.element_size() > 2:
+            tuning["num_stages"] = 1  # float32 tiles: one stage fits in shared memory
+    _paged_attn_kernel[(num_tiles, Hkv, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_acc,
+        part_ml,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        block_tables.stride(0),
+        N,
+        num_tiles,
+        max(N - 1, 1).bit_length(),
+        num_splits,
+        HQ=Hq,
+        G=G,
+        D=D,
+        BD=BD,
+        BQ=BQ,
+        BM=BM,
+        PAD=int(BQ > 1),
+        BLOCK_SIZE=block_size,
+        IS_SPLIT=is_split,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **tuning,
+    )
+    if is_split:
+        BS = triton.next_power_of_2(num_splits)
+        _merge_splits_kernel[(T * Hq,)](part_acc, part_ml, out, num_splits, D=D, BD=BD, BS=BS)
+    return out

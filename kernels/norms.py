@@ -1,0 +1,142 @@
+"""RMSNorms of Qwen3.5: zero-centred `rmsnorm` and the GDN output's `gated_rmsnorm`.
+
+Both normalise the last dim of a row-major [..., D] tensor, one block of rows per program, the
+whole row in registers. Rounding follows `kernels.reference` step by step, so a bf16 model
+gets the same numbers on every backend:
+- rmsnorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), all in float32, rounded once at the end.
+- gated_rmsnorm: the normed x is rounded to x's dtype, multiplied by weight in the promoted
+  dtype of (weight, x) (torch's rule), then times SiLU(gate) in float32, rounded to x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: tl.constexpr):
+    i_m = tl.program_id(0)
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0).to(
+        tl.float32
+    )
+    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
+    b_out = b_x * b_rstd[:, None] * (1.0 + b_w[None, :])
+    tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+
+
+@triton.jit
+def _gated_rmsnorm_kernel(
+    x,
+    gate,
+    weight,
+    out,
+    M,
+    D,
+    stride_x,
+    stride_g,
+    eps,
+    PROD_DTYPE: tl.constexpr,
+    BM: tl.constexpr,
+    BD: tl.constexpr,
+):
+    i_m = tl.program_id(0)
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0).to(
+        tl.float32
+    )
+    b_g = tl.load(
+        gate + o_m[:, None].to(tl.int64) * stride_g + o_d[None, :], mask=m_x, other=0.0
+    ).to(tl.float32)
+    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
+    b_normed = (b_x * b_rstd[:, None]).to(out.dtype.element_ty).to(tl.float32)
+    b_prod = (b_w[None, :] * b_normed).to(PROD_DTYPE).to(tl.float32)
+    b_out = b_prod * (b_g * tl.sigmoid(b_g))
+    tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, name: str, gate: torch.Tensor | None = None
+) -> None:
+    D = x.shape[-1]
+    if weight.shape != (D,):
+        raise ValueError(f"{name}: weight {tuple(weight.shape)} does not match x's last dim {D}")
+    if gate is not None and gate.shape != x.shape:
+        raise ValueError(f"{name}: gate {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
+    for t in (x, weight) if gate is None else (x, weight, gate):
+        if t.dtype not in _TL_DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {t.dtype} (float32, bfloat16, float16)")
+    if weight.stride(0) != 1:
+        raise ValueError(f"{name} needs a contiguous weight")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[..., D] as [M, D] with unit stride along D (a view where possible, as reshape gives)."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 or rows.shape[-1] <= 1 else rows.contiguous()
+
+
+def _blocks(D: int) -> tuple[int, int]:
+    BD = triton.next_power_of_2(D)
+    return max(1, min(16, 4096 // BD)), BD
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm: norm(x) * (1 + weight), computed in float32.
+
+    x: [..., D] (rows may be strided, D must be unit-stride or is copied); weight: [D].
+    Returns a contiguous tensor of x's shape and dtype.
+    """
+    _check(x, weight, "rmsnorm")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2 = _rows(x)
+    (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
+    if M and D:
+        _rmsnorm_kernel[(triton.cdiv(M, BM),)](
+            x2, weight, out, M, D, x2.stride(0), eps, BM=BM, BD=BD
+        )
+    return out
+
+
+def gated_rmsnorm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """RMSNorm of x over its last dim, times weight, times SiLU(gate) (transformers' order).
+
+    x, gate: [..., D] (rows may be strided); weight: [D].
+    Returns a contiguous tensor of x's shape and dtype.
+    """
+    _check(x, weight, "gated_rmsnorm", gate)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, g2 = _rows(x), _rows(gate)
+    (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
+    prod_dtype = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
+    if M and D:
+        _gated_rmsnorm_kernel[(triton.cdiv(M, BM),)](
+            x2,
+            g2,
+            weight,
+            out,
+            M,
+            D,
+            x2.stride(0),
+            g2.stride(0),
+            eps,
+            PROD_DTYPE=prod_dtype,
+            BM=BM,
+            BD=BD,
+        )
+    return out

@@ -1,0 +1,139 @@
+"""Moving state between slots and into the paged KV cache.
+
+- `copy_slots`: pool[dst[i]] = pool[src[i]] for M pairs, any pool shape [num_slots, ...] and
+  dtype (copied as raw bits, so NaN payloads and -0.0 survive).
+- `store_kv`: scatter this step's keys and values into [num_blocks, block_size, Hkv, D] caches
+  at `slot_mapping` (block * block_size + offset, -1 = skip).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 2048
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@triton.jit
+def _copy_slots_kernel(pool, src, dst, E, BLOCK: tl.constexpr):
+    i_m, i_e = tl.program_id(0), tl.program_id(1)
+    o_e = i_e * BLOCK + tl.arange(0, BLOCK)
+    m_e = o_e < E
+    i_src = tl.load(src + i_m).to(tl.int64)
+    i_dst = tl.load(dst + i_m).to(tl.int64)
+    b_v = tl.load(pool + i_src * E + o_e, mask=m_e)
+    tl.store(pool + i_dst * E + o_e, b_v, mask=m_e)
+
+
+def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """pool[dst[i]] = pool[src[i]] for every i.
+
+    pool: [num_slots, ...] contiguous, any dtype; src, dst: [M] int32 slot indices, the src and
+    dst sets disjoint (a slot is never read after being written in the same call).
+    """
+    if not pool.is_contiguous() or pool.ndim < 1 or pool.element_size() not in _BITS:
+        raise ValueError(
+            "copy_slots needs a contiguous pool [num_slots, ...] of 1, 2, 4 or 8-byte elements"
+        )
+    if (
+        src.shape != dst.shape
+        or src.ndim != 1
+        or src.dtype != torch.int32
+        or dst.dtype != torch.int32
+    ):
+        raise ValueError(
+            f"copy_slots needs src and dst [M] int32; got {tuple(src.shape)} {src.dtype}, "
+            f"{tuple(dst.shape)} {dst.dtype}"
+        )
+    M = src.shape[0]
+    E = pool[0].numel() if pool.shape[0] else 0
+    if M == 0 or E == 0:
+        return
+    bits = pool.view(_BITS[pool.element_size()])
+    _copy_slots_kernel[(M, triton.cdiv(E, _BLOCK))](
+        bits, src.contiguous(), dst.contiguous(), E, BLOCK=_BLOCK
+    )
+
+
+@triton.jit
+def _store_kv_kernel(
+    k,
+    v,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    H,
+    D,
+    BH: tl.constexpr,
+    BD: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_slot = tl.load(slot_mapping + i_t).to(tl.int64)
+    if i_slot >= 0:
+        o_h = tl.arange(0, BH)
+        o_d = tl.arange(0, BD)
+        m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
+        i_t64 = i_t.to(tl.int64)
+        b_k = tl.load(k + i_t64 * stride_kt + o_h[:, None] * stride_kh + o_d[None, :], mask=m_hd)
+        b_v = tl.load(v + i_t64 * stride_vt + o_h[:, None] * stride_vh + o_d[None, :], mask=m_hd)
+        o_c = i_slot * H * D + o_h[:, None] * D + o_d[None, :]
+        tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_hd)
+        tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_hd)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new keys/values into the paged cache.
+
+    k, v: [T, Hkv, D] (token and head strides free, D unit-stride); k_cache, v_cache:
+    [num_blocks, block_size, Hkv, D] contiguous; slot_mapping: [T] int64, block * block_size +
+    offset for each token (-1 = skip).
+    """
+    if k.ndim != 3 or v.shape != k.shape or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"store_kv expects k, v [T, Hkv, D] and caches [num_blocks, block_size, Hkv, D]; got "
+            f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    T, H, D = k.shape
+    if k_cache.shape[2:] != (H, D):
+        raise ValueError(
+            f"store_kv: k {tuple(k.shape)} does not fit cache heads/dim {tuple(k_cache.shape[2:])}"
+        )
+    if slot_mapping.shape != (T,) or slot_mapping.dtype != torch.int64:
+        raise ValueError(
+            f"store_kv needs slot_mapping [T] int64; got "
+            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
+        )
+    if k.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError("store_kv needs k and v with a unit-stride last dim")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and slot_mapping.is_contiguous()):
+        raise ValueError("store_kv needs contiguous caches and slot_mapping")
+    if T == 0:
+        return
+    BH, BD = triton.next_power_of_2(H), triton.next_power_of_2(D)
+    _store_kv_kernel[(T,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        H,
+        D,
+        BH=BH,
+        BD=BD,
+    )

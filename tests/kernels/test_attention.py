@@ -1,0 +1,113 @@
+"""The Triton paged attention computes what the torch reference does (float64 oracle).
+
+Prefill: varlen batches of {1, 63, 64, 65, 200} new tokens over cached prefixes (context longer
+than the new tokens), random non-contiguous block tables, grouped KV heads with groups of 1, 2
+and 3 (Qwen3.5's 6 is not a power of two either). Decode: one query per sequence, with and
+without split-KV. Cache positions past each context and unused block-table entries point at
+NaN, so any read outside the causal window shows up in the output. float32 and bf16; on CUDA
+also Qwen3.5's shapes (D=256, Hq/Hkv = 8/2 and 24/4).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels import reference
+from kernels.attention import paged_attention
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+BLOCK = 64
+SMALL_HEADS = [(2, 2, 16), (4, 2, 32), (6, 2, 16)]  # (Hq, Hkv, D)
+QWEN_HEADS = [(8, 2, 256), (24, 4, 256)]
+HEADS = SMALL_HEADS + (QWEN_HEADS if torch.cuda.is_available() else [])
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def make_batch(new_lens, ctx_lens, Hq, Hkv, D, dtype, device):
+    """q, block tables and NaN-poisoned caches with random keys/values in each context."""
+    num_used = [(c + BLOCK - 1) // BLOCK for c in ctx_lens]
+    max_blocks = max(num_used) + 2
+    num_blocks = sum(num_used) + 3  # a few never-used blocks, left NaN
+    k_cache = torch.full((num_blocks, BLOCK, Hkv, D), float("nan"), device=device)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    perm = torch.randperm(num_blocks - 1, device=device)  # the last block is "beyond" every table
+    tables = torch.full(
+        (len(ctx_lens), max_blocks), num_blocks - 1, dtype=torch.int32, device=device
+    )
+    start = 0
+    for i, (ctx, n) in enumerate(zip(ctx_lens, num_used)):
+        blocks = perm[start : start + n]
+        start += n
+        tables[i, :n] = blocks.int()
+        flat_k, flat_v = k_cache[blocks].view(-1, Hkv, D), v_cache[blocks].view(-1, Hkv, D)
+        flat_k[:ctx], flat_v[:ctx] = (torch.randn(ctx, Hkv, D, device=device) for _ in range(2))
+        k_cache[blocks], v_cache[blocks] = (
+            flat_k.view(n, BLOCK, Hkv, D),
+            flat_v.view(n, BLOCK, Hkv, D),
+        )
+    T = sum(new_lens)
+    q = torch.randn(T, Hq, D, device=device)
+    cu = torch.tensor(
+        [0, *torch.tensor(new_lens).cumsum(0).tolist()], dtype=torch.int32, device=device
+    )
+    ctx = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
+    return q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), tables, cu, ctx
+
+
+def check(new_lens, ctx_lens, heads, dtype, device):
+    Hq, Hkv, D = heads
+    q, k_cache, v_cache, tables, cu, ctx = make_batch(new_lens, ctx_lens, Hq, Hkv, D, dtype, device)
+    scale = D**-0.5
+    out = paged_attention(q, k_cache, v_cache, tables, cu, ctx, scale)
+    ref = reference.paged_attention(
+        q.double(), k_cache.double(), v_cache.double(), tables, cu, ctx, scale
+    )
+    assert out.shape == q.shape and out.dtype == dtype
+    assert not out.isnan().any(), "attention read outside the causal window or left rows unwritten"
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", HEADS)
+def test_prefill_with_cached_prefix(device, dtype, heads):
+    new_lens = [1, 63, 64, 65, 200]
+    prefixes = [130, 0, 64, 7, 70]
+    check(new_lens, [n + p for n, p in zip(new_lens, prefixes)], heads, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("num_seqs", [1, 5, 16])  # 1: many KV splits, 16: none (on CPU)
+def test_decode(device, dtype, heads, num_seqs):
+    ctx_lens = torch.randint(1, 400, (num_seqs,)).tolist()
+    ctx_lens[0] = 384 if num_seqs == 1 else 1
+    check([1] * num_seqs, ctx_lens, heads, dtype, device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="long contexts only on the device")
+@pytest.mark.parametrize("heads", QWEN_HEADS)
+def test_long_context_qwen_shapes(device, heads):
+    check([1000, 1, 300], [5000, 8192, 2300], heads, torch.bfloat16, device)
+    check([1] * 32, torch.randint(1, 8192, (32,)).tolist(), heads, torch.bfloat16, device)
+
+
+def test_rejects_heads_that_do_not_group(device):
+    q = torch.randn(3, 3, 16, device=device)
+    cache = torch.zeros(2, BLOCK, 2, 16, device=device)
+    one = torch.ones(1, 1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="does not fit"):
+        paged_attention(
+            q,
+            cache,
+            cache,
+            one,
+            torch.tensor([0, 3], dtype=torch.int32, device=device),
+            one[0],
+            1.0,
+        )
