@@ -1,0 +1,1 @@
+"""Prefix-indexed state cache: chained block hashes, and (later) the host and disk tiers."""

@@ -1,0 +1,35 @@
+"""Chained block hashes: the key of every cached KV block and GDN checkpoint.
+
+block_hash[i] = sha256(block_hash[i-1] || int32 token ids of block i), block_hash[-1] being
+the model fingerprint, so a hash names a whole prefix of one model, never just a block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+CACHE_FORMAT_VERSION = 1
+
+
+def model_fingerprint(config_digest: str, weights_digest: str, dtype: str, block_size: int) -> bytes:
+    """sha256 of what changes the cached numbers: config, weights, dtype, format, block size."""
+    h = hashlib.sha256()
+    for part in (config_digest, weights_digest, dtype, str(CACHE_FORMAT_VERSION), str(block_size)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.digest()
+
+
+def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
+    """Hash of one full block given its parent's hash."""
+    return hashlib.sha256(parent + array("i", token_ids).tobytes()).digest()
+
+
+def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None) -> list[bytes]:
+    """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix)."""
+    hashes = list(start or [])
+    for i in range(len(hashes), len(token_ids) // block_size):
+        parent = hashes[-1] if hashes else root
+        hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size]))
+    return hashes

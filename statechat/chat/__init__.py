@@ -1,0 +1,1 @@
+"""Conversations: chat-template rendering (and, with the app, conversation trees)."""

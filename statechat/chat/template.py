@@ -1,0 +1,36 @@
+"""Render a conversation branch to token ids with the model's own chat template."""
+
+from __future__ import annotations
+
+from statechat.errors import ConfigError
+
+ROLES = ("system", "user", "assistant")
+
+
+def validate_messages(messages: list[dict]) -> None:
+    """Raise a one-line ConfigError for a malformed message list."""
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError("messages must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ConfigError(
+                f"message {i} must be {{'role': one of {'/'.join(ROLES)}, 'content': a string}}"
+            )
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of `messages`, ending with the assistant header when add_generation_prompt.
+
+    A last message from the assistant with add_generation_prompt=False is continued
+    (its end-of-turn marker is left off), so a reply can be extended.
+    """
+    validate_messages(messages)
+    continue_last = not add_generation_prompt and messages[-1]["role"] == "assistant"
+    ids = tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_last,
+        tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)

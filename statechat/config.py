@@ -1,0 +1,43 @@
+"""Engine configuration: one frozen, validated dataclass built once (by the CLI, TUI or tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from statechat.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: Path  # checkpoint directory
+    device: str = "auto"  # auto | cpu | cuda | npu
+    dtype: str | None = None  # None: float32 on the CPU, bfloat16 on accelerators
+    block_size: int = 64  # tokens per KV block and checkpoint granularity (a multiple of 64)
+    max_num_seqs: int = 64  # sequences running at once
+    max_num_batched_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    num_kv_blocks: int | None = None  # None: sized from memory_fraction
+    num_state_slots: int | None = None  # GDN slots incl. checkpoints; None: sized from memory
+    memory_fraction: float = 0.85  # of free accelerator memory for the caches
+    cpu_cache_bytes: int = 1 << 30  # cache budget on the CPU backend
+    enable_prefix_cache: bool = True
+    checkpoint_interval: int = 32  # blocks between checkpoints inside long prefills (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size % 64:
+            raise ConfigError(f"block_size must be a positive multiple of 64, got {self.block_size}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ConfigError("max_num_batched_tokens must be at least one block")
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs must be at least 1")
+        if not 0.05 <= self.memory_fraction <= 0.98:
+            raise ConfigError(f"memory_fraction must be in [0.05, 0.98], got {self.memory_fraction}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ConfigError("num_kv_blocks must be at least 2")
+        if self.num_state_slots is not None and self.num_state_slots < 2:
+            raise ConfigError("num_state_slots must be at least 2 (slot 0 is the null slot)")
+        if self.checkpoint_interval < 0:
+            raise ConfigError("checkpoint_interval must be >= 0")

@@ -1,0 +1,1 @@
+"""The inference engine: sequences, scheduler, pools, model runner and the glue (LLMEngine)."""

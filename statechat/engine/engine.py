@@ -1,0 +1,212 @@
+"""LLMEngine: the glue between tokenizer, scheduler, pools and model runner.
+
+    engine = LLMEngine(EngineConfig(model=path))
+    outs = engine.generate(["Hello"], SamplingParams(max_tokens=32))
+    for event in engine.stream(prompt_ids, params): ...
+
+Every finished request reports its prompt tokens, tokens reused from the cache, tokens
+computed, completion tokens and time to first token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from statechat.cache.hashing import model_fingerprint
+from statechat.config import EngineConfig
+from statechat.devices import default_dtype, free_memory, resolve_device
+from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.runner import ModelRunner
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.scheduler import Scheduler
+from statechat.engine.sequence import Sequence, Status
+from statechat.errors import ConfigError
+from statechat.model.context import ModelCaches
+from statechat.model.loader import LoadedModel, load_model
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens reused from the cache
+    num_computed_tokens: int  # prompt tokens computed (recomputation after preemption included)
+    num_completion_tokens: int
+    ttft_s: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """A text delta of one request, with the token ids it came from; `output` on the last."""
+
+    text: str
+    token_ids: list[int]
+    output: RequestOutput | None = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        if loaded is None:
+            device = resolve_device(config.device)
+            dtype = getattr(torch, config.dtype) if config.dtype else default_dtype(device)
+            loaded = load_model(config.model, dtype=dtype, device=device)
+        self.loaded, self.tokenizer = loaded, loaded.tokenizer
+        mc = loaded.config
+        num_blocks, num_slots = self._cache_sizes()
+        bs = config.block_size
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, num_blocks * bs)
+        self.eos_ids = set(mc.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            self.eos_ids.add(self.tokenizer.eos_token_id)
+        self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
+        self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
+        self.scheduler = Scheduler(
+            BlockPool(num_blocks), SlotPool(num_slots), self.fingerprint, bs, config.max_num_seqs,
+            config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
+        )
+
+    def _cache_sizes(self) -> tuple[int, int]:
+        """KV blocks and GDN slots: explicit counts, else a share of the memory budget."""
+        cfg, mc, dtype = self.config, self.loaded.config, self.loaded.dtype
+        per_slot = ModelCaches.bytes_per_slot(mc, dtype)
+        per_block = ModelCaches.bytes_per_block(mc, dtype, cfg.block_size)
+        if self.loaded.device.type == "cpu":
+            budget = cfg.cpu_cache_bytes
+        else:
+            budget = int(free_memory(self.loaded.device) * cfg.memory_fraction)
+        slots = cfg.num_state_slots or max(2 * cfg.max_num_seqs + 1, min(4096, budget // 4 // per_slot))
+        blocks = cfg.num_kv_blocks or (budget - slots * per_slot) // max(per_block, 1)
+        if blocks < 2 or slots < 2:
+            raise ConfigError("not enough memory for the KV and state caches; lower max_num_seqs")
+        return int(blocks), int(slots)
+
+    # --- requests -----------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
+    ) -> Sequence:
+        ids = self.encode(prompt)
+        if not ids:
+            raise ConfigError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ConfigError(
+                f"the prompt has {len(ids)} tokens; the context limit is {self.max_model_len}"
+            )
+        seq = Sequence(ids, params or SamplingParams(), request_id=request_id)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a request early (a user pressed stop): it finishes with reason 'abort'."""
+        if seq.is_finished:
+            return
+        if seq in self.scheduler.waiting:
+            self.scheduler.waiting.remove(seq)
+            seq.finish_reason = "abort"
+            seq.status = Status.FINISHED
+        else:
+            self.scheduler.finish(seq, "abort")
+        self.runner.forget(seq.seq_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- stepping -----------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Run one scheduled step; return the sequences that got a token this step."""
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            if self.scheduler.has_work():
+                raise RuntimeError("the scheduler could not make progress (cache too small?)")
+            return []
+        tokens = self.runner.run(batch)
+        self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
+        updated = [it.seq for it in batch.items if it.needs_logits]
+        now = time.perf_counter()
+        for seq in updated:
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            self._check_finish(seq)
+        return updated
+
+    def _check_finish(self, seq: Sequence) -> None:
+        p, token = seq.params, seq.token_ids[-1]
+        reason = None
+        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            reason = "stop"
+        elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
+            reason = "length"
+        self._detokenize(seq, final=reason is not None)
+        if p.stop and reason is None:
+            cut = min((i for i in (seq.text.find(s) for s in p.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                seq.text = seq.text[:cut]
+                reason = "stop"
+        if reason:
+            self.scheduler.finish(seq, reason)
+            self.runner.forget(seq.seq_id)
+
+    def _detokenize(self, seq: Sequence, final: bool) -> None:
+        """Extend seq.text; hold back a trailing partial UTF-8 character until it completes."""
+        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        if final or not text.endswith("\ufffd"):
+            seq.text = text
+            seq.num_text_tokens = len(seq.output_ids)
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        cached = max(seq.num_cached_tokens, 0)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=list(seq.output_ids),
+            text=seq.text,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=cached,
+            num_computed_tokens=seq.num_prompt_tokens - cached + seq.num_recomputed,
+            num_completion_tokens=len(seq.output_ids),
+            ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+        )
+
+    # --- convenience --------------------------------------------------------------------
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run all prompts together (continuous batching); outputs in input order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while self.has_unfinished():
+            self.step()
+        return [self.output(s) for s in seqs]
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
+        """Generate one request, yielding text deltas as they are decoded."""
+        seq = self.add_request(prompt, params)
+        sent_text, sent_tokens = 0, 0
+        try:
+            while not seq.is_finished:
+                self.step()
+                if seq.num_text_tokens > sent_tokens or seq.is_finished:
+                    delta = seq.text[sent_text:]
+                    ids = seq.output_ids[sent_tokens : seq.num_text_tokens]
+                    sent_text, sent_tokens = len(seq.text), seq.num_text_tokens
+                    out = self.output(seq) if seq.is_finished else None
+                    if delta or ids or out:
+                        yield StreamEvent(delta, ids, out)
+        finally:
+            self.abort(seq)

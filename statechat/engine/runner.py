@@ -1,0 +1,95 @@
+"""ModelRunner: owns the device tensors (caches), turns a scheduled batch into a Context, runs
+the model and samples. The only engine module that does tensor work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+from statechat.engine.sampling import sample
+from statechat.engine.scheduler import Batch
+from statechat.model.context import Context, ModelCaches
+from statechat.model.loader import LoadedModel
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, num_blocks: int, num_slots: int, block_size: int) -> None:
+        self.loaded = loaded
+        self.model, self.device, self.dtype = loaded.model, loaded.device, loaded.dtype
+        self.block_size = block_size
+        self.caches = ModelCaches.allocate(loaded.config, num_slots, num_blocks, block_size, self.dtype, self.device)
+        self.generators: dict[int, torch.Generator] = {}
+
+    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
+
+    def prepare(self, batch: Batch) -> tuple[torch.Tensor, Context]:
+        """Host lists -> one Context for the step (a single host-to-device copy per field)."""
+        bs = self.block_size
+        ids, positions, slot_mapping, cu, logits_rows = [], [], [], [0], []
+        ck_seq, ck_boundary, ck_slot = [], [], []
+        max_blocks = max(len(it.seq.block_table) for it in batch.items)
+        tables = []
+        for i, it in enumerate(batch.items):
+            seq, s, n = it.seq, it.start, it.num_tokens
+            ids += seq.token_ids[s : s + n]
+            pos = range(s, s + n)
+            positions += pos
+            slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in pos]
+            cu.append(cu[-1] + n)
+            if it.needs_logits:
+                logits_rows.append(cu[-1] - 1)
+            tables.append(seq.block_table + [0] * (max_blocks - len(seq.block_table)))
+            for boundary, slot in it.checkpoints:
+                ck_seq.append(i)
+                ck_boundary.append(boundary)
+                ck_slot.append(slot)
+        i32, i64 = torch.int32, torch.int64
+        checkpoints = None
+        if ck_seq:
+            checkpoints = kernels.Checkpoints(
+                self._tensor(ck_seq, i32), self._tensor(ck_boundary, i32), self._tensor(ck_slot, i32)
+            )
+        ctx = Context(
+            positions=self._tensor(positions, i64),
+            cu_seqlens=self._tensor(cu, i32),
+            is_decode=batch.is_decode,
+            state_src=self._tensor([it.src_slot for it in batch.items], i32),
+            state_dst=self._tensor([it.seq.slot for it in batch.items], i32),
+            slot_mapping=self._tensor(slot_mapping, i64),
+            block_tables=self._tensor(tables, i32),
+            context_lens=self._tensor([it.start + it.num_tokens for it in batch.items], i32),
+            checkpoints=checkpoints,
+            logits_indices=self._tensor(logits_rows, i64),
+        )
+        return self._tensor(ids, i64), ctx
+
+    def run(self, batch: Batch) -> list[int]:
+        """Forward the batch; one sampled token per item that needs logits, in item order."""
+        input_ids, ctx = self.prepare(batch)
+        logits = self.model(input_ids, ctx, self.caches)
+        wanted = [it.seq for it in batch.items if it.needs_logits]
+        if not wanted:
+            return []
+        return sample(logits, [s.params for s in wanted], [self._generator(s) for s in wanted])
+
+    def _generator(self, seq) -> torch.Generator | None:
+        if seq.params.is_greedy or seq.params.seed is None:
+            return None
+        gen = self.generators.get(seq.seq_id)
+        if gen is None:
+            gen = self.generators[seq.seq_id] = torch.Generator(self.device).manual_seed(seq.params.seed)
+        return gen
+
+    def forget(self, seq_id: int) -> None:
+        self.generators.pop(seq_id, None)
+
+    def copy_slots(self, copies: list[tuple[int, int]]) -> None:
+        """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""
+        if not copies:
+            return
+        src = self._tensor([c[0] for c in copies], torch.int32)
+        dst = self._tensor([c[1] for c in copies], torch.int32)
+        for pool in self.caches.conv + self.caches.ssm:
+            kernels.copy_slots(pool, src, dst)

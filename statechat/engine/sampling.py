@@ -1,0 +1,54 @@
+"""Sampling parameters per request and the sampler over a step's logits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from statechat.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None  # per-request generator; None = nondeterministic
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default=())  # stop strings (not included in the text)
+    stop_token_ids: tuple[int, ...] = field(default=())
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of logits [M, vocab] (float32); one host read for the whole step."""
+    out = logits.argmax(dim=-1)
+    for i, p in enumerate(params):
+        if p.is_greedy:
+            continue
+        row = logits[i] / p.temperature
+        if p.top_k:
+            kth = torch.topk(row, min(p.top_k, row.shape[-1])).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = row.softmax(-1)
+        if p.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > p.top_p  # keep the smallest set reaching top_p
+            probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
+        out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+    return out.tolist()

@@ -1,0 +1,254 @@
+"""Continuous-batching scheduler: plain Python over sequences, blocks and slots, no tensors.
+
+Each step: every decoding sequence gets one token first (so a long prompt never starves
+decodes), then prefills share what is left of the token budget, in chunks that end on block
+boundaries (a prompt's last chunk excepted). When KV blocks run out the newest running sequence
+is preempted: it gives everything back and is recomputed later (from the prefix cache when it
+can). Prefill chunks ask the kernels to leave GDN checkpoints at the boundaries the policy wants;
+decodes copy the state at block boundaries so that a reply's end can be checkpointed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from statechat.cache.hashing import chain_hashes
+from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step."""
+
+    seq: Sequence
+    start: int  # first token fed (== seq.num_computed when scheduled)
+    num_tokens: int
+    src_slot: int
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (boundary from start, slot)
+    needs_logits: bool = False  # the step reaches the sequence's end: sample a token
+
+    def __post_init__(self) -> None:
+        self.needs_logits = self.start + self.num_tokens == len(self.seq)
+
+
+@dataclass
+class Batch:
+    items: list[ScheduledSeq]
+    is_decode: bool = False  # every item feeds one token of an ongoing reply
+
+    def __post_init__(self) -> None:
+        self.is_decode = bool(self.items) and all(it.seq.is_decoding for it in self.items)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(it.num_tokens for it in self.items)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockPool,
+        slots: SlotPool,
+        hash_root: bytes,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        checkpoint_interval: int,
+        enable_prefix_cache: bool = True,
+    ) -> None:
+        self.blocks, self.slots, self.root = blocks, slots, hash_root
+        self.bs = block_size
+        self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
+        self.interval = checkpoint_interval
+        self.use_cache = enable_prefix_cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # --- requests -----------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- scheduling ---------------------------------------------------------------------
+    def schedule(self) -> Batch:
+        items: list[ScheduledSeq] = []
+        budget = self.budget
+        for seq in list(self.running):
+            if seq.is_decoding and seq.status == Status.RUNNING:
+                if self._ensure_blocks(seq, seq.num_computed + 1, items):
+                    items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
+                    budget -= 1
+        for seq in [s for s in self.running if not s.is_decoding]:
+            if budget <= 0 or seq.status != Status.RUNNING:
+                continue
+            item = self._prefill_chunk(seq, budget, items)
+            if item is not None:
+                items.append(item)
+                budget -= item.num_tokens
+        while self.waiting and budget > 0 and self._admit(self.waiting[0]):
+            item = self._prefill_chunk(self.running[-1], budget, items)
+            if item is None:
+                break
+            items.append(item)
+            budget -= item.num_tokens
+        return Batch(items)
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Move a waiting sequence to running, reusing the longest cached prefix."""
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        slot = self.slots.allocate()
+        if slot is None:
+            return False
+        seq.slot = slot
+        seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
+        reused = self._reuse_prefix(seq) if self.use_cache else 0
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = reused
+        seq.status = Status.RUNNING
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        return True
+
+    def _reuse_prefix(self, seq: Sequence) -> int:
+        """Take the cached KV blocks and checkpoint of the longest usable prefix; its length."""
+        hashes = seq.block_hashes
+        n_full = 0
+        while n_full < len(hashes) and self.blocks.lookup(hashes[n_full]) is not None:
+            n_full += 1
+        for k in range(n_full, 0, -1):
+            if k * self.bs < len(seq) and self.slots.has(hashes[k - 1]):
+                for h in hashes[:k]:
+                    block = self.blocks.lookup(h)
+                    self.blocks.acquire(block)
+                    seq.block_table.append(block)
+                seq.resume_slot = self.slots.acquire(hashes[k - 1])
+                seq.num_computed = k * self.bs
+                return k * self.bs
+        return 0
+
+    def _prefill_chunk(self, seq: Sequence, budget: int, items: list[ScheduledSeq]) -> ScheduledSeq | None:
+        start = seq.num_computed
+        end = start + min(seq.num_uncomputed, budget)
+        if end < len(seq):
+            end = end // self.bs * self.bs
+        if end <= start or not self._ensure_blocks(seq, end, items):
+            return None
+        src = seq.resume_slot or (seq.slot if start > 0 else 0)
+        return ScheduledSeq(seq, start, end - start, src, self._checkpoint_targets(seq, start, end))
+
+    def _checkpoint_targets(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
+        if not self.use_cache:
+            return []
+        prompt_mark = (seq.num_prompt_tokens - 1) // self.bs * self.bs
+        targets = []
+        first = (start // self.bs + 1) * self.bs
+        for b in range(first, end + 1, self.bs):
+            wanted = b == prompt_mark or (self.interval and b % (self.interval * self.bs) == 0)
+            if not wanted or self.slots.has(seq.block_hashes[b // self.bs - 1]):
+                continue
+            slot = self.slots.allocate()
+            if slot is None:
+                break  # never block generation for a checkpoint
+            targets.append((b - start, slot))
+        return targets
+
+    def _ensure_blocks(self, seq: Sequence, num_tokens: int, items: list[ScheduledSeq]) -> bool:
+        """Give `seq` blocks for `num_tokens` tokens, preempting newer sequences if needed."""
+        need = (num_tokens + self.bs - 1) // self.bs - len(seq.block_table)
+        while need > self.blocks.num_available:
+            scheduled = {id(it.seq) for it in items}
+            victims = [s for s in self.running if id(s) not in scheduled]
+            if not victims:
+                return False
+            victim = victims[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        for _ in range(max(need, 0)):
+            seq.block_table.append(self.blocks.allocate())
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Give back everything `seq` holds; it will be recomputed (from cache if possible)."""
+        self._release(seq)
+        seq.status = Status.WAITING
+        seq.num_recomputed += seq.num_computed
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        for block in seq.block_table:
+            self.blocks.release(block)
+        seq.block_table = []
+        if seq.resume_slot:
+            self.slots.unpin(seq.resume_slot)
+            seq.resume_slot = 0
+        self.slots.release(seq.slot)
+        self.slots.release(seq.pending_slot)
+        seq.slot = seq.pending_slot = seq.pending_tokens = 0
+        self.running.remove(seq)
+
+    # --- after the step -----------------------------------------------------------------
+    def postprocess(self, batch: Batch, tokens: list[int]) -> list[tuple[int, int]]:
+        """Advance sequences by the step's results; return slot copies (src, dst) to run now.
+
+        tokens: one sampled token per item whose `needs_logits`, in item order.
+        """
+        copies: list[tuple[int, int]] = []
+        sampled = iter(tokens)
+        for it in batch.items:
+            seq = it.seq
+            was_decode = seq.is_decoding
+            full_before = seq.num_computed // self.bs
+            seq.num_computed += it.num_tokens
+            if seq.resume_slot:
+                self.slots.unpin(seq.resume_slot)
+                seq.resume_slot = 0
+            for j in range(full_before, seq.num_computed // self.bs):
+                self.blocks.register(seq.block_table[j], seq.block_hashes[j])
+            for boundary, slot in it.checkpoints:
+                b = it.start + boundary
+                self.slots.register(seq.block_hashes[b // self.bs - 1], slot, b)
+            if was_decode and seq.num_computed % self.bs == 0:
+                copies += self._decode_boundary(seq)
+            if it.needs_logits:
+                seq.token_ids.append(next(sampled))
+                seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
+        return copies
+
+    def _decode_boundary(self, seq: Sequence) -> list[tuple[int, int]]:
+        """At a block boundary during decode: keep the state for the reply-end checkpoint."""
+        if not self.use_cache:
+            return []
+        b = seq.num_computed
+        h = seq.block_hashes[b // self.bs - 1]
+        if self.interval and b % (self.interval * self.bs) == 0 and not self.slots.has(h):
+            slot = self.slots.allocate()
+            if slot is not None:
+                self.slots.register(h, slot, b)
+                return [(seq.slot, slot)]
+        if not seq.pending_slot:
+            seq.pending_slot = self.slots.allocate() or 0
+        if not seq.pending_slot:
+            return []
+        seq.pending_tokens = b
+        return [(seq.slot, seq.pending_slot)]
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq`: publish its reply-end checkpoint and give back its blocks and slots."""
+        seq.finish_reason = reason
+        if seq.pending_slot:
+            h = seq.block_hashes[seq.pending_tokens // self.bs - 1]
+            if self.slots.has(h):
+                self.slots.release(seq.pending_slot)
+            else:
+                self.slots.register(h, seq.pending_slot, seq.pending_tokens)
+            seq.pending_slot = 0
+        self._release(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,74 @@
+"""Sequence: one request's tokens and bookkeeping. Plain Python, no tensors."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from statechat.engine.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """A request in flight.
+
+    token_ids holds the prompt then the generated tokens. The model has consumed the first
+    `num_computed` of them: their keys/values are in the blocks of `block_table` and the GDN
+    state after them is in `slot` (or, before the first step, in `resume_slot`).
+    """
+
+    token_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    num_prompt_tokens: int = 0
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    slot: int = 0  # working GDN state slot (0 = none yet)
+    resume_slot: int = 0  # checkpoint slot the first step reads from (0 = zeros)
+    pending_slot: int = 0  # holds the state at the last block boundary of the reply
+    pending_tokens: int = 0  # boundary that pending_slot holds
+    num_cached_tokens: int = -1  # prompt tokens reused from the cache (-1 = not yet admitted)
+    num_recomputed: int = 0  # tokens computed again after preemption
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    text: str = ""  # detokenized output so far
+    num_text_tokens: int = 0  # output tokens already turned into `text`
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+        self.request_id = self.request_id or f"req-{self.seq_id}"
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token is left to feed."""
+        return self.num_computed == len(self.token_ids) - 1 and len(self.token_ids) > self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
