@@ -22,6 +22,9 @@ class EngineConfig:
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
     cpu_cache_bytes: int = 1 << 30  # cache budget on the CPU backend
     enable_prefix_cache: bool = True
+    cache_dir: Path | None = None  # persistent disk tier (None = device tier only)
+    disk_cache_bytes: int | None = None  # disk budget; None = 10% of the free space at start
+    host_cache_bytes: int = 4 << 30  # pinned host-memory tier between device and disk
     checkpoint_interval: int = 32  # blocks between checkpoints inside long prefills (0 = off)
 
     def __post_init__(self) -> None:

@@ -41,6 +41,7 @@ class RequestOutput:
     num_computed_tokens: int  # prompt tokens computed (recomputation after preemption included)
     num_completion_tokens: int
     ttft_s: float | None
+    reused_from: str | None = None  # tier the reused prefix came from: device, host or disk
 
     @property
     def finished(self) -> bool:

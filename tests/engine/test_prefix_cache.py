@@ -1,0 +1,109 @@
+"""The device-tier prefix cache changes nothing but the work done.
+
+Conversations are forked at every turn (an earlier user message edited, the last reply
+regenerated, a reply continued). Greedy tokens with the cache equal those of an engine with the
+cache off, and each request's reported reuse equals the position of the nearest checkpoint that
+the checkpoint policy (DESIGN.md) left from earlier requests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.chat.template import render
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+
+BS = 64
+PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
+WORDS = "state cache block token layer chat model prefix reuse delta gate kernel".split()
+
+
+def user_text(rng: torch.Generator, n_words: int) -> str:
+    idx = torch.randint(0, len(WORDS), (n_words,), generator=rng).tolist()
+    return " ".join(WORDS[i] for i in idx)
+
+
+class PolicyModel:
+    """Where checkpoints should exist after each request, computed from the policy alone."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.points: list[tuple[list[int], int]] = []  # (token ids, boundary)
+
+    def record(self, prompt: list[int], output: list[int]) -> None:
+        tokens = prompt + output
+        self.points.append((tokens, (len(prompt) - 1) // BS * BS))
+        fed = len(tokens) - 1  # the last sampled token is never fed back
+        for b in range(BS, fed + 1, BS):
+            if b % (self.interval * BS) == 0:
+                self.points.append((tokens, b))
+        reply_end = fed // BS * BS
+        if reply_end > len(prompt):
+            self.points.append((tokens, reply_end))
+
+    def expected_reuse(self, prompt: list[int]) -> int:
+        best = 0
+        for tokens, b in self.points:
+            if 0 < b < len(prompt) and tokens[:b] == prompt[:b]:
+                best = max(best, b)
+        return best
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    cached = LLMEngine(EngineConfig(model=path, device="cpu", checkpoint_interval=2), loaded=loaded)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    return cached, plain
+
+
+def ask(cached: LLMEngine, plain: LLMEngine, policy: PolicyModel, ids: list[int]):
+    want = policy.expected_reuse(ids)
+    got = cached.generate([ids], PARAMS)[0]
+    ref = plain.generate([ids], PARAMS)[0]
+    assert got.token_ids == ref.token_ids
+    assert got.num_cached_tokens == want, f"reused {got.num_cached_tokens}, nearest checkpoint {want}"
+    assert got.num_computed_tokens == len(ids) - want
+    assert ref.num_cached_tokens == 0
+    policy.record(ids, got.token_ids)
+    return got
+
+
+def test_forks_at_every_turn_match_no_cache(engines):
+    cached, plain = engines
+    tok = cached.tokenizer
+    policy = PolicyModel(interval=2)
+    rng = torch.Generator().manual_seed(5)
+    messages: list[dict] = [{"role": "system", "content": user_text(rng, 30)}]
+    history, outs = [], []
+    for _turn in range(4):
+        messages.append({"role": "user", "content": user_text(rng, 40)})
+        out = ask(cached, plain, policy, render(tok, messages))
+        messages.append({"role": "assistant", "content": out.text})
+        history.append(list(messages))
+    for turn, branch in enumerate(history):
+        # edit the user message of this turn
+        edited = branch[:-2] + [{"role": "user", "content": user_text(rng, 35)}]
+        outs.append(ask(cached, plain, policy, render(tok, edited)))
+        # regenerate this turn's reply
+        outs.append(ask(cached, plain, policy, render(tok, branch[:-1])))
+        # continue this turn's reply
+        outs.append(ask(cached, plain, policy, render(tok, branch, add_generation_prompt=False)))
+    assert sum(o.num_cached_tokens > 0 for o in outs) >= 8
+
+
+def test_long_prompt_resumes_near_an_edit(engines):
+    """An edit deep inside a long prompt resumes from the interval checkpoint before it."""
+    cached, plain = engines
+    policy = PolicyModel(interval=2)
+    gen = torch.Generator().manual_seed(9)
+    base = torch.randint(0, 300, (700,), generator=gen).tolist()
+    ask(cached, plain, policy, base)
+    edited = base[:600] + [(t + 1) % 300 for t in base[600:650]]
+    out = ask(cached, plain, policy, edited)
+    assert out.num_cached_tokens == 512
