@@ -170,7 +170,7 @@ def recurrent_gdn(
     """
     qm, km, vm, g, beta = _gdn_prepare(q, k, v, a, b, A_log, dt_bias)
     src = src_slots.long()
-    state = state_pool[src].to(qm.dtype) * (src != 0).to(qm.dtype)[:, None, None, None]
+    state = torch.where((src != 0)[:, None, None, None], state_pool[src].to(qm.dtype), 0.0)  # slot 0 never read
     state = state * g.exp()[:, :, None, None]
     delta = beta[:, :, None] * (vm - torch.einsum("nhkv,nhk->nhv", state, km))
     state = state + km[:, :, :, None] * delta[:, :, None, :]
@@ -221,7 +221,7 @@ def causal_conv1d_update(
     """One decode step of causal_conv1d: x: [N, D] -> [N, D]; conv_pool as in causal_conv1d."""
     dt = _math_dtype(x)
     src = src_slots.long()
-    init = conv_pool[src].to(dt) * (src != 0).to(dt)[:, None, None]
+    init = torch.where((src != 0)[:, None, None], conv_pool[src].to(dt), 0.0)  # slot 0 never read
     xs = torch.cat([init, x.to(dt)[:, None, :]], dim=1)  # [N, W, D]
     out = F.silu((xs * weight.to(dt).T[None]).sum(1))
     conv_pool[dst_slots.long()] = xs[:, 1:].to(conv_pool.dtype)

@@ -1,0 +1,716 @@
+"""Varlen chunked gated delta rule (prefill) with fused gating, q/k L2 norm and checkpoints.
+
+Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
+
+1. `_gdn_prepare_kernel`, one program per (chunk, value head): gating (g = -exp(A_log) *
+   softplus(a + dt_bias), chunk-local cumsum; beta = sigmoid(b)), the inverse L2 norms of q
+   and k (stored for steps 2-3, so raw q/k feed every dot product and the norms become row or
+   column scales), the strictly lower matrix A_ij = beta_i (k_i . k_j) exp(g_i - g_j) over
+   normalised keys and the WY factors
+   w = (I + A)^-1 (beta exp(g) k) and u = (I + A)^-1 (beta v). (I + A) is solved in 16-row
+   sub-blocks: the 16x16 diagonal blocks are inverted with a product of (I + L^(2^n)) factors
+   (L is nilpotent), the rest is block forward substitution.
+2. `_gdn_state_kernel`, one program per (sequence, value head, V tile), sequential over the
+   sequence's chunks: reads the source slot, keeps the state S [K, BV] in float32 registers,
+   stores S before each chunk (for step 3) and v_new = u - w S, and updates
+   S <- exp(g_last) S + (k exp(g_last - g))^T v_new. Checkpoint slots are written from this
+   loop; the final state goes to the destination slot.
+3. `_gdn_output_kernel`, one program per (chunk, value head, V tile):
+   o = (q exp(g)) S + (q k^T * exp(g_i - g_j), causal) v_new.
+
+Chunk bookkeeping for varlen batches is computed on the device (no host sync): grids are
+sized from the host-known bound T // BT + N chunks and programs past the last chunk exit.
+Checkpoint targets become a per-chunk slot map (0 = none), so a sequence may have at most one
+checkpoint per boundary.
+
+Precision: float32 inputs use IEEE float32 dot products (TF32 would miss 1e-5); 16-bit inputs
+use 16-bit operands in the large dot products, like FLA, and TF32 in the WY solve. State and
+all accumulations are float32. Scratch (w, u, v_new, per-chunk states) is in the input dtype.
+
+Portability: plain pointers with int64 scalar bases and int32 tile offsets (no block pointers:
+triton 3.9 removed them), masks for padding, scalar `if` for the optional slot reads/writes,
+no CUDA-only intrinsics. CONFIG holds CUDA launch hints (num_warps, num_stages, tiles).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reference import CHUNK, Checkpoints
+
+# compile-time constants of the kernels (the launchers use CHUNK)
+BT = tl.constexpr(CHUNK)  # tokens per chunk
+BC = tl.constexpr(16)  # rows per sub-block of the WY solve (BT // BC == 4 is hard-wired below)
+
+# Launch configuration per kernel; the benchmark script may override entries.
+CONFIG = {
+    "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1},
+    "state": {"BV": 32, "num_warps": 4, "num_stages": 3},
+    "output": {"BV": 64, "num_warps": 4, "num_stages": 2},
+}
+
+
+@triton.jit
+def _softplus(x):
+    # torch's softplus (threshold 20); x = -inf gives 0, so masked rows get no decay
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _load_gates(a, b, stride_a, stride_b, t, m_t, b_neg_A, b_dt_bias):
+    """Raw log decay g and beta of rows t, fp32 [BC]; masked rows get g = 0, beta = 0."""
+    b_a = tl.load(a + t * stride_a, mask=m_t, other=float("-inf")).to(tl.float32)
+    b_b = tl.load(b + t * stride_b, mask=m_t, other=float("-inf")).to(tl.float32)
+    return b_neg_A * _softplus(b_a + b_dt_bias), tl.sigmoid(b_b)
+
+
+@triton.jit
+def _load_rows(x, stride_t, t, m_t, o_c):
+    """x[t, o_c] in x's dtype, [R, C] (masked rows are 0)."""
+    p_x = x + t[:, None] * stride_t + o_c[None, :]
+    return tl.load(p_x, mask=m_t[:, None], other=0.0)
+
+
+@triton.jit
+def _rstd(b_x, axis: tl.constexpr):
+    """1 / sqrt(sum(x^2) + 1e-6) along `axis` (the L2 norm of FLA and transformers)."""
+    b_xf = b_x.to(tl.float32)
+    return tl.rsqrt(tl.sum(b_xf * b_xf, axis=axis) + 1e-6)
+
+
+@triton.jit
+def _kkt_block(
+    b_ki, b_kj, b_gi, b_gj, b_si, b_rj, IS_DIAG: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr
+):
+    """Block (i, j) of A = beta_i (k_i . k_j) / (|k_i| |k_j|) exp(g_i - g_j), strictly lower.
+
+    b_ki, b_kj: raw keys [BC, K]; b_si = beta_i / |k_i|, b_rj = 1 / |k_j|: [BC].
+    """
+    b_A = tl.dot(b_ki.to(DT), tl.trans(b_kj.to(DT)), input_precision=PREC)
+    b_A *= b_si[:, None] * b_rj[None, :]
+    b_dg = b_gi[:, None] - b_gj[None, :]
+    if IS_DIAG:
+        o_r = tl.arange(0, BC)
+        m_lower = o_r[:, None] > o_r[None, :]
+        b_A = tl.where(m_lower, b_A * tl.exp(tl.where(m_lower, b_dg, 0.0)), 0.0)
+    else:
+        b_A = b_A * tl.exp(b_dg)  # g is non-increasing, so b_dg <= 0 below the diagonal
+    return b_A
+
+
+@triton.jit
+def _unit_lower_inverse(b_L, PREC: tl.constexpr):
+    """(I + L)^-1 of a strictly lower [BC, BC] L (L^16 = 0) as (I - L)(I + L^2)(I + L^4)(I + L^8)."""
+    o_r = tl.arange(0, BC)
+    b_X = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - b_L
+    b_P = tl.dot(b_L, b_L, input_precision=PREC)
+    b_X += tl.dot(b_X, b_P, input_precision=PREC)
+    b_P = tl.dot(b_P, b_P, input_precision=PREC)
+    b_X += tl.dot(b_X, b_P, input_precision=PREC)
+    b_P = tl.dot(b_P, b_P, input_precision=PREC)
+    b_X += tl.dot(b_X, b_P, input_precision=PREC)
+    return b_X
+
+
+@triton.jit
+def _block_solve(
+    b_r0,
+    b_r1,
+    b_r2,
+    b_r3,
+    b_D0,
+    b_D1,
+    b_D2,
+    b_D3,
+    b_A10,
+    b_A20,
+    b_A21,
+    b_A30,
+    b_A31,
+    b_A32,
+    PREC: tl.constexpr,
+):
+    """x = (I + A)^-1 r by forward substitution over 4 row blocks; D_i = (I + A_ii)^-1."""
+    b_x0 = tl.dot(b_D0, b_r0, input_precision=PREC)
+    b_x1 = tl.dot(b_D1, b_r1 - tl.dot(b_A10, b_x0, input_precision=PREC), input_precision=PREC)
+    b_s = tl.dot(b_A20, b_x0, input_precision=PREC) + tl.dot(b_A21, b_x1, input_precision=PREC)
+    b_x2 = tl.dot(b_D2, b_r2 - b_s, input_precision=PREC)
+    b_s = tl.dot(b_A30, b_x0, input_precision=PREC) + tl.dot(b_A31, b_x1, input_precision=PREC)
+    b_s += tl.dot(b_A32, b_x2, input_precision=PREC)
+    b_x3 = tl.dot(b_D3, b_r3 - b_s, input_precision=PREC)
+    return b_x0, b_x1, b_x2, b_x3
+
+
+@triton.jit
+def _store_rows(x, stride_t, t, m_t, o_c, b_x):
+    p_x = x + t[:, None] * stride_t + o_c[None, :]
+    tl.store(p_x, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit
+def _store_rstd(p, stride, b_r0, b_r1, b_r2, b_r3, m_0, m_1, m_2, m_3):
+    o_r = tl.arange(0, BC)
+    tl.store(p + o_r * stride, b_r0, mask=m_0)
+    tl.store(p + (o_r + BC) * stride, b_r1, mask=m_1)
+    tl.store(p + (o_r + 2 * BC) * stride, b_r2, mask=m_2)
+    tl.store(p + (o_r + 3 * BC) * stride, b_r3, mask=m_3)
+
+
+@triton.jit
+def _gdn_prepare_kernel(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    w,
+    u,
+    g_cum,
+    rstd_q,
+    rstd_k,
+    cu_seqlens,
+    chunk_seq,
+    chunk_offsets,
+    stride_qt,
+    stride_kt,
+    stride_vt,
+    stride_at,
+    stride_bt,
+    N,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DT: tl.constexpr,
+):
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_seq + i_c)
+    if i_n >= N:
+        return
+    i_local = i_c - tl.load(chunk_offsets + i_n)
+    bos = tl.load(cu_seqlens + i_n)
+    num_rows = tl.load(cu_seqlens + i_n + 1) - bos - i_local * BT  # valid rows of this chunk (>= 1)
+    t0 = bos.to(tl.int64) + i_local * BT  # first token, int64: base of every pointer below
+    i_h = i_hv // (HV // H)
+
+    # 4 sub-blocks of BC rows: chunk-local row indices and their masks
+    o_r = tl.arange(0, BC)
+    t_0, t_1, t_2, t_3 = o_r, o_r + BC, o_r + 2 * BC, o_r + 3 * BC
+    m_0, m_1, m_2, m_3 = t_0 < num_rows, t_1 < num_rows, t_2 < num_rows, t_3 < num_rows
+    q += t0 * stride_qt + i_h * K
+    k += t0 * stride_kt + i_h * K
+    v += t0 * stride_vt + i_hv * V
+    a += t0 * stride_at + i_hv
+    b += t0 * stride_bt + i_hv
+    w += t0 * (HV * K) + i_hv * K
+    u += t0 * (HV * V) + i_hv * V
+    g_cum += t0 * HV + i_hv
+
+    # gates; g becomes the chunk-local cumulative log decay
+    b_neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    b_g0, b_beta0 = _load_gates(a, b, stride_at, stride_bt, t_0, m_0, b_neg_A, b_dt_bias)
+    b_g1, b_beta1 = _load_gates(a, b, stride_at, stride_bt, t_1, m_1, b_neg_A, b_dt_bias)
+    b_g2, b_beta2 = _load_gates(a, b, stride_at, stride_bt, t_2, m_2, b_neg_A, b_dt_bias)
+    b_g3, b_beta3 = _load_gates(a, b, stride_at, stride_bt, t_3, m_3, b_neg_A, b_dt_bias)
+    b_carry1 = tl.sum(b_g0, axis=0)
+    b_carry2 = b_carry1 + tl.sum(b_g1, axis=0)
+    b_carry3 = b_carry2 + tl.sum(b_g2, axis=0)
+    b_g0 = tl.cumsum(b_g0, axis=0)
+    b_g1 = tl.cumsum(b_g1, axis=0) + b_carry1
+    b_g2 = tl.cumsum(b_g2, axis=0) + b_carry2
+    b_g3 = tl.cumsum(b_g3, axis=0) + b_carry3
+    tl.store(g_cum + t_0 * HV, b_g0, mask=m_0)
+    tl.store(g_cum + t_1 * HV, b_g1, mask=m_1)
+    tl.store(g_cum + t_2 * HV, b_g2, mask=m_2)
+    tl.store(g_cum + t_3 * HV, b_g3, mask=m_3)
+
+    # A over L2-normalised keys in 16x16 blocks, from raw keys and row scales 1 / |k|
+    o_k = tl.arange(0, K)
+    b_k0 = _load_rows(k, stride_kt, t_0, m_0, o_k)
+    b_k1 = _load_rows(k, stride_kt, t_1, m_1, o_k)
+    b_k2 = _load_rows(k, stride_kt, t_2, m_2, o_k)
+    b_k3 = _load_rows(k, stride_kt, t_3, m_3, o_k)
+    b_r0, b_r1, b_r2, b_r3 = _rstd(b_k0, 1), _rstd(b_k1, 1), _rstd(b_k2, 1), _rstd(b_k3, 1)
+    if i_hv % (HV // H) == 0:  # one program per key head stores the norms used by the next kernels
+        _store_rstd(rstd_k + t0 * H + i_h, H, b_r0, b_r1, b_r2, b_r3, m_0, m_1, m_2, m_3)
+        _store_rstd(
+            rstd_q + t0 * H + i_h,
+            H,
+            _rstd(_load_rows(q, stride_qt, t_0, m_0, o_k), 1),
+            _rstd(_load_rows(q, stride_qt, t_1, m_1, o_k), 1),
+            _rstd(_load_rows(q, stride_qt, t_2, m_2, o_k), 1),
+            _rstd(_load_rows(q, stride_qt, t_3, m_3, o_k), 1),
+            m_0,
+            m_1,
+            m_2,
+            m_3,
+        )
+    b_s0, b_s1, b_s2, b_s3 = b_beta0 * b_r0, b_beta1 * b_r1, b_beta2 * b_r2, b_beta3 * b_r3
+    b_A00 = _kkt_block(b_k0, b_k0, b_g0, b_g0, b_s0, b_r0, True, PREC, DT)
+    b_A11 = _kkt_block(b_k1, b_k1, b_g1, b_g1, b_s1, b_r1, True, PREC, DT)
+    b_A22 = _kkt_block(b_k2, b_k2, b_g2, b_g2, b_s2, b_r2, True, PREC, DT)
+    b_A33 = _kkt_block(b_k3, b_k3, b_g3, b_g3, b_s3, b_r3, True, PREC, DT)
+    b_A10 = _kkt_block(b_k1, b_k0, b_g1, b_g0, b_s1, b_r0, False, PREC, DT)
+    b_A20 = _kkt_block(b_k2, b_k0, b_g2, b_g0, b_s2, b_r0, False, PREC, DT)
+    b_A21 = _kkt_block(b_k2, b_k1, b_g2, b_g1, b_s2, b_r1, False, PREC, DT)
+    b_A30 = _kkt_block(b_k3, b_k0, b_g3, b_g0, b_s3, b_r0, False, PREC, DT)
+    b_A31 = _kkt_block(b_k3, b_k1, b_g3, b_g1, b_s3, b_r1, False, PREC, DT)
+    b_A32 = _kkt_block(b_k3, b_k2, b_g3, b_g2, b_s3, b_r2, False, PREC, DT)
+    b_D0 = _unit_lower_inverse(b_A00, PREC)
+    b_D1 = _unit_lower_inverse(b_A11, PREC)
+    b_D2 = _unit_lower_inverse(b_A22, PREC)
+    b_D3 = _unit_lower_inverse(b_A33, PREC)
+
+    # w = (I + A)^-1 (beta exp(g) k / |k|), BK columns at a time (keys reloaded from cache)
+    b_s0 *= tl.exp(b_g0)
+    b_s1 *= tl.exp(b_g1)
+    b_s2 *= tl.exp(b_g2)
+    b_s3 *= tl.exp(b_g3)
+    for i_k in range(K // BK):
+        o_c = i_k * BK + tl.arange(0, BK)
+        b_w0, b_w1, b_w2, b_w3 = _block_solve(
+            _load_rows(k, stride_kt, t_0, m_0, o_c).to(tl.float32) * b_s0[:, None],
+            _load_rows(k, stride_kt, t_1, m_1, o_c).to(tl.float32) * b_s1[:, None],
+            _load_rows(k, stride_kt, t_2, m_2, o_c).to(tl.float32) * b_s2[:, None],
+            _load_rows(k, stride_kt, t_3, m_3, o_c).to(tl.float32) * b_s3[:, None],
+            b_D0,
+            b_D1,
+            b_D2,
+            b_D3,
+            b_A10,
+            b_A20,
+            b_A21,
+            b_A30,
+            b_A31,
+            b_A32,
+            PREC,
+        )
+        _store_rows(w, HV * K, t_0, m_0, o_c, b_w0)
+        _store_rows(w, HV * K, t_1, m_1, o_c, b_w1)
+        _store_rows(w, HV * K, t_2, m_2, o_c, b_w2)
+        _store_rows(w, HV * K, t_3, m_3, o_c, b_w3)
+
+    # u = (I + A)^-1 (beta v)
+    for i_v in range(V // BV):
+        o_c = i_v * BV + tl.arange(0, BV)
+        b_u0, b_u1, b_u2, b_u3 = _block_solve(
+            _load_rows(v, stride_vt, t_0, m_0, o_c).to(tl.float32) * b_beta0[:, None],
+            _load_rows(v, stride_vt, t_1, m_1, o_c).to(tl.float32) * b_beta1[:, None],
+            _load_rows(v, stride_vt, t_2, m_2, o_c).to(tl.float32) * b_beta2[:, None],
+            _load_rows(v, stride_vt, t_3, m_3, o_c).to(tl.float32) * b_beta3[:, None],
+            b_D0,
+            b_D1,
+            b_D2,
+            b_D3,
+            b_A10,
+            b_A20,
+            b_A21,
+            b_A30,
+            b_A31,
+            b_A32,
+            PREC,
+        )
+        _store_rows(u, HV * V, t_0, m_0, o_c, b_u0)
+        _store_rows(u, HV * V, t_1, m_1, o_c, b_u1)
+        _store_rows(u, HV * V, t_2, m_2, o_c, b_u2)
+        _store_rows(u, HV * V, t_3, m_3, o_c, b_u3)
+
+
+@triton.jit
+def _gdn_state_kernel(
+    k,
+    w,
+    u,
+    g_cum,
+    rstd_k,
+    v_new,
+    h_chunks,
+    state_pool,
+    cu_seqlens,
+    chunk_offsets,
+    src_slots,
+    dst_slots,
+    ckpt_slots,
+    stride_kt,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DT: tl.constexpr,
+):
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    seq_len = tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)
+    num_chunks = tl.cdiv(seq_len, BT)
+    i_c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    i_src = tl.load(src_slots + i_n).to(tl.int64)
+    i_dst = tl.load(dst_slots + i_n).to(tl.int64)
+
+    # int64 scalar bases + int32 tile offsets keep register use low
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_kv = o_k[:, None] * V + o_v[None, :]  # [K, BV] inside one head's state
+    p_w0 = w + bos * (HV * K) + i_hv * K
+    p_u0 = u + bos * (HV * V) + i_hv * V
+    p_vn0 = v_new + bos * (HV * V) + i_hv * V
+    p_k0 = k + bos * stride_kt + i_h * K
+    p_g0 = g_cum + bos * HV + i_hv
+    p_r0 = rstd_k + bos * H + i_h
+
+    b_h = tl.zeros([K, BV], dtype=tl.float32)
+    if i_src != 0:  # slot 0 is the null slot: zeros, never read
+        b_h = tl.load(state_pool + (i_src * HV + i_hv) * (K * V) + o_kv)
+    for i_t in range(num_chunks):
+        i_c = i_c0 + i_t
+        r_t = i_t * BT + o_t  # rows of this chunk inside the sequence
+        m_t = r_t < seq_len
+        tl.store(h_chunks + (i_c * HV + i_hv) * (K * V) + o_kv, b_h.to(h_chunks.dtype.element_ty))
+
+        # v_new = u - w S
+        b_w = tl.load(p_w0 + r_t[:, None] * (HV * K) + o_k[None, :], mask=m_t[:, None], other=0.0)
+        o_tv = r_t[:, None] * (HV * V) + o_v[None, :]
+        b_v = tl.load(p_u0 + o_tv, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_v -= tl.dot(b_w.to(DT), b_h.to(DT), input_precision=PREC)
+        tl.store(p_vn0 + o_tv, b_v.to(v_new.dtype.element_ty), mask=m_t[:, None])
+
+        # S <- exp(g_last) S + (k / |k|)^T (exp(g_last - g) v_new); keys are loaded raw and
+        # transposed ([K, BT]), their 1 / |k| row scale is folded into v_new
+        b_g = tl.load(p_g0 + r_t * HV, mask=m_t, other=0.0)
+        b_g_last = tl.load(p_g0 + (tl.minimum(i_t * BT + BT, seq_len) - 1) * HV)
+        b_rk = tl.load(p_r0 + r_t * H, mask=m_t, other=0.0)
+        b_kt = tl.load(p_k0 + r_t[None, :] * stride_kt + o_k[:, None], mask=m_t[None, :], other=0.0)
+        b_v *= (tl.exp(b_g_last - b_g) * b_rk)[:, None]
+        b_h *= tl.exp(b_g_last)
+        b_h += tl.dot(b_kt.to(DT), b_v.to(DT), input_precision=PREC)
+
+        i_ckpt = tl.load(ckpt_slots + i_c).to(tl.int64)
+        if i_ckpt != 0:  # checkpoint after this chunk
+            tl.store(state_pool + (i_ckpt * HV + i_hv) * (K * V) + o_kv, b_h)
+    tl.store(state_pool + (i_dst * HV + i_hv) * (K * V) + o_kv, b_h)
+
+
+@triton.jit
+def _gdn_output_kernel(
+    q,
+    k,
+    v_new,
+    h_chunks,
+    g_cum,
+    rstd_q,
+    rstd_k,
+    o,
+    cu_seqlens,
+    chunk_seq,
+    chunk_offsets,
+    stride_qt,
+    stride_kt,
+    stride_ot,
+    N,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DT: tl.constexpr,
+):
+    i_c, i_vh = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_seq + i_c)
+    if i_n >= N:
+        return
+    i_hv, i_v = i_vh // (V // BV), i_vh % (V // BV)
+    i_h = i_hv // (HV // H)
+    i_local = i_c - tl.load(chunk_offsets + i_n)
+    bos = tl.load(cu_seqlens + i_n)
+    num_rows = tl.load(cu_seqlens + i_n + 1) - bos - i_local * BT
+    t0 = bos.to(tl.int64) + i_local * BT  # int64 base of every pointer below
+    o_t = tl.arange(0, BT)
+    m_t = o_t < num_rows
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+
+    # raw q and k feed the dot products; their L2 norms and the scale become row/column scales
+    b_q = tl.load(
+        q + t0 * stride_qt + i_h * K + o_t[:, None] * stride_qt + o_k[None, :],
+        mask=m_t[:, None],
+        other=0.0,
+    )
+    b_kt = tl.load(
+        k + t0 * stride_kt + i_h * K + o_t[None, :] * stride_kt + o_k[:, None],
+        mask=m_t[None, :],
+        other=0.0,
+    )
+    b_rq = tl.load(rstd_q + t0 * H + i_h + o_t * H, mask=m_t, other=0.0) * scale
+    b_rk = tl.load(rstd_k + t0 * H + i_h + o_t * H, mask=m_t, other=0.0)
+    b_g = tl.load(g_cum + t0 * HV + i_hv + o_t * HV, mask=m_t, other=0.0)
+
+    # inter-chunk: (q exp(g)) S
+    p_h = h_chunks + (i_c.to(tl.int64) * HV + i_hv) * (K * V) + o_k[:, None] * V + o_v[None, :]
+    b_h = tl.load(p_h)
+    # The two products get distinct q operands (row-scaled copies): sharing one operand between
+    # Hopper wgmmas of different N (BV != BT) hit an illegal shared-memory access in triton 3.6.
+    b_qf = b_q.to(tl.float32)
+    b_o = tl.dot((b_qf * (b_rq * tl.exp(b_g))[:, None]).to(DT), b_h.to(DT), input_precision=PREC)
+    # intra-chunk: causal (q k^T * exp(g_i - g_j)) v_new
+    b_A = tl.dot((b_qf * b_rq[:, None]).to(DT), b_kt.to(DT), input_precision=PREC) * b_rk[None, :]
+    m_causal = o_t[:, None] >= o_t[None, :]
+    b_A = tl.where(
+        m_causal, b_A * tl.exp(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0)), 0.0
+    )
+    p_v = v_new + t0 * (HV * V) + i_hv * V + o_t[:, None] * (HV * V) + o_v[None, :]
+    b_v = tl.load(p_v, mask=m_t[:, None], other=0.0)
+    b_o += tl.dot(b_A.to(DT), b_v.to(DT), input_precision=PREC)
+    p_o = o + t0 * stride_ot + i_hv * V + o_t[:, None] * stride_ot + o_v[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
+
+
+_INTERPRETED = type(_gdn_state_kernel).__name__ == "InterpretedFunction"
+
+
+def _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots, num_seqs):
+    """Shared shape/dtype/layout checks of chunk_gdn and recurrent_gdn; returns (H, HV, K, V)."""
+    if q.dim() != 3 or k.shape != q.shape:
+        raise ValueError(
+            f"q and k must be [T, H, K] with equal shapes, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    T, H, K = q.shape
+    if v.dim() != 3 or v.shape[0] != T:
+        raise ValueError(f"v must be [T, HV, V] with T={T}, got {tuple(v.shape)}")
+    HV, V = v.shape[1], v.shape[2]
+    if HV % H != 0:
+        raise ValueError(f"value heads ({HV}) must be a multiple of key heads ({H})")
+    for name, n in (("K", K), ("V", V)):
+        if n < 16 or n & (n - 1):
+            raise ValueError(f"head dim {name}={n} must be a power of two >= 16")
+    for name, x in (("a", a), ("b", b)):
+        if x.shape != (T, HV):
+            raise ValueError(f"{name} must be [T, HV] = {(T, HV)}, got {tuple(x.shape)}")
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if x.shape != (HV,) or not x.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous [HV] = [{HV}] tensor, got {tuple(x.shape)}"
+            )
+    if (
+        state_pool.dim() != 4
+        or state_pool.shape[1:] != (HV, K, V)
+        or state_pool.dtype != torch.float32
+    ):
+        raise ValueError(
+            f"state_pool must be float32 [num_slots, {HV}, {K}, {V}], got "
+            f"{state_pool.dtype} {tuple(state_pool.shape)}"
+        )
+    if not state_pool.is_contiguous():
+        raise ValueError("state_pool must be contiguous")
+    for name, x in (("src_slots", src_slots), ("dst_slots", dst_slots)):
+        if (
+            x.shape != (num_seqs,)
+            or x.dtype not in (torch.int32, torch.int64)
+            or not x.is_contiguous()
+        ):
+            raise ValueError(
+                f"{name} must be a contiguous int32 [{num_seqs}] tensor, got {x.dtype} {tuple(x.shape)}"
+            )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+            raise ValueError(
+                f"{name} must have contiguous heads (strides [*, {x.shape[2]}, 1]), got {x.stride()}"
+            )
+    for name, x in (("a", a), ("b", b)):
+        if x.stride(1) != 1:
+            raise ValueError(f"{name} must have a unit stride over heads, got {x.stride()}")
+    if q.dtype != k.dtype or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"q and k must share a float32/bfloat16/float16 dtype, got {q.dtype}, {k.dtype}"
+        )
+    if v.dtype != q.dtype:
+        raise ValueError(f"v must have q's dtype {q.dtype}, got {v.dtype}")
+    return H, HV, K, V
+
+
+def _dot_types(dtype: torch.dtype):
+    """(input_precision, operand dtype) of the large dot products for inputs of `dtype`.
+
+    float32 needs IEEE products (TF32 misses 1e-5). 16-bit inputs multiply in their own type,
+    except under TRITON_INTERPRET, whose bfloat16 tl.dot is wrong (triton 3.9): float32 there.
+    """
+    if dtype == torch.float32:
+        return "ieee", tl.float32
+    if dtype == torch.bfloat16 and _INTERPRETED:
+        return "ieee", tl.float32
+    return "tf32", tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+
+
+def _chunk_layout(cu_seqlens: torch.Tensor, max_chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Device-side chunk bookkeeping: (chunk_offsets [N+1], chunk_seq [max_chunks]) int32.
+
+    Sequence i owns global chunks chunk_offsets[i] .. chunk_offsets[i+1]-1; chunk_seq maps a
+    global chunk to its sequence, N for chunks past the last one.
+    """
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    chunk_offsets = torch.zeros_like(cu_seqlens)
+    torch.cumsum((lens + CHUNK - 1) // CHUNK, dim=0, out=chunk_offsets[1:])
+    idx = torch.arange(max_chunks, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    chunk_seq = torch.searchsorted(chunk_offsets[1:].contiguous(), idx, right=True).to(torch.int32)
+    return chunk_offsets, chunk_seq
+
+
+def chunk_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    checkpoints: Checkpoints | None = None,
+) -> torch.Tensor:
+    """Varlen chunked gated delta rule with fused gating and q/k L2 norm (Triton).
+
+    q, k: [T, H, K]; v: [T, HV, V] (HV a multiple of H; value head j reads key head j // (HV/H));
+    q, k, v share a dtype (float32, bfloat16 or float16), heads contiguous, any token stride.
+    a, b: [T, HV] raw gate inputs (unit stride over heads); A_log, dt_bias: [HV].
+    state_pool: [num_slots, HV, K, V] float32, read at src_slots (0 = zeros, never read) and
+    written at dst_slots and at checkpoint slots; cu_seqlens: [N+1] int32;
+    src_slots, dst_slots: [N] int32; a dst slot may equal its own sequence's src slot only.
+    checkpoints: at most one target per (sequence, boundary).
+    Returns o: [T, HV, V] in v's dtype. No host synchronisation.
+    """
+    N = cu_seqlens.shape[0] - 1
+    H, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots, N)
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"cu_seqlens must be int32 [N+1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+        )
+    T = q.shape[0]
+    cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    max_chunks = T // CHUNK + N
+    chunk_offsets, chunk_seq = _chunk_layout(cu_seqlens, max_chunks)
+    ckpt_slots = torch.zeros(max_chunks + 1, dtype=torch.int32, device=q.device)
+    if checkpoints is not None and len(checkpoints) > 0:
+        seq = checkpoints.seq.long()
+        idx = chunk_offsets[seq].long() + checkpoints.boundary.long() // CHUNK - 1
+        ckpt_slots[idx] = checkpoints.slot.to(torch.int32)
+
+    dtype = q.dtype
+    prec, dot_dtype = _dot_types(dtype)
+    w = torch.empty(T, HV, K, dtype=dtype, device=q.device)
+    u = torch.empty(T, HV, V, dtype=dtype, device=q.device)
+    v_new = torch.empty(T, HV, V, dtype=dtype, device=q.device)
+    g_cum = torch.empty(T, HV, dtype=torch.float32, device=q.device)
+    rstd_q = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    rstd_k = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    h_chunks = torch.empty(max_chunks, HV, K, V, dtype=dtype, device=q.device)
+    o = torch.empty(T, HV, V, dtype=v.dtype, device=q.device)
+
+    cfg = CONFIG["prepare"]
+    if max_chunks > 0:
+        _gdn_prepare_kernel[(max_chunks, HV)](
+            q,
+            k,
+            v,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            w,
+            u,
+            g_cum,
+            rstd_q,
+            rstd_k,
+            cu_seqlens,
+            chunk_seq,
+            chunk_offsets,
+            q.stride(0),
+            k.stride(0),
+            v.stride(0),
+            a.stride(0),
+            b.stride(0),
+            N,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BK=min(K, cfg["BK"]),
+            BV=min(V, cfg["BV"]),
+            PREC=prec,
+            DT=dot_dtype,
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
+    cfg = CONFIG["state"]
+    bv = min(V, cfg["BV"])
+    if N > 0:
+        _gdn_state_kernel[(N * HV, V // bv)](
+            k,
+            w,
+            u,
+            g_cum,
+            rstd_k,
+            v_new,
+            h_chunks,
+            state_pool,
+            cu_seqlens,
+            chunk_offsets,
+            src_slots,
+            dst_slots,
+            ckpt_slots,
+            k.stride(0),
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BV=bv,
+            PREC=prec,
+            DT=dot_dtype,
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
+    cfg = CONFIG["output"]
+    bv = min(V, cfg["BV"])
+    if max_chunks > 0:
+        _gdn_output_kernel[(max_chunks, HV * (V // bv))](
+            q,
+            k,
+            v_new,
+            h_chunks,
+            g_cum,
+            rstd_q,
+            rstd_k,
+            o,
+            cu_seqlens,
+            chunk_seq,
+            chunk_offsets,
+            q.stride(0),
+            k.stride(0),
+            o.stride(0),
+            N,
+            K**-0.5,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BV=bv,
+            PREC=prec,
+            DT=dot_dtype,
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
+        )
+    return o

@@ -1,0 +1,138 @@
+"""One decode step of the gated delta rule for N sequences, in one launch (Triton).
+
+Contract: `kernels.reference.recurrent_gdn`. One program per (sequence, value head, V tile):
+it recomputes the gates and the L2 norms of its q/k rows (cheap: K values each), reads a
+[K, BV] tile of the float32 state from the source slot, applies
+
+    S <- exp(g) S;  S <- S + k (beta (v - k^T S));  o = q^T S   (q scaled by K^-0.5)
+
+and writes the tile to the destination slot. Each program reads its whole tile before writing
+it and no two programs share a tile, so src == dst (in place) is safe. The op is bound by
+the state's memory traffic; the V tiling gives N * HV * V / BV programs, enough to fill the
+GPU at N = 1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.gdn_chunk import _check_inputs, _softplus
+
+# Launch configuration: BV by number of (sequence, head) pairs; the benchmark may override.
+CONFIG = {"small_BV": 16, "large_BV": 32, "small_pairs": 1024, "num_warps": 4}
+
+
+@triton.jit
+def _gdn_recurrent_kernel(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    o,
+    state_pool,
+    src_slots,
+    dst_slots,
+    stride_qn,
+    stride_kn,
+    stride_vn,
+    stride_an,
+    stride_bn,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+):
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_kv = o_k[:, None] * V + o_v[None, :]
+
+    i_src = tl.load(src_slots + i_n).to(tl.int64)
+    i_dst = tl.load(dst_slots + i_n).to(tl.int64)
+    # slot 0 is the null slot: zeros, never read (full-shape mask for the interpreter)
+    m_src = (tl.zeros([K, BV], dtype=tl.int64) + i_src) != 0
+    b_h = tl.load(state_pool + (i_src * HV + i_hv) * K * V + o_kv, mask=m_src, other=0.0)
+
+    b_q = tl.load(q + i_n * stride_qn + i_h * K + o_k).to(tl.float32)
+    b_k = tl.load(k + i_n * stride_kn + i_h * K + o_k).to(tl.float32)
+    b_q *= tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6) * scale
+    b_k *= tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
+    b_v = tl.load(v + i_n * stride_vn + i_hv * V + o_v).to(tl.float32)
+    b_a = tl.load(a + i_n * stride_an + i_hv).to(tl.float32)
+    b_b = tl.load(b + i_n * stride_bn + i_hv).to(tl.float32)
+    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
+    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    b_g = -tl.exp(b_A_log) * _softplus(b_a + b_dt_bias)
+    b_beta = tl.sigmoid(b_b)
+
+    b_h *= tl.exp(b_g)
+    b_delta = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
+    b_h += b_k[:, None] * b_delta[None, :]
+    b_o = tl.sum(b_h * b_q[:, None], axis=0)
+    tl.store(state_pool + (i_dst * HV + i_hv) * K * V + o_kv, b_h)
+    tl.store(o + i_n * (HV * V) + i_hv * V + o_v, b_o.to(o.dtype.element_ty))
+
+
+def recurrent_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step of the gated delta rule for N sequences (one token each), one launch.
+
+    q, k: [N, H, K]; v: [N, HV, V] (HV a multiple of H), same dtype, heads contiguous;
+    a, b: [N, HV] raw gate inputs; A_log, dt_bias: [HV];
+    state_pool: [num_slots, HV, K, V] float32, read at src_slots (0 = zeros, never read) and
+    written at dst_slots; src_slots, dst_slots: [N] int32 (dst may equal src: in place; dst
+    slots distinct). Returns o: [N, HV, V] in v's dtype. No host synchronisation.
+    """
+    N = q.shape[0] if q.dim() == 3 else -1
+    H, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots, N)
+    o = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
+    if N == 0:
+        return o
+    pairs = N * HV
+    bv = CONFIG["small_BV"] if pairs <= CONFIG["small_pairs"] else CONFIG["large_BV"]
+    bv = min(bv, V)
+    _gdn_recurrent_kernel[(pairs, V // bv)](
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        o,
+        state_pool,
+        src_slots,
+        dst_slots,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        a.stride(0),
+        b.stride(0),
+        K**-0.5,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BV=bv,
+        num_warps=CONFIG["num_warps"],
+    )
+    return o

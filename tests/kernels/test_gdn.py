@@ -1,0 +1,275 @@
+"""The Triton GDN kernels match the float64 torch reference and touch exactly the right slots.
+
+What this proves, for `kernels.gdn_chunk.chunk_gdn` (prefill) and
+`kernels.gdn_recurrent.recurrent_gdn` (decode):
+- outputs, final states and checkpoint states equal `kernels.reference` run in float64 on the
+  same inputs: relative error max|out - ref| / max|ref| <= 1e-5 for float32 inputs and <= 1e-2
+  for bfloat16/float16 inputs;
+- varlen batches mixing lengths 1, 63, 64, 65 and 200 in shuffled order, grouped value heads,
+  source slots that include the null slot 0 (filled with NaN, so reading it would show),
+  a sequence whose source slot is its destination (in place), and several checkpoints per
+  sequence, all in one call;
+- every slot that must be written (destinations, checkpoints) is fully written (it was NaN
+  before the call) and every other slot is left bit-identical;
+- inputs of the wrong shape or dtype are refused with a clear ValueError.
+
+On a machine without CUDA the kernels run under TRITON_INTERPRET=1 on small heads; with CUDA
+the same tests run on the GPU, plus Qwen3.5 head shapes (H=16, HV=32/48, K=V=128).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' @triton.jit
+
+pytest.importorskip("triton")
+
+from kernels import reference
+from kernels.gdn_chunk import chunk_gdn
+from kernels.gdn_recurrent import recurrent_gdn
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_CUDA = DEVICE == "cuda"
+LENGTHS = [1, 63, 64, 65, 200]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+# ((H, HV, K, V), dtype): small heads everywhere, Qwen3.5 heads where kernels run compiled
+SMALL, ODD = (2, 4, 16, 16), (1, 3, 32, 16)
+QWEN32, QWEN48 = (16, 32, 128, 128), (16, 48, 128, 128)
+CASES = [
+    (SMALL, torch.float32),
+    (SMALL, torch.bfloat16),
+    (ODD, torch.float32),
+    (ODD, torch.bfloat16),
+]
+if ON_CUDA:  # production shapes first: a device fault ends every later CUDA test of the process
+    CASES = [
+        (QWEN32, torch.float32),
+        (QWEN32, torch.bfloat16),
+        (QWEN48, torch.float32),
+        (QWEN48, torch.bfloat16),
+        (QWEN48, torch.float16),
+        (SMALL, torch.float16),
+    ] + CASES
+CASE_IDS = [
+    "H{}-HV{}-K{}-V{}-".format(*shape) + str(dtype).removeprefix("torch.") for shape, dtype in CASES
+]
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return torch.equal(x.contiguous().view(torch.int32), y.contiguous().view(torch.int32))
+
+
+def _inputs(num_tokens: int, H: int, HV: int, K: int, V: int, dtype: torch.dtype) -> dict:
+    """Fresh random GDN inputs on DEVICE; a, b spread so that decays and betas vary widely."""
+    return {
+        "q": torch.randn(num_tokens, H, K, dtype=dtype, device=DEVICE),
+        "k": torch.randn(num_tokens, H, K, dtype=dtype, device=DEVICE),
+        "v": torch.randn(num_tokens, HV, V, dtype=dtype, device=DEVICE),
+        "a": (2 * torch.randn(num_tokens, HV, device=DEVICE)).to(dtype),
+        "b": (2 * torch.randn(num_tokens, HV, device=DEVICE)).to(dtype),
+        "A_log": torch.rand(HV, device=DEVICE) * 2 - 1.5,
+        "dt_bias": torch.randn(HV, device=DEVICE),
+    }
+
+
+class SlotPlan:
+    """A state pool with source slots, NaN-poisoned targets and spare slots for N sequences.
+
+    Slot 0 is the null slot, filled with NaN: a kernel that reads it produces NaN. Sequence i
+    reads `src[i]` (0 for some sequences) and writes `dst[i]`; the sequence `in_place` has
+    dst == src. Extra targets (checkpoints) come from `take()`.
+    """
+
+    def __init__(self, num_seqs: int, HV: int, K: int, V: int, num_extra: int, rng: random.Random):
+        num_slots = 1 + 2 * num_seqs + num_extra + 2
+        self.pool = torch.randn(num_slots, HV, K, V, device=DEVICE)
+        self.pool[0] = float("nan")
+        sources = list(range(1, num_seqs + 1))
+        self.src = [s if rng.random() < 0.6 else 0 for s in sources]
+        self.src[0], self.src[1] = 0, sources[1]  # at least one null and one real source
+        self.in_place = rng.randrange(1, num_seqs)
+        if self.src[self.in_place] == 0:
+            self.src[self.in_place] = sources[self.in_place]
+        self._free = list(range(num_seqs + 1, num_slots - 2))  # the last 2 slots stay spare
+        self.dst = [self.src[i] if i == self.in_place else self.take() for i in range(num_seqs)]
+
+    def take(self) -> int:
+        slot = self._free.pop(0)
+        self.pool[slot] = float("nan")
+        return slot
+
+    def ref_pool(self) -> torch.Tensor:
+        """float64 copy for the reference, whose recurrent_gdn multiplies slot 0 by 0 (NaN * 0)."""
+        pool = self.pool.double()
+        pool[0] = 0.0
+        return pool
+
+    def slots(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def _check_pool(
+    pool: torch.Tensor, before: torch.Tensor, ref: torch.Tensor, written: set[int], tol: float
+):
+    for slot in range(pool.shape[0]):
+        if slot in written:
+            assert torch.isfinite(pool[slot]).all(), f"slot {slot} not fully written"
+            err = _rel_err(pool[slot], ref[slot])
+            assert err <= tol, f"slot {slot}: relative error {err:.2e} > {tol:.0e}"
+        else:
+            assert _same_bits(pool[slot], before[slot]), f"slot {slot} must not be written"
+
+
+def _as_f64(inputs: dict) -> dict:
+    return {name: x.double() for name, x in inputs.items()}
+
+
+@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=CASE_IDS)
+def test_chunk_gdn_varlen_matches_reference(shape, dtype):
+    H, HV, K, V = shape
+    rng = random.Random(f"chunk-{shape}-{dtype}")
+    lengths = LENGTHS[:]
+    rng.shuffle(lengths)
+    num_seqs = len(lengths)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    inputs = _inputs(cu[-1], H, HV, K, V, dtype)
+
+    # every block boundary inside each sequence: 64, 128, 192 for the 200-long one, ...
+    targets = [
+        (i, bd)
+        for i, n in enumerate(lengths)
+        for bd in range(reference.CHUNK, n + 1, reference.CHUNK)
+    ]
+    rng.shuffle(targets)
+    plan = SlotPlan(num_seqs, HV, K, V, len(targets), rng)
+    ckpt_slots = [plan.take() for _ in targets]
+    checkpoints = reference.Checkpoints(
+        seq=plan.slots([i for i, _ in targets]),
+        boundary=plan.slots([bd for _, bd in targets]),
+        slot=plan.slots(ckpt_slots),
+    )
+    cu_seqlens = plan.slots(cu)
+    src, dst = plan.slots(plan.src), plan.slots(plan.dst)
+
+    before = plan.pool.clone()
+    ref_pool = plan.ref_pool()
+    ref = reference.chunk_gdn(
+        **_as_f64(inputs),
+        state_pool=ref_pool,
+        cu_seqlens=cu_seqlens,
+        src_slots=src,
+        dst_slots=dst,
+        checkpoints=checkpoints,
+    )
+    out = chunk_gdn(
+        **inputs,
+        state_pool=plan.pool,
+        cu_seqlens=cu_seqlens,
+        src_slots=src,
+        dst_slots=dst,
+        checkpoints=checkpoints,
+    )
+
+    tol = TOLERANCE[dtype]
+    assert out.dtype == dtype and out.shape == (cu[-1], HV, V)
+    assert torch.isfinite(out).all()
+    assert _rel_err(out, ref) <= tol, f"output relative error {_rel_err(out, ref):.2e}"
+    _check_pool(plan.pool, before, ref_pool, set(plan.dst) | set(ckpt_slots), tol)
+
+
+@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=CASE_IDS)
+def test_recurrent_gdn_matches_reference(shape, dtype):
+    H, HV, K, V = shape
+    rng = random.Random(f"recurrent-{shape}-{dtype}")
+    num_seqs = 64 if ON_CUDA else 5
+    inputs = _inputs(num_seqs, H, HV, K, V, dtype)
+    plan = SlotPlan(num_seqs, HV, K, V, 0, rng)
+    src, dst = plan.slots(plan.src), plan.slots(plan.dst)
+
+    before = plan.pool.clone()
+    ref_pool = plan.ref_pool()
+    ref = reference.recurrent_gdn(
+        **_as_f64(inputs), state_pool=ref_pool, src_slots=src, dst_slots=dst
+    )
+    out = recurrent_gdn(**inputs, state_pool=plan.pool, src_slots=src, dst_slots=dst)
+
+    tol = TOLERANCE[dtype]
+    assert out.dtype == dtype and out.shape == (num_seqs, HV, V)
+    assert torch.isfinite(out).all()
+    assert _rel_err(out, ref) <= tol, f"output relative error {_rel_err(out, ref):.2e}"
+    _check_pool(plan.pool, before, ref_pool, set(plan.dst), tol)
+
+
+def test_chunk_then_decode_continues_the_sequence():
+    """A prefill of 64 tokens then one decode step equals the reference over all 65 tokens."""
+    H, HV, K, V = SMALL
+    inputs = _inputs(65, H, HV, K, V, torch.float32)
+    pool = torch.zeros(3, HV, K, V, device=DEVICE)
+    ref_pool = pool.double()
+    one = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    zero = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    prefill = {name: x[:64] if x.dim() > 1 else x for name, x in inputs.items()}
+    decode = {name: x[64:] if x.dim() > 1 else x for name, x in inputs.items()}
+    out = torch.cat(
+        [
+            chunk_gdn(
+                **prefill,
+                state_pool=pool,
+                cu_seqlens=torch.tensor([0, 64], dtype=torch.int32, device=DEVICE),
+                src_slots=zero,
+                dst_slots=one,
+            ),
+            recurrent_gdn(**decode, state_pool=pool, src_slots=one, dst_slots=one),
+        ]
+    )
+    ref = reference.chunk_gdn(
+        **_as_f64(inputs),
+        state_pool=ref_pool,
+        cu_seqlens=torch.tensor([0, 65], dtype=torch.int32, device=DEVICE),
+        src_slots=zero,
+        dst_slots=one,
+    )
+    assert _rel_err(out, ref) <= 1e-5
+    assert _rel_err(pool[1], ref_pool[1]) <= 1e-5
+
+
+def test_bad_inputs_are_refused():
+    H, HV, K, V = SMALL
+    inputs = _inputs(4, H, HV, K, V, torch.float32)
+    slots = torch.zeros(4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="state_pool must be float32"):
+        recurrent_gdn(
+            **inputs,
+            state_pool=torch.zeros(2, HV, K, V, dtype=torch.float64, device=DEVICE),
+            src_slots=slots,
+            dst_slots=slots,
+        )
+    bad = dict(inputs, v=torch.randn(4, HV + 1, V, device=DEVICE))
+    with pytest.raises(ValueError, match="multiple of key heads"):
+        recurrent_gdn(
+            **bad,
+            state_pool=torch.zeros(2, HV + 1, K, V, device=DEVICE),
+            src_slots=slots,
+            dst_slots=slots,
+        )
+    with pytest.raises(ValueError, match="must have contiguous heads"):
+        chunk_gdn(
+            **dict(inputs, q=inputs["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+            state_pool=torch.zeros(2, HV, K, V, device=DEVICE),
+            cu_seqlens=torch.tensor([0, 4], dtype=torch.int32, device=DEVICE),
+            src_slots=slots[:1],
+            dst_slots=slots[:1],
+        )
