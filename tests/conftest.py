@@ -7,6 +7,10 @@ import torch
 
 from tests.helpers import make_tiny
 
+# Tiny models on a shared 2-core machine: one intra-op thread is far faster than two that
+# spin against each other (and against the other tests' processes).
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, object]:

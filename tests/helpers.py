@@ -51,3 +51,29 @@ class OneSequence:
         )
         self.num_tokens += n
         return self.model(torch.tensor(ids), ctx, self.caches)
+
+
+class PolicyModel:
+    """Where checkpoints should exist after each request, computed from the policy alone."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.points: list[tuple[list[int], int]] = []  # (token ids, boundary)
+
+    def record(self, prompt: list[int], output: list[int]) -> None:
+        tokens = prompt + output
+        self.points.append((tokens, (len(prompt) - 1) // BLOCK * BLOCK))
+        fed = len(tokens) - 1  # the last sampled token is never fed back
+        for b in range(BLOCK, fed + 1, BLOCK):
+            if b % (self.interval * BLOCK) == 0:
+                self.points.append((tokens, b))
+        reply_end = fed // BLOCK * BLOCK
+        if reply_end > len(prompt):
+            self.points.append((tokens, reply_end))
+
+    def expected_reuse(self, prompt: list[int]) -> int:
+        best = 0
+        for tokens, b in self.points:
+            if 0 < b < len(prompt) and tokens[:b] == prompt[:b]:
+                best = max(best, b)
+        return best

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from statechat.cache.hashing import model_fingerprint
+from statechat.cache.store import StateStore, open_store
 from statechat.config import EngineConfig
 from statechat.devices import default_dtype, free_memory, resolve_device
 from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import ModelRunner
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
@@ -42,6 +44,8 @@ class RequestOutput:
     num_completion_tokens: int
     ttft_s: float | None
     reused_from: str | None = None  # tier the reused prefix came from: device, host or disk
+    reused_by_tier: dict | None = None  # reused prompt tokens by the tier their KV came from
+    cache_plan: dict | None = None  # predicted load vs recompute seconds and the choice made
 
     @property
     def finished(self) -> bool:
@@ -74,10 +78,36 @@ class LLMEngine:
             self.eos_ids.add(self.tokenizer.eos_token_id)
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
+        self.store = self._open_store()
+        blocks, slots = BlockPool(num_blocks), SlotPool(num_slots)
+        self.prefix = PrefixCache(
+            blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
+            ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),
+        )
         self.scheduler = Scheduler(
-            BlockPool(num_blocks), SlotPool(num_slots), self.fingerprint, bs, config.max_num_seqs,
+            blocks, slots, self.prefix, self.fingerprint, bs, config.max_num_seqs,
             config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
         )
+
+    def _open_store(self) -> StateStore | None:
+        cfg = self.config
+        if cfg.cache_dir is None or not cfg.enable_prefix_cache:
+            return None
+        store = open_store(cfg.cache_dir, cfg.disk_cache_bytes, cfg.host_cache_bytes)
+        store.attach(self.fingerprint.hex(), self.loaded.path.name, str(self.loaded.path),
+                     str(self.loaded.dtype), cfg.block_size, self.runner.state_shapes())
+        return store
+
+    def _prefill_guess(self) -> float:
+        """Seconds per prefill token before any is measured: 2 FLOPs per weight at a typical rate."""
+        params = sum(p.numel() for p in self.loaded.model.parameters())
+        flops_per_s = 5e10 if self.loaded.device.type == "cpu" else 3e14
+        return max(2 * params / flops_per_s, 2e-5 if self.loaded.device.type == "cpu" else 2e-7)
+
+    def close(self) -> None:
+        """Finish pending cache writes (call before the process exits)."""
+        if self.store is not None:
+            self.store.close()
 
     def _cache_sizes(self) -> tuple[int, int]:
         """KV blocks and GDN slots: explicit counts, else a share of the memory budget."""
@@ -135,14 +165,18 @@ class LLMEngine:
             if self.scheduler.has_work():
                 raise RuntimeError("the scheduler could not make progress (cache too small?)")
             return []
-        tokens = self.runner.run(batch)
+        t0 = time.perf_counter()
+        tokens = self.runner.run(batch)  # reading the sampled tokens synchronises the device
+        now = time.perf_counter()
+        if not batch.is_decode:
+            self.prefix.cost.observe_prefill(batch.num_tokens, now - t0)
         self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
         updated = [it.seq for it in batch.items if it.needs_logits]
-        now = time.perf_counter()
         for seq in updated:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             self._check_finish(seq)
+        self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         return updated
 
     def _check_finish(self, seq: Sequence) -> None:
@@ -182,6 +216,9 @@ class LLMEngine:
             num_computed_tokens=seq.num_prompt_tokens - cached + seq.num_recomputed,
             num_completion_tokens=len(seq.output_ids),
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+            reused_from=seq.reused_from if cached else None,
+            reused_by_tier=dict(seq.reused_by_tier) if cached else None,
+            cache_plan=seq.cache_plan,
         )
 
     # --- convenience --------------------------------------------------------------------

@@ -93,3 +93,38 @@ class ModelRunner:
         dst = self._tensor([c[1] for c in copies], torch.int32)
         for pool in self.caches.conv + self.caches.ssm:
             kernels.copy_slots(pool, src, dst)
+
+    # --- state transfer for the lower cache tiers ----------------------------------------
+    def read_slot(self, slot: int) -> dict[str, torch.Tensor]:
+        """Host copies of one GDN state slot: conv.{i} [W-1, conv_dim], ssm.{i} [HV, K, V]."""
+        out = {f"conv.{i}": pool[slot].to("cpu", copy=True) for i, pool in enumerate(self.caches.conv)}
+        out.update({f"ssm.{i}": pool[slot].to("cpu", copy=True) for i, pool in enumerate(self.caches.ssm)})
+        return out
+
+    def write_slot(self, slot: int, tensors: dict[str, torch.Tensor]) -> None:
+        for i, pool in enumerate(self.caches.conv):
+            pool[slot].copy_(tensors[f"conv.{i}"], non_blocking=True)
+        for i, pool in enumerate(self.caches.ssm):
+            pool[slot].copy_(tensors[f"ssm.{i}"], non_blocking=True)
+
+    def read_blocks(self, block_ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Host copies of KV blocks: per block {k.{i}, v.{i}: [block_size, Hkv, D]}."""
+        idx = self._tensor(block_ids, torch.int64)
+        gathered = {f"k.{i}": c[idx].cpu() for i, c in enumerate(self.caches.k)}
+        gathered.update({f"v.{i}": c[idx].cpu() for i, c in enumerate(self.caches.v)})
+        return [{name: t[j] for name, t in gathered.items()} for j in range(len(block_ids))]
+
+    def write_blocks(self, block_ids: list[int], blocks: list[dict[str, torch.Tensor]]) -> None:
+        idx = self._tensor(block_ids, torch.int64)
+        for i, (kc, vc) in enumerate(zip(self.caches.k, self.caches.v)):
+            kc[idx] = torch.stack([b[f"k.{i}"] for b in blocks]).to(self.device, non_blocking=True)
+            vc[idx] = torch.stack([b[f"v.{i}"] for b in blocks]).to(self.device, non_blocking=True)
+
+    def state_shapes(self) -> dict[str, dict[str, list[int]]]:
+        """Shapes of a checkpoint's and a KV block's tensors (checked on every load)."""
+        c = self.caches
+        ckpt = {f"conv.{i}": list(p.shape[1:]) for i, p in enumerate(c.conv)}
+        ckpt.update({f"ssm.{i}": list(p.shape[1:]) for i, p in enumerate(c.ssm)})
+        block = {f"k.{i}": list(p.shape[1:]) for i, p in enumerate(c.k)}
+        block.update({f"v.{i}": list(p.shape[1:]) for i, p in enumerate(c.v)})
+        return {"ckpt": ckpt, "block": block}

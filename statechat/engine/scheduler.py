@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from statechat.cache.hashing import chain_hashes
 from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.prefix import NewCheckpoint, PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
 
@@ -51,6 +52,7 @@ class Scheduler:
         self,
         blocks: BlockPool,
         slots: SlotPool,
+        prefix: PrefixCache,
         hash_root: bytes,
         block_size: int,
         max_num_seqs: int,
@@ -58,13 +60,14 @@ class Scheduler:
         checkpoint_interval: int,
         enable_prefix_cache: bool = True,
     ) -> None:
-        self.blocks, self.slots, self.root = blocks, slots, hash_root
+        self.blocks, self.slots, self.prefix, self.root = blocks, slots, prefix, hash_root
         self.bs = block_size
         self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
         self.interval = checkpoint_interval
         self.use_cache = enable_prefix_cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
 
     # --- requests -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -106,30 +109,13 @@ class Scheduler:
             return False
         seq.slot = slot
         seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
-        reused = self._reuse_prefix(seq) if self.use_cache else 0
+        reused = self.prefix.reuse(seq) if self.use_cache else 0
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = reused
         seq.status = Status.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
         return True
-
-    def _reuse_prefix(self, seq: Sequence) -> int:
-        """Take the cached KV blocks and checkpoint of the longest usable prefix; its length."""
-        hashes = seq.block_hashes
-        n_full = 0
-        while n_full < len(hashes) and self.blocks.lookup(hashes[n_full]) is not None:
-            n_full += 1
-        for k in range(n_full, 0, -1):
-            if k * self.bs < len(seq) and self.slots.has(hashes[k - 1]):
-                for h in hashes[:k]:
-                    block = self.blocks.lookup(h)
-                    self.blocks.acquire(block)
-                    seq.block_table.append(block)
-                seq.resume_slot = self.slots.acquire(hashes[k - 1])
-                seq.num_computed = k * self.bs
-                return k * self.bs
-        return 0
 
     def _prefill_chunk(self, seq: Sequence, budget: int, items: list[ScheduledSeq]) -> ScheduledSeq | None:
         start = seq.num_computed
@@ -213,8 +199,7 @@ class Scheduler:
             for j in range(full_before, seq.num_computed // self.bs):
                 self.blocks.register(seq.block_table[j], seq.block_hashes[j])
             for boundary, slot in it.checkpoints:
-                b = it.start + boundary
-                self.slots.register(seq.block_hashes[b // self.bs - 1], slot, b)
+                self._publish(seq, it.start + boundary, slot)
             if was_decode and seq.num_computed % self.bs == 0:
                 copies += self._decode_boundary(seq)
             if it.needs_logits:
@@ -231,7 +216,7 @@ class Scheduler:
         if self.interval and b % (self.interval * self.bs) == 0 and not self.slots.has(h):
             slot = self.slots.allocate()
             if slot is not None:
-                self.slots.register(h, slot, b)
+                self._publish(seq, b, slot)
                 return [(seq.slot, slot)]
         if not seq.pending_slot:
             seq.pending_slot = self.slots.allocate() or 0
@@ -240,15 +225,24 @@ class Scheduler:
         seq.pending_tokens = b
         return [(seq.slot, seq.pending_slot)]
 
+    def _publish(self, seq: Sequence, boundary: int, slot: int) -> None:
+        """Register `slot` as the checkpoint at `boundary` of `seq` (freed if one exists)."""
+        k = boundary // self.bs
+        h = seq.block_hashes[k - 1]
+        if self.slots.register(h, slot, boundary):
+            self.new_checkpoints.append(
+                NewCheckpoint(h, boundary, slot, seq.block_hashes[:k], seq.block_table[:k])
+            )
+
+    def take_new_checkpoints(self) -> list[NewCheckpoint]:
+        new, self.new_checkpoints = self.new_checkpoints, []
+        return new
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq`: publish its reply-end checkpoint and give back its blocks and slots."""
         seq.finish_reason = reason
         if seq.pending_slot:
-            h = seq.block_hashes[seq.pending_tokens // self.bs - 1]
-            if self.slots.has(h):
-                self.slots.release(seq.pending_slot)
-            else:
-                self.slots.register(h, seq.pending_slot, seq.pending_tokens)
+            self._publish(seq, seq.pending_tokens, seq.pending_slot)
             seq.pending_slot = 0
         self._release(seq)
         seq.status = Status.FINISHED

@@ -41,6 +41,9 @@ class Sequence:
     pending_slot: int = 0  # holds the state at the last block boundary of the reply
     pending_tokens: int = 0  # boundary that pending_slot holds
     num_cached_tokens: int = -1  # prompt tokens reused from the cache (-1 = not yet admitted)
+    reused_from: str | None = None  # tier of the checkpoint resumed from
+    reused_by_tier: dict[str, int] = field(default_factory=dict)  # reused tokens by KV tier
+    cache_plan: dict | None = None  # predicted load vs recompute time and the choice
     num_recomputed: int = 0  # tokens computed again after preemption
     num_preemptions: int = 0
     finish_reason: str | None = None

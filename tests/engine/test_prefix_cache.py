@@ -16,8 +16,8 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
+from tests.helpers import PolicyModel
 
-BS = 64
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 WORDS = "state cache block token layer chat model prefix reuse delta gate kernel".split()
 
@@ -25,32 +25,6 @@ WORDS = "state cache block token layer chat model prefix reuse delta gate kernel
 def user_text(rng: torch.Generator, n_words: int) -> str:
     idx = torch.randint(0, len(WORDS), (n_words,), generator=rng).tolist()
     return " ".join(WORDS[i] for i in idx)
-
-
-class PolicyModel:
-    """Where checkpoints should exist after each request, computed from the policy alone."""
-
-    def __init__(self, interval: int) -> None:
-        self.interval = interval
-        self.points: list[tuple[list[int], int]] = []  # (token ids, boundary)
-
-    def record(self, prompt: list[int], output: list[int]) -> None:
-        tokens = prompt + output
-        self.points.append((tokens, (len(prompt) - 1) // BS * BS))
-        fed = len(tokens) - 1  # the last sampled token is never fed back
-        for b in range(BS, fed + 1, BS):
-            if b % (self.interval * BS) == 0:
-                self.points.append((tokens, b))
-        reply_end = fed // BS * BS
-        if reply_end > len(prompt):
-            self.points.append((tokens, reply_end))
-
-    def expected_reuse(self, prompt: list[int]) -> int:
-        best = 0
-        for tokens, b in self.points:
-            if 0 < b < len(prompt) and tokens[:b] == prompt[:b]:
-                best = max(best, b)
-        return best
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,134 @@
+"""The disk tier's SQLite index (`index.db`, WAL): schema, migrations and queries.
+
+The schema is a public interface (docs/cache-schema.md): people read it with `sqlite3` or
+`sqlite-utils`. Hashes are stored as lowercase hex text so they are readable and joinable.
+A row is inserted only after its blob is completely on disk; deletions remove rows first and
+then blobs, so no row ever points at a partial blob.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import sqlite_utils
+
+SCHEMA_VERSION = 1
+
+VIEWS = {
+    "cache_checkpoints": """
+        SELECT c.hash, m.name AS model, c.num_tokens, round(c.bytes / 1e6, 3) AS mb, c.hits,
+               datetime(c.created, 'unixepoch') AS created, datetime(c.last_used, 'unixepoch') AS last_used,
+               c.blob
+        FROM checkpoints c JOIN models m ON m.id = c.model_id
+        ORDER BY c.last_used DESC""",
+    "cache_models": """
+        SELECT m.id, m.name, m.dtype, m.block_size,
+               (SELECT count(*) FROM checkpoints c WHERE c.model_id = m.id) AS checkpoints,
+               (SELECT count(*) FROM blocks b WHERE b.model_id = m.id) AS blocks,
+               round(((SELECT coalesce(sum(bytes), 0) FROM checkpoints c WHERE c.model_id = m.id)
+                    + (SELECT coalesce(sum(bytes), 0) FROM segments s WHERE s.model_id = m.id)) / 1e6, 3) AS mb
+        FROM models m""",
+    "cache_top_checkpoints": """
+        SELECT m.name AS model, c.num_tokens, c.hits, round(c.bytes / 1e6, 3) AS mb,
+               datetime(c.last_used, 'unixepoch') AS last_used, c.hash
+        FROM checkpoints c JOIN models m ON m.id = c.model_id
+        WHERE c.hits > 0 ORDER BY c.hits DESC, c.last_used DESC LIMIT 100""",
+}
+
+
+def connect(path: Path) -> sqlite_utils.Database:
+    """Open (and create or migrate) the index; safe to call from several processes at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    db = sqlite_utils.Database(conn)
+    migrate(db)
+    return db
+
+
+def migrate(db: sqlite_utils.Database) -> None:
+    """Create the tables, indices and views of SCHEMA_VERSION if they are not there yet."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version >= SCHEMA_VERSION:
+        return
+    with db.conn:
+        db.execute("BEGIN IMMEDIATE")
+        if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return  # another process migrated while we waited for the lock
+        db["models"].create(
+            {"id": int, "fingerprint": str, "name": str, "path": str, "dtype": str,
+             "block_size": int, "shapes": str, "created": float},
+            pk="id", not_null={"fingerprint"}, if_not_exists=True,
+        )
+        db["models"].create_index(["fingerprint"], unique=True, if_not_exists=True)
+        db["segments"].create(
+            {"id": int, "model_id": int, "blob": str, "num_blocks": int, "bytes": int,
+             "checksum": str, "created": float, "last_used": float},
+            pk="id", foreign_keys=[("model_id", "models", "id")], if_not_exists=True,
+        )
+        db["segments"].create_index(["blob"], unique=True, if_not_exists=True)
+        db["blocks"].create(
+            {"hash": str, "model_id": int, "parent": str, "position": int, "segment_id": int,
+             "seg_index": int},
+            pk="hash", foreign_keys=[("model_id", "models", "id"), ("segment_id", "segments", "id")],
+            if_not_exists=True,
+        )
+        db["blocks"].create_index(["segment_id"], if_not_exists=True)
+        db["checkpoints"].create(
+            {"hash": str, "model_id": int, "num_tokens": int, "blob": str, "bytes": int,
+             "checksum": str, "created": float, "last_used": float, "hits": int},
+            pk="hash", foreign_keys=[("model_id", "models", "id")], if_not_exists=True,
+        )
+        db["checkpoints"].create_index(["last_used"], if_not_exists=True)
+        for name, sql in VIEWS.items():
+            db.execute(f"DROP VIEW IF EXISTS {name}")
+            db.execute(f"CREATE VIEW {name} AS {sql}")
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def model_id(db: sqlite_utils.Database, fingerprint: str, name: str, path: str, dtype: str, block_size: int) -> int:
+    """Id of the model row for `fingerprint`, inserting it if new."""
+    row = db.execute("SELECT id FROM models WHERE fingerprint = ?", [fingerprint]).fetchone()
+    if row:
+        return row[0]
+    with db.conn:
+        db.execute(
+            "INSERT OR IGNORE INTO models (fingerprint, name, path, dtype, block_size, created) VALUES (?,?,?,?,?,?)",
+            [fingerprint, name, path, dtype, block_size, time.time()],
+        )
+    return db.execute("SELECT id FROM models WHERE fingerprint = ?", [fingerprint]).fetchone()[0]
+
+
+def chunked(items: list, n: int = 500):
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def blocks_present(db: sqlite_utils.Database, hashes: list[str]) -> dict[str, tuple]:
+    """hash -> (segment blob, seg_index, segment checksum, num_blocks) for hashes on disk."""
+    found: dict[str, tuple] = {}
+    for part in chunked(hashes):
+        marks = ",".join("?" * len(part))
+        rows = db.execute(
+            f"SELECT b.hash, s.blob, b.seg_index, s.checksum, s.num_blocks, s.id FROM blocks b "
+            f"JOIN segments s ON s.id = b.segment_id WHERE b.hash IN ({marks})",
+            part,
+        ).fetchall()
+        found.update({r[0]: r[1:] for r in rows})
+    return found
+
+
+def checkpoints_present(db: sqlite_utils.Database, hashes: list[str]) -> dict[str, tuple]:
+    """hash -> (blob, num_tokens, checksum) for checkpoints on disk."""
+    found: dict[str, tuple] = {}
+    for part in chunked(hashes):
+        marks = ",".join("?" * len(part))
+        rows = db.execute(
+            f"SELECT hash, blob, num_tokens, checksum FROM checkpoints WHERE hash IN ({marks})", part
+        ).fetchall()
+        found.update({r[0]: r[1:] for r in rows})
+    return found

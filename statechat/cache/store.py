@@ -1,0 +1,408 @@
+"""StateStore: the host and disk tiers of the state cache, with write-behind persistence.
+
+    store = open_store(cache_dir)                   # people's operations: stats, ls, verify, gc
+    store.attach(fingerprint, name, ...)            # an engine's model: lookups and saves
+    store.where(block_hashes, ckpt_hashes)          # which lower tier holds what
+    store.load_blocks(hashes) / load_checkpoint(h)  # verified tensors (host tier or disk)
+    store.save(SaveJob)                             # queued; a thread writes blobs, then rows
+
+Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. A blob
+that fails verification is a miss: its rows and file are removed and one warning is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from statechat.cache import index
+from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
+
+log = logging.getLogger("statechat.cache")
+
+INDEX_FILE = "index.db"
+BLOB_DIR = "blobs"
+
+
+@dataclass
+class SaveJob:
+    """A checkpoint and the KV blocks before it, already copied to host memory.
+
+    ckpt: tensors of the GDN state at the boundary (conv.{i}, ssm.{i}) or None
+    blocks: [(hash hex, parent hex, position, {k.{i}, v.{i}: [block_size, Hkv, D]})]
+    """
+
+    ckpt_hash: str | None
+    num_tokens: int
+    ckpt: dict[str, torch.Tensor] | None
+    blocks: list[tuple[str, str, int, dict[str, torch.Tensor]]] = field(default_factory=list)
+
+
+class HostTier:
+    """LRU of host-memory copies (checkpoints and blocks) under a byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.used = budget, 0
+        self.items: OrderedDict[tuple[str, str], dict[str, torch.Tensor]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def put(self, kind: str, h: str, tensors: dict[str, torch.Tensor]) -> None:
+        size = self.nbytes(tensors)
+        if size > self.budget:
+            return
+        with self.lock:
+            if (kind, h) in self.items:
+                self.items.move_to_end((kind, h))
+                return
+            self.items[(kind, h)] = tensors
+            self.used += size
+            while self.used > self.budget:
+                _, old = self.items.popitem(last=False)
+                self.used -= self.nbytes(old)
+
+    def get(self, kind: str, h: str) -> dict[str, torch.Tensor] | None:
+        with self.lock:
+            t = self.items.get((kind, h))
+            if t is not None:
+                self.items.move_to_end((kind, h))
+            return t
+
+    def has(self, kind: str, h: str) -> bool:
+        return (kind, h) in self.items
+
+    def drop(self, kind: str, h: str) -> None:
+        with self.lock:
+            t = self.items.pop((kind, h), None)
+            if t is not None:
+                self.used -= self.nbytes(t)
+
+
+class StateStore:
+    """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""
+
+    def __init__(self, root: Path, budget_bytes: int | None = None, host_bytes: int = 0, queue_size: int = 64) -> None:
+        self.path = Path(root)
+        self.blob_dir = self.path / BLOB_DIR
+        self.db = index.connect(self.path / INDEX_FILE)
+        self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
+        self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
+        self.host = HostTier(host_bytes)
+        self.model_id: int | None = None
+        self.fingerprint = ""
+        self.shapes: dict[str, dict[str, list[int]]] = {}
+        self.dropped = 0
+        self.errors = 0
+        self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
+        self.writer: threading.Thread | None = None
+
+    # --- model ------------------------------------------------------------------------
+    def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
+               shapes: dict[str, dict[str, list[int]]]) -> None:
+        """Bind the store to one model (fingerprint hex) and start the writer thread."""
+        self.fingerprint, self.shapes = fingerprint, shapes
+        with self.db_lock:
+            self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype, block_size)
+            self.db.execute("UPDATE models SET shapes = ? WHERE id = ?", [json.dumps(shapes), self.model_id])
+        self.writer = threading.Thread(target=self._write_loop, name="statechat-cache-writer", daemon=True)
+        self.writer.start()
+
+    # --- lookups ----------------------------------------------------------------------
+    def where(self, block_hashes: list[str], ckpt_hashes: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Which lower tier ("host" or "disk") holds each block and checkpoint that it has."""
+        blocks = {h: "host" for h in block_hashes if self.host.has("kv", h)}
+        ckpts = {h: "host" for h in ckpt_hashes if self.host.has("ckpt", h)}
+        with self.db_lock:
+            disk_blocks = index.blocks_present(self.db, [h for h in block_hashes if h not in blocks])
+            disk_ckpts = index.checkpoints_present(self.db, [h for h in ckpt_hashes if h not in ckpts])
+        blocks.update({h: "disk" for h in disk_blocks})
+        ckpts.update({h: "disk" for h in disk_ckpts})
+        return blocks, ckpts
+
+    def load_checkpoint(self, h: str) -> dict[str, torch.Tensor]:
+        """The checkpoint's tensors; BlobError (entry removed, warning logged) if unusable."""
+        cached = self.host.get("ckpt", h)
+        if cached is not None:
+            return cached
+        with self.db_lock:
+            row = index.checkpoints_present(self.db, [h]).get(h)
+        if row is None:
+            raise BlobError(f"checkpoint {h[:12]} is no longer in the index")
+        blob, _, crc = row
+        try:
+            tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc)
+        except BlobError as e:
+            self._discard_checkpoint(h, blob, str(e))
+            raise
+        self._touch("checkpoints", "hash", h, hit=True)
+        return tensors
+
+    def load_blocks(self, hashes: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        """hash -> {k.{i}, v.{i}: [block_size, Hkv, D]}; BlobError if any block is unusable."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for h in hashes:
+            cached = self.host.get("kv", h)
+            if cached is not None:
+                out[h] = cached
+        missing = [h for h in hashes if h not in out]
+        with self.db_lock:
+            rows = index.blocks_present(self.db, missing)
+        by_segment: dict[str, list[tuple[str, int]]] = {}
+        for h in missing:
+            if h not in rows:
+                raise BlobError(f"block {h[:12]} is no longer in the index")
+            blob, seg_index, crc, num_blocks, _ = rows[h]
+            by_segment.setdefault(blob, []).append((h, seg_index))
+        for blob, members in by_segment.items():
+            blob_rows = rows[members[0][0]]
+            try:
+                tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("kv", blob_rows[3]), blob_rows[2])
+            except BlobError as e:
+                self._discard_segment(blob, str(e))
+                raise
+            for h, i in members:
+                out[h] = {name: t[i] for name, t in tensors.items()}
+            self._touch("segments", "blob", blob)
+        return out
+
+    def _shapes(self, kind: str, num_blocks: int = 1) -> dict[str, tuple[int, ...]]:
+        if kind == "ckpt":
+            return {k: tuple(v) for k, v in self.shapes["ckpt"].items()}
+        return {k: (num_blocks, *v) for k, v in self.shapes["block"].items()}
+
+    def _touch(self, table: str, key: str, value: str, hit: bool = False) -> None:
+        extra = ", hits = hits + 1" if hit else ""
+        with self.db_lock, self.db.conn:
+            self.db.execute(f"UPDATE {table} SET last_used = ?{extra} WHERE {key} = ?", [time.time(), value])
+
+    def _discard_checkpoint(self, h: str, blob: str, why: str) -> None:
+        log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
+        with self.db_lock, self.db.conn:
+            self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
+        (self.blob_dir / blob).unlink(missing_ok=True)
+
+    def _discard_segment(self, blob: str, why: str) -> None:
+        log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
+        with self.db_lock, self.db.conn:
+            seg = self.db.execute("SELECT id FROM segments WHERE blob = ?", [blob]).fetchone()
+            if seg:
+                self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [seg[0]])
+                self.db.execute("DELETE FROM segments WHERE id = ?", [seg[0]])
+        (self.blob_dir / blob).unlink(missing_ok=True)
+
+    # --- writes -----------------------------------------------------------------------
+    def save(self, job: SaveJob) -> bool:
+        """Queue a job for the writer; False (and counted as dropped) when the queue is full."""
+        if job.ckpt is not None and job.ckpt_hash:
+            self.host.put("ckpt", job.ckpt_hash, job.ckpt)
+        for h, _, _, tensors in job.blocks:
+            self.host.put("kv", h, tensors)
+        try:
+            self.queue.put_nowait(job)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every queued job is on disk (tests, shutdown)."""
+        deadline = time.time() + timeout
+        while self.queue.unfinished_tasks and time.time() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.flush()
+            self.queue.put(None)
+            self.writer.join(timeout=10)
+            self.writer = None
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self.queue.get()
+            try:
+                if job is None:
+                    return
+                self._write(job)
+            except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
+                self.errors += 1
+                log.warning("statechat cache: could not persist a checkpoint (%s)", e)
+            finally:
+                self.queue.task_done()
+
+    def _write(self, job: SaveJob) -> None:
+        with self.db_lock:
+            on_disk = index.blocks_present(self.db, [b[0] for b in job.blocks])
+            have_ckpt = bool(job.ckpt_hash) and bool(index.checkpoints_present(self.db, [job.ckpt_hash]))
+        new_blocks = [b for b in job.blocks if b[0] not in on_disk]
+        now = time.time()
+        seg = None
+        if new_blocks:
+            names = list(new_blocks[0][3])
+            tensors = {n: torch.stack([b[3][n] for b in new_blocks]) for n in names}
+            blob = f"kv/{uuid.uuid4().hex}.safetensors"
+            meta = BlobMeta(self.fingerprint, len(new_blocks) * tensors[names[0]].shape[1],
+                            [b[0] for b in new_blocks], "kv")
+            size, crc = write_blob(self.blob_dir / blob, tensors, meta)
+            seg = (blob, len(new_blocks), size, crc)
+        ck = None
+        if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
+            blob = f"ckpt/{job.ckpt_hash[:2]}/{job.ckpt_hash}-{uuid.uuid4().hex[:8]}.safetensors"
+            size, crc = write_blob(self.blob_dir / blob, job.ckpt, BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt"))
+            ck = (blob, size, crc)
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            if seg is not None:
+                cur = self.db.execute(
+                    "INSERT INTO segments (model_id, blob, num_blocks, bytes, checksum, created, last_used) "
+                    "VALUES (?,?,?,?,?,?,?)", [self.model_id, seg[0], seg[1], seg[2], seg[3], now, now])
+                seg_id = cur.lastrowid
+                self.db.conn.executemany(
+                    "INSERT OR IGNORE INTO blocks (hash, model_id, parent, position, segment_id, seg_index) "
+                    "VALUES (?,?,?,?,?,?)",
+                    [(h, self.model_id, parent, pos, seg_id, i) for i, (h, parent, pos, _) in enumerate(new_blocks)],
+                )
+            if ck is not None:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO checkpoints (hash, model_id, num_tokens, blob, bytes, checksum, "
+                    "created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)",
+                    [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
+        self.evict_to(self.budget)
+
+    # --- maintenance (people's operations) ---------------------------------------------
+    def total_bytes(self) -> int:
+        with self.db_lock:
+            row = self.db.execute(
+                "SELECT (SELECT coalesce(sum(bytes),0) FROM checkpoints) + (SELECT coalesce(sum(bytes),0) FROM segments)"
+            ).fetchone()
+        return int(row[0])
+
+    def evict_to(self, max_bytes: int) -> int:
+        """Delete least recently used checkpoints and segments until the total fits; bytes freed."""
+        freed, total = 0, self.total_bytes()
+        while total > max_bytes:
+            with self.db_lock, self.db.conn:
+                self.db.execute("BEGIN IMMEDIATE")
+                row = self.db.execute(
+                    "SELECT 'ckpt', hash, blob, bytes, last_used FROM checkpoints UNION ALL "
+                    "SELECT 'kv', id, blob, bytes, last_used FROM segments ORDER BY 5 LIMIT 1"
+                ).fetchone()
+                if row is None:
+                    break
+                kind, key, blob, size, _ = row
+                if kind == "ckpt":
+                    self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
+                else:
+                    self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
+                    self.db.execute("DELETE FROM segments WHERE id = ?", [key])
+            (self.blob_dir / blob).unlink(missing_ok=True)
+            freed += size
+            total -= size
+        return freed
+
+    def gc(self, max_bytes: int | None = None) -> int:
+        """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
+        freed = self.evict_to(self.budget if max_bytes is None else max_bytes)
+        return freed + self._remove_orphans()
+
+    def _remove_orphans(self, min_age_s: float = 60.0) -> int:
+        """Blob files no row points at (a crash between rename and insert), and stale temps."""
+        with self.db_lock:
+            known = {r[0] for r in self.db.execute("SELECT blob FROM checkpoints UNION SELECT blob FROM segments")}
+        freed, now = 0, time.time()
+        for f in self.blob_dir.rglob("*") if self.blob_dir.exists() else []:
+            if not f.is_file():
+                continue
+            rel = f.relative_to(self.blob_dir).as_posix()
+            if rel in known:
+                continue
+            # a concurrent writer's fresh file may not have its row yet: leave young files alone
+            if now - f.stat().st_mtime >= min_age_s:
+                freed += f.stat().st_size
+                f.unlink(missing_ok=True)
+        return freed
+
+    def verify(self) -> dict:
+        """Check every row's blob (present, readable, checksum, model, shapes); drop bad entries."""
+        with self.db_lock:
+            models = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in
+                      self.db.execute("SELECT id, fingerprint, shapes FROM models")}
+            ckpts = self.db.execute("SELECT hash, model_id, blob, checksum FROM checkpoints").fetchall()
+            segs = self.db.execute("SELECT id, model_id, blob, checksum, num_blocks FROM segments").fetchall()
+        checked, removed = 0, []
+        for h, mid, blob, crc in ckpts:
+            checked += 1
+            fp, shapes = models.get(mid, ("", {}))
+            try:
+                read_blob(self.blob_dir / blob, fp, {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}, crc)
+            except BlobError as e:
+                self._discard_checkpoint(h, blob, str(e))
+                removed.append(blob)
+        for sid, mid, blob, crc, n in segs:
+            checked += 1
+            fp, shapes = models.get(mid, ("", {}))
+            try:
+                read_blob(self.blob_dir / blob, fp, {k: (n, *v) for k, v in shapes.get("block", {}).items()}, crc)
+            except BlobError as e:
+                self._discard_segment(blob, str(e))
+                removed.append(blob)
+        return {"checked": checked, "ok": checked - len(removed), "removed": removed,
+                "orphans_freed": self._remove_orphans()}
+
+    def stats(self) -> dict:
+        with self.db_lock:
+            q = self.db.execute
+            models = [dict(zip(("id", "name", "dtype", "block_size", "checkpoints", "blocks", "mb"), r))
+                      for r in q("SELECT * FROM cache_models")]
+            return {
+                "path": str(self.path),
+                "num_checkpoints": q("SELECT count(*) FROM checkpoints").fetchone()[0],
+                "num_blocks": q("SELECT count(*) FROM blocks").fetchone()[0],
+                "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
+                "bytes_total": self.total_bytes(),
+                "bytes_budget": self.budget,
+                "models": models,
+            }
+
+    def ls(self, limit: int = 50) -> list[dict]:
+        with self.db_lock:
+            cur = self.db.execute(
+                "SELECT c.num_tokens, c.bytes, c.created, c.last_used, c.hits, m.name, c.hash "
+                "FROM checkpoints c JOIN models m ON m.id = c.model_id ORDER BY c.last_used DESC LIMIT ?", [limit])
+            cols = ("num_tokens", "bytes", "created", "last_used", "hits", "model", "hash")
+            return [dict(zip(cols, r)) for r in cur]
+
+    def clear(self) -> int:
+        """Delete every cache row and blob (conversations kept); bytes freed."""
+        total = self.total_bytes()
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            for table in ("checkpoints", "blocks", "segments"):
+                self.db.execute(f"DELETE FROM {table}")
+        shutil.rmtree(self.blob_dir, ignore_errors=True)
+        return total
+
+
+def default_budget(root: Path) -> int:
+    """10% of the free space of the cache dir's file system."""
+    root.mkdir(parents=True, exist_ok=True)
+    return int(shutil.disk_usage(root).free * 0.10)
+
+
+def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0) -> StateStore:
+    """The store of `cache_dir` (created if missing)."""
+    return StateStore(Path(cache_dir), budget_bytes, host_bytes)

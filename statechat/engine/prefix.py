@@ -1,0 +1,175 @@
+"""PrefixCache: where a new request resumes, across the device, host and disk tiers.
+
+On admission it finds every usable prefix (all KV blocks available in some tier and a GDN
+checkpoint at its end), predicts for each the time to load what is not on the device (bytes
+over the tier's measured bandwidth) against the time to recompute what it saves (tokens over
+the measured prefill rate), and takes the cheapest, so a hit is never slower than no hit. It
+loads what it chose into the device pools (a hit in a lower tier is promoted) and reports the
+plan. After each step it persists new checkpoints, with the KV blocks before them, through the
+store's write-behind queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from statechat.cache.blobs import BlobError
+from statechat.cache.store import SaveJob, StateStore
+from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.sequence import Sequence
+
+log = logging.getLogger("statechat.cache")
+
+DEVICE, HOST, DISK = "device", "host", "disk"
+
+
+@dataclass
+class NewCheckpoint:
+    """A checkpoint just published in the device tier, with the blocks it stands on."""
+
+    hash: bytes
+    num_tokens: int
+    slot: int
+    block_hashes: list[bytes]
+    block_ids: list[int]
+
+
+class CostModel:
+    """Measured rates: prefill seconds per token and each lower tier's read bandwidth."""
+
+    def __init__(self, prefill_s_per_token: float) -> None:
+        self.prefill_s_per_token = prefill_s_per_token
+        self.bandwidth = {HOST: 5e9, DISK: 1e9}  # bytes/s, refined by every load
+        self.latency = {HOST: 0.0, DISK: 3e-4}  # per blob opened
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= 64:
+            self.prefill_s_per_token = 0.7 * self.prefill_s_per_token + 0.3 * seconds / tokens
+
+    def observe_load(self, tier: str, nbytes: int, seconds: float) -> None:
+        if nbytes >= 1 << 16 and seconds > 0:
+            self.bandwidth[tier] = 0.5 * self.bandwidth[tier] + 0.5 * nbytes / seconds
+
+    def load_s(self, tier: str, nbytes: int, blobs: int = 1) -> float:
+        return 0.0 if tier == DEVICE else nbytes / self.bandwidth[tier] + blobs * self.latency[tier]
+
+
+class PrefixCache:
+    def __init__(self, blocks: BlockPool, slots: SlotPool, runner, store: StateStore | None,
+                 block_size: int, bytes_per_block: int, bytes_per_slot: int, prefill_s_per_token: float) -> None:
+        self.blocks, self.slots, self.runner, self.store = blocks, slots, runner, store
+        self.bs = block_size
+        self.bytes_per_block, self.bytes_per_slot = bytes_per_block, bytes_per_slot
+        self.cost = CostModel(prefill_s_per_token)
+        self.persisted: set[bytes] = set()  # blocks queued for or known on disk
+        self.root_hex = ""
+
+    # --- admission ----------------------------------------------------------------------
+    def reuse(self, seq: Sequence) -> int:
+        """Restore the cheapest usable prefix of `seq` into its block table and resume slot."""
+        for _ in range(3):  # a blob failing verification drops out; plan again without it
+            try:
+                return self._reuse_once(seq)
+            except BlobError:
+                for block in seq.block_table:
+                    self.blocks.release(block)
+                seq.block_table = []
+        return 0
+
+    def _reuse_once(self, seq: Sequence) -> int:
+        hashes = seq.block_hashes[: (len(seq) - 1) // self.bs]  # leave one token to compute
+        if not hashes:
+            return 0
+        on_device = []
+        for h in hashes:
+            if self.blocks.lookup(h) is None:
+                break
+            on_device.append(h)
+        lower_blocks, lower_ckpts = ({}, {})
+        if self.store is not None:
+            lower_blocks, lower_ckpts = self.store.where(
+                [h.hex() for h in hashes[len(on_device):]], [h.hex() for h in hashes])
+        best_k, best_cost, best_load = 0, len(seq) * self.cost.prefill_s_per_token, 0.0
+        load_s, tiers = 0.0, []
+        for k, h in enumerate(hashes, start=1):
+            tier = DEVICE if k <= len(on_device) else lower_blocks.get(h.hex())
+            if tier is None:
+                break
+            tiers.append(tier)
+            load_s += self.cost.load_s(tier, self.bytes_per_block, blobs=0)
+            ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex())
+            if ck_tier is None:
+                continue
+            total_load = load_s + self.cost.load_s(ck_tier, self.bytes_per_slot) + self._segment_latency(tiers)
+            cost = total_load + (len(seq) - k * self.bs) * self.cost.prefill_s_per_token
+            if cost <= best_cost:
+                best_k, best_cost, best_load = k, cost, total_load
+        seq.cache_plan = {
+            "tokens": best_k * self.bs,
+            "predicted_load_s": round(best_load, 6),
+            "predicted_recompute_s": round(best_k * self.bs * self.cost.prefill_s_per_token, 6),
+            "choice": "load" if best_k else "recompute",
+        }
+        return self._restore(seq, hashes[:best_k], tiers[:best_k]) if best_k else 0
+
+    def _segment_latency(self, tiers: list[str]) -> float:
+        return self.cost.latency[DISK] if DISK in tiers else 0.0
+
+    def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str]) -> int:
+        """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
+        need = [h for h, t in zip(hashes, tiers) if t != DEVICE]
+        ckpt_on_device = self.slots.has(hashes[-1])
+        if len(need) > self.blocks.num_available or (not ckpt_on_device and not self.slots.num_available):
+            return 0  # no room to promote into: compute instead
+        loaded = {}
+        if need:
+            t0 = time.perf_counter()
+            loaded = self.store.load_blocks([h.hex() for h in need])
+            self._observe(tiers, len(need) * self.bytes_per_block, time.perf_counter() - t0)
+        for h, t in zip(hashes, tiers):
+            if t == DEVICE:
+                block = self.blocks.lookup(h)
+                self.blocks.acquire(block)
+            else:
+                block = self.blocks.allocate()
+                self.runner.write_blocks([block], [loaded[h.hex()]])
+                self.blocks.register(block, h)
+                self.persisted.add(h)
+            seq.block_table.append(block)
+        last = hashes[-1]
+        ck_tier = DEVICE
+        if not ckpt_on_device:
+            t0 = time.perf_counter()
+            tensors = self.store.load_checkpoint(last.hex())
+            slot = self.slots.allocate()
+            self.runner.write_slot(slot, tensors)
+            self.slots.register(last, slot, len(hashes) * self.bs)
+            ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
+            self._observe([ck_tier], self.bytes_per_slot, time.perf_counter() - t0)
+        seq.resume_slot = self.slots.acquire(last)
+        seq.num_computed = len(hashes) * self.bs
+        seq.reused_from = ck_tier
+        seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
+        return seq.num_computed
+
+    def _observe(self, tiers: list[str], nbytes: int, seconds: float) -> None:
+        tier = DISK if DISK in tiers else HOST
+        self.cost.observe_load(tier, nbytes, seconds)
+
+    # --- persistence --------------------------------------------------------------------
+    def persist(self, new: list[NewCheckpoint], root: bytes) -> None:
+        """Copy new checkpoints (and blocks not yet persisted) to host and queue them."""
+        if self.store is None:
+            return
+        for ck in new:
+            todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
+            block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else []
+            blocks = []
+            for (i, h), tensors in zip(todo, block_tensors):
+                parent = (ck.block_hashes[i - 1] if i else root).hex()
+                blocks.append((h.hex(), parent, i, tensors))
+            job = SaveJob(ck.hash.hex(), ck.num_tokens, self.runner.read_slot(ck.slot), blocks)
+            if self.store.save(job):
+                self.persisted.update(h for _, h in todo)

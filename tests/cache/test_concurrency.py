@@ -1,0 +1,49 @@
+"""Two processes writing to and reading from one cache dir at the same time lose nothing and
+corrupt nothing: both get the no-cache tokens, the index verifies clean, and every checkpoint
+either wrote is usable afterwards."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from statechat.cache.store import open_store
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from tests.cache.test_persistence import MAX_TOKENS, run_worker
+
+
+def test_two_processes_share_one_cache_dir(tiny_dirs, tmp_path):
+    path = tiny_dirs["qwen3_5_text"]
+    gen = torch.Generator().manual_seed(8)
+    shared = torch.randint(0, 300, (260,), generator=gen).tolist()
+    prompts = [shared[: 150 + 20 * i] + torch.randint(0, 300, (30,), generator=gen).tolist() for i in range(6)]
+    results: dict[int, list[dict]] = {}
+
+    def worker(n: int) -> None:
+        order = prompts if n == 0 else prompts[::-1]
+        results[n] = run_worker(path, tmp_path, order)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    loaded = load_model(path, dtype=torch.float32)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [r["tokens"] for r in results[0]] == want
+    assert [r["tokens"] for r in results[1]] == want[::-1]
+
+    store = open_store(tmp_path)
+    report = store.verify()
+    assert report["removed"] == [] and report["checked"] > 0
+    # a third process finds what both wrote
+    third = run_worker(path, tmp_path, prompts)
+    assert [r["tokens"] for r in third] == want
+    assert all(r["cached"] > 0 for r in third)

@@ -1,0 +1,115 @@
+"""A damaged cache never gives a wrong answer: a truncated blob, a flipped byte, a blob of
+another model, a deleted blob and a row without a blob each give a miss, one warning line and
+the same tokens as no cache."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+
+import pytest
+import torch
+
+from statechat.cache.store import open_store
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from tests.helpers import make_tiny
+
+PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
+PROMPT_LEN = 200  # checkpoints at 128 (interval) and 192 (prompt end)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    prompt = torch.randint(0, 300, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    return path, loaded, prompt, plain.generate([prompt], PARAMS)[0].token_ids
+
+
+def engine(path, loaded, cache_dir) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir, checkpoint_interval=2,
+                                  num_kv_blocks=64, num_state_slots=32), loaded=loaded)
+
+
+@pytest.fixture
+def warm_cache(model, tmp_path):
+    """A cache dir holding the prompt's checkpoints (written by a first engine)."""
+    path, loaded, prompt, _ = model
+    first = engine(path, loaded, tmp_path)
+    first.generate([prompt], PARAMS)
+    first.close()
+    return tmp_path
+
+
+def ckpt_blob(cache_dir, num_tokens: int):
+    db = sqlite3.connect(cache_dir / "index.db")
+    (blob,) = db.execute("SELECT blob FROM checkpoints WHERE num_tokens = ?", [num_tokens]).fetchone()
+    return cache_dir / "blobs" / blob
+
+
+def rerun(model, cache_dir, caplog):
+    """A fresh engine (empty device tier) on the damaged dir: tokens, reuse, warnings."""
+    path, loaded, prompt, want = model
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        second = engine(path, loaded, cache_dir)
+        out = second.generate([prompt], PARAMS)[0]
+        second.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert out.token_ids == want
+    return out, warnings
+
+
+def test_intact_cache_is_used_from_disk(model, warm_cache, caplog):
+    out, warnings = rerun(model, warm_cache, caplog)
+    assert out.num_cached_tokens == 192 and out.reused_from == "disk" and warnings == []
+
+
+def damaged(model, cache_dir, caplog, what: str):
+    out, warnings = rerun(model, cache_dir, caplog)
+    assert out.num_cached_tokens < 192, f"{what}: the damaged checkpoint was used"
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    return warnings[0]
+
+
+def test_truncated_blob(model, warm_cache, caplog):
+    blob = ckpt_blob(warm_cache, 192)
+    blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
+    assert "unreadable" in damaged(model, warm_cache, caplog, "truncated")
+
+
+def test_flipped_byte(model, warm_cache, caplog):
+    blob = ckpt_blob(warm_cache, 192)
+    data = bytearray(blob.read_bytes())
+    data[-100] ^= 0x40
+    blob.write_bytes(bytes(data))
+    assert "checksum" in damaged(model, warm_cache, caplog, "flipped byte")
+
+
+def test_blob_of_another_model(model, warm_cache, caplog, tmp_path_factory):
+    path, _, prompt, _ = model
+    other_path = make_tiny(tmp_path_factory.mktemp("other"), layout="qwen3_5_text", dtype="float32", seed=5)
+    other_dir = tmp_path_factory.mktemp("other_cache")
+    other = engine(other_path, load_model(other_path, dtype=torch.float32), other_dir)
+    other.generate([prompt], PARAMS)
+    other.close()
+    shutil.copyfile(ckpt_blob(other_dir, 192), ckpt_blob(warm_cache, 192))
+    assert "another model" in damaged(model, warm_cache, caplog, "foreign blob")
+
+
+def test_deleted_blob(model, warm_cache, caplog):
+    ckpt_blob(warm_cache, 192).unlink()
+    assert "missing" in damaged(model, warm_cache, caplog, "deleted")
+
+
+def test_row_without_blob(model, warm_cache, caplog):
+    db = sqlite3.connect(warm_cache / "index.db")
+    with db:
+        db.execute("UPDATE checkpoints SET blob = 'ckpt/00/never-written.safetensors' WHERE num_tokens = 192")
+    assert "missing" in damaged(model, warm_cache, caplog, "row without blob")
+    assert open_store(warm_cache).verify()["removed"] == []  # the bad row is gone already

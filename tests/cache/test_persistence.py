@@ -1,0 +1,118 @@
+"""The disk tier survives restarts and gives exactly the no-cache tokens.
+
+A conversation is run in one process; a new process on the same cache dir, given the
+conversation with its last user message edited, reuses exactly up to the nearest checkpoint
+(from disk) and produces the same greedy tokens as an engine with no cache. Then randomised
+conversation trees (edits at random turns, regenerations, continuations) across several
+process restarts always match no-cache outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from statechat.chat.template import render
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from tests.helpers import ROOT, PolicyModel
+
+MAX_TOKENS = 16
+WORDS = "state cache block token layer chat model prefix reuse delta gate kernel disk".split()
+
+
+def run_worker(model, cache_dir, prompts: list[list[int]]) -> list[dict]:
+    """Run prompts in a fresh process on `cache_dir`; its per-request results."""
+    req = json.dumps({"prompts": prompts, "max_tokens": MAX_TOKENS})
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "tests.cache.worker", str(model), str(cache_dir)],
+                         input=req, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    return path, LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def no_cache_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [o.token_ids for o in engine.generate(prompts, params)]
+
+
+def test_restart_edit_last_message_reuses_disk_checkpoint(plain, tmp_path):
+    path, engine = plain
+    tok = engine.tokenizer
+    rng = random.Random(1)
+    policy = PolicyModel(interval=2)
+    messages = [{"role": "system", "content": words(rng, 40)}]
+    prompts = []
+    for _ in range(3):  # a conversation of three turns, in process 1
+        messages.append({"role": "user", "content": words(rng, 50)})
+        prompts.append(render(tok, messages))
+        out = no_cache_tokens(engine, [prompts[-1]])[0]
+        messages.append({"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)})
+    first = run_worker(path, tmp_path, prompts)
+    for p, r in zip(prompts, first):
+        policy.record(p, r["tokens"])
+    edited = messages[:-2] + [{"role": "user", "content": words(rng, 45)}]
+    prompt = render(tok, edited)
+    second = run_worker(path, tmp_path, [prompt])[0]  # process 2, same cache dir
+    want = policy.expected_reuse(prompt)
+    assert want > 0
+    assert second["cached"] == want
+    assert second["reused_from"] == "disk"
+    assert second["plan"]["choice"] == "load"
+    assert second["tokens"] == no_cache_tokens(engine, [prompt])[0]
+
+
+def test_random_forks_across_restarts_match_no_cache(plain, tmp_path):
+    """50 conversation trees over 5 process lifetimes; every output equals the no-cache one."""
+    path, engine = plain
+    tok = engine.tokenizer
+    rng = random.Random(7)
+    trees = [[{"role": "system", "content": words(rng, rng.randint(20, 60))}] for _ in range(50)]
+    policy = PolicyModel(interval=2)
+    hits = 0
+    for session in range(5):
+        prompts = []
+        for tree in trees[session * 10 : (session + 1) * 10]:
+            for _ in range(2):
+                tree.append({"role": "user", "content": words(rng, rng.randint(10, 70))})
+                tree.append({"role": "assistant", "content": words(rng, rng.randint(5, 30))})
+            prompts.append(render(tok, tree[:-1]))  # the last turn as asked
+        # forks of earlier sessions' trees: edits, regenerations and continuations
+        for tree in rng.sample(trees[: (session + 1) * 10], 10):
+            kind, turn = rng.choice(["edit", "regen", "cont"]), rng.randrange(1, len(tree), 2)
+            if kind == "edit":
+                branch = tree[:turn] + [{"role": "user", "content": words(rng, 40)}]
+                prompts.append(render(tok, branch))
+            elif kind == "regen":
+                prompts.append(render(tok, tree[: turn + 1]))
+            else:
+                end = min(turn + 2, len(tree))
+                prompts.append(render(tok, tree[:end], add_generation_prompt=tree[end - 1]["role"] == "user"))
+        results = run_worker(path, tmp_path, prompts)
+        want = no_cache_tokens(engine, prompts)
+        for p, r, w in zip(prompts, results, want):
+            assert r["tokens"] == w
+            if r["plan"] and r["plan"]["choice"] == "load":
+                assert r["cached"] == policy.expected_reuse(p)
+                hits += 1
+            policy.record(p, r["tokens"])
+    assert hits >= 30, f"only {hits} of 100 requests resumed from a checkpoint"
