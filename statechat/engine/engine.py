@@ -79,7 +79,10 @@ class LLMEngine:
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
         self.store = self._open_store()
-        blocks, slots = BlockPool(num_blocks), SlotPool(num_slots)
+        blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
+        if config.use_cuda_graphs and loaded.device.type == "cuda":
+            max_blocks = (self.max_model_len + bs - 1) // bs
+            self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks)
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),

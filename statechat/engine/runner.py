@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+from statechat.engine.graphs import DecodeGraphs
 from statechat.engine.sampling import sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
@@ -19,7 +20,14 @@ class ModelRunner:
         self.model, self.device, self.dtype = loaded.model, loaded.device, loaded.dtype
         self.block_size = block_size
         self.caches = ModelCaches.allocate(loaded.config, num_slots, num_blocks, block_size, self.dtype, self.device)
+        self.pad_slot = num_slots - 1  # never handed out: padding rows of graph replays write here
         self.generators: dict[int, torch.Generator] = {}
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int) -> None:
+        """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`."""
+        self.graphs = DecodeGraphs(self.model, self.caches, max_batch, max_blocks_per_seq,
+                                   self.pad_slot, self.device)
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
@@ -67,12 +75,29 @@ class ModelRunner:
 
     def run(self, batch: Batch) -> list[int]:
         """Forward the batch; one sampled token per item that needs logits, in item order."""
-        input_ids, ctx = self.prepare(batch)
-        logits = self.model(input_ids, ctx, self.caches)
+        width = max(len(it.seq.block_table) for it in batch.items)
+        if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
+            logits = self._replay_decode(batch)
+        else:
+            input_ids, ctx = self.prepare(batch)
+            logits = self.model(input_ids, ctx, self.caches)
         wanted = [it.seq for it in batch.items if it.needs_logits]
         if not wanted:
             return []
         return sample(logits, [s.params for s in wanted], [self._generator(s) for s in wanted])
+
+    def _replay_decode(self, batch: Batch) -> torch.Tensor:
+        bs, items = self.block_size, batch.items
+        positions = [it.start for it in items]
+        return self.graphs.run(
+            ids=[it.seq.token_ids[it.start] for it in items],
+            positions=positions,
+            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs for it, p in zip(items, positions)],
+            src=[it.src_slot for it in items],
+            dst=[it.seq.slot for it in items],
+            ctx_lens=[p + 1 for p in positions],
+            tables=[it.seq.block_table for it in items],
+        )
 
     def _generator(self, seq) -> torch.Generator | None:
         if seq.params.is_greedy or seq.params.seed is None:
@@ -97,9 +122,15 @@ class ModelRunner:
     # --- state transfer for the lower cache tiers ----------------------------------------
     def read_slot(self, slot: int) -> dict[str, torch.Tensor]:
         """Host copies of one GDN state slot: conv.{i} [W-1, conv_dim], ssm.{i} [HV, K, V]."""
-        out = {f"conv.{i}": pool[slot].to("cpu", copy=True) for i, pool in enumerate(self.caches.conv)}
-        out.update({f"ssm.{i}": pool[slot].to("cpu", copy=True) for i, pool in enumerate(self.caches.ssm)})
+        out = {f"conv.{i}": self._to_host(pool[slot]) for i, pool in enumerate(self.caches.conv)}
+        out.update({f"ssm.{i}": self._to_host(pool[slot]) for i, pool in enumerate(self.caches.ssm)})
         return out
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """A host copy (pinned on accelerators, so the host tier can load it back fast)."""
+        if self.device.type == "cpu":
+            return t.clone()
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
     def write_slot(self, slot: int, tensors: dict[str, torch.Tensor]) -> None:
         for i, pool in enumerate(self.caches.conv):
@@ -110,8 +141,8 @@ class ModelRunner:
     def read_blocks(self, block_ids: list[int]) -> list[dict[str, torch.Tensor]]:
         """Host copies of KV blocks: per block {k.{i}, v.{i}: [block_size, Hkv, D]}."""
         idx = self._tensor(block_ids, torch.int64)
-        gathered = {f"k.{i}": c[idx].cpu() for i, c in enumerate(self.caches.k)}
-        gathered.update({f"v.{i}": c[idx].cpu() for i, c in enumerate(self.caches.v)})
+        gathered = {f"k.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.k)}
+        gathered.update({f"v.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.v)})
         return [{name: t[j] for name, t in gathered.items()} for j in range(len(block_ids))]
 
     def write_blocks(self, block_ids: list[int], blocks: list[dict[str, torch.Tensor]]) -> None:

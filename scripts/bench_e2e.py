@@ -1,0 +1,194 @@
+"""End-to-end benchmark on a GPU: statechat vs transformers on one random-weight Qwen3.5 model.
+
+    python3 scripts/bench_e2e.py [--layers 24] [--long 32768] [--out DIR]
+
+The model has Qwen3.5's shapes at about 1B parameters (hidden 1024, 24 layers in the 3:1
+pattern, 8 query and 2 KV heads of 256, 16 GDN heads of 128, vocab 248320, bf16). Both engines
+run the same weights in the same process. Measured:
+- decode at batch 1 after an 8k-token prompt (ms/token), ours vs transformers, and the floor
+  (weight bytes over the device-to-device copy bandwidth measured here);
+- decode throughput at batch 32 and 128 (tokens/s);
+- cold prefill of 8k and 32k tokens (time to first token), ours vs transformers;
+- time to first token after an edit of the last user message of an 8k conversation, served
+  from the device-tier cache, as a fraction of the cold prefill.
+A markdown table is printed last and written to DIR/bench_e2e.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from statechat.config import EngineConfig  # noqa: E402
+from statechat.engine.engine import LLMEngine  # noqa: E402
+from statechat.engine.sampling import SamplingParams  # noqa: E402
+from statechat.paths import EMBEDDED_MODEL  # noqa: E402
+
+ROWS: list[tuple[str, str, str, str]] = []
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def row(what: str, ours: str, theirs: str = "", note: str = "") -> None:
+    ROWS.append((what, ours, theirs, note))
+    log(f"| {what} | {ours} | {theirs} | {note} |")
+
+
+def build_model(out: Path, layers: int):
+    """Random-weight Qwen3.5 saved with transformers (our loader reads it back)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(
+        vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        max_position_embeddings=65536, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16).eval()
+    hf.save_pretrained(out)
+    for f in EMBEDDED_MODEL.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template")):
+            shutil.copy(f, out / f.name)
+    return hf
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def ttft(engine: LLMEngine, prompt: list[int]) -> float:
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    while not seq.is_finished:
+        engine.step()
+    return time.perf_counter() - t
+
+
+def decode_rate(engine: LLMEngine, prompts: list[list[int]], new: int) -> tuple[float, float]:
+    """(seconds per decode step, generated tokens per second) once every prompt has started."""
+    params = SamplingParams(max_tokens=new, ignore_eos=True)
+    seqs = [engine.add_request(p, params) for p in prompts]
+    while any(len(s.output_ids) == 0 for s in seqs):
+        engine.step()
+    steps, before = 0, sum(len(s.output_ids) for s in seqs)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    dt = time.perf_counter() - t
+    made = sum(len(s.output_ids) for s in seqs) - before
+    return dt / steps, made / dt
+
+
+@torch.inference_mode()
+def hf_prefill(hf, n: int) -> tuple[float, object]:
+    x = torch.tensor([ids(n, 99)], device="cuda")
+    hf(input_ids=x[:, :256], use_cache=True, logits_to_keep=1)  # warm-up
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = hf(input_ids=x, use_cache=True, logits_to_keep=1)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t, out
+
+
+@torch.inference_mode()
+def hf_decode_ms(hf, out, steps: int = 32) -> float:
+    past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    for _ in range(3):
+        o = hf(input_ids=tok, past_key_values=past, use_cache=True)
+        past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        o = hf(input_ids=tok, past_key_values=past, use_cache=True)
+        past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
+        tok.tolist()  # a server reads each token, as ours does
+    return (time.perf_counter() - t) / steps * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--long", type=int, default=32768)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    from transformers.utils import import_utils
+
+    log(torch.cuda.get_device_name(), "torch", torch.__version__,
+        "fla available to transformers:", getattr(import_utils, "is_flash_linear_attention_available", lambda: "?")())
+    path = Path("/tmp/statechat-e2e")
+    hf = build_model(path, args.layers)
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    bw = copy_bandwidth()
+    floor_ms = weight_bytes / bw * 1e3
+    log(f"params {weight_bytes / 2e9:.2f} B, copy bandwidth {bw / 1e9:.0f} GB/s, floor {floor_ms:.3f} ms/token")
+
+    cold = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False, memory_fraction=0.4,
+                                  max_model_len=args.long + 1024, max_num_seqs=128, max_num_batched_tokens=8192))
+    ttft(cold, ids(8192, 1))  # compile every kernel at these shapes
+    results = {}
+    for n in (8192, args.long):
+        ours = min(ttft(cold, ids(n, 2 + i)) for i in range(2))
+        theirs, out = hf_prefill(hf, n)
+        results[n] = ours
+        row(f"cold prefill {n // 1024}k (ms)", f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}", f"ratio {ours / theirs:.2f}")
+        if n == 8192:
+            hf_ms = hf_decode_ms(hf, out)
+        del out
+        torch.cuda.empty_cache()
+    step_s, _ = decode_rate(cold, [ids(8192, 5)], 129)
+    row("decode batch 1 after 8k (ms/token)", f"{step_s * 1e3:.2f}", f"{hf_ms:.2f}",
+        f"floor {floor_ms:.2f} ms; ours/floor {step_s * 1e3 / floor_ms:.2f}")
+    for batch in (32, 128):
+        _, tps = decode_rate(cold, [ids(256, 100 + i) for i in range(batch)], 128)
+        row(f"decode throughput batch {batch} (tokens/s)", f"{tps:,.0f}")
+    del cold
+    torch.cuda.empty_cache()
+
+    warm = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4, max_model_len=args.long + 1024))
+    ttft(warm, ids(512, 7))
+    convo = ids(8192, 8)
+    warm.generate([convo], SamplingParams(max_tokens=16, ignore_eos=True))
+    edited = convo[:8192 - 40] + ids(60, 9)
+    t = ttft(warm, edited)
+    row("TTFT after editing the last message, 8k, device tier (ms)", f"{t * 1e3:.1f}", "",
+        f"{t / results[8192] * 100:.1f}% of cold prefill")
+    Path(args.out, "bench_e2e.json").write_text(json.dumps(ROWS, indent=1))
+    table = ["| measure | statechat | transformers | note |", "|---|---|---|---|"]
+    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in ROWS]
+    Path(args.out, "bench_e2e.md").write_text("\n".join(table) + "\n")
+    print("\n" + "\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

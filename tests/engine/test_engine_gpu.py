@@ -1,0 +1,56 @@
+"""On a GPU the whole stack (Triton kernels, CUDA-graph decode, prefix cache, disk tier) gives
+transformers' greedy tokens, and the cache changes nothing but the work done. Skipped without
+CUDA; runs on the lent GPU with the rest of the suite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from tests.engine.test_engine_parity import LENGTHS, NEW, run_staggered
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def gpu_setup(tiny_dirs):
+    import transformers
+
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32, device="cuda")
+    hf = transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, loaded.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
+    expected = []
+    for p in prompts:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+        expected.append(out[0, len(p):].tolist())
+    return path, loaded, prompts, expected
+
+
+@pytest.mark.parametrize("overrides", [{}, {"max_num_batched_tokens": 64}, {"use_cuda_graphs": False}])
+def test_gpu_engine_matches_transformers(gpu_setup, overrides):
+    path, loaded, prompts, expected = gpu_setup
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", **overrides), loaded=loaded)
+    seqs = run_staggered(engine, prompts)
+    assert [s.output_ids for s in seqs] == expected
+
+
+def test_gpu_disk_cache_matches_no_cache(gpu_setup, tmp_path):
+    path, loaded, prompts, _ = gpu_setup
+    params = SamplingParams(max_tokens=NEW, ignore_eos=True)
+    plain = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", enable_prefix_cache=False),
+                      loaded=loaded)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    first = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", cache_dir=tmp_path), loaded=loaded)
+    assert [o.token_ids for o in first.generate(prompts, params)] == want
+    first.close()
+    second = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", cache_dir=tmp_path), loaded=loaded)
+    outs = second.generate(prompts, params)
+    assert [o.token_ids for o in outs] == want
+    assert any(o.reused_from == "disk" for o in outs)
