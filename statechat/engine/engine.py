@@ -160,6 +160,18 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def drop_device_cache(self) -> None:
+        """Forget every cached block and checkpoint of the device tier (no request may run).
+
+        The lower tiers keep theirs: the next request resumes from host memory or disk.
+        """
+        if self.scheduler.has_work():
+            raise RuntimeError("drop_device_cache needs an idle engine")
+        num_blocks, num_slots = self.scheduler.blocks.num_blocks, self.scheduler.slots.num_slots
+        self.scheduler.blocks = self.prefix.blocks = BlockPool(num_blocks)
+        self.scheduler.slots = self.prefix.slots = SlotPool(num_slots)
+        self.prefix.persisted.clear()
+
     # --- stepping -----------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Run one scheduled step; return the sequences that got a token this step."""

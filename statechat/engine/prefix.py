@@ -123,11 +123,11 @@ class PrefixCache:
         ckpt_on_device = self.slots.has(hashes[-1])
         if len(need) > self.blocks.num_available or (not ckpt_on_device and not self.slots.num_available):
             return 0  # no room to promote into: compute instead
-        loaded = {}
+        loaded, t_start, nbytes = {}, time.perf_counter(), 0
         if need:
-            t0 = time.perf_counter()
             loaded = self.store.load_blocks([h.hex() for h in need])
-            self._observe(tiers, len(need) * self.bytes_per_block, time.perf_counter() - t0)
+            nbytes = len(need) * self.bytes_per_block
+            self._observe(tiers, nbytes, time.perf_counter() - t_start)
         for h, t in zip(hashes, tiers):
             if t == DEVICE:
                 block = self.blocks.lookup(h)
@@ -148,6 +148,8 @@ class PrefixCache:
             self.slots.register(last, slot, len(hashes) * self.bs)
             ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
             self._observe([ck_tier], self.bytes_per_slot, time.perf_counter() - t0)
+            nbytes += self.bytes_per_slot
+        seq.cache_plan.update(loaded_bytes=nbytes, load_s=round(time.perf_counter() - t_start, 6))
         seq.resume_slot = self.slots.acquire(last)
         seq.num_computed = len(hashes) * self.bs
         seq.reused_from = ck_tier

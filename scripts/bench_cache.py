@@ -1,0 +1,188 @@
+"""State-cache benchmark on a GPU: time to first token after an edit, from each tier.
+
+    python3 scripts/bench_cache.py [--models 1b,27b] [--lengths 8192,32768] [--out DIR]
+
+For each model (random weights, Qwen3.5 shapes: the ~1B model of bench_e2e.py, and
+Qwen3.5-27B's layer shapes cut to 16 layers) and prompt length, a conversation of that length
+is run, then its last user message is edited, and the edited request's time to first token is
+measured (a) cold, with no cache; (b) from the device tier; (c) from the host tier (device tier
+dropped); (d) from disk after a restart with the page cache warm; (e) the same with the page
+cache dropped. The disk's own sequential read bandwidth (cold and warm) is measured in the same
+run, with the restore's read bandwidth. The store decides between loading and recomputing, so
+every row should be <= 1.05 x (a). A markdown table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from statechat.config import EngineConfig  # noqa: E402
+from statechat.engine.engine import LLMEngine  # noqa: E402
+from statechat.engine.sampling import SamplingParams  # noqa: E402
+from statechat.model.loader import load_model  # noqa: E402
+from statechat.paths import EMBEDDED_MODEL  # noqa: E402
+
+SHAPES = {
+    "1b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+               num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16),
+    "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=16, num_attention_heads=24,
+                num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=48),
+}
+ROWS: list[str] = []
+
+
+def build(name: str, out: Path) -> None:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+                            max_position_embeddings=65536, tie_word_embeddings=False, **SHAPES[name],
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    del model
+    torch.cuda.empty_cache()
+    for f in EMBEDDED_MODEL.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template")):
+            shutil.copy(f, out / f.name)
+
+
+def drop_page_cache(folder: Path) -> None:
+    """Evict the folder's files from the page cache (drop_caches when allowed, else fadvise)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return
+    except OSError:
+        pass
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    for f in folder.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            libc.posix_fadvise(fd, 0, 0, 4)  # POSIX_FADV_DONTNEED
+            os.close(fd)
+
+
+def disk_bandwidth(folder: Path) -> tuple[float, float]:
+    """Sequential read of a 2 GiB file: (cold, page-cache warm) bytes per second."""
+    f = folder / "bw.bin"
+    with open(f, "wb") as fh:
+        block = os.urandom(1 << 20)
+        for _ in range(2048):
+            fh.write(block)
+    rates = []
+    for drop in (True, False):
+        if drop:
+            drop_page_cache(folder)
+        t = time.perf_counter()
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(16 << 20):
+                pass
+        rates.append(f.stat().st_size / (time.perf_counter() - t))
+    f.unlink()
+    return rates[0], rates[1]
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def ttft(engine: LLMEngine, prompt: list[int]):
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    while not seq.is_finished:
+        engine.step()
+    return time.perf_counter() - t, engine.output(seq)
+
+
+def engine_for(path: Path, loaded, cache_dir: Path | None, n: int) -> LLMEngine:
+    cfg = EngineConfig(model=path, device="cuda", cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
+                       memory_fraction=0.5, max_model_len=n + 2048, max_num_seqs=8, use_cuda_graphs=False,
+                       disk_cache_bytes=64 << 30, host_cache_bytes=48 << 30)
+    return LLMEngine(cfg, loaded=loaded)
+
+
+def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float]) -> None:
+    path = root / f"model-{name}"
+    if not path.exists():
+        build(name, path)
+    loaded = load_model(path, dtype=torch.bfloat16, device="cuda")
+    convo, edited = ids(n, 1), None
+    edited = convo[: n - 40] + ids(60, 2)
+    cold = engine_for(path, loaded, None, n)
+    ttft(cold, ids(n, 3))  # compile
+    t_a, _ = ttft(cold, edited)
+    del cold
+    torch.cuda.empty_cache()
+    cache_dir = root / f"cache-{name}-{n}"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    warm = engine_for(path, loaded, cache_dir, n)
+    warm.generate([convo], SamplingParams(max_tokens=8, ignore_eos=True))
+    warm.store.flush()
+    t_b, out_b = ttft(warm, edited)
+    warm.drop_device_cache()
+    t_c, out_c = ttft(warm, edited)
+    warm.close()
+    del warm
+    torch.cuda.empty_cache()
+    results = {}
+    for label, drop in (("d", False), ("e", True)):
+        if drop:
+            drop_page_cache(cache_dir)
+        restarted = engine_for(path, loaded, cache_dir, n)
+        results[label] = ttft(restarted, edited)
+        restarted.close()
+        del restarted
+        torch.cuda.empty_cache()
+    (t_d, out_d), (t_e, out_e) = results["d"], results["e"]
+
+    def cell(t, out) -> str:
+        plan = out.cache_plan or {}
+        return f"{t * 1e3:.1f} ({t / t_a:.2f}x; {out.reused_from or 'none'}, {plan.get('choice', '-')})"
+
+    plan = out_e.cache_plan or {}
+    restore_bw = f"{plan['loaded_bytes'] / plan['load_s'] / 1e9:.2f} GB/s" if plan.get("load_s") else "-"
+    ROWS.append(f"| {name} | {n // 1024}k | {t_a * 1e3:.1f} | {cell(t_b, out_b)} | {cell(t_c, out_c)} | "
+                f"{cell(t_d, out_d)} | {cell(t_e, out_e)} | {restore_bw} (disk {disk_bw[0] / 1e9:.2f} cold / "
+                f"{disk_bw[1] / 1e9:.2f} warm GB/s) |")
+    print(ROWS[-1], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="1b,27b")
+    ap.add_argument("--lengths", default="8192,32768")
+    ap.add_argument("--root", default="/tmp/statechat-cache-bench")
+    args = ap.parse_args()
+    root = Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    print(torch.cuda.get_device_name(), flush=True)
+    bw = disk_bandwidth(root)
+    print(f"disk sequential read: {bw[0] / 1e9:.2f} GB/s cold, {bw[1] / 1e9:.2f} GB/s warm", flush=True)
+    for name in args.models.split(","):
+        for n in (int(x) for x in args.lengths.split(",")):
+            try:
+                bench(name, n, root, bw)
+            except Exception as e:  # noqa: BLE001 - one failing row must not hide the others
+                ROWS.append(f"| {name} | {n // 1024}k | error: {type(e).__name__}: {str(e)[:120]} |")
+                print(ROWS[-1], flush=True)
+    print("\n| model | tokens | (a) cold ms | (b) device | (c) host | (d) disk, warm page cache | "
+          "(e) disk, cold page cache | restore read bandwidth |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(ROWS))
+
+
+if __name__ == "__main__":
+    main()
