@@ -212,11 +212,16 @@ class LLMEngine:
             self.runner.forget(seq.seq_id)
 
     def _detokenize(self, seq: Sequence, final: bool) -> None:
-        """Extend seq.text; hold back a trailing partial UTF-8 character until it completes."""
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        if final or not text.endswith("\ufffd"):
-            seq.text = text
-            seq.num_text_tokens = len(seq.output_ids)
+        """Extend seq.text incrementally (a few tokens decoded per step, not the whole reply);
+        a trailing partial UTF-8 character is held back until it completes."""
+        ids = seq.output_ids
+        start, read = seq.detok_offsets
+        before = self.tokenizer.decode(ids[start:read], skip_special_tokens=True)
+        after = self.tokenizer.decode(ids[start:], skip_special_tokens=True)
+        if final or (len(after) > len(before) and not after.endswith("\ufffd")):
+            seq.text += after[len(before) :]
+            seq.detok_offsets = (read, len(ids))
+            seq.num_text_tokens = len(ids)
 
     def output(self, seq: Sequence) -> RequestOutput:
         cached = max(seq.num_cached_tokens, 0)

@@ -49,6 +49,7 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""  # detokenized output so far
     num_text_tokens: int = 0  # output tokens already turned into `text`
+    detok_offsets: tuple[int, int] = (0, 0)  # incremental detokenizer: (context start, read end)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
 

@@ -7,12 +7,13 @@ of q_proj interleaved with the queries (per head: D query channels, then D gate 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import kernels
 from statechat.model.config import ModelConfig
 from statechat.model.context import Context
-from statechat.model.layers import RMSNorm, RotaryEmbedding
+from statechat.model.layers import RMSNorm, RotaryEmbedding, fuse_linears
 
 
 class Attention(nn.Module):
@@ -30,6 +31,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.register_buffer("w_qkv", None, persistent=False)
+
+    def fuse(self) -> None:
+        self.w_qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -41,10 +46,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's keys and values into the cache."""
         T = x.shape[0]
-        q, gate = self.q_proj(x).view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        kv_dim = self.num_kv_heads * self.head_dim
+        qg, k, v = F.linear(x, self.w_qkv).split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
+        q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
         q = RotaryEmbedding.apply(q, *cos_sin)
         k = RotaryEmbedding.apply(k, *cos_sin)
         kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)

@@ -9,11 +9,13 @@ sequence's source slot and writes its destination slot (and checkpoint slots, if
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import kernels
 from statechat.model.config import ModelConfig
 from statechat.model.context import Context
+from statechat.model.layers import fuse_linears
 
 
 class GatedDeltaNet(nn.Module):
@@ -37,15 +39,19 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.in_proj_a = nn.Linear(c.hidden_size, self.num_v_heads, bias=False)
         self.out_proj = nn.Linear(c.value_dim, c.hidden_size, bias=False)
+        self.splits = [c.conv_dim, c.value_dim, self.num_v_heads, self.num_v_heads]  # qkv, z, b, a
+        self.register_buffer("w_in", None, persistent=False)
+
+    def fuse(self) -> None:
+        self.w_in = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
     def forward(
         self, x: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
         T = x.shape[0]
-        qkv = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).view(T, self.num_v_heads, self.head_v_dim)
-        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        qkv, z, b, a = F.linear(x, self.w_in).split(self.splits, dim=-1)
+        z = z.reshape(T, self.num_v_heads, self.head_v_dim)
         conv_w = self.conv1d.weight.squeeze(1)  # [conv_dim, W]
         if ctx.is_decode:
             qkv = kernels.causal_conv1d_update(qkv, conv_w, conv_pool, ctx.state_src, ctx.state_dst)

@@ -21,17 +21,35 @@ class RMSNorm(nn.Module):
         return kernels.rmsnorm(x, self.weight, self.eps)
 
 
+def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
+    """One [sum of outputs, in] weight for linears that share an input: one GEMM instead of
+    several. Each linear's weight becomes a view of its rows, so the HF names still address
+    the loaded values and no memory is duplicated."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start : start + n], requires_grad=False)
+        start += n
+    return fused
+
+
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up in one GEMM."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.register_buffer("w_gate_up", None, persistent=False)
+
+    def fuse(self) -> None:
+        self.w_gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class RotaryEmbedding(nn.Module):

@@ -135,6 +135,7 @@ def load_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, files, config)
+    model.fuse_projections()
     model.eval()
     return LoadedModel(path, config, model, tokenizer, dtype, device, headers_digest(files))
 

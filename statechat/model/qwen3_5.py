@@ -36,6 +36,12 @@ class Qwen3_5ForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def fuse_projections(self) -> None:
+        """After loading: projections that share an input become one GEMM (see fuse_linears)."""
+        for layer in self.model.layers:
+            (layer.linear_attn if layer.is_gdn else layer.self_attn).fuse()
+            layer.mlp.fuse()
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
         """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices."""
