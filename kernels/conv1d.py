@@ -174,7 +174,7 @@ def _check(
             f"conv_pool {tuple(conv_pool.shape)} "
             "(want x [T, D], weight [D, W>=2], conv_pool [num_slots, W-1, D])"
         )
-    for name, t in (("x", x), ("weight", weight), ("conv_pool", conv_pool)):
+    for name, t in (("weight", weight), ("conv_pool", conv_pool)):
         if not t.is_contiguous():
             raise ValueError(f"conv1d needs a contiguous {name}")
     for s in slots:
@@ -203,8 +203,10 @@ def causal_conv1d(
     zeros) and written at dst_slots and at the checkpoint slots (window of inputs n-W+1 .. n-1
     of the segment for boundary n); cu_seqlens: [N+1] int32; src_slots, dst_slots: [N] int32;
     checkpoints: C targets (seq, boundary, slot), each [C] int32.
-    Returns [T, D] in x's dtype; math in float32.
+    Returns [T, D] in x's dtype; math in float32. A row-strided x (a view into a fused
+    projection) is copied to contiguous rows first.
     """
+    x = x.contiguous()
     ckpt = (
         (checkpoints.seq, checkpoints.boundary, checkpoints.slot) if checkpoints is not None else ()
     )
@@ -245,6 +247,7 @@ def causal_conv1d_update(
     x: [N, D]; weight: [D, W]; conv_pool: [num_slots, W-1, D]; src_slots, dst_slots: [N] int32.
     Returns [N, D] in x's dtype.
     """
+    x = x.contiguous()
     _check(x, weight, conv_pool, (src_slots, dst_slots))
     N, D = x.shape
     W = weight.shape[1]
