@@ -1,10 +1,17 @@
 """The `statechat` command line (Typer): thin commands that build a config and call one function.
 
+    statechat run                 the chat app (Textual TUI)
+    statechat batch INPUT.jsonl   chat requests in, results out, all batched together
+    statechat serve               OpenAI-compatible HTTP API
+    statechat cache stats|ls|...  inspect and trim the persistent prefix cache
+
 Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -19,6 +26,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+cache_app = typer.Typer(help="Inspect and trim the persistent prefix cache.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
 
 ModelOpt = Annotated[
     Path | None,
@@ -28,6 +37,15 @@ ModelOpt = Annotated[
 DeviceOpt = Annotated[
     str, typer.Option("--device", help="auto | cpu | cuda | npu", envvar="STATECHAT_DEVICE")
 ]
+CacheDirOpt = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="Cache and conversation directory (default: "
+                 "$STATECHAT_CACHE_DIR, else ~/.local/share/statechat).", envvar="STATECHAT_CACHE_DIR"),
+]
+NoCacheOpt = Annotated[
+    bool, typer.Option("--no-cache", help="Turn the prefix cache off: compute every prompt in full.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.callback()
@@ -35,58 +53,215 @@ def _root() -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 
-def _engine(model: Path | None, device: str):
+def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False):
     from statechat.config import EngineConfig
-    from statechat.engine.engine import LLMEngine
+    from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.paths import default_model
 
-    return LLMEngine(EngineConfig(model=model or default_model(), device=device))
+    return EngineConfig(
+        model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
+        cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
+    )
+
+
+def _engine(config):
+    from statechat.engine.engine import LLMEngine
+
+    return LLMEngine(config)
+
+
+def _warn_if_embedded(model: Path) -> None:
+    from statechat.paths import is_embedded
+
+    if is_embedded(model):
+        typer.secho("statechat: using the embedded tiny Qwen3.5 with RANDOM weights (replies are "
+                    "noise); pass --model DIR with a real Qwen3.5 checkpoint.", fg="yellow", err=True)
+
+
+# --- run / batch / serve -------------------------------------------------------------------
+@app.command()
+def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
+        no_cache: NoCacheOpt = False) -> None:
+    """Chat in the terminal app: branching conversations, each reply reporting cache reuse."""
+    from statechat.paths import cache_dir as resolve_cache_dir
+    from statechat.tui.app import StatechatApp
+
+    config = _config(model, cache_dir, device, no_cache)
+    chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir))
+    chat_app.run()
+    if chat_app.return_code:
+        raise typer.Exit(chat_app.return_code)
 
 
 @app.command()
-def run(model: ModelOpt = None, device: DeviceOpt = "auto") -> None:
-    """Chat in the terminal. Each turn reports how much of the prompt came from the cache."""
-    from statechat.chat.template import render
-    from statechat.engine.sampling import SamplingParams
-    from statechat.paths import is_embedded
+def batch(
+    input: Annotated[Path, typer.Argument(help="JSONL, one request a line: {\"id\", \"messages\", "
+                                          "optional \"max_tokens\", \"temperature\"}.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
+                                                "(JSONL, input order); default stdout.")] = None,
+    model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
+    no_cache: NoCacheOpt = False,
+    max_tokens: Annotated[int, typer.Option(help="Default max new tokens per request.")] = 256,
+    temperature: Annotated[float, typer.Option(help="Default temperature (0 = greedy).")] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (same seed, same output).")] = None,
+) -> None:
+    """Run chat requests from a JSONL file together; write one JSON result per line, in order."""
+    from statechat.batch import BatchDefaults, run_batch
 
-    engine = _engine(model, device)
-    if is_embedded(engine.loaded.path):
-        typer.secho(
-            "Using the embedded tiny Qwen3.5 with RANDOM weights: replies are noise. "
-            "Point --model at a real Qwen3.5 checkpoint directory for real answers.",
-            fg="yellow", err=True,
+    if not input.is_file():
+        raise StatechatError(f"{input} is not a file; pass a JSONL file of chat requests")
+    lines = input.read_text(encoding="utf-8").splitlines()
+    defaults = BatchDefaults(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    engine = _engine(_config(model, cache_dir, device, no_cache))
+    _warn_if_embedded(engine.loaded.path)
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(open(output, "w", encoding="utf-8")) if output else sys.stdout
+        progress = stack.enter_context(_progress_bar())
+        task = progress.add_task("batch", total=None)
+        stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
+        run_batch(
+            engine, lines, lambda rec: (sink.write(json.dumps(rec) + "\n"), sink.flush()),
+            defaults, lambda done, total: progress.update(task, completed=done, total=total),
         )
-    typer.echo("Type a message and press Enter; an empty line or Ctrl-D quits.", err=True)
-    messages: list[dict] = []
-    while True:
-        try:
-            line = input("you> ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
-        messages.append({"role": "user", "content": line})
-        ids = render(engine.tokenizer, messages)
-        typer.echo("assistant> ", nl=False)
-        out = None
-        for event in engine.stream(ids, SamplingParams(max_tokens=256)):
-            typer.echo(event.text, nl=False)
-            out = event.output or out
-        typer.echo("")
-        if out is not None:
-            messages.append({"role": "assistant", "content": out.text})
-            typer.secho(
-                f"[reused {out.num_cached_tokens:,} of {out.num_prompt_tokens:,} prompt tokens; "
-                f"computed {out.num_computed_tokens:,}; {out.num_completion_tokens} new]",
-                dim=True, err=True,
-            )
+
+
+def _progress_bar():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                    transient=False)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).",
+                                      envvar="STATECHAT_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="STATECHAT_PORT")] = 8000,
+    model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
+    no_cache: NoCacheOpt = False,
+    api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
+                                                "every request.", envvar="STATECHAT_API_KEY")] = None,
+) -> None:
+    """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/models, /health."""
+    from statechat.engine.worker import EngineWorker
+    from statechat.server import serve as serve_forever
+
+    engine = _engine(_config(model, cache_dir, device, no_cache))
+    _warn_if_embedded(engine.loaded.path)
+    try:
+        serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key)
+    except OSError as e:
+        raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
+
+
+# --- cache ----------------------------------------------------------------------------------
+def _store(cache_dir: Path | None):
+    from statechat.paths import cache_dir as resolve_cache_dir
+
+    try:
+        from statechat.cache.store import open_store
+    except ImportError:
+        raise StatechatError("this build has no persistent cache (statechat.cache.store is missing)") from None
+    return open_store(resolve_cache_dir(cache_dir))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _when(ts) -> str:
+    import datetime
+
+    if not isinstance(ts, int | float):
+        return str(ts or "-")
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+@cache_app.command("path")
+def cache_path(cache_dir: CacheDirOpt = None) -> None:
+    """Print the cache directory."""
+    from statechat.paths import cache_dir as resolve_cache_dir
+
+    try:
+        typer.echo(str(_store(cache_dir).path))
+    except StatechatError:
+        typer.echo(str(resolve_cache_dir(cache_dir)))
+
+
+@cache_app.command("stats")
+def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Checkpoints, blocks, bytes used against the budget, and the models they belong to."""
+    stats = _store(cache_dir).stats()
+    if as_json:
+        typer.echo(json.dumps(stats, indent=2, default=str))
+        return
+    typer.echo(f"checkpoints  {stats.get('num_checkpoints', 0):,}")
+    typer.echo(f"KV blocks    {stats.get('num_blocks', 0):,}")
+    typer.echo(f"segments     {stats.get('num_segments', 0):,}")
+    typer.echo(f"bytes        {_size(stats.get('bytes_total'))} of {_size(stats.get('bytes_budget'))}")
+    for m in stats.get("models") or []:
+        typer.echo("model        " + ", ".join(f"{k}={v}" for k, v in m.items()))
+
+
+@cache_app.command("ls")
+def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
+             limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.")] = 50) -> None:
+    """List checkpoints, most recently used first."""
+    rows = _store(cache_dir).ls(limit=limit)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    typer.echo(f"{'tokens':>8}  {'size':>10}  {'hits':>5}  {'created':16}  {'last used':16}  model")
+    for r in rows:
+        typer.echo(f"{r.get('num_tokens', 0):>8,}  {_size(r.get('bytes')):>10}  {r.get('hits', 0):>5}  "
+                   f"{_when(r.get('created')):16}  {_when(r.get('last_used')):16}  {r.get('model', '')}")
+    if not rows:
+        typer.echo("(no checkpoints yet)")
+
+
+@cache_app.command("verify")
+def cache_verify(cache_dir: CacheDirOpt = None) -> None:
+    """Check every blob against its checksum; remove entries that fail."""
+    report = _store(cache_dir).verify()
+    typer.echo(f"checked {report.get('checked', 0):,}; ok {report.get('ok', 0):,}; "
+               f"removed {len(report.get('removed') or []):,}")
+    for item in report.get("removed") or []:
+        typer.echo(f"  removed {item}")
+
+
+@cache_app.command("gc")
+def cache_gc(cache_dir: CacheDirOpt = None,
+             max_bytes: Annotated[int | None, typer.Option("--max-bytes", help="Evict least recently "
+                                  "used entries until the cache is at most this size (default: "
+                                  "the configured budget).")] = None) -> None:
+    """Evict least recently used entries down to the byte budget."""
+    if max_bytes is not None and max_bytes < 0:
+        raise StatechatError("--max-bytes must be >= 0")
+    typer.echo(f"freed {_size(_store(cache_dir).gc(max_bytes))}")
+
+
+@cache_app.command("clear")
+def cache_clear(cache_dir: CacheDirOpt = None,
+                yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False) -> None:
+    """Delete every cached checkpoint and block (conversations are kept)."""
+    store = _store(cache_dir)
+    if not yes and not typer.confirm(f"Delete every cache entry in {store.path}?"):
+        raise typer.Abort()
+    typer.echo(f"freed {_size(store.clear())}")
 
 
 def main() -> None:
     """Entry point: run the Typer app, turning known errors into one line."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a raised typer.Exit comes back as its exit code
     except StatechatError as e:
         if os.environ.get("STATECHAT_DEBUG") == "1":
             raise
@@ -102,6 +277,8 @@ def main() -> None:
             e.show()
             sys.exit(e.exit_code)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

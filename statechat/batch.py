@@ -1,0 +1,166 @@
+"""`statechat batch`: JSONL chat requests in, JSONL results out (input order), all run together.
+
+Input, one request a line:
+    {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
+Output, one line per input line, in input order:
+    {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
+     "ttft_ms"}
+or, for a line that cannot run, {"id", "line", "error": {"message"}}.
+
+Requests run through the engine together (continuous batching). Requests that share a prefix
+of at least one block with each other would all compute it at once if admitted in the same
+step, since the cache holds only what earlier steps computed; so when the prefix cache is on,
+such a group's longest common block-aligned prefix is computed once first (a one-token warm-up
+request, not reported) and the group's requests then reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from statechat.engine.engine import LLMEngine, RequestOutput
+from statechat.engine.sampling import SamplingParams
+from statechat.errors import StatechatError
+
+
+@dataclass(frozen=True)
+class BatchDefaults:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class Job:
+    line: int  # 1-based line number in the input
+    id: str | None
+    prompt_ids: list[int] | None = None
+    params: SamplingParams | None = None
+    error: str | None = None
+    result: dict | None = None
+
+
+def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults) -> Job:
+    """One input line -> a Job with its prompt ids and params, or with a one-line error."""
+    from statechat.chat.template import render
+
+    try:
+        req = json.loads(text)
+    except json.JSONDecodeError as e:
+        return Job(line, None, error=f"line {line} is not valid JSON ({e.msg})")
+    if not isinstance(req, dict):
+        return Job(line, None, error=f"line {line} must be a JSON object")
+    rid = req.get("id")
+    rid = str(rid) if rid is not None else f"line-{line}"
+    try:
+        for key in ("max_tokens", "temperature"):
+            if key in req and (isinstance(req[key], bool) or not isinstance(req[key], int | float)):
+                raise StatechatError(f"{key} must be a number")
+        params = SamplingParams(
+            max_tokens=int(req.get("max_tokens", defaults.max_tokens)),
+            temperature=float(req.get("temperature", defaults.temperature)),
+            seed=defaults.seed,
+        )
+        ids = render(engine.tokenizer, req.get("messages"))
+        if len(ids) >= engine.max_model_len:
+            raise StatechatError(
+                f"the prompt has {len(ids)} tokens; the context limit is {engine.max_model_len}"
+            )
+    except StatechatError as e:
+        return Job(line, rid, error=str(e))
+    return Job(line, rid, ids, params)
+
+
+def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], list[int]]]:
+    """Groups of jobs sharing a first block: (common block-aligned prefix + 1 token, members).
+
+    The extra token makes the warm-up's prompt-end checkpoint fall exactly on the boundary.
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, job in enumerate(jobs):
+        if job.error is None and len(job.prompt_ids) > block_size:
+            groups.setdefault(tuple(job.prompt_ids[:block_size]), []).append(i)
+    warm = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        prompts = [jobs[i].prompt_ids for i in members]
+        lcp = min(len(p) for p in prompts) - 1  # a reuse always leaves one token to compute
+        first = prompts[0]
+        for p in prompts[1:]:
+            lcp = next((k for k in range(lcp) if p[k] != first[k]), lcp)
+        boundary = lcp // block_size * block_size
+        if boundary >= block_size:
+            warm.append((first[: boundary + 1], members))
+    return warm
+
+
+def _result(job: Job, out: RequestOutput) -> dict:
+    return {
+        "id": job.id,
+        "text": out.text,
+        "finish_reason": out.finish_reason,
+        "usage": {
+            "prompt_tokens": out.num_prompt_tokens,
+            "cached_tokens": out.num_cached_tokens,
+            "completion_tokens": out.num_completion_tokens,
+        },
+        "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
+    }
+
+
+def run_batch(
+    engine: LLMEngine,
+    lines: Iterable[str],
+    write: Callable[[dict], None],
+    defaults: BatchDefaults = BatchDefaults(),
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict]:
+    """Run every request; call write(record) in input order as results become ready.
+
+    progress(done, total) is called as requests finish. Returns the records.
+    """
+    jobs = [parse_line(engine, text, n, defaults)
+            for n, text in enumerate(lines, start=1) if text.strip()]
+    for job in jobs:
+        if job.error is not None:
+            job.result = {"id": job.id, "line": job.line, "error": {"message": job.error}}
+    warm = warmup_prefixes(jobs, engine.config.block_size) if engine.config.enable_prefix_cache else []
+    waiting_on: dict[int, list[int]] = {}  # warm-up seq_id -> job indices waiting for it
+    running: dict[int, int] = {}  # seq_id -> job index
+    for n, (prefix, members) in enumerate(warm):
+        seq = engine.add_request(prefix, SamplingParams(max_tokens=1), request_id=f"warmup-{n}")
+        waiting_on[seq.seq_id] = members
+    deferred = {j for _, members in warm for j in members}
+    for i, job in enumerate(jobs):
+        if job.error is None and i not in deferred:
+            running[engine.add_request(job.prompt_ids, job.params, job.id).seq_id] = i
+    done, written = sum(j.result is not None for j in jobs), 0
+    if progress:
+        progress(done, len(jobs))
+    written = _flush(jobs, written, write)
+    while engine.has_unfinished():
+        for seq in engine.step():
+            if not seq.is_finished:
+                continue
+            if seq.seq_id in waiting_on:
+                for j in waiting_on.pop(seq.seq_id):
+                    running[engine.add_request(jobs[j].prompt_ids, jobs[j].params, jobs[j].id).seq_id] = j
+            elif seq.seq_id in running:
+                job = jobs[running.pop(seq.seq_id)]
+                job.result = _result(job, engine.output(seq))
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
+        written = _flush(jobs, written, write)
+    return [j.result for j in jobs]
+
+
+def _flush(jobs: list[Job], written: int, write: Callable[[dict], None]) -> int:
+    """Write the finished results that have no unfinished job before them."""
+    while written < len(jobs) and jobs[written].result is not None:
+        write(jobs[written].result)
+        written += 1
+    return written

@@ -1,0 +1,234 @@
+"""Conversation trees in SQLite: every message keeps its parent, so nothing an edit replaces is lost.
+
+A conversation is a tree of messages; the branch on screen is the path from a root to the
+conversation's `current_leaf`. Editing a message adds a sibling (a new branch from its parent),
+regenerating a reply adds a sibling reply; switching siblings follows each message's
+`active_child` down to a leaf, so a branch comes back as it was left.
+
+Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefixed `chat_`):
+  chat_conversations(id, title, created, updated, current_leaf)
+  chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats)
+`stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlite_utils
+
+CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+
+
+@dataclass(frozen=True)
+class Message:
+    id: str
+    conversation_id: str
+    parent_id: str | None
+    role: str  # system | user | assistant
+    content: str
+    created: float
+    stats: dict = field(default_factory=dict)
+
+    def as_chat(self) -> dict:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    title: str
+    created: float
+    updated: float
+    current_leaf: str | None
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class ChatStore:
+    """Conversation trees persisted in one SQLite file; safe to call from several threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = Path(path)
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.file), check_same_thread=False, timeout=30)
+        self.db = sqlite_utils.Database(conn)
+        self.db.enable_wal()
+        self._lock = threading.RLock()
+        self._create_tables()
+
+    def _create_tables(self) -> None:
+        with self._lock:
+            self.db[CONVERSATIONS].create(
+                {"id": str, "title": str, "created": float, "updated": float, "current_leaf": str},
+                pk="id", if_not_exists=True,
+            )
+            self.db[MESSAGES].create(
+                {"id": str, "conversation_id": str, "parent_id": str, "role": str, "content": str,
+                 "created": float, "active_child": str, "stats": str},
+                pk="id", if_not_exists=True,
+                foreign_keys=[("conversation_id", CONVERSATIONS, "id")],
+            )
+            self.db[MESSAGES].create_index(["conversation_id"], if_not_exists=True)
+            self.db[MESSAGES].create_index(["parent_id"], if_not_exists=True)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # --- conversations ------------------------------------------------------------------
+    def conversations(self) -> list[Conversation]:
+        """All conversations, most recently updated first."""
+        with self._lock:
+            rows = self.db[CONVERSATIONS].rows_where(order_by="updated desc")
+            return [Conversation(**r) for r in rows]
+
+    def conversation(self, conv_id: str) -> Conversation:
+        with self._lock:
+            return Conversation(**self.db[CONVERSATIONS].get(conv_id))
+
+    def create(self, title: str = "New chat") -> Conversation:
+        now = time.time()
+        row = {"id": _new_id(), "title": title, "created": now, "updated": now, "current_leaf": None}
+        with self._lock:
+            self.db[CONVERSATIONS].insert(row)
+        return Conversation(**row)
+
+    def rename(self, conv_id: str, title: str) -> None:
+        with self._lock:
+            self.db[CONVERSATIONS].update(conv_id, {"title": title})
+
+    def delete_conversation(self, conv_id: str) -> None:
+        with self._lock, self.db.conn:
+            self.db.execute(f"DELETE FROM {MESSAGES} WHERE conversation_id = ?", [conv_id])
+            self.db.execute(f"DELETE FROM {CONVERSATIONS} WHERE id = ?", [conv_id])
+
+    # --- messages -----------------------------------------------------------------------
+    def _message(self, row: dict) -> Message:
+        stats = json.loads(row["stats"]) if row.get("stats") else {}
+        return Message(row["id"], row["conversation_id"], row["parent_id"], row["role"],
+                       row["content"], row["created"], stats)
+
+    def message(self, msg_id: str) -> Message:
+        with self._lock:
+            return self._message(self.db[MESSAGES].get(msg_id))
+
+    def add(self, conv_id: str, parent_id: str | None, role: str, content: str,
+            stats: dict | None = None) -> Message:
+        """Append a message under `parent_id` (None: a root) and make it the current leaf."""
+        row = {"id": _new_id(), "conversation_id": conv_id, "parent_id": parent_id, "role": role,
+               "content": content, "created": time.time(), "active_child": None,
+               "stats": json.dumps(stats) if stats else None}
+        with self._lock:
+            self.db[MESSAGES].insert(row)
+            self._set_leaf(conv_id, row["id"])
+        return self._message(row)
+
+    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> None:
+        """Replace a message's content and/or stats (a streamed reply being filled in)."""
+        changes: dict = {}
+        if content is not None:
+            changes["content"] = content
+        if stats is not None:
+            changes["stats"] = json.dumps(stats)
+        if changes:
+            with self._lock:
+                self.db[MESSAGES].update(msg_id, changes)
+
+    def branch(self, conv_id: str) -> list[Message]:
+        """The messages from the root to the current leaf, in order."""
+        with self._lock:
+            leaf = self.conversation(conv_id).current_leaf
+            return self.path(leaf) if leaf else []
+
+    def path(self, msg_id: str) -> list[Message]:
+        """The messages from the root down to `msg_id` (included), in order."""
+        with self._lock:
+            rows = self.db.execute(
+                f"""WITH RECURSIVE up(id, depth) AS (
+                      SELECT ?, 0 UNION ALL
+                      SELECT m.parent_id, up.depth + 1 FROM {MESSAGES} m JOIN up ON m.id = up.id
+                      WHERE m.parent_id IS NOT NULL)
+                    SELECT m.* FROM up JOIN {MESSAGES} m ON m.id = up.id ORDER BY up.depth DESC""",
+                [msg_id],
+            )
+            cols = [d[0] for d in rows.description]
+            return [self._message(dict(zip(cols, r))) for r in rows.fetchall()]
+
+    def siblings(self, msg_id: str) -> list[Message]:
+        """The message and its siblings (same parent), oldest first."""
+        with self._lock:
+            msg = self.message(msg_id)
+            if msg.parent_id is None:
+                where, args = "conversation_id = ? AND parent_id IS NULL", [msg.conversation_id]
+            else:
+                where, args = "parent_id = ?", [msg.parent_id]
+            rows = self.db[MESSAGES].rows_where(where, args, order_by="created, rowid")
+            return [self._message(r) for r in rows]
+
+    def children(self, msg_id: str) -> list[Message]:
+        with self._lock:
+            rows = self.db[MESSAGES].rows_where("parent_id = ?", [msg_id], order_by="created, rowid")
+            return [self._message(r) for r in rows]
+
+    def select(self, msg_id: str) -> str:
+        """Show the branch through `msg_id`: follow active children down; return the new leaf."""
+        with self._lock:
+            leaf = msg_id
+            while True:
+                row = self.db[MESSAGES].get(leaf)
+                kids = self.children(leaf)
+                if not kids:
+                    break
+                ids = [k.id for k in kids]
+                leaf = row["active_child"] if row["active_child"] in ids else ids[-1]
+            self._set_leaf(self.message(msg_id).conversation_id, leaf)
+            return leaf
+
+    def switch(self, msg_id: str, offset: int) -> Message:
+        """Move to the sibling `offset` places away (clamped) and show its branch."""
+        sibs = self.siblings(msg_id)
+        i = next(i for i, m in enumerate(sibs) if m.id == msg_id)
+        target = sibs[max(0, min(len(sibs) - 1, i + offset))]
+        self.select(target.id)
+        return target
+
+    def delete_branch(self, msg_id: str) -> None:
+        """Delete a message and everything under it; show a sibling's branch, else the parent's."""
+        with self._lock:
+            msg = self.message(msg_id)
+            others = [m for m in self.siblings(msg_id) if m.id != msg_id]
+            with self.db.conn:
+                self.db.execute(
+                    f"""WITH RECURSIVE sub(id) AS (
+                          SELECT ? UNION ALL
+                          SELECT m.id FROM {MESSAGES} m JOIN sub ON m.parent_id = sub.id)
+                        DELETE FROM {MESSAGES} WHERE id IN (SELECT id FROM sub)""",
+                    [msg_id],
+                )
+            if others:
+                self.select(others[-1].id)
+            else:
+                self._set_leaf(msg.conversation_id, msg.parent_id)
+
+    def _set_leaf(self, conv_id: str, leaf: str | None) -> None:
+        """Make `leaf` current and point every ancestor's active_child along its path."""
+        child = leaf
+        while child is not None:
+            parent = self.db[MESSAGES].get(child)["parent_id"]
+            if parent is not None:
+                self.db[MESSAGES].update(parent, {"active_child": child})
+            child = parent
+        self.db[CONVERSATIONS].update(conv_id, {"current_leaf": leaf, "updated": time.time()})
+
+
+def open_chats(cache_dir: Path) -> ChatStore:
+    """The conversation store of a cache dir (`<cache_dir>/index.db`)."""
+    return ChatStore(Path(cache_dir) / "index.db")

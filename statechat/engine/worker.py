@@ -1,0 +1,184 @@
+"""EngineWorker: one thread owns an LLMEngine; other threads submit requests and read events.
+
+    worker = EngineWorker(engine)
+    handle = worker.submit(prompt_ids, SamplingParams(max_tokens=64))
+    for event in handle:            # StreamEvent(text, token_ids, output); output on the last
+        print(event.text, end="")
+    worker.shutdown()
+
+LLMEngine is not thread-safe, so only the worker thread touches it after construction. Requests
+submitted from several threads join the running batch at the next step (continuous batching).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+from statechat.engine.engine import LLMEngine, RequestOutput, StreamEvent
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.sequence import Sequence
+from statechat.errors import ConfigError, StatechatError
+
+_DONE = object()
+
+
+class RequestHandle:
+    """One submitted request: iterate it for StreamEvents; the last carries the RequestOutput.
+
+    An error inside the engine is raised from the iteration. `abort()` stops the request; its
+    stream then ends with finish_reason 'abort'.
+    """
+
+    def __init__(self, worker: EngineWorker, prompt_ids: list[int], params: SamplingParams,
+                 request_id: str) -> None:
+        self.worker, self.prompt_ids, self.params, self.request_id = worker, prompt_ids, params, request_id
+        self.events: queue.Queue = queue.Queue()
+        self.output: RequestOutput | None = None
+        self.seq: Sequence | None = None  # set by the worker thread
+        self.sent_text = 0
+        self.sent_tokens = 0
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        while True:
+            item = self.events.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item.output is not None:
+                self.output = item.output
+            yield item
+
+    def result(self) -> RequestOutput:
+        """Wait for the end and return the final output."""
+        for _ in self:
+            pass
+        assert self.output is not None
+        return self.output
+
+    def abort(self) -> None:
+        self.worker.abort(self)
+
+
+class EngineWorker:
+    """Runs the engine's step loop in a daemon thread; thread-safe submit, abort, shutdown."""
+
+    def __init__(self, engine: LLMEngine, name: str = "statechat-engine") -> None:
+        self.engine = engine
+        self.tokenizer_lock = threading.Lock()  # guard for render() calls from many threads
+        self._inbox: queue.Queue = queue.Queue()
+        self._live: dict[int, RequestHandle] = {}  # seq_id -> handle
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # --- any thread ---------------------------------------------------------------------
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation with the model's chat template (serialized)."""
+        from statechat.chat.template import render
+
+        with self.tokenizer_lock:
+            return render(self.engine.tokenizer, messages, add_generation_prompt)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
+               request_id: str = "") -> RequestHandle:
+        """Queue a request; raise ConfigError at once for an empty or over-long prompt."""
+        if self._stopping:
+            raise StatechatError("the engine is shutting down")
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        if len(prompt_ids) >= self.engine.max_model_len:
+            raise ConfigError(
+                f"the prompt has {len(prompt_ids)} tokens; the context limit is "
+                f"{self.engine.max_model_len}"
+            )
+        handle = RequestHandle(self, list(prompt_ids), params or SamplingParams(), request_id)
+        self._inbox.put(("add", handle))
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        self._inbox.put(("abort", handle))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort every live request, close the engine (pending cache writes), stop the thread."""
+        self._stopping = True
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout)
+
+    # --- the worker thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            busy = self.engine.has_unfinished()
+            try:
+                cmd = self._inbox.get(block=not busy)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if cmd[0] == "stop":
+                    self._abort_all()
+                    close = getattr(self.engine, "close", None)  # flush pending cache writes
+                    if close is not None:
+                        close()
+                    return
+                self._handle(cmd)
+                try:
+                    cmd = self._inbox.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _handle(self, cmd: tuple) -> None:
+        kind, handle = cmd
+        if kind == "add":
+            try:
+                handle.seq = self.engine.add_request(handle.prompt_ids, handle.params, handle.request_id)
+            except Exception as e:  # noqa: BLE001 - delivered to the submitter
+                handle.events.put(e)
+                handle.events.put(_DONE)
+                return
+            self._live[handle.seq.seq_id] = handle
+        elif kind == "abort" and handle.seq is not None and handle.seq.seq_id in self._live:
+            self.engine.abort(handle.seq)
+            self._publish(handle)
+
+    def _step(self) -> None:
+        try:
+            updated = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - fail the live requests, keep serving
+            for handle in list(self._live.values()):
+                self.engine.abort(handle.seq)
+                self._live.pop(handle.seq.seq_id, None)
+                handle.events.put(e)
+                handle.events.put(_DONE)
+            return
+        for seq in updated:
+            handle = self._live.get(seq.seq_id)
+            if handle is not None:
+                self._publish(handle)
+
+    def _publish(self, handle: RequestHandle) -> None:
+        """Send the new text of handle's sequence; on finish, the output and the end mark."""
+        seq = handle.seq
+        if seq.num_text_tokens <= handle.sent_tokens and not seq.is_finished:
+            return
+        delta = seq.text[handle.sent_text :]
+        ids = seq.output_ids[handle.sent_tokens : seq.num_text_tokens]
+        handle.sent_text, handle.sent_tokens = len(seq.text), seq.num_text_tokens
+        out = self.engine.output(seq) if seq.is_finished else None
+        if delta or ids or out:
+            handle.events.put(StreamEvent(delta, ids, out))
+        if seq.is_finished:
+            self._live.pop(seq.seq_id, None)
+            handle.events.put(_DONE)
+
+    def _abort_all(self) -> None:
+        for handle in list(self._live.values()):
+            self.engine.abort(handle.seq)
+            self._publish(handle)

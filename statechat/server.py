@@ -1,0 +1,316 @@
+"""OpenAI-compatible HTTP API on the standard library: ThreadingHTTPServer + server-sent events.
+
+    POST /v1/chat/completions   (stream true/false; usage.prompt_tokens_details.cached_tokens)
+    GET  /v1/models
+    GET  /health
+
+Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
+share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
+"code"}}. With an API key, every request needs `Authorization: Bearer KEY`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import sys
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from statechat.chat.template import ROLES
+from statechat.engine.engine import RequestOutput
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.worker import EngineWorker
+from statechat.errors import StatechatError
+
+MAX_BODY_BYTES = 32 << 20
+DEFAULT_MAX_TOKENS = 2048
+
+
+class ApiError(Exception):
+    """An error sent to the client as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+def _content(msg: dict, i: int) -> str:
+    content = msg.get("content")
+    if content is None and msg.get("role") == "assistant":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                   f"messages[{i}].content")
+
+
+def parse_messages(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "messages must be a non-empty array", "messages")
+    out = []
+    for i, msg in enumerate(raw):
+        role = msg.get("role") if isinstance(msg, dict) else None
+        role = "system" if role == "developer" else role
+        if role not in ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
+                           f"messages[{i}].role")
+        out.append({"role": role, "content": _content(msg, i)})
+    return out
+
+
+def _number(body: dict, key: str, kind: type, default):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise ApiError(400, f"{key} must be {'a number' if kind is float else 'an integer'}", key)
+    return kind(value)
+
+
+def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
+    """SamplingParams from a chat-completions body; ApiError(400) for a bad field."""
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "only n=1 is supported", "n")
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "stop must be a string or an array of strings", "stop")
+    room = max(1, max_model_len - prompt_len)
+    max_tokens = _number(body, "max_completion_tokens", int, None)
+    max_tokens = _number(body, "max_tokens", int, max_tokens)
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", float, 1.0),
+            top_p=_number(body, "top_p", float, 1.0),
+            seed=_number(body, "seed", int, None),
+            max_tokens=min(max_tokens, room) if max_tokens is not None else min(DEFAULT_MAX_TOKENS, room),
+            stop=tuple(stop),
+        )
+    except StatechatError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def usage(out: RequestOutput) -> dict:
+    return {
+        "prompt_tokens": out.num_prompt_tokens,
+        "completion_tokens": out.num_completion_tokens,
+        "total_tokens": out.num_prompt_tokens + out.num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+    }
+
+
+class ChatServer(ThreadingHTTPServer):
+    """The HTTP server: holds the worker, the served model id and the optional API key."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
+                 port: int = 8000, api_key: str | None = None, quiet: bool = False) -> None:
+        super().__init__((host, port), Handler)
+        self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
+        self.created = int(time.time())
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ChatServer
+
+    # --- plumbing -----------------------------------------------------------------------
+    def log_message(self, format: str, *args) -> None:
+        if not self.server.quiet:
+            sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+    def _send_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _guard(self, route) -> None:
+        self._body_read = False  # per request: a keep-alive connection carries several
+        try:
+            if self.server.api_key and not self._authorized():
+                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                               code="invalid_api_key", kind="authentication_error")
+            route()
+        except ApiError as e:
+            self._drain()
+            self._send_json(e.status, e.body())
+
+    def _authorized(self) -> bool:
+        given = self.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.server.api_key}".encode())
+
+    def _drain(self) -> None:
+        """Read an unread request body so the connection stays usable."""
+        if not self._body_read:
+            n = int(self.headers.get("Content-Length") or 0)
+            if 0 < n <= MAX_BODY_BYTES:
+                self.rfile.read(n)
+            elif n:
+                self.close_connection = True
+            self._body_read = True
+
+    def _body(self) -> dict:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+        raw = self.rfile.read(n)
+        self._body_read = True
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    # --- routes -------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        routes = {"/health": self._health, "/v1/models": self._models}
+        self._guard(routes.get(self.path.split("?")[0].rstrip("/") or "/", self._not_found))
+
+    def do_POST(self) -> None:
+        routes = {"/v1/chat/completions": self._chat}
+        self._guard(routes.get(self.path.split("?")[0].rstrip("/"), self._not_found))
+
+    def _not_found(self) -> None:
+        raise ApiError(404, f"no route {self.command} {self.path}", code="not_found")
+
+    def _health(self) -> None:
+        self._send_json(200, {"status": "ok"})
+
+    def _models(self) -> None:
+        model = {"id": self.server.model_id, "object": "model", "created": self.server.created,
+                 "owned_by": "statechat", "max_model_len": self.server.worker.max_model_len}
+        self._send_json(200, {"object": "list", "data": [model]})
+
+    def _chat(self) -> None:
+        body = self._body()
+        worker = self.server.worker
+        try:
+            prompt_ids = worker.render(parse_messages(body.get("messages")))
+        except StatechatError as e:
+            raise ApiError(400, str(e), "messages") from None
+        params = parse_params(body, len(prompt_ids), worker.max_model_len)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ApiError(400, "stream must be true or false", "stream")
+        options = body.get("stream_options") or {}
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        try:
+            handle = worker.submit(prompt_ids, params)
+        except StatechatError as e:
+            raise ApiError(400, f"{e}; shorten the conversation", "messages",
+                           "context_length_exceeded") from None
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        try:
+            if stream:
+                self._stream(handle, rid, include_usage)
+            else:
+                out = handle.result()
+                self._send_json(200, self._completion(rid, out))
+        except (BrokenPipeError, ConnectionResetError):
+            handle.abort()
+            self.close_connection = True
+        except Exception as e:
+            if stream:
+                raise
+            raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
+                           kind="server_error") from None
+        finally:
+            handle.abort()  # no-op once finished
+
+    def _completion(self, rid: str, out: RequestOutput) -> dict:
+        self._log_reuse(out)
+        return {
+            "id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": self.server.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                         "logprobs": None, "finish_reason": _finish(out)}],
+            "usage": usage(out),
+        }
+
+    def _stream(self, handle, rid: str, include_usage: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self.server.model_id}
+
+        def send(choices: list, **extra) -> None:
+            self.wfile.write(f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n".encode())
+            self.wfile.flush()
+
+        send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        try:
+            for event in handle:
+                if event.text:
+                    send([{"index": 0, "delta": {"content": event.text}, "finish_reason": None}])
+                if event.output is not None:
+                    self._log_reuse(event.output)
+                    send([{"index": 0, "delta": {}, "finish_reason": _finish(event.output)}])
+                    if include_usage:
+                        send([], usage=usage(event.output))
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
+            err = ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
+                           kind="server_error")
+            self.wfile.write(f"data: {json.dumps(err.body())}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _log_reuse(self, out: RequestOutput) -> None:
+        self.log_message(
+            "reused %s of %s prompt tokens%s; computed %s; %s new",
+            f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",
+            f" from {out.reused_from}" if out.reused_from else "",
+            f"{out.num_computed_tokens:,}", out.num_completion_tokens,
+        )
+
+
+def _finish(out: RequestOutput) -> str:
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def serve(worker: EngineWorker, model_id: str, host: str, port: int,
+          api_key: str | None = None) -> None:
+    """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes)."""
+    import signal
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    server = ChatServer(worker, model_id, host, port, api_key)
+    auth = " (API key required)" if api_key else ""
+    print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        worker.shutdown()

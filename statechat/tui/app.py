@@ -1,0 +1,271 @@
+"""StatechatApp: conversations on the left, the open branch in the middle, the input below.
+
+The engine loads in a thread behind a progress screen; each reply streams from a
+`@work(thread=True)` worker reading an EngineWorker handle and updating the screen with
+`call_from_thread`. Conversations live in `<cache_dir>/index.db` (chat/tree.py): editing or
+regenerating adds a branch, nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Header, Input, Static
+
+from statechat.chat.tree import ChatStore, Message, open_chats
+from statechat.config import EngineConfig
+from statechat.engine.sampling import SamplingParams
+from statechat.errors import StatechatError
+from statechat.tui.format import reply_stats, status_line
+from statechat.tui.widgets.chat_view import ChatView
+from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
+from statechat.tui.widgets.loading_screen import LoadingScreen
+from statechat.tui.widgets.message_view import MessageView
+
+EMBEDDED_BANNER = (
+    "Embedded tiny Qwen3.5 with RANDOM weights: replies are noise, the cache at work is real. "
+    "For real answers: hf download Qwen/Qwen3.5-9B --local-dir ~/models/Qwen3.5-9B, then "
+    "statechat run --model ~/models/Qwen3.5-9B"
+)
+STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
+
+
+class StatechatApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "statechat"
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("escape", "stop", "Stop / cancel"),
+        Binding("ctrl+l", "focus_list", "Chats"),
+        Binding("ctrl+o", "focus_input", "Input"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    def __init__(self, config: EngineConfig, chat_dir: Path, loaded=None,
+                 sampling: SamplingParams | None = None) -> None:
+        super().__init__()
+        self.config, self.chat_dir, self.loaded = config, Path(chat_dir), loaded
+        self.sampling = sampling or SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
+        self.worker = None  # EngineWorker, once loaded
+        self.chats: ChatStore | None = None
+        self.conv_id: str | None = None
+        self.handle = None  # the RequestHandle being streamed
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            conversations = ConversationList(id="conversations")
+            conversations.border_title = "Chats"
+            yield conversations
+            with Vertical(id="main"):
+                yield Static(EMBEDDED_BANNER, id="banner", markup=False)
+                yield ChatView(id="chat")
+                yield Composer()
+        yield Footer()
+
+    # --- start-up -----------------------------------------------------------------------
+    def on_mount(self) -> None:
+        screen = LoadingScreen(str(self.config.model))
+        self.push_screen(screen)
+        self.load(screen)
+
+    @work(thread=True, exit_on_error=False)
+    def load(self, screen: LoadingScreen) -> None:
+        try:
+            from statechat.engine.engine import LLMEngine
+            from statechat.engine.worker import EngineWorker
+
+            self.call_from_thread(screen.advance, 1)
+            if self.loaded is None:
+                import torch
+
+                from statechat.devices import default_dtype, resolve_device
+                from statechat.model.loader import load_model
+
+                device = resolve_device(self.config.device)
+                dtype = getattr(torch, self.config.dtype) if self.config.dtype else default_dtype(device)
+                self.loaded = load_model(self.config.model, dtype=dtype, device=device)
+            self.call_from_thread(screen.advance, 2)
+            self.worker = EngineWorker(LLMEngine(self.config, loaded=self.loaded))
+            self.call_from_thread(screen.advance, 3)
+            self.chats = open_chats(self.chat_dir)
+            self.call_from_thread(screen.advance, 4)
+        except Exception as e:  # noqa: BLE001 - one line for the user, like the CLI
+            what = str(e) if isinstance(e, StatechatError) else f"{type(e).__name__}: {e}"
+            self.call_from_thread(self.exit, None, 2, f"statechat: {what}")
+            return
+        self.call_from_thread(self._engine_ready)
+
+    def _engine_ready(self) -> None:
+        from statechat.paths import is_embedded
+
+        self.pop_screen()
+        self.sub_title = f"{self.loaded.path.name} on {self.loaded.device.type}"
+        self.query_one("#banner").display = is_embedded(self.loaded.path)
+        convs = self.chats.conversations()
+        self.open_conversation(convs[0].id if convs else None)
+        self.query_one(Composer).focus()
+
+    def on_unmount(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+        if self.chats is not None:
+            self.chats.close()
+
+    # --- showing ------------------------------------------------------------------------
+    def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
+        self.conv_id = conv_id
+        self.query_one(ConversationList).show(self.chats.conversations(), conv_id)
+        views = []
+        for msg in self.chats.branch(conv_id) if conv_id else []:
+            sibs = self.chats.siblings(msg.id)
+            pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
+            views.append(MessageView(msg, pos, len(sibs)))
+        chat = self.query_one(ChatView)
+        chat.show(views)
+        if focus_id:
+            self.call_after_refresh(lambda: (v := chat.view_of(focus_id)) and v.focus())
+
+    def on_conversation_list_open(self, event: ConversationList.Open) -> None:
+        self.open_conversation(event.conv_id)
+        self.query_one(Composer).focus()
+
+    def on_conversation_list_delete(self, event: ConversationList.Delete) -> None:
+        if self.handle is not None and event.conv_id == self.conv_id:
+            self.notify("Stop the reply (Esc) before deleting this chat.", severity="warning")
+            return
+        self.chats.delete_conversation(event.conv_id)
+        self.open_conversation(None if event.conv_id == self.conv_id else self.conv_id)
+
+    def _target(self, msg_id: str | None) -> Message | None:
+        """The message an action is for: the one clicked, else the focused one."""
+        if msg_id is None:
+            focused = self.focused
+            return focused.message if isinstance(focused, MessageView) else None
+        return self.chats.message(msg_id)
+
+    # --- sending and streaming ----------------------------------------------------------
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        composer = self.query_one(Composer)
+        text = event.value.strip()
+        if not text:
+            return
+        if self.handle is not None:
+            self.notify("A reply is streaming; press Esc to stop it first.", severity="warning")
+            return
+        if composer.editing:
+            parent = self.chats.message(composer.editing).parent_id
+        else:
+            branch = self.chats.branch(self.conv_id) if self.conv_id else []
+            parent = branch[-1].id if branch else None
+        if self.conv_id is None:
+            self.conv_id = self.chats.create(title=text[:48]).id
+        composer.end_edit()
+        composer.value = ""
+        self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
+
+    def start_reply(self, parent: Message) -> None:
+        """Add an empty reply under `parent` and stream the model's answer into it."""
+        history = [m.as_chat() for m in self.chats.path(parent.id)]
+        reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
+        self.open_conversation(self.conv_id)
+        try:
+            ids = self.worker.render(history)
+            room = self.worker.max_model_len - len(ids)
+            params = dataclasses.replace(self.sampling, max_tokens=max(1, min(self.sampling.max_tokens, room)))
+            self.handle = self.worker.submit(ids, params)
+        except StatechatError as e:
+            self._finish_reply(reply.id, "", {"error": str(e)})
+            return
+        self.stream_reply(self.handle, reply.id)
+
+    @work(thread=True, exit_on_error=False)
+    def stream_reply(self, handle, reply_id: str) -> None:
+        text, shown, start = "", 0.0, time.perf_counter()
+        stats: dict = {}
+        try:
+            for event in handle:
+                text += event.text
+                if time.perf_counter() - shown > STREAM_INTERVAL_S:
+                    shown = time.perf_counter()
+                    self.call_from_thread(self._show_text, reply_id, text)
+            stats = reply_stats(handle.output, time.perf_counter() - start)
+        except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
+            stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        self.call_from_thread(self._finish_reply, reply_id, text, stats)
+
+    def _show_text(self, reply_id: str, text: str) -> None:
+        view = self.query_one(ChatView).view_of(reply_id)
+        if view is not None:
+            view.set_text(text)
+
+    def _finish_reply(self, reply_id: str, text: str, stats: dict) -> None:
+        self.handle = None
+        self.chats.update(reply_id, content=text, stats=stats)
+        view = self.query_one(ChatView).view_of(reply_id)
+        if view is not None:
+            view.message = self.chats.message(reply_id)
+            view.set_text(text)
+            view.set_status(status_line(stats))
+        self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
+
+    # --- actions ------------------------------------------------------------------------
+    def action_new_chat(self) -> None:
+        self.query_one(Composer).end_edit()
+        self.open_conversation(None)
+        self.query_one(Composer).focus()
+
+    def action_stop(self) -> None:
+        composer = self.query_one(Composer)
+        if self.handle is not None:
+            self.handle.abort()
+        elif composer.editing:
+            composer.end_edit()
+            composer.value = ""
+
+    def action_focus_list(self) -> None:
+        self.query_one(ConversationList).focus()
+
+    def action_focus_input(self) -> None:
+        self.query_one(Composer).focus()
+
+    def action_edit_message(self, msg_id: str | None = None) -> None:
+        msg = self._target(msg_id)
+        if msg is None or msg.role != "user":
+            self.notify("Pick one of your messages to edit (r regenerates a reply).")
+            return
+        self.query_one(Composer).start_edit(msg.id, msg.content)
+
+    def action_regenerate(self, msg_id: str | None = None) -> None:
+        msg = self._target(msg_id)
+        if msg is None or self.handle is not None:
+            self.notify("Pick a reply to regenerate (and wait for the current one).")
+            return
+        self.start_reply(msg if msg.role == "user" else self.chats.message(msg.parent_id))
+
+    def action_prev_branch(self, msg_id: str | None = None) -> None:
+        self._switch(-1, msg_id)
+
+    def action_next_branch(self, msg_id: str | None = None) -> None:
+        self._switch(1, msg_id)
+
+    def _switch(self, step: int, msg_id: str | None) -> None:
+        msg = self._target(msg_id)
+        if msg is not None and self.handle is None:
+            target = self.chats.switch(msg.id, step)
+            self.open_conversation(self.conv_id, focus_id=target.id)
+
+    def action_delete_branch(self, msg_id: str | None = None) -> None:
+        msg = self._target(msg_id)
+        if msg is not None and self.handle is None:
+            self.chats.delete_branch(msg.id)
+            self.open_conversation(self.conv_id)
+            self.notify("Branch deleted.")

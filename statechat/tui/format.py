@@ -1,0 +1,56 @@
+"""Plain-words text for the app: a reply's status line, and safe display of model text."""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\ufffd]")
+
+
+def clean(text: str) -> str:
+    """Model text safe for the terminal: control and bidi characters become U+00B7."""
+    return _CONTROL.sub("\u00b7", text)
+
+
+def reply_stats(output, elapsed_s: float) -> dict:
+    """The numbers a reply's status line shows (persisted with the message)."""
+    decode_s = elapsed_s - (output.ttft_s or 0.0)
+    tps = (output.num_completion_tokens - 1) / decode_s if decode_s > 0 and output.num_completion_tokens > 1 else None
+    return {
+        "ttft_s": output.ttft_s,
+        "tokens_per_s": tps,
+        "prompt_tokens": output.num_prompt_tokens,
+        "cached_tokens": output.num_cached_tokens,
+        "computed_tokens": output.num_computed_tokens,
+        "completion_tokens": output.num_completion_tokens,
+        "reused_from": output.reused_from,
+        "finish_reason": output.finish_reason,
+    }
+
+
+def status_line(stats: dict) -> str:
+    """E.g. 'TTFT 12 ms · 85.3 tok/s · 40 tokens · reused 8,192 of 8,240 prompt tokens from
+    disk checkpoint; computed 48'."""
+    if not stats:
+        return ""
+    if stats.get("error"):
+        return f"error: {stats['error']}"
+    parts = []
+    if stats.get("ttft_s") is not None:
+        parts.append(f"TTFT {stats['ttft_s'] * 1000:,.0f} ms")
+    if stats.get("tokens_per_s"):
+        parts.append(f"{stats['tokens_per_s']:,.1f} tok/s")
+    parts.append(f"{stats.get('completion_tokens', 0):,} tokens")
+    prompt, cached = stats.get("prompt_tokens", 0), stats.get("cached_tokens", 0)
+    computed = stats.get("computed_tokens", prompt - cached)
+    if cached:
+        tier = stats.get("reused_from")
+        where = f"{tier} checkpoint" if tier else "cache checkpoint"
+        parts.append(f"reused {cached:,} of {prompt:,} prompt tokens from {where}; computed {computed:,}")
+    else:
+        parts.append(f"no prefix reused; computed {computed:,} prompt tokens")
+    if stats.get("finish_reason") == "abort":
+        parts.append("stopped")
+    elif stats.get("finish_reason") == "length":
+        parts.append("hit max tokens")
+    return " · ".join(parts)

@@ -1,0 +1,51 @@
+"""ConversationList: the sidebar of saved conversations, newest first."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import Label, ListItem, ListView
+
+from statechat.chat.tree import Conversation
+from statechat.tui.format import clean
+
+
+class ConversationList(ListView):
+    """Enter or a click opens a conversation; Delete removes it (and its whole tree)."""
+
+    BINDINGS: ClassVar[list[Binding]] = [Binding("delete", "delete_conversation", "Delete chat")]
+
+    class Open(Message):
+        def __init__(self, conv_id: str) -> None:
+            super().__init__()
+            self.conv_id = conv_id
+
+    class Delete(Message):
+        def __init__(self, conv_id: str) -> None:
+            super().__init__()
+            self.conv_id = conv_id
+
+    def show(self, conversations: list[Conversation], current: str | None) -> None:
+        """Replace the items; highlight `current`."""
+        self.conv_ids = [c.id for c in conversations]
+        self.clear()
+        self.extend(ListItem(Label(clean(c.title), markup=False)) for c in conversations)
+        index = self.conv_ids.index(current) if current in self.conv_ids else None
+        self.call_after_refresh(setattr, self, "index", index)
+
+    def _conv_at(self, index: int | None) -> str | None:
+        ids = getattr(self, "conv_ids", [])
+        return ids[index] if index is not None and 0 <= index < len(ids) else None
+
+    def on_list_view_selected(self, event: ListView.Selected) -> None:
+        event.stop()
+        conv_id = self._conv_at(self.index)
+        if conv_id is not None:
+            self.post_message(self.Open(conv_id))
+
+    def action_delete_conversation(self) -> None:
+        conv_id = self._conv_at(self.index)
+        if conv_id is not None:
+            self.post_message(self.Delete(conv_id))

@@ -1,0 +1,29 @@
+"""LoadingScreen: a progress bar and the current step while the model loads."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Center, Middle
+from textual.screen import Screen
+from textual.widgets import Label, ProgressBar
+
+STEPS = ("starting torch", "loading the model", "allocating the caches", "opening conversations")
+
+
+class LoadingScreen(Screen):
+    """Shown until the engine is ready; `advance(step)` moves the bar."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(id="loading")
+        self.model = model
+
+    def compose(self) -> ComposeResult:
+        with Middle(), Center():
+            yield Label(f"statechat: loading {self.model}", id="loading-title", markup=False)
+            yield ProgressBar(total=len(STEPS), show_eta=False, id="loading-bar")
+            yield Label(STEPS[0], id="loading-step")
+
+    def advance(self, step: int) -> None:
+        self.query_one(ProgressBar).update(progress=step)
+        if step < len(STEPS):
+            self.query_one("#loading-step", Label).update(STEPS[step])

@@ -1,0 +1,63 @@
+"""MessageView: one message of the branch on screen, with its branch switcher and status line."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.markdown import Markdown
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from statechat.chat.tree import Message
+from statechat.tui.format import clean, status_line
+
+
+class MessageView(Vertical, can_focus=True):
+    """Focus it (click, or up/down in the chat) and: e edits, r regenerates, [ ] switch branch."""
+
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("e", "app.edit_message", "Edit"),
+        Binding("r", "app.regenerate", "Regenerate"),
+        Binding("left_square_bracket,left", "app.prev_branch", "Prev branch", key_display="["),
+        Binding("right_square_bracket,right", "app.next_branch", "Next branch", key_display="]"),
+        Binding("d", "app.delete_branch", "Delete branch"),
+    ]
+
+    def __init__(self, message: Message, position: int = 1, num_siblings: int = 1) -> None:
+        super().__init__(classes=f"message {message.role}")
+        self.message, self.position, self.num_siblings = message, position, num_siblings
+        self.text = message.content
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._header(), classes="header")
+        yield Static(self._body(), classes="body")
+        yield Static(Text(status_line(self.message.stats)), classes="status")
+
+    def _header(self) -> str:
+        role = {"user": "You", "assistant": "Assistant", "system": "System"}[self.message.role]
+        mid = self.message.id
+        parts = [f"[b]{role}[/b]"]
+        if self.num_siblings > 1:
+            parts.append(f"[@click=app.prev_branch('{mid}')]‹[/] {self.position}/{self.num_siblings} "
+                         f"[@click=app.next_branch('{mid}')]›[/]")
+        action = "edit_message" if self.message.role == "user" else "regenerate"
+        parts.append(f"[@click=app.{action}('{mid}')]{'edit' if self.message.role == 'user' else 'regenerate'}[/]")
+        parts.append(f"[@click=app.delete_branch('{mid}')]delete[/]")
+        return "  ".join(parts)
+
+    def _body(self):
+        text = clean(self.text)
+        if self.message.role == "assistant":
+            return Markdown(text or "…")
+        return Text(text)
+
+    def set_text(self, text: str) -> None:
+        """Show streamed text (replacing what was shown)."""
+        self.text = text
+        self.query_one(".body", Static).update(self._body())
+
+    def set_status(self, text: str) -> None:
+        self.query_one(".status", Static).update(Text(text))

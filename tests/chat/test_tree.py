@@ -1,0 +1,79 @@
+"""Conversation trees: edits and regenerations add branches, switching comes back to where a
+branch was left, deleting removes only a subtree, and everything survives reopening the file."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from statechat.chat.tree import open_chats
+
+
+def build(store):
+    conv = store.create("hello")
+    u1 = store.add(conv.id, None, "user", "first question")
+    a1 = store.add(conv.id, u1.id, "assistant", "first answer")
+    u2 = store.add(conv.id, a1.id, "user", "second question")
+    a2 = store.add(conv.id, u2.id, "assistant", "second answer")
+    return conv, u1, a1, u2, a2
+
+
+def contents(store, conv_id):
+    return [m.content for m in store.branch(conv_id)]
+
+
+def test_edit_regenerate_switch_and_reopen(tmp_path):
+    store = open_chats(tmp_path)
+    conv, u1, a1, u2, _ = build(store)
+    assert contents(store, conv.id) == ["first question", "first answer", "second question", "second answer"]
+    # edit the first user message: a new root, the old branch kept
+    e1 = store.add(conv.id, None, "user", "first question, edited")
+    store.add(conv.id, e1.id, "assistant", "answer to the edit")
+    assert contents(store, conv.id) == ["first question, edited", "answer to the edit"]
+    assert [m.id for m in store.siblings(e1.id)] == [u1.id, e1.id]
+    # regenerate the second answer on the old branch
+    store.switch(e1.id, -1)
+    assert contents(store, conv.id)[-1] == "second answer"
+    r2 = store.add(conv.id, u2.id, "assistant", "second answer, again", stats={"cached_tokens": 64})
+    assert [m.content for m in store.siblings(r2.id)] == ["second answer", "second answer, again"]
+    # switching away and back returns to the branch as it was left
+    store.switch(u1.id, 1)
+    assert contents(store, conv.id)[0] == "first question, edited"
+    store.switch(e1.id, -1)
+    assert contents(store, conv.id)[-1] == "second answer, again"
+    store.close()
+
+    again = open_chats(tmp_path)
+    assert [c.title for c in again.conversations()] == ["hello"]
+    branch = again.branch(conv.id)
+    assert branch[-1].content == "second answer, again" and branch[-1].stats == {"cached_tokens": 64}
+    assert again.path(a1.id)[-1].content == "first answer"
+    again.close()
+
+
+def test_delete_branch_keeps_the_rest(tmp_path):
+    store = open_chats(tmp_path)
+    conv, _, a1, u2, _ = build(store)
+    r2 = store.add(conv.id, u2.id, "assistant", "other answer")
+    store.delete_branch(r2.id)
+    assert contents(store, conv.id)[-1] == "second answer"
+    store.delete_branch(u2.id)  # removes u2 and a2
+    assert contents(store, conv.id) == ["first question", "first answer"]
+    assert store.children(a1.id) == []
+    store.delete_conversation(conv.id)
+    assert store.conversations() == []
+
+
+def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
+    db = sqlite3.connect(tmp_path / "index.db")
+    db.execute("CREATE TABLE blocks (hash TEXT PRIMARY KEY)")
+    db.execute("INSERT INTO blocks VALUES ('abc')")
+    db.commit()
+    db.close()
+    store = open_chats(tmp_path)
+    build(store)
+    names = set(store.db.table_names())
+    assert {"chat_conversations", "chat_messages", "blocks"} <= names
+    assert all(n.startswith("chat_") for n in names - {"blocks"})
+    assert store.db.execute("SELECT hash FROM blocks").fetchall() == [("abc",)]
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()

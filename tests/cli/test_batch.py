@@ -1,0 +1,97 @@
+"""`statechat batch`: 20 requests sharing prefixes give the same outputs with and without
+--no-cache, report cached_tokens > 0 where prefixes repeat, keep input order, and a bad line
+gets an error record while the rest still run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from statechat import cli
+from statechat.engine.engine import LLMEngine
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+
+
+def words(seed: int, n: int) -> str:
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=g).tolist())
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(EMBEDDED_MODEL, dtype=torch.float32)
+
+
+@pytest.fixture
+def shared_engine(loaded, monkeypatch):
+    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(config, loaded=loaded))
+
+
+def requests() -> list[str]:
+    """20 requests in 4 groups sharing a long system prompt, then two bad lines."""
+    systems = [words(100 + g, 90) for g in range(4)]
+    lines = []
+    for i in range(20):
+        msgs = [{"role": "system", "content": systems[i % 4]},
+                {"role": "user", "content": f"question {i}: {words(i, 8)}"}]
+        req = {"id": f"r{i}", "messages": msgs}
+        if i % 5 == 0:
+            req["max_tokens"] = 8
+        lines.append(json.dumps(req))
+    lines.insert(7, "{not json")
+    lines.insert(12, json.dumps({"id": "bad-role", "messages": [{"role": "robot", "content": "x"}]}))
+    return lines
+
+
+def run_batch(tmp_path, name: str, *extra: str) -> list[dict]:
+    src, out = tmp_path / "in.jsonl", tmp_path / f"{name}.jsonl"
+    src.write_text("\n".join(requests()) + "\n")
+    result = CliRunner().invoke(cli.app, [
+        "batch", str(src), "--output", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+        "--max-tokens", "16", "--temperature", "0", *extra,
+    ])
+    assert result.exit_code == 0, result.output
+    assert "22/22" in result.stderr  # the progress bar counts every line
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_batch_same_outputs_with_and_without_cache(tmp_path, shared_engine):
+    cached = run_batch(tmp_path, "cached", "--cache-dir", str(tmp_path / "cache"))
+    plain = run_batch(tmp_path, "plain", "--no-cache")
+    assert len(cached) == len(plain) == 22
+    ids = [r["id"] for r in cached]
+    assert ids[:7] == [f"r{i}" for i in range(7)] and ids[8] == "r7"  # input order
+    errors = [r for r in cached if "error" in r]
+    assert [(r["line"], r["id"]) for r in errors] == [(8, None), (13, "bad-role")]
+    assert "not valid JSON" in errors[0]["error"]["message"]
+    assert "role" in errors[1]["error"]["message"]
+    for c, p in zip(cached, plain):
+        assert c.get("text") == p.get("text") and c.get("finish_reason") == p.get("finish_reason")
+    ok = [r for r in cached if "error" not in r]
+    assert all(r["usage"]["cached_tokens"] > 0 for r in ok), [r["usage"] for r in ok]
+    assert all(r["usage"]["cached_tokens"] < r["usage"]["prompt_tokens"] for r in ok)
+    assert all(r["usage"]["cached_tokens"] == 0 for r in plain if "error" not in r)
+    assert all(r["ttft_ms"] is not None and r["usage"]["completion_tokens"] >= 1 for r in ok)
+    assert all(r["usage"]["completion_tokens"] <= 8 for r in ok if int(r["id"][1:]) % 5 == 0)
+
+
+def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, capsys):
+    src = tmp_path / "one.jsonl"
+    src.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "--model", str(EMBEDDED_MODEL),
+                                          "--device", "cpu", "--no-cache", "--max-tokens", "4"])
+    assert result.exit_code == 0
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "usage", "ttft_ms"}
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("statechat: ") and "missing.jsonl" in err and "\n" not in err

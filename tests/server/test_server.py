@@ -1,0 +1,140 @@
+"""`statechat serve` through the official openai client on loopback: streamed and non-streamed
+replies with cached_tokens, OpenAI-shaped errors for bad requests and over-long prompts, the API
+key, and 8 concurrent clients all completing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.worker import EngineWorker
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+from statechat.server import ChatServer
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+KEY = "sk-test-key"
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+
+
+def words(seed: int, n: int) -> str:
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=g).tolist())
+
+
+@pytest.fixture(scope="module")
+def server():
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024), loaded=loaded)
+    worker = EngineWorker(engine)
+    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    worker.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60) as c:
+        yield c
+
+
+def chat(seed: int, n: int = 120) -> list[dict]:
+    return [{"role": "system", "content": words(1000, 100)}, {"role": "user", "content": words(seed, n)}]
+
+
+def test_non_streamed_reply_reports_reuse(client):
+    messages = chat(1)
+    first = client.chat.completions.create(model="tiny-qwen3.5", messages=messages,
+                                           max_tokens=12, temperature=0)
+    assert first.object == "chat.completion" and first.choices[0].message.role == "assistant"
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert first.usage.prompt_tokens > 64 and 1 <= first.usage.completion_tokens <= 12
+    again = client.chat.completions.create(model="tiny-qwen3.5", messages=messages,
+                                           max_tokens=12, temperature=0)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.prompt_tokens
+
+
+def test_streamed_reply_matches(client):
+    messages = chat(2)
+    whole = client.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0)
+    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=16,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == ["tiny-qwen3.5"]
+    req = urllib.request.Request(f"{server.url}/health", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert json.loads(resp.read()) == {"status": "ok"}
+
+
+def raw_post(server, body: bytes, key: str | None = KEY) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(f"{server.url}/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_errors_have_openai_shape(client, server):
+    status, body = raw_post(server, b"{not json")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    status, body = raw_post(server, json.dumps({"messages": []}).encode())
+    assert status == 400 and body["error"]["param"] == "messages"
+    status, body = raw_post(server, json.dumps({"messages": [{"role": "user", "content": "x"}],
+                                                "temperature": "hot"}).encode())
+    assert status == 400 and body["error"]["param"] == "temperature"
+    status, body = raw_post(server, b"{}", key="wrong")
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    status, body = raw_post(server, b"{}", key=None)
+    assert status == 401
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(model="m", max_tokens=4,
+                                       messages=[{"role": "user", "content": words(3, 1500)}])
+    assert too_long.value.code == "context_length_exceeded"
+    assert "context limit is 1024" in too_long.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="m", prompt="x")
+
+
+def test_eight_concurrent_clients(client):
+    def one(i: int):
+        stream = i % 2 == 0
+        resp = client.chat.completions.create(model="m", messages=chat(10 + i, 60), max_tokens=24,
+                                              temperature=0.8, seed=i, stream=stream)
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in resp if c.choices), "stream"
+        return resp.choices[0].message.content, resp.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8), timeout=120))
+    assert len(results) == 8 and all(isinstance(text, str) for text, _ in results)

@@ -1,0 +1,166 @@
+"""The chat app driven with Textual's Pilot: a message streams in, an edit makes a new branch
+whose status line reports reuse, a reply regenerates, branches switch, and the conversation is
+there again after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui import app as app_module
+from statechat.tui.app import StatechatApp
+from statechat.tui.widgets.chat_view import ChatView
+from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
+from statechat.tui.widgets.message_view import MessageView
+
+PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+
+
+def long_text(seed: int, n: int = 120) -> str:
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=g).tolist())
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(EMBEDDED_MODEL, dtype=torch.float32)
+
+
+def make_app(loaded, chat_dir) -> StatechatApp:
+    config = EngineConfig(model=EMBEDDED_MODEL, device="cpu")
+    return StatechatApp(config, chat_dir, loaded=loaded, sampling=PARAMS)
+
+
+async def wait_ready(pilot, app, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while app.chats is None or app.screen.id == "loading":
+        assert time.monotonic() < end, "the app did not finish loading"
+        await pilot.pause(0.05)
+
+
+async def wait_idle(pilot, app, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    await pilot.pause(0.05)
+    while app.handle is not None:
+        assert time.monotonic() < end, "the reply did not finish"
+        await pilot.pause(0.05)
+    await pilot.pause(0.05)
+
+
+async def send(pilot, app, text: str) -> None:
+    app.query_one(Composer).focus()
+    app.query_one(Composer).value = text
+    await pilot.press("enter")
+    await wait_idle(pilot, app)
+
+
+def views(app) -> list[MessageView]:
+    return app.query_one(ChatView).views()
+
+
+def header(view: MessageView) -> str:
+    return str(view.query_one(".header").render())
+
+
+def status(view: MessageView) -> str:
+    return str(view.query_one(".status").render())
+
+
+async def focus_message(pilot, app, index: int) -> MessageView:
+    view = views(app)[index]
+    view.focus()
+    await pilot.pause()
+    return view
+
+
+def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
+    shown: list[str] = []
+    monkeypatch.setattr(app_module, "STREAM_INTERVAL_S", 0.0)
+    real_show = StatechatApp._show_text
+    monkeypatch.setattr(StatechatApp, "_show_text",
+                        lambda self, rid, text: (shown.append(text), real_show(self, rid, text)))
+
+    async def first_run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            assert app.query_one("#banner").display  # the embedded model is announced
+            # 1. a message is sent and its reply streams in
+            await send(pilot, app, long_text(1))
+            assert len(shown) >= 2 and len(set(shown)) >= 2, "the reply did not stream"
+            msgs = views(app)
+            assert [v.message.role for v in msgs] == ["user", "assistant"]
+            assert msgs[1].message.content and "TTFT" in status(msgs[1])
+            await send(pilot, app, long_text(2))
+            await send(pilot, app, long_text(3))
+            assert len(views(app)) == 6
+            # 2. edit the second user message: a new branch from there, reusing turn 1
+            await focus_message(pilot, app, 2)
+            await pilot.press("e")
+            composer = app.query_one(Composer)
+            assert composer.editing == views(app)[2].message.id
+            composer.value = long_text(4)
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            msgs = views(app)
+            assert len(msgs) == 4 and "2/2" in header(msgs[2])
+            assert msgs[2].message.content == long_text(4)
+            assert "reused" in status(msgs[3]) and "no prefix reused" not in status(msgs[3]), status(msgs[3])
+            # 3. regenerate the last reply: a sibling reply
+            await focus_message(pilot, app, 3)
+            await pilot.press("r")
+            await wait_idle(pilot, app)
+            msgs = views(app)
+            assert "2/2" in header(msgs[3]) and "reused" in status(msgs[3])
+            # 4. switch the edited message back to the original branch
+            await focus_message(pilot, app, 2)
+            await pilot.press("left_square_bracket")
+            await pilot.pause(0.1)
+            msgs = views(app)
+            assert len(msgs) == 6 and msgs[2].message.content == long_text(2)
+            assert "1/2" in header(msgs[2])
+            await pilot.press("ctrl+q")
+
+    async def second_run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            items = app.query_one(ConversationList).children
+            assert len(items) == 1
+            msgs = views(app)
+            assert len(msgs) == 6 and msgs[4].message.content == long_text(3)
+            assert "TTFT" in status(msgs[5])  # stats persisted with the reply
+            # the restored conversation continues
+            await send(pilot, app, "and one more")
+            assert len(views(app)) == 8
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())
+
+
+def test_stop_generation(loaded, tmp_path):
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path, loaded=loaded,
+                           sampling=SamplingParams(max_tokens=4000, ignore_eos=True))
+        async with app.run_test() as pilot:
+            await wait_ready(pilot, app)
+            app.query_one(Composer).value = "hello"
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            assert app.handle is not None
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            reply = views(app)[-1]
+            assert "stopped" in status(reply)
+            assert reply.message.stats["completion_tokens"] < 4000
+
+    asyncio.run(run())

@@ -1,0 +1,84 @@
+"""`statechat run` in a real terminal (tmux): keys are sent, the screen is captured; a message
+gets a streamed reply with a status line, and editing the last message reports reuse."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+
+
+def words(seed: int, n: int) -> str:
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=g).tolist())
+
+
+class Tmux:
+    def __init__(self, command: str) -> None:
+        self.name = f"statechat-test-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "150", "-y", "60",
+                        command], check=True)
+        subprocess.run(["tmux", "resize-window", "-t", self.name, "-x", "150", "-y", "60"], check=False)
+
+    def keys(self, *keys: str, literal: bool = False) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *(["-l"] if literal else []), *keys],
+                       check=True)
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], check=True,
+                              capture_output=True, text=True).stdout
+
+    def wait_for(self, predicate, timeout: float = 40) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"timed out; the screen was:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
+
+
+def test_run_in_tmux(tmp_path):
+    cmd = (f"{sys.executable} -m statechat.cli run --device cpu --cache-dir {tmp_path}; "
+           "echo STATECHAT-EXIT=$?; sleep 30")
+    env_cmd = f"cd {os.getcwd()} && env -u COLUMNS -u LINES TERM=xterm-256color {cmd}"
+    tmux = Tmux(f"bash -c '{env_cmd}'")
+    try:
+        tmux.wait_for(lambda s: "Message (Enter sends)" in s and "RANDOM weights" in s)
+        tmux.keys(words(1, 100), literal=True)
+        tmux.keys("Enter")
+        tmux.wait_for(lambda s: "TTFT" in s and "no prefix reused" in s)
+        tmux.keys(words(2, 100), literal=True)
+        tmux.wait_for(lambda s: "Message (Enter sends)" not in s)  # typed into the input
+        tmux.keys("Enter")
+        tmux.wait_for(lambda s: "prompt tokens from" in s and "Message (Enter sends)" in s)
+        # edit the last user message: Shift-Tab focuses the last reply, Up the message above it
+        tmux.keys("BTab")
+        tmux.wait_for(lambda s: "Regenerate" in s)  # a message has focus: its keys are shown
+        tmux.keys("Up")
+        time.sleep(0.3)
+        tmux.keys("e")
+        tmux.wait_for(lambda s: "editing" in s)
+        tmux.keys("End", "C-u")
+        tmux.keys(words(3, 100), literal=True)
+        time.sleep(0.5)
+        tmux.keys("Enter")
+        screen = tmux.wait_for(lambda s: "2/2" in s and "reused" in s.split("2/2")[-1]
+                               and "TTFT" in s.split("2/2")[-1])
+        assert "prompt tokens from" in screen.split("2/2")[-1]
+        tmux.keys("C-q")
+        tmux.wait_for(lambda s: "STATECHAT-EXIT=0" in s, timeout=20)
+    finally:
+        tmux.close()
