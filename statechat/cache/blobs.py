@@ -13,11 +13,11 @@ import json
 import os
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save
 
 from statechat.cache.hashing import CACHE_FORMAT_VERSION
@@ -37,13 +37,48 @@ class BlobMeta:
     kind: str  # "ckpt" or "kv"
 
 
+_POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="statechat-crc")
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def _crc(t: torch.Tensor) -> int:
+    return zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).numpy().data)  # releases the GIL
+
+
 def checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """crc32 over the tensors' bytes in name order (hex)."""
-    crc = 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        crc = zlib.crc32(t.view(torch.uint8).reshape(-1).numpy().data, crc)
-    return f"{crc:08x}"
+    """crc32 of each tensor's bytes (computed in parallel), folded in name order (hex)."""
+    names = sorted(tensors)
+    crcs = list(_POOL.map(lambda n: _crc(tensors[n]), names))
+    return f"{zlib.crc32(','.join(f'{n}:{c:08x}' for n, c in zip(names, crcs)).encode()):08x}"
+
+
+def _read_safetensors(path: Path, pin: bool) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read a safetensors file with large sequential reads into one (pinned) buffer.
+
+    Returns (metadata, tensors viewing the buffer). Raises ValueError on a malformed file.
+    """
+    with open(path, "rb", buffering=0) as f:
+        n = int.from_bytes(f.read(8), "little")
+        size = os.fstat(f.fileno()).st_size - 8 - n
+        if n <= 0 or size < 0:
+            raise ValueError("bad header length")
+        header = json.loads(f.read(n))
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+        view, pos = memoryview(buf.numpy()), 0
+        while pos < size:
+            got = f.readinto(view[pos : pos + (64 << 20)])
+            if not got:
+                raise ValueError("file ends early")
+            pos += got
+    meta = header.pop("__metadata__", {}) or {}
+    tensors = {}
+    for name, info in header.items():
+        start, end = info["data_offsets"]
+        if end > size:
+            raise ValueError(f"tensor {name} lies past the end of the file")
+        tensors[name] = buf[start:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+    return meta, tensors
 
 
 def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta) -> tuple[int, str]:
@@ -79,15 +114,14 @@ def fsync_dir(folder: Path) -> None:
 
 
 def read_blob(
-    path: Path, fingerprint: str, expected: dict[str, tuple[int, ...]], checksum_in_index: str | None = None
+    path: Path, fingerprint: str, expected: dict[str, tuple[int, ...]], checksum_in_index: str | None = None,
+    pin: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Load and verify a blob; raise BlobError saying what is wrong."""
+    """Load and verify a blob (into pinned memory if `pin`); raise BlobError saying what is wrong."""
     if not path.is_file():
         raise BlobError(f"blob {path.name} is missing")
     try:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        meta, tensors = _read_safetensors(path, pin)
     except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
         raise BlobError(f"blob {path.name} is unreadable ({str(e).splitlines()[0][:80]})") from None
     if meta.get("format_version") != str(CACHE_FORMAT_VERSION):

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class SaveJob:
     num_tokens: int
     ckpt: dict[str, torch.Tensor] | None
     blocks: list[tuple[str, str, int, dict[str, torch.Tensor]]] = field(default_factory=list)
+    ready: Callable[[], None] | None = None  # waits until the device-to-host copies are done
 
 
 class HostTier:
@@ -102,6 +104,7 @@ class StateStore:
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
         self.host = HostTier(host_bytes)
+        self.pin_memory = False  # read blobs into pinned memory (set for accelerators)
         self.model_id: int | None = None
         self.fingerprint = ""
         self.shapes: dict[str, dict[str, list[int]]] = {}
@@ -112,9 +115,9 @@ class StateStore:
 
     # --- model ------------------------------------------------------------------------
     def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
-               shapes: dict[str, dict[str, list[int]]]) -> None:
+               shapes: dict[str, dict[str, list[int]]], pin_memory: bool = False) -> None:
         """Bind the store to one model (fingerprint hex) and start the writer thread."""
-        self.fingerprint, self.shapes = fingerprint, shapes
+        self.fingerprint, self.shapes, self.pin_memory = fingerprint, shapes, pin_memory
         with self.db_lock:
             self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype, block_size)
             self.db.execute("UPDATE models SET shapes = ? WHERE id = ?", [json.dumps(shapes), self.model_id])
@@ -144,40 +147,48 @@ class StateStore:
             raise BlobError(f"checkpoint {h[:12]} is no longer in the index")
         blob, _, crc = row
         try:
-            tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc)
+            tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc, self.pin_memory)
         except BlobError as e:
             self._discard_checkpoint(h, blob, str(e))
             raise
         self._touch("checkpoints", "hash", h, hit=True)
         return tensors
 
-    def load_blocks(self, hashes: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-        """hash -> {k.{i}, v.{i}: [block_size, Hkv, D]}; BlobError if any block is unusable."""
-        out: dict[str, dict[str, torch.Tensor]] = {}
+    def load_blocks(self, hashes: list[str]) -> list[tuple[list[str], dict[str, torch.Tensor]]]:
+        """The blocks' keys and values as groups (hashes, {k.{i}, v.{i}: [n, block_size, Hkv, D]})
+        covering `hashes`: one group per disk segment (a slice of it when the rows are
+        consecutive) and one per host-tier block. BlobError if any block is unusable."""
+        groups: list[tuple[list[str], dict[str, torch.Tensor]]] = []
+        missing = []
         for h in hashes:
             cached = self.host.get("kv", h)
-            if cached is not None:
-                out[h] = cached
-        missing = [h for h in hashes if h not in out]
+            if cached is None:
+                missing.append(h)
+            else:
+                groups.append(([h], {name: t[None] for name, t in cached.items()}))
         with self.db_lock:
             rows = index.blocks_present(self.db, missing)
         by_segment: dict[str, list[tuple[str, int]]] = {}
         for h in missing:
             if h not in rows:
                 raise BlobError(f"block {h[:12]} is no longer in the index")
-            blob, seg_index, crc, num_blocks, _ = rows[h]
-            by_segment.setdefault(blob, []).append((h, seg_index))
+            by_segment.setdefault(rows[h][0], []).append((h, rows[h][1]))
         for blob, members in by_segment.items():
-            blob_rows = rows[members[0][0]]
+            _, _, crc, num_blocks, _ = rows[members[0][0]]
             try:
-                tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("kv", blob_rows[3]), blob_rows[2])
+                tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("kv", num_blocks),
+                                    crc, self.pin_memory)
             except BlobError as e:
                 self._discard_segment(blob, str(e))
                 raise
-            for h, i in members:
-                out[h] = {name: t[i] for name, t in tensors.items()}
+            idx = [i for _, i in members]
+            if idx == list(range(idx[0], idx[0] + len(idx))):
+                picked = {name: t[idx[0] : idx[0] + len(idx)] for name, t in tensors.items()}
+            else:
+                picked = {name: t[torch.tensor(idx)] for name, t in tensors.items()}
+            groups.append(([h for h, _ in members], picked))
             self._touch("segments", "blob", blob)
-        return out
+        return groups
 
     def _shapes(self, kind: str, num_blocks: int = 1) -> dict[str, tuple[int, ...]]:
         if kind == "ckpt":
@@ -245,6 +256,8 @@ class StateStore:
                 self.queue.task_done()
 
     def _write(self, job: SaveJob) -> None:
+        if job.ready is not None:
+            job.ready()
         with self.db_lock:
             on_disk = index.blocks_present(self.db, [b[0] for b in job.blocks])
             have_ckpt = bool(job.ckpt_hash) and bool(index.checkpoints_present(self.db, [job.ckpt_hash]))

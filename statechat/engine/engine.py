@@ -98,7 +98,8 @@ class LLMEngine:
             return None
         store = open_store(cfg.cache_dir, cfg.disk_cache_bytes, cfg.host_cache_bytes)
         store.attach(self.fingerprint.hex(), self.loaded.path.name, str(self.loaded.path),
-                     str(self.loaded.dtype), cfg.block_size, self.runner.state_shapes())
+                     str(self.loaded.dtype), cfg.block_size, self.runner.state_shapes(),
+                     pin_memory=self.loaded.device.type != "cpu")
         return store
 
     def _prefill_guess(self) -> float:

@@ -121,23 +121,34 @@ class PrefixCache:
         """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
         need = [h for h, t in zip(hashes, tiers) if t != DEVICE]
         ckpt_on_device = self.slots.has(hashes[-1])
-        if len(need) > self.blocks.num_available or (not ckpt_on_device and not self.slots.num_available):
+        if not ckpt_on_device and not self.slots.num_available:
             return 0  # no room to promote into: compute instead
-        loaded, t_start, nbytes = {}, time.perf_counter(), 0
-        if need:
-            loaded = self.store.load_blocks([h.hex() for h in need])
-            nbytes = len(need) * self.bytes_per_block
-            self._observe(tiers, nbytes, time.perf_counter() - t_start)
+        held = {}  # take the device blocks first, so allocating below cannot evict them
         for h, t in zip(hashes, tiers):
             if t == DEVICE:
-                block = self.blocks.lookup(h)
-                self.blocks.acquire(block)
-            else:
-                block = self.blocks.allocate()
-                self.runner.write_blocks([block], [loaded[h.hex()]])
-                self.blocks.register(block, h)
-                self.persisted.add(h)
-            seq.block_table.append(block)
+                held[h] = self.blocks.lookup(h)
+                self.blocks.acquire(held[h])
+        if len(need) > self.blocks.num_available:
+            for block in held.values():
+                self.blocks.release(block)
+            return 0
+        held.update((h, self.blocks.allocate()) for h in need)
+        t_start, nbytes = time.perf_counter(), 0
+        try:
+            groups = self.store.load_blocks([h.hex() for h in need]) if need else []
+        except BlobError:
+            for block in held.values():
+                self.blocks.release(block)
+            raise
+        for group_hashes, tensors in groups:
+            self.runner.write_blocks([held[bytes.fromhex(h)] for h in group_hashes], tensors)
+        if need:
+            nbytes = len(need) * self.bytes_per_block
+            self._observe(tiers, nbytes, time.perf_counter() - t_start)
+        for h in need:
+            self.blocks.register(held[h], h)
+            self.persisted.add(h)
+        seq.block_table = [held[h] for h in hashes]
         last = hashes[-1]
         ck_tier = DEVICE
         if not ckpt_on_device:
@@ -172,6 +183,7 @@ class PrefixCache:
             for (i, h), tensors in zip(todo, block_tensors):
                 parent = (ck.block_hashes[i - 1] if i else root).hex()
                 blocks.append((h.hex(), parent, i, tensors))
-            job = SaveJob(ck.hash.hex(), ck.num_tokens, self.runner.read_slot(ck.slot), blocks)
+            job = SaveJob(ck.hash.hex(), ck.num_tokens, self.runner.read_slot(ck.slot), blocks,
+                          ready=self.runner.host_copies_done())
             if self.store.save(job):
                 self.persisted.update(h for _, h in todo)

@@ -130,7 +130,18 @@ class ModelRunner:
         """A host copy (pinned on accelerators, so the host tier can load it back fast)."""
         if self.device.type == "cpu":
             return t.clone()
-        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+    def host_copies_done(self):
+        """A callable that waits for the host copies queued so far (None on the CPU).
+
+        The copies run on the compute stream after the step, so the step never waits for
+        them; the cache's writer thread waits before it reads the bytes."""
+        if self.device.type == "cpu":
+            return None
+        event = torch.cuda.Event() if self.device.type == "cuda" else torch.npu.Event()
+        event.record()
+        return event.synchronize
 
     def write_slot(self, slot: int, tensors: dict[str, torch.Tensor]) -> None:
         for i, pool in enumerate(self.caches.conv):
@@ -145,11 +156,13 @@ class ModelRunner:
         gathered.update({f"v.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.v)})
         return [{name: t[j] for name, t in gathered.items()} for j in range(len(block_ids))]
 
-    def write_blocks(self, block_ids: list[int], blocks: list[dict[str, torch.Tensor]]) -> None:
+    def write_blocks(self, block_ids: list[int], tensors: dict[str, torch.Tensor]) -> None:
+        """Load KV blocks: tensors {k.{i}, v.{i}: [n, block_size, Hkv, D]} (pinned when on an
+        accelerator: one asynchronous copy per layer) into device blocks `block_ids`."""
         idx = self._tensor(block_ids, torch.int64)
         for i, (kc, vc) in enumerate(zip(self.caches.k, self.caches.v)):
-            kc[idx] = torch.stack([b[f"k.{i}"] for b in blocks]).to(self.device, non_blocking=True)
-            vc[idx] = torch.stack([b[f"v.{i}"] for b in blocks]).to(self.device, non_blocking=True)
+            kc[idx] = tensors[f"k.{i}"].to(self.device, non_blocking=True)
+            vc[idx] = tensors[f"v.{i}"].to(self.device, non_blocking=True)
 
     def state_shapes(self) -> dict[str, dict[str, list[int]]]:
         """Shapes of a checkpoint's and a KV block's tensors (checked on every load)."""
