@@ -123,6 +123,18 @@ def profile_decode(engine: LLMEngine) -> None:
         engine.step()
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    # GPU kernels of a decode step (eager, so the profiler sees each kernel)
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, engine.runner.graphs = engine.runner.graphs, None
+    seq = engine.add_request(ids(1024, 78), SamplingParams(max_tokens=24, ignore_eos=True))
+    while not seq.output_ids:
+        engine.step()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        while not seq.is_finished:
+            engine.step()
+    engine.runner.graphs = graphs
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
 
 def decode_rate(engine: LLMEngine, prompts: list[list[int]], new: int) -> tuple[float, float]:
