@@ -31,26 +31,27 @@ class OneSequence:
         self.model, self.config = loaded.model, loaded.config
         num_blocks = (max_tokens + BLOCK - 1) // BLOCK
         self.caches = ModelCaches.allocate(self.config, 2, num_blocks, BLOCK, loaded.dtype, loaded.device)
-        self.block_table = torch.arange(num_blocks, dtype=torch.int32)[None]
+        self.device = loaded.device
+        self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=self.device)[None]
         self.num_tokens = 0
 
     def step(self, ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """Feed `ids`; return logits of every token (all_logits) or of the last one."""
-        n, start = len(ids), self.num_tokens
-        positions = torch.arange(start, start + n)
+        n, start, dev = len(ids), self.num_tokens, self.device
+        positions = torch.arange(start, start + n, device=dev)
         ctx = Context(
             positions=positions,
-            cu_seqlens=torch.tensor([0, n], dtype=torch.int32),
+            cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=dev),
             is_decode=n == 1 and start > 0,
-            state_src=torch.tensor([1 if start > 0 else 0], dtype=torch.int32),
-            state_dst=torch.tensor([1], dtype=torch.int32),
+            state_src=torch.tensor([1 if start > 0 else 0], dtype=torch.int32, device=dev),
+            state_dst=torch.tensor([1], dtype=torch.int32, device=dev),
             slot_mapping=positions.clone(),
             block_tables=self.block_table,
-            context_lens=torch.tensor([start + n], dtype=torch.int32),
-            logits_indices=None if all_logits else torch.tensor([n - 1]),
+            context_lens=torch.tensor([start + n], dtype=torch.int32, device=dev),
+            logits_indices=None if all_logits else torch.tensor([n - 1], device=dev),
         )
         self.num_tokens += n
-        return self.model(torch.tensor(ids), ctx, self.caches)
+        return self.model(torch.tensor(ids, device=dev), ctx, self.caches).cpu()
 
 
 class PolicyModel:

@@ -41,13 +41,15 @@ class SaveJob:
     """A checkpoint and the KV blocks before it, already copied to host memory.
 
     ckpt: tensors of the GDN state at the boundary (conv.{i}, ssm.{i}) or None
-    blocks: [(hash hex, parent hex, position, {k.{i}, v.{i}: [block_size, Hkv, D]})]
+    blocks: [(hash hex, parent hex, position)], row i of block_tensors
+    block_tensors: {k.{i}, v.{i}: [len(blocks), block_size, Hkv, D]}
     """
 
     ckpt_hash: str | None
     num_tokens: int
     ckpt: dict[str, torch.Tensor] | None
-    blocks: list[tuple[str, str, int, dict[str, torch.Tensor]]] = field(default_factory=list)
+    blocks: list[tuple[str, str, int]] = field(default_factory=list)
+    block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     ready: Callable[[], None] | None = None  # waits until the device-to-host copies are done
 
 
@@ -60,10 +62,13 @@ class HostTier:
         self.lock = threading.Lock()
 
     @staticmethod
-    def nbytes(tensors: dict[str, torch.Tensor]) -> int:
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+    def nbytes(entry) -> int:
+        """Bytes of a checkpoint entry (a dict) or of one row of a block entry (dict, row)."""
+        tensors, rows = (entry, 1) if isinstance(entry, dict) else (entry[0], None)
+        per = sum(t.numel() * t.element_size() for t in tensors.values())
+        return per if rows else per // next(iter(tensors.values())).shape[0]
 
-    def put(self, kind: str, h: str, tensors: dict[str, torch.Tensor]) -> None:
+    def put(self, kind: str, h: str, tensors) -> None:
         size = self.nbytes(tensors)
         if size > self.budget:
             return
@@ -77,7 +82,7 @@ class HostTier:
                 _, old = self.items.popitem(last=False)
                 self.used -= self.nbytes(old)
 
-    def get(self, kind: str, h: str) -> dict[str, torch.Tensor] | None:
+    def get(self, kind: str, h: str):
         with self.lock:
             t = self.items.get((kind, h))
             if t is not None:
@@ -159,13 +164,18 @@ class StateStore:
         covering `hashes`: one group per disk segment (a slice of it when the rows are
         consecutive) and one per host-tier block. BlobError if any block is unusable."""
         groups: list[tuple[list[str], dict[str, torch.Tensor]]] = []
-        missing = []
-        for h in hashes:
-            cached = self.host.get("kv", h)
-            if cached is None:
+        missing, run, run_hashes = [], None, []  # run: (tensors, first row, last row)
+        for h in hashes + [None]:
+            entry = self.host.get("kv", h) if h is not None else None
+            if run is not None and (entry is None or entry[0] is not run[0] or entry[1] != run[2] + 1):
+                tensors, first, last = run  # consecutive rows of one saved job: one slice
+                groups.append((run_hashes, {n: t[first : last + 1] for n, t in tensors.items()}))
+                run, run_hashes = None, []
+            if entry is not None:
+                run = (entry[0], entry[1], entry[1]) if run is None else (run[0], run[1], entry[1])
+                run_hashes.append(h)
+            elif h is not None:
                 missing.append(h)
-            else:
-                groups.append(([h], {name: t[None] for name, t in cached.items()}))
         with self.db_lock:
             rows = index.blocks_present(self.db, missing)
         by_segment: dict[str, list[tuple[str, int]]] = {}
@@ -220,8 +230,8 @@ class StateStore:
         """Queue a job for the writer; False (and counted as dropped) when the queue is full."""
         if job.ckpt is not None and job.ckpt_hash:
             self.host.put("ckpt", job.ckpt_hash, job.ckpt)
-        for h, _, _, tensors in job.blocks:
-            self.host.put("kv", h, tensors)
+        for row, (h, _, _) in enumerate(job.blocks):
+            self.host.put("kv", h, (job.block_tensors, row))
         try:
             self.queue.put_nowait(job)
             return True
@@ -261,15 +271,17 @@ class StateStore:
         with self.db_lock:
             on_disk = index.blocks_present(self.db, [b[0] for b in job.blocks])
             have_ckpt = bool(job.ckpt_hash) and bool(index.checkpoints_present(self.db, [job.ckpt_hash]))
-        new_blocks = [b for b in job.blocks if b[0] not in on_disk]
+        rows = [i for i, b in enumerate(job.blocks) if b[0] not in on_disk]
+        new_blocks = [job.blocks[i] for i in rows]
         now = time.time()
         seg = None
         if new_blocks:
-            names = list(new_blocks[0][3])
-            tensors = {n: torch.stack([b[3][n] for b in new_blocks]) for n in names}
+            tensors = job.block_tensors
+            if len(rows) < len(job.blocks):
+                tensors = {n: t[torch.tensor(rows)] for n, t in tensors.items()}
             blob = f"kv/{uuid.uuid4().hex}.safetensors"
-            meta = BlobMeta(self.fingerprint, len(new_blocks) * tensors[names[0]].shape[1],
-                            [b[0] for b in new_blocks], "kv")
+            block_size = next(iter(tensors.values())).shape[1]
+            meta = BlobMeta(self.fingerprint, len(new_blocks) * block_size, [b[0] for b in new_blocks], "kv")
             size, crc = write_blob(self.blob_dir / blob, tensors, meta)
             seg = (blob, len(new_blocks), size, crc)
         ck = None
@@ -287,7 +299,7 @@ class StateStore:
                 self.db.conn.executemany(
                     "INSERT OR IGNORE INTO blocks (hash, model_id, parent, position, segment_id, seg_index) "
                     "VALUES (?,?,?,?,?,?)",
-                    [(h, self.model_id, parent, pos, seg_id, i) for i, (h, parent, pos, _) in enumerate(new_blocks)],
+                    [(h, self.model_id, parent, pos, seg_id, i) for i, (h, parent, pos) in enumerate(new_blocks)],
                 )
             if ck is not None:
                 self.db.execute(

@@ -178,12 +178,9 @@ class PrefixCache:
             return
         for ck in new:
             todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
-            block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else []
-            blocks = []
-            for (i, h), tensors in zip(todo, block_tensors):
-                parent = (ck.block_hashes[i - 1] if i else root).hex()
-                blocks.append((h.hex(), parent, i, tensors))
+            blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else root).hex(), i) for i, h in todo]
+            block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else {}
             job = SaveJob(ck.hash.hex(), ck.num_tokens, self.runner.read_slot(ck.slot), blocks,
-                          ready=self.runner.host_copies_done())
+                          block_tensors, ready=self.runner.host_copies_done())
             if self.store.save(job):
                 self.persisted.update(h for _, h in todo)

@@ -149,12 +149,12 @@ class ModelRunner:
         for i, pool in enumerate(self.caches.ssm):
             pool[slot].copy_(tensors[f"ssm.{i}"], non_blocking=True)
 
-    def read_blocks(self, block_ids: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Host copies of KV blocks: per block {k.{i}, v.{i}: [block_size, Hkv, D]}."""
+    def read_blocks(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
+        """Host copies of KV blocks: {k.{i}, v.{i}: [n, block_size, Hkv, D]}, row j = block j."""
         idx = self._tensor(block_ids, torch.int64)
         gathered = {f"k.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.k)}
         gathered.update({f"v.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.v)})
-        return [{name: t[j] for name, t in gathered.items()} for j in range(len(block_ids))]
+        return gathered
 
     def write_blocks(self, block_ids: list[int], tensors: dict[str, torch.Tensor]) -> None:
         """Load KV blocks: tensors {k.{i}, v.{i}: [n, block_size, Hkv, D]} (pinned when on an
