@@ -50,7 +50,16 @@ class SaveJob:
     ckpt: dict[str, torch.Tensor] | None
     blocks: list[tuple[str, str, int]] = field(default_factory=list)
     block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    ready: Callable[[], None] | None = None  # waits until the device-to-host copies are done
+    ready: Callable[[], None] | None = None  # waits until device snapshots are complete
+
+    def to_host(self, pin: bool) -> None:
+        """Move device snapshots to host memory (pinned when `pin`, for fast restores)."""
+        if self.ready is not None:
+            self.ready()
+        move = (lambda t: t.to("cpu").pin_memory()) if pin else (lambda t: t.to("cpu"))
+        if self.ckpt is not None:
+            self.ckpt = {n: move(t) for n, t in self.ckpt.items()}
+        self.block_tensors = {n: move(t) for n, t in self.block_tensors.items()}
 
 
 class HostTier:
@@ -227,11 +236,8 @@ class StateStore:
 
     # --- writes -----------------------------------------------------------------------
     def save(self, job: SaveJob) -> bool:
-        """Queue a job for the writer; False (and counted as dropped) when the queue is full."""
-        if job.ckpt is not None and job.ckpt_hash:
-            self.host.put("ckpt", job.ckpt_hash, job.ckpt)
-        for row, (h, _, _) in enumerate(job.blocks):
-            self.host.put("kv", h, (job.block_tensors, row))
+        """Queue a job for the writer; False (and counted as dropped) when the queue is full.
+        The writer moves it to host memory, adds it to the host tier and writes it to disk."""
         try:
             self.queue.put_nowait(job)
             return True
@@ -266,8 +272,11 @@ class StateStore:
                 self.queue.task_done()
 
     def _write(self, job: SaveJob) -> None:
-        if job.ready is not None:
-            job.ready()
+        job.to_host(self.pin_memory)
+        if job.ckpt is not None and job.ckpt_hash:
+            self.host.put("ckpt", job.ckpt_hash, job.ckpt)
+        for row, (h, _, _) in enumerate(job.blocks):
+            self.host.put("kv", h, (job.block_tensors, row))
         with self.db_lock:
             on_disk = index.blocks_present(self.db, [b[0] for b in job.blocks])
             have_ckpt = bool(job.ckpt_hash) and bool(index.checkpoints_present(self.db, [job.ckpt_hash]))

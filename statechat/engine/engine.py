@@ -168,6 +168,8 @@ class LLMEngine:
         """
         if self.scheduler.has_work():
             raise RuntimeError("drop_device_cache needs an idle engine")
+        if self.store is not None:
+            self.store.flush()  # queued saves still read device snapshots, not the pools
         num_blocks, num_slots = self.scheduler.blocks.num_blocks, self.scheduler.slots.num_slots
         self.scheduler.blocks = self.prefix.blocks = BlockPool(num_blocks)
         self.scheduler.slots = self.prefix.slots = SlotPool(num_slots)

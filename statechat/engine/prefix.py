@@ -181,6 +181,6 @@ class PrefixCache:
             blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else root).hex(), i) for i, h in todo]
             block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else {}
             job = SaveJob(ck.hash.hex(), ck.num_tokens, self.runner.read_slot(ck.slot), blocks,
-                          block_tensors, ready=self.runner.host_copies_done())
+                          block_tensors, ready=self.runner.snapshot_ready())
             if self.store.save(job):
                 self.persisted.update(h for _, h in todo)

@@ -127,16 +127,13 @@ class ModelRunner:
         return out
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        """A host copy (pinned on accelerators, so the host tier can load it back fast)."""
-        if self.device.type == "cpu":
-            return t.clone()
-        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+        """A snapshot of `t` for the cache: a copy on the CPU; on an accelerator a device copy
+        queued on the compute stream (the step never waits), moved to host memory by the
+        cache's writer thread after `snapshot_ready()`."""
+        return t.clone()
 
-    def host_copies_done(self):
-        """A callable that waits for the host copies queued so far (None on the CPU).
-
-        The copies run on the compute stream after the step, so the step never waits for
-        them; the cache's writer thread waits before it reads the bytes."""
+    def snapshot_ready(self):
+        """A callable that waits until the snapshots queued so far exist (None on the CPU)."""
         if self.device.type == "cpu":
             return None
         event = torch.cuda.Event() if self.device.type == "cuda" else torch.npu.Event()
