@@ -35,6 +35,7 @@ from statechat.paths import EMBEDDED_MODEL  # noqa: E402
 SHAPES = {
     "1b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
                num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16),
+    "tiny": {},  # the embedded tiny model on the CPU (scripts/make_tiny_model.py)
     "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=16, num_attention_heads=24,
                 num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=48),
 }
@@ -94,13 +95,21 @@ def disk_bandwidth(folder: Path) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+VOCAB = 248000
+
+
 def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def ttft(engine: LLMEngine, prompt: list[int]):
     seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
-    torch.cuda.synchronize()
+    sync()
     t = time.perf_counter()
     while not seq.is_finished:
         engine.step()
@@ -108,24 +117,28 @@ def ttft(engine: LLMEngine, prompt: list[int]):
 
 
 def engine_for(path: Path, loaded, cache_dir: Path | None, n: int) -> LLMEngine:
-    cfg = EngineConfig(model=path, device="cuda", cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
+    cfg = EngineConfig(model=path, device=str(loaded.device.type), cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
                        memory_fraction=0.5, max_model_len=n + 2048, max_num_seqs=8, use_cuda_graphs=False,
                        disk_cache_bytes=64 << 30, host_cache_bytes=48 << 30)
     return LLMEngine(cfg, loaded=loaded)
 
 
 def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float]) -> None:
-    path = root / f"model-{name}"
-    if not path.exists():
-        build(name, path)
-    loaded = load_model(path, dtype=torch.bfloat16, device="cuda")
+    if name == "tiny":  # the embedded model, on the CPU
+        path, device, dtype, vocab = EMBEDDED_MODEL, "cpu", torch.float32, 380
+    else:
+        path, device, dtype, vocab = root / f"model-{name}", "cuda", torch.bfloat16, 248000
+        if not path.exists():
+            build(name, path)
+    loaded = load_model(path, dtype=dtype, device=device)
+    global VOCAB
+    VOCAB = vocab
     convo, edited = ids(n, 1), None
     edited = convo[: n - 40] + ids(60, 2)
     cold = engine_for(path, loaded, None, n)
     ttft(cold, ids(len(edited), 3))  # compile at the measured length
     t_a, _ = ttft(cold, edited)
     del cold
-    torch.cuda.empty_cache()
     cache_dir = root / f"cache-{name}-{n}"
     shutil.rmtree(cache_dir, ignore_errors=True)
     warm = engine_for(path, loaded, cache_dir, n)
@@ -136,7 +149,6 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float]) -> None:
     t_c, out_c = ttft(warm, edited)
     warm.close()
     del warm
-    torch.cuda.empty_cache()
     results = {}
     for label, drop in (("d", False), ("e", True)):
         if drop:
@@ -149,7 +161,6 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float]) -> None:
         results[label] = ttft(restarted, edited)
         restarted.close()
         del restarted
-        torch.cuda.empty_cache()
     (t_d, out_d), (t_e, out_e) = results["d"], results["e"]
 
     def cell(t, out) -> str:
@@ -175,7 +186,7 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    print(torch.cuda.get_device_name(), flush=True)
+    print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", flush=True)
     bw = disk_bandwidth(root)
     print(f"disk sequential read: {bw[0] / 1e9:.2f} GB/s cold, {bw[1] / 1e9:.2f} GB/s warm", flush=True)
     for name in args.models.split(","):
