@@ -26,18 +26,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from statechat.config import EngineConfig  # noqa: E402
-from statechat.engine.engine import LLMEngine  # noqa: E402
-from statechat.engine.sampling import SamplingParams  # noqa: E402
-from statechat.model.loader import load_model  # noqa: E402
-from statechat.paths import EMBEDDED_MODEL  # noqa: E402
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
 
 SHAPES = {
-    "1b": dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
-               num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16),
+    "1b": {"hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24,
+           "num_attention_heads": 8, "num_key_value_heads": 2, "linear_num_key_heads": 16,
+           "linear_num_value_heads": 16},
     "tiny": {},  # the embedded tiny model on the CPU (scripts/make_tiny_model.py)
-    "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=16, num_attention_heads=24,
-                num_key_value_heads=4, linear_num_key_heads=16, linear_num_value_heads=48),
+    "27b": {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 16,
+            "num_attention_heads": 24, "num_key_value_heads": 4, "linear_num_key_heads": 16,
+            "linear_num_value_heads": 48},
 }
 ROWS: list[str] = []
 
@@ -80,8 +82,7 @@ def disk_bandwidth(folder: Path) -> tuple[float, float]:
     f = folder / "bw.bin"
     with open(f, "wb") as fh:
         block = os.urandom(1 << 20)
-        for _ in range(2048):
-            fh.write(block)
+        fh.writelines(block for _ in range(2048))
     rates = []
     for drop in (True, False):
         if drop:

@@ -81,10 +81,10 @@ class Scheduler:
         items: list[ScheduledSeq] = []
         budget = self.budget
         for seq in list(self.running):
-            if seq.is_decoding and seq.status == Status.RUNNING:
-                if self._ensure_blocks(seq, seq.num_computed + 1, items):
-                    items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
-                    budget -= 1
+            decoding = seq.is_decoding and seq.status == Status.RUNNING
+            if decoding and self._ensure_blocks(seq, seq.num_computed + 1, items):
+                items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
+                budget -= 1
         for seq in [s for s in self.running if not s.is_decoding]:
             if budget <= 0 or seq.status != Status.RUNNING:
                 continue

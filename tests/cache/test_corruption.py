@@ -92,7 +92,7 @@ def test_flipped_byte(model, warm_cache, caplog):
 
 
 def test_blob_of_another_model(model, warm_cache, caplog, tmp_path_factory):
-    path, _, prompt, _ = model
+    prompt = model[2]
     other_path = make_tiny(tmp_path_factory.mktemp("other"), layout="qwen3_5_text", dtype="float32", seed=5)
     other_dir = tmp_path_factory.mktemp("other_cache")
     other = engine(other_path, load_model(other_path, dtype=torch.float32), other_dir)
