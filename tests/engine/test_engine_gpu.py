@@ -11,26 +11,16 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
-from tests.engine.test_engine_parity import LENGTHS, NEW, run_staggered
+from tests.engine.test_engine_parity import NEW, prompts_and_expected, run_staggered
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
 def gpu_setup(tiny_dirs):
-    import transformers
-
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32, device="cuda")
-    hf = transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, loaded.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
-    expected = []
-    for p in prompts:
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
-        expected.append(out[0, len(p):].tolist())
-    return path, loaded, prompts, expected
+    return path, loaded, *prompts_and_expected(path, loaded.config.vocab_size)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"max_num_batched_tokens": 64}, {"use_cuda_graphs": False}])

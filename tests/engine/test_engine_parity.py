@@ -19,21 +19,26 @@ LENGTHS = [5, 40, 64, 65, 100, 150, 200, 300]
 NEW = 24
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_dirs):
+def prompts_and_expected(path, vocab_size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The eight prompts and transformers' greedy continuation of each alone (CPU, float32)."""
     import transformers
 
-    path = tiny_dirs["qwen3_5_text"]
-    loaded = load_model(path, dtype=torch.float32)
     hf = transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, loaded.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
+    prompts = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
     expected = []
     for p in prompts:
         with torch.no_grad():
             out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
         expected.append(out[0, len(p):].tolist())
-    return path, loaded, prompts, expected
+    return prompts, expected
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    return path, loaded, *prompts_and_expected(path, loaded.config.vocab_size)
 
 
 def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> list:

@@ -19,7 +19,7 @@ from statechat.model.loader import load_model
 from tests.helpers import PolicyModel
 
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
-WORDS = "state cache block token layer chat model prefix reuse delta gate kernel".split()
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
 
 
 def user_text(rng: torch.Generator, n_words: int) -> str:

@@ -14,9 +14,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
-from statechat.model.loader import load_model  # noqa: E402
-from tests.helpers import OneSequence  # noqa: E402
+import kernels
+from statechat.model.loader import load_model
+from tests.helpers import OneSequence
 
 
 def run(loaded, ids: list[int]) -> torch.Tensor:
