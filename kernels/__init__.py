@@ -37,6 +37,7 @@ _TRITON_MODULES = {
     "copy_slots": "kernels.slots",
     "store_kv": "kernels.slots",
     "paged_attention": "kernels.attention",
+    "fused_moe": "kernels.moe",
 }
 _OPTIONAL_MODULES = frozenset({"kernels.gdn_chunk", "kernels.gdn_recurrent"})
 
@@ -153,6 +154,11 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_len
     )
 
 
+@_same_contract(reference.fused_moe)
+def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights):
+    return _pick("fused_moe", x)(x, w_gate_up, w_down, topk_ids, topk_weights)
+
+
 __all__ = [
     "BACKENDS",
     "CHUNK",
@@ -161,6 +167,7 @@ __all__ = [
     "causal_conv1d_update",
     "chunk_gdn",
     "copy_slots",
+    "fused_moe",
     "gated_rmsnorm",
     "get_backend",
     "implementation",

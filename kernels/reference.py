@@ -301,3 +301,38 @@ def paged_attention(
         probs = scores.float().softmax(-1).to(dt)
         out[s:e] = torch.einsum("hts,shd->thd", probs, vals)
     return out.to(q.dtype)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Routed SwiGLU experts, weighted and summed over each token's top-k choices.
+
+    x: [T, H]; w_gate_up: [E, 2I, H] (expert e's gate rows 0..I-1, then its up rows, as
+    transformers stores `experts.gate_up_proj`); w_down: [E, H, I]; topk_ids: [T, K] int
+    (int32 or int64, values in [0, E)); topk_weights: [T, K] float, any dtype.
+    Returns [T, H] in x's dtype:
+        out[t] = sum_k topk_weights[t, k] * w_down[e] @ (silu(g) * u),  e = topk_ids[t, k],
+        (g, u) = split(w_gate_up[e] @ x[t]).
+    The math runs in float32 (float64 for float64 x); the activation silu(g) * u is rounded to
+    x's dtype before the down projection (as a model in that dtype computes it).
+    """
+    dt = _math_dtype(x)
+    T, K = topk_ids.shape
+    inter = w_gate_up.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=dt, device=x.device)
+    flat_ids = topk_ids.reshape(-1).long()
+    flat_w = topk_weights.reshape(-1).to(dt)
+    tokens = torch.arange(T, device=x.device).repeat_interleave(K)
+    for e in flat_ids.unique().tolist():
+        pairs = (flat_ids == e).nonzero().squeeze(1)
+        t = tokens[pairs]
+        h = x[t].to(dt) @ w_gate_up[e].to(dt).T  # [n, 2I]
+        act = (F.silu(h[:, :inter]) * h[:, inter:]).to(x.dtype).to(dt)
+        y = act @ w_down[e].to(dt).T  # [n, H]
+        out.index_add_(0, t, y * flat_w[pairs, None])
+    return out.to(x.dtype)

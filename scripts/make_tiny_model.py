@@ -5,12 +5,19 @@ template), so the loader, tokenizer and chat code are exercised exactly as with 
 model. The weights are random: the text it produces is noise.
 
     python scripts/make_tiny_model.py OUT [--layout qwen3_5|qwen3_5_text] [--dtype bfloat16]
-        [--shard-size 200KB] [--tie] [--seed 0]
+        [--shard-size 200KB] [--tie] [--seed 0] [--moe [--per-expert]]
 
 `qwen3_5` writes `Qwen3_5ForConditionalGeneration` (text weights under
 `model.language_model.`, a tiny vision tower under `model.visual.`) plus stray `mtp.*` tensors
 as the published checkpoints carry; `qwen3_5_text` writes `Qwen3_5ForCausalLM` (weights under
 `model.`).
+
+`--moe` writes Qwen3.5-MoE instead (`Qwen3_5MoeForConditionalGeneration` or
+`Qwen3_5MoeForCausalLM`: 8 experts, top-2, a shared expert) with the experts fused as
+transformers holds them (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`
+[E, H, I]); `--per-expert` writes them as one tensor per expert and projection
+(`mlp.experts.{e}.gate_proj.weight` ...), the layout of the published checkpoints (transformers'
+`save_original_format`).
 """
 
 from __future__ import annotations
@@ -73,6 +80,19 @@ def tiny_text_config(vocab_size: int, tie: bool) -> dict:
     )
 
 
+def tiny_moe_text_config(vocab_size: int, tie: bool) -> dict:
+    """Text-model fields of a tiny Qwen3.5-MoE: the dense layout with every MLP sparse."""
+    text = tiny_text_config(vocab_size, tie)
+    del text["intermediate_size"]
+    text.update(
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    )
+    return text
+
+
 def build_tokenizer(out: Path) -> int:
     """Train a small byte-level BPE with Qwen's special tokens; return its vocab size."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -110,25 +130,23 @@ def build_tokenizer(out: Path) -> int:
     return tok.get_vocab_size()
 
 
-def build_model(layout: str, vocab_size: int, tie: bool, seed: int):
-    """Instantiate the transformers model for `layout` with random weights."""
-    from transformers import (
-        Qwen3_5Config,
-        Qwen3_5ForCausalLM,
-        Qwen3_5ForConditionalGeneration,
-        Qwen3_5TextConfig,
-    )
+def build_model(layout: str, vocab_size: int, tie: bool, seed: int, moe: bool = False):
+    """Instantiate the transformers model for `layout` (dense or MoE) with random weights."""
+    import transformers
 
     torch.manual_seed(seed)
-    text = tiny_text_config(vocab_size, tie)
+    family = "Qwen3_5Moe" if moe else "Qwen3_5"
+    text = (tiny_moe_text_config if moe else tiny_text_config)(vocab_size, tie)
     if layout == "qwen3_5_text":
-        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text))
+        config = getattr(transformers, f"{family}TextConfig")(**text)
+        return getattr(transformers, f"{family}ForCausalLM")(config)
     vision = dict(
         depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
         out_hidden_size=64, num_position_embeddings=16,
     )
-    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=tie)
-    return Qwen3_5ForConditionalGeneration(config)
+    config_cls = getattr(transformers, f"{family}Config")
+    config = config_cls(text_config=text, vision_config=vision, tie_word_embeddings=tie)
+    return getattr(transformers, f"{family}ForConditionalGeneration")(config)
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -167,18 +185,23 @@ def add_mtp_tensors(out: Path, hidden: int) -> None:
 
 def make_tiny_model(
     out: Path, layout: str = "qwen3_5", dtype: str = "bfloat16", shard_size: str | None = None,
-    tie: bool = False, seed: int = 0,
+    tie: bool = False, seed: int = 0, moe: bool = False, per_expert: bool = False,
 ) -> Path:
-    """Write a tiny checkpoint to `out` and return it."""
+    """Write a tiny checkpoint to `out` and return it (MoE with `moe`; `per_expert` names each
+    expert's tensors separately instead of transformers' fused 3D tensors)."""
     from transformers import GenerationConfig
 
+    if per_expert and not moe:
+        raise ValueError("per_expert needs moe")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     vocab_size = build_tokenizer(out)
-    model = build_model(layout, vocab_size, tie, seed)
+    model = build_model(layout, vocab_size, tie, seed, moe)
     randomize(model, seed)
     model = model.to(getattr(torch, dtype))
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    if moe:  # transformers writes per-expert tensors unless told to keep its fused ones
+        kwargs["save_original_format"] = per_expert
     model.save_pretrained(out, **kwargs)
     im_end = SPECIAL_TOKENS.index("<|im_end|>")
     GenerationConfig(eos_token_id=[im_end, 0], pad_token_id=0).save_pretrained(out)
@@ -195,8 +218,14 @@ def main() -> None:
     parser.add_argument("--shard-size", default=None, help="e.g. 200KB to write several shards")
     parser.add_argument("--tie", action="store_true", help="tie lm_head to the embeddings")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--moe", action="store_true", help="write Qwen3.5-MoE (8 experts, top-2)")
+    parser.add_argument("--per-expert", action="store_true",
+                        help="with --moe: one tensor per expert and projection (published layout)")
     args = parser.parse_args()
-    path = make_tiny_model(args.out, args.layout, args.dtype, args.shard_size, args.tie, args.seed)
+    if args.per_expert and not args.moe:
+        parser.error("--per-expert needs --moe")
+    path = make_tiny_model(args.out, args.layout, args.dtype, args.shard_size, args.tie, args.seed,
+                           args.moe, args.per_expert)
     print(f"wrote {path}")
 
 

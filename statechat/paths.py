@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from statechat.model.config import SUPPORTED_MODEL_TYPES
+
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-qwen3.5"
 
 
@@ -36,7 +38,7 @@ def find_hf_checkpoint() -> Path | None:
             model_type = json.loads(cfg.read_text()).get("model_type")
         except (OSError, json.JSONDecodeError):
             continue
-        if model_type in ("qwen3_5", "qwen3_5_text") and any(cfg.parent.glob("*.safetensors")):
+        if model_type in SUPPORTED_MODEL_TYPES and any(cfg.parent.glob("*.safetensors")):
             found.append(cfg.parent)
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 

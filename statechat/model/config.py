@@ -13,17 +13,27 @@ from pathlib import Path
 
 from statechat.errors import ModelError
 
-SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+MULTIMODAL_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")  # text model under `text_config`
+MOE_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Flattened Qwen3.5 text-model configuration."""
+    """Flattened Qwen3.5 text-model configuration (dense or mixture-of-experts)."""
 
-    model_type: str  # "qwen3_5" (multimodal layout) or "qwen3_5_text"
+    model_type: str  # "qwen3_5[_moe]" (multimodal layout) or "qwen3_5[_moe]_text"
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # dense MLP width (0 in an MoE model whose every layer is sparse)
     num_hidden_layers: int
     layer_types: tuple[str, ...]  # "linear_attention" (GDN) or "full_attention" per layer
     rms_norm_eps: float
@@ -43,6 +53,14 @@ class ModelConfig:
     linear_conv_kernel_dim: int
     eos_token_ids: tuple[int, ...] = field(default=())
     torch_dtype: str = "bfloat16"  # dtype the weights are stored in
+    # mixture of experts (num_experts == 0: a dense model)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # width of each routed expert's SwiGLU
+    shared_expert_intermediate_size: int = 0  # width of the always-on shared expert (0 = none)
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
@@ -57,6 +75,38 @@ class ModelConfig:
             raise ModelError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ModelError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        if self.is_moe:
+            k, e = self.num_experts_per_tok, self.num_experts
+            if not 0 < k <= e or self.moe_intermediate_size <= 0:
+                raise ModelError(
+                    "config.json needs 0 < num_experts_per_tok <= num_experts and a positive "
+                    "moe_intermediate_size for a mixture-of-experts model"
+                )
+            if self.decoder_sparse_step < 1:
+                raise ModelError("decoder_sparse_step must be at least 1")
+        dense = [i for i in range(self.num_hidden_layers) if not self.is_moe_layer(i)]
+        if dense and self.intermediate_size <= 0:
+            raise ModelError(
+                f"config.json lacks intermediate_size for the dense MLP of layer {dense[0]}"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts model (some layers route tokens to experts)."""
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layer `layer` has a sparse MoE block instead of a dense MLP (Qwen MoE convention)."""
+        return (
+            self.is_moe
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def is_multimodal_layout(self) -> bool:
+        """Checkpoint tensors of the text model live under `model.language_model.`."""
+        return self.model_type in MULTIMODAL_MODEL_TYPES
 
     @property
     def rotary_dim(self) -> int:
@@ -83,6 +133,9 @@ class ModelConfig:
         """The fields that change the numbers a model computes (for cache fingerprints)."""
         d = asdict(self)
         d.pop("eos_token_ids")
+        if not self.is_moe:  # a dense model keeps the fingerprint it had before MoE support
+            for key in MOE_FIELDS:
+                d.pop(key)
         return d
 
     def digest(self) -> str:
@@ -102,16 +155,12 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ModelError(f"{cfg_file} is not valid JSON ({e.msg} at line {e.lineno})") from None
         model_type = raw.get("model_type")
-        if model_type == "qwen3_5_moe":
-            raise ModelError(
-                "model_type 'qwen3_5_moe' (Qwen3.5 MoE) is not supported yet; use a dense Qwen3.5 checkpoint"
-            )
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelError(
                 f"unsupported model_type {model_type!r} in {cfg_file}; statechat runs Qwen3.5 "
                 f"({', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        text = raw.get("text_config", {}) if model_type == "qwen3_5" else raw
+        text = raw.get("text_config", {}) if model_type in MULTIMODAL_MODEL_TYPES else raw
         return cls._from_text_fields(model_type, text, raw, path)
 
     @classmethod
@@ -131,11 +180,25 @@ class ModelConfig:
         if rope_type != "default":
             raise ModelError(f"rope_type {rope_type!r} is not supported (only 'default')")
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        is_moe = "moe" in model_type
+        # an MoE model may have no dense MLP at all (Qwen3.5-MoE: every layer is sparse)
+        dense_width = (text.get("intermediate_size") or 0) if is_moe else need("intermediate_size")
+        moe = {}
+        if is_moe:
+            moe = dict(
+                num_experts=need("num_experts"),
+                num_experts_per_tok=need("num_experts_per_tok"),
+                moe_intermediate_size=need("moe_intermediate_size"),
+                shared_expert_intermediate_size=text.get("shared_expert_intermediate_size") or 0,
+                norm_topk_prob=bool(text.get("norm_topk_prob", True)),
+                decoder_sparse_step=text.get("decoder_sparse_step") or 1,
+                mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
+            )
         return cls(
             model_type=model_type,
             vocab_size=need("vocab_size"),
             hidden_size=need("hidden_size"),
-            intermediate_size=need("intermediate_size"),
+            intermediate_size=dense_width,
             num_hidden_layers=num_layers,
             layer_types=tuple(layer_types),
             rms_norm_eps=text.get("rms_norm_eps", 1e-6),
@@ -155,6 +218,7 @@ class ModelConfig:
             linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
             eos_token_ids=_eos_ids(path, text),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype") or "bfloat16"),
+            **moe,
         )
 
 

@@ -3,13 +3,17 @@
 Weights load by name: the multimodal layout keeps the text model under `model.language_model.`
 (mapped to our `model.`); `model.visual.*` and `mtp.*` are ignored. One file or shards with
 `model.safetensors.index.json`; tied or untied embeddings; any stored float dtype is converted
-to the requested one.
+to the requested one. MoE experts come fused (`mlp.experts.gate_up_proj` [E, 2I, H] and
+`mlp.experts.down_proj` [E, H, I], as transformers saves them) or one tensor per expert
+(`mlp.experts.{e}.gate_proj.weight` [I, H], `up_proj` [I, H], `down_proj` [H, I], as the
+published checkpoints carry), which are copied into their rows of the fused parameters.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 @dataclass
@@ -56,13 +61,33 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def map_name(name: str, model_type: str) -> str | None:
+def map_name(name: str, config: ModelConfig) -> str | None:
     """Checkpoint tensor name -> our parameter name, or None for tensors we ignore."""
     if name.startswith(IGNORED_PREFIXES):
         return None
-    if model_type == "qwen3_5" and name.startswith("model.language_model."):
+    if config.is_multimodal_layout and name.startswith("model.language_model."):
         return "model." + name[len("model.language_model.") :]
     return name
+
+
+def expert_slice(ours: str, params: dict[str, torch.Tensor]) -> tuple[str, torch.Tensor] | None:
+    """A per-expert tensor's place in our fused expert parameters: (fused name, view), or None.
+
+    `...experts.{e}.gate_proj.weight` -> rows [0, I) of gate_up_proj[e], `up_proj` -> rows
+    [I, 2I), `down_proj` -> down_proj[e].
+    """
+    m = PER_EXPERT.match(ours)
+    if m is None:
+        return None
+    prefix, e, proj = m.group(1), int(m.group(2)), m.group(3)
+    fused = f"{prefix}.down_proj" if proj == "down_proj" else f"{prefix}.gate_up_proj"
+    param = params.get(fused)
+    if param is None or e >= param.shape[0]:
+        return None
+    if proj == "down_proj":
+        return fused, param[e]
+    half = param.shape[1] // 2
+    return fused, param[e, :half] if proj == "gate_proj" else param[e, half:]
 
 
 def headers_digest(files: list[Path]) -> str:
@@ -79,27 +104,44 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
     """Copy every checkpoint tensor into `model`; name the first missing or misshapen tensor."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    parts: dict[str, set[str]] = {}  # fused expert parameter -> per-expert tensors copied into it
     for f in files:
         with safe_open(f, framework="pt", device="cpu") as st:
             for name in st.keys():
-                ours = map_name(name, config.model_type)
-                if ours is None or ours not in params:
+                ours = map_name(name, config)
+                if ours is None:
+                    continue
+                if ours in params:
+                    target = params[ours]
+                    loaded.add(ours)
+                elif (place := expert_slice(ours, params)) is not None:
+                    fused, target = place
+                    parts.setdefault(fused, set()).add(ours)
+                else:
                     continue
                 tensor = st.get_tensor(name)
-                param = params[ours]
-                if tuple(tensor.shape) != tuple(param.shape):
+                if tuple(tensor.shape) != tuple(target.shape):
                     raise ModelError(
                         f"tensor {name} has shape {list(tensor.shape)} in the checkpoint but the "
-                        f"config implies {list(param.shape)}"
+                        f"config implies {list(target.shape)}"
                     )
                 with torch.no_grad():
-                    param.copy_(tensor.to(param.dtype))
-                loaded.add(ours)
+                    target.copy_(tensor.to(target.dtype))
     if config.tie_word_embeddings:
         loaded.add("lm_head.weight")
-    missing = [n for n in params if n not in loaded]
+    missing = []
+    for n in params:
+        if n in loaded:
+            continue
+        if n in parts:  # stacked from per-expert tensors: name the first one not seen
+            projs = ("down_proj",) if n.endswith("down_proj") else ("gate_proj", "up_proj")
+            prefix = n.rsplit(".", 1)[0]
+            want = [f"{prefix}.{e}.{p}.weight" for e in range(params[n].shape[0]) for p in projs]
+            missing += [w for w in want if w not in parts[n]]
+        else:
+            missing.append(n)
     if missing:
-        prefix = "model.language_model." if config.model_type == "qwen3_5" else "model."
+        prefix = "model.language_model." if config.is_multimodal_layout else "model."
         shown = missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.") else missing[0]
         raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
 

@@ -1,10 +1,11 @@
-"""Qwen3.5 causal LM (dense), written top-down with Hugging Face parameter names.
+"""Qwen3.5 causal LM (dense or MoE), written top-down with Hugging Face parameter names.
 
     Qwen3_5ForCausalLM
       model: TextModel
         embed_tokens
         layers[i]: DecoderLayer = input_layernorm -> (GatedDeltaNet | Attention) -> residual
-                                  -> post_attention_layernorm -> MLP -> residual
+                                  -> post_attention_layernorm -> (MLP | SparseMoeBlock)
+                                  -> residual
         norm
       lm_head (tied to embed_tokens when the config says so)
 
@@ -23,6 +24,7 @@ from statechat.model.config import ModelConfig
 from statechat.model.context import Context, ModelCaches
 from statechat.model.gdn import GatedDeltaNet
 from statechat.model.layers import MLP, RMSNorm, RotaryEmbedding
+from statechat.model.moe import SparseMoeBlock
 
 
 class Qwen3_5ForCausalLM(nn.Module):
@@ -58,7 +60,7 @@ class TextModel(nn.Module):
         gdn_index = {layer: i for i, layer in enumerate(config.gdn_layers)}
         attn_index = {layer: i for i, layer in enumerate(config.attn_layers)}
         self.layers = nn.ModuleList(
-            DecoderLayer(config, gdn_index.get(i, attn_index.get(i)), t)
+            DecoderLayer(config, gdn_index.get(i, attn_index.get(i)), t, config.is_moe_layer(i))
             for i, t in enumerate(config.layer_types)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -73,9 +75,12 @@ class TextModel(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block whose token mixer is a GDN layer or a full-attention layer."""
+    """Pre-norm residual block whose token mixer is a GDN layer or a full-attention layer and
+    whose feed-forward is a dense MLP or a sparse MoE block."""
 
-    def __init__(self, config: ModelConfig, cache_index: int, layer_type: str) -> None:
+    def __init__(
+        self, config: ModelConfig, cache_index: int, layer_type: str, is_moe: bool = False
+    ) -> None:
         super().__init__()
         self.is_gdn = layer_type == "linear_attention"
         if self.is_gdn:
@@ -83,7 +88,10 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = Attention(config, cache_index)
         self.cache_index = cache_index
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        if is_moe:
+            self.mlp = SparseMoeBlock(config)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -25,6 +25,7 @@ OPS = [
     "causal_conv1d_update",
     "chunk_gdn",
     "copy_slots",
+    "fused_moe",
     "gated_rmsnorm",
     "paged_attention",
     "recurrent_gdn",

@@ -44,9 +44,21 @@ def test_unsupported_model_type_is_named(tmp_path):
     assert "'llama'" in error_of(tmp_path)
 
 
-def test_moe_is_rejected_clearly(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
-    assert "qwen3_5_moe" in error_of(tmp_path)
+def test_moe_checkpoint_loads(tmp_path):
+    from tests.helpers import make_tiny
+
+    path = make_tiny(tmp_path / "moe", layout="qwen3_5", dtype="float32", moe=True)
+    loaded = load_model(path, dtype=torch.float32)
+    assert loaded.config.model_type == "qwen3_5_moe" and loaded.config.num_experts == 8
+    experts = loaded.model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (8, 64, 64) and experts.down_proj.shape == (8, 64, 32)
+
+
+def test_moe_config_lacking_expert_fields_is_named(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5_text"], tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_5_moe_text"}))
+    assert "'num_experts'" in error_of(path)
 
 
 def test_missing_tensor_is_named(tiny_dirs, tmp_path):

@@ -1,0 +1,110 @@
+"""The Triton fused MoE computes what the torch reference does (float64 oracle).
+
+Token counts {1, 7, 64, 130} with top-3 of 8 experts, random routing that leaves some experts
+without tokens, on both paths (decode: one program per pair, no sort; prefill: sorted grouped
+GEMMs), float32 and bf16. Every buffer the launcher allocates is filled with NaN (or -1)
+first, so a row the kernels fail to write shows up. The dispatcher runs the kernel under the
+"triton" backend. On CUDA also Qwen3.5-35B-A3B's shapes (hidden 2048, 256 experts, top-8,
+moe_intermediate 512) at decode and prefill sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import kernels  # noqa: E402
+from kernels import moe, reference  # noqa: E402
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+SMALL = (8, 64, 32, 3)  # E, H, I, K
+QWEN35_35B_A3B = (256, 2048, 512, 8)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Fill every buffer fused_moe allocates: NaN for floats, -1 for integers."""
+
+    def empty(*shape, dtype=None, device=None):
+        t = torch.empty(*shape, dtype=dtype, device=device)
+        return t.fill_(float("nan") if t.is_floating_point() else -1)
+
+    monkeypatch.setattr(moe, "_empty", empty)
+
+
+def make_case(T, E, H, I, K, dtype, device, seed=0, num_idle=3):
+    """x, weights and a routing of T tokens over E - num_idle experts (the rest get none)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen)
+    w_gate_up = torch.randn(E, 2 * I, H, generator=gen) * H**-0.5
+    w_down = torch.randn(E, H, I, generator=gen) * I**-0.5
+    used = torch.randperm(E, generator=gen)[: E - num_idle]
+    scores = torch.rand(T, len(used), generator=gen)
+    ids = used[scores.topk(K, dim=-1).indices]
+    weights = torch.rand(T, K, generator=gen).softmax(-1)
+    to = dict(device=device)
+    return (
+        x.to(dtype=dtype, **to),
+        w_gate_up.to(dtype=dtype, **to),
+        w_down.to(dtype=dtype, **to),
+        ids.to(**to),
+        weights.to(dtype=dtype, **to),
+    )
+
+
+def check(T, shapes, dtype, device, ids_dtype=torch.int64, num_idle=3):
+    x, wgu, wd, ids, w = make_case(T, *shapes, dtype, device, seed=T, num_idle=num_idle)
+    ids = ids.to(ids_dtype)
+    out = moe.fused_moe(x, wgu, wd, ids, w)
+    ref = reference.fused_moe(x.double(), wgu.double(), wd.double(), ids, w.double())
+    assert out.shape == x.shape and out.dtype == dtype
+    assert not out.isnan().any(), "some output rows were not written"
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 7, 64, 130])
+def test_matches_reference(device, poisoned, dtype, T):
+    check(T, SMALL, dtype, device)
+
+
+@pytest.mark.parametrize("path_pairs", [0, 1 << 30], ids=["prefill", "decode"])
+def test_both_paths_at_a_few_tokens(device, poisoned, monkeypatch, path_pairs):
+    monkeypatch.setattr(moe, "DECODE_MAX_PAIRS", path_pairs)
+    check(7, SMALL, torch.float32, device, ids_dtype=torch.int32)
+
+
+def test_all_tokens_on_one_expert(device, poisoned):
+    E, H, I, _ = SMALL
+    check(130, (E, H, I, 1), torch.float32, device, num_idle=E - 1)
+
+
+def test_dispatcher_runs_the_kernel(device, monkeypatch):
+    saved = kernels.get_backend()
+    try:
+        kernels.set_backend("triton")
+        assert kernels.implementation("fused_moe", device) is moe.fused_moe
+        x, wgu, wd, ids, w = make_case(9, *SMALL, torch.float32, device)
+        out = kernels.fused_moe(x, wgu, wd, ids, w)
+    finally:
+        kernels.set_backend(saved)
+    torch.testing.assert_close(out, reference.fused_moe(x, wgu, wd, ids, w), rtol=1e-5, atol=1e-6)
+
+
+def test_rejects_mismatched_shapes(device):
+    x, wgu, wd, ids, w = make_case(3, *SMALL, torch.float32, device)
+    with pytest.raises(ValueError, match="does not fit"):
+        moe.fused_moe(x, wgu, wd[:, :, :-1], ids, w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Qwen3.5-35B-A3B shapes need a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 32, 300, 2048])
+def test_qwen35_35b_a3b_shapes(device, poisoned, dtype, T):
+    check(T, QWEN35_35B_A3B, dtype, device, num_idle=16)

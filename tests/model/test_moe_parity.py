@@ -1,0 +1,172 @@
+"""Our Qwen3.5-MoE computes the same numbers as transformers' (float32, CPU, tiny checkpoints).
+
+Checkpoints: the multimodal layout with fused expert tensors (as transformers holds them) and
+the text layout with one tensor per expert (as the published checkpoints carry), sharded and
+tied. Covers prompts of 1/65/200 tokens, prefill split with state carried into decode, greedy
+generation against `generate`, both expert layouts loading to the same weights, a clear error
+for a missing expert tensor, and the Triton backend (interpreter on the CPU) against the
+reference on the MoE model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+if not torch.cuda.is_available():  # before anything imports triton (see test_triton_backend.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kernels  # noqa: E402
+from statechat.errors import ModelError  # noqa: E402
+from statechat.model.loader import load_model  # noqa: E402
+from tests.helpers import OneSequence, make_tiny  # noqa: E402
+
+LAYOUTS = ["qwen3_5_moe", "qwen3_5_moe_text"]
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory) -> dict[str, object]:
+    base = tmp_path_factory.mktemp("tiny_moe")
+    return {
+        "qwen3_5_moe": make_tiny(base / "mm", layout="qwen3_5", dtype="float32", moe=True),
+        "qwen3_5_moe_text": make_tiny(
+            base / "text",
+            layout="qwen3_5_text",
+            dtype="float32",
+            moe=True,
+            per_expert=True,
+            shard_size="200KB",
+            tie=True,
+            seed=1,
+        ),
+        "per_expert_mm": make_tiny(
+            base / "mm_split", layout="qwen3_5", dtype="float32", moe=True, per_expert=True
+        ),
+    }
+
+
+def hf_model(path, layout):
+    import transformers
+
+    cls = (
+        transformers.Qwen3_5MoeForConditionalGeneration
+        if layout == "qwen3_5_moe"
+        else transformers.Qwen3_5MoeForCausalLM
+    )
+    return cls.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def pair(request, moe_dirs):
+    path = moe_dirs[request.param]
+    ours = load_model(path, dtype=torch.float32, device="cpu")
+    return ours, hf_model(path, request.param)
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    tol = 1e-4 * ref.abs().max().item()
+    err = (ours - ref).abs().max().item()
+    assert err <= tol, f"max |diff| {err:.3g} > {tol:.3g}"
+
+
+def random_ids(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_config_reads_the_moe_fields(pair):
+    c = pair[0].config
+    assert c.is_moe and c.model_type in LAYOUTS
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (8, 2, 32)
+    assert c.shared_expert_intermediate_size == 48 and c.norm_topk_prob
+    assert all(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
+
+
+@pytest.mark.parametrize("n", [1, 65, 200])
+def test_prefill_logits_match_transformers(pair, n):
+    ours, hf = pair
+    ids = random_ids(n, ours.config.vocab_size, seed=n)
+    assert_close(OneSequence(ours).step(ids, all_logits=True), hf_logits(hf, ids))
+
+
+def test_split_prefill_then_decode_continues_the_state(pair):
+    ours, hf = pair
+    ids = random_ids(140, ours.config.vocab_size, seed=7)
+    seq = OneSequence(ours)
+    rows = [seq.step(ids[:65], all_logits=True), seq.step(ids[65:130], all_logits=True)]
+    rows += [seq.step([t]) for t in ids[130:]]
+    assert_close(torch.cat(rows), hf_logits(hf, ids))
+
+
+def test_greedy_generation_matches_transformers_generate(pair):
+    ours, hf = pair
+    for text in ["Hello!", "def main():"]:
+        ids = ours.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([ids]),
+                max_new_tokens=16,
+                min_new_tokens=16,
+                do_sample=False,
+                eos_token_id=None,
+            )
+        seq, got = OneSequence(ours), []
+        logits = seq.step(ids)
+        for _ in range(16):
+            got.append(int(logits[-1].argmax()))
+            logits = seq.step([got[-1]])
+        assert got == out[0, len(ids) :].tolist(), f"prompt {text!r}"
+
+
+def test_per_expert_and_fused_layouts_load_the_same_weights(moe_dirs):
+    fused = load_model(moe_dirs["qwen3_5_moe"], dtype=torch.float32).model.state_dict()
+    split = load_model(moe_dirs["per_expert_mm"], dtype=torch.float32).model.state_dict()
+    assert fused.keys() == split.keys()
+    for name, value in fused.items():
+        assert torch.equal(value, split[name]), name
+
+
+def test_missing_expert_tensor_is_named(moe_dirs, tmp_path):
+    import shutil
+
+    path = shutil.copytree(moe_dirs["per_expert_mm"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.language_model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"layers\.2\.mlp\.experts\.5\.up_proj\.weight"):
+        load_model(path, dtype=torch.float32)
+
+
+def test_triton_backend_matches_reference(moe_dirs):
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton interpreter must be enabled before triton is imported")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    loaded = load_model(moe_dirs["qwen3_5_moe"], dtype=torch.float32, device=device)
+    ids = random_ids(74, loaded.config.vocab_size, seed=2)
+
+    def run() -> torch.Tensor:
+        seq = OneSequence(loaded, max_tokens=128)
+        return torch.cat([seq.step(ids[:70], all_logits=True)] + [seq.step([t]) for t in ids[70:]])
+
+    previous = kernels.get_backend()
+    try:
+        kernels.set_backend("reference")
+        want = run()
+        kernels.set_backend("triton")
+        got = run()
+    finally:
+        kernels.set_backend(previous)
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
