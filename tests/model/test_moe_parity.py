@@ -23,6 +23,7 @@ import kernels  # noqa: E402
 from statechat.errors import ModelError  # noqa: E402
 from statechat.model.loader import load_model  # noqa: E402
 from tests.helpers import OneSequence, make_tiny  # noqa: E402
+from tests.model.test_parity import assert_close, hf_logits, random_ids  # noqa: E402
 
 LAYOUTS = ["qwen3_5_moe", "qwen3_5_moe_text"]
 
@@ -64,21 +65,6 @@ def pair(request, moe_dirs):
     path = moe_dirs[request.param]
     ours = load_model(path, dtype=torch.float32, device="cpu")
     return ours, hf_model(path, request.param)
-
-
-def hf_logits(hf, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(input_ids=torch.tensor([ids])).logits[0].float()
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    tol = 1e-4 * ref.abs().max().item()
-    err = (ours - ref).abs().max().item()
-    assert err <= tol, f"max |diff| {err:.3g} > {tol:.3g}"
-
-
-def random_ids(n: int, vocab: int, seed: int) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_config_reads_the_moe_fields(pair):
