@@ -38,7 +38,8 @@ BLOB_DIR = "blobs"
 
 @dataclass
 class SaveJob:
-    """A checkpoint and the KV blocks before it, already copied to host memory.
+    """A checkpoint and the KV blocks before it: snapshots taken on the device after a step
+    (host copies on the CPU), moved to host memory by the writer thread.
 
     ckpt: tensors of the GDN state at the boundary (conv.{i}, ssm.{i}) or None
     blocks: [(hash hex, parent hex, position)], row i of block_tensors
@@ -51,6 +52,12 @@ class SaveJob:
     blocks: list[tuple[str, str, int]] = field(default_factory=list)
     block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     ready: Callable[[], None] | None = None  # waits until device snapshots are complete
+    queued_bytes: int = 0  # counted against the store's pending bound while queued
+
+    def nbytes(self) -> int:
+        tensors = list(self.block_tensors.values()) + list((self.ckpt or {}).values())
+        self.queued_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        return self.queued_bytes
 
     def to_host(self, pin: bool) -> None:
         """Move device snapshots to host memory (pinned when `pin`, for fast restores)."""
@@ -111,7 +118,8 @@ class HostTier:
 class StateStore:
     """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""
 
-    def __init__(self, root: Path, budget_bytes: int | None = None, host_bytes: int = 0, queue_size: int = 64) -> None:
+    def __init__(self, root: Path, budget_bytes: int | None = None, host_bytes: int = 0, queue_size: int = 64,
+                 max_pending_bytes: int = 4 << 30) -> None:
         self.path = Path(root)
         self.blob_dir = self.path / BLOB_DIR
         self.db = index.connect(self.path / INDEX_FILE)
@@ -123,6 +131,9 @@ class StateStore:
         self.fingerprint = ""
         self.shapes: dict[str, dict[str, list[int]]] = {}
         self.dropped = 0
+        self.max_pending_bytes = max_pending_bytes  # snapshots queued (device memory on a GPU)
+        self.pending_bytes = 0
+        self.pending_lock = threading.Lock()
         self.errors = 0
         self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
         self.writer: threading.Thread | None = None
@@ -237,13 +248,17 @@ class StateStore:
     # --- writes -----------------------------------------------------------------------
     def save(self, job: SaveJob) -> bool:
         """Queue a job for the writer; False (and counted as dropped) when the queue is full.
-        The writer moves it to host memory, adds it to the host tier and writes it to disk."""
-        try:
-            self.queue.put_nowait(job)
-            return True
-        except queue.Full:
-            self.dropped += 1
-            return False
+        The writer moves it to host memory, adds it to the host tier and writes it to disk.
+        Snapshots waiting in the queue are bounded in bytes too: past the bound a job is dropped
+        rather than letting them grow into the memory the engine's pools were sized from."""
+        size = job.nbytes()
+        with self.pending_lock:
+            if self.pending_bytes + size > self.max_pending_bytes or self.queue.full():
+                self.dropped += 1
+                return False
+            self.pending_bytes += size
+        self.queue.put_nowait(job)
+        return True
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued job is on disk (tests, shutdown)."""
@@ -269,6 +284,9 @@ class StateStore:
                 self.errors += 1
                 log.warning("statechat cache: could not persist a checkpoint (%s)", e)
             finally:
+                if job is not None:
+                    with self.pending_lock:
+                        self.pending_bytes -= job.queued_bytes
                 self.queue.task_done()
 
     def _write(self, job: SaveJob) -> None:

@@ -184,3 +184,6 @@ class PrefixCache:
                           block_tensors, ready=self.runner.snapshot_ready())
             if self.store.save(job):
                 self.persisted.update(h for _, h in todo)
+            else:
+                log.warning("statechat cache: the write queue is full; the checkpoint at %d tokens "
+                            "stays in memory only (%d dropped so far)", ck.num_tokens, self.store.dropped)
