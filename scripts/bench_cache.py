@@ -18,13 +18,14 @@ import argparse
 import ctypes
 import os
 import shutil
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_common import add_tokenizer
+from bench_common import ids as random_ids
+from bench_common import ttft_out as ttft
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
@@ -56,9 +57,7 @@ def build(name: str, out: Path) -> None:
     model.save_pretrained(out)
     del model
     torch.cuda.empty_cache()
-    for f in EMBEDDED_MODEL.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template")):
-            shutil.copy(f, out / f.name)
+    add_tokenizer(out)
 
 
 def drop_page_cache(folder: Path) -> None:
@@ -96,27 +95,6 @@ def disk_bandwidth(folder: Path) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-VOCAB = 248000
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def ttft(engine: LLMEngine, prompt: list[int]):
-    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
-    sync()
-    t = time.perf_counter()
-    while not seq.is_finished:
-        engine.step()
-    return time.perf_counter() - t, engine.output(seq)
-
-
 def engine_for(path: Path, loaded, cache_dir: Path | None, n: int) -> LLMEngine:
     cfg = EngineConfig(model=path, device=str(loaded.device.type), cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
                        memory_fraction=0.5, max_model_len=n + 2048, max_num_seqs=8, use_cuda_graphs=False,
@@ -132,9 +110,8 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float]) -> None:
         if not path.exists():
             build(name, path)
     loaded = load_model(path, dtype=dtype, device=device)
-    global VOCAB
-    VOCAB = vocab
-    convo, edited = ids(n, 1), None
+    ids = partial(random_ids, vocab=vocab)
+    convo = ids(n, 1)
     edited = convo[: n - 40] + ids(60, 2)
     cold = engine_for(path, loaded, None, n)
     ttft(cold, ids(len(edited), 3))  # compile at the measured length

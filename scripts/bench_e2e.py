@@ -17,33 +17,27 @@ A markdown table is printed last and written to DIR/bench_e2e.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_common import (
+    add_tokenizer,
+    decode_rate,
+    hf_decode_ms,
+    hf_prefill,
+    ids,
+    log,
+    row,
+    ttft,
+    ttft_out,
+    write_table,
+)
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
-from statechat.paths import EMBEDDED_MODEL
-
-ROWS: list[tuple[str, str, str, str]] = []
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-def row(what: str, ours: str, theirs: str = "", note: str = "") -> None:
-    ROWS.append((what, ours, theirs, note))
-    log(f"| {what} | {ours} | {theirs} | {note} |")
-
 
 def build_model(out: Path, layers: int):
     """Random-weight Qwen3.5 saved with transformers (our loader reads it back)."""
@@ -60,9 +54,7 @@ def build_model(out: Path, layers: int):
     with torch.device("cuda"):
         hf = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16).eval()
     hf.save_pretrained(out)
-    for f in EMBEDDED_MODEL.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template")):
-            shutil.copy(f, out / f.name)
+    add_tokenizer(out)
     return hf
 
 
@@ -78,23 +70,6 @@ def copy_bandwidth() -> float:
         y.copy_(x)
     torch.cuda.synchronize()
     return 2 * x.numel() * 10 / (time.perf_counter() - t)
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def ttft_out(engine: LLMEngine, prompt: list[int]):
-    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    while not seq.is_finished:
-        engine.step()
-    return time.perf_counter() - t, engine.output(seq)
-
-
-def ttft(engine: LLMEngine, prompt: list[int]) -> float:
-    return ttft_out(engine, prompt)[0]
 
 
 def graph_replay_ms(engine: LLMEngine, n: int = 200) -> float:
@@ -137,49 +112,6 @@ def profile_decode(engine: LLMEngine) -> None:
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
 
-def decode_rate(engine: LLMEngine, prompts: list[list[int]], new: int) -> tuple[float, float]:
-    """(seconds per decode step, generated tokens per second) once every prompt has started."""
-    params = SamplingParams(max_tokens=new, ignore_eos=True)
-    seqs = [engine.add_request(p, params) for p in prompts]
-    while any(len(s.output_ids) == 0 for s in seqs):
-        engine.step()
-    steps, before = 0, sum(len(s.output_ids) for s in seqs)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
-        steps += 1
-    dt = time.perf_counter() - t
-    made = sum(len(s.output_ids) for s in seqs) - before
-    return dt / steps, made / dt
-
-
-@torch.inference_mode()
-def hf_prefill(hf, n: int) -> tuple[float, object]:
-    x = torch.tensor([ids(n, 99)], device="cuda")
-    hf(input_ids=x, use_cache=True, logits_to_keep=1)  # warm-up at this length (FLA autotunes)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = hf(input_ids=x, use_cache=True, logits_to_keep=1)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t, out
-
-
-@torch.inference_mode()
-def hf_decode_ms(hf, out, steps: int = 32) -> float:
-    past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    for _ in range(3):
-        o = hf(input_ids=tok, past_key_values=past, use_cache=True)
-        past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        o = hf(input_ids=tok, past_key_values=past, use_cache=True)
-        past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
-        tok.tolist()  # a server reads each token, as ours does
-    return (time.perf_counter() - t) / steps * 1e3
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
@@ -203,7 +135,7 @@ def main() -> None:
     results = {}
     for n in (8192, args.long):
         ours = min(ttft(cold, ids(n, 2 + i)) for i in range(2))
-        theirs, out = hf_prefill(hf, n)
+        theirs, out = hf_prefill(hf, torch.tensor([ids(n, 99)], device="cuda"))
         results[n] = ours
         row(f"cold prefill {n // 1024}k (ms)", f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}", f"ratio {ours / theirs:.2f}")
         if n == 8192:
@@ -238,11 +170,7 @@ def main() -> None:
     pstats.Stats(prof).sort_stats("cumtime").print_stats(14)
     row("TTFT after editing the last message, 8k, device tier (ms)", f"{t * 1e3:.1f}", "",
         f"{t / results[8192] * 100:.1f}% of cold prefill; reused {out.num_cached_tokens} tokens")
-    Path(args.out, "bench_e2e.json").write_text(json.dumps(ROWS, indent=1))
-    table = ["| measure | statechat | transformers | note |", "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in ROWS]
-    Path(args.out, "bench_e2e.md").write_text("\n".join(table) + "\n")
-    print("\n" + "\n".join(table))
+    write_table(args.out, "bench_e2e")
 
 
 if __name__ == "__main__":

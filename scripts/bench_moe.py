@@ -16,30 +16,15 @@ A markdown table is printed last and written to DIR/bench_moe.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
+from bench_common import add_tokenizer, decode_rate, hf_decode_ms, hf_prefill, ids, log, row, ttft, write_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from statechat.paths import EMBEDDED_MODEL  # noqa: E402
-
-ROWS: list[tuple[str, str, str, str]] = []
 PROMPT = 512  # prompt length before the decode measurements
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-def row(what: str, ours: str, theirs: str = "", note: str = "") -> None:
-    ROWS.append((what, ours, theirs, note))
-    log(f"| {what} | {ours} | {theirs} | {note} |")
 
 
 def model_config(layers: int):
@@ -75,14 +60,8 @@ def build_model(out: Path, layers: int, per_expert: bool):
     with torch.device("cuda"):
         hf = Qwen3_5MoeForCausalLM(model_config(layers)).to(torch.bfloat16).eval()
     hf.save_pretrained(out, save_original_format=per_expert)
-    for f in EMBEDDED_MODEL.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template")):
-            shutil.copy(f, out / f.name)
+    add_tokenizer(out)
     return hf
-
-
-def ids(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 248000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def cuda_ms(fn, n: int = 20) -> float:
@@ -119,61 +98,6 @@ def bench_moe_block(hf) -> None:
             f"{theirs:.3f}",
             f"ratio {ours / theirs:.2f}; rel err vs transformers {err:.1e}",
         )
-
-
-def ttft(engine, prompt: list[int]) -> float:
-    from statechat.engine.sampling import SamplingParams
-
-    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    while not seq.is_finished:
-        engine.step()
-    return time.perf_counter() - t
-
-
-def decode_step_ms(engine, prompts: list[list[int]], new: int) -> float:
-    """Milliseconds per engine decode step once every prompt has produced its first token."""
-    from statechat.engine.sampling import SamplingParams
-
-    seqs = [engine.add_request(p, SamplingParams(max_tokens=new, ignore_eos=True)) for p in prompts]
-    while any(len(s.output_ids) == 0 for s in seqs):
-        engine.step()
-    torch.cuda.synchronize()
-    steps, t = 0, time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
-        steps += 1
-    return (time.perf_counter() - t) / steps * 1e3
-
-
-@torch.inference_mode()
-def hf_prefill_s(hf, n: int) -> float:
-    x = torch.tensor([ids(n, 99)], device="cuda")
-    hf(input_ids=x, use_cache=True, logits_to_keep=1)  # warm-up at this length
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    hf(input_ids=x, use_cache=True, logits_to_keep=1)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t
-
-
-@torch.inference_mode()
-def hf_decode_ms(hf, batch: int, steps: int = 16) -> float:
-    """ms per decode step of transformers at `batch` sequences of PROMPT tokens each."""
-    x = torch.tensor([ids(PROMPT, 200 + i) for i in range(batch)], device="cuda")
-    out = hf(input_ids=x, use_cache=True, logits_to_keep=1)
-    past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    for _ in range(3):
-        o = hf(input_ids=tok, past_key_values=past, use_cache=True)
-        past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        o = hf(input_ids=tok, past_key_values=past, use_cache=True)
-        past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
-        tok.tolist()  # a server reads each token, as ours does
-    return (time.perf_counter() - t) / steps * 1e3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -217,7 +141,7 @@ def main() -> None:
     )
     ttft(engine, ids(args.prefill, 1))  # compile every kernel at these shapes
     ours = min(ttft(engine, ids(args.prefill, 2 + i)) for i in range(2))
-    theirs = hf_prefill_s(hf, args.prefill)
+    theirs, _ = hf_prefill(hf, torch.tensor([ids(args.prefill, 99)], device="cuda"))
     row(
         f"cold prefill {args.prefill} tokens (ms)",
         f"{ours * 1e3:.1f}",
@@ -225,8 +149,9 @@ def main() -> None:
         f"ratio {ours / theirs:.2f}",
     )
     for batch in (1, 32):
-        ours = decode_step_ms(engine, [ids(PROMPT, 100 + i) for i in range(batch)], 65)
-        theirs = hf_decode_ms(hf, batch)
+        ours = decode_rate(engine, [ids(PROMPT, 100 + i) for i in range(batch)], 65)[0] * 1e3
+        x = torch.tensor([ids(PROMPT, 200 + i) for i in range(batch)], device="cuda")
+        theirs = hf_decode_ms(hf, hf_prefill(hf, x)[1], steps=16)
         unit = "ms/token" if batch == 1 else "ms/step"
         row(
             f"decode batch {batch} after {PROMPT} ({unit})",
@@ -235,11 +160,7 @@ def main() -> None:
             f"ratio {ours / theirs:.2f}; ours {batch / ours * 1e3:,.0f} tokens/s",
         )
 
-    Path(args.out, "bench_moe.json").write_text(json.dumps(ROWS, indent=1))
-    table = ["| measure | statechat | transformers | note |", "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in ROWS]
-    Path(args.out, "bench_moe.md").write_text("\n".join(table) + "\n")
-    print("\n" + "\n".join(table))
+    write_table(args.out, "bench_moe")
 
 
 if __name__ == "__main__":
