@@ -23,13 +23,14 @@ from kernels.reference import Checkpoints
 
 
 @triton.jit
-def _window_value(x, conv_pool, i_src, bos, t, o_d, m_d, D, W: tl.constexpr):
+def _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W: tl.constexpr):
     """Input at packed position t of the sequence starting at bos; t < bos reads the src window.
 
-    i_src is the source slot (0 = zeros); returns float32 [..., BD] like o_d.
+    i_src is the source slot (0 = zeros); x rows are stride_x apart; returns float32 [..., BD]
+    like o_d.
     """
     is_seq = t >= bos
-    b_x = tl.load(x + t.to(tl.int64) * D + o_d, mask=m_d & is_seq, other=0.0).to(tl.float32)
+    b_x = tl.load(x + t.to(tl.int64) * stride_x + o_d, mask=m_d & is_seq, other=0.0).to(tl.float32)
     # row of the saved window: W-1 inputs, oldest first, so input bos-1 is row W-2
     i_row = (W - 1) + (t - bos)
     p_init = conv_pool + (i_src.to(tl.int64) * (W - 1) + i_row) * D + o_d
@@ -46,6 +47,7 @@ def _conv_fwd_kernel(
     out,
     cu_seqlens,
     src_slots,
+    stride_x,
     T,
     D,
     N,
@@ -77,6 +79,7 @@ def _conv_fwd_kernel(
         t = o_t[:, None] - (W - 1 - i_w)
         b_v = _window_value(
             x,
+            stride_x,
             conv_pool,
             b_src[:, None],
             b_bos[:, None],
@@ -102,6 +105,7 @@ def _conv_save_kernel(
     ckpt_seq,
     ckpt_boundary,
     ckpt_slot,
+    stride_x,
     D,
     N,
     W: tl.constexpr,
@@ -126,14 +130,14 @@ def _conv_save_kernel(
     # reads a row >= its own, so with src == dst no element is overwritten before it is read.
     for i_r in tl.static_range(W - 1):
         t = b_end - (W - 1) + i_r + o_d * 0
-        b_v = _window_value(x, conv_pool, i_src, bos, t, o_d, m_d, D, W)
+        b_v = _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W)
         p_dst = conv_pool + (i_slot.to(tl.int64) * (W - 1) + i_r) * D + o_d
         tl.store(p_dst, b_v.to(conv_pool.dtype.element_ty), mask=m_d)
 
 
 @triton.jit
 def _conv_update_kernel(
-    x, weight, conv_pool, out, src_slots, dst_slots, D, W: tl.constexpr, BD: tl.constexpr
+    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, D, W: tl.constexpr, BD: tl.constexpr
 ):
     i_n, i_d = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -143,7 +147,7 @@ def _conv_update_kernel(
     m_src = m_d & (o_d * 0 + i_src != 0)  # vector form: see _conv_save_kernel
     p_src = conv_pool + i_src.to(tl.int64) * (W - 1) * D + o_d
     p_dst = conv_pool + i_dst.to(tl.int64) * (W - 1) * D + o_d
-    b_x = tl.load(x + i_n.to(tl.int64) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    b_x = tl.load(x + i_n.to(tl.int64) * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)
     b_acc = b_x * tl.load(weight + o_d.to(tl.int64) * W + (W - 1), mask=m_d, other=0.0).to(
         tl.float32
     )
@@ -174,6 +178,8 @@ def _check(
             f"conv_pool {tuple(conv_pool.shape)} "
             "(want x [T, D], weight [D, W>=2], conv_pool [num_slots, W-1, D])"
         )
+    if x.stride(1) != 1:
+        raise ValueError("conv1d needs x with contiguous channels (stride 1 along D)")
     for name, t in (("weight", weight), ("conv_pool", conv_pool)):
         if not t.is_contiguous():
             raise ValueError(f"conv1d needs a contiguous {name}")
@@ -203,10 +209,9 @@ def causal_conv1d(
     zeros) and written at dst_slots and at the checkpoint slots (window of inputs n-W+1 .. n-1
     of the segment for boundary n); cu_seqlens: [N+1] int32; src_slots, dst_slots: [N] int32;
     checkpoints: C targets (seq, boundary, slot), each [C] int32.
-    Returns [T, D] in x's dtype; math in float32. A row-strided x (a view into a fused
-    projection) is copied to contiguous rows first.
+    Returns [T, D] in x's dtype; math in float32. x may be row-strided (a view into a fused
+    projection); its channels must be contiguous.
     """
-    x = x.contiguous()
     ckpt = (
         (checkpoints.seq, checkpoints.boundary, checkpoints.slot) if checkpoints is not None else ()
     )
@@ -218,20 +223,23 @@ def causal_conv1d(
         raise ValueError(
             f"conv1d: {N} sequences but {src_slots.shape[0]} src / {dst_slots.shape[0]} dst slots"
         )
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     BD = _block_d(D)
     if T > 0:
         BT = 32
         steps = max(N - 1, 1).bit_length()
         grid = (triton.cdiv(T, BT), triton.cdiv(D, BD))
         _conv_fwd_kernel[grid](
-            x, weight, conv_pool, out, cu_seqlens, src_slots, T, D, N, steps, W=W, BT=BT, BD=BD
+            x, weight, conv_pool, out, cu_seqlens, src_slots, x.stride(0), T, D, N, steps,
+            W=W, BT=BT, BD=BD,
         )
     num_ckpt = ckpt[0].shape[0] if ckpt else 0
     if not ckpt:
         ckpt = (dst_slots, dst_slots, dst_slots)  # never read: no program past N
     grid = (N + num_ckpt, triton.cdiv(D, BD))
-    _conv_save_kernel[grid](x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt, D, N, W=W, BD=BD)
+    _conv_save_kernel[grid](
+        x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt, x.stride(0), D, N, W=W, BD=BD
+    )
     return out
 
 
@@ -245,9 +253,8 @@ def causal_conv1d_update(
     """One decode step of causal_conv1d; src and dst may be the same slot (updated in place).
 
     x: [N, D]; weight: [D, W]; conv_pool: [num_slots, W-1, D]; src_slots, dst_slots: [N] int32.
-    Returns [N, D] in x's dtype.
+    Returns [N, D] in x's dtype; x may be row-strided, as in causal_conv1d.
     """
-    x = x.contiguous()
     _check(x, weight, conv_pool, (src_slots, dst_slots))
     N, D = x.shape
     W = weight.shape[1]
@@ -256,10 +263,10 @@ def causal_conv1d_update(
             f"conv1d_update: {N} tokens but {src_slots.shape[0]} src / "
             f"{dst_slots.shape[0]} dst slots"
         )
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     BD = _block_d(D)
     if N > 0:
         _conv_update_kernel[(N, triton.cdiv(D, BD))](
-            x, weight, conv_pool, out, src_slots, dst_slots, D, W=W, BD=BD
+            x, weight, conv_pool, out, src_slots, dst_slots, x.stride(0), D, W=W, BD=BD
         )
     return out

@@ -121,6 +121,23 @@ def test_decode_update(device, dtype):
     check_pool(pool, pool64, before, dst)
 
 
+def test_row_strided_input(device):
+    """x as the model passes it: the first columns of a wider fused projection (no copy)."""
+    D, W = 48, 4
+    wide = torch.randn(70, D + 40, device=device)
+    x = wide[:, 8 : 8 + D]
+    weight = torch.randn(D, W, device=device)
+    pool = torch.randn(5, W - 1, D, device=device)
+    cu, src, dst = i32([0, 65, 70], device), i32([0, 3], device), i32([1, 3], device)
+    out, ref, _ = run_both(causal_conv1d, reference.causal_conv1d, x, weight, pool, cu, src, dst)
+    assert rel_err(out, ref) <= 1e-5
+    step = wide[:2, 8 : 8 + D]
+    out, ref, _ = run_both(
+        causal_conv1d_update, reference.causal_conv1d_update, step, weight, pool, dst, dst
+    )
+    assert rel_err(out, ref) <= 1e-5
+
+
 def test_rejects_mismatched_shapes(device):
     x = torch.randn(4, 8, device=device)
     pool = torch.zeros(3, 3, 8, device=device)
