@@ -108,12 +108,6 @@ class HostTier:
     def has(self, kind: str, h: str) -> bool:
         return (kind, h) in self.items
 
-    def drop(self, kind: str, h: str) -> None:
-        with self.lock:
-            t = self.items.pop((kind, h), None)
-            if t is not None:
-                self.used -= self.nbytes(t)
-
 
 class StateStore:
     """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""

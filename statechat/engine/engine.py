@@ -47,10 +47,6 @@ class RequestOutput:
     reused_by_tier: dict | None = None  # reused prompt tokens by the tier their KV came from
     cache_plan: dict | None = None  # predicted load vs recompute seconds and the choice made
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 @dataclass(frozen=True)
 class StreamEvent:

@@ -104,9 +104,6 @@ class SlotPool:
         if slot:
             self.free.append(slot)
 
-    def lookup(self, h: bytes) -> Checkpoint | None:
-        return self.checkpoints.get(h)
-
     def acquire(self, h: bytes) -> int:
         """Pin checkpoint `h` until `unpin`; returns its slot."""
         ckpt = self.checkpoints[h]
