@@ -19,11 +19,11 @@ Softmax runs online in float32 (base 2, with scale * log2(e) folded into the sco
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from kernels.hw import num_cores
 
 _LOG2E = 1.4426950408889634
 
@@ -237,21 +237,6 @@ CUDA_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
 CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 2}
 
 
-@functools.lru_cache(maxsize=8)
-def _num_cores(device: torch.device) -> int:
-    """Streaming multiprocessors (CUDA) or AI cores (Ascend) of the device; a guess elsewhere."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    try:
-        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
-    except Exception:  # noqa: BLE001 - the interpreter and unknown drivers have no properties
-        return 8
-    counts = [
-        props[k] for k in ("multiprocessor_count", "num_vectorcore", "num_aicore") if k in props
-    ]
-    return int(counts[0]) if counts else 8
-
-
 def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> None:
     if q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -321,7 +306,7 @@ def paged_attention(
         BQ, BM = 1, max(16, triton.next_power_of_2(G))
         num_tiles = T
         # fill the device (programs_per_core per core), each split with at least two KV blocks
-        num_programs = CUDA_DECODE["programs_per_core"] * _num_cores(q.device)
+        num_programs = CUDA_DECODE["programs_per_core"] * num_cores(q.device)
         num_splits = min(triton.cdiv(num_programs, N * Hkv), max(1, block_tables.shape[1] // 2))
     else:
         BM = max(CUDA_PREFILL["BM"] if is_cuda else 64, triton.next_power_of_2(G))

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import num_cores
 from kernels.reference import CHUNK, Checkpoints
 
 # compile-time constants of the kernels (the launchers use CHUNK)
@@ -47,7 +48,7 @@ BC = tl.constexpr(16)  # rows per sub-block of the WY solve (BT // BC == 4 is ha
 # Launch configuration per kernel; the benchmark script may override entries.
 CONFIG = {
     "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1},
-    "state": {"BV": 32, "num_warps": 4, "num_stages": 3},
+    "state": {"BV": 32, "num_warps": 4, "num_stages": 3, "wide_BV": 64, "wide_cost": 1.28},
     "output": {"BV": 64, "num_warps": 4, "num_stages": 2},
 }
 
@@ -568,6 +569,21 @@ def _chunk_layout(cu_seqlens: torch.Tensor, max_chunks: int) -> tuple[torch.Tens
     return chunk_offsets, chunk_seq
 
 
+def _state_tile(num_rows: int, V: int, device: torch.device) -> int:
+    """V tile of the state kernel, whose grid is num_rows (sequences x value heads) x V / BV.
+
+    The kernel is one sequential loop per program, so the grid's wave count sets its time. The
+    wide tile halves the programs at `wide_cost` times the time per program (H200, HV=48 vs
+    HV=32 at T=16384); it is taken when that means fewer waves, e.g. 48 heads of one sequence
+    on 132 SMs: 192 narrow programs in 2 waves, or 96 wide ones in 1.
+    """
+    cfg = CONFIG["state"]
+    narrow, wide = min(V, cfg["BV"]), min(V, cfg["wide_BV"])
+    cores = num_cores(device)
+    waves = [-(-num_rows * (V // bv) // cores) for bv in (narrow, wide)]
+    return wide if waves[1] * cfg["wide_cost"] < waves[0] else narrow
+
+
 def chunk_gdn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -656,7 +672,7 @@ def chunk_gdn(
             num_stages=cfg["num_stages"],
         )
     cfg = CONFIG["state"]
-    bv = min(V, cfg["BV"])
+    bv = _state_tile(N * HV, V, q.device)
     if N > 0:
         _gdn_state_kernel[(N * HV, V // bv)](
             k,

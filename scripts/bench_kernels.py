@@ -356,13 +356,16 @@ def state_variants(B: Bench) -> list[dict]:
         inp, pool = gdn_inputs(B, T, HV, 3, **(dict(H=2, K=16) if B.smoke else {}))
         fn = ours_prefill(B, inp, pool)
         o_ref, h_ref = fn().clone(), pool[2].clone()
-        for cfg in [default, *variants]:
+        # a variant fixes the tile (wide_BV = BV); the default chooses it from the grid
+        for cfg in [default, *({**default, **v, "wide_BV": v["BV"]} for v in variants)]:
             if not B.time_left():
                 break
             gdn_chunk.CONFIG["state"] = cfg
             try:
                 err = max(rel(fn(), o_ref), rel(pool[2], h_ref))
                 row = dict(HV=HV, T=T, **cfg, total_ms=B.ms(fn), err_vs_default=err)
+                if cfg is default:
+                    row["BV"] = f"{cfg['BV']}/{cfg['wide_BV']} by grid"
                 row["state_ms"] = _split(kernel_ms(B, fn))["state_ms"]
             except Exception as e:  # a config may not fit (registers, shared memory)
                 row = dict(HV=HV, T=T, **cfg, error=repr(e)[:200])

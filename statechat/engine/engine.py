@@ -78,7 +78,7 @@ class LLMEngine:
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
         if config.use_cuda_graphs and loaded.device.type == "cuda":
             max_blocks = (self.max_model_len + bs - 1) // bs
-            self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks)
+            self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks, config.max_num_batched_tokens)
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 import kernels
-from statechat.engine.graphs import DecodeGraphs
+from kernels import CHUNK
+from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs
 from statechat.engine.sampling import sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
@@ -23,11 +24,16 @@ class ModelRunner:
         self.pad_slot = num_slots - 1  # never handed out: padding rows of graph replays write here
         self.generators: dict[int, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
 
-    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int) -> None:
-        """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`."""
+    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
+        """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
+        one-sequence prefill chunks up to `max_prefill_tokens` (0: none)."""
         self.graphs = DecodeGraphs(self.model, self.caches, max_batch, max_blocks_per_seq,
                                    self.pad_slot, self.device)
+        if max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK:
+            self.prefill_graphs = PrefillGraphs(self.model, self.caches, max_prefill_tokens,
+                                                max_blocks_per_seq, self.pad_slot, self.device)
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
@@ -76,8 +82,11 @@ class ModelRunner:
     def run(self, batch: Batch) -> list[int]:
         """Forward the batch; one sampled token per item that needs logits, in item order."""
         width = max(len(it.seq.block_table) for it in batch.items)
+        bucket = self._prefill_bucket(batch, width)
         if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
             logits = self._replay_decode(batch)
+        elif bucket is not None:
+            logits = self._replay_prefill(batch.items[0], bucket)
         else:
             input_ids, ctx = self.prepare(batch)
             logits = self.model(input_ids, ctx, self.caches)
@@ -97,6 +106,19 @@ class ModelRunner:
             dst=[it.seq.slot for it in items],
             ctx_lens=[p + 1 for p in positions],
             tables=[it.seq.block_table for it in items],
+        )
+
+    def _prefill_bucket(self, batch: Batch, width: int) -> int | None:
+        if batch.is_decode or self.prefill_graphs is None or len(batch.items) != 1:
+            return None
+        return self.prefill_graphs.bucket(batch.items[0].num_tokens, width)
+
+    def _replay_prefill(self, it, bucket: int) -> torch.Tensor:
+        seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
+        return self.prefill_graphs.run(
+            bucket, ids=seq.token_ids[s : s + n], start=s,
+            slot_mapping=[seq.block_table[p // bs] * bs + p % bs for p in range(s, s + n)],
+            src=it.src_slot, dst=seq.slot, table=seq.block_table, checkpoints=it.checkpoints,
         )
 
     def _generator(self, seq) -> torch.Generator | None:
@@ -154,8 +176,9 @@ class ModelRunner:
         return gathered
 
     def write_blocks(self, block_ids: list[int], tensors: dict[str, torch.Tensor]) -> None:
-        """Load KV blocks: tensors {k.{i}, v.{i}: [n, block_size, Hkv, D]} (pinned when on an
-        accelerator: one asynchronous copy per layer) into device blocks `block_ids`."""
+        """Load KV blocks: tensors {k.{i}, v.{i}: [n, block_size, Hkv, D]} (on the device, or in
+        host memory, pinned on an accelerator: one asynchronous copy per layer) into device
+        blocks `block_ids`."""
         idx = self._tensor(block_ids, torch.int64)
         for i, (kc, vc) in enumerate(zip(self.caches.k, self.caches.v)):
             kc[idx] = tensors[f"k.{i}"].to(self.device, non_blocking=True)

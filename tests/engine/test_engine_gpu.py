@@ -46,3 +46,27 @@ def test_gpu_disk_cache_matches_no_cache(gpu_setup, tmp_path):
     # on a GPU the tiny model recomputes faster than a disk read, so the store may rightly
     # choose to recompute; whatever it reuses must come from disk (a fresh process's only tier)
     assert all(o.reused_from == "disk" for o in outs if o.num_cached_tokens)
+
+
+def test_prefill_graphs_match_eager(gpu_setup):
+    """One-sequence prefill chunks replayed from CUDA graphs (fresh prompts, resumes from
+    checkpoints with checkpoints of their own, chunks cut by a small token budget) give the
+    tokens and cache reuse of eager steps."""
+    path, loaded, _, _ = gpu_setup
+    g = torch.Generator().manual_seed(5)
+    base = torch.randint(3, loaded.config.vocab_size, (300,), generator=g).tolist()
+    tail = torch.randint(3, loaded.config.vocab_size, (40,), generator=g).tolist()
+    turns = [base, base[:250] + tail, base, base[:130], base + tail + base[:200]]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    runs = {}
+    for graphs in (True, False):
+        for budget in (4096, 256):
+            engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
+                                            max_num_batched_tokens=budget), loaded=loaded)
+            outs = [engine.generate([t], params)[0] for t in turns]
+            runs[graphs, budget] = [(o.token_ids, o.num_cached_tokens) for o in outs]
+            if graphs:
+                assert engine.runner.prefill_graphs.replays >= len(turns)
+    assert runs[True, 4096] == runs[False, 4096]
+    assert runs[True, 256] == runs[False, 256]
+    assert any(cached for _, cached in runs[True, 4096])
