@@ -34,6 +34,8 @@ _TRITON_MODULES = {
     "recurrent_gdn": "kernels.gdn_recurrent",
     "gated_rmsnorm": "kernels.norms",
     "rmsnorm": "kernels.norms",
+    "add_rmsnorm": "kernels.norms",
+    "silu_mul": "kernels.activation",
     "copy_slots": "kernels.slots",
     "store_kv": "kernels.slots",
     "paged_attention": "kernels.attention",
@@ -137,6 +139,16 @@ def rmsnorm(x, weight, eps):
     return _pick("rmsnorm", x)(x, weight, eps)
 
 
+@_same_contract(reference.add_rmsnorm)
+def add_rmsnorm(x, residual, weight, eps):
+    return _pick("add_rmsnorm", x)(x, residual, weight, eps)
+
+
+@_same_contract(reference.silu_mul)
+def silu_mul(x):
+    return _pick("silu_mul", x)(x)
+
+
 @_same_contract(reference.copy_slots)
 def copy_slots(pool, src, dst):
     return _pick("copy_slots", pool)(pool, src, dst)
@@ -162,6 +174,7 @@ def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights):
 __all__ = [
     "BACKENDS",
     "CHUNK",
+    "add_rmsnorm",
     "Checkpoints",
     "causal_conv1d",
     "causal_conv1d_update",
@@ -175,5 +188,6 @@ __all__ = [
     "recurrent_gdn",
     "rmsnorm",
     "set_backend",
+    "silu_mul",
     "store_kv",
 ]

@@ -1,9 +1,12 @@
-"""RMSNorms of Qwen3.5: zero-centred `rmsnorm` and the GDN output's `gated_rmsnorm`.
+"""RMSNorms of Qwen3.5: zero-centred `rmsnorm`, `add_rmsnorm` (the residual add fused in
+front of it) and the GDN output's `gated_rmsnorm`.
 
 Both normalise the last dim of a row-major [..., D] tensor, one block of rows per program, the
 whole row in registers. Rounding follows `kernels.reference` step by step, so a bf16 model
 gets the same numbers on every backend:
 - rmsnorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), all in float32, rounded once at the end.
+- add_rmsnorm: the sum x + residual is rounded to x's dtype (it is the next residual), then
+  normed as above.
 - gated_rmsnorm: the normed x is rounded to x's dtype, multiplied by weight in the promoted
   dtype of (weight, x) (torch's rule), then times SiLU(gate) in float32, rounded to x's dtype.
 """
@@ -28,6 +31,27 @@ def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: t
     b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
     b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
     b_out = b_x * b_rstd[:, None] * (1.0 + b_w[None, :])
+    tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    x, residual, weight, out, new_residual, M, D, stride_x, stride_r, eps,
+    BM: tl.constexpr, BD: tl.constexpr,
+):
+    i_m = tl.program_id(0)
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0)
+    b_r = tl.load(residual + o_m[:, None].to(tl.int64) * stride_r + o_d[None, :], mask=m_x, other=0.0)
+    b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(new_residual.dtype.element_ty)
+    tl.store(new_residual + o_x, b_s, mask=m_x)
+    b_sf = b_s.to(tl.float32)
+    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
+    b_rstd = tl.rsqrt(tl.sum(b_sf * b_sf, axis=1) / D + eps)
+    b_out = b_sf * b_rstd[:, None] * (1.0 + b_w[None, :])
     tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
 
 
@@ -75,7 +99,7 @@ def _check(
     if weight.shape != (D,):
         raise ValueError(f"{name}: weight {tuple(weight.shape)} does not match x's last dim {D}")
     if gate is not None and gate.shape != x.shape:
-        raise ValueError(f"{name}: gate {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
     for t in (x, weight) if gate is None else (x, weight, gate):
         if t.dtype not in _TL_DTYPES:
             raise ValueError(f"{name}: unsupported dtype {t.dtype} (float32, bfloat16, float16)")
@@ -109,6 +133,29 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             x2, weight, out, M, D, x2.stride(0), eps, BM=BM, BD=BD
         )
     return out
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual), x + residual): a pre-norm block's residual add and the next
+    norm in one pass.
+
+    x, residual: [..., D] of one dtype (rows may be strided); weight: [D].
+    Returns two contiguous tensors of x's shape and dtype.
+    """
+    _check(x, weight, "add_rmsnorm", residual)
+    if residual.dtype != x.dtype:
+        raise ValueError(f"add_rmsnorm: residual dtype {residual.dtype} differs from x's {x.dtype}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, r2 = _rows(x), _rows(residual)
+    (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
+    if M and D:
+        _add_rmsnorm_kernel[(triton.cdiv(M, BM),)](
+            x2, r2, weight, out, new_residual, M, D, x2.stride(0), r2.stride(0), eps, BM=BM, BD=BD
+        )
+    return out, new_residual
 
 
 def gated_rmsnorm(

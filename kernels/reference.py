@@ -247,6 +247,20 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual), x + residual); the sum is rounded to x's dtype before the norm."""
+    total = x + residual
+    return rmsnorm(total, weight, eps), total
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of a fused gate/up output: x [T, 2I] -> silu(x[:, :I]) * x[:, I:]."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """pool[dst[i]] = pool[src[i]] for every i (src and dst: [M] int32, disjoint)."""
     pool[dst.long()] = pool[src.long()]

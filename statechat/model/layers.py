@@ -20,6 +20,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.rmsnorm(x, self.weight, self.eps)
 
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one kernel: a residual add and the next norm."""
+        return kernels.add_rmsnorm(x, residual, self.weight, self.eps)
+
 
 def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
     """One [sum of outputs, in] weight for linears that share an input: one GEMM instead of
@@ -48,8 +52,7 @@ class MLP(nn.Module):
         self.w_gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(kernels.silu_mul(F.linear(x, self.w_gate_up)))
 
 
 class RotaryEmbedding(nn.Module):

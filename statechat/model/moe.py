@@ -87,6 +87,5 @@ class SparseMoeBlock(nn.Module):
         out = self.experts(x, ids, weights)
         if not self.has_shared:
             return out
-        gate, up = proj[:, E + 1 :].chunk(2, dim=-1)
-        shared = self.shared_expert.down_proj(F.silu(gate) * up)
+        shared = self.shared_expert.down_proj(kernels.silu_mul(proj[:, E + 1 :]))
         return out + torch.sigmoid(proj[:, E : E + 1]) * shared

@@ -7,6 +7,7 @@
                                   -> post_attention_layernorm -> (MLP | SparseMoeBlock)
                                   -> residual
         norm
+      (each residual add runs fused with the norm after it: RMSNorm.add)
       lm_head (tied to embed_tokens when the config says so)
 
 The model is stateless: a step's per-sequence state comes in through a `Context` (slot and
@@ -69,9 +70,10 @@ class TextModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype)
+        residual = None
         for layer in self.layers:
-            h = layer(h, cos_sin, ctx, caches)
-        return self.norm(h)
+            h, residual = layer(h, residual, cos_sin, ctx, caches)
+        return self.norm.add(h, residual)[0]
 
 
 class DecoderLayer(nn.Module):
@@ -96,13 +98,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: Context, caches: ModelCaches
-    ) -> torch.Tensor:
-        x = self.input_layernorm(h)
+        self, h: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
+        ctx: Context, caches: ModelCaches,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block output, residual stream before it): the caller's next norm adds the two, so
+        the residual adds cost no kernel of their own. `residual` is None for the first layer."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm.add(h, residual)
         i = self.cache_index
         if self.is_gdn:
             x = self.linear_attn(x, ctx, caches.conv[i], caches.ssm[i])
         else:
             x = self.self_attn(x, cos_sin, ctx, caches.k[i], caches.v[i])
-        h = h + x
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x, residual = self.post_attention_layernorm.add(x, residual)
+        return self.mlp(x), residual

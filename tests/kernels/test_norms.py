@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import reference
-from kernels.norms import gated_rmsnorm, rmsnorm
+from kernels.norms import add_rmsnorm, gated_rmsnorm, rmsnorm
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 EPS = 1e-6
@@ -54,6 +54,21 @@ def test_gated_rmsnorm(device, dtype, weight_dtype):
     ref = reference.gated_rmsnorm(x.double(), gate.double(), weight.double(), EPS)
     assert out.shape == x.shape and out.dtype == dtype
     assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rmsnorm(device, dtype):
+    x = strided_rows(7, 3, 40, dtype, device)  # strided, as a layer output may be
+    residual = (torch.randn(7, 3, 40, device=device) * 4).to(dtype)
+    weight = (0.5 * torch.randn(40, device=device)).to(dtype)
+    out, total = add_rmsnorm(x, residual, weight, EPS)
+    assert out.shape == total.shape == x.shape and out.dtype == total.dtype == dtype
+    # the sum is rounded to the dtype (it is the next residual); the norm starts from it
+    assert torch.equal(total, x + residual)
+    assert rel_err(out, reference.rmsnorm(total.double(), weight.double(), EPS)) <= TOL[dtype]
+    ref_out, ref_total = reference.add_rmsnorm(x, residual, weight, EPS)
+    assert torch.equal(total, ref_total)
+    assert rel_err(out, ref_out.double()) <= TOL[dtype]
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
