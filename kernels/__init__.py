@@ -36,6 +36,7 @@ _TRITON_MODULES = {
     "rmsnorm": "kernels.norms",
     "add_rmsnorm": "kernels.norms",
     "silu_mul": "kernels.activation",
+    "rmsnorm_rope": "kernels.rope",
     "copy_slots": "kernels.slots",
     "store_kv": "kernels.slots",
     "paged_attention": "kernels.attention",
@@ -144,6 +145,11 @@ def add_rmsnorm(x, residual, weight, eps):
     return _pick("add_rmsnorm", x)(x, residual, weight, eps)
 
 
+@_same_contract(reference.rmsnorm_rope)
+def rmsnorm_rope(x, weight, cos, sin, eps):
+    return _pick("rmsnorm_rope", x)(x, weight, cos, sin, eps)
+
+
 @_same_contract(reference.silu_mul)
 def silu_mul(x):
     return _pick("silu_mul", x)(x)
@@ -187,6 +193,7 @@ __all__ = [
     "paged_attention",
     "recurrent_gdn",
     "rmsnorm",
+    "rmsnorm_rope",
     "set_backend",
     "silu_mul",
     "store_kv",

@@ -255,6 +255,23 @@ def add_rmsnorm(
     return rmsnorm(total, weight, eps), total
 
 
+def rmsnorm_rope(
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """RMSNorm of each head, then rotary embedding of its first R channels.
+
+    x: [T, H, D]; weight: [D]; cos, sin: [T, R] (R even, <= D; the rest passes through).
+    The norm is rounded to x's dtype, then rotated in that dtype (torch's rounding per op).
+    """
+    x = rmsnorm(x, weight, eps)
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([out, rest], dim=-1)
+
+
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a fused gate/up output: x [T, 2I] -> silu(x[:, :I]) * x[:, I:]."""
     gate, up = x.chunk(2, dim=-1)

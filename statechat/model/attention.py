@@ -13,7 +13,7 @@ from torch import nn
 import kernels
 from statechat.model.config import ModelConfig
 from statechat.model.context import Context
-from statechat.model.layers import RMSNorm, RotaryEmbedding, fuse_linears
+from statechat.model.layers import RMSNorm, fuse_linears
 
 
 class Attention(nn.Module):
@@ -49,11 +49,10 @@ class Attention(nn.Module):
         kv_dim = self.num_kv_heads * self.head_dim
         qg, k, v = F.linear(x, self.w_qkv).split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        eps = self.q_norm.eps
+        q = kernels.rmsnorm_rope(q, self.q_norm.weight, *cos_sin, eps)
+        k = kernels.rmsnorm_rope(k.view(T, self.num_kv_heads, self.head_dim), self.k_norm.weight, *cos_sin, eps)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        q = RotaryEmbedding.apply(q, *cos_sin)
-        k = RotaryEmbedding.apply(k, *cos_sin)
         kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
         o = kernels.paged_attention(
             q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale

@@ -56,7 +56,8 @@ class MLP(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding on the first `rotary_dim` channels of each head.
+    """Cos/sin tables of the rotary position embedding on the first `rotary_dim` channels of each
+    head (the rotation itself runs fused with the q/k norms: `kernels.rmsnorm_rope`).
 
     Qwen3.5's multimodal RoPE reduces to this for text, where the temporal, height and width
     positions of a token are all equal.
@@ -79,13 +80,3 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate x: [T, H, D] by cos, sin: [T, R] (R <= D, the rest passes through)."""
-        r = cos.shape[-1]
-        rot, rest = x[..., :r], x[..., r:]
-        half = r // 2
-        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-        out = rot * cos[:, None, :] + rotated * sin[:, None, :]
-        return torch.cat([out, rest], dim=-1)
