@@ -5,15 +5,22 @@ folder fsynced: a reader sees a whole blob or none. Every blob carries in its me
 cache format version, the model fingerprint, its token count, the block hashes it covers and a
 checksum of its tensor bytes; `read_blob` checks all of them, and the shapes the caller expects,
 before anything is used.
+
+Tensor bytes are read and checksummed in pieces of PIECE_BYTES on a few threads (preadv and
+crc32 release the GIL), so a restore runs near the page cache's bandwidth. For a CUDA device a
+piece goes through its thread's pinned staging buffer, made once and kept, into one device
+buffer: a restore allocates no pinned memory.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +30,7 @@ from safetensors.torch import save
 from statechat.cache.hashing import CACHE_FORMAT_VERSION
 
 TMP_SUFFIX = ".tmp"
+PIECE_BYTES = 16 << 20  # the unit of reads and of the checksum (part of the cache format)
 
 
 class BlobError(Exception):
@@ -37,48 +45,34 @@ class BlobMeta:
     kind: str  # "ckpt" or "kv"
 
 
-_POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="statechat-crc")
+_POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="statechat-blob")
+_STAGING = threading.local()  # per pool thread: a pinned piece buffer and a CUDA copy stream
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
+Entries = dict[str, tuple[torch.dtype, list[int], int, int]]  # name -> dtype, shape, start, end
 
-def _crc(t: torch.Tensor) -> int:
-    return zlib.crc32(t.contiguous().view(torch.uint8).reshape(-1).numpy().data)  # releases the GIL
+
+def _pieces(nbytes: int) -> list[tuple[int, int]]:
+    """(offset, length) of each piece of a tensor's bytes; an empty tensor has one empty piece."""
+    return [(o, min(PIECE_BYTES, nbytes - o)) for o in range(0, max(nbytes, 1), PIECE_BYTES)]
+
+
+def _fold(pieces: list[tuple[str, int, int]], crcs) -> str:
+    """The blob checksum from the crc of each (tensor, offset, length) piece: crc32 of the text
+    "name:crc.crc...,name:crc..." (hex crcs in offset order, tensors in name order)."""
+    by_name: dict[str, list[str]] = {}
+    for (name, _, _), crc in sorted(zip(pieces, crcs)):
+        by_name.setdefault(name, []).append(f"{crc:08x}")
+    return f"{zlib.crc32(','.join(f'{n}:' + '.'.join(c) for n, c in by_name.items()).encode()):08x}"
 
 
 def checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """crc32 of each tensor's bytes (computed in parallel), folded in name order (hex)."""
-    names = sorted(tensors)
-    crcs = list(_POOL.map(lambda n: _crc(tensors[n]), names))
-    return f"{zlib.crc32(','.join(f'{n}:{c:08x}' for n, c in zip(names, crcs)).encode()):08x}"
-
-
-def _read_safetensors(path: Path, pin: bool) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read a safetensors file with large sequential reads into one (pinned) buffer.
-
-    Returns (metadata, tensors viewing the buffer). Raises ValueError on a malformed file.
-    """
-    with open(path, "rb", buffering=0) as f:
-        n = int.from_bytes(f.read(8), "little")
-        size = os.fstat(f.fileno()).st_size - 8 - n
-        if n <= 0 or size < 0:
-            raise ValueError("bad header length")
-        header = json.loads(f.read(n))
-        buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
-        view, pos = memoryview(buf.numpy()), 0
-        while pos < size:
-            got = f.readinto(view[pos : pos + (64 << 20)])
-            if not got:
-                raise ValueError("file ends early")
-            pos += got
-    meta = header.pop("__metadata__", {}) or {}
-    tensors = {}
-    for name, info in header.items():
-        start, end = info["data_offsets"]
-        if end > size:
-            raise ValueError(f"tensor {name} lies past the end of the file")
-        tensors[name] = buf[start:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-    return meta, tensors
+    """The checksum of host tensors: crc32 of every piece (in parallel), folded (hex)."""
+    data = {n: memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy())
+            for n, t in tensors.items()}
+    pieces = [(n, o, size) for n, d in data.items() for o, size in _pieces(len(d))]
+    return _fold(pieces, _POOL.map(lambda p: zlib.crc32(data[p[0]][p[1] : p[1] + p[2]]), pieces))
 
 
 def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta) -> tuple[int, str]:
@@ -114,26 +108,138 @@ def fsync_dir(folder: Path) -> None:
 
 
 def read_blob(
-    path: Path, fingerprint: str, expected: dict[str, tuple[int, ...]], checksum_in_index: str | None = None,
-    pin: bool = False,
+    path: Path, fingerprint: str, expected: dict[str, tuple[int, ...]],
+    checksum_in_index: str | None = None, device: torch.device | str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Load and verify a blob (into pinned memory if `pin`); raise BlobError saying what is wrong."""
+    """Load and verify a blob; raise BlobError saying what is wrong.
+
+    The tensors are views of one buffer: on `device` if it is a CUDA device with room for it,
+    else in host memory (pinned for another accelerator). The header is checked before the
+    tensor bytes are read, and they are returned only once their checksum matches.
+    """
     if not path.is_file():
         raise BlobError(f"blob {path.name} is missing")
+    device = torch.device(device or "cpu")
     try:
-        meta, tensors = _read_safetensors(path, pin)
-    except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
-        raise BlobError(f"blob {path.name} is unreadable ({str(e).splitlines()[0][:80]})") from None
-    if meta.get("format_version") != str(CACHE_FORMAT_VERSION):
-        raise BlobError(f"blob {path.name} has cache format {meta.get('format_version')}")
-    if meta.get("fingerprint") != fingerprint:
-        raise BlobError(f"blob {path.name} belongs to another model")
-    if set(tensors) != set(expected):
-        raise BlobError(f"blob {path.name} holds other tensors than expected")
-    for name, shape in expected.items():
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise BlobError(f"blob {path.name} tensor {name} has shape {list(tensors[name].shape)}")
-    crc = checksum(tensors)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise BlobError(f"blob {path.name} is unreadable ({e.strerror})") from None
+    try:
+        try:
+            meta, data_start, entries = _read_header(fd)
+        except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
+            raise BlobError(f"blob {path.name} is unreadable ({_first_line(e)})") from None
+        _check_header(path.name, meta, entries, fingerprint, expected)
+        try:
+            buf, crc = _read_data(fd, data_start, entries, device)
+        except (OSError, ValueError) as e:
+            raise BlobError(f"blob {path.name} is unreadable ({_first_line(e)})") from None
+    finally:
+        os.close(fd)
     if crc != meta.get("checksum") or (checksum_in_index and crc != checksum_in_index):
         raise BlobError(f"blob {path.name} fails its checksum")
-    return tensors
+    return {n: buf[start:end].view(dtype).reshape(shape)
+            for n, (dtype, shape, start, end) in entries.items()}
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e) or type(e).__name__).splitlines()[0][:80]
+
+
+def _read_header(fd: int) -> tuple[dict, int, Entries]:
+    """A safetensors header: (metadata, file offset of the data, entries with offsets into the
+    data). ValueError if it is malformed or a tensor lies past the end of the file."""
+    file_size = os.fstat(fd).st_size
+    n = int.from_bytes(os.pread(fd, 8, 0), "little")
+    if n <= 0 or 8 + n > file_size:
+        raise ValueError("bad header length")
+    header = json.loads(os.pread(fd, n, 8))
+    meta = header.pop("__metadata__", None) or {}
+    entries = {}
+    for name, info in header.items():
+        dtype, shape, (start, end) = _DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        if end > file_size - 8 - n:
+            raise ValueError(f"tensor {name} lies past the end of the file")
+        if not 0 <= start <= end or end - start != math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"tensor {name} has {end - start} bytes for shape {shape}")
+        entries[name] = (dtype, shape, start, end)
+    return meta, 8 + n, entries
+
+
+def _check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
+                  expected: dict[str, tuple[int, ...]]) -> None:
+    if meta.get("format_version") != str(CACHE_FORMAT_VERSION):
+        raise BlobError(f"blob {blob} has cache format {meta.get('format_version')}")
+    if meta.get("fingerprint") != fingerprint:
+        raise BlobError(f"blob {blob} belongs to another model")
+    if set(entries) != set(expected):
+        raise BlobError(f"blob {blob} holds other tensors than expected")
+    for name, shape in expected.items():
+        if tuple(entries[name][1]) != tuple(shape):
+            raise BlobError(f"blob {blob} tensor {name} has shape {list(entries[name][1])}")
+
+
+def _read_data(fd: int, data_start: int, entries: Entries,
+               device: torch.device) -> tuple[torch.Tensor, str]:
+    """The tensors' bytes, read piece by piece on the pool: (one uint8 buffer laid out like the
+    file's data, their checksum). Returns or raises only when every piece is done, so no
+    thread writes into the buffer after it."""
+    size = max((end for *_, end in entries.values()), default=0)
+    if device.type == "cuda":
+        try:
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
+        except torch.cuda.OutOfMemoryError:  # no room for the verified copy: via host memory
+            return _read_data(fd, data_start, entries, torch.device("cpu"))
+        # the allocating stream may still use this memory for what it held before: the copies,
+        # on other streams, wait for this point of it
+        free = torch.cuda.Event()
+        free.record(torch.cuda.current_stream(buf.device))
+
+        def read(offset: int, length: int) -> int:
+            return _read_piece_to_cuda(fd, data_start + offset, buf[offset : offset + length], free)
+    else:
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=device.type != "cpu")
+        view = memoryview(buf.numpy())
+
+        def read(offset: int, length: int) -> int:
+            return _read_piece(fd, data_start + offset, view[offset : offset + length])
+
+    pieces = [(n, start + o, length) for n, (_, _, start, end) in entries.items()
+              for o, length in _pieces(end - start)]
+    futures = [_POOL.submit(read, offset, length) for _, offset, length in pieces]
+    wait(futures)
+    return buf, _fold(pieces, [f.result() for f in futures])
+
+
+def _read_piece(fd: int, offset: int, out: memoryview) -> int:
+    """Fill `out` from the file at `offset`; return its crc32."""
+    done = 0
+    while done < len(out):
+        got = os.preadv(fd, [out[done:]], offset + done)
+        if not got:
+            raise ValueError("file ends early")
+        done += got
+    return zlib.crc32(out)
+
+
+def _read_piece_to_cuda(fd: int, offset: int, out: torch.Tensor, free: torch.cuda.Event) -> int:
+    """Read a piece into this thread's staging buffer and copy it into `out` (a slice of a
+    device buffer) on this thread's stream once `free` is reached; return its crc32. The copy
+    is waited for: when this returns the piece is on the device and the staging buffer free."""
+    staging, stream = _staging(out.device)
+    crc = _read_piece(fd, offset, memoryview(staging.numpy())[: out.numel()])
+    stream.wait_event(free)
+    with torch.cuda.stream(stream):
+        out.copy_(staging[: out.numel()], non_blocking=True)
+    stream.synchronize()
+    return crc
+
+
+def _staging(device: torch.device) -> tuple[torch.Tensor, torch.cuda.Stream]:
+    """This pool thread's pinned piece buffer and copy stream for `device`: made on first use
+    and kept, as pinning memory costs far more than copying a piece through it."""
+    if getattr(_STAGING, "device", None) != device:
+        _STAGING.buffer = torch.empty(PIECE_BYTES, dtype=torch.uint8, pin_memory=True)
+        _STAGING.stream = torch.cuda.Stream(device)
+        _STAGING.device = device
+    return _STAGING.buffer, _STAGING.stream

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 
 
 def model_fingerprint(config_digest: str, weights_digest: str, dtype: str, block_size: int) -> bytes:

@@ -3,7 +3,8 @@
     store = open_store(cache_dir)                   # people's operations: stats, ls, verify, gc
     store.attach(fingerprint, name, ...)            # an engine's model: lookups and saves
     store.where(block_hashes, ckpt_hashes)          # which lower tier holds what
-    store.load_blocks(hashes) / load_checkpoint(h)  # verified tensors (host tier or disk)
+    store.load_blocks(hashes) / load_checkpoint(h)  # verified tensors: host tier, or disk (on
+                                                    # the engine's device when it is CUDA)
     store.save(SaveJob)                             # queued; a thread writes blobs, then rows
 
 Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. A blob
@@ -59,14 +60,32 @@ class SaveJob:
         self.queued_bytes = sum(t.numel() * t.element_size() for t in tensors)
         return self.queued_bytes
 
-    def to_host(self, pin: bool) -> None:
-        """Move device snapshots to host memory (pinned when `pin`, for fast restores)."""
+    def to_host(self, pin: bool, stream: torch.cuda.Stream | None = None) -> None:
+        """Move device snapshots to host memory (pinned when `pin`, for fast restores). Given a
+        CUDA `stream` (the writer thread's), the copies run on it and only it is waited for, so
+        the compute stream never stalls on them."""
         if self.ready is not None:
             self.ready()
+        if stream is not None:
+            self._to_host_on(stream)
+            return
         move = (lambda t: t.to("cpu").pin_memory()) if pin else (lambda t: t.to("cpu"))
         if self.ckpt is not None:
             self.ckpt = {n: move(t) for n, t in self.ckpt.items()}
         self.block_tensors = {n: move(t) for n, t in self.block_tensors.items()}
+
+    def _to_host_on(self, stream: torch.cuda.Stream) -> None:
+        """Copy into pinned memory on `stream` (torch's caching host allocator hands back freed
+        pinned blocks, so a save rarely pins new memory)."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+        with torch.cuda.stream(stream):
+            ckpt = None if self.ckpt is None else {n: move(t) for n, t in self.ckpt.items()}
+            blocks = {n: move(t) for n, t in self.block_tensors.items()}
+        stream.synchronize()  # before the device snapshots are let go
+        self.ckpt, self.block_tensors = ckpt, blocks
 
 
 class HostTier:
@@ -120,7 +139,9 @@ class StateStore:
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
         self.host = HostTier(host_bytes)
-        self.pin_memory = False  # read blobs into pinned memory (set for accelerators)
+        self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
+        self.pin_memory = False  # host copies in pinned memory (for accelerators)
+        self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies
         self.model_id: int | None = None
         self.fingerprint = ""
         self.shapes: dict[str, dict[str, list[int]]] = {}
@@ -134,9 +155,12 @@ class StateStore:
 
     # --- model ------------------------------------------------------------------------
     def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
-               shapes: dict[str, dict[str, list[int]]], pin_memory: bool = False) -> None:
-        """Bind the store to one model (fingerprint hex) and start the writer thread."""
-        self.fingerprint, self.shapes, self.pin_memory = fingerprint, shapes, pin_memory
+               shapes: dict[str, dict[str, list[int]]], device: torch.device | str = "cpu") -> None:
+        """Bind the store to one model (fingerprint hex) on `device` and start the writer thread."""
+        self.fingerprint, self.shapes, self.device = fingerprint, shapes, torch.device(device)
+        self.pin_memory = self.device.type != "cpu"
+        if self.device.type == "cuda":
+            self.copy_stream = torch.cuda.Stream(self.device)
         with self.db_lock:
             self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype, block_size)
             self.db.execute("UPDATE models SET shapes = ? WHERE id = ?", [json.dumps(shapes), self.model_id])
@@ -166,7 +190,7 @@ class StateStore:
             raise BlobError(f"checkpoint {h[:12]} is no longer in the index")
         blob, _, crc = row
         try:
-            tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc, self.pin_memory)
+            tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc, self.device)
         except BlobError as e:
             self._discard_checkpoint(h, blob, str(e))
             raise
@@ -201,7 +225,7 @@ class StateStore:
             _, _, crc, num_blocks, _ = rows[members[0][0]]
             try:
                 tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("kv", num_blocks),
-                                    crc, self.pin_memory)
+                                    crc, self.device)
             except BlobError as e:
                 self._discard_segment(blob, str(e))
                 raise
@@ -284,7 +308,7 @@ class StateStore:
                 self.queue.task_done()
 
     def _write(self, job: SaveJob) -> None:
-        job.to_host(self.pin_memory)
+        job.to_host(self.pin_memory, self.copy_stream)
         if job.ckpt is not None and job.ckpt_hash:
             self.host.put("ckpt", job.ckpt_hash, job.ckpt)
         for row, (h, _, _) in enumerate(job.blocks):

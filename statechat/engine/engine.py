@@ -95,7 +95,7 @@ class LLMEngine:
         store = open_store(cfg.cache_dir, cfg.disk_cache_bytes, cfg.host_cache_bytes)
         store.attach(self.fingerprint.hex(), self.loaded.path.name, str(self.loaded.path),
                      str(self.loaded.dtype), cfg.block_size, self.runner.state_shapes(),
-                     pin_memory=self.loaded.device.type != "cpu")
+                     device=self.loaded.device)
         return store
 
     def _prefill_guess(self) -> float:

@@ -1,0 +1,136 @@
+"""A blob reads back exactly what was written (any dtype, empty tensors, sizes that are not a
+multiple of the read piece), on the CPU and, where there is one, on a CUDA device; a flipped
+byte in any piece, a truncated file and a header that does not match are each refused with
+one clear line, before any tensor is handed out."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+import torch
+
+from statechat.cache import blobs
+from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
+
+FP = "ab" * 32
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def sample(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {
+        "k.0": torch.randn(3, 64, 4, 8, generator=gen).to(torch.bfloat16),
+        "v.0": torch.randn(3, 64, 4, 8, generator=gen).to(torch.float16),
+        "ssm.0": torch.randn(5, 7, 11, generator=gen),
+        "ids": torch.randint(-(2**40), 2**40, (37,), generator=gen),
+        "bytes": torch.randint(0, 256, (1001,), generator=gen, dtype=torch.uint8),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {n: tuple(t.shape) for n, t in tensors.items()}
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Pieces of 1000 bytes, so a small blob has many (the format's are 16 MiB)."""
+    monkeypatch.setattr(blobs, "PIECE_BYTES", 1000)
+
+
+@pytest.fixture
+def blob(tmp_path, small_pieces):
+    tensors = sample(torch.Generator().manual_seed(0))
+    path = tmp_path / "kv" / "a.safetensors"
+    _, crc = write_blob(path, tensors, BlobMeta(FP, 192, ["00"] * 3, "kv"))
+    return path, tensors, crc
+
+
+def data_start(path) -> int:
+    return 8 + int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def refused(path, expected, **kwargs) -> str:
+    with pytest.raises(BlobError) as err:
+        read_blob(path, FP, expected, **kwargs)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_round_trip_is_exact(blob, device):
+    path, tensors, crc = blob
+    got = read_blob(path, FP, shapes(tensors), crc, device=device)
+    assert set(got) == set(tensors)
+    for name, t in tensors.items():
+        assert got[name].device.type == device and got[name].dtype == t.dtype
+        assert torch.equal(got[name].cpu(), t), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_round_trip_of_a_tensor_larger_than_a_piece(tmp_path, device):
+    tensors = {"k.0": torch.arange(blobs.PIECE_BYTES // 4 + 3, dtype=torch.int32),
+               "v.0": torch.ones(5)}
+    path = tmp_path / "big.safetensors"
+    _, crc = write_blob(path, tensors, BlobMeta(FP, 64, ["00"], "kv"))
+    got = read_blob(path, FP, shapes(tensors), crc, device=device)
+    assert all(torch.equal(got[n].cpu(), t) for n, t in tensors.items())
+
+
+def test_checksum_follows_the_documented_formula(small_pieces):
+    """crc32 of "name:crc.crc...,name:crc" over 1000-byte pieces, tensors in name order."""
+    a, b = torch.arange(600, dtype=torch.int32), torch.zeros(0)
+    raw = a.numpy().tobytes()
+    crcs = [f"{zlib.crc32(raw[o : o + 1000]):08x}" for o in (0, 1000, 2000)]
+    text = "a:" + ".".join(crcs) + ",b:00000000"
+    assert blobs.checksum({"b": b, "a": a}) == f"{zlib.crc32(text.encode()):08x}"
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_flipped_byte_in_any_piece_is_refused(blob, where, device):
+    path, tensors, crc = blob
+    data = bytearray(path.read_bytes())
+    start = data_start(path)
+    at = {"first": start, "middle": (start + len(data)) // 2, "last": len(data) - 1}[where]
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    message = refused(path, shapes(tensors), checksum_in_index=crc, device=device)
+    assert "fails its checksum" in message
+
+
+@pytest.mark.parametrize("keep", [4, 100, "header", "data"])
+def test_truncated_blob_is_refused(blob, keep):
+    path, tensors, _ = blob
+    data = path.read_bytes()
+    start = data_start(path)
+    cut = {"header": start - 10, "data": (start + len(data)) // 2}.get(keep, keep)
+    path.write_bytes(data[:cut])
+    assert "unreadable" in refused(path, shapes(tensors))
+
+
+def test_index_checksum_must_match(blob):
+    path, tensors, _ = blob
+    assert "fails its checksum" in refused(path, shapes(tensors), checksum_in_index="00000000")
+
+
+def test_header_mismatches_are_refused(blob, tmp_path):
+    path, tensors, _ = blob
+    expected = shapes(tensors)
+    with pytest.raises(BlobError, match="belongs to another model"):
+        read_blob(path, "cd" * 32, expected)
+    assert "holds other tensors" in refused(path, {**expected, "k.1": (3, 64, 4, 8)})
+    assert "tensor ssm.0 has shape [5, 7, 11]" in refused(path, {**expected, "ssm.0": (5, 7, 12)})
+    assert "missing" in refused(tmp_path / "nothing.safetensors", expected)
+
+
+def test_older_format_is_refused(blob):
+    path, tensors, _ = blob
+    data = path.read_bytes()
+    start = data_start(path)
+    header = json.loads(data[8:start])
+    header["__metadata__"]["format_version"] = "1"
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(start - 8)  # offsets kept
+    path.write_bytes(data[:8] + text + data[start:])
+    assert "has cache format 1" in refused(path, shapes(tensors))
