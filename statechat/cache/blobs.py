@@ -226,7 +226,7 @@ def _read_piece_to_cuda(fd: int, offset: int, out: torch.Tensor, free: torch.cud
     """Read a piece into this thread's staging buffer and copy it into `out` (a slice of a
     device buffer) on this thread's stream once `free` is reached; return its crc32. The copy
     is waited for: when this returns the piece is on the device and the staging buffer free."""
-    staging, stream = _staging(out.device)
+    staging, stream = _staging(out.device, out.numel())
     crc = _read_piece(fd, offset, memoryview(staging.numpy())[: out.numel()])
     stream.wait_event(free)
     with torch.cuda.stream(stream):
@@ -235,11 +235,12 @@ def _read_piece_to_cuda(fd: int, offset: int, out: torch.Tensor, free: torch.cud
     return crc
 
 
-def _staging(device: torch.device) -> tuple[torch.Tensor, torch.cuda.Stream]:
-    """This pool thread's pinned piece buffer and copy stream for `device`: made on first use
-    and kept, as pinning memory costs far more than copying a piece through it."""
-    if getattr(_STAGING, "device", None) != device:
-        _STAGING.buffer = torch.empty(PIECE_BYTES, dtype=torch.uint8, pin_memory=True)
+def _staging(device: torch.device, nbytes: int) -> tuple[torch.Tensor, torch.cuda.Stream]:
+    """This pool thread's pinned piece buffer (of at least `nbytes`) and copy stream for
+    `device`: made on first use and kept, as pinning memory costs far more than copying a
+    piece through it."""
+    if getattr(_STAGING, "device", None) != device or _STAGING.buffer.numel() < nbytes:
+        _STAGING.buffer = torch.empty(max(nbytes, PIECE_BYTES), dtype=torch.uint8, pin_memory=True)
         _STAGING.stream = torch.cuda.Stream(device)
         _STAGING.device = device
     return _STAGING.buffer, _STAGING.stream
