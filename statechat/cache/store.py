@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from statechat.cache import index
 from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
 
 log = logging.getLogger("statechat.cache")
+_SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
@@ -221,19 +223,27 @@ class StateStore:
             if h not in rows:
                 raise BlobError(f"block {h[:12]} is no longer in the index")
             by_segment.setdefault(rows[h][0], []).append((h, rows[h][1]))
+        def read(blob: str, members: list[tuple[str, int]]) -> dict[str, torch.Tensor]:
+            num_blocks, crc = rows[members[0][0]][3], rows[members[0][0]][2]
+            return read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("kv", num_blocks), crc, self.device)
+
+        # segments are read concurrently (each one's pieces in parallel too): a long prefix is
+        # many segments of one checkpoint interval each
+        futures = {blob: _SEGMENT_POOL.submit(read, blob, members) for blob, members in by_segment.items()}
+        wait(futures.values())
+        failed = [(blob, f.exception()) for blob, f in futures.items() if f.exception() is not None]
+        for blob, error in failed:
+            if isinstance(error, BlobError):
+                self._discard_segment(blob, str(error))
+        if failed:
+            raise failed[0][1]
         for blob, members in by_segment.items():
-            _, _, crc, num_blocks, _ = rows[members[0][0]]
-            try:
-                tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("kv", num_blocks),
-                                    crc, self.device)
-            except BlobError as e:
-                self._discard_segment(blob, str(e))
-                raise
+            tensors = futures[blob].result()
             idx = [i for _, i in members]
             if idx == list(range(idx[0], idx[0] + len(idx))):
                 picked = {name: t[idx[0] : idx[0] + len(idx)] for name, t in tensors.items()}
             else:
-                picked = {name: t[torch.tensor(idx)] for name, t in tensors.items()}
+                picked = {name: t[torch.tensor(idx, device=t.device)] for name, t in tensors.items()}
             groups.append(([h for h, _ in members], picked))
             self._touch("segments", "blob", blob)
         return groups

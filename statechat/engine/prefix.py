@@ -173,14 +173,22 @@ class PrefixCache:
 
     # --- persistence --------------------------------------------------------------------
     def persist(self, new: list[NewCheckpoint], root: bytes) -> None:
-        """Copy new checkpoints (and blocks not yet persisted) to host and queue them."""
+        """Copy new checkpoints (and blocks not yet persisted) to host and queue them. What the
+        store already holds (a prefix recomputed after a restart) is neither copied nor queued."""
         if self.store is None:
             return
         for ck in new:
             todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
+            stored_blocks, stored_ckpts = self.store.where([h.hex() for _, h in todo], [ck.hash.hex()])
+            self.persisted.update(h for _, h in todo if h.hex() in stored_blocks)
+            todo = [(i, h) for i, h in todo if h.hex() not in stored_blocks]
+            has_ckpt = ck.hash.hex() in stored_ckpts
+            if has_ckpt and not todo:
+                continue
             blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else root).hex(), i) for i, h in todo]
             block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else {}
-            job = SaveJob(ck.hash.hex(), ck.num_tokens, self.runner.read_slot(ck.slot), blocks,
+            state = None if has_ckpt else self.runner.read_slot(ck.slot)
+            job = SaveJob(None if has_ckpt else ck.hash.hex(), ck.num_tokens, state, blocks,
                           block_tensors, ready=self.runner.snapshot_ready())
             if self.store.save(job):
                 self.persisted.update(h for _, h in todo)

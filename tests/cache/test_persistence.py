@@ -117,3 +117,26 @@ def test_random_forks_across_restarts_match_no_cache(plain, tmp_path):
                 hits += 1
             policy.record(p, r["tokens"])
     assert hits >= 30, f"only {hits} of 100 requests resumed from a checkpoint"
+
+
+def test_recomputing_a_stored_prefix_queues_nothing_stored(plain, tmp_path):
+    """After a restart, a prefix the store chose to recompute is not copied or queued again:
+    its blocks and its checkpoint are on disk already."""
+    path, engine = plain
+    prompt = list(range(5, 5 + 200))  # 3 full blocks: checkpoint at 192, the last boundary
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    first.generate([prompt], params)
+    first.close()
+    assert first.store.stats()["num_checkpoints"] >= 1
+    second = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    second.prefix.cost.prefill_s_per_token = 1e-12  # recomputing is free: the plan recomputes
+    queued = []
+    save = second.store.save
+    second.store.save = lambda job: queued.append(job) or save(job)
+    edited = prompt + [7, 8, 9]  # the same 3 blocks, so the same checkpoint at 192
+    out = second.generate([edited], params)[0]
+    second.close()
+    assert out.num_cached_tokens == 0 and out.cache_plan["choice"] == "recompute"
+    assert queued == []
+    assert out.token_ids == no_cache_tokens(engine, [edited])[0][:4]
