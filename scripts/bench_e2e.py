@@ -112,6 +112,17 @@ def profile_decode(engine: LLMEngine) -> None:
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
 
+def profile_edit(engine: LLMEngine, edited: list[int]) -> None:
+    """GPU kernels of an edit's resumed prefill (eager, so the profiler sees each kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, engine.runner.prefill_graphs = engine.runner.prefill_graphs, None
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        ttft_out(engine, edited)
+    engine.runner.prefill_graphs = graphs
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=60))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
@@ -164,6 +175,7 @@ def main() -> None:
         times.append(t)
         log(f"edit TTFT {t * 1e3:.1f} ms, reused {out.num_cached_tokens}")
     t = sorted(times[1:])[len(times[1:]) // 2]  # median after the warm-up
+    profile_edit(warm, convo[:8192 - 40] + ids(60, 99))
     graphs = warm.runner.prefill_graphs
     row("TTFT after editing the last message, 8k, device tier (ms)", f"{t * 1e3:.1f}", "",
         f"{t / results[8192] * 100:.1f}% of cold prefill (median of 4); reused {out.num_cached_tokens} tokens; "

@@ -87,6 +87,7 @@ class LLMEngine:
             blocks, slots, self.prefix, self.fingerprint, bs, config.max_num_seqs,
             config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
         )
+        self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of unsynchronised prefill steps
 
     def _open_store(self) -> StateStore | None:
         cfg = self.config
@@ -182,8 +183,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         tokens = self.runner.run(batch)  # reading the sampled tokens synchronises the device
         now = time.perf_counter()
-        if not batch.is_decode:
-            self.prefix.cost.observe_prefill(batch.num_tokens, now - t0)
+        self._time_prefill(batch, t0, now, synchronised=bool(tokens))
         self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
         updated = [it.seq for it in batch.items if it.needs_logits]
         for seq in updated:
@@ -192,6 +192,18 @@ class LLMEngine:
             self._check_finish(seq)
         self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         return updated
+
+    def _time_prefill(self, batch, t0: float, now: float, synchronised: bool) -> None:
+        """Feed the cost model's prefill rate. A step that samples nothing returns before the
+        device is done, so prefill steps are timed together, from the first one to the next step
+        that reads sampled tokens (a prompt's last chunk, or a decode)."""
+        if not batch.is_decode:
+            start, tokens = self._prefill_run or (t0, 0)
+            self._prefill_run = (start, tokens + batch.num_tokens)
+        if synchronised and self._prefill_run is not None:
+            start, tokens = self._prefill_run
+            self.prefix.cost.observe_prefill(tokens, now - start)
+            self._prefill_run = None
 
     def _check_finish(self, seq: Sequence) -> None:
         p, token = seq.params, seq.token_ids[-1]

@@ -81,3 +81,17 @@ def test_long_prompt_resumes_near_an_edit(engines):
     edited = base[:600] + [(t + 1) % 300 for t in base[600:650]]
     out = ask(cached, plain, policy, edited)
     assert out.num_cached_tokens == 512
+
+
+def test_prefill_rate_is_timed_over_a_whole_chunked_prompt(tiny_dirs):
+    """The cost model sees one observation per prompt (all its chunks, up to the step that reads
+    the sampled token), not one per chunk: a chunk that samples nothing returns before an
+    accelerator has run it."""
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", max_num_batched_tokens=64),
+                       loaded=load_model(path, dtype=torch.float32))
+    seen = []
+    engine.prefix.cost.observe_prefill = lambda tokens, seconds: seen.append((tokens, seconds))
+    engine.generate([list(range(3, 3 + 300))], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert [tokens for tokens, _ in seen] == [300]
+    assert seen[0][1] > 0
