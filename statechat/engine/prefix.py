@@ -88,9 +88,11 @@ class PrefixCache:
                 break
             on_device.append(h)
         lower_blocks, lower_ckpts = ({}, {})
+        t_lookup = time.perf_counter()
         if self.store is not None:
             lower_blocks, lower_ckpts = self.store.where(
                 [h.hex() for h in hashes[len(on_device):]], [h.hex() for h in hashes])
+        t_lookup = time.perf_counter() - t_lookup
         best_k, best_cost, best_load = 0, len(seq) * self.cost.prefill_s_per_token, 0.0
         load_s, tiers = 0.0, []
         for k, h in enumerate(hashes, start=1):
@@ -111,6 +113,7 @@ class PrefixCache:
             "predicted_load_s": round(best_load, 6),
             "predicted_recompute_s": round(best_k * self.bs * self.cost.prefill_s_per_token, 6),
             "choice": "load" if best_k else "recompute",
+            "lookup_s": round(t_lookup, 6),
         }
         return self._restore(seq, hashes[:best_k], tiers[:best_k]) if best_k else 0
 
@@ -140,8 +143,10 @@ class PrefixCache:
             for block in held.values():
                 self.blocks.release(block)
             raise
+        t_read = time.perf_counter()
         for group_hashes, tensors in groups:
             self.runner.write_blocks([held[bytes.fromhex(h)] for h in group_hashes], tensors)
+        t_write = time.perf_counter()
         if need:
             nbytes = len(need) * self.bytes_per_block
             self._observe(tiers, nbytes, time.perf_counter() - t_start)
@@ -160,7 +165,11 @@ class PrefixCache:
             ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
             self._observe([ck_tier], self.bytes_per_slot, time.perf_counter() - t0)
             nbytes += self.bytes_per_slot
-        seq.cache_plan.update(loaded_bytes=nbytes, load_s=round(time.perf_counter() - t_start, 6))
+        # where the load's time went: reading the blocks (lower tiers), writing them into the
+        # pools, and the checkpoint (read and write)
+        seq.cache_plan.update(loaded_bytes=nbytes, load_s=round(time.perf_counter() - t_start, 6),
+                              blocks_read_s=round(t_read - t_start, 6), blocks_write_s=round(t_write - t_read, 6),
+                              ckpt_s=round(time.perf_counter() - t_write, 6))
         seq.resume_slot = self.slots.acquire(last)
         seq.num_computed = len(hashes) * self.bs
         seq.reused_from = ck_tier
