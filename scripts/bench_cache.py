@@ -6,8 +6,8 @@ For each model (random weights, Qwen3.5 shapes: the ~1B model of bench_e2e.py, a
 Qwen3.5-27B's layer shapes cut to 16 layers) and prompt length, a conversation of that length
 is run, then its last user message is edited, and the edited request's time to first token is
 measured (a) cold, with no cache; (b) from the device tier; (c) from the host tier (device tier
-dropped); (d) from disk after a restart with the page cache warm; (e) the same with the cache
-dir's files evicted from the page cache. (a) is the median of three. The disk's own sequential read bandwidth (cold and warm) is measured in the same
+dropped); (d) from disk after a restart with the page cache warm; (e) the same with the page
+cache dropped. The disk's own sequential read bandwidth (cold and warm) is measured in the same
 run, with the restore's read bandwidth. The store decides between loading and recomputing, so
 every row should be <= 1.05 x (a). A markdown table is printed last.
 """
@@ -61,19 +61,14 @@ def build(name: str, out: Path) -> None:
     add_tokenizer(out)
 
 
-def drop_page_cache(folder: Path, everything: bool = False) -> None:
-    """Evict the folder's files from the page cache (posix_fadvise), or with `everything` all
-    of it (drop_caches, when allowed). Row (e) evicts only the cache dir: dropping everything
-    would also evict the process's own libraries and compiled kernels, which a restarted
-    server has warm again by its first request (the warm-up request here), and charge their
-    reloading to the restore."""
+def drop_page_cache(folder: Path) -> None:
+    """Evict the folder's files from the page cache (drop_caches when allowed, else fadvise)."""
     os.sync()
-    if everything:
-        try:
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            return
-        except OSError:
-            pass
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return
+    except OSError:
+        pass
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     for f in folder.rglob("*"):
         if f.is_file():
@@ -91,7 +86,7 @@ def disk_bandwidth(folder: Path) -> tuple[float, float]:
     rates = []
     for drop in (True, False):
         if drop:
-            drop_page_cache(folder, everything=True)
+            drop_page_cache(folder)
         t = time.perf_counter()
         with open(f, "rb", buffering=0) as fh:
             while fh.read(16 << 20):
@@ -129,7 +124,7 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float]) -> None:
     edited = convo[: n - 40] + ids(60, 2)
     cold = engine_for(path, loaded, None, n)
     ttft(cold, ids(len(edited), 3))  # compile at the measured length
-    t_a = sorted(measured(cold, edited)[0] for _ in range(3))[1]  # median of 3: host-bound at 8k
+    t_a, _ = measured(cold, edited)
     del cold
     cache_dir = root / f"cache-{name}-{n}"
     shutil.rmtree(cache_dir, ignore_errors=True)
