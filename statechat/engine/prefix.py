@@ -93,7 +93,8 @@ class PrefixCache:
             lower_blocks, lower_ckpts = self.store.where(
                 [h.hex() for h in hashes[len(on_device):]], [h.hex() for h in hashes])
         t_lookup = time.perf_counter() - t_lookup
-        best_k, best_cost, best_load = 0, len(seq) * self.cost.prefill_s_per_token, 0.0
+        rate = self.cost.prefill_s_per_token
+        cand_k, cand_cost, cand_load = 0, float("inf"), 0.0  # the cheapest prefix to load
         load_s, tiers = 0.0, []
         for k, h in enumerate(hashes, start=1):
             tier = DEVICE if k <= len(on_device) else lower_blocks.get(h.hex())
@@ -105,13 +106,15 @@ class PrefixCache:
             if ck_tier is None:
                 continue
             total_load = load_s + self.cost.load_s(ck_tier, self.bytes_per_slot) + self._segment_latency(tiers)
-            cost = total_load + (len(seq) - k * self.bs) * self.cost.prefill_s_per_token
-            if cost <= best_cost:
-                best_k, best_cost, best_load = k, cost, total_load
+            cost = total_load + (len(seq) - k * self.bs) * rate
+            if cost <= cand_cost:
+                cand_k, cand_cost, cand_load = k, cost, total_load
+        best_k = cand_k if cand_k and cand_cost <= len(seq) * rate else 0
+        # both predictions for the cheapest prefix to load, whichever way the choice went
         seq.cache_plan = {
-            "tokens": best_k * self.bs,
-            "predicted_load_s": round(best_load, 6),
-            "predicted_recompute_s": round(best_k * self.bs * self.cost.prefill_s_per_token, 6),
+            "tokens": cand_k * self.bs,
+            "predicted_load_s": round(cand_load, 6),
+            "predicted_recompute_s": round(cand_k * self.bs * rate, 6),
             "choice": "load" if best_k else "recompute",
             "lookup_s": round(t_lookup, 6),
         }
