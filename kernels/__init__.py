@@ -180,8 +180,8 @@ def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights):
 __all__ = [
     "BACKENDS",
     "CHUNK",
-    "add_rmsnorm",
     "Checkpoints",
+    "add_rmsnorm",
     "causal_conv1d",
     "causal_conv1d_update",
     "chunk_gdn",

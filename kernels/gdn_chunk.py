@@ -20,8 +20,8 @@ Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
 
 Chunk bookkeeping for varlen batches is computed on the device (no host sync): grids are
 sized from the host-known bound T // BT + N chunks and programs past the last chunk exit.
-Checkpoint targets become a per-chunk slot map (0 = none), so a sequence may have at most one
-checkpoint per boundary.
+Checkpoint targets become a per-chunk slot map (0 = none), so a sequence has at most one
+checkpoint slot per boundary (repeated targets must agree on it).
 
 Precision: float32 inputs use IEEE float32 dot products (TF32 would miss 1e-5); 16-bit inputs
 use 16-bit operands in the large dot products, like FLA, and TF32 in the WY solve. State and
@@ -606,7 +606,8 @@ def chunk_gdn(
     state_pool: [num_slots, HV, K, V] float32, read at src_slots (0 = zeros, never read) and
     written at dst_slots and at checkpoint slots; cu_seqlens: [N+1] int32;
     src_slots, dst_slots: [N] int32; a dst slot may equal its own sequence's src slot only.
-    checkpoints: at most one target per (sequence, boundary).
+    checkpoints: targets that share a (sequence, boundary) must name the same slot (the state
+    is written once per chunk).
     Returns o: [T, HV, V] in v's dtype. No host synchronisation.
     """
     N = cu_seqlens.shape[0] - 1

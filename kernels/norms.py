@@ -99,7 +99,7 @@ def _check(
     if weight.shape != (D,):
         raise ValueError(f"{name}: weight {tuple(weight.shape)} does not match x's last dim {D}")
     if gate is not None and gate.shape != x.shape:
-        raise ValueError(f"{name}: {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: gate/residual {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
     for t in (x, weight) if gate is None else (x, weight, gate):
         if t.dtype not in _TL_DTYPES:
             raise ValueError(f"{name}: unsupported dtype {t.dtype} (float32, bfloat16, float16)")

@@ -179,8 +179,8 @@ def _check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
             raise BlobError(f"blob {blob} tensor {name} has shape {list(entries[name][1])}")
 
 
-def _read_data(fd: int, data_start: int, entries: Entries,
-               device: torch.device) -> tuple[torch.Tensor, str]:
+def _read_data(fd: int, data_start: int, entries: Entries, device: torch.device,
+               pin: bool = False) -> tuple[torch.Tensor, str]:
     """The tensors' bytes, read piece by piece on the pool: (one uint8 buffer laid out like the
     file's data, their checksum). Returns or raises only when every piece is done, so no
     thread writes into the buffer after it."""
@@ -188,8 +188,8 @@ def _read_data(fd: int, data_start: int, entries: Entries,
     if device.type == "cuda":
         try:
             buf = torch.empty(size, dtype=torch.uint8, device=device)
-        except torch.cuda.OutOfMemoryError:  # no room for the verified copy: via host memory
-            return _read_data(fd, data_start, entries, torch.device("cpu"))
+        except torch.cuda.OutOfMemoryError:  # no room for the verified copy: pinned host memory
+            return _read_data(fd, data_start, entries, torch.device("cpu"), pin=True)
         # the allocating stream may still use this memory for what it held before: the copies,
         # on other streams, wait for this point of it
         free = torch.cuda.Event()
@@ -198,7 +198,7 @@ def _read_data(fd: int, data_start: int, entries: Entries,
         def read(offset: int, length: int) -> int:
             return _read_piece_to_cuda(fd, data_start + offset, buf[offset : offset + length], free)
     else:
-        buf = torch.empty(size, dtype=torch.uint8, pin_memory=device.type != "cpu")
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin or device.type != "cpu")
         view = memoryview(buf.numpy())
 
         def read(offset: int, length: int) -> int:

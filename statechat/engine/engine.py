@@ -45,7 +45,8 @@ class RequestOutput:
     ttft_s: float | None
     reused_from: str | None = None  # tier the reused prefix came from: device, host or disk
     reused_by_tier: dict | None = None  # reused prompt tokens by the tier their KV came from
-    cache_plan: dict | None = None  # predicted load vs recompute seconds and the choice made
+    cache_plan: dict | None = None  # the cheapest prefix to load, its predicted load and
+    # recompute seconds, the choice made and (when loaded) where the load's time went
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class LLMEngine:
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
         if config.use_cuda_graphs and loaded.device.type == "cuda":
             max_blocks = (self.max_model_len + bs - 1) // bs
-            self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks, config.max_num_batched_tokens)
+            self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks,
+                                       config.max_num_batched_tokens)
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),
@@ -87,7 +89,8 @@ class LLMEngine:
             blocks, slots, self.prefix, self.fingerprint, bs, config.max_num_seqs,
             config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
         )
-        self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of unsynchronised prefill steps
+        self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of prefill steps
+        # that have not synchronised yet (see _time_prefill)
 
     def _open_store(self) -> StateStore | None:
         cfg = self.config
@@ -154,6 +157,7 @@ class LLMEngine:
         else:
             self.scheduler.finish(seq, "abort")
         self.runner.forget(seq.seq_id)
+        self._prefill_run = None  # its unsynchronised chunks must not time the next request
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -171,12 +175,14 @@ class LLMEngine:
         self.scheduler.blocks = self.prefix.blocks = BlockPool(num_blocks)
         self.scheduler.slots = self.prefix.slots = SlotPool(num_slots)
         self.prefix.persisted.clear()
+        self.prefix.stored_ckpts.clear()
 
     # --- stepping -----------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Run one scheduled step; return the sequences that got a token this step."""
         batch = self.scheduler.schedule()
         if not batch.items:
+            self._prefill_run = None
             if self.scheduler.has_work():
                 raise RuntimeError("the scheduler could not make progress (cache too small?)")
             return []

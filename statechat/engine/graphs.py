@@ -28,7 +28,7 @@ from statechat.model.context import Context, ModelCaches
 log = logging.getLogger("statechat.engine")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-PREFILL_BUCKETS = (128, 256, 512, 1024, 2048)  # tokens; bucket b serves chunks of <= b - 64
+PREFILL_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048)  # bucket b: chunks of <= b - 64 tokens
 
 
 class DecodeGraphs:
@@ -113,7 +113,9 @@ class PrefillGraphs:
         self.host32 = torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True)
         self.dev64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, device=device)
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
-        self.tables = torch.zeros(2, max_blocks, dtype=torch.int32, device=device)  # row 1 stays 0
+        # block tables: row 0 the chunk's (at most max_blocks wide, see bucket()); row 1, the
+        # padding's, stays zeros. As wide as a whole bucket, which either sequence may span.
+        self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.replays = 0
@@ -125,6 +127,7 @@ class PrefillGraphs:
             try:
                 model(ids, ctx, caches)  # compile every kernel at these shapes before capture
                 torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()  # leave the capture's private pool room to grow
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self.logits[b] = model(ids, ctx, caches)

@@ -64,6 +64,7 @@ class PrefixCache:
         self.bytes_per_block, self.bytes_per_slot = bytes_per_block, bytes_per_slot
         self.cost = CostModel(prefill_s_per_token)
         self.persisted: set[bytes] = set()  # blocks queued for or known on disk
+        self.stored_ckpts: set[bytes] = set()  # checkpoints known on disk (seen at admission)
         self.root_hex = ""
 
     # --- admission ----------------------------------------------------------------------
@@ -93,6 +94,9 @@ class PrefixCache:
             lower_blocks, lower_ckpts = self.store.where(
                 [h.hex() for h in hashes[len(on_device):]], [h.hex() for h in hashes])
         t_lookup = time.perf_counter() - t_lookup
+        # what is on disk now needs no saving if this request recomputes it (see persist)
+        self.persisted.update(bytes.fromhex(h) for h, tier in lower_blocks.items() if tier == DISK)
+        self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower_ckpts.items() if tier == DISK)
         rate = self.cost.prefill_s_per_token
         cand_k, cand_cost, cand_load = 0, float("inf"), 0.0  # the cheapest prefix to load
         load_s, tiers = 0.0, []
@@ -112,7 +116,7 @@ class PrefixCache:
         best_k = cand_k if cand_k and cand_cost <= len(seq) * rate else 0
         # both predictions for the cheapest prefix to load, whichever way the choice went
         seq.cache_plan = {
-            "tokens": cand_k * self.bs,
+            "candidate_tokens": cand_k * self.bs,
             "predicted_load_s": round(cand_load, 6),
             "predicted_recompute_s": round(cand_k * self.bs * rate, 6),
             "choice": "load" if best_k else "recompute",
@@ -186,15 +190,13 @@ class PrefixCache:
     # --- persistence --------------------------------------------------------------------
     def persist(self, new: list[NewCheckpoint], root: bytes) -> None:
         """Copy new checkpoints (and blocks not yet persisted) to host and queue them. What the
-        store already holds (a prefix recomputed after a restart) is neither copied nor queued."""
+        disk held when the request was admitted (a prefix recomputed after a restart) is neither
+        copied nor queued; no lookup runs here, so a step never waits on the index."""
         if self.store is None:
             return
         for ck in new:
             todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
-            stored_blocks, stored_ckpts = self.store.where([h.hex() for _, h in todo], [ck.hash.hex()])
-            self.persisted.update(h for _, h in todo if h.hex() in stored_blocks)
-            todo = [(i, h) for i, h in todo if h.hex() not in stored_blocks]
-            has_ckpt = ck.hash.hex() in stored_ckpts
+            has_ckpt = ck.hash in self.stored_ckpts
             if has_ckpt and not todo:
                 continue
             blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else root).hex(), i) for i, h in todo]
@@ -204,6 +206,7 @@ class PrefixCache:
                           block_tensors, ready=self.runner.snapshot_ready())
             if self.store.save(job):
                 self.persisted.update(h for _, h in todo)
+                self.stored_ckpts.add(ck.hash)
             else:
                 log.warning("statechat cache: the write queue is full; the checkpoint at %d tokens "
                             "stays in memory only (%d dropped so far)", ck.num_tokens, self.store.dropped)

@@ -49,9 +49,9 @@ class Attention(nn.Module):
         kv_dim = self.num_kv_heads * self.head_dim
         qg, k, v = F.linear(x, self.w_qkv).split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        eps = self.q_norm.eps
-        q = kernels.rmsnorm_rope(q, self.q_norm.weight, *cos_sin, eps)
-        k = kernels.rmsnorm_rope(k.view(T, self.num_kv_heads, self.head_dim), self.k_norm.weight, *cos_sin, eps)
+        q = kernels.rmsnorm_rope(q, self.q_norm.weight, *cos_sin, self.q_norm.eps)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        k = kernels.rmsnorm_rope(k, self.k_norm.weight, *cos_sin, self.k_norm.eps)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
         o = kernels.paged_attention(

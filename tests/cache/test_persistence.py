@@ -139,6 +139,6 @@ def test_recomputing_a_stored_prefix_queues_nothing_stored(plain, tmp_path):
     second.close()
     assert out.num_cached_tokens == 0 and out.cache_plan["choice"] == "recompute"
     # the plan still reports what loading would have cost, and for how many tokens
-    assert out.cache_plan["tokens"] == 192 and out.cache_plan["predicted_load_s"] > 0
+    assert out.cache_plan["candidate_tokens"] == 192 and out.cache_plan["predicted_load_s"] > 0
     assert queued == []
     assert out.token_ids == no_cache_tokens(engine, [edited])[0][:4]

@@ -70,3 +70,19 @@ def test_prefill_graphs_match_eager(gpu_setup):
     assert runs[True, 4096] == runs[False, 4096]
     assert runs[True, 256] == runs[False, 256]
     assert any(cached for _, cached in runs[True, 4096])
+
+
+def test_prefill_graphs_with_a_short_max_model_len(gpu_setup):
+    """Block tables narrower than the largest bucket (max_model_len 448 = 7 blocks, buckets up
+    to 2048 tokens): the padding sequence's blocks still fit the graphs' table."""
+    path, loaded, _, _ = gpu_setup
+    prompt = torch.randint(3, loaded.config.vocab_size, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    tokens = []
+    for graphs in (True, False):
+        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
+                                        max_model_len=448), loaded=loaded)
+        tokens.append(engine.generate([prompt], params)[0].token_ids)
+        if graphs:
+            assert engine.runner.prefill_graphs.replays >= 1
+    assert tokens[0] == tokens[1]
