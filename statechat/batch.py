@@ -4,7 +4,7 @@ Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
-     "ttft_ms"}
+     "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
 or, for a line that cannot run, {"id", "line", "error": {"message"}}.
 
 Requests run through the engine together (continuous batching). Requests that share a prefix
@@ -108,6 +108,9 @@ def _result(job: Job, out: RequestOutput) -> dict:
             "completion_tokens": out.num_completion_tokens,
         },
         "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
+        # where the reused prefix came from, per tier, and the load-or-recompute plan
+        "cache": {"reused_from": out.reused_from, "reused_by_tier": out.reused_by_tier or {},
+                  "plan": out.cache_plan},
     }
 
 

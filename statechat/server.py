@@ -283,11 +283,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _log_reuse(self, out: RequestOutput) -> None:
+        plan = out.cache_plan or {}
+        choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
+                  f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
+                  f"{plan['predicted_recompute_s'] * 1e3:.1f} ms") if plan.get("candidate_tokens") else ""
         self.log_message(
-            "reused %s of %s prompt tokens%s; computed %s; %s new",
+            "reused %s of %s prompt tokens%s; computed %s; %s new%s",
             f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",
             f" from {out.reused_from}" if out.reused_from else "",
-            f"{out.num_computed_tokens:,}", out.num_completion_tokens,
+            f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
         )
 
 

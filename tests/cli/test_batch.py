@@ -88,7 +88,8 @@ def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, ca
                                           "--device", "cpu", "--no-cache", "--max-tokens", "4"])
     assert result.exit_code == 0
     record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "usage", "ttft_ms"}
+    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "usage", "ttft_ms", "cache"}
+    assert record["cache"] == {"reused_from": None, "reused_by_tier": {}, "plan": None}
     monkeypatch.setattr("sys.argv", ["statechat", "batch", str(tmp_path / "missing.jsonl")])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
