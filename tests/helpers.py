@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -10,6 +11,13 @@ import torch
 from statechat.model.context import Context, ModelCaches
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for a worker process: this checkout first on its path, then the caller's
+    own PYTHONPATH (where a machine keeps packages outside site-packages)."""
+    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
 BLOCK = 64
 
 

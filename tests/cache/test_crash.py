@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
-from tests.helpers import ROOT
+from tests.helpers import ROOT, subprocess_env
 
 
 def test_sigkill_while_writing_leaves_a_clean_cache(tiny_dirs, tmp_path):
@@ -23,7 +22,7 @@ def test_sigkill_while_writing_leaves_a_clean_cache(tiny_dirs, tmp_path):
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (150, 260, 330, 200, 420)]
     req = json.dumps({"prompts": prompts, "max_tokens": 70, "kill_trials": 20})
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = subprocess_env()
     out = subprocess.run([sys.executable, "-m", "tests.cache.worker", str(path), str(tmp_path)],
                          input=req, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
                          check=False)

@@ -10,7 +10,6 @@ process restarts always match no-cache outputs.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
-from tests.helpers import ROOT, PolicyModel
+from tests.helpers import ROOT, PolicyModel, subprocess_env
 
 MAX_TOKENS = 16
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel", "disk"]
@@ -32,7 +31,7 @@ WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix",
 def run_worker(model, cache_dir, prompts: list[list[int]]) -> list[dict]:
     """Run prompts in a fresh process on `cache_dir`; its per-request results."""
     req = json.dumps({"prompts": prompts, "max_tokens": MAX_TOKENS})
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = subprocess_env()
     out = subprocess.run([sys.executable, "-m", "tests.cache.worker", str(model), str(cache_dir)],
                          input=req, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
                          check=False)
