@@ -10,9 +10,12 @@ cu_seqlens_q[i] when BQ == 1), which leaves room for ceil(len_i / BQ) tiles; the
 T // BQ + N tile numbers and each program finds its sequence by binary search; unused numbers
 exit at once.
 
-Decode (one query per sequence) runs the same kernel with BQ = 1 and split-KV: the KV blocks a
-tile needs are cut into NUM_SPLITS ranges, each program writes an unnormalised partial result
-(running max, sum, accumulator) in float32, and a second kernel merges the splits.
+Split-KV: when the tiles alone cannot fill the device (decode, with BQ = 1 and one query per
+sequence, and a short run of new queries over a long cached context, e.g. an edited message),
+the KV blocks a tile needs are cut into NUM_SPLITS ranges, each program writes an unnormalised
+partial result (running max, sum, accumulator) in float32, and a second kernel merges the
+splits. The number of splits follows from the shapes only (the grid, the block-table width),
+never from the data, so a launch can be captured in a CUDA graph.
 
 Softmax runs online in float32 (base 2, with scale * log2(e) folded into the scores).
 """
@@ -67,11 +70,13 @@ def _attn_block(
     if IS_MASKED:
         b_s = tl.where(k_pos[None, :] <= b_pos[:, None], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+    b_m_use = b_m_new
     if IS_MASKED:
-        # a row may have seen no key yet (split-KV): keep exp2 away from -inf - -inf
-        b_m_new = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_alpha = tl.exp2(b_m - b_m_new)
-    b_p = tl.exp2(b_s - b_m_new[:, None])
+        # a row may have seen no key yet (a split of keys past it): exp2 must not see
+        # -inf - -inf; its max stays -inf, so a merge gives the split no weight
+        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_p = tl.exp2(b_s - b_m_use[:, None])
     b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
     p_v = v_cache + o_base + o_n[:, None] * stride_ct + o_d[None, :]
     b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)
@@ -233,7 +238,8 @@ def _merge_splits_kernel(
 
 
 # CUDA launch tuning (ignored elsewhere); module-level so that a benchmark can sweep it
-CUDA_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
+CUDA_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2, "programs_per_core": 1}
+MIN_SPLIT_BLOCKS = 4  # KV blocks per split at the least (prefill): fewer cost more to merge
 CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 2}
 
 
@@ -312,7 +318,14 @@ def paged_attention(
         BM = max(CUDA_PREFILL["BM"] if is_cuda else 64, triton.next_power_of_2(G))
         BQ = BM // G
         num_tiles = T // BQ + N
-        num_splits = 1
+        # few tiles over long contexts (a short resume): split the keys until the device is full
+        num_programs = CUDA_PREFILL["programs_per_core"] * num_cores(q.device)
+        num_splits = min(triton.cdiv(num_programs, num_tiles * Hkv),
+                         max(1, block_tables.shape[1] // MIN_SPLIT_BLOCKS))
+        if is_cuda and q.element_size() > 2 and D > 128:
+            # float32 tiles of wide heads spill registers; with splits the H100's driver could
+            # not find the local memory for them (launch "out of memory"): whole tiles instead
+            num_splits = 1
     is_split = num_splits > 1
     if is_split:
         part_acc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=q.device)

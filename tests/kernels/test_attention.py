@@ -3,7 +3,7 @@
 Prefill: varlen batches of {1, 63, 64, 65, 200} new tokens over cached prefixes (context longer
 than the new tokens), random non-contiguous block tables, grouped KV heads with groups of 1, 2
 and 3 (Qwen3.5's 6 is not a power of two either). Decode: one query per sequence, with and
-without split-KV. Cache positions past each context and unused block-table entries point at
+without split-KV; short query runs over long contexts, split along the keys. Cache positions past each context and unused block-table entries point at
 NaN, so any read outside the causal window shows up in the output. float32 and bf16; on CUDA
 also Qwen3.5's shapes (D=256, Hq/Hkv = 8/2 and 24/4).
 """
@@ -15,8 +15,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import reference
+from kernels import attention, reference
 from kernels.attention import paged_attention
+from kernels.hw import num_cores
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 BLOCK = 64
@@ -79,6 +80,22 @@ def test_prefill_with_cached_prefix(device, dtype, heads):
     new_lens = [1, 63, 64, 65, 200]
     prefixes = [130, 0, 64, 7, 70]
     check(new_lens, [n + p for n, p in zip(new_lens, prefixes)], heads, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", SMALL_HEADS)
+@pytest.mark.parametrize(
+    "new_lens, ctx_lens",
+    [([20], [720]), ([200, 1], [260, 1100]), ([1, 63], [900, 63])],
+    ids=["short-over-long", "rows-before-the-last-split", "two-seqs"],
+)
+def test_prefill_split_along_the_keys(device, dtype, heads, new_lens, ctx_lens, monkeypatch):
+    """Few query tiles over a long context take key splits (a resume after an edit); some
+    splits lie wholly after some rows' positions and must get no weight in the merge."""
+    monkeypatch.setitem(attention.CUDA_PREFILL, "programs_per_core", 4)  # splits on the CPU too
+    q_tiles = sum(n // (64 // (heads[0] // heads[1])) + 1 for n in new_lens) * heads[1]
+    assert q_tiles < 4 * num_cores(torch.device(device))
+    check(new_lens, ctx_lens, heads, dtype, device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
