@@ -20,12 +20,12 @@ import os
 import threading
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
 
 from statechat.cache.hashing import CACHE_FORMAT_VERSION
 
@@ -49,6 +49,7 @@ _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="stat
 _STAGING = threading.local()  # per pool thread: a pinned piece buffer and a CUDA copy stream
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 Entries = dict[str, tuple[torch.dtype, list[int], int, int]]  # name -> dtype, shape, start, end
 
@@ -75,28 +76,60 @@ def checksum(tensors: dict[str, torch.Tensor]) -> str:
     return _fold(pieces, _POOL.map(lambda p: zlib.crc32(data[p[0]][p[1] : p[1] + p[2]]), pieces))
 
 
-def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta) -> tuple[int, str]:
-    """Write atomically; return (bytes on disk, checksum)."""
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    crc = checksum(tensors)
-    metadata = {
+def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
+               pause: Callable[[], None] | None = None) -> tuple[int, str]:
+    """Write atomically; return (bytes on disk, checksum).
+
+    The file is a plain safetensors file, written piece by piece straight from the tensors'
+    memory (no serialised copy of the whole blob), checksummed on the calling thread: the
+    writer makes few, long calls that release the GIL. `pause` runs before each piece (the
+    store's writer uses it to hold back while the engine launches work)."""
+    pause = pause or (lambda: None)
+    # widest dtypes first (as safetensors orders them), so every tensor starts aligned
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    data = {n: memoryview(tensors[n].detach().to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy())
+            for n in order}
+    pieces = [(n, o, size) for n, d in data.items() for o, size in _pieces(len(d))]
+    crcs = []
+    for name, offset, size in pieces:
+        pause()
+        crcs.append(zlib.crc32(data[name][offset : offset + size]))
+    crc = _fold(pieces, crcs)
+    header: dict = {"__metadata__": {
         "format_version": str(CACHE_FORMAT_VERSION),
         "fingerprint": meta.fingerprint,
         "num_tokens": str(meta.num_tokens),
         "hashes": json.dumps(meta.hashes),
         "kind": meta.kind,
         "checksum": crc,
-    }
-    data = save(tensors, metadata=metadata)
+    }}
+    start = 0
+    for name in order:
+        t = tensors[name]
+        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [start, start + len(data[name])]}
+        start += len(data[name])
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, memoryview(len(text).to_bytes(8, "little") + text))
+        for name, offset, size in pieces:
+            pause()
+            _write_all(fd, data[name][offset : offset + size])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
-    return len(data), crc
+    return 8 + len(text) + start, crc
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def fsync_dir(folder: Path) -> None:

@@ -7,7 +7,9 @@
                                                     # the engine's device when it is CUDA)
     store.save(SaveJob)                             # queued; a thread writes blobs, then rows
 
-Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. A blob
+Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. The
+writer holds back while the engine says it is launching work (`engine_busy`): its Python steps
+would otherwise take the GIL from the kernel launches of a prefill. A blob
 that fails verification is a miss: its rows and file are removed and one warning is logged.
 """
 
@@ -35,6 +37,7 @@ from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
 log = logging.getLogger("statechat.cache")
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 
+MAX_DEFER_S = 0.2  # the longest the writer waits for the engine between two pieces of work
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
 
@@ -73,8 +76,8 @@ class SaveJob:
             return
         move = (lambda t: t.to("cpu").pin_memory()) if pin else (lambda t: t.to("cpu"))
         if self.ckpt is not None:
-            self.ckpt = {n: move(t) for n, t in self.ckpt.items()}
-        self.block_tensors = {n: move(t) for n, t in self.block_tensors.items()}
+            self.ckpt = _moved(self.ckpt, move)
+        self.block_tensors = _moved(self.block_tensors, move)
 
     def _to_host_on(self, stream: torch.cuda.Stream) -> None:
         """Copy into pinned memory on `stream` (torch's caching host allocator hands back freed
@@ -84,10 +87,33 @@ class SaveJob:
             return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
         with torch.cuda.stream(stream):
-            ckpt = None if self.ckpt is None else {n: move(t) for n, t in self.ckpt.items()}
-            blocks = {n: move(t) for n, t in self.block_tensors.items()}
+            ckpt = None if self.ckpt is None else _moved(self.ckpt, move)
+            blocks = _moved(self.block_tensors, move)
         stream.synchronize()  # before the device snapshots are let go
         self.ckpt, self.block_tensors = ckpt, blocks
+
+
+def _moved(tensors: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`move` applied once per buffer: tensors that are contiguous views of one buffer (a
+    runner's snapshot) come back as the same views of one moved buffer."""
+    covered: dict[int, int] = {}  # bytes of the tensors on each buffer
+    for t in tensors.values():
+        key = t.untyped_storage().data_ptr()
+        covered[key] = covered.get(key, 0) + t.numel() * t.element_size()
+    buffers: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, t in tensors.items():
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if not t.is_contiguous() or covered[key] < storage.nbytes():  # a view of something larger
+            out[name] = move(t)
+            continue
+        if key not in buffers:
+            whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+            buffers[key] = move(whole)
+        start = t.storage_offset() * t.element_size()
+        out[name] = buffers[key][start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    return out
 
 
 class HostTier:
@@ -154,6 +180,8 @@ class StateStore:
         self.errors = 0
         self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
         self.writer: threading.Thread | None = None
+        self.engine_idle = threading.Event()  # cleared while the engine launches work
+        self.engine_idle.set()
 
     # --- model ------------------------------------------------------------------------
     def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
@@ -288,6 +316,18 @@ class StateStore:
         self.queue.put_nowait(job)
         return True
 
+    def engine_busy(self, busy: bool) -> None:
+        """The engine is launching work (True) or waiting on the device or idle (False)."""
+        if busy:
+            self.engine_idle.clear()
+        else:
+            self.engine_idle.set()
+
+    def _pause(self) -> None:
+        """Wait while the engine launches work, at most MAX_DEFER_S at a time: a long run of
+        prefill chunks delays writes, it does not starve them."""
+        self.engine_idle.wait(MAX_DEFER_S)
+
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued job is on disk (tests, shutdown)."""
         deadline = time.time() + timeout
@@ -318,6 +358,7 @@ class StateStore:
                 self.queue.task_done()
 
     def _write(self, job: SaveJob) -> None:
+        self._pause()
         job.to_host(self.pin_memory, self.copy_stream)
         if job.ckpt is not None and job.ckpt_hash:
             self.host.put("ckpt", job.ckpt_hash, job.ckpt)
@@ -337,13 +378,15 @@ class StateStore:
             blob = f"kv/{uuid.uuid4().hex}.safetensors"
             block_size = next(iter(tensors.values())).shape[1]
             meta = BlobMeta(self.fingerprint, len(new_blocks) * block_size, [b[0] for b in new_blocks], "kv")
-            size, crc = write_blob(self.blob_dir / blob, tensors, meta)
+            size, crc = write_blob(self.blob_dir / blob, tensors, meta, self._pause)
             seg = (blob, len(new_blocks), size, crc)
         ck = None
         if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
             blob = f"ckpt/{job.ckpt_hash[:2]}/{job.ckpt_hash}-{uuid.uuid4().hex[:8]}.safetensors"
-            size, crc = write_blob(self.blob_dir / blob, job.ckpt, BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt"))
+            size, crc = write_blob(self.blob_dir / blob, job.ckpt,
+                                   BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt"), self._pause)
             ck = (blob, size, crc)
+        self._pause()
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             if seg is not None:

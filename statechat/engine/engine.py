@@ -11,6 +11,7 @@ computed, completion tokens and time to first token.
 from __future__ import annotations
 
 import time
+from functools import partial
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ class LLMEngine:
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
         self.store = self._open_store()
+        self.runner.before_wait = partial(self._busy, False)
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
         if config.use_cuda_graphs and loaded.device.type == "cuda":
             max_blocks = (self.max_model_len + bs - 1) // bs
@@ -111,6 +113,7 @@ class LLMEngine:
     def close(self) -> None:
         """Finish pending cache writes (call before the process exits)."""
         if self.store is not None:
+            self.store.engine_busy(False)
             self.store.close()
 
     def _cache_sizes(self) -> tuple[int, int]:
@@ -158,6 +161,7 @@ class LLMEngine:
             self.scheduler.finish(seq, "abort")
         self.runner.forget(seq.seq_id)
         self._prefill_run = None  # its unsynchronised chunks must not time the next request
+        self._busy(False)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -182,12 +186,18 @@ class LLMEngine:
         """Run one scheduled step; return the sequences that got a token this step."""
         batch = self.scheduler.schedule()
         if not batch.items:
+            self._busy(False)
             self._prefill_run = None
             if self.scheduler.has_work():
                 raise RuntimeError("the scheduler could not make progress (cache too small?)")
             return []
         t0 = time.perf_counter()
-        tokens = self.runner.run(batch)  # reading the sampled tokens synchronises the device
+        self._busy(True)  # until the runner waits for sampled tokens (before_wait)
+        try:
+            tokens = self.runner.run(batch)  # reading the sampled tokens synchronises the device
+        except BaseException:
+            self._busy(False)
+            raise
         now = time.perf_counter()
         self._time_prefill(batch, t0, now, synchronised=bool(tokens))
         self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
@@ -198,6 +208,13 @@ class LLMEngine:
             self._check_finish(seq)
         self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         return updated
+
+    def _busy(self, busy: bool) -> None:
+        """Tell the cache's writer whether a step is being launched: a step that samples stays
+        busy until its tokens are awaited; a prefill chunk that samples nothing stays busy into
+        the next step, which follows at once."""
+        if self.store is not None:
+            self.store.engine_busy(busy)
 
     def _time_prefill(self, batch, t0: float, now: float, synchronised: bool) -> None:
         """Feed the cost model's prefill rate. A step that samples nothing returns before the

@@ -4,6 +4,8 @@ the model and samples. The only engine module that does tensor work.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import kernels
@@ -25,6 +27,7 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.before_wait = lambda: None  # called when a step is launched, before its tokens are read
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
@@ -93,7 +96,9 @@ class ModelRunner:
         wanted = [it.seq for it in batch.items if it.needs_logits]
         if not wanted:
             return []
-        return sample(logits, [s.params for s in wanted], [self._generator(s) for s in wanted])
+        tokens = sample(logits, [s.params for s in wanted], [self._generator(s) for s in wanted])
+        self.before_wait()
+        return tokens.tolist()  # the step's one host synchronisation
 
     def _replay_decode(self, batch: Batch) -> torch.Tensor:
         bs, items = self.block_size, batch.items
@@ -143,19 +148,28 @@ class ModelRunner:
 
     # --- state transfer for the lower cache tiers ----------------------------------------
     def read_slot(self, slot: int) -> dict[str, torch.Tensor]:
-        """Host copies of one GDN state slot: conv.{i} [W-1, conv_dim], ssm.{i} [HV, K, V]."""
-        out = {f"conv.{i}": self._to_host(pool[slot]) for i, pool in enumerate(self.caches.conv)}
-        out.update({f"ssm.{i}": self._to_host(pool[slot]) for i, pool in enumerate(self.caches.ssm)})
-        return out
+        """A snapshot of one GDN state slot: conv.{i} [W-1, conv_dim], ssm.{i} [HV, K, V]."""
+        names = [f"conv.{i}" for i in range(len(self.caches.conv))]
+        names += [f"ssm.{i}" for i in range(len(self.caches.ssm))]
+        sources = [pool[slot] for pool in self.caches.conv + self.caches.ssm]
+        views = _views_of_one_buffer([(t.shape, t.dtype) for t in sources], self.device)
+        torch._foreach_copy_(views, sources)  # one multi-tensor copy, not one per layer
+        return dict(zip(names, views))
 
-    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        """A snapshot of `t` for the cache: a copy on the CPU; on an accelerator a device copy
-        queued on the compute stream (the step never waits), moved to host memory by the
-        cache's writer thread after `snapshot_ready()`."""
-        return t.clone()
+    def read_blocks(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
+        """A snapshot of KV blocks: {k.{i}, v.{i}: [n, block_size, Hkv, D]}, row j = block j."""
+        idx = self._tensor(block_ids, torch.int64)
+        names = [f"k.{i}" for i in range(len(self.caches.k))] + [f"v.{i}" for i in range(len(self.caches.v))]
+        sources = self.caches.k + self.caches.v
+        views = _views_of_one_buffer([((len(block_ids), *c.shape[1:]), c.dtype) for c in sources], self.device)
+        for view, cache in zip(views, sources):
+            torch.index_select(cache, 0, idx, out=view)
+        return dict(zip(names, views))
 
     def snapshot_ready(self):
-        """A callable that waits until the snapshots queued so far exist (None on the CPU)."""
+        """A callable that waits until the snapshots queued so far exist (None on the CPU).
+        Snapshots are device copies queued on the compute stream (the step never waits); the
+        cache's writer moves them to host memory once they exist."""
         if self.device.type == "cpu":
             return None
         event = torch.cuda.Event() if self.device.type == "cuda" else torch.npu.Event()
@@ -167,13 +181,6 @@ class ModelRunner:
             pool[slot].copy_(tensors[f"conv.{i}"], non_blocking=True)
         for i, pool in enumerate(self.caches.ssm):
             pool[slot].copy_(tensors[f"ssm.{i}"], non_blocking=True)
-
-    def read_blocks(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
-        """Host copies of KV blocks: {k.{i}, v.{i}: [n, block_size, Hkv, D]}, row j = block j."""
-        idx = self._tensor(block_ids, torch.int64)
-        gathered = {f"k.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.k)}
-        gathered.update({f"v.{i}": self._to_host(c[idx]) for i, c in enumerate(self.caches.v)})
-        return gathered
 
     def write_blocks(self, block_ids: list[int], tensors: dict[str, torch.Tensor]) -> None:
         """Load KV blocks: tensors {k.{i}, v.{i}: [n, block_size, Hkv, D]} (on the device, or in
@@ -192,3 +199,19 @@ class ModelRunner:
         block = {f"k.{i}": list(p.shape[1:]) for i, p in enumerate(c.k)}
         block.update({f"v.{i}": list(p.shape[1:]) for i, p in enumerate(c.v)})
         return {"ckpt": ckpt, "block": block}
+
+
+def _views_of_one_buffer(specs: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """Tensors of the given shapes and dtypes as views of one new buffer (widest dtypes first,
+    so each starts aligned): a snapshot is one allocation, and the writer moves it to host
+    memory in one copy."""
+    order = sorted(range(len(specs)), key=lambda i: -specs[i][1].itemsize)
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in specs]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    views: list[torch.Tensor | None] = [None] * len(specs)
+    offset = 0
+    for i in order:
+        shape, dtype = specs[i]
+        views[i] = buf[offset : offset + sizes[i]].view(dtype).view(shape)
+        offset += sizes[i]
+    return views

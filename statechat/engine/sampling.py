@@ -35,8 +35,9 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of logits [M, vocab] (float32); one host read for the whole step."""
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of logits [M, vocab] (float32), on the logits' device: the caller
+    reads them all at once."""
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         if p.is_greedy:
@@ -51,4 +52,4 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
             drop = sorted_p.cumsum(-1) - sorted_p > p.top_p  # keep the smallest set reaching top_p
             probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
         out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
-    return out.tolist()
+    return out

@@ -58,6 +58,31 @@ def refused(path, expected, **kwargs) -> str:
     return str(err.value)
 
 
+def test_blob_is_a_plain_safetensors_file(blob):
+    """Written without safetensors' own writer, a blob is still one it reads: the same tensors,
+    and our metadata."""
+    from safetensors import safe_open
+
+    path, tensors, crc = blob
+    with safe_open(str(path), framework="pt") as f:
+        assert set(f.keys()) == set(tensors)
+        for name, t in tensors.items():
+            assert torch.equal(f.get_tensor(name), t), name
+        meta = f.metadata()
+    assert meta["checksum"] == crc and meta["fingerprint"] == FP and meta["kind"] == "kv"
+    assert json.loads(meta["hashes"]) == ["00"] * 3 and meta["num_tokens"] == "192"
+
+
+def test_writer_pauses_before_every_piece(tmp_path, small_pieces):
+    """The store's writer holds back between pieces: the pause runs before each checksum and
+    each write of a piece."""
+    tensors = sample(torch.Generator().manual_seed(1))
+    calls = []
+    write_blob(tmp_path / "b.safetensors", tensors, BlobMeta(FP, 1, ["00"], "kv"), lambda: calls.append(1))
+    num_pieces = sum(len(blobs._pieces(t.numel() * t.element_size())) for t in tensors.values())
+    assert len(calls) == 2 * num_pieces
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_round_trip_is_exact(blob, device):
     path, tensors, crc = blob
