@@ -109,7 +109,7 @@ def measured(engine: LLMEngine, prompt: list[int]):
 
 def engine_for(path: Path, loaded, cache_dir: Path | None, n: int) -> LLMEngine:
     cfg = EngineConfig(model=path, device=str(loaded.device.type), cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
-                       memory_fraction=0.5, max_model_len=n + 2048, max_num_seqs=8,
+                       memory_fraction=0.2, max_model_len=n + 2048, max_num_seqs=8,
                        disk_cache_bytes=64 << 30, host_cache_bytes=48 << 30)
     return LLMEngine(cfg, loaded=loaded)
 
@@ -126,10 +126,9 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
     ids = partial(random_ids, vocab=vocab)
     convo = ids(n, 1)
     edited = convo[: n - 40] + ids(60, 2)
-    cold = engine_for(path, loaded, None, n)
+    cold = engine_for(path, loaded, None, n)  # kept: (a) is sampled between the other rows too
     ttft(cold, ids(len(edited), 3))  # compile at the measured length
-    t_a = sorted(measured(cold, edited)[0] for _ in range(cold_runs))[cold_runs // 2]  # the median
-    del cold
+    cold_times = [measured(cold, edited)[0] for _ in range(cold_runs)]
     cache_dir = root / f"cache-{name}-{n}"
     shutil.rmtree(cache_dir, ignore_errors=True)
     warm = engine_for(path, loaded, cache_dir, n)
@@ -140,6 +139,7 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
     t_c, out_c = measured(warm, edited)
     warm.close()
     del warm
+    cold_times.append(measured(cold, edited)[0])
     results = {}
     for label, drop in (("d", False), ("e", True)):
         if drop:
@@ -152,7 +152,11 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
         results[label] = measured(restarted, edited)
         restarted.close()
         del restarted
+        cold_times.append(measured(cold, edited)[0])
+    del cold
     (t_d, out_d), (t_e, out_e) = results["d"], results["e"]
+    t_a = sorted(cold_times)[len(cold_times) // 2]  # the median, over samples taken throughout
+    print(f"{name} {n // 1024}k (a) samples {[round(t * 1e3, 1) for t in cold_times]} ms", flush=True)
 
     def cell(t, out) -> str:
         plan = out.cache_plan or {}
@@ -176,7 +180,8 @@ def main() -> None:
     ap.add_argument("--models", default="1b,27b")
     ap.add_argument("--lengths", default="8192,32768")
     ap.add_argument("--root", default="/tmp/statechat-cache-bench")
-    ap.add_argument("--cold-runs", type=int, default=1, help="(a) is the median of this many")
+    ap.add_argument("--cold-runs", type=int, default=1,
+                    help="(a) is the median of this many first samples and of one after each of (c), (d), (e)")
     ap.add_argument("--evict", choices=("all", "cache-dir"), default="all",
                     help="what (e) evicts from the page cache")
     args = ap.parse_args()
