@@ -156,7 +156,8 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
     del cold
     (t_d, out_d), (t_e, out_e) = results["d"], results["e"]
     t_a = sorted(cold_times)[len(cold_times) // 2]  # the median, over samples taken throughout
-    print(f"{name} {n // 1024}k (a) samples {[round(t * 1e3, 1) for t in cold_times]} ms", flush=True)
+    samples = [round(t * 1e3, 1) for t in cold_times]
+    print(f"{name} {n // 1024}k (a) samples {samples} ms", flush=True)
 
     def cell(t, out) -> str:
         plan = out.cache_plan or {}
@@ -181,7 +182,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="8192,32768")
     ap.add_argument("--root", default="/tmp/statechat-cache-bench")
     ap.add_argument("--cold-runs", type=int, default=1,
-                    help="(a) is the median of this many first samples and of one after each of (c), (d), (e)")
+                    help="(a): the median of this many first samples and one after each of (c), (d), (e)")
     ap.add_argument("--evict", choices=("all", "cache-dir"), default="all",
                     help="what (e) evicts from the page cache")
     args = ap.parse_args()

@@ -18,6 +18,8 @@ def subprocess_env() -> dict[str, str]:
     own PYTHONPATH (where a machine keeps packages outside site-packages)."""
     paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+
+
 BLOCK = 64
 
 

@@ -80,21 +80,44 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
                pause: Callable[[], None] | None = None) -> tuple[int, str]:
     """Write atomically; return (bytes on disk, checksum).
 
-    The file is a plain safetensors file, written piece by piece straight from the tensors'
-    memory (no serialised copy of the whole blob), checksummed on the calling thread: the
-    writer makes few, long calls that release the GIL. `pause` runs before each piece (the
-    store's writer uses it to hold back while the engine launches work)."""
-    pause = pause or (lambda: None)
-    # widest dtypes first (as safetensors orders them), so every tensor starts aligned
+    The file is a plain safetensors file, written in one pass straight from the tensors' memory
+    (no serialised copy of the blob): each piece is checksummed and written at its offset, and
+    the header, whose length does not depend on the checksum, goes in last. The writer thus
+    makes few, long calls that release the GIL. `pause` runs before every PIECE_BYTES of data
+    (the store's writer holds back there while the engine launches work)."""
+    # widest dtypes first, then by name, as safetensors orders them: every tensor starts aligned
     order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
-    data = {n: memoryview(tensors[n].detach().to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy())
-            for n in order}
-    pieces = [(n, o, size) for n, d in data.items() for o, size in _pieces(len(d))]
-    crcs = []
-    for name, offset, size in pieces:
-        pause()
-        crcs.append(zlib.crc32(data[name][offset : offset + size]))
-    crc = _fold(pieces, crcs)
+    data = {n: memoryview(tensors[n].detach().to("cpu").contiguous().view(torch.uint8)
+                          .reshape(-1).numpy()) for n in order}
+    header = _header(tensors, order, meta, crc="0" * 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pieces, crcs, offset, since_pause = [], [], len(header), PIECE_BYTES
+        for name in order:
+            for start, size in _pieces(len(data[name])):
+                if pause is not None and since_pause >= PIECE_BYTES:
+                    pause()
+                    since_pause = 0
+                piece = data[name][start : start + size]
+                crcs.append(zlib.crc32(piece))
+                pieces.append((name, start, size))
+                _write_all(fd, piece, offset)
+                offset += size
+                since_pause += size
+        crc = _fold(pieces, crcs)
+        _write_all(fd, memoryview(_header(tensors, order, meta, crc)), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return offset, crc
+
+
+def _header(tensors: dict[str, torch.Tensor], order: list[str], meta: BlobMeta, crc: str) -> bytes:
+    """The safetensors prefix: 8-byte length, then the JSON header padded to 8 bytes."""
     header: dict = {"__metadata__": {
         "format_version": str(CACHE_FORMAT_VERSION),
         "fingerprint": meta.fingerprint,
@@ -106,30 +129,19 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
     start = 0
     for name in order:
         t = tensors[name]
+        size = t.numel() * t.element_size()
         header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [start, start + len(data[name])]}
-        start += len(data[name])
+                        "data_offsets": [start, start + size]}
+        start += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, memoryview(len(text).to_bytes(8, "little") + text))
-        for name, offset, size in pieces:
-            pause()
-            _write_all(fd, data[name][offset : offset + size])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-    return 8 + len(text) + start, crc
+    return len(text).to_bytes(8, "little") + text
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
 
 
 def fsync_dir(folder: Path) -> None:

@@ -37,7 +37,7 @@ from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
 log = logging.getLogger("statechat.cache")
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 
-MAX_DEFER_S = 0.2  # the longest the writer waits for the engine between two pieces of work
+MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
 
@@ -93,27 +93,45 @@ class SaveJob:
         self.ckpt, self.block_tensors = ckpt, blocks
 
 
-def _moved(tensors: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`move` applied once per buffer: tensors that are contiguous views of one buffer (a
-    runner's snapshot) come back as the same views of one moved buffer."""
-    covered: dict[int, int] = {}  # bytes of the tensors on each buffer
+def _moved(
+    tensors: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """`move` applied once per buffer: tensors that tile one buffer exactly (a runner's
+    snapshot) come back as the same views of one moved buffer; any other tensor is moved on
+    its own, so a view into a pool never moves the pool."""
+    sizes: dict[int, int] = {}  # bytes of each buffer
+    spans: dict[int, list[tuple[int, int]]] = {}  # byte ranges of the tensors on each buffer
     for t in tensors.values():
-        key = t.untyped_storage().data_ptr()
-        covered[key] = covered.get(key, 0) + t.numel() * t.element_size()
+        storage, start = t.untyped_storage(), t.storage_offset() * t.element_size()
+        sizes[storage.data_ptr()] = storage.nbytes()
+        end = start + t.numel() * t.element_size()
+        spans.setdefault(storage.data_ptr(), []).append((start, end))
+    tiled = {key: _tiles(sorted(ranges), sizes[key]) for key, ranges in spans.items()}
     buffers: dict[int, torch.Tensor] = {}
     out = {}
     for name, t in tensors.items():
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if not t.is_contiguous() or covered[key] < storage.nbytes():  # a view of something larger
+        if not t.is_contiguous() or not tiled[key]:  # a view of something larger, or overlapping
             out[name] = move(t)
             continue
         if key not in buffers:
             whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
             buffers[key] = move(whole)
         start = t.storage_offset() * t.element_size()
-        out[name] = buffers[key][start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        end = start + t.numel() * t.element_size()
+        out[name] = buffers[key][start:end].view(t.dtype).view(t.shape)
     return out
+
+
+def _tiles(ranges: list[tuple[int, int]], nbytes: int) -> bool:
+    """Whether sorted byte ranges cover [0, nbytes) exactly, without overlap."""
+    end = 0
+    for start, stop in ranges:
+        if start != end:
+            return False
+        end = stop
+    return end == nbytes
 
 
 class HostTier:
@@ -182,6 +200,7 @@ class StateStore:
         self.writer: threading.Thread | None = None
         self.engine_idle = threading.Event()  # cleared while the engine launches work
         self.engine_idle.set()
+        self._defer_left = 0.0  # what the writer may still wait for the engine in this job
 
     # --- model ------------------------------------------------------------------------
     def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
@@ -324,9 +343,14 @@ class StateStore:
             self.engine_idle.set()
 
     def _pause(self) -> None:
-        """Wait while the engine launches work, at most MAX_DEFER_S at a time: a long run of
-        prefill chunks delays writes, it does not starve them."""
-        self.engine_idle.wait(MAX_DEFER_S)
+        """Wait while the engine launches work, for at most MAX_DEFER_S over one job (the
+        budget is reset as a job starts): a long run of prefill chunks delays a write, it does
+        not starve it, and a blob never waits long for its row."""
+        if self.engine_idle.is_set() or self._defer_left <= 0:
+            return
+        t = time.perf_counter()
+        self.engine_idle.wait(self._defer_left)
+        self._defer_left -= time.perf_counter() - t
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued job is on disk (tests, shutdown)."""
@@ -358,6 +382,7 @@ class StateStore:
                 self.queue.task_done()
 
     def _write(self, job: SaveJob) -> None:
+        self._defer_left = MAX_DEFER_S
         self._pause()
         job.to_host(self.pin_memory, self.copy_stream)
         if job.ckpt is not None and job.ckpt_hash:
@@ -383,8 +408,8 @@ class StateStore:
         ck = None
         if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
             blob = f"ckpt/{job.ckpt_hash[:2]}/{job.ckpt_hash}-{uuid.uuid4().hex[:8]}.safetensors"
-            size, crc = write_blob(self.blob_dir / blob, job.ckpt,
-                                   BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt"), self._pause)
+            meta = BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt")
+            size, crc = write_blob(self.blob_dir / blob, job.ckpt, meta, self._pause)
             ck = (blob, size, crc)
         self._pause()
         with self.db_lock, self.db.conn:

@@ -11,7 +11,6 @@ computed, completion tokens and time to first token.
 from __future__ import annotations
 
 import time
-from functools import partial
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -77,7 +76,8 @@ class LLMEngine:
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
         self.store = self._open_store()
-        self.runner.before_wait = partial(self._busy, False)
+        if self.store is not None:  # the store's method, not the engine's: no reference cycle
+            self.runner.before_wait = self.store.engine_idle.set
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
         if config.use_cuda_graphs and loaded.device.type == "cuda":
             max_blocks = (self.max_model_len + bs - 1) // bs

@@ -27,7 +27,7 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
-        self.before_wait = lambda: None  # called when a step is launched, before its tokens are read
+        self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
@@ -153,15 +153,19 @@ class ModelRunner:
         names += [f"ssm.{i}" for i in range(len(self.caches.ssm))]
         sources = [pool[slot] for pool in self.caches.conv + self.caches.ssm]
         views = _views_of_one_buffer([(t.shape, t.dtype) for t in sources], self.device)
-        torch._foreach_copy_(views, sources)  # one multi-tensor copy, not one per layer
+        for dtype in {t.dtype for t in sources}:  # one multi-tensor copy per dtype (conv, ssm)
+            pairs = [(v, t) for v, t in zip(views, sources) if t.dtype == dtype]
+            torch._foreach_copy_([v for v, _ in pairs], [t for _, t in pairs])
         return dict(zip(names, views))
 
     def read_blocks(self, block_ids: list[int]) -> dict[str, torch.Tensor]:
         """A snapshot of KV blocks: {k.{i}, v.{i}: [n, block_size, Hkv, D]}, row j = block j."""
         idx = self._tensor(block_ids, torch.int64)
-        names = [f"k.{i}" for i in range(len(self.caches.k))] + [f"v.{i}" for i in range(len(self.caches.v))]
+        names = [f"k.{i}" for i in range(len(self.caches.k))]
+        names += [f"v.{i}" for i in range(len(self.caches.v))]
         sources = self.caches.k + self.caches.v
-        views = _views_of_one_buffer([((len(block_ids), *c.shape[1:]), c.dtype) for c in sources], self.device)
+        specs = [((len(block_ids), *c.shape[1:]), c.dtype) for c in sources]
+        views = _views_of_one_buffer(specs, self.device)
         for view, cache in zip(views, sources):
             torch.index_select(cache, 0, idx, out=view)
         return dict(zip(names, views))
@@ -201,7 +205,9 @@ class ModelRunner:
         return {"ckpt": ckpt, "block": block}
 
 
-def _views_of_one_buffer(specs: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+def _views_of_one_buffer(
+    specs: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device
+) -> list[torch.Tensor]:
     """Tensors of the given shapes and dtypes as views of one new buffer (widest dtypes first,
     so each starts aligned): a snapshot is one allocation, and the writer moves it to host
     memory in one copy."""

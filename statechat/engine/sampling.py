@@ -35,7 +35,9 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     """One token per row of logits [M, vocab] (float32), on the logits' device: the caller
     reads them all at once."""
     out = logits.argmax(dim=-1)

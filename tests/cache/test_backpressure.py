@@ -3,8 +3,10 @@ reported with one warning line, and the tokens are unchanged."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+import weakref
 
 import torch
 
@@ -33,26 +35,97 @@ def test_full_queue_drops_and_reports(tiny_dirs, tmp_path, caplog):
 
 def test_writer_holds_back_while_the_engine_launches(tiny_dirs, tmp_path, monkeypatch):
     """While the engine says it is launching a step, the writer starts nothing (it would take
-    the GIL from the launches); once the engine waits or is idle, the queued saves land. A busy
-    spell longer than MAX_DEFER_S delays writes but does not stop them."""
+    the GIL from the launches); once the engine waits or is idle, the queued saves land."""
     from statechat.cache import store as store_mod
 
-    monkeypatch.setattr(store_mod, "MAX_DEFER_S", 0.5)
-    path = tiny_dirs["qwen3_5_text"]
-    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
-                       loaded=load_model(path, dtype=torch.float32))
-    prompt = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(2)).tolist()
-    engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))  # idle afterwards
-    engine.store.flush()
-    assert engine.store.stats()["num_checkpoints"] >= 1
-    before = engine.store.stats()["num_checkpoints"]
-    engine.runner.before_wait = lambda: None  # the engine stays busy after its last step
-    other = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(3)).tolist()
-    engine.generate([other], SamplingParams(max_tokens=1, ignore_eos=True))
+    monkeypatch.setattr(store_mod, "MAX_DEFER_S", 30.0)
+    engine = cached_engine(tiny_dirs, tmp_path)
+    before = saved_after(engine, seed=2)
+    hold(engine.store)
+    engine.generate([prompt(3)], SamplingParams(max_tokens=1, ignore_eos=True))
     assert not engine.store.engine_idle.is_set()
-    time.sleep(0.2)
+    time.sleep(0.3)
     assert engine.store.stats()["num_checkpoints"] == before  # queued, held back
     engine.store.engine_busy(False)
     engine.store.flush()
     assert engine.store.stats()["num_checkpoints"] > before
     engine.close()
+
+
+def test_a_busy_engine_delays_writes_but_does_not_stop_them(tiny_dirs, tmp_path, monkeypatch):
+    """An engine that stays busy (a long run of prefill chunks) delays a job by at most
+    MAX_DEFER_S in all; the rows land while it is still busy."""
+    from statechat.cache import store as store_mod
+
+    monkeypatch.setattr(store_mod, "MAX_DEFER_S", 0.05)
+    engine = cached_engine(tiny_dirs, tmp_path)
+    before = saved_after(engine, seed=4)
+    hold(engine.store)
+    engine.generate([prompt(5)], SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.store.flush(timeout=10)
+    assert not engine.store.engine_idle.is_set()
+    assert engine.store.stats()["num_checkpoints"] > before
+    engine.store.engine_busy(False)
+    engine.close()
+
+
+def test_the_engine_is_idle_after_every_way_a_request_ends(tiny_dirs, tmp_path):
+    """A finished request, a stream closed early and an abort in mid-prefill all leave the
+    store's writer free to run."""
+    engine = cached_engine(tiny_dirs, tmp_path, max_num_batched_tokens=64)
+    engine.generate([prompt(6)], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert engine.store.engine_idle.is_set()
+    events = engine.stream(prompt(7), SamplingParams(max_tokens=8, ignore_eos=True))
+    next(events)
+    events.close()
+    assert engine.store.engine_idle.is_set()
+    seq = engine.add_request(prompt(8), SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.step()  # one 64-token chunk of 200: nothing sampled, still busy
+    assert not engine.store.engine_idle.is_set()
+    engine.abort(seq)
+    assert engine.store.engine_idle.is_set()
+    engine.close()
+
+
+def test_a_deleted_engine_is_freed_at_once(tiny_dirs, tmp_path):
+    """No reference cycle keeps an engine (and its pools) alive until a garbage collection."""
+    engine = cached_engine(tiny_dirs, tmp_path)
+    engine.generate([prompt(9)], SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.close()
+    ref = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def cached_engine(tiny_dirs, cache_dir, **config) -> LLMEngine:
+    path = tiny_dirs["qwen3_5_text"]
+    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir, **config),
+                     loaded=load_model(path, dtype=torch.float32))
+
+
+def prompt(seed: int) -> list[int]:
+    return torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def saved_after(engine: LLMEngine, seed: int) -> int:
+    """Checkpoints on disk after one request and a flush (an idle engine writes at once)."""
+    engine.generate([prompt(seed)], SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.store.flush()
+    assert engine.store.stats()["num_checkpoints"] >= 1
+    return engine.store.stats()["num_checkpoints"]
+
+
+def hold(store) -> None:
+    """Make store.save mark the engine busy first, as if the next step were already being
+    launched when a job is queued (the engine itself marks idle when it awaits tokens)."""
+    save = store.save
+
+    def busy_save(job):
+        store.engine_busy(True)
+        return save(job)
+
+    store.save = busy_save

@@ -3,9 +3,10 @@
 Prefill: varlen batches of {1, 63, 64, 65, 200} new tokens over cached prefixes (context longer
 than the new tokens), random non-contiguous block tables, grouped KV heads with groups of 1, 2
 and 3 (Qwen3.5's 6 is not a power of two either). Decode: one query per sequence, with and
-without split-KV; short query runs over long contexts, split along the keys. Cache positions past each context and unused block-table entries point at
-NaN, so any read outside the causal window shows up in the output. float32 and bf16; on CUDA
-also Qwen3.5's shapes (D=256, Hq/Hkv = 8/2 and 24/4).
+without split-KV; short query runs over long contexts, split along the keys. Cache positions
+past each context and unused block-table entries point at NaN, so any read outside the causal
+window shows up in the output. float32 and bf16; on CUDA also Qwen3.5's shapes (D=256, Hq/Hkv
+= 8/2 and 24/4).
 """
 
 from __future__ import annotations
