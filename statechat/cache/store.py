@@ -8,9 +8,10 @@
     store.save(SaveJob)                             # queued; a thread writes blobs, then rows
 
 Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. The
-writer holds back while the engine says it is launching work (`engine_busy`): its Python steps
-would otherwise take the GIL from the kernel launches of a prefill. A blob
-that fails verification is a miss: its rows and file are removed and one warning is logged.
+writer holds back while the engine says it is launching work (`engine_busy`), for at most
+MAX_DEFER_S per job: its Python steps would otherwise take the GIL from the kernel launches of
+a prefill. A blob that fails verification is a miss: its rows and file are removed and one
+warning is logged.
 """
 
 from __future__ import annotations
