@@ -86,3 +86,42 @@ def test_prefill_graphs_with_a_short_max_model_len(gpu_setup):
         if graphs:
             assert engine.runner.prefill_graphs.replays >= 1
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("use_cuda_graphs", [True, False], ids=["graphs", "eager"])
+def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_graphs):
+    """No host synchronisation inside a decode step beyond reading the sampled tokens: CUDA's
+    sync debug mode makes any other synchronising call of the step (an .item(), a blocking
+    copy, a read of device memory) raise; it is lifted only for the tokens' read. Greedy and
+    sampled requests, prefix cache on (reply-end checkpoints are slot copies)."""
+    path, loaded, prompts, _ = gpu_setup
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
+                                    use_cuda_graphs=use_cuda_graphs), loaded=loaded)
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
+    params = [SamplingParams(max_tokens=12, ignore_eos=True), sampled]
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts[:2], params)]
+    while any(not s.output_ids for s in seqs):  # the prefills: every later step decodes
+        engine.step()
+    run, read_allowed = engine.runner.run, engine.runner.before_wait
+
+    def lift_for_the_read() -> None:
+        torch.cuda.set_sync_debug_mode(0)
+        read_allowed()
+
+    def guarded_run(batch):
+        assert batch.is_decode
+        try:
+            return run(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")  # the rest of the step is guarded again
+
+    engine.runner.before_wait, engine.runner.run = lift_for_the_read, guarded_run
+    steps = 0
+    try:
+        while engine.has_unfinished():
+            torch.cuda.set_sync_debug_mode("error")
+            engine.step()
+            steps += 1
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert steps >= 10 and all(len(s.output_ids) == 12 for s in seqs)
