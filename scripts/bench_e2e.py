@@ -30,6 +30,7 @@ from bench_common import (
     ids,
     log,
     row,
+    sync,
     ttft,
     ttft_out,
     write_table,
@@ -112,6 +113,44 @@ def profile_decode(engine: LLMEngine) -> None:
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
 
 
+def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
+    """Where an edit's time to first token goes on the host, from one request replayed from
+    the graphs: admission (hashing, lookup, restore), launching the step, waiting for its
+    tokens, and the step's bookkeeping after them."""
+    marks: dict[str, float] = {}
+    schedule, run, before_wait = engine.scheduler.schedule, engine.runner.run, engine.runner.before_wait
+
+    def timed_schedule():
+        batch = schedule()
+        marks.setdefault("scheduled", time.perf_counter())
+        return batch
+
+    def timed_wait():
+        marks.setdefault("launched", time.perf_counter())
+        before_wait()
+
+    def timed_run(batch):
+        tokens = run(batch)
+        marks.setdefault("tokens", time.perf_counter())
+        return tokens
+
+    engine.scheduler.schedule = timed_schedule
+    engine.runner.before_wait, engine.runner.run = timed_wait, timed_run
+    sync()
+    start = time.perf_counter()
+    seq = engine.add_request(edited, SamplingParams(max_tokens=1, ignore_eos=True))
+    added = time.perf_counter()
+    while not seq.is_finished:
+        engine.step()
+    end = time.perf_counter()
+    engine.scheduler.schedule, engine.runner.before_wait, engine.runner.run = schedule, before_wait, run
+    steps = [("add_request", start, added), ("admission", added, marks["scheduled"]),
+             ("launch", marks["scheduled"], marks["launched"]),
+             ("wait for tokens", marks["launched"], marks["tokens"]), ("after the tokens", marks["tokens"], end)]
+    parts = ", ".join(f"{name} {(b - a) * 1e3:.2f}" for name, a, b in steps)
+    log(f"edit TTFT host breakdown (ms): {parts}; total {(end - start) * 1e3:.2f}")
+
+
 def profile_edit(engine: LLMEngine, edited: list[int]) -> None:
     """GPU kernels of an edit's resumed prefill (eager, so the profiler sees each kernel)."""
     from torch.profiler import ProfilerActivity, profile
@@ -175,6 +214,7 @@ def main() -> None:
         times.append(t)
         log(f"edit TTFT {t * 1e3:.1f} ms, reused {out.num_cached_tokens}")
     t = sorted(times[1:])[len(times[1:]) // 2]  # median after the warm-up
+    edit_breakdown(warm, convo[:8192 - 40] + ids(60, 98))
     profile_edit(warm, convo[:8192 - 40] + ids(60, 99))
     graphs = warm.runner.prefill_graphs
     row("TTFT after editing the last message, 8k, device tier (ms)", f"{t * 1e3:.1f}", "",
