@@ -40,6 +40,7 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 
+
 def build_model(out: Path, layers: int):
     """Random-weight Qwen3.5 saved with transformers (our loader reads it back)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
