@@ -287,6 +287,8 @@ class Handler(BaseHTTPRequestHandler):
         choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
                   f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
                   f"{plan['predicted_recompute_s'] * 1e3:.1f} ms") if plan.get("candidate_tokens") else ""
+        if "disk_resident" in plan:
+            choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
         self.log_message(
             "reused %s of %s prompt tokens%s; computed %s; %s new%s",
             f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",

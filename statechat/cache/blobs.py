@@ -14,6 +14,8 @@ buffer: a restore allocates no pinned memory.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import math
 import os
@@ -142,6 +144,49 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         done = os.pwrite(fd, data, offset)
         data, offset = data[done:], offset + done
+
+
+def resident_fraction(path: Path) -> float:
+    """The fraction of a file's pages in the page cache (mincore on a read-only mapping), so a
+    plan can price a warm read apart from a cold one; 0.0 (cold, the cautious guess) where
+    that cannot be told."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return 1.0
+        libc = _libc()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        finally:
+            os.close(fd)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            return 0.0
+        try:
+            pages = (size + _PAGE - 1) // _PAGE
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                return 0.0
+            return bytes(vec).translate(_LOW_BIT).count(1) / pages  # bit 0: resident
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    except (OSError, AttributeError, ValueError):
+        return 0.0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LOW_BIT = bytes(b & 1 for b in range(256))
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
 
 
 def fsync_dir(folder: Path) -> None:

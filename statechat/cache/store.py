@@ -2,7 +2,7 @@
 
     store = open_store(cache_dir)                   # people's operations: stats, ls, verify, gc
     store.attach(fingerprint, name, ...)            # an engine's model: lookups and saves
-    store.where(block_hashes, ckpt_hashes)          # which lower tier holds what
+    store.where(block_hashes, ckpt_hashes)          # which lower tier holds what (a Lookup)
     store.load_blocks(hashes) / load_checkpoint(h)  # verified tensors: host tier, or disk (on
                                                     # the engine's device when it is CUDA)
     store.save(SaveJob)                             # queued; a thread writes blobs, then rows
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from statechat.cache import index
-from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
+from statechat.cache.blobs import BlobError, BlobMeta, read_blob, resident_fraction, write_blob
 
 log = logging.getLogger("statechat.cache")
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
@@ -135,6 +135,17 @@ def _tiles(ranges: list[tuple[int, int]], nbytes: int) -> bool:
     return end == nbytes
 
 
+@dataclass
+class Lookup:
+    """What the lower tiers hold of a prefix (StateStore.where): tier of each block and
+    checkpoint, and for those on disk the fraction of their blob in the page cache."""
+
+    blocks: dict[str, str]
+    ckpts: dict[str, str]
+    block_resident: dict[str, float] = field(default_factory=dict)
+    ckpt_resident: dict[str, float] = field(default_factory=dict)
+
+
 class HostTier:
     """LRU of host-memory copies (checkpoints and blocks) under a byte budget."""
 
@@ -218,16 +229,28 @@ class StateStore:
         self.writer.start()
 
     # --- lookups ----------------------------------------------------------------------
-    def where(self, block_hashes: list[str], ckpt_hashes: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-        """Which lower tier ("host" or "disk") holds each block and checkpoint that it has."""
-        blocks = {h: "host" for h in block_hashes if self.host.has("kv", h)}
-        ckpts = {h: "host" for h in ckpt_hashes if self.host.has("ckpt", h)}
+    def where(self, block_hashes: list[str], ckpt_hashes: list[str]) -> Lookup:
+        """Which lower tier ("host" or "disk") holds each block and checkpoint that it has, and
+        for those on disk the fraction of their blob in the page cache."""
+        found = Lookup({h: "host" for h in block_hashes if self.host.has("kv", h)},
+                       {h: "host" for h in ckpt_hashes if self.host.has("ckpt", h)})
+        wanted_blocks = [h for h in block_hashes if h not in found.blocks]
+        wanted_ckpts = [h for h in ckpt_hashes if h not in found.ckpts]
         with self.db_lock:
-            disk_blocks = index.blocks_present(self.db, [h for h in block_hashes if h not in blocks])
-            disk_ckpts = index.checkpoints_present(self.db, [h for h in ckpt_hashes if h not in ckpts])
-        blocks.update({h: "disk" for h in disk_blocks})
-        ckpts.update({h: "disk" for h in disk_ckpts})
-        return blocks, ckpts
+            disk_blocks = index.blocks_present(self.db, wanted_blocks)
+            disk_ckpts = index.checkpoints_present(self.db, wanted_ckpts)
+        resident: dict[str, float] = {}  # blob -> fraction in the page cache, asked once each
+
+        def fraction(blob: str) -> float:
+            if blob not in resident:
+                resident[blob] = resident_fraction(self.blob_dir / blob)
+            return resident[blob]
+
+        for h, row in disk_blocks.items():
+            found.blocks[h], found.block_resident[h] = "disk", fraction(row[0])
+        for h, row in disk_ckpts.items():
+            found.ckpts[h], found.ckpt_resident[h] = "disk", fraction(row[0])
+        return found
 
     def load_checkpoint(self, h: str) -> dict[str, torch.Tensor]:
         """The checkpoint's tensors; BlobError (entry removed, warning logged) if unusable."""

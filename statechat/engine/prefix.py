@@ -2,8 +2,10 @@
 
 On admission it finds every usable prefix (all KV blocks available in some tier and a GDN
 checkpoint at its end), predicts for each the time to load what is not on the device (bytes
-over the tier's measured bandwidth) against the time to recompute what it saves (tokens over
-the measured prefill rate), and takes the cheapest, so a hit is never slower than no hit. It
+over the tier's measured bandwidth; for disk, the page cache's rate for the part of each blob
+the page cache holds and the disk's for the rest) against the time to recompute what it saves
+(tokens over the measured prefill rate), and takes the cheapest, so a hit is never slower than
+no hit. It
 loads what it chose into the device pools (a hit in a lower tier is promoted) and reports the
 plan. After each step it persists new checkpoints, with the KV blocks before them, through the
 store's write-behind queue.
@@ -16,13 +18,14 @@ import time
 from dataclasses import dataclass
 
 from statechat.cache.blobs import BlobError
-from statechat.cache.store import SaveJob, StateStore
+from statechat.cache.store import Lookup, SaveJob, StateStore
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.sequence import Sequence
 
 log = logging.getLogger("statechat.cache")
 
 DEVICE, HOST, DISK = "device", "host", "disk"
+PAGE_CACHE = "page cache"  # disk reads served from the page cache: a rate of their own, not a tier
 
 
 @dataclass
@@ -37,23 +40,36 @@ class NewCheckpoint:
 
 
 class CostModel:
-    """Measured rates: prefill seconds per token and each lower tier's read bandwidth."""
+    """Measured rates: prefill seconds per token and each lower tier's read bandwidth. Disk
+    reads have two: from the page cache and from the disk itself; a blob's bytes are priced by
+    the fraction of it in the page cache when the plan is made."""
 
     def __init__(self, prefill_s_per_token: float) -> None:
         self.prefill_s_per_token = prefill_s_per_token
-        self.bandwidth = {HOST: 5e9, DISK: 1e9}  # bytes/s, refined by every load
+        self.bandwidth = {HOST: 5e9, DISK: 1e9, PAGE_CACHE: 3e9}  # bytes/s, refined by every load
         self.latency = {HOST: 0.0, DISK: 3e-4}  # per blob opened
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= 64:
             self.prefill_s_per_token = 0.7 * self.prefill_s_per_token + 0.3 * seconds / tokens
 
-    def observe_load(self, tier: str, nbytes: int, seconds: float) -> None:
+    def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:
+        """Learn from a load; a disk load teaches the page cache's rate when (nearly) all of it
+        was cached, the disk's when (nearly) none was, and nothing when mixed."""
+        if tier == DISK and resident >= 0.95:
+            tier = PAGE_CACHE
+        elif tier == DISK and resident > 0.05:
+            return
         if nbytes >= 1 << 16 and seconds > 0:
             self.bandwidth[tier] = 0.5 * self.bandwidth[tier] + 0.5 * nbytes / seconds
 
-    def load_s(self, tier: str, nbytes: int, blobs: int = 1) -> float:
-        return 0.0 if tier == DEVICE else nbytes / self.bandwidth[tier] + blobs * self.latency[tier]
+    def load_s(self, tier: str, nbytes: int, blobs: int = 1, resident: float = 0.0) -> float:
+        if tier == DEVICE:
+            return 0.0
+        if tier == DISK:
+            per_byte = resident / self.bandwidth[PAGE_CACHE] + (1 - resident) / self.bandwidth[DISK]
+            return nbytes * per_byte + blobs * self.latency[DISK]
+        return nbytes / self.bandwidth[tier] + blobs * self.latency[tier]
 
 
 class PrefixCache:
@@ -88,12 +104,13 @@ class PrefixCache:
             if self.blocks.lookup(h) is None:
                 break
             on_device.append(h)
-        lower_blocks, lower_ckpts = ({}, {})
+        lower = Lookup({}, {})
         t_lookup = time.perf_counter()
         if self.store is not None:
-            lower_blocks, lower_ckpts = self.store.where(
-                [h.hex() for h in hashes[len(on_device):]], [h.hex() for h in hashes])
+            lower = self.store.where([h.hex() for h in hashes[len(on_device):]],
+                                     [h.hex() for h in hashes])
         t_lookup = time.perf_counter() - t_lookup
+        lower_blocks, lower_ckpts = lower.blocks, lower.ckpts
         # what is on disk now needs no saving if this request recomputes it (see persist)
         self.persisted.update(bytes.fromhex(h) for h, tier in lower_blocks.items() if tier == DISK)
         self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower_ckpts.items() if tier == DISK)
@@ -105,11 +122,14 @@ class PrefixCache:
             if tier is None:
                 break
             tiers.append(tier)
-            load_s += self.cost.load_s(tier, self.bytes_per_block, blobs=0)
+            cached = lower.block_resident.get(h.hex(), 0.0)
+            load_s += self.cost.load_s(tier, self.bytes_per_block, 0, cached)
             ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex())
             if ck_tier is None:
                 continue
-            total_load = load_s + self.cost.load_s(ck_tier, self.bytes_per_slot) + self._segment_latency(tiers)
+            cached = lower.ckpt_resident.get(h.hex(), 0.0)
+            ck_load = self.cost.load_s(ck_tier, self.bytes_per_slot, 1, cached)
+            total_load = load_s + ck_load + self._segment_latency(tiers)
             cost = total_load + (len(seq) - k * self.bs) * rate
             if cost <= cand_cost:
                 cand_k, cand_cost, cand_load = k, cost, total_load
@@ -122,12 +142,16 @@ class PrefixCache:
             "choice": "load" if best_k else "recompute",
             "lookup_s": round(t_lookup, 6),
         }
-        return self._restore(seq, hashes[:best_k], tiers[:best_k]) if best_k else 0
+        disk = [lower.block_resident[h] for h in (h.hex() for h in hashes[:cand_k])
+                if h in lower.block_resident]
+        if disk:  # how much of the candidate's disk part the page cache held
+            seq.cache_plan["disk_resident"] = round(sum(disk) / len(disk), 3)
+        return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
 
     def _segment_latency(self, tiers: list[str]) -> float:
         return self.cost.latency[DISK] if DISK in tiers else 0.0
 
-    def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str]) -> int:
+    def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str], lower: Lookup) -> int:
         """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
         need = [h for h, t in zip(hashes, tiers) if t != DEVICE]
         ckpt_on_device = self.slots.has(hashes[-1])
@@ -156,7 +180,10 @@ class PrefixCache:
         t_write = time.perf_counter()
         if need:
             nbytes = len(need) * self.bytes_per_block
-            self._observe(tiers, nbytes, time.perf_counter() - t_start)
+            resident = [lower.block_resident[h] for h in (h.hex() for h in need)
+                        if h in lower.block_resident]
+            self._observe(tiers, nbytes, time.perf_counter() - t_start,
+                          sum(resident) / len(resident) if resident else 0.0)
         for h in need:
             self.blocks.register(held[h], h)
             self.persisted.add(h)
@@ -170,7 +197,8 @@ class PrefixCache:
             self.runner.write_slot(slot, tensors)
             self.slots.register(last, slot, len(hashes) * self.bs)
             ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
-            self._observe([ck_tier], self.bytes_per_slot, time.perf_counter() - t0)
+            resident = lower.ckpt_resident.get(last.hex(), 0.0)
+            self._observe([ck_tier], self.bytes_per_slot, time.perf_counter() - t0, resident)
             nbytes += self.bytes_per_slot
         # where the load's time went: reading the blocks (lower tiers), writing them into the
         # pools, and the checkpoint (read and write)
@@ -183,9 +211,9 @@ class PrefixCache:
         seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
         return seq.num_computed
 
-    def _observe(self, tiers: list[str], nbytes: int, seconds: float) -> None:
+    def _observe(self, tiers: list[str], nbytes: int, seconds: float, resident: float) -> None:
         tier = DISK if DISK in tiers else HOST
-        self.cost.observe_load(tier, nbytes, seconds)
+        self.cost.observe_load(tier, nbytes, seconds, resident)
 
     # --- persistence --------------------------------------------------------------------
     def persist(self, new: list[NewCheckpoint], root: bytes) -> None:

@@ -10,6 +10,7 @@ process restarts always match no-cache outputs.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -141,3 +142,47 @@ def test_recomputing_a_stored_prefix_queues_nothing_stored(plain, tmp_path):
     assert out.cache_plan["candidate_tokens"] == 192 and out.cache_plan["predicted_load_s"] > 0
     assert queued == []
     assert out.token_ids == no_cache_tokens(engine, [edited])[0][:4]
+
+
+def test_a_plan_prices_disk_reads_by_what_the_page_cache_holds(plain, tmp_path):
+    """After a restart the plan asks the page cache how much of each blob it holds: with the
+    blobs cached, loading is priced at the page cache's rate and chosen; with them evicted,
+    at the disk's rate, and recomputing wins. The plan reports the fraction it saw."""
+    path, engine = plain
+    prompt = list(range(5, 5 + 200))
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    first.generate([prompt], params)
+    first.close()
+    edited = prompt + [7, 8, 9]
+    outs = {}
+    for label in ("warm", "cold"):
+        if label == "cold":
+            evicted = evict_page_cache(tmp_path / "blobs")
+        second = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+        cost = second.prefix.cost
+        # page cache fast, disk slow: recomputing the prefix costs between the two loads
+        cost.bandwidth.update({"page cache": 1e12, "disk": 1e3})
+        cost.prefill_s_per_token = 1e-4
+        outs[label] = second.generate([edited], params)[0]
+        second.close()
+    warm, cold = outs["warm"], outs["cold"]
+    assert warm.cache_plan["disk_resident"] == 1.0 and warm.cache_plan["choice"] == "load"
+    assert warm.num_cached_tokens == 192 and warm.reused_from == "disk"
+    if not evicted:
+        pytest.skip("this filesystem keeps files in memory (posix_fadvise cannot evict them)")
+    assert cold.cache_plan["disk_resident"] == 0.0 and cold.cache_plan["choice"] == "recompute"
+    assert warm.token_ids == cold.token_ids == no_cache_tokens(engine, [edited])[0][:4]
+
+
+def evict_page_cache(folder) -> bool:
+    """Drop the folder's files from the page cache; whether it worked."""
+    from statechat.cache.blobs import resident_fraction
+
+    os.sync()
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    return all(resident_fraction(f) == 0.0 for f in files)

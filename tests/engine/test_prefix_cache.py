@@ -95,3 +95,24 @@ def test_prefill_rate_is_timed_over_a_whole_chunked_prompt(tiny_dirs):
     engine.generate([list(range(3, 3 + 300))], SamplingParams(max_tokens=3, ignore_eos=True))
     assert [tokens for tokens, _ in seen] == [300]
     assert seen[0][1] > 0
+
+
+def test_disk_loads_teach_the_rate_they_saw():
+    """A disk load served from the page cache teaches the page cache's rate, one from the disk
+    the disk's, a mixed one neither; a plan prices each blob by its cached fraction."""
+    from statechat.engine.prefix import DISK, PAGE_CACHE, CostModel
+
+    cost = CostModel(1e-6)
+    cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
+    cost.observe_load(DISK, 8 << 30, 1.0, resident=1.0)  # 8.6 GB/s from the page cache
+    assert cost.bandwidth[DISK] == 1e9 and cost.bandwidth[PAGE_CACHE] > 4e9
+    cost.observe_load(DISK, 1 << 30, 2.0, resident=0.0)  # 0.5 GB/s from the disk
+    assert cost.bandwidth[DISK] < 1e9
+    before = dict(cost.bandwidth)
+    cost.observe_load(DISK, 1 << 30, 1.0, resident=0.5)
+    assert cost.bandwidth == before
+    cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
+    cost.latency[DISK] = 0.0
+    assert cost.load_s(DISK, 4e9, resident=1.0) == pytest.approx(1.0)
+    assert cost.load_s(DISK, 4e9, resident=0.0) == pytest.approx(4.0)
+    assert cost.load_s(DISK, 4e9, resident=0.5) == pytest.approx(2.5)
