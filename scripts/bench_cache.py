@@ -9,7 +9,8 @@ prompt length, a conversation of that length is run, then its last user message 
 the edited request's time to first token is measured (a) cold, with no cache; (b) from the
 device tier; (c) from the host tier (device tier dropped); (d) from disk after a restart with
 the page cache warm; (e) the same with the page cache dropped; and (f) a prompt the cache has
-never seen, with the cache on (its saves included; the median of --cold-runs). The disk's own
+never seen, with the cache on (the snapshots and queued writes of its first chunks overlap its
+later ones; writes still running at the first token are not counted; median of --cold-runs). The disk's own
 sequential read bandwidth (cold and warm) is measured in the same run, with the restore's read
 bandwidth. The store decides between loading and recomputing, so every row should be
 <= 1.05 x (a). A markdown table is printed last.
@@ -140,7 +141,7 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
     t_b, out_b = measured(warm, edited)
     warm.drop_device_cache()
     t_c, out_c = measured(warm, edited)
-    fresh = []  # (f) a prompt the cache has never seen, with the cache on: what saving costs
+    fresh = []  # (f) a prompt the cache has never seen, with the cache on: what saving costs it
     for i in range(max(cold_runs, 1)):
         fresh.append(measured(warm, ids(len(edited), 50 + i))[0])
         warm.store.flush()

@@ -138,13 +138,15 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
     engine.scheduler.schedule = timed_schedule
     engine.runner.before_wait, engine.runner.run = timed_wait, timed_run
     sync()
-    start = time.perf_counter()
-    seq = engine.add_request(edited, SamplingParams(max_tokens=1, ignore_eos=True))
-    added = time.perf_counter()
-    while not seq.is_finished:
-        engine.step()
-    end = time.perf_counter()
-    engine.scheduler.schedule, engine.runner.before_wait, engine.runner.run = schedule, before_wait, run
+    try:
+        start = time.perf_counter()
+        seq = engine.add_request(edited, SamplingParams(max_tokens=1, ignore_eos=True))
+        added = time.perf_counter()
+        while not seq.is_finished:
+            engine.step()
+        end = time.perf_counter()
+    finally:
+        engine.scheduler.schedule, engine.runner.before_wait, engine.runner.run = schedule, before_wait, run
     steps = [("add_request", start, added), ("admission", added, marks["scheduled"]),
              ("launch", marks["scheduled"], marks["launched"]),
              ("wait for tokens", marks["launched"], marks["tokens"]), ("after the tokens", marks["tokens"], end)]

@@ -151,7 +151,10 @@ def resident_fraction(path: Path) -> float:
     plan can price a warm read apart from a cold one; 0.0 (cold, the cautious guess) where
     that cannot be told."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if st.st_uid != os.geteuid() and not os.access(path, os.W_OK):
+            return 0.0  # since Linux 5.0, mincore says "all cached" for files one does not own
+        size = st.st_size
         if size == 0:
             return 1.0
         libc = _libc()
@@ -170,7 +173,7 @@ def resident_fraction(path: Path) -> float:
             return bytes(vec).translate(_LOW_BIT).count(1) / pages  # bit 0: resident
         finally:
             libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-    except (OSError, AttributeError, ValueError):
+    except (OSError, AttributeError, ValueError, TypeError):
         return 0.0
 
 

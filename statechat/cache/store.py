@@ -137,13 +137,26 @@ def _tiles(ranges: list[tuple[int, int]], nbytes: int) -> bool:
 
 @dataclass
 class Lookup:
-    """What the lower tiers hold of a prefix (StateStore.where): tier of each block and
-    checkpoint, and for those on disk the fraction of their blob in the page cache."""
+    """What the lower tiers hold of a prefix (StateStore.where): the tier of each block and
+    checkpoint, and for those on disk their blob, whose page-cache share `cached` asks of the
+    OS once, when a plan first needs it."""
 
     blocks: dict[str, str]
     ckpts: dict[str, str]
-    block_resident: dict[str, float] = field(default_factory=dict)
-    ckpt_resident: dict[str, float] = field(default_factory=dict)
+    block_blobs: dict[str, str] = field(default_factory=dict)
+    ckpt_blobs: dict[str, str] = field(default_factory=dict)
+    blob_dir: Path = Path()
+    resident: dict[str, float] = field(default_factory=dict)  # blob -> fraction, once asked
+
+    def cached(self, kind: str, h: str) -> float:
+        """The fraction of the blob of a disk block ("kv") or checkpoint ("ckpt") that is in the
+        page cache; 0.0 for what is not on disk."""
+        blob = (self.block_blobs if kind == "kv" else self.ckpt_blobs).get(h)
+        if blob is None:
+            return 0.0
+        if blob not in self.resident:
+            self.resident[blob] = resident_fraction(self.blob_dir / blob)
+        return self.resident[blob]
 
 
 class HostTier:
@@ -231,7 +244,7 @@ class StateStore:
     # --- lookups ----------------------------------------------------------------------
     def where(self, block_hashes: list[str], ckpt_hashes: list[str]) -> Lookup:
         """Which lower tier ("host" or "disk") holds each block and checkpoint that it has, and
-        for those on disk the fraction of their blob in the page cache."""
+        for those on disk their blob."""
         found = Lookup({h: "host" for h in block_hashes if self.host.has("kv", h)},
                        {h: "host" for h in ckpt_hashes if self.host.has("ckpt", h)})
         wanted_blocks = [h for h in block_hashes if h not in found.blocks]
@@ -239,17 +252,11 @@ class StateStore:
         with self.db_lock:
             disk_blocks = index.blocks_present(self.db, wanted_blocks)
             disk_ckpts = index.checkpoints_present(self.db, wanted_ckpts)
-        resident: dict[str, float] = {}  # blob -> fraction in the page cache, asked once each
-
-        def fraction(blob: str) -> float:
-            if blob not in resident:
-                resident[blob] = resident_fraction(self.blob_dir / blob)
-            return resident[blob]
-
+        found.blob_dir = self.blob_dir
         for h, row in disk_blocks.items():
-            found.blocks[h], found.block_resident[h] = "disk", fraction(row[0])
+            found.blocks[h], found.block_blobs[h] = "disk", row[0]
         for h, row in disk_ckpts.items():
-            found.ckpts[h], found.ckpt_resident[h] = "disk", fraction(row[0])
+            found.ckpts[h], found.ckpt_blobs[h] = "disk", row[0]
         return found
 
     def load_checkpoint(self, h: str) -> dict[str, torch.Tensor]:

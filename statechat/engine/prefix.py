@@ -54,12 +54,14 @@ class CostModel:
             self.prefill_s_per_token = 0.7 * self.prefill_s_per_token + 0.3 * seconds / tokens
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:
-        """Learn from a load; a disk load teaches the page cache's rate when (nearly) all of it
-        was cached, the disk's when (nearly) none was, and nothing when mixed."""
+        """Learn from a load. A disk load with `resident` of its bytes in the page cache teaches
+        the page cache's rate when (nearly) all were cached, else the disk's: its time less what
+        the cached part should have taken at the current page-cache rate."""
         if tier == DISK and resident >= 0.95:
             tier = PAGE_CACHE
-        elif tier == DISK and resident > 0.05:
-            return
+        elif tier == DISK:
+            seconds -= resident * nbytes / self.bandwidth[PAGE_CACHE]
+            nbytes = int((1 - resident) * nbytes)
         if nbytes >= 1 << 16 and seconds > 0:
             self.bandwidth[tier] = 0.5 * self.bandwidth[tier] + 0.5 * nbytes / seconds
 
@@ -122,13 +124,12 @@ class PrefixCache:
             if tier is None:
                 break
             tiers.append(tier)
-            cached = lower.block_resident.get(h.hex(), 0.0)
-            load_s += self.cost.load_s(tier, self.bytes_per_block, 0, cached)
+            load_s += self.cost.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", h.hex()))
             ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex())
             if ck_tier is None:
                 continue
-            cached = lower.ckpt_resident.get(h.hex(), 0.0)
-            ck_load = self.cost.load_s(ck_tier, self.bytes_per_slot, 1, cached)
+            ck_cached = lower.cached("ckpt", h.hex())
+            ck_load = self.cost.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached)
             total_load = load_s + ck_load + self._segment_latency(tiers)
             cost = total_load + (len(seq) - k * self.bs) * rate
             if cost <= cand_cost:
@@ -142,10 +143,14 @@ class PrefixCache:
             "choice": "load" if best_k else "recompute",
             "lookup_s": round(t_lookup, 6),
         }
-        disk = [lower.block_resident[h] for h in (h.hex() for h in hashes[:cand_k])
-                if h in lower.block_resident]
-        if disk:  # how much of the candidate's disk part the page cache held
-            seq.cache_plan["disk_resident"] = round(sum(disk) / len(disk), 3)
+        cand = [h.hex() for h in hashes[:cand_k]]
+        disk = [(lower.cached("kv", h), self.bytes_per_block) for h in cand if h in lower.block_blobs]
+        last = hashes[cand_k - 1].hex() if cand_k else ""
+        if last in lower.ckpt_blobs and not self.slots.has(hashes[cand_k - 1]):
+            disk.append((lower.cached("ckpt", last), self.bytes_per_slot))
+        if disk:  # how much of the candidate's disk part (by bytes) the page cache held
+            share = sum(f * n for f, n in disk) / sum(n for _, n in disk)
+            seq.cache_plan["disk_resident"] = round(share, 3)
         return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
 
     def _segment_latency(self, tiers: list[str]) -> float:
@@ -178,12 +183,12 @@ class PrefixCache:
         for group_hashes, tensors in groups:
             self.runner.write_blocks([held[bytes.fromhex(h)] for h in group_hashes], tensors)
         t_write = time.perf_counter()
-        if need:
+        need_tiers = {t for t in tiers if t != DEVICE}
+        if need and len(need_tiers) == 1:  # a load from one tier teaches that tier's rate
             nbytes = len(need) * self.bytes_per_block
-            resident = [lower.block_resident[h] for h in (h.hex() for h in need)
-                        if h in lower.block_resident]
-            self._observe(tiers, nbytes, time.perf_counter() - t_start,
-                          sum(resident) / len(resident) if resident else 0.0)
+            resident = sum(lower.cached("kv", h.hex()) for h in need) / len(need)
+            seconds = time.perf_counter() - t_start
+            self.cost.observe_load(need_tiers.pop(), nbytes, seconds, resident)
         for h in need:
             self.blocks.register(held[h], h)
             self.persisted.add(h)
@@ -197,8 +202,9 @@ class PrefixCache:
             self.runner.write_slot(slot, tensors)
             self.slots.register(last, slot, len(hashes) * self.bs)
             ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
-            resident = lower.ckpt_resident.get(last.hex(), 0.0)
-            self._observe([ck_tier], self.bytes_per_slot, time.perf_counter() - t0, resident)
+            if ck_tier == HOST or last.hex() in lower.ckpt_blobs:  # else its cached share is unknown
+                seconds, resident = time.perf_counter() - t0, lower.cached("ckpt", last.hex())
+                self.cost.observe_load(ck_tier, self.bytes_per_slot, seconds, resident)
             nbytes += self.bytes_per_slot
         # where the load's time went: reading the blocks (lower tiers), writing them into the
         # pools, and the checkpoint (read and write)
@@ -210,10 +216,6 @@ class PrefixCache:
         seq.reused_from = ck_tier
         seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
         return seq.num_computed
-
-    def _observe(self, tiers: list[str], nbytes: int, seconds: float, resident: float) -> None:
-        tier = DISK if DISK in tiers else HOST
-        self.cost.observe_load(tier, nbytes, seconds, resident)
 
     # --- persistence --------------------------------------------------------------------
     def persist(self, new: list[NewCheckpoint], root: bytes) -> None:

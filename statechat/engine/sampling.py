@@ -53,5 +53,8 @@ def sample(
             sorted_p, order = probs.sort(descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > p.top_p  # keep the smallest set reaching top_p
             probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
-        out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+        # multinomial's own draw for one sample (probs over exponential noise, argmax) without
+        # its checks of the probabilities, which read them back to the host
+        noise = torch.empty_like(probs).exponential_(1, generator=generators[i])
+        out[i] = (probs / noise).argmax()
     return out

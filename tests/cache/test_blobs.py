@@ -162,3 +162,14 @@ def test_older_format_is_refused(blob):
     text = json.dumps(header, separators=(",", ":")).encode().ljust(start - 8)  # offsets kept
     path.write_bytes(data[:8] + text + data[start:])
     assert "has cache format 1" in refused(path, shapes(tensors))
+
+
+def test_resident_fraction_counts_the_cached_pages(tmp_path):
+    """Half of a file written, the other half a hole never read: half of its pages are in the
+    page cache. A file that is not there is cold."""
+    path = tmp_path / "half"
+    with open(path, "wb") as f:
+        f.write(b"x" * (1 << 20))
+        f.truncate(2 << 20)
+    assert blobs.resident_fraction(path) == pytest.approx(0.5)
+    assert blobs.resident_fraction(tmp_path / "missing") == 0.0

@@ -99,7 +99,8 @@ def test_prefill_rate_is_timed_over_a_whole_chunked_prompt(tiny_dirs):
 
 def test_disk_loads_teach_the_rate_they_saw():
     """A disk load served from the page cache teaches the page cache's rate, one from the disk
-    the disk's, a mixed one neither; a plan prices each blob by its cached fraction."""
+    the disk's, a mixed one the disk's from the time left after its cached part; a plan prices
+    each blob by its cached fraction."""
     from statechat.engine.prefix import DISK, PAGE_CACHE, CostModel
 
     cost = CostModel(1e-6)
@@ -108,9 +109,9 @@ def test_disk_loads_teach_the_rate_they_saw():
     assert cost.bandwidth[DISK] == 1e9 and cost.bandwidth[PAGE_CACHE] > 4e9
     cost.observe_load(DISK, 1 << 30, 2.0, resident=0.0)  # 0.5 GB/s from the disk
     assert cost.bandwidth[DISK] < 1e9
-    before = dict(cost.bandwidth)
-    cost.observe_load(DISK, 1 << 30, 1.0, resident=0.5)
-    assert cost.bandwidth == before
+    cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
+    cost.observe_load(DISK, int(4e9), 2e9 / 4e9 + 2e9 / 0.5e9, resident=0.5)  # the disk half at 0.5 GB/s
+    assert cost.bandwidth[PAGE_CACHE] == 4e9 and cost.bandwidth[DISK] == pytest.approx(0.75e9)
     cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
     cost.latency[DISK] = 0.0
     assert cost.load_s(DISK, 4e9, resident=1.0) == pytest.approx(1.0)
