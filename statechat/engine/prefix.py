@@ -128,7 +128,7 @@ class PrefixCache:
             ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex())
             if ck_tier is None:
                 continue
-            ck_cached = lower.cached("ckpt", h.hex())
+            ck_cached = lower.cached("ckpt", h.hex()) if ck_tier == DISK else 0.0
             ck_load = self.cost.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached)
             total_load = load_s + ck_load + self._segment_latency(tiers)
             cost = total_load + (len(seq) - k * self.bs) * rate
