@@ -11,7 +11,7 @@ computed, completion tokens and time to first token.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +66,7 @@ class LLMEngine:
             dtype = getattr(torch, config.dtype) if config.dtype else default_dtype(device)
             loaded = load_model(config.model, dtype=dtype, device=device)
         self.loaded, self.tokenizer = loaded, loaded.tokenizer
+        self._decode = _fast_decode(loaded.tokenizer)
         mc = loaded.config
         num_blocks, num_slots = self._cache_sizes()
         bs = config.block_size
@@ -250,8 +251,8 @@ class LLMEngine:
         a trailing partial UTF-8 character is held back until it completes."""
         ids = seq.output_ids
         start, read = seq.detok_offsets
-        before = self.tokenizer.decode(ids[start:read], skip_special_tokens=True)
-        after = self.tokenizer.decode(ids[start:], skip_special_tokens=True)
+        before = self._decode(ids[start:read])
+        after = self._decode(ids[start:])
         if final or (len(after) > len(before) and not after.endswith("\ufffd")):
             seq.text += after[len(before) :]
             seq.detok_offsets = (read, len(ids))
@@ -302,3 +303,13 @@ class LLMEngine:
                         yield StreamEvent(delta, ids, out)
         finally:
             self.abort(seq)
+
+
+def _fast_decode(tokenizer) -> Callable[[list[int]], str]:
+    """ids -> text without special tokens. A fast tokenizer that cleans up no spaces decodes
+    through its Rust backend directly: the same text, without transformers' per-call Python
+    (a few decodes run every step of every request)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from kernels import CHUNK, Checkpoints
@@ -37,22 +38,27 @@ class DecodeGraphs:
         self.sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_blocks, self.pad_slot = max_blocks, pad_slot
         B, dev, i32, i64 = max_batch, device, torch.int32, torch.int64
-        # static device inputs: [B] vectors and [B, max_blocks] block tables
-        self.ids = torch.zeros(B, dtype=i64, device=dev)
-        self.positions = torch.zeros(B, dtype=i64, device=dev)
-        self.src = torch.zeros(B, dtype=i32, device=dev)
-        self.dst = torch.full((B,), pad_slot, dtype=i32, device=dev)
-        self.slot_mapping = torch.full((B,), -1, dtype=i64, device=dev)
-        self.ctx_lens = torch.ones(B, dtype=i32, device=dev)
+        # static device inputs, one buffer per dtype so that a step stages them in two copies:
+        # rows (ids, positions, slot_mapping) and (src, dst, ctx_len); block tables [B, width]
+        self.dev64 = torch.zeros(3, B, dtype=i64, device=dev)
+        self.dev32 = torch.zeros(3, B, dtype=i32, device=dev)
+        self.ids, self.positions, self.slot_mapping = self.dev64
+        self.src, self.dst, self.ctx_lens = self.dev32
         self.tables = torch.zeros(B, max_blocks, dtype=i32, device=dev)
         self.cu = torch.arange(B + 1, dtype=i32, device=dev)
         self.rows = torch.arange(B, dtype=i64, device=dev)
-        # pinned host staging: rows of (ids, positions, slot_mapping) and (src, dst, ctx_len)
+        # pinned host staging of the same layout, written through numpy views (no tensor
+        # construction per step)
         self.host64 = torch.zeros(3, B, dtype=i64, pin_memory=True)
         self.host32 = torch.zeros(3, B, dtype=i32, pin_memory=True)
-        self.host_tables = torch.zeros(B * max_blocks, dtype=i32, pin_memory=True)  # [n, width] packed
+        self.host_tables = torch.zeros(B, max_blocks, dtype=i32, pin_memory=True)
+        self.np64, self.np32, self.np_tables = (t.numpy() for t in (self.host64, self.host32, self.host_tables))
+        self._pad_rows(0, B)
+        self.dev64.copy_(self.host64)
+        self.dev32.copy_(self.host32)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.greedy: dict[int, torch.Tensor] = {}  # argmax of the logits, replayed with them
         pool = None
         for b in reversed(self.sizes):
             ctx = self._context(b)
@@ -61,8 +67,16 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.logits[b] = model(self.ids[:b], ctx, caches)
+                self.greedy[b] = self.logits[b].argmax(dim=-1)
             pool = graph.pool()
             self.graphs[b] = graph
+
+    def _pad_rows(self, lo: int, hi: int) -> None:
+        """Host rows lo..hi as padding: token 0 at position 0, no KV write, state into the pad
+        slot, one token of context over block 0."""
+        self.np64[:, lo:hi] = ((0,), (0,), (-1,))
+        self.np32[:, lo:hi] = ((0,), (self.pad_slot,), (1,))
+        self.np_tables[lo:hi, 0] = 0
 
     def _context(self, b: int) -> Context:
         return Context(
@@ -76,25 +90,24 @@ class DecodeGraphs:
         return n <= self.sizes[-1] and width <= self.max_blocks
 
     def run(self, ids: list[int], positions: list[int], slot_mapping: list[int], src: list[int],
-            dst: list[int], ctx_lens: list[int], tables: list[list[int]]) -> torch.Tensor:
-        """Replay the decode graph for N sequences; logits [N, vocab] (float32)."""
+            dst: list[int], ctx_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the decode graph for N sequences: logits [N, vocab] (float32) and their argmax.
+
+        The host rows are rewritten only after the previous step's tokens were read, which
+        waited for its copies out of them."""
         n = len(ids)
         b = next(s for s in self.sizes if s >= n)
-        pad = b - n
-        self.host64[:, :b] = torch.tensor([ids + [0] * pad, positions + [0] * pad, slot_mapping + [-1] * pad])
-        self.host32[:, :b] = torch.tensor([src + [0] * pad, dst + [self.pad_slot] * pad, ctx_lens + [1] * pad])
-        width = max(len(t) for t in tables)
-        packed = self.host_tables[: n * width].view(n, width)
-        packed.copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32))
-        for dev_buf, row in ((self.ids, 0), (self.positions, 1), (self.slot_mapping, 2)):
-            dev_buf[:b].copy_(self.host64[row, :b], non_blocking=True)
-        for dev_buf, row in ((self.src, 0), (self.dst, 1), (self.ctx_lens, 2)):
-            dev_buf[:b].copy_(self.host32[row, :b], non_blocking=True)
-        self.tables[:n, :width].copy_(packed, non_blocking=True)
-        if pad:
-            self.tables[n:b, 0].zero_()
+        self.np64[0, :n], self.np64[1, :n], self.np64[2, :n] = ids, positions, slot_mapping
+        self.np32[0, :n], self.np32[1, :n], self.np32[2, :n] = src, dst, ctx_lens
+        self._pad_rows(n, b)
+        for i, table in enumerate(tables):  # entries past a table's length are never read
+            self.np_tables[i, : len(table)] = table
+        # whole buffers and whole table rows: contiguous, so each is one asynchronous copy
+        self.dev64.copy_(self.host64, non_blocking=True)
+        self.dev32.copy_(self.host32, non_blocking=True)
+        self.tables[:b].copy_(self.host_tables[:b], non_blocking=True)
         self.graphs[b].replay()
-        return self.logits[b][:n]
+        return self.logits[b][:n], self.greedy[b][:n]
 
 
 class PrefillGraphs:
@@ -111,6 +124,7 @@ class PrefillGraphs:
         self.n32 = 9 + 3 * self.C
         self.host64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, pin_memory=True)
         self.host32 = torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True)
+        self.np64, self.np32 = self.host64.numpy(), self.host32.numpy()
         self.dev64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, device=device)
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
         # block tables: row 0 the chunk's (at most max_blocks wide, see bucket()); row 1, the
@@ -118,6 +132,7 @@ class PrefillGraphs:
         self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.greedy: dict[int, torch.Tensor] = {}
         self.replays = 0
         self.staged = torch.cuda.Event()  # the last copies out of host staging are done
         pool = None
@@ -131,6 +146,7 @@ class PrefillGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self.logits[b] = model(ids, ctx, caches)
+                    self.greedy[b] = self.logits[b].argmax(dim=-1)
             except torch.OutOfMemoryError:
                 log.warning("statechat: no memory for a %d-token prefill graph; such chunks run eagerly", b)
                 torch.cuda.empty_cache()
@@ -156,20 +172,20 @@ class PrefillGraphs:
         pad = b - n
         spare = [(1, CHUNK, self.pad_slot)] * (c - len(checkpoints))  # the padding's first block
         targets = [(0, boundary, slot) for boundary, slot in checkpoints] + spare
-        h64, h32 = self.host64, self.host32
+        h64, h32 = self.np64, self.np32  # numpy views of the pinned buffers
         self.staged.synchronize()  # a chunk that samples nothing leaves the host unsynchronised
-        h64[:b] = torch.tensor(ids + [0] * pad)
-        h64[B : B + b] = torch.tensor(list(range(start, start + n)) + list(range(pad)))
-        h64[2 * B : 2 * B + b] = torch.tensor(slot_mapping + [-1] * pad)
+        h64[:n], h64[n:b] = ids, 0
+        h64[B : B + n], h64[B + n : B + b] = np.arange(start, start + n), np.arange(pad)
+        h64[2 * B : 2 * B + n], h64[2 * B + n : 2 * B + b] = slot_mapping, -1
         h64[3 * B] = n - 1
-        h32[:9] = torch.tensor([0, n, b, src, 0, dst, self.pad_slot, start + n, pad])
+        h32[:9] = (0, n, b, src, 0, dst, self.pad_slot, start + n, pad)
         for i, column in enumerate(zip(*targets)):
-            h32[9 + i * C : 9 + i * C + c] = torch.tensor(column)
+            h32[9 + i * C : 9 + i * C + c] = column
         self.dev64.copy_(self.host64, non_blocking=True)
         self.dev32.copy_(self.host32[: self.n32], non_blocking=True)
         if table:
-            h32[self.n32 : self.n32 + len(table)] = torch.tensor(table)
-            self.tables[0, : len(table)].copy_(h32[self.n32 : self.n32 + len(table)], non_blocking=True)
+            h32[self.n32 : self.n32 + len(table)] = table
+            self.tables[0, : len(table)].copy_(self.host32[self.n32 : self.n32 + len(table)], non_blocking=True)
         self.staged.record()
 
     def bucket(self, n: int, width: int) -> int | None:
@@ -179,9 +195,10 @@ class PrefillGraphs:
         return next((b for b in self.sizes if n <= b - CHUNK), None)
 
     def run(self, b: int, ids: list[int], start: int, slot_mapping: list[int], src: int, dst: int,
-            table: list[int], checkpoints: list[tuple[int, int]]) -> torch.Tensor:
-        """Replay bucket b's graph for one chunk; the logits [1, vocab] of its last token."""
+            table: list[int], checkpoints: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay bucket b's graph for one chunk: the logits [1, vocab] of its last token and
+        their argmax."""
         self._stage(b, ids, start, slot_mapping, src, dst, table, checkpoints)
         self.graphs[b].replay()
         self.replays += 1
-        return self.logits[b]
+        return self.logits[b], self.greedy[b]

@@ -86,21 +86,23 @@ class ModelRunner:
         """Forward the batch; one sampled token per item that needs logits, in item order."""
         width = max(len(it.seq.block_table) for it in batch.items)
         bucket = self._prefill_bucket(batch, width)
+        greedy = None  # a replayed graph's argmax of the logits
         if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
-            logits = self._replay_decode(batch)
+            logits, greedy = self._replay_decode(batch)
         elif bucket is not None:
-            logits = self._replay_prefill(batch.items[0], bucket)
+            logits, greedy = self._replay_prefill(batch.items[0], bucket)
         else:
             input_ids, ctx = self.prepare(batch)
             logits = self.model(input_ids, ctx, self.caches)
         wanted = [it.seq for it in batch.items if it.needs_logits]
         if not wanted:
             return []
-        tokens = sample(logits, [s.params for s in wanted], [self._generator(s) for s in wanted])
+        params = [s.params for s in wanted]
+        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy)
         self.before_wait()
         return tokens.tolist()  # the step's one host synchronisation
 
-    def _replay_decode(self, batch: Batch) -> torch.Tensor:
+    def _replay_decode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         bs, items = self.block_size, batch.items
         positions = [it.start for it in items]
         return self.graphs.run(
@@ -118,7 +120,7 @@ class ModelRunner:
             return None
         return self.prefill_graphs.bucket(batch.items[0].num_tokens, width)
 
-    def _replay_prefill(self, it, bucket: int) -> torch.Tensor:
+    def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
         return self.prefill_graphs.run(
             bucket, ids=seq.token_ids[s : s + n], start=s,

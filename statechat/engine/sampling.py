@@ -36,10 +36,16 @@ class SamplingParams:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    greedy: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of logits [M, vocab] (float32), on the logits' device: the caller
-    reads them all at once."""
+    reads them all at once. `greedy`, the logits' argmax if already computed (a CUDA graph
+    replays it with the model), saves a launch when every row is greedy."""
+    if greedy is not None and all(p.is_greedy for p in params):
+        return greedy
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         if p.is_greedy:

@@ -72,3 +72,17 @@ def test_staggered_batch_matches_transformers(setup, overrides):
         assert seq.output_ids == e, f"prompt {i} ({LENGTHS[i]} tokens)"
     if "num_kv_blocks" in overrides:
         assert sum(s.num_preemptions for s in seqs) > 0
+
+
+def test_fast_decode_gives_the_tokenizers_text(setup):
+    """The engine's detokenizer (the Rust backend, bypassing transformers' wrapper) returns
+    exactly what the tokenizer's own decode does, special tokens and broken UTF-8 included."""
+    from statechat.engine.engine import _fast_decode
+
+    tokenizer = setup[1].tokenizer
+    decode = _fast_decode(tokenizer)
+    assert decode is not None and "backend" in decode.__code__.co_freevars
+    g = torch.Generator().manual_seed(0)
+    for n in [0, 1, 2, 3, 5, 8] * 50:
+        ids = torch.randint(0, len(tokenizer), (n,), generator=g).tolist()
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
