@@ -36,6 +36,9 @@ _TRITON_MODULES = {
     "rmsnorm": "kernels.norms",
     "add_rmsnorm": "kernels.norms",
     "silu_mul": "kernels.activation",
+    "linear": "kernels.gemv",
+    "add_rmsnorm_linear": "kernels.gemv",
+    "silu_mul_linear": "kernels.gemv",
     "rmsnorm_rope": "kernels.rope",
     "copy_slots": "kernels.slots",
     "store_kv": "kernels.slots",
@@ -155,6 +158,21 @@ def silu_mul(x):
     return _pick("silu_mul", x)(x)
 
 
+@_same_contract(reference.linear)
+def linear(x, w):
+    return _pick("linear", x)(x, w)
+
+
+@_same_contract(reference.add_rmsnorm_linear)
+def add_rmsnorm_linear(x, residual, norm_w, eps, w):
+    return _pick("add_rmsnorm_linear", x)(x, residual, norm_w, eps, w)
+
+
+@_same_contract(reference.silu_mul_linear)
+def silu_mul_linear(x, w):
+    return _pick("silu_mul_linear", x)(x, w)
+
+
 @_same_contract(reference.copy_slots)
 def copy_slots(pool, src, dst):
     return _pick("copy_slots", pool)(pool, src, dst)
@@ -182,6 +200,7 @@ __all__ = [
     "CHUNK",
     "Checkpoints",
     "add_rmsnorm",
+    "add_rmsnorm_linear",
     "causal_conv1d",
     "causal_conv1d_update",
     "chunk_gdn",
@@ -190,11 +209,13 @@ __all__ = [
     "gated_rmsnorm",
     "get_backend",
     "implementation",
+    "linear",
     "paged_attention",
     "recurrent_gdn",
     "rmsnorm",
     "rmsnorm_rope",
     "set_backend",
     "silu_mul",
+    "silu_mul_linear",
     "store_kv",
 ]

@@ -278,6 +278,25 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype."""
+    return F.linear(x, w)
+
+
+def add_rmsnorm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual) @ w^T, x + residual): the residual add and norm before a
+    projection. x, residual: [M, K]; norm_w: [K]; w: [N, K]."""
+    normed, total = add_rmsnorm(x, residual, norm_w, eps)
+    return F.linear(normed, w), total
+
+
+def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of a fused gate/up output, then a projection: silu_mul(x) [M, I] @ w [N, I]^T."""
+    return F.linear(silu_mul(x), w)
+
+
 def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """pool[dst[i]] = pool[src[i]] for every i (src and dst: [M] int32, disjoint)."""
     pool[dst.long()] = pool[src.long()]

@@ -7,7 +7,6 @@ of q_proj interleaved with the queries (per head: D query channels, then D gate 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -45,9 +44,25 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]; writes this step's keys and values into the cache."""
-        T = x.shape[0]
+        return self.mix(kernels.linear(x, self.w_qkv), cos_sin, ctx, k_cache, v_cache)
+
+    @property
+    def w_first(self) -> torch.Tensor:
+        """The q/k/v projection's fused weight: a decoder layer may run it fused with its norm."""
+        return self.w_qkv
+
+    def mix(
+        self,
+        proj: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        ctx: Context,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """The layer after its q/k/v projection: proj [T, 2 Hq D + 2 Hkv D] -> [T, hidden]."""
+        T = proj.shape[0]
         kv_dim = self.num_kv_heads * self.head_dim
-        qg, k, v = F.linear(x, self.w_qkv).split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
+        qg, k, v = proj.split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = kernels.rmsnorm_rope(q, self.q_norm.weight, *cos_sin, self.q_norm.eps)
         k = k.view(T, self.num_kv_heads, self.head_dim)
@@ -58,4 +73,4 @@ class Attention(nn.Module):
             q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale
         )
         o = o.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1))
-        return self.o_proj(o)
+        return kernels.linear(o, self.o_proj.weight)

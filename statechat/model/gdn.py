@@ -9,7 +9,6 @@ sequence's source slot and writes its destination slot (and checkpoint slots, if
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -45,12 +44,23 @@ class GatedDeltaNet(nn.Module):
     def fuse(self) -> None:
         self.w_in = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
+    @property
+    def w_first(self) -> torch.Tensor:
+        """The in-projection's fused weight: a decoder layer may run it fused with its norm."""
+        return self.w_in
+
     def forward(
         self, x: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
     ) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden]."""
-        T = x.shape[0]
-        qkv, z, b, a = F.linear(x, self.w_in).split(self.splits, dim=-1)
+        return self.mix(kernels.linear(x, self.w_in), ctx, conv_pool, ssm_pool)
+
+    def mix(
+        self, proj: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer after its in-projection: proj [T, conv_dim + value_dim + 2 HV] -> [T, hidden]."""
+        T = proj.shape[0]
+        qkv, z, b, a = proj.split(self.splits, dim=-1)
         z = z.reshape(T, self.num_v_heads, self.head_v_dim)
         conv_w = self.conv1d.weight.squeeze(1)  # [conv_dim, W]
         if ctx.is_decode:
@@ -69,4 +79,4 @@ class GatedDeltaNet(nn.Module):
         else:
             o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints)
         o = kernels.gated_rmsnorm(o, z, self.norm.weight, self.eps)
-        return self.out_proj(o.reshape(T, -1))
+        return kernels.linear(o.reshape(T, -1), self.out_proj.weight)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -52,7 +51,12 @@ class MLP(nn.Module):
         self.w_gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_mul(F.linear(x, self.w_gate_up)))
+        return self.down(kernels.linear(x, self.w_gate_up))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The rest after the gate/up GEMM (which a decoder layer may run fused with its norm):
+        SwiGLU and the down projection, one kernel for a decode row or two."""
+        return kernels.silu_mul_linear(gate_up, self.down_proj.weight)
 
 
 class RotaryEmbedding(nn.Module):

@@ -7,8 +7,11 @@
                                   -> post_attention_layernorm -> (MLP | SparseMoeBlock)
                                   -> residual
         norm
-      (each residual add runs fused with the norm after it: RMSNorm.add)
       lm_head (tied to embed_tokens when the config says so)
+
+Each residual add runs fused with the norm after it; for one or two rows (decode) the norm
+runs fused with the projection after it too (kernels.add_rmsnorm_linear), and SwiGLU with the
+down projection (kernels.silu_mul_linear).
 
 The model is stateless: a step's per-sequence state comes in through a `Context` (slot and
 block indices) and `ModelCaches` (the tensors), so a later chunk or a decode step continues
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import kernels
 from statechat.model.attention import Attention
 from statechat.model.config import ModelConfig
 from statechat.model.context import Context, ModelCaches
@@ -103,14 +107,21 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(block output, residual stream before it): the caller's next norm adds the two, so
         the residual adds cost no kernel of their own. `residual` is None for the first layer."""
+        mixer = self.linear_attn if self.is_gdn else self.self_attn
         if residual is None:
-            x, residual = self.input_layernorm(h), h
-        else:
-            x, residual = self.input_layernorm.add(h, residual)
+            residual = h
+            proj = kernels.linear(self.input_layernorm(h), mixer.w_first)
+        else:  # the norm runs fused with the projection after it (one kernel for a decode row)
+            norm = self.input_layernorm
+            proj, residual = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, mixer.w_first)
         i = self.cache_index
         if self.is_gdn:
-            x = self.linear_attn(x, ctx, caches.conv[i], caches.ssm[i])
+            x = mixer.mix(proj, ctx, caches.conv[i], caches.ssm[i])
         else:
-            x = self.self_attn(x, cos_sin, ctx, caches.k[i], caches.v[i])
-        x, residual = self.post_attention_layernorm.add(x, residual)
-        return self.mlp(x), residual
+            x = mixer.mix(proj, cos_sin, ctx, caches.k[i], caches.v[i])
+        norm = self.post_attention_layernorm
+        if isinstance(self.mlp, SparseMoeBlock):
+            x, residual = norm.add(x, residual)
+            return self.mlp(x), residual
+        gate_up, residual = kernels.add_rmsnorm_linear(x, residual, norm.weight, norm.eps, self.mlp.w_gate_up)
+        return self.mlp.down(gate_up), residual

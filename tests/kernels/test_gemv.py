@@ -1,0 +1,84 @@
+"""The one- and two-row linears (decode at batch 1 or 2) compute what the reference ops do.
+
+Each fused op is checked against its unfused reference (the residual add and norm, or SwiGLU,
+then F.linear) in float32 and bf16: the prologue's roundings are the reference's, so only the
+order of the float32 sums differs. Widths that are not multiples of the tiles, strided input
+rows (a slice of a wider projection output) and the new residual are covered; more rows than
+GEMV_MAX_ROWS must take the unfused path (its new residual bit-exact).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels import reference
+from kernels.gemv import GEMV_MAX_ROWS, add_rmsnorm_linear, linear, silu_mul_linear
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+EPS = 1e-6
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def weight(N: int, K: int, dtype, device) -> torch.Tensor:
+    return (torch.randn(N, K, device=device) / K**0.5).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("N,K", [(40, 96), (257, 640), (16, 1024)])
+def test_linear(device, dtype, M, N, K):
+    x = torch.randn(M, 2 * K, device=device).to(dtype)[:, :K]  # strided rows
+    w = weight(N, K, dtype, device)
+    out = linear(x, w)
+    assert out.shape == (M, N) and out.dtype == dtype
+    assert rel_err(out, reference.linear(x, w)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("N,K", [(40, 96), (130, 640)])
+def test_add_rmsnorm_linear(device, dtype, M, N, K):
+    x = (torch.randn(M, K, device=device) * 2).to(dtype)
+    residual = torch.randn(M, K, device=device).to(dtype)
+    norm_w = (0.5 * torch.randn(K, device=device)).to(dtype)
+    w = weight(N, K, dtype, device)
+    out, total = add_rmsnorm_linear(x, residual, norm_w, EPS, w)
+    ref_out, ref_total = reference.add_rmsnorm_linear(x, residual, norm_w, EPS, w)
+    assert torch.equal(total, ref_total)  # the next residual: one rounded add, bit-exact
+    assert rel_err(out, ref_out) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("N,I", [(40, 96), (64, 600)])
+def test_silu_mul_linear(device, dtype, M, N, I):
+    x = (torch.randn(M, 3 * I, device=device) * 2).to(dtype)[:, : 2 * I]  # strided rows
+    w = weight(N, I, dtype, device)
+    out = silu_mul_linear(x, w)
+    assert out.shape == (M, N)
+    assert rel_err(out, reference.silu_mul_linear(x, w)) < TOL[dtype]
+
+
+def test_more_rows_take_the_unfused_path(device):
+    M, N, K = GEMV_MAX_ROWS + 1, 24, 64
+    x = torch.randn(M, K, device=device)
+    residual = torch.randn(M, K, device=device)
+    norm_w, w = torch.randn(K, device=device), weight(N, K, torch.float32, device)
+    out, total = add_rmsnorm_linear(x, residual, norm_w, EPS, w)
+    ref_out, ref_total = reference.add_rmsnorm_linear(x, residual, norm_w, EPS, w)
+    assert torch.equal(total, ref_total)
+    assert rel_err(out, ref_out) < TOL[torch.float32]
+    gu = torch.randn(M, 2 * K, device=device)
+    assert rel_err(silu_mul_linear(gu, w), reference.silu_mul_linear(gu, w)) < TOL[torch.float32]
+
+
+def test_mismatched_weight_is_one_clear_error(device):
+    x, w = torch.randn(1, 64, device=device), torch.randn(8, 32, device=device)
+    with pytest.raises(ValueError, match="does not match the weight"):
+        linear(x, w)
