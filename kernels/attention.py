@@ -91,6 +91,7 @@ def _paged_attn_kernel(
     k_cache,
     v_cache,
     out,
+    gate,
     part_acc,
     part_ml,
     block_tables,
@@ -99,6 +100,8 @@ def _paged_attn_kernel(
     qk_scale,
     stride_qt,
     stride_qh,
+    stride_gt,
+    stride_gh,
     stride_cb,
     stride_ct,
     stride_bt,
@@ -115,6 +118,7 @@ def _paged_attn_kernel(
     PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    HAS_GATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # longest tiles (the last of each sequence) tend to get the high numbers: start those first
@@ -212,13 +216,36 @@ def _paged_attn_kernel(
         tl.store(part_ml + o_part * 2 + 1, b_l, mask=m_row)
     else:
         b_out = b_acc / b_l[:, None]
+        m_out = m_row[:, None] & (o_d < D)[None, :]
+        if HAS_GATE:
+            p_g = gate + o_tok[:, None] * stride_gt + r_head[:, None].to(tl.int64) * stride_gh + o_d[None, :]
+            b_out = _gated(b_out, tl.load(p_g, mask=m_out, other=0.0), out.dtype.element_ty)
         p_out = out + o_row[:, None] * D + o_d[None, :]
-        tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_row[:, None] & (o_d < D)[None, :])
+        tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_out)
+
+
+@triton.jit
+def _gated(b_out, b_gate, dtype: tl.constexpr):
+    """out * sigmoid(gate) with the reference's roundings: each factor rounded to the output
+    dtype, the product computed in float32."""
+    b_sig = tl.sigmoid(b_gate.to(tl.float32)).to(dtype).to(tl.float32)
+    return b_out.to(dtype).to(tl.float32) * b_sig
 
 
 @triton.jit
 def _merge_splits_kernel(
-    part_acc, part_ml, out, NUM_SPLITS, D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr
+    part_acc,
+    part_ml,
+    out,
+    gate,
+    stride_gt,
+    stride_gh,
+    NUM_SPLITS,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BS: tl.constexpr,
+    HAS_GATE: tl.constexpr,
 ):
     i_row = tl.program_id(0).to(tl.int64)  # row of [T, Hq]
     o_s = tl.arange(0, BS)
@@ -235,6 +262,9 @@ def _merge_splits_kernel(
         other=0.0,
     )
     b_out = tl.sum(b_acc * b_w[:, None], axis=0) / tl.sum(b_l * b_w, axis=0)
+    if HAS_GATE:
+        p_g = gate + (i_row // HQ) * stride_gt + (i_row % HQ) * stride_gh + o_d
+        b_out = _gated(b_out, tl.load(p_g, mask=o_d < D, other=0.0), out.dtype.element_ty)
     tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=o_d < D)
 
 
@@ -306,16 +336,23 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of new queries over a paged KV cache (prefill and decode alike).
 
     q: [T, Hq, D] (Hq a multiple of Hkv; token/head strides free); k_cache, v_cache:
     [num_blocks, block_size, Hkv, D] contiguous, q's dtype; block_tables: [N, max_blocks] int32;
     cu_seqlens_q: [N+1] int32; context_lens: [N] int32, tokens in the cache for each sequence
-    including its new ones (which are its last tokens).
+    including its new ones (which are its last tokens); gate: None or [T, Hq, D] of q's dtype
+    (token/head strides free), applied as out * sigmoid(gate) before the store.
     Returns [T, Hq, D] in q's dtype; softmax in float32.
     """
     _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    if gate is not None and (gate.shape != q.shape or gate.dtype != q.dtype or gate.stride(2) != 1):
+        raise ValueError(
+            f"paged_attention: gate {tuple(gate.shape)} {gate.dtype} must match q "
+            f"{tuple(q.shape)} {q.dtype} with a unit-stride last dim"
+        )
     T, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1:3]
     N = cu_seqlens_q.shape[0] - 1
@@ -357,11 +394,13 @@ def paged_attention(
         tuning = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
         if q.element_size() > 2:
             tuning["num_stages"] = 1  # float32 tiles: one stage fits in shared memory
+    gate_strides = (0, 0) if gate is None else (gate.stride(0), gate.stride(1))
     args = (
         q,
         k_cache,
         v_cache,
         out,
+        q if gate is None else gate,
         part_acc,
         part_ml,
         block_tables,
@@ -370,6 +409,7 @@ def paged_attention(
         scale * _LOG2E,
         q.stride(0),
         q.stride(1),
+        *gate_strides,
         k_cache.stride(0),
         k_cache.stride(1),
         block_tables.stride(0),
@@ -388,6 +428,7 @@ def paged_attention(
         "PAD": int(BQ > 1),
         "BLOCK_SIZE": block_size,
         "IS_SPLIT": is_split,
+        "HAS_GATE": gate is not None,
         "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
     try:
@@ -396,8 +437,11 @@ def paged_attention(
         if is_decode or config is _SMALL_PREFILL:
             raise
         _TOO_LARGE.add(q.device)  # this device cannot hold the large tiles: never try again
-        return paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+        return paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate)
     if is_split:
         BS = triton.next_power_of_2(num_splits)
-        _merge_splits_kernel[(T * Hq,)](part_acc, part_ml, out, num_splits, D=D, BD=BD, BS=BS)
+        _merge_splits_kernel[(T * Hq,)](
+            part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
+            HQ=Hq, D=D, BD=BD, BS=BS, HAS_GATE=gate is not None,
+        )
     return out

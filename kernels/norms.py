@@ -64,7 +64,9 @@ def _gated_rmsnorm_kernel(
     M,
     D,
     stride_x,
-    stride_g,
+    G_HEADS,
+    stride_gt,
+    stride_gh,
     eps,
     PROD_DTYPE: tl.constexpr,
     BM: tl.constexpr,
@@ -78,9 +80,9 @@ def _gated_rmsnorm_kernel(
     b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0).to(
         tl.float32
     )
-    b_g = tl.load(
-        gate + o_m[:, None].to(tl.int64) * stride_g + o_d[None, :], mask=m_x, other=0.0
-    ).to(tl.float32)
+    # gate row m is head m % G_HEADS of token m // G_HEADS (a slice of a wider projection)
+    o_g = (o_m // G_HEADS).to(tl.int64) * stride_gt + (o_m % G_HEADS).to(tl.int64) * stride_gh
+    b_g = tl.load(gate + o_g[:, None] + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
     b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
     b_normed = (b_x * b_rstd[:, None]).to(out.dtype.element_ty).to(tl.float32)
@@ -163,12 +165,18 @@ def gated_rmsnorm(
 ) -> torch.Tensor:
     """RMSNorm of x over its last dim, times weight, times SiLU(gate) (transformers' order).
 
-    x, gate: [..., D] (rows may be strided); weight: [D].
+    x, gate: [..., D] (rows may be strided; a [T, H, D] gate with any token and head strides
+    is read in place); weight: [D].
     Returns a contiguous tensor of x's shape and dtype.
     """
     _check(x, weight, "gated_rmsnorm", gate)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    x2, g2 = _rows(x), _rows(gate)
+    x2 = _rows(x)
+    if gate.dim() == 3 and gate.stride(2) == 1:  # [T, H, D] as strided: no copy for its rows
+        g2, heads, stride_gt, stride_gh = gate, gate.shape[1], gate.stride(0), gate.stride(1)
+    else:
+        g2 = _rows(gate)
+        heads, stride_gt, stride_gh = 1, g2.stride(0), 0
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     prod_dtype = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if M and D:
@@ -180,7 +188,9 @@ def gated_rmsnorm(
             M,
             D,
             x2.stride(0),
-            g2.stride(0),
+            heads,
+            stride_gt,
+            stride_gh,
             eps,
             PROD_DTYPE=prod_dtype,
             BM=BM,

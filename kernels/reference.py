@@ -325,12 +325,15 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of new queries over a paged KV cache (prefill and decode alike).
 
     q: [T, Hq, D] (Hq a multiple of Hkv); k_cache, v_cache: [num_blocks, block_size, Hkv, D];
     block_tables: [N, max_blocks] int32; cu_seqlens_q: [N+1] int32; context_lens: [N] int32,
-    tokens in the cache for each sequence including its new ones (which are its last tokens).
+    tokens in the cache for each sequence including its new ones (which are its last tokens);
+    gate: None or [T, Hq, D] (any strides), Qwen3.5's output gate: the result, rounded to q's
+    dtype, times sigmoid(gate).
     Returns [T, Hq, D] in q's dtype; softmax in float32.
     """
     dt = _math_dtype(q)
@@ -350,7 +353,8 @@ def paged_attention(
         scores = scores.masked_fill(~causal[None], float("-inf"))
         probs = scores.float().softmax(-1).to(dt)
         out[s:e] = torch.einsum("hts,shd->thd", probs, vals)
-    return out.to(q.dtype)
+    out = out.to(q.dtype)
+    return out if gate is None else out * torch.sigmoid(gate)
 
 
 def fused_moe(

@@ -69,8 +69,7 @@ class Attention(nn.Module):
         k = kernels.rmsnorm_rope(k, self.k_norm.weight, *cos_sin, self.k_norm.eps)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
-        o = kernels.paged_attention(
-            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale
+        o = kernels.paged_attention(  # gated in its epilogue: out * sigmoid(gate)
+            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale, gate
         )
-        o = o.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1))
-        return kernels.linear(o, self.o_proj.weight)
+        return kernels.linear(o.reshape(T, -1), self.o_proj.weight)

@@ -108,6 +108,40 @@ def test_decode(device, dtype, heads, num_seqs):
     check([1] * num_seqs, ctx_lens, heads, dtype, device)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "new_lens, ctx_lens, splits",
+    [([63, 65], [63, 200], False), ([20], [720], True), ([1, 1, 1], [384, 5, 70], True)],
+    ids=["prefill", "prefill-split", "decode-split"],
+)
+def test_output_gate_in_the_epilogue(device, dtype, new_lens, ctx_lens, splits, monkeypatch):
+    """Qwen3.5's sigmoid output gate, taken strided from q_proj's output (per head: D query
+    channels, then D gate channels), is applied by the attention kernel (or by its merge of
+    key splits) as the model did it: out rounded, times sigmoid(gate) rounded."""
+    if splits:
+        monkeypatch.setitem(attention.CUDA_PREFILL, "programs_per_core", 4)
+    Hq, Hkv, D = 4, 2, 32
+    q, k_cache, v_cache, tables, cu, ctx = make_batch(new_lens, ctx_lens, Hq, Hkv, D, dtype, device)
+    gate = (torch.randn(q.shape[0], Hq, 2 * D, device=device) * 2).to(dtype)[..., D:]
+    scale = D**-0.5
+    out = paged_attention(q, k_cache, v_cache, tables, cu, ctx, scale, gate)
+    plain = paged_attention(q, k_cache, v_cache, tables, cu, ctx, scale)
+    unfused = plain * torch.sigmoid(gate)  # what the model computed before the fusion
+    if dtype == torch.bfloat16:  # the same roundings: equal but for rare 1-ulp sigmoid ties
+        assert (out != unfused).float().mean() < 0.01
+    assert rel_err(out, unfused.double()) <= TOL[dtype]
+    ref = reference.paged_attention(
+        q.double(), k_cache.double(), v_cache.double(), tables, cu, ctx, scale, gate.double()
+    )
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+def test_gate_must_match_q(device):
+    q, k_cache, v_cache, tables, cu, ctx = make_batch([4], [4], 2, 1, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="gate"):
+        paged_attention(q, k_cache, v_cache, tables, cu, ctx, 1.0, q[:, :1])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="long contexts only on the device")
 @pytest.mark.parametrize("heads", QWEN_HEADS)
 def test_long_context_qwen_shapes(device, heads):

@@ -57,6 +57,21 @@ def test_gated_rmsnorm(device, dtype, weight_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_rmsnorm_reads_a_strided_gate_in_place(device, dtype):
+    """The GDN layer's z: [T, H, D] heads sliced out of a wider projection output, so its rows
+    cannot be flattened without a copy; the kernel reads them where they are."""
+    proj = torch.randn(9, 5 * 4 * 48 + 7, device=device).to(dtype)
+    gate = proj[:, 3 : 3 + 4 * 48].reshape(9, 4, 48)  # a view: row stride 5 * 4 * 48 + 7
+    assert gate.stride() == (proj.shape[1], 48, 1)
+    x = torch.randn(9, 4, 48, device=device).to(dtype)
+    weight = (1 + 0.3 * torch.randn(48, device=device)).to(dtype)
+    out = gated_rmsnorm(x, gate, weight, EPS)
+    ref = reference.gated_rmsnorm(x.double(), gate.double(), weight.double(), EPS)
+    assert rel_err(out, ref) <= TOL[dtype]
+    assert torch.equal(out, gated_rmsnorm(x, gate.contiguous(), weight, EPS))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_rmsnorm(device, dtype):
     x = strided_rows(7, 3, 40, dtype, device)  # strided, as a layer output may be
     residual = (torch.randn(7, 3, 40, device=device) * 4).to(dtype)
