@@ -3,15 +3,17 @@
     store = open_store(cache_dir)                   # people's operations: stats, ls, verify, gc
     store.attach(fingerprint, name, ...)            # an engine's model: lookups and saves
     store.where(block_hashes, ckpt_hashes)          # which lower tier holds what (a Lookup)
-    store.load_blocks(hashes) / load_checkpoint(h)  # verified tensors: host tier, or disk (on
-                                                    # the engine's device when it is CUDA)
+    with store.reading():                           # held until host-tier reads are launched
+        store.load_blocks(hashes)                   # verified tensors: host tier, or disk (on
+        store.load_checkpoint(h)                    # the engine's device when it is CUDA)
     store.save(SaveJob)                             # queued; a thread writes blobs, then rows
 
 Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. The
 writer holds back while the engine says it is launching work (`engine_busy`), for at most
 MAX_DEFER_S per job: its Python steps would otherwise take the GIL from the kernel launches of
 a prefill. A blob that fails verification is a miss: its rows and file are removed and one
-warning is logged.
+warning is logged. The host tier (arena.py) is a ring in memory allocated when the store is
+attached: a save copies into it and pins nothing.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ import shutil
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from statechat.cache import index
+from statechat.cache.arena import HostTier
 from statechat.cache.blobs import BlobError, BlobMeta, read_blob, resident_fraction, write_blob
 
 log = logging.getLogger("statechat.cache")
@@ -66,74 +69,6 @@ class SaveJob:
         self.queued_bytes = sum(t.numel() * t.element_size() for t in tensors)
         return self.queued_bytes
 
-    def to_host(self, pin: bool, stream: torch.cuda.Stream | None = None) -> None:
-        """Move device snapshots to host memory (pinned when `pin`, for fast restores). Given a
-        CUDA `stream` (the writer thread's), the copies run on it and only it is waited for, so
-        the compute stream never stalls on them."""
-        if self.ready is not None:
-            self.ready()
-        if stream is not None:
-            self._to_host_on(stream)
-            return
-        move = (lambda t: t.to("cpu").pin_memory()) if pin else (lambda t: t.to("cpu"))
-        if self.ckpt is not None:
-            self.ckpt = _moved(self.ckpt, move)
-        self.block_tensors = _moved(self.block_tensors, move)
-
-    def _to_host_on(self, stream: torch.cuda.Stream) -> None:
-        """Copy into pinned memory on `stream` (torch's caching host allocator hands back freed
-        pinned blocks, so a save rarely pins new memory)."""
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
-        with torch.cuda.stream(stream):
-            ckpt = None if self.ckpt is None else _moved(self.ckpt, move)
-            blocks = _moved(self.block_tensors, move)
-        stream.synchronize()  # before the device snapshots are let go
-        self.ckpt, self.block_tensors = ckpt, blocks
-
-
-def _moved(
-    tensors: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """`move` applied once per buffer: tensors that tile one buffer exactly (a runner's
-    snapshot) come back as the same views of one moved buffer; any other tensor is moved on
-    its own, so a view into a pool never moves the pool."""
-    sizes: dict[int, int] = {}  # bytes of each buffer
-    spans: dict[int, list[tuple[int, int]]] = {}  # byte ranges of the tensors on each buffer
-    for t in tensors.values():
-        storage, start = t.untyped_storage(), t.storage_offset() * t.element_size()
-        sizes[storage.data_ptr()] = storage.nbytes()
-        end = start + t.numel() * t.element_size()
-        spans.setdefault(storage.data_ptr(), []).append((start, end))
-    tiled = {key: _tiles(sorted(ranges), sizes[key]) for key, ranges in spans.items()}
-    buffers: dict[int, torch.Tensor] = {}
-    out = {}
-    for name, t in tensors.items():
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if not t.is_contiguous() or not tiled[key]:  # a view of something larger, or overlapping
-            out[name] = move(t)
-            continue
-        if key not in buffers:
-            whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-            buffers[key] = move(whole)
-        start = t.storage_offset() * t.element_size()
-        end = start + t.numel() * t.element_size()
-        out[name] = buffers[key][start:end].view(t.dtype).view(t.shape)
-    return out
-
-
-def _tiles(ranges: list[tuple[int, int]], nbytes: int) -> bool:
-    """Whether sorted byte ranges cover [0, nbytes) exactly, without overlap."""
-    end = 0
-    for start, stop in ranges:
-        if start != end:
-            return False
-        end = stop
-    return end == nbytes
-
 
 @dataclass
 class Lookup:
@@ -159,46 +94,6 @@ class Lookup:
         return self.resident[blob]
 
 
-class HostTier:
-    """LRU of host-memory copies (checkpoints and blocks) under a byte budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget, self.used = budget, 0
-        self.items: OrderedDict[tuple[str, str], dict[str, torch.Tensor]] = OrderedDict()
-        self.lock = threading.Lock()
-
-    @staticmethod
-    def nbytes(entry) -> int:
-        """Bytes of a checkpoint entry (a dict) or of one row of a block entry (dict, row)."""
-        tensors, rows = (entry, 1) if isinstance(entry, dict) else (entry[0], None)
-        per = sum(t.numel() * t.element_size() for t in tensors.values())
-        return per if rows else per // next(iter(tensors.values())).shape[0]
-
-    def put(self, kind: str, h: str, tensors) -> None:
-        size = self.nbytes(tensors)
-        if size > self.budget:
-            return
-        with self.lock:
-            if (kind, h) in self.items:
-                self.items.move_to_end((kind, h))
-                return
-            self.items[(kind, h)] = tensors
-            self.used += size
-            while self.used > self.budget:
-                _, old = self.items.popitem(last=False)
-                self.used -= self.nbytes(old)
-
-    def get(self, kind: str, h: str):
-        with self.lock:
-            t = self.items.get((kind, h))
-            if t is not None:
-                self.items.move_to_end((kind, h))
-            return t
-
-    def has(self, kind: str, h: str) -> bool:
-        return (kind, h) in self.items
-
-
 class StateStore:
     """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""
 
@@ -211,7 +106,6 @@ class StateStore:
         self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
         self.host = HostTier(host_bytes)
         self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
-        self.pin_memory = False  # host copies in pinned memory (for accelerators)
         self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies
         self.model_id: int | None = None
         self.fingerprint = ""
@@ -232,7 +126,7 @@ class StateStore:
                shapes: dict[str, dict[str, list[int]]], device: torch.device | str = "cpu") -> None:
         """Bind the store to one model (fingerprint hex) on `device` and start the writer thread."""
         self.fingerprint, self.shapes, self.device = fingerprint, shapes, torch.device(device)
-        self.pin_memory = self.device.type != "cpu"
+        self.host.reserve(self.device)  # the host tier's arena, pinned now rather than per save
         if self.device.type == "cuda":
             self.copy_stream = torch.cuda.Stream(self.device)
         with self.db_lock:
@@ -259,8 +153,15 @@ class StateStore:
             found.ckpts[h], found.ckpt_blobs[h] = "disk", row[0]
         return found
 
+    def reading(self) -> AbstractContextManager[None]:
+        """A context to hold while host-tier tensors from `load_blocks` and `load_checkpoint`
+        are read: until the copies out of them are launched, the writer reuses none of their
+        memory (HostTier.reading)."""
+        return self.host.reading()
+
     def load_checkpoint(self, h: str) -> dict[str, torch.Tensor]:
-        """The checkpoint's tensors; BlobError (entry removed, warning logged) if unusable."""
+        """The checkpoint's tensors; BlobError (entry removed, warning logged) if unusable.
+        Host-tier tensors are only safe to read inside `reading()`."""
         cached = self.host.get("ckpt", h)
         if cached is not None:
             return cached
@@ -280,7 +181,8 @@ class StateStore:
     def load_blocks(self, hashes: list[str]) -> list[tuple[list[str], dict[str, torch.Tensor]]]:
         """The blocks' keys and values as groups (hashes, {k.{i}, v.{i}: [n, block_size, Hkv, D]})
         covering `hashes`: one group per disk segment (a slice of it when the rows are
-        consecutive) and one per host-tier block. BlobError if any block is unusable."""
+        consecutive) and one per host-tier block. BlobError if any block is unusable. Host-tier
+        tensors are only safe to read inside `reading()`."""
         groups: list[tuple[list[str], dict[str, torch.Tensor]]] = []
         missing, run, run_hashes = [], None, []  # run: (tensors, first row, last row)
         for h in hashes + [None]:
@@ -354,7 +256,8 @@ class StateStore:
     # --- writes -----------------------------------------------------------------------
     def save(self, job: SaveJob) -> bool:
         """Queue a job for the writer; False (and counted as dropped) when the queue is full.
-        The writer moves it to host memory, adds it to the host tier and writes it to disk.
+        The writer copies it into the host tier (or, where it does not fit, into pageable
+        memory) and writes it to disk.
         Snapshots waiting in the queue are bounded in bytes too: past the bound a job is dropped
         rather than letting them grow into the memory the engine's pools were sized from."""
         size = job.nbytes()
@@ -415,13 +318,13 @@ class StateStore:
     def _write(self, job: SaveJob) -> None:
         self._defer_left = MAX_DEFER_S
         self._pause()
-        job.to_host(self.pin_memory, self.copy_stream)
-        if job.ckpt is not None and job.ckpt_hash:
-            self.host.put("ckpt", job.ckpt_hash, job.ckpt)
-        for row, (h, _, _) in enumerate(job.blocks):
-            self.host.put("kv", h, (job.block_tensors, row))
+        if job.ready is not None:
+            job.ready()
+        hashes = [b[0] for b in job.blocks]
+        job.ckpt, job.block_tensors = self.host.keep(job.ckpt_hash, job.ckpt, hashes,
+                                                     job.block_tensors, self.copy_stream)
         with self.db_lock:
-            on_disk = index.blocks_present(self.db, [b[0] for b in job.blocks])
+            on_disk = index.blocks_present(self.db, hashes)
             have_ckpt = bool(job.ckpt_hash) and bool(index.checkpoints_present(self.db, [job.ckpt_hash]))
         rows = [i for i, b in enumerate(job.blocks) if b[0] not in on_disk]
         new_blocks = [job.blocks[i] for i in rows]
@@ -554,6 +457,7 @@ class StateStore:
                 "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
                 "bytes_total": self.total_bytes(),
                 "bytes_budget": self.budget,
+                **self.host.stats(),  # this process's host tier: used and capacity
                 "models": models,
             }
 

@@ -173,15 +173,19 @@ class PrefixCache:
             return 0
         held.update((h, self.blocks.allocate()) for h in need)
         t_start, nbytes = time.perf_counter(), 0
-        try:
-            groups = self.store.load_blocks([h.hex() for h in need]) if need else []
-        except BlobError:
-            for block in held.values():
-                self.blocks.release(block)
-            raise
-        t_read = time.perf_counter()
-        for group_hashes, tensors in groups:
-            self.runner.write_blocks([held[bytes.fromhex(h)] for h in group_hashes], tensors)
+        t_read = t_start
+        if need:  # host-tier tensors are the store's arena: held still until copies are launched
+            with self.store.reading():
+                try:
+                    groups = self.store.load_blocks([h.hex() for h in need])
+                except BlobError:
+                    for block in held.values():
+                        self.blocks.release(block)
+                    raise
+                t_read = time.perf_counter()
+                for group_hashes, tensors in groups:
+                    block_ids = [held[bytes.fromhex(h)] for h in group_hashes]
+                    self.runner.write_blocks(block_ids, tensors)
         t_write = time.perf_counter()
         need_tiers = {t for t in tiers if t != DEVICE}
         if need and len(need_tiers) == 1:  # a load from one tier teaches that tier's rate
@@ -197,11 +201,12 @@ class PrefixCache:
         ck_tier = DEVICE
         if not ckpt_on_device:
             t0 = time.perf_counter()
-            tensors = self.store.load_checkpoint(last.hex())
-            slot = self.slots.allocate()
-            self.runner.write_slot(slot, tensors)
+            with self.store.reading():
+                ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
+                tensors = self.store.load_checkpoint(last.hex())
+                slot = self.slots.allocate()
+                self.runner.write_slot(slot, tensors)
             self.slots.register(last, slot, len(hashes) * self.bs)
-            ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
             if ck_tier == HOST or last.hex() in lower.ckpt_blobs:  # else its cached share is unknown
                 seconds, resident = time.perf_counter() - t0, lower.cached("ckpt", last.hex())
                 self.cost.observe_load(ck_tier, self.bytes_per_slot, seconds, resident)
