@@ -1,4 +1,4 @@
-"""Linear layers of one or two rows (decode at batch 1 or 2), with the op before them fused in.
+"""Linear layers of one row (decode at batch 1), with the op before them fused in.
 
 y = f(x) @ W^T where f is nothing (`linear`), the residual add and zero-centred RMSNorm
 (`add_rmsnorm_linear`, which also returns the new residual) or SwiGLU (`silu_mul_linear`).
@@ -9,7 +9,7 @@ many rows), and the norm and activation kernels in between cost a launch each.
 
 Tiling: a program owns BN output columns (weight rows) and walks K in BK steps, multiplying
 a [BN, BK] weight tile with the rows' inputs elementwise and summing along K in float32 (no
-dot instruction: one or two rows would waste it). The prologue is recomputed by every program
+dot instruction: one row would waste it). The prologue is recomputed by every program
 from the (tiny, cache-resident) input rows; the first program alone writes the new residual.
 Rounding follows `kernels.reference` op by op (sum rounded to the input dtype, norm rounded,
 SiLU rounded, product rounded), so the fused and unfused paths differ only in the order of
@@ -32,7 +32,8 @@ from kernels.activation import silu_mul
 from kernels.hw import num_cores
 from kernels.norms import add_rmsnorm
 
-GEMV_MAX_ROWS = 2  # more rows: the library GEMM (measured on an H100, docs/kernels.md)
+GEMV_MAX_ROWS = 1  # more rows: the library GEMM (2 rows ran up to 1.24x slower on an H100)
+WHOLE_ROW = 2048  # input widths up to this run as one tile per program
 _NONE, _ADD_RMSNORM, _SILU_MUL = 0, 1, 2
 
 
@@ -63,8 +64,9 @@ def _gemv_kernel(
     m_m = o_m < M
     dtype = out.dtype.element_ty
     b_rstd = tl.zeros([MR], dtype=tl.float32)
-    if PROLOGUE == 1:
+    if PROLOGUE == 1 and BK < K:
         # pass 1 over the input rows: the new residual (rounded, as it is stored) and its norm
+        # (with one tile for the whole row, BK >= K, the main loop's one pass computes both)
         b_sq = tl.zeros([MR], dtype=tl.float32)
         for k0 in range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
@@ -88,7 +90,13 @@ def _gemv_kernel(
         elif PROLOGUE == 1:
             b_x = tl.load(p_x, mask=m_x, other=0.0)
             b_r = tl.load(residual + o_m[:, None] * stride_r + o_k[None, :], mask=m_x, other=0.0)
-            b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype).to(tl.float32)
+            b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
+            if BK >= K:  # the whole row in this one tile
+                if i_n == 0:
+                    tl.store(new_residual + o_m[:, None] * K + o_k[None, :], b_s, mask=m_x)
+                b_s = b_s.to(tl.float32)
+                b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=1) / K + eps)
+            b_s = b_s.to(tl.float32)
             b_nw = tl.load(norm_w + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_in = (b_s * b_rstd[:, None] * (1.0 + b_nw[None, :])).to(dtype).to(tl.float32)
         else:
@@ -121,7 +129,9 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         raise ValueError(f"linear: input width {K} does not match the weight {tuple(w.shape)}")
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     new_residual = torch.empty((M, K), dtype=x.dtype, device=x.device) if prologue == _ADD_RMSNORM else out
-    BK = min(512, triton.next_power_of_2(K))
+    # rows up to WHOLE_ROW wide are one tile (loads of input and weights all in flight at
+    # once, no second pass for the norm); wider ones are walked in 512-wide tiles
+    BK = triton.next_power_of_2(K) if K <= WHOLE_ROW else 512
     # one output column block per program; 4 columns where 8 would leave cores idle
     BN = 8 if triton.cdiv(N, 8) >= 2 * num_cores(x.device) else 4
     _gemv_kernel[(triton.cdiv(N, BN),)](
@@ -142,7 +152,7 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         PROLOGUE=prologue,
         BN=BN,
         BK=BK,
-        num_warps=4,
+        num_warps=8 if BN * BK >= 8192 else 4,  # a whole-row tile: spread its registers
         num_stages=3,
     )
     return out, new_residual

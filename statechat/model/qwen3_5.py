@@ -9,7 +9,7 @@
         norm
       lm_head (tied to embed_tokens when the config says so)
 
-Each residual add runs fused with the norm after it; for one or two rows (decode) the norm
+Each residual add runs fused with the norm after it; for one row (decode at batch 1) the norm
 runs fused with the projection after it too (kernels.add_rmsnorm_linear), and SwiGLU with the
 down projection (kernels.silu_mul_linear).
 
