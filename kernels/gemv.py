@@ -90,13 +90,12 @@ def _gemv_kernel(
         elif PROLOGUE == 1:
             b_x = tl.load(p_x, mask=m_x, other=0.0)
             b_r = tl.load(residual + o_m[:, None] * stride_r + o_k[None, :], mask=m_x, other=0.0)
-            b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
+            b_sum = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
+            b_s = b_sum.to(tl.float32)
             if BK >= K:  # the whole row in this one tile
                 if i_n == 0:
-                    tl.store(new_residual + o_m[:, None] * K + o_k[None, :], b_s, mask=m_x)
-                b_s = b_s.to(tl.float32)
+                    tl.store(new_residual + o_m[:, None] * K + o_k[None, :], b_sum, mask=m_x)
                 b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=1) / K + eps)
-            b_s = b_s.to(tl.float32)
             b_nw = tl.load(norm_w + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_in = (b_s * b_rstd[:, None] * (1.0 + b_nw[None, :])).to(dtype).to(tl.float32)
         else:
