@@ -25,7 +25,9 @@ class EngineConfig:
     use_cuda_graphs: bool = True  # decode steps and short one-sequence prefills replay CUDA graphs (CUDA only)
     cache_dir: Path | None = None  # persistent disk tier (None = device tier only)
     disk_cache_bytes: int | None = None  # disk budget; None = 10% of the free space at start
-    host_cache_bytes: int = 4 << 30  # host tier between device and disk: a first-in-first-out ring of this many bytes, allocated (pinned on an accelerator) when the engine starts
+    # host tier between device and disk: a first-in-first-out ring of this many bytes,
+    # allocated (pinned on an accelerator) when the engine starts
+    host_cache_bytes: int = 4 << 30
     checkpoint_interval: int = 32  # blocks between checkpoints inside long prefills (0 = off)
 
     def __post_init__(self) -> None:
