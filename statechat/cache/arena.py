@@ -65,8 +65,14 @@ class PinnedArena:
                              f"{capacity} and {slab_bytes}")
         self.slab_bytes = min(slab_bytes, capacity)
         num_slabs = capacity // self.slab_bytes
-        self.slabs = [torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=pin)
-                      for _ in range(num_slabs)]
+        try:
+            self.slabs = [torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=pin)
+                          for _ in range(num_slabs)]
+        except RuntimeError as e:  # the OS or driver refused to lock that much memory
+            raise ConfigError(
+                f"could not allocate a {'pinned ' if pin else ''}host cache of {capacity >> 20} MiB "
+                f"({e.__class__.__name__}); lower host_cache_bytes (0 turns the host tier off)"
+            ) from None
         self.live: list[list[Region]] = [[] for _ in self.slabs]  # per slab, oldest first
         self.head = (0, 0)  # (slab, offset) where the next region starts
 
@@ -111,13 +117,14 @@ class HostTier:
         self.lock = threading.RLock()  # readers' whole restores, the writer's evict-and-claim
         self.device = torch.device("cpu")
         self.last_read: torch.cuda.Event | None = None  # the last copies out of the arena (CUDA)
+        self.not_kept = 0  # bytes of saves written to disk only (no arena, or larger than a slab)
 
     def reserve(self, device: torch.device) -> None:
         """Allocate the arena for an engine on `device`: pinned on an accelerator. Called when
         the store is attached (engine start), so that no save pins memory."""
         self.device = torch.device(device)
         if self.budget and self.arena is None:
-            self.arena = PinnedArena(self.budget, pin=self.device.type != "cpu")
+            self.arena = PinnedArena(self.budget, pin=self.device.type != "cpu", slab_bytes=SLAB_BYTES)
         if self.device.type == "cuda":
             self.last_read = torch.cuda.Event()
 
@@ -149,7 +156,8 @@ class HostTier:
             regions = {id(r): r for _, rs in self.items.values() for r in rs}
             used = sum(r.nbytes for r in regions.values())
         return {"host_bytes_used": used,
-                "host_bytes_capacity": self.arena.capacity if self.arena else 0}
+                "host_bytes_capacity": self.arena.capacity if self.arena else 0,
+                "host_bytes_not_kept": self.not_kept}
 
     # --- the writer thread ----------------------------------------------------------------
     def keep(self, ckpt_hash: str | None, ckpt: dict[str, torch.Tensor] | None,
@@ -164,18 +172,24 @@ class HostTier:
         claimed: list[Region] = []  # this save's regions: none is handed out twice
         ckpt_regions: list[Region | None] = []
         block_regions: list[Region | None] = []
+        # a snapshot buffer larger than a slab (a long run of blocks) moves tensor by tensor
+        largest = self.arena.slab_bytes if self.arena is not None else None
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             if ckpt is not None and ckpt_hash:
-                ckpt = _moved(ckpt, lambda t: self._move(t, ckpt_regions, claimed, stream))
-            blocks = _moved(blocks, lambda t: self._move(t, block_regions, claimed, stream))
+                ckpt = _moved(ckpt, lambda t: self._move(t, ckpt_regions, claimed, stream), largest)
+            blocks = _moved(blocks, lambda t: self._move(t, block_regions, claimed, stream), largest)
         if stream is not None:
             stream.synchronize()  # before readers may see the regions or the snapshots go
         with self.lock:
             if ckpt and ckpt_hash and None not in ckpt_regions:
                 self._add(("ckpt", ckpt_hash), ckpt, ckpt_regions)
+            elif ckpt and ckpt_hash and self.arena is not None:
+                self.not_kept += _nbytes(ckpt)
             if blocks and None not in block_regions:
                 for row, h in enumerate(block_hashes):
                     self._add(("kv", h), (blocks, row), block_regions)
+            elif blocks and self.arena is not None:
+                self.not_kept += _nbytes(blocks)
         return ckpt, blocks
 
     def _move(self, t: torch.Tensor, regions: list[Region | None], claimed: list[Region],
@@ -219,12 +233,19 @@ class HostTier:
                 del self.items[key]
 
 
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _moved(
-    tensors: dict[str, torch.Tensor], move: Callable[[torch.Tensor], torch.Tensor]
+    tensors: dict[str, torch.Tensor],
+    move: Callable[[torch.Tensor], torch.Tensor],
+    largest: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """`move` applied once per buffer: tensors that tile one buffer exactly (a runner's
     snapshot) come back as the same views of one moved buffer; any other tensor is moved on
-    its own, so a view into a pool never moves the pool."""
+    its own, so a view into a pool never moves the pool, and so is each tensor of a buffer
+    larger than `largest` bytes."""
     sizes: dict[int, int] = {}  # bytes of each buffer
     spans: dict[int, list[tuple[int, int]]] = {}  # byte ranges of the tensors on each buffer
     for t in tensors.values():
@@ -238,7 +259,8 @@ def _moved(
     for name, t in tensors.items():
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if not t.is_contiguous() or not tiled[key]:  # a view of something larger, or overlapping
+        too_large = largest is not None and sizes[key] > largest
+        if not t.is_contiguous() or not tiled[key] or too_large:  # a view of more, overlapping
             out[name] = move(t)
             continue
         if key not in buffers:

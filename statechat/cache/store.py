@@ -446,6 +446,8 @@ class StateStore:
                 "orphans_freed": self._remove_orphans()}
 
     def stats(self) -> dict:
+        # the host tier's figures first, apart: a restore holds its lock while it takes db_lock
+        host = self.host.stats()  # this process's host tier: used, capacity, not kept
         with self.db_lock:
             q = self.db.execute
             models = [dict(zip(("id", "name", "dtype", "block_size", "checkpoints", "blocks", "mb"), r))
@@ -457,7 +459,7 @@ class StateStore:
                 "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
                 "bytes_total": self.total_bytes(),
                 "bytes_budget": self.budget,
-                **self.host.stats(),  # this process's host tier: used and capacity
+                **host,
                 "models": models,
             }
 

@@ -14,11 +14,13 @@ import time
 import pytest
 import torch
 
+from statechat.cache import arena as arena_module
 from statechat.cache.arena import ALIGN, HostTier, PinnedArena
 from statechat.cache.store import SaveJob, open_store
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
+from statechat.errors import ConfigError
 from statechat.model.context import ModelCaches
 from statechat.model.loader import load_model
 
@@ -139,6 +141,25 @@ def test_a_buffer_larger_than_a_slab_is_written_but_not_kept(tmp_path):
     assert got_hashes == hashes
     assert all(torch.equal(got[n], t) for n, t in blocks.items())
     assert 0 < store.stats()["host_bytes_used"] <= store.stats()["host_bytes_capacity"]
+    assert store.stats()["host_bytes_not_kept"] == 5 * BLOCK_BYTES  # counted, not silent
+    store.close()
+
+
+def test_a_snapshot_larger_than_a_slab_is_kept_tensor_by_tensor(tmp_path, monkeypatch):
+    """Five blocks are one snapshot buffer larger than a slab, but each layer's keys or values
+    fit one: they are kept, each tensor in its own region, and hit with the bytes saved."""
+    monkeypatch.setattr(arena_module, "SLAB_BYTES", 3 * BLOCK_BYTES)
+    store = attached(tmp_path, host_bytes=4 * 3 * BLOCK_BYTES)
+    assert store.host.arena.slab_bytes == 3 * BLOCK_BYTES < 5 * BLOCK_BYTES
+    blocks = snapshot(SHAPES["block"], torch.bfloat16, seed=3, rows=5)
+    hashes = [f"{i + 40:02x}" * 32 for i in range(5)]
+    rows = [(h, hashes[i - 1] if i else "00" * 32, i) for i, h in enumerate(hashes)]
+    assert store.save(SaveJob(None, 5 * 64, None, rows, dict(blocks)))
+    store.flush()
+    assert set(store.where(hashes, []).blocks.values()) == {"host"}
+    (got_hashes, got), = store.load_blocks(hashes)
+    assert got_hashes == hashes and all(torch.equal(got[n], t) for n, t in blocks.items())
+    assert store.stats()["host_bytes_not_kept"] == 0
     store.close()
 
 
@@ -288,3 +309,38 @@ def test_reads_racing_the_writer_see_the_saved_bytes(tmp_path):
     assert hits and not wrong
     assert tiers(store, 40) == ["disk"] * 34 + ["host"] * 6
     store.close()
+
+
+def test_stats_during_a_restore_do_not_deadlock(tmp_path):
+    """A restore holds the host tier while it reads the index; asking for stats meanwhile (a
+    status line) must not take the two locks in the other order."""
+    store = attached(tmp_path, host_bytes=64 * 1024)
+    save_ckpt(store, 0)
+    in_restore, done = threading.Event(), []
+
+    def restore():
+        with store.reading():
+            in_restore.set()
+            time.sleep(0.2)  # stats() runs meanwhile
+            with store.db_lock:  # what load_blocks / _touch take inside a restore
+                done.append("restore")
+
+    reader = threading.Thread(target=restore, daemon=True)
+    reader.start()
+    in_restore.wait(5)
+    asker = threading.Thread(target=lambda: done.append(store.stats()["host_bytes_capacity"]), daemon=True)
+    asker.start()
+    reader.join(10)
+    asker.join(10)
+    assert not reader.is_alive() and not asker.is_alive(), "stats() and a restore deadlocked"
+    assert "restore" in done and 64 * 1024 in done
+    store.close()
+
+
+def test_a_host_tier_that_cannot_be_allocated_is_one_clear_error(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(arena_module.torch, "empty", refuse)
+    with pytest.raises(ConfigError, match="lower host_cache_bytes"):
+        PinnedArena(1 << 20, pin=True)
