@@ -184,7 +184,9 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
 
 
 @_same_contract(reference.paged_attention)
-def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate=None):
+def paged_attention(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate=None
+):
     return _pick("paged_attention", q)(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate
     )

@@ -22,6 +22,8 @@ Softmax runs online in float32 (base 2, with scale * log2(e) folded into the sco
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -30,6 +32,7 @@ from triton.runtime.errors import OutOfResources
 from kernels.hw import num_cores
 
 _LOG2E = 1.4426950408889634
+log = logging.getLogger("statechat.kernels")
 
 
 @triton.jit
@@ -218,7 +221,8 @@ def _paged_attn_kernel(
         b_out = b_acc / b_l[:, None]
         m_out = m_row[:, None] & (o_d < D)[None, :]
         if HAS_GATE:
-            p_g = gate + o_tok[:, None] * stride_gt + r_head[:, None].to(tl.int64) * stride_gh + o_d[None, :]
+            o_g = o_tok[:, None] * stride_gt + r_head[:, None].to(tl.int64) * stride_gh
+            p_g = gate + o_g + o_d[None, :]
             b_out = _gated(b_out, tl.load(p_g, mask=m_out, other=0.0), out.dtype.element_ty)
         p_out = out + o_row[:, None] * D + o_d[None, :]
         tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_out)
@@ -433,11 +437,16 @@ def paged_attention(
     }
     try:
         _paged_attn_kernel[(num_tiles, Hkv, num_splits)](*args, **constants, **tuning)
-    except OutOfResources:
+    except OutOfResources as e:
         if is_decode or config is _SMALL_PREFILL:
             raise
         _TOO_LARGE.add(q.device)  # this device cannot hold the large tiles: never try again
-        return paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate)
+        log.warning("statechat: attention prefill tiles of %d rows do not fit %s (%s); "
+                    "using %d rows there (about 2x slower on an H100)",
+                    CUDA_PREFILL["BM"], q.device, e, _SMALL_PREFILL["BM"])
+        return paged_attention(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate
+        )
     if is_split:
         BS = triton.next_power_of_2(num_splits)
         _merge_splits_kernel[(T * Hq,)](

@@ -18,7 +18,8 @@ the float32 sums.
 More rows than GEMV_MAX_ROWS (prefill, larger decode batches) run the unfused ops with the
 library GEMM, which wins there.
 
-Portability: plain pointers, int64 offsets, masks, elementwise math and reductions only.
+Portability: plain pointers, masks, elementwise math and reductions only. Weight offsets are
+int64; the input and output rows' are int32, safe for the one or few rows this serves.
 """
 
 from __future__ import annotations
@@ -124,10 +125,10 @@ def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float = 0.0):
     """y [M, N] (and the new residual [M, K] for the norm prologue) by the GEMV kernel."""
     M, N = x.shape[0], w.shape[0]
-    if w.shape[1] != K:
-        raise ValueError(f"linear: input width {K} does not match the weight {tuple(w.shape)}")
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    new_residual = torch.empty((M, K), dtype=x.dtype, device=x.device) if prologue == _ADD_RMSNORM else out
+    new_residual = out  # not written without the norm prologue
+    if prologue == _ADD_RMSNORM:
+        new_residual = torch.empty((M, K), dtype=x.dtype, device=x.device)
     # rows up to WHOLE_ROW wide are one tile (loads of input and weights all in flight at
     # once, no second pass for the norm); wider ones are walked in 512-wide tiles
     BK = triton.next_power_of_2(K) if K <= WHOLE_ROW else 512
@@ -157,8 +158,14 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
     return out, new_residual
 
 
+def _check_width(K: int, w: torch.Tensor) -> None:
+    if w.dim() != 2 or w.shape[1] != K:
+        raise ValueError(f"linear: input width {K} does not match the weight {tuple(w.shape)}")
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype."""
+    _check_width(x.shape[-1], w)
     if not _fits(x, w):
         return F.linear(x, w)
     return _launch(x, w, _NONE, x.shape[1])[0]
@@ -168,7 +175,10 @@ def add_rmsnorm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x + residual) @ w^T, x + residual): x, residual [M, K]; norm_w [K]; w [N, K]."""
-    if not _fits(x, w) or residual.shape != x.shape or residual.stride(1) != 1:
+    _check_width(x.shape[-1], w)
+    plain = (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
+             and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
+    if not (plain and _fits(x, w)):  # the unfused ops (which reject bad operands)
         normed, total = add_rmsnorm(x, residual, norm_w, eps)
         return F.linear(normed, w), total
     return _launch(x, w, _ADD_RMSNORM, x.shape[1], residual, norm_w, eps)
@@ -176,6 +186,7 @@ def add_rmsnorm_linear(
 
 def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """silu(x[:, :I]) * x[:, I:] @ w [N, I]^T -> [M, N]: SwiGLU then the down projection."""
-    if not _fits(x, w) or x.shape[1] % 2:
+    if x.shape[-1] % 2 or not _fits(x, w):  # the unfused ops (which reject bad operands)
         return F.linear(silu_mul(x), w)
+    _check_width(x.shape[1] // 2, w)
     return _launch(x, w, _SILU_MUL, x.shape[1] // 2)[0]

@@ -332,8 +332,8 @@ def paged_attention(
     q: [T, Hq, D] (Hq a multiple of Hkv); k_cache, v_cache: [num_blocks, block_size, Hkv, D];
     block_tables: [N, max_blocks] int32; cu_seqlens_q: [N+1] int32; context_lens: [N] int32,
     tokens in the cache for each sequence including its new ones (which are its last tokens);
-    gate: None or [T, Hq, D] (any strides), Qwen3.5's output gate: the result, rounded to q's
-    dtype, times sigmoid(gate).
+    gate: None or [T, Hq, D] of q's dtype (token and head strides free, unit-stride last dim),
+    Qwen3.5's output gate: the result, rounded to q's dtype, times sigmoid(gate).
     Returns [T, Hq, D] in q's dtype; softmax in float32.
     """
     dt = _math_dtype(q)

@@ -526,6 +526,7 @@ def main() -> None:
         gdn_chunk=gdn_chunk.CONFIG,
         gdn_recurrent=gdn_recurrent.CONFIG,
         attn_prefill=attn.CUDA_PREFILL,
+        attn_prefill_small_tiles_on=[str(d) for d in attn._TOO_LARGE],  # filled as runs fall back
         attn_decode=attn.CUDA_DECODE,
         argv=sys.argv,
     )

@@ -70,7 +70,8 @@ class PinnedArena:
                           for _ in range(num_slabs)]
         except RuntimeError as e:  # the OS or driver refused to lock that much memory
             raise ConfigError(
-                f"could not allocate a {'pinned ' if pin else ''}host cache of {capacity >> 20} MiB "
+                f"could not allocate a {'pinned ' if pin else ''}host cache of "
+                f"{capacity >> 20} MiB "
                 f"({e.__class__.__name__}); lower host_cache_bytes (0 turns the host tier off)"
             ) from None
         self.live: list[list[Region]] = [[] for _ in self.slabs]  # per slab, oldest first
@@ -124,7 +125,8 @@ class HostTier:
         the store is attached (engine start), so that no save pins memory."""
         self.device = torch.device(device)
         if self.budget and self.arena is None:
-            self.arena = PinnedArena(self.budget, pin=self.device.type != "cpu", slab_bytes=SLAB_BYTES)
+            pin = self.device.type != "cpu"
+            self.arena = PinnedArena(self.budget, pin=pin, slab_bytes=SLAB_BYTES)
         if self.device.type == "cuda":
             self.last_read = torch.cuda.Event()
 
@@ -176,8 +178,12 @@ class HostTier:
         largest = self.arena.slab_bytes if self.arena is not None else None
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             if ckpt is not None and ckpt_hash:
-                ckpt = _moved(ckpt, lambda t: self._move(t, ckpt_regions, claimed, stream), largest)
-            blocks = _moved(blocks, lambda t: self._move(t, block_regions, claimed, stream), largest)
+                ckpt = _moved(
+                    ckpt, lambda t: self._move(t, ckpt_regions, claimed, stream), largest
+                )
+            blocks = _moved(
+                blocks, lambda t: self._move(t, block_regions, claimed, stream), largest
+            )
         if stream is not None:
             stream.synchronize()  # before readers may see the regions or the snapshots go
         with self.lock:

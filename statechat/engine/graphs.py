@@ -1,8 +1,10 @@
 """CUDA graphs of the decode step and of short one-sequence prefills, replayed with padding.
 
-Decode: one graph per batch size bucket. A step's inputs are copied from pinned host buffers
-into static device buffers (one asynchronous copy each), the graph of the smallest bucket >= N
-is replayed, and the logits of the first N rows are returned. Padding rows feed token 0 at
+Decode: one graph per batch size bucket. A step's inputs are written into pinned host buffers
+through numpy views and copied into static device buffers in three asynchronous copies (the
+int64 rows, the int32 rows, the block tables); the graph of the smallest bucket >= N is
+replayed, and the logits of the first N rows are returned with their argmax (captured in the
+graph, so a greedy step launches nothing after the replay). Padding rows feed token 0 at
 position 0, write no KV (slot_mapping -1) and leave their GDN state in a reserved pad slot, so
 they touch nothing real.
 
@@ -52,7 +54,8 @@ class DecodeGraphs:
         self.host64 = torch.zeros(3, B, dtype=i64, pin_memory=True)
         self.host32 = torch.zeros(3, B, dtype=i32, pin_memory=True)
         self.host_tables = torch.zeros(B, max_blocks, dtype=i32, pin_memory=True)
-        self.np64, self.np32, self.np_tables = (t.numpy() for t in (self.host64, self.host32, self.host_tables))
+        self.np64, self.np32 = self.host64.numpy(), self.host32.numpy()
+        self.np_tables = self.host_tables.numpy()
         self._pad_rows(0, B)
         self.dev64.copy_(self.host64)
         self.dev32.copy_(self.host32)
@@ -90,7 +93,8 @@ class DecodeGraphs:
         return n <= self.sizes[-1] and width <= self.max_blocks
 
     def run(self, ids: list[int], positions: list[int], slot_mapping: list[int], src: list[int],
-            dst: list[int], ctx_lens: list[int], tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            dst: list[int], ctx_lens: list[int],
+            tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the decode graph for N sequences: logits [N, vocab] (float32) and their argmax.
 
         The host rows are rewritten only after the previous step's tokens were read, which
@@ -185,7 +189,8 @@ class PrefillGraphs:
         self.dev32.copy_(self.host32[: self.n32], non_blocking=True)
         if table:
             h32[self.n32 : self.n32 + len(table)] = table
-            self.tables[0, : len(table)].copy_(self.host32[self.n32 : self.n32 + len(table)], non_blocking=True)
+            staged = self.host32[self.n32 : self.n32 + len(table)]
+            self.tables[0, : len(table)].copy_(staged, non_blocking=True)
         self.staged.record()
 
     def bucket(self, n: int, width: int) -> int | None:
@@ -195,7 +200,8 @@ class PrefillGraphs:
         return next((b for b in self.sizes if n <= b - CHUNK), None)
 
     def run(self, b: int, ids: list[int], start: int, slot_mapping: list[int], src: int, dst: int,
-            table: list[int], checkpoints: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            table: list[int],
+            checkpoints: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay bucket b's graph for one chunk: the logits [1, vocab] of its last token and
         their argmax."""
         self._stage(b, ids, start, slot_mapping, src, dst, table, checkpoints)

@@ -70,6 +70,7 @@ class Attention(nn.Module):
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
         o = kernels.paged_attention(  # gated in its epilogue: out * sigmoid(gate)
-            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale, gate
+            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale,
+            gate,
         )
         return kernels.linear(o.reshape(T, -1), self.o_proj.weight)

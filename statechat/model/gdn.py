@@ -58,7 +58,8 @@ class GatedDeltaNet(nn.Module):
     def mix(
         self, proj: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
     ) -> torch.Tensor:
-        """The layer after its in-projection: proj [T, conv_dim + value_dim + 2 HV] -> [T, hidden]."""
+        """The layer after its in-projection: proj [T, conv_dim + value_dim + 2 HV] ->
+        [T, hidden]."""
         T = proj.shape[0]
         qkv, z, b, a = proj.split(self.splits, dim=-1)
         z = z.reshape(T, self.num_v_heads, self.head_v_dim)

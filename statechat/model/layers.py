@@ -55,7 +55,7 @@ class MLP(nn.Module):
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The rest after the gate/up GEMM (which a decoder layer may run fused with its norm):
-        SwiGLU and the down projection, one kernel for a decode row or two."""
+        SwiGLU and the down projection, one kernel for a decode row."""
         return kernels.silu_mul_linear(gate_up, self.down_proj.weight)
 
 

@@ -113,7 +113,9 @@ class DecoderLayer(nn.Module):
             proj = kernels.linear(self.input_layernorm(h), mixer.w_first)
         else:  # the norm runs fused with the projection after it (one kernel for a decode row)
             norm = self.input_layernorm
-            proj, residual = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, mixer.w_first)
+            proj, residual = kernels.add_rmsnorm_linear(
+                h, residual, norm.weight, norm.eps, mixer.w_first
+            )
         i = self.cache_index
         if self.is_gdn:
             x = mixer.mix(proj, ctx, caches.conv[i], caches.ssm[i])
@@ -123,5 +125,7 @@ class DecoderLayer(nn.Module):
         if isinstance(self.mlp, SparseMoeBlock):
             x, residual = norm.add(x, residual)
             return self.mlp(x), residual
-        gate_up, residual = kernels.add_rmsnorm_linear(x, residual, norm.weight, norm.eps, self.mlp.w_gate_up)
+        gate_up, residual = kernels.add_rmsnorm_linear(
+            x, residual, norm.weight, norm.eps, self.mlp.w_gate_up
+        )
         return self.mlp.down(gate_up), residual

@@ -328,7 +328,10 @@ def test_stats_during_a_restore_do_not_deadlock(tmp_path):
     reader = threading.Thread(target=restore, daemon=True)
     reader.start()
     in_restore.wait(5)
-    asker = threading.Thread(target=lambda: done.append(store.stats()["host_bytes_capacity"]), daemon=True)
+    def ask():
+        done.append(store.stats()["host_bytes_capacity"])
+
+    asker = threading.Thread(target=ask, daemon=True)
     asker.start()
     reader.join(10)
     asker.join(10)

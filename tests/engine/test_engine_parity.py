@@ -81,7 +81,6 @@ def test_fast_decode_gives_the_tokenizers_text(setup):
 
     tokenizer = setup[1].tokenizer
     decode = _fast_decode(tokenizer)
-    assert decode is not None and "backend" in decode.__code__.co_freevars
     g = torch.Generator().manual_seed(0)
     for n in [0, 1, 2, 3, 5, 8] * 50:
         ids = torch.randint(0, len(tokenizer), (n,), generator=g).tolist()

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import reference
+from kernels import gemv, reference
 from kernels.gemv import GEMV_MAX_ROWS, WHOLE_ROW, add_rmsnorm_linear, linear, silu_mul_linear
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -31,9 +31,9 @@ def weight(N: int, K: int, dtype, device) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("M", [1])
 @pytest.mark.parametrize("N,K", [(40, 96), (257, 640), (16, WHOLE_ROW + 300)])
-def test_linear(device, dtype, M, N, K):
+def test_linear(device, dtype, M, N, K):  # M = 1: the kernel (more rows: see below)
     x = torch.randn(M, 2 * K, device=device).to(dtype)[:, :K]  # strided rows
     w = weight(N, K, dtype, device)
     out = linear(x, w)
@@ -42,7 +42,7 @@ def test_linear(device, dtype, M, N, K):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("M", [1])
 @pytest.mark.parametrize("N,K", [(40, 96), (130, 640), (24, WHOLE_ROW + 300)])
 def test_add_rmsnorm_linear(device, dtype, M, N, K):
     x = (torch.randn(M, K, device=device) * 2).to(dtype)
@@ -56,7 +56,7 @@ def test_add_rmsnorm_linear(device, dtype, M, N, K):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("M", [1])
 @pytest.mark.parametrize("N,I", [(40, 96), (64, 600), (8, WHOLE_ROW + 300)])
 def test_silu_mul_linear(device, dtype, M, N, I):
     x = (torch.randn(M, 3 * I, device=device) * 2).to(dtype)[:, : 2 * I]  # strided rows
@@ -64,6 +64,38 @@ def test_silu_mul_linear(device, dtype, M, N, I):
     out = silu_mul_linear(x, w)
     assert out.shape == (M, N)
     assert rel_err(out, reference.silu_mul_linear(x, w)) < TOL[dtype]
+
+
+def same_roundings(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Equal but for rare 1-ulp ties (rsqrt and sigmoid differ in the last float32 bit
+    between Triton and torch): a missing rounding step moves most entries instead."""
+    if out.dtype == torch.float32:
+        return rel_err(out, ref) < 1e-6
+    ulp = ref.double().abs() * 2.0**-7
+    close = (out.double() - ref.double()).abs() <= ulp
+    return bool(close.all()) and (out != ref).double().mean().item() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K", [96, WHOLE_ROW + 300])
+def test_prologues_round_like_the_reference(device, dtype, K):
+    """With w[n] = e_n + e_(n+N), output n is the sum of two of the projection's inputs,
+    exact in float32, so it shows whether the prologue rounded each input to the dtype as
+    the unfused ops do (a single rounding at the store would hide it)."""
+    N = 48
+    eye = torch.eye(K, device=device)
+    w = (eye[:N] + eye[N : 2 * N]).to(dtype)
+    x = (torch.randn(1, K, device=device) * 2).to(dtype)
+    residual = torch.randn(1, K, device=device).to(dtype)
+    norm_w = (0.5 * torch.randn(K, device=device)).to(dtype)
+    out, _ = add_rmsnorm_linear(x, residual, norm_w, EPS, w)
+    normed, _ = reference.add_rmsnorm(x, residual, norm_w, EPS)
+    want = (normed[:, :N].float() + normed[:, N : 2 * N].float()).to(dtype)
+    assert same_roundings(out, want)
+    gu = (torch.randn(1, 2 * K, device=device) * 2).to(dtype)
+    act = reference.silu_mul(gu)
+    want = (act[:, :N].float() + act[:, N : 2 * N].float()).to(dtype)
+    assert same_roundings(silu_mul_linear(gu, w), want)
 
 
 def test_the_kernel_serves_any_row_count(device):
@@ -80,7 +112,11 @@ def test_the_kernel_serves_any_row_count(device):
     assert rel_err(out, ref_out) < TOL[torch.float32]
 
 
-def test_more_rows_take_the_unfused_path(device):
+def test_more_rows_take_the_unfused_path(device, monkeypatch):
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the GEMV kernel ran for more rows than GEMV_MAX_ROWS")
+
+    monkeypatch.setattr(gemv, "_launch", no_kernel)
     M, N, K = GEMV_MAX_ROWS + 1, 24, 64
     x = torch.randn(M, K, device=device)
     residual = torch.randn(M, K, device=device)
@@ -93,7 +129,18 @@ def test_more_rows_take_the_unfused_path(device):
     assert rel_err(silu_mul_linear(gu, w), reference.silu_mul_linear(gu, w)) < TOL[torch.float32]
 
 
-def test_mismatched_weight_is_one_clear_error(device):
-    x, w = torch.randn(1, 64, device=device), torch.randn(8, 32, device=device)
+@pytest.mark.parametrize("M", [1, GEMV_MAX_ROWS + 1])
+def test_mismatched_weight_is_one_clear_error(device, M):
+    x, w = torch.randn(M, 64, device=device), torch.randn(8, 32, device=device)
     with pytest.raises(ValueError, match="does not match the weight"):
         linear(x, w)
+    with pytest.raises(ValueError, match="does not match the weight"):
+        add_rmsnorm_linear(x, x, torch.ones(64, device=device), EPS, w)
+
+
+def test_a_bad_norm_operand_is_refused_by_the_norm(device):
+    x, w = torch.randn(1, 64, device=device), torch.randn(8, 64, device=device)
+    with pytest.raises(ValueError, match="weight"):
+        add_rmsnorm_linear(x, x, torch.ones(32, device=device), EPS, w)
+    with pytest.raises(ValueError, match="dtype"):
+        add_rmsnorm_linear(x, x.double(), torch.ones(64, device=device), EPS, w)
