@@ -1,7 +1,9 @@
 """Gated full attention of Qwen3.5 over a paged KV cache.
 
 q/k RMSNorm per head, partial RoPE, grouped KV heads, and a sigmoid output gate that comes out
-of q_proj interleaved with the queries (per head: D query channels, then D gate channels).
+of q_proj interleaved with the queries (per head: D query channels, then D gate channels),
+applied by the attention kernel. The decoder layer runs the q/k/v projection (fused with its
+norm) and `mix` the rest.
 """
 
 from __future__ import annotations
@@ -35,20 +37,10 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.w_qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        ctx: Context,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-    ) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]; writes this step's keys and values into the cache."""
-        return self.mix(kernels.linear(x, self.w_qkv), cos_sin, ctx, k_cache, v_cache)
-
     @property
     def w_first(self) -> torch.Tensor:
-        """The q/k/v projection's fused weight: a decoder layer may run it fused with its norm."""
+        """The q/k/v projection's fused weight, which the decoder layer runs (with the norm
+        before it) ahead of `mix`."""
         return self.w_qkv
 
     def mix(

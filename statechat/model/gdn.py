@@ -3,7 +3,8 @@
 in_proj_qkv -> causal depthwise conv + SiLU -> split q, k, v -> gated delta rule (g from a,
 A_log, dt_bias; beta from b; q/k L2-normalised; value heads grouped over key heads) -> gated
 RMSNorm with z -> out_proj. Conv windows and recurrent states live in pools; a step reads each
-sequence's source slot and writes its destination slot (and checkpoint slots, if asked).
+sequence's source slot and writes its destination slot (and checkpoint slots, if asked). The
+decoder layer runs in_proj (fused with its norm) and `mix` the rest.
 """
 
 from __future__ import annotations
@@ -46,14 +47,9 @@ class GatedDeltaNet(nn.Module):
 
     @property
     def w_first(self) -> torch.Tensor:
-        """The in-projection's fused weight: a decoder layer may run it fused with its norm."""
+        """The in-projection's fused weight, which the decoder layer runs (with the norm before
+        it) ahead of `mix`."""
         return self.w_in
-
-    def forward(
-        self, x: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
-    ) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]."""
-        return self.mix(kernels.linear(x, self.w_in), ctx, conv_pool, ssm_pool)
 
     def mix(
         self, proj: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
