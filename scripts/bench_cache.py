@@ -1,7 +1,7 @@
 """State-cache benchmark on a GPU: time to first token after an edit, from each tier.
 
     python3 scripts/bench_cache.py [--models 1b,27b] [--lengths 8192,32768] [--root DIR]
-                                   [--cold-runs N] [--evict all|cache-dir]
+                                   [--cold-runs N] [--evict all|cache-dir] [--warm-gpu S]
 
 For each model (random weights, Qwen3.5 shapes: the ~1B model of bench_e2e.py, and
 Qwen3.5-27B's layer shapes cut to 16 layers; `tiny` is the embedded model on the CPU) and
@@ -13,7 +13,8 @@ never seen, with the cache on (the snapshots and queued writes of its first chun
 later ones; writes still running at the first token are not counted; median of --cold-runs). The disk's own
 sequential read bandwidth (cold and warm) is measured in the same run, with the restore's read
 bandwidth. The store decides between loading and recomputing, so every row should be
-<= 1.05 x (a). A markdown table is printed last.
+<= 1.05 x (a). Every measured request follows --warm-gpu seconds of GPU work, so none starts
+from idle clocks. A markdown table is printed last.
 """
 
 from __future__ import annotations
@@ -103,11 +104,30 @@ def disk_bandwidth(folder: Path) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+WARM_GPU_S = 0.2  # --warm-gpu: GPU work before each measured request (0: none)
+
+
+def warm_gpu(seconds: float) -> None:
+    """Keep the GPU busy for `seconds` so that every measured request starts at the same clocks.
+    An idle H100 drops to 345 MHz, and some rows follow idle time (a flush of the write-behind,
+    an engine's start, which pins the host tier) while others follow work; on the small model
+    that difference alone moved single samples by tens of percent."""
+    if seconds <= 0 or not torch.cuda.is_available():
+        return
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def measured(engine: LLMEngine, prompt: list[int]):
-    """ttft_out after collecting the engines deleted so far: a real restart starts a fresh
-    process, so their freeing (a gen-2 collection of caches and host-tier buffers, 0.2 s on the
-    CPU) must not land inside the measured request."""
+    """ttft_out after collecting the engines deleted so far (a real restart starts a fresh
+    process, so their freeing, a gen-2 collection of caches and host-tier buffers, 0.2 s on the
+    CPU, must not land inside the measured request) and after WARM_GPU_S of GPU work."""
     gc.collect()
+    warm_gpu(WARM_GPU_S)
     return ttft(engine, prompt)
 
 
@@ -194,7 +214,12 @@ def main() -> None:
                     help="(a): the median of this many first samples and one after each of (c), (d), (e)")
     ap.add_argument("--evict", choices=("all", "cache-dir"), default="all",
                     help="what (e) evicts from the page cache")
+    ap.add_argument("--warm-gpu", type=float, default=0.2,
+                    help="seconds of GPU work before each measured request, so every sample "
+                         "starts at the same clocks (0: none, as runs before 2026-11-22 evening)")
     args = ap.parse_args()
+    global WARM_GPU_S
+    WARM_GPU_S = args.warm_gpu
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", flush=True)
