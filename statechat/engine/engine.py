@@ -185,7 +185,14 @@ class LLMEngine:
     # --- stepping -----------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Run one scheduled step; return the sequences that got a token this step."""
-        batch = self.scheduler.schedule()
+        # busy from admission (a restore's disk reads must not share the disk with the writer)
+        # until the runner waits for sampled tokens (before_wait)
+        self._busy(True)
+        try:
+            batch = self.scheduler.schedule()
+        except BaseException:
+            self._busy(False)
+            raise
         if not batch.items:
             self._busy(False)
             self._prefill_run = None
@@ -193,7 +200,6 @@ class LLMEngine:
                 raise RuntimeError("the scheduler could not make progress (cache too small?)")
             return []
         t0 = time.perf_counter()
-        self._busy(True)  # until the runner waits for sampled tokens (before_wait)
         try:
             tokens = self.runner.run(batch)  # reading the sampled tokens synchronises the device
         except BaseException:

@@ -69,6 +69,24 @@ def test_a_busy_engine_delays_writes_but_does_not_stop_them(tiny_dirs, tmp_path,
     engine.close()
 
 
+def test_the_writer_holds_back_during_admission(tiny_dirs, tmp_path):
+    """A request's admission (its lookup and a restore's disk reads) counts as the engine's
+    work: the writer does not share the disk with the reads."""
+    engine = cached_engine(tiny_dirs, tmp_path)
+    seen = []
+    schedule = engine.scheduler.schedule
+
+    def watched():
+        seen.append(engine.store.engine_idle.is_set())
+        return schedule()
+
+    engine.scheduler.schedule = watched
+    engine.generate([prompt(9)], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert seen and not any(seen)  # busy whenever the scheduler admits or schedules
+    assert engine.store.engine_idle.is_set()  # and idle again once the request ended
+    engine.close()
+
+
 def test_the_engine_is_idle_after_every_way_a_request_ends(tiny_dirs, tmp_path):
     """A finished request, a stream closed early and an abort in mid-prefill all leave the
     store's writer free to run."""
