@@ -118,19 +118,24 @@ class PrefixCache:
         self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower_ckpts.items() if tier == DISK)
         rate = self.cost.prefill_s_per_token
         cand_k, cand_cost, cand_load = 0, float("inf"), 0.0  # the cheapest prefix to load
-        load_s, tiers = 0.0, []
+        load_s, tiers, segment_latency = 0.0, [], 0.0
         for k, h in enumerate(hashes, start=1):
-            tier = DEVICE if k <= len(on_device) else lower_blocks.get(h.hex())
-            if tier is None:
-                break
+            if k <= len(on_device):  # a device block costs nothing to load
+                tier = DEVICE
+            else:
+                tier = lower_blocks.get(h.hex())
+                if tier is None:
+                    break
+                load_s += self.cost.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", h.hex()))
+                if tier == DISK:  # one disk latency for the blocks' segments
+                    segment_latency = self.cost.latency[DISK]
             tiers.append(tier)
-            load_s += self.cost.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", h.hex()))
-            ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex())
+            ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex()) if lower_ckpts else None
             if ck_tier is None:
                 continue
             ck_cached = lower.cached("ckpt", h.hex()) if ck_tier == DISK else 0.0
             ck_load = self.cost.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached)
-            total_load = load_s + ck_load + self._segment_latency(tiers)
+            total_load = load_s + ck_load + segment_latency
             cost = total_load + (len(seq) - k * self.bs) * rate
             if cost <= cand_cost:
                 cand_k, cand_cost, cand_load = k, cost, total_load
@@ -152,9 +157,6 @@ class PrefixCache:
             share = sum(f * n for f, n in disk) / sum(n for _, n in disk)
             seq.cache_plan["disk_resident"] = round(share, 3)
         return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
-
-    def _segment_latency(self, tiers: list[str]) -> float:
-        return self.cost.latency[DISK] if DISK in tiers else 0.0
 
     def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str], lower: Lookup) -> int:
         """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
