@@ -8,8 +8,9 @@ before anything is used.
 
 Tensor bytes are read and checksummed in pieces of PIECE_BYTES on a few threads (preadv and
 crc32 release the GIL), so a restore runs near the page cache's bandwidth. For a CUDA device a
-piece goes through its thread's pinned staging buffer, made once and kept, into one device
-buffer: a restore allocates no pinned memory.
+piece goes through one of a few pinned staging buffers into one device buffer. The buffers are
+pinned once, by `prepare_staging` when a store is attached (pinning 16 MiB costs milliseconds,
+and the first restore after a start must not pay it), and shared by the reading threads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import functools
 import json
 import math
 import os
+import queue
 import threading
 import uuid
 import zlib
@@ -47,8 +49,10 @@ class BlobMeta:
     kind: str  # "ckpt" or "kv"
 
 
-_POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="statechat-blob")
-_STAGING = threading.local()  # per pool thread: a pinned piece buffer and a CUDA copy stream
+_THREADS = min(8, os.cpu_count() or 1)
+_POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="statechat-blob")
+_STAGING: dict[torch.device, queue.SimpleQueue] = {}  # device -> free (pinned buffer, stream)
+_STAGING_LOCK = threading.Lock()
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
            "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
@@ -316,24 +320,33 @@ def _read_piece(fd: int, offset: int, out: memoryview) -> int:
 
 
 def _read_piece_to_cuda(fd: int, offset: int, out: torch.Tensor, free: torch.cuda.Event) -> int:
-    """Read a piece into this thread's staging buffer and copy it into `out` (a slice of a
-    device buffer) on this thread's stream once `free` is reached; return its crc32. The copy
-    is waited for: when this returns the piece is on the device and the staging buffer free."""
-    staging, stream = _staging(out.device, out.numel())
-    crc = _read_piece(fd, offset, memoryview(staging.numpy())[: out.numel()])
-    stream.wait_event(free)
-    with torch.cuda.stream(stream):
-        out.copy_(staging[: out.numel()], non_blocking=True)
-    stream.synchronize()
+    """Read a piece into a free staging buffer and copy it into `out` (a slice of a device
+    buffer) on the buffer's stream once `free` is reached; return its crc32. The copy is waited
+    for: when this returns the piece is on the device and the buffer is free again."""
+    free_buffers = prepare_staging(out.device)
+    staging, stream = free_buffers.get()  # never waits long: as many buffers as pool threads
+    try:
+        crc = _read_piece(fd, offset, memoryview(staging.numpy())[: out.numel()])
+        stream.wait_event(free)
+        with torch.cuda.stream(stream):
+            out.copy_(staging[: out.numel()], non_blocking=True)
+        stream.synchronize()
+    finally:
+        free_buffers.put((staging, stream))
     return crc
 
 
-def _staging(device: torch.device, nbytes: int) -> tuple[torch.Tensor, torch.cuda.Stream]:
-    """This pool thread's pinned piece buffer (of at least `nbytes`) and copy stream for
-    `device`: made on first use and kept, as pinning memory costs far more than copying a
-    piece through it."""
-    if getattr(_STAGING, "device", None) != device or _STAGING.buffer.numel() < nbytes:
-        _STAGING.buffer = torch.empty(max(nbytes, PIECE_BYTES), dtype=torch.uint8, pin_memory=True)
-        _STAGING.stream = torch.cuda.Stream(device)
-        _STAGING.device = device
-    return _STAGING.buffer, _STAGING.stream
+def prepare_staging(device: torch.device | str) -> queue.SimpleQueue:
+    """The pinned staging buffers (one piece each, one per reading thread) and copy streams for
+    restores onto the CUDA `device`: pinned on the first call and kept for the process."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    with _STAGING_LOCK:
+        if device not in _STAGING:
+            free: queue.SimpleQueue = queue.SimpleQueue()
+            for _ in range(_THREADS):
+                free.put((torch.empty(PIECE_BYTES, dtype=torch.uint8, pin_memory=True),
+                          torch.cuda.Stream(device)))
+            _STAGING[device] = free
+        return _STAGING[device]

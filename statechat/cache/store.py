@@ -36,7 +36,14 @@ import torch
 
 from statechat.cache import index
 from statechat.cache.arena import HostTier
-from statechat.cache.blobs import BlobError, BlobMeta, read_blob, resident_fraction, write_blob
+from statechat.cache.blobs import (
+    BlobError,
+    BlobMeta,
+    prepare_staging,
+    read_blob,
+    resident_fraction,
+    write_blob,
+)
 
 log = logging.getLogger("statechat.cache")
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
@@ -129,6 +136,7 @@ class StateStore:
         self.host.reserve(self.device)  # the host tier's arena, pinned now rather than per save
         if self.device.type == "cuda":
             self.copy_stream = torch.cuda.Stream(self.device)
+            prepare_staging(self.device)  # the restores' pinned buffers, also pinned now
         with self.db_lock:
             self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype, block_size)
             self.db.execute("UPDATE models SET shapes = ? WHERE id = ?", [json.dumps(shapes), self.model_id])
