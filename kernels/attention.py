@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from kernels.hw import num_cores
+from kernels.hw import gdc_enter, num_cores, pdl
 
 _LOG2E = 1.4426950408889634
 log = logging.getLogger("statechat.kernels")
@@ -123,7 +123,9 @@ def _paged_attn_kernel(
     IS_SPLIT: tl.constexpr,
     HAS_GATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     # longest tiles (the last of each sequence) tend to get the high numbers: start those first
     i_tile = NUM_TILES - 1 - tl.program_id(0)
     i_kvh, i_split = tl.program_id(1), tl.program_id(2)
@@ -250,7 +252,9 @@ def _merge_splits_kernel(
     BD: tl.constexpr,
     BS: tl.constexpr,
     HAS_GATE: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     i_row = tl.program_id(0).to(tl.int64)  # row of [T, Hq]
     o_s = tl.arange(0, BS)
     o_d = tl.arange(0, BD)
@@ -434,6 +438,7 @@ def paged_attention(
         "IS_SPLIT": is_split,
         "HAS_GATE": gate is not None,
         "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+        **pdl(q.device),
     }
     try:
         _paged_attn_kernel[(num_tiles, Hkv, num_splits)](*args, **constants, **tuning)
@@ -451,6 +456,6 @@ def paged_attention(
         BS = triton.next_power_of_2(num_splits)
         _merge_splits_kernel[(T * Hq,)](
             part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
-            HQ=Hq, D=D, BD=BD, BS=BS, HAS_GATE=gate is not None,
+            HQ=Hq, D=D, BD=BD, BS=BS, HAS_GATE=gate is not None, **pdl(q.device),
         )
     return out

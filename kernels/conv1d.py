@@ -19,7 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import gdc_enter, pdl
 from kernels.reference import Checkpoints
+
+PREFILL_BT = 32  # tokens per prefill program
 
 
 @triton.jit
@@ -74,22 +77,22 @@ def _conv_fwd_kernel(
     b_src = tl.load(src_slots + i_lo)
 
     b_acc = tl.zeros([BT, BD], dtype=tl.float32)
-    for i_w in tl.static_range(W):
-        b_w = tl.load(weight + o_d.to(tl.int64) * W + i_w, mask=m_d, other=0.0).to(tl.float32)
-        t = o_t[:, None] - (W - 1 - i_w)
-        b_v = _window_value(
-            x,
-            stride_x,
-            conv_pool,
-            b_src[:, None],
-            b_bos[:, None],
-            t,
-            o_d[None, :],
-            m_t[:, None] & m_d[None, :],
-            D,
-            W,
-        )
-        b_acc += b_v * b_w[None, :]
+    m_td = m_t[:, None] & m_d[None, :]
+    # tiles whose windows all lie inside their sequences (all but a few) take plain loads
+    b_inside = tl.min(tl.where(m_t, o_t - b_bos, W), axis=0) >= W - 1
+    if b_inside:
+        for i_w in tl.static_range(W):
+            b_w = tl.load(weight + o_d.to(tl.int64) * W + i_w, mask=m_d, other=0.0).to(tl.float32)
+            p_x = x + (o_t[:, None] - (W - 1 - i_w)).to(tl.int64) * stride_x + o_d[None, :]
+            b_acc += tl.load(p_x, mask=m_td, other=0.0).to(tl.float32) * b_w[None, :]
+    else:
+        for i_w in tl.static_range(W):
+            b_w = tl.load(weight + o_d.to(tl.int64) * W + i_w, mask=m_d, other=0.0).to(tl.float32)
+            t = o_t[:, None] - (W - 1 - i_w)
+            b_v = _window_value(
+                x, stride_x, conv_pool, b_src[:, None], b_bos[:, None], t, o_d[None, :], m_td, D, W
+            )
+            b_acc += b_v * b_w[None, :]
     b_out = b_acc * tl.sigmoid(b_acc)
     p_out = out + o_t[:, None].to(tl.int64) * D + o_d[None, :]
     tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
@@ -137,8 +140,10 @@ def _conv_save_kernel(
 
 @triton.jit
 def _conv_update_kernel(
-    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, D, W: tl.constexpr, BD: tl.constexpr
+    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, D, W: tl.constexpr, BD: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     i_n, i_d = tl.program_id(0), tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -226,7 +231,7 @@ def causal_conv1d(
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     BD = _block_d(D)
     if T > 0:
-        BT = 32
+        BT = PREFILL_BT
         steps = max(N - 1, 1).bit_length()
         grid = (triton.cdiv(T, BT), triton.cdiv(D, BD))
         _conv_fwd_kernel[grid](
@@ -267,6 +272,7 @@ def causal_conv1d_update(
     BD = _block_d(D)
     if N > 0:
         _conv_update_kernel[(N, triton.cdiv(D, BD))](
-            x, weight, conv_pool, out, src_slots, dst_slots, x.stride(0), D, W=W, BD=BD
+            x, weight, conv_pool, out, src_slots, dst_slots, x.stride(0), D, W=W, BD=BD,
+            **pdl(x.device),
         )
     return out

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn_chunk import _check_inputs, _softplus
+from kernels.hw import gdc_enter, pdl
 
 # Launch configuration: BV by number of (sequence, head) pairs; the benchmark may override.
 CONFIG = {"small_BV": 16, "large_BV": 32, "small_pairs": 1024, "num_warps": 4}
@@ -48,7 +49,9 @@ def _gdn_recurrent_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)
@@ -134,5 +137,6 @@ def recurrent_gdn(
         V=V,
         BV=bv,
         num_warps=CONFIG["num_warps"],
+        **pdl(v.device),
     )
     return o

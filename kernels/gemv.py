@@ -30,12 +30,41 @@ import triton
 import triton.language as tl
 
 from kernels.activation import silu_mul
-from kernels.hw import num_cores
+from kernels.hw import gdc_enter, num_cores, pdl
 from kernels.norms import add_rmsnorm
 
 GEMV_MAX_ROWS = 1  # more rows: the library GEMM (2 rows ran up to 1.24x slower on an H100)
 WHOLE_ROW = 2048  # input widths up to this run as one tile per program
 _NONE, _ADD_RMSNORM, _SILU_MUL = 0, 1, 2
+
+
+@triton.jit
+def _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K, stride_x,
+                stride_r, eps, b_rstd, PROLOGUE: tl.constexpr, WHOLE):
+    """The prologue's output for input columns o_k, in float32 ([MR, BK]), and the rows'
+    rstd (computed here when the whole row is this one tile, WHOLE)."""
+    dtype = new_residual.dtype.element_ty
+    m_x = m_m[:, None] & m_k[None, :]
+    p_x = x + o_m[:, None] * stride_x + o_k[None, :]
+    if PROLOGUE == 0:
+        b_in = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
+    elif PROLOGUE == 1:
+        b_x = tl.load(p_x, mask=m_x, other=0.0)
+        b_r = tl.load(residual + o_m[:, None] * stride_r + o_k[None, :], mask=m_x, other=0.0)
+        b_sum = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
+        b_s = b_sum.to(tl.float32)
+        if WHOLE:
+            if i_n == 0:
+                tl.store(new_residual + o_m[:, None] * K + o_k[None, :], b_sum, mask=m_x)
+            b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=1) / K + eps)
+        b_nw = tl.load(norm_w + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_in = (b_s * b_rstd[:, None] * (1.0 + b_nw[None, :])).to(dtype).to(tl.float32)
+    else:
+        b_gate = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
+        b_up = tl.load(p_x + K, mask=m_x, other=0.0).to(tl.float32)
+        b_act = (b_gate * tl.sigmoid(b_gate)).to(dtype).to(tl.float32)
+        b_in = (b_act * b_up).to(dtype).to(tl.float32)
+    return b_in, b_rstd
 
 
 @triton.jit
@@ -57,56 +86,47 @@ def _gemv_kernel(
     PROLOGUE: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     o_n = i_n * BN + tl.arange(0, BN)
     o_m = tl.arange(0, MR)
     m_n = o_n < N
     m_m = o_m < M
+    p_w = w + o_n[:, None].to(tl.int64) * stride_w
+    # the first weight tile is loaded before waiting for the kernel before (weights are
+    # constants): under programmatic dependent launch it streams while that kernel finishes
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b_w = tl.load(p_w + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+    gdc_enter(USE_GDC)
     dtype = out.dtype.element_ty
     b_rstd = tl.zeros([MR], dtype=tl.float32)
     if PROLOGUE == 1 and BK < K:
         # pass 1 over the input rows: the new residual (rounded, as it is stored) and its norm
-        # (with one tile for the whole row, BK >= K, the main loop's one pass computes both)
+        # (with one tile for the whole row, BK >= K, the main pass computes both)
         b_sq = tl.zeros([MR], dtype=tl.float32)
         for k0 in range(0, K, BK):
-            o_k = k0 + tl.arange(0, BK)
-            m_x = m_m[:, None] & (o_k < K)[None, :]
-            b_x = tl.load(x + o_m[:, None] * stride_x + o_k[None, :], mask=m_x, other=0.0)
-            b_r = tl.load(residual + o_m[:, None] * stride_r + o_k[None, :], mask=m_x, other=0.0)
+            o_kk = k0 + tl.arange(0, BK)
+            m_x = m_m[:, None] & (o_kk < K)[None, :]
+            b_x = tl.load(x + o_m[:, None] * stride_x + o_kk[None, :], mask=m_x, other=0.0)
+            b_r = tl.load(residual + o_m[:, None] * stride_r + o_kk[None, :], mask=m_x, other=0.0)
             b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
             if i_n == 0:
-                tl.store(new_residual + o_m[:, None] * K + o_k[None, :], b_s, mask=m_x)
+                tl.store(new_residual + o_m[:, None] * K + o_kk[None, :], b_s, mask=m_x)
             b_sf = b_s.to(tl.float32)
             b_sq += tl.sum(b_sf * b_sf, axis=1)
         b_rstd = tl.rsqrt(b_sq / K + eps)
-    b_acc = tl.zeros([MR, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K,
+                               stride_x, stride_r, eps, b_rstd, PROLOGUE, BK >= K)
+    b_acc = tl.sum(b_in[:, None, :] * b_w.to(tl.float32)[None, :, :], axis=2)
+    for k0 in range(BK, K, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
-        m_x = m_m[:, None] & m_k[None, :]
-        p_x = x + o_m[:, None] * stride_x + o_k[None, :]
-        if PROLOGUE == 0:
-            b_in = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
-        elif PROLOGUE == 1:
-            b_x = tl.load(p_x, mask=m_x, other=0.0)
-            b_r = tl.load(residual + o_m[:, None] * stride_r + o_k[None, :], mask=m_x, other=0.0)
-            b_sum = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
-            b_s = b_sum.to(tl.float32)
-            if BK >= K:  # the whole row in this one tile
-                if i_n == 0:
-                    tl.store(new_residual + o_m[:, None] * K + o_k[None, :], b_sum, mask=m_x)
-                b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=1) / K + eps)
-            b_nw = tl.load(norm_w + o_k, mask=m_k, other=0.0).to(tl.float32)
-            b_in = (b_s * b_rstd[:, None] * (1.0 + b_nw[None, :])).to(dtype).to(tl.float32)
-        else:
-            b_gate = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
-            b_up = tl.load(p_x + K, mask=m_x, other=0.0).to(tl.float32)
-            b_act = (b_gate * tl.sigmoid(b_gate)).to(dtype).to(tl.float32)
-            b_in = (b_act * b_up).to(dtype).to(tl.float32)
-        p_w = w + o_n[:, None].to(tl.int64) * stride_w + o_k[None, :]
-        b_w = tl.load(p_w, mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        b_acc += tl.sum(b_in[:, None, :] * b_w[None, :, :], axis=2)
+        b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K,
+                                   stride_x, stride_r, eps, b_rstd, PROLOGUE, False)
+        b_w = tl.load(p_w + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+        b_acc += tl.sum(b_in[:, None, :] * b_w.to(tl.float32)[None, :, :], axis=2)
     p_out = out + o_m[:, None] * N + o_n[None, :]
     tl.store(p_out, b_acc.to(dtype), mask=m_m[:, None] & m_n[None, :])
 
@@ -154,6 +174,7 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         BK=BK,
         num_warps=8 if BN * BK >= 8192 else 4,  # a whole-row tile: spread its registers
         num_stages=3,
+        **pdl(x.device),
     )
     return out, new_residual
 

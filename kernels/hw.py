@@ -1,11 +1,14 @@
-"""What the launchers need to know about the device: its number of compute cores."""
+"""What the launchers need to know about the device: its number of compute cores, and whether
+kernels may be launched as programmatic dependents (`pdl`)."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
+import triton.language as tl
 
 
 @functools.lru_cache(maxsize=8)
@@ -21,3 +24,34 @@ def num_cores(device: torch.device) -> int:
         props[k] for k in ("multiprocessor_count", "num_vectorcore", "num_aicore") if k in props
     ]
     return int(counts[0]) if counts else 8
+
+
+@functools.lru_cache(maxsize=8)
+def _pdl_ok(device: torch.device) -> bool:
+    if device.type != "cuda" or torch.version.cuda is None or os.environ.get("STATECHAT_PDL") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def pdl(device: torch.device) -> dict:
+    """Launch arguments for programmatic dependent launch (CUDA, compute capability 9 and up;
+    STATECHAT_PDL=0 turns it off): a kernel so launched may start while the kernel before it
+    finishes, and must call `gdc_enter` before it reads or writes anything that kernel may
+    touch. Decode steps are chains of small kernels, so each one's start overlaps the tail of
+    the one before (the one-row linears load their weights meanwhile). Elsewhere: no-op."""
+    return {"USE_GDC": True, "launch_pdl": True} if _pdl_ok(device) else {"USE_GDC": False}
+
+
+@triton.jit
+def gdc_enter(USE_GDC: tl.constexpr):
+    """Wait until the kernel before has finished and its writes are visible, then let the next
+    kernel launch. Waiting first keeps at most one kernel waiting ahead of the running one."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

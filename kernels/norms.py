@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import gdc_enter, pdl
+
 
 @triton.jit
 def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: tl.constexpr):
@@ -71,7 +73,9 @@ def _gated_rmsnorm_kernel(
     PROD_DTYPE: tl.constexpr,
     BM: tl.constexpr,
     BD: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     i_m = tl.program_id(0)
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
@@ -195,5 +199,6 @@ def gated_rmsnorm(
             PROD_DTYPE=prod_dtype,
             BM=BM,
             BD=BD,
+            **pdl(x.device),
         )
     return out

@@ -16,12 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import gdc_enter, pdl
+
 
 @triton.jit
 def _rmsnorm_rope_kernel(
     x, weight, cos, sin, out, M, H, D, R, stride_t, stride_h, stride_c, eps,
-    BM: tl.constexpr, BD: tl.constexpr,
+    BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     i_m = tl.program_id(0)
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
@@ -78,6 +81,6 @@ def rmsnorm_rope(
     if M:
         _rmsnorm_rope_kernel[(triton.cdiv(M, BM),)](
             x, weight, cos, sin, out, M, H, D, R, x.stride(0), x.stride(1), cos.stride(0), eps,
-            BM=BM, BD=BD,
+            BM=BM, BD=BD, **pdl(x.device),
         )
     return out

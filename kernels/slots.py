@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import gdc_enter, pdl
+
 _BLOCK = 2048
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -72,7 +74,9 @@ def _store_kv_kernel(
     D,
     BH: tl.constexpr,
     BD: tl.constexpr,
+    USE_GDC: tl.constexpr,
 ):
+    gdc_enter(USE_GDC)
     i_t = tl.program_id(0)
     i_slot = tl.load(slot_mapping + i_t).to(tl.int64)
     if i_slot >= 0:
@@ -136,4 +140,5 @@ def store_kv(
         D,
         BH=BH,
         BD=BD,
+        **pdl(k.device),
     )

@@ -160,6 +160,7 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
     warm.store.flush()
     t_b, out_b = measured(warm, edited)
     warm.drop_device_cache()
+    warm.store.flush()  # (b)'s own saves are written before (c), as between a user's turns
     t_c, out_c = measured(warm, edited)
     fresh = []  # (f) a prompt the cache has never seen, with the cache on: what saving costs it
     for i in range(max(cold_runs, 1)):

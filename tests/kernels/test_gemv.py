@@ -144,3 +144,57 @@ def test_a_bad_norm_operand_is_refused_by_the_norm(device):
         add_rmsnorm_linear(x, x, torch.ones(32, device=device), EPS, w)
     with pytest.raises(ValueError, match="dtype"):
         add_rmsnorm_linear(x, x.double(), torch.ones(64, device=device), EPS, w)
+
+
+def _decode_like_chain(x, res, nw, ws):
+    """The kernels of a decode layer's MLP and mixer, in a loop: each reads the last's output."""
+    from kernels.norms import gated_rmsnorm
+
+    for _ in range(8):
+        h, res = add_rmsnorm_linear(x, res, nw, EPS, ws[0])  # [1, 2I]
+        y = silu_mul_linear(h, ws[1])  # [1, K]
+        g = gated_rmsnorm(y.view(1, 4, -1), y.view(1, 4, -1), nw[: y.shape[1] // 4], EPS)
+        x = linear(g.view(1, -1), ws[2])
+    return x, res
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs CUDA compute capability 9+")
+@pytest.mark.parametrize("graph", [False, True])
+def test_dependent_launches_change_no_result(monkeypatch, graph):
+    """Under programmatic dependent launch each kernel starts while the one before finishes; a
+    read before its wait would see stale data. The chain gives bit-identical results with it
+    on and off, eagerly and replayed from a CUDA graph."""
+    from kernels import hw
+
+    assert hw.pdl(torch.device("cuda"))["USE_GDC"], "PDL should be on for this device"
+    K, I = 1024, 3584
+    torch.manual_seed(0)
+    x = torch.randn(1, K, device="cuda").bfloat16()
+    res = torch.randn(1, K, device="cuda").bfloat16()
+    nw = (torch.randn(K, device="cuda") * 0.1).bfloat16()
+    ws = [weight(2 * I, K, torch.bfloat16, "cuda"), weight(K, I, torch.bfloat16, "cuda"),
+          weight(K, K, torch.bfloat16, "cuda")]
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        if not graph:
+            return _decode_like_chain(x, res, nw, ws)
+        _decode_like_chain(x, res, nw, ws)  # compile outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = _decode_like_chain(x, res, nw, ws)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        return out
+
+    with_pdl = run()
+    monkeypatch.setattr(hw, "_pdl_ok", lambda device: False)
+    without = run()
+    assert torch.equal(with_pdl[0], without[0]) and torch.equal(with_pdl[1], without[1])
+
+
+def test_dependent_launch_is_off_off_cuda():
+    from kernels import hw
+
+    assert hw.pdl(torch.device("cpu")) == {"USE_GDC": False}
