@@ -22,7 +22,7 @@ class EngineConfig:
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
     cpu_cache_bytes: int = 1 << 30  # cache budget on the CPU backend
     enable_prefix_cache: bool = True
-    use_cuda_graphs: bool = True  # decode steps and short one-sequence prefills replay CUDA graphs (CUDA only)
+    use_cuda_graphs: bool = True  # decode steps and one-sequence prefill chunks replay CUDA graphs (CUDA only)
     cache_dir: Path | None = None  # persistent disk tier (None = device tier only)
     disk_cache_bytes: int | None = None  # disk budget; None = 10% of the free space at start
     # host tier between device and disk: a first-in-first-out ring of this many bytes,

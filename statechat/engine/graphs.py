@@ -1,4 +1,4 @@
-"""CUDA graphs of the decode step and of short one-sequence prefills, replayed with padding.
+"""CUDA graphs of the decode step and of one-sequence prefill chunks, replayed with padding.
 
 Decode: one graph per batch size bucket. A step's inputs are written into pinned host buffers
 through numpy views and copied into static device buffers in three asynchronous copies (the
@@ -8,12 +8,14 @@ graph, so a greedy step launches nothing after the replay). Padding rows feed to
 position 0, write no KV (slot_mapping -1) and leave their GDN state in a reserved pad slot, so
 they touch nothing real.
 
-Prefill: a chunk of one sequence (an edited, regenerated or new short turn: the case where
-launching ~35 kernels per layer from Python costs more than running them) replays the graph of
-a token bucket. The bucket's tokens past the chunk form a second, padding sequence of at least
-one 64-token block: it starts from the zero slot, ends in the pad slot, writes no KV, and
-absorbs the unused checkpoint targets of the graph's fixed-size list (its first block, saved to
-the pad slot). So every kernel sees the shapes it was captured with, and nothing real is touched.
+Prefill: a chunk of one sequence replays the graph of a token bucket. Buckets run up to the
+step's token budget (every 512 tokens past 2048, and one that fits a whole budget-sized chunk),
+as launching ~35 kernels per layer from Python costs more than running them on a small model
+even for thousands of tokens (an H100 ran the 0.75B model's 8k prompt in 4096-token chunks
+host-bound: 48-63 ms eagerly against 30 ms of GPU time). The bucket's tokens past the chunk
+form a second, padding sequence of at least one 64-token block: it starts from the zero slot,
+ends in the pad slot, writes no KV, and absorbs the unused checkpoint targets of the graph's
+fixed-size list (its first block, saved to the pad slot). So every kernel sees the shapes it was captured with, and nothing real is touched.
 
 The only host synchronisation of a step is the caller's read of the sampled tokens.
 """
@@ -32,6 +34,18 @@ log = logging.getLogger("statechat.engine")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 PREFILL_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048)  # bucket b: chunks of <= b - 64 tokens
+LARGE_BUCKET_STEP = 512  # bucket spacing past PREFILL_BUCKETS
+
+
+def prefill_buckets(max_tokens: int) -> list[int]:
+    """The prefill buckets that serve chunks of up to max_tokens (the step's token budget):
+    PREFILL_BUCKETS, then every LARGE_BUCKET_STEP tokens, and last the one that holds a chunk
+    of the whole budget (the common chunk of a long prompt) with one block of padding."""
+    top = -(-max_tokens // CHUNK) * CHUNK + CHUNK
+    sizes = [b for b in PREFILL_BUCKETS if b < top]
+    sizes += range(PREFILL_BUCKETS[-1] + LARGE_BUCKET_STEP, top - LARGE_BUCKET_STEP // 2,
+                   LARGE_BUCKET_STEP)
+    return sizes + [top]
 
 
 class DecodeGraphs:
@@ -119,16 +133,18 @@ class PrefillGraphs:
 
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
                  device: torch.device) -> None:
-        sizes = [b for b in PREFILL_BUCKETS if b - CHUNK <= max_tokens]
+        sizes = prefill_buckets(max_tokens)
         self.B, self.C, self.max_blocks, self.pad_slot = sizes[-1], sizes[-1] // CHUNK, max_blocks, pad_slot
         # int64 inputs: ids, positions, slot_mapping [B each], logits row [1]; int32 inputs:
         # cu_seqlens [3], src, dst, context_lens [2 each], checkpoint seq, boundary and slot
         # [C each] (C: one per block of the largest bucket), then the chunk's block table
-        # (staged only). One pinned buffer and one asynchronous copy per dtype.
+        # (staged only). One pinned buffer and one asynchronous copy per dtype; two sets used
+        # in turn, so staging a chunk does not wait for the one before to run.
         self.n32 = 9 + 3 * self.C
-        self.host64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, pin_memory=True)
-        self.host32 = torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True)
-        self.np64, self.np32 = self.host64.numpy(), self.host32.numpy()
+        self.hosts = [(torch.zeros(3 * self.B + 1, dtype=torch.int64, pin_memory=True),
+                       torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True),
+                       torch.cuda.Event()) for _ in range(2)]
+        self.turn = 0
         self.dev64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, device=device)
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
         # block tables: row 0 the chunk's (at most max_blocks wide, see bucket()); row 1, the
@@ -138,7 +154,6 @@ class PrefillGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self.replays = 0
-        self.staged = torch.cuda.Event()  # the last copies out of host staging are done
         pool = None
         for b in reversed(sizes):
             self._stage(b, [0] * (b - CHUNK), 0, [-1] * (b - CHUNK), 0, pad_slot, [], [])
@@ -169,15 +184,20 @@ class PrefillGraphs:
             logits_indices=v64[3 * B :],
         )
 
-    def _stage(self, b: int, ids: list[int], start: int, slot_mapping: list[int], src: int, dst: int,
+    def _stage(self, b: int, ids, start: int, slot_mapping, src: int, dst: int,
                table: list[int], checkpoints: list[tuple[int, int]]) -> None:
-        """Stage one chunk (its tokens from position `start`) and its padding, and copy it over."""
+        """Stage one chunk (its tokens from position `start`) and its padding, and copy it over.
+        ids and slot_mapping: lists or int64 arrays of the chunk's length."""
         B, C, c, n = self.B, self.C, b // CHUNK, len(ids)
         pad = b - n
         spare = [(1, CHUNK, self.pad_slot)] * (c - len(checkpoints))  # the padding's first block
         targets = [(0, boundary, slot) for boundary, slot in checkpoints] + spare
-        h64, h32 = self.np64, self.np32  # numpy views of the pinned buffers
-        self.staged.synchronize()  # a chunk that samples nothing leaves the host unsynchronised
+        host64, host32, copied = self.hosts[self.turn]
+        self.turn ^= 1
+        # this set's copies of two chunks ago must be done (the chunk before, on the other set,
+        # may still be queued: a chunk that samples nothing leaves the host unsynchronised)
+        copied.synchronize()
+        h64, h32 = host64.numpy(), host32.numpy()
         h64[:n], h64[n:b] = ids, 0
         h64[B : B + n], h64[B + n : B + b] = np.arange(start, start + n), np.arange(pad)
         h64[2 * B : 2 * B + n], h64[2 * B + n : 2 * B + b] = slot_mapping, -1
@@ -185,13 +205,13 @@ class PrefillGraphs:
         h32[:9] = (0, n, b, src, 0, dst, self.pad_slot, start + n, pad)
         for i, column in enumerate(zip(*targets)):
             h32[9 + i * C : 9 + i * C + c] = column
-        self.dev64.copy_(self.host64, non_blocking=True)
-        self.dev32.copy_(self.host32[: self.n32], non_blocking=True)
+        self.dev64.copy_(host64, non_blocking=True)
+        self.dev32.copy_(host32[: self.n32], non_blocking=True)
         if table:
             h32[self.n32 : self.n32 + len(table)] = table
-            staged = self.host32[self.n32 : self.n32 + len(table)]
+            staged = host32[self.n32 : self.n32 + len(table)]
             self.tables[0, : len(table)].copy_(staged, non_blocking=True)
-        self.staged.record()
+        copied.record()
 
     def bucket(self, n: int, width: int) -> int | None:
         """The bucket whose graph serves an n-token chunk with a block table of `width`, if any."""
@@ -199,8 +219,7 @@ class PrefillGraphs:
             return None
         return next((b for b in self.sizes if n <= b - CHUNK), None)
 
-    def run(self, b: int, ids: list[int], start: int, slot_mapping: list[int], src: int, dst: int,
-            table: list[int],
+    def run(self, b: int, ids, start: int, slot_mapping, src: int, dst: int, table: list[int],
             checkpoints: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay bucket b's graph for one chunk: the logits [1, vocab] of its last token and
         their argmax."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 import kernels
@@ -122,9 +123,10 @@ class ModelRunner:
 
     def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
+        positions = np.arange(s, s + n)
+        slot_mapping = np.asarray(seq.block_table, dtype=np.int64)[positions // bs] * bs + positions % bs
         return self.prefill_graphs.run(
-            bucket, ids=seq.token_ids[s : s + n], start=s,
-            slot_mapping=[seq.block_table[p // bs] * bs + p % bs for p in range(s, s + n)],
+            bucket, ids=seq.token_ids[s : s + n], start=s, slot_mapping=slot_mapping,
             src=it.src_slot, dst=seq.slot, table=seq.block_table, checkpoints=it.checkpoints,
         )
 

@@ -88,6 +88,26 @@ def test_prefill_graphs_with_a_short_max_model_len(gpu_setup):
     assert tokens[0] == tokens[1]
 
 
+@pytest.mark.parametrize("budget", [4096, 1024])
+def test_prefill_graphs_of_long_chunks(gpu_setup, budget):
+    """Chunks past 2048 tokens replay the large buckets (a 3000-token prompt in one chunk of
+    3000, or in budget-sized chunks of 1024 that fit the top bucket exactly) and give the
+    tokens of eager steps."""
+    path, loaded, _, _ = gpu_setup
+    prompt = torch.randint(3, loaded.config.vocab_size, (3000,), generator=torch.Generator().manual_seed(11)).tolist()
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    tokens = []
+    for graphs in (True, False):
+        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
+                                        enable_prefix_cache=False, max_num_batched_tokens=budget), loaded=loaded)
+        tokens.append(engine.generate([prompt], params)[0].token_ids)
+        if graphs:
+            pg = engine.runner.prefill_graphs
+            assert pg.sizes[-1] == budget + 64
+            assert pg.replays == -(-3000 // budget)  # every chunk of the prompt
+    assert tokens[0] == tokens[1]
+
+
 @pytest.mark.parametrize("use_cuda_graphs", [True, False], ids=["graphs", "eager"])
 def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_graphs):
     """No host synchronisation inside a decode step beyond reading the sampled tokens: CUDA's
