@@ -31,6 +31,7 @@ _TRITON_MODULES = {
     "causal_conv1d": "kernels.conv1d",
     "causal_conv1d_update": "kernels.conv1d",
     "chunk_gdn": "kernels.gdn_chunk",
+    "chunk_layout": "kernels.gdn_chunk",
     "recurrent_gdn": "kernels.gdn_recurrent",
     "gated_rmsnorm": "kernels.norms",
     "rmsnorm": "kernels.norms",
@@ -117,12 +118,19 @@ def causal_conv1d_update(x, weight, conv_pool, src_slots, dst_slots):
     return _pick("causal_conv1d_update", x)(x, weight, conv_pool, src_slots, dst_slots)
 
 
+@_same_contract(reference.chunk_layout)
+def chunk_layout(cu_seqlens, num_tokens, checkpoints=None):
+    return _pick("chunk_layout", cu_seqlens)(cu_seqlens, num_tokens, checkpoints)
+
+
 @_same_contract(reference.chunk_gdn)
 def chunk_gdn(
-    q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints=None
+    q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints=None,
+    layout=None,
 ):
     return _pick("chunk_gdn", q)(
-        q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints
+        q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints,
+        layout,
     )
 
 
@@ -206,6 +214,7 @@ __all__ = [
     "causal_conv1d",
     "causal_conv1d_update",
     "chunk_gdn",
+    "chunk_layout",
     "copy_slots",
     "fused_moe",
     "gated_rmsnorm",

@@ -34,6 +34,8 @@ no CUDA-only intrinsics. CONFIG holds CUDA launch hints (num_warps, num_stages, 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -569,6 +571,32 @@ def _chunk_layout(cu_seqlens: torch.Tensor, max_chunks: int) -> tuple[torch.Tens
     return chunk_offsets, chunk_seq
 
 
+class ChunkLayout(NamedTuple):
+    """Chunk bookkeeping of one step (see `chunk_layout`): chunk_offsets [N+1] and chunk_seq
+    [T // CHUNK + N] as `_chunk_layout` gives them, and ckpt_slots [T // CHUNK + N + 1], the
+    checkpoint slot of each global chunk's end (0: none)."""
+
+    chunk_offsets: torch.Tensor
+    chunk_seq: torch.Tensor
+    ckpt_slots: torch.Tensor
+
+
+def chunk_layout(
+    cu_seqlens: torch.Tensor, num_tokens: int, checkpoints: Checkpoints | None = None
+) -> ChunkLayout:
+    """What `chunk_gdn` derives from cu_seqlens, the token count and the checkpoints: a dozen
+    small device ops, worth computing once for all the GDN layers of a step."""
+    cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    max_chunks = num_tokens // CHUNK + cu_seqlens.shape[0] - 1
+    chunk_offsets, chunk_seq = _chunk_layout(cu_seqlens, max_chunks)
+    ckpt_slots = torch.zeros(max_chunks + 1, dtype=torch.int32, device=cu_seqlens.device)
+    if checkpoints is not None and checkpoints.seq.numel() > 0:
+        seq = checkpoints.seq.long()
+        idx = chunk_offsets[seq].long() + checkpoints.boundary.long() // CHUNK - 1
+        ckpt_slots[idx] = checkpoints.slot.to(torch.int32)
+    return ChunkLayout(chunk_offsets, chunk_seq, ckpt_slots)
+
+
 def _state_tile(num_rows: int, V: int, device: torch.device) -> int:
     """V tile of the state kernel, whose grid is num_rows (sequences x value heads) x V / BV.
 
@@ -597,6 +625,7 @@ def chunk_gdn(
     src_slots: torch.Tensor,
     dst_slots: torch.Tensor,
     checkpoints: Checkpoints | None = None,
+    layout: ChunkLayout | None = None,
 ) -> torch.Tensor:
     """Varlen chunked gated delta rule with fused gating and q/k L2 norm (Triton).
 
@@ -607,7 +636,8 @@ def chunk_gdn(
     written at dst_slots and at checkpoint slots; cu_seqlens: [N+1] int32;
     src_slots, dst_slots: [N] int32; a dst slot may equal its own sequence's src slot only.
     checkpoints: targets that share a (sequence, boundary) must name the same slot (the state
-    is written once per chunk).
+    is written once per chunk). layout: `chunk_layout(cu_seqlens, T, checkpoints)`, shared by
+    the layers of a step (computed here when None).
     Returns o: [T, HV, V] in v's dtype. No host synchronisation.
     """
     N = cu_seqlens.shape[0] - 1
@@ -619,12 +649,14 @@ def chunk_gdn(
     T = q.shape[0]
     cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     max_chunks = T // CHUNK + N
-    chunk_offsets, chunk_seq = _chunk_layout(cu_seqlens, max_chunks)
-    ckpt_slots = torch.zeros(max_chunks + 1, dtype=torch.int32, device=q.device)
-    if checkpoints is not None and len(checkpoints) > 0:
-        seq = checkpoints.seq.long()
-        idx = chunk_offsets[seq].long() + checkpoints.boundary.long() // CHUNK - 1
-        ckpt_slots[idx] = checkpoints.slot.to(torch.int32)
+    if layout is None:
+        layout = chunk_layout(cu_seqlens, T, checkpoints)
+    elif layout.chunk_seq.shape != (max_chunks,) or layout.chunk_offsets.shape != (N + 1,):
+        raise ValueError(
+            f"chunk_gdn: the layout is for another step ({layout.chunk_seq.shape[0]} chunks, "
+            f"want {max_chunks} for {T} tokens in {N} sequences)"
+        )
+    chunk_offsets, chunk_seq, ckpt_slots = layout
 
     dtype = q.dtype
     prec, dot_dtype = _dot_types(dtype)

@@ -116,6 +116,14 @@ def _chunk_scan(q, k, v, g, beta, state, targets):
     return out, state
 
 
+def chunk_layout(
+    cu_seqlens: torch.Tensor, num_tokens: int, checkpoints: Checkpoints | None = None
+) -> object | None:
+    """The bookkeeping `chunk_gdn` derives from cu_seqlens, the token count and the checkpoints,
+    computed once for all the GDN layers of a step. The reference needs none (None)."""
+    return None
+
+
 def chunk_gdn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -129,6 +137,7 @@ def chunk_gdn(
     src_slots: torch.Tensor,
     dst_slots: torch.Tensor,
     checkpoints: Checkpoints | None = None,
+    layout: object | None = None,
 ) -> torch.Tensor:
     """Varlen chunked gated delta rule with fused gating and q/k L2 norm.
 
@@ -136,7 +145,8 @@ def chunk_gdn(
     a, b: [T, HV] raw gate inputs; A_log, dt_bias: [HV];
     state_pool: [num_slots, HV, K, V] float32, read at src_slots and written at dst_slots
     (and at checkpoint slots); cu_seqlens: [N+1] int32; src_slots, dst_slots: [N] int32.
-    Returns o: [T, HV, V] in v's dtype.
+    layout: what `chunk_layout` returned for these cu_seqlens, T and checkpoints (shared by the
+    layers of a step), or None. Returns o: [T, HV, V] in v's dtype.
     """
     qm, km, vm, g, beta = _gdn_prepare(q, k, v, a, b, A_log, dt_bias)
     out = torch.empty_like(vm)

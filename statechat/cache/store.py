@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +185,11 @@ class StateStore:
             raise
         self._touch("checkpoints", "hash", h, hit=True)
         return tensors
+
+    def read_ahead(self, fn: Callable, *args) -> Future:
+        """Run a read (e.g. `load_checkpoint` of one on disk) on the segment readers, to overlap
+        it with other reads; its result or error comes from the future."""
+        return _SEGMENT_POOL.submit(fn, *args)
 
     def load_blocks(self, hashes: list[str]) -> list[tuple[list[str], dict[str, torch.Tensor]]]:
         """The blocks' keys and values as groups (hashes, {k.{i}, v.{i}: [n, block_size, Hkv, D]})

@@ -176,6 +176,12 @@ class PrefixCache:
         held.update((h, self.blocks.allocate()) for h in need)
         t_start, nbytes = time.perf_counter(), 0
         t_read = t_start
+        last = hashes[-1]
+        # a checkpoint on disk alone is read while the blocks are (host-tier ones must be read
+        # inside reading(), below)
+        ckpt_read = None
+        if not ckpt_on_device and not self.store.host.has("ckpt", last.hex()):
+            ckpt_read = self.store.read_ahead(self.store.load_checkpoint, last.hex())
         if need:  # host-tier tensors are the store's arena: held still until copies are launched
             with self.store.reading():
                 try:
@@ -199,17 +205,19 @@ class PrefixCache:
             self.blocks.register(held[h], h)
             self.persisted.add(h)
         seq.block_table = [held[h] for h in hashes]
-        last = hashes[-1]
         ck_tier = DEVICE
         if not ckpt_on_device:
             t0 = time.perf_counter()
+            read = ckpt_read.result() if ckpt_read is not None else None  # device tensors
             with self.store.reading():
-                ck_tier = HOST if self.store.host.has("ckpt", last.hex()) else DISK
-                tensors = self.store.load_checkpoint(last.hex())
+                ck_tier = DISK if read is not None or not self.store.host.has("ckpt", last.hex()) else HOST
+                tensors = read if read is not None else self.store.load_checkpoint(last.hex())
                 slot = self.slots.allocate()
                 self.runner.write_slot(slot, tensors)
             self.slots.register(last, slot, len(hashes) * self.bs)
-            if ck_tier == HOST or last.hex() in lower.ckpt_blobs:  # else its cached share is unknown
+            # (a read alongside the blocks' teaches no rate: its time overlapped theirs)
+            alone = ckpt_read is None or not need
+            if alone and (ck_tier == HOST or last.hex() in lower.ckpt_blobs):  # else its cached share is unknown
                 seconds, resident = time.perf_counter() - t0, lower.cached("ckpt", last.hex())
                 self.cost.observe_load(ck_tier, self.bytes_per_slot, seconds, resident)
             nbytes += self.bytes_per_slot

@@ -273,3 +273,29 @@ def test_bad_inputs_are_refused():
             src_slots=slots[:1],
             dst_slots=slots[:1],
         )
+
+
+def test_a_layout_made_once_serves_every_layer():
+    """chunk_layout's bookkeeping, made once per step, gives what chunk_gdn computes itself;
+    a layout of another step is refused."""
+    from kernels import gdn_chunk
+
+    torch.manual_seed(3)
+    lens, H, HV, K = [70, 130], 2, 4, 16
+    T = sum(lens)
+    cu = torch.tensor([0, lens[0], T], dtype=torch.int32)
+    q, k = torch.randn(T, H, K), torch.randn(T, H, K)
+    v, a, b = torch.randn(T, HV, K), torch.randn(T, HV), torch.randn(T, HV)
+    A_log, dt_bias = torch.rand(HV) - 1.5, torch.randn(HV)
+    src, dst = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+    ck = reference.Checkpoints(*(torch.tensor(x, dtype=torch.int32) for x in ([1, 1], [64, 128], [4, 5])))
+    outs = []
+    for layout in (None, gdn_chunk.chunk_layout(cu, T, ck)):
+        torch.manual_seed(0)
+        pool = torch.randn(6, HV, K, K) * 0.1
+        o = gdn_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, cu, src, dst, ck, layout)
+        outs.append((o, pool))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    other = gdn_chunk.chunk_layout(cu[:2], lens[0], None)
+    with pytest.raises(ValueError, match="layout is for another step"):
+        gdn_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, outs[0][1], cu, src, dst, ck, other)
