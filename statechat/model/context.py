@@ -28,8 +28,8 @@ class Context:
     block_tables: [N, max_blocks] int32, KV blocks of each sequence, in order
     context_lens: [N] int32, tokens in the KV cache for each sequence after this step
     logits_indices: [M] int64, rows of the packed batch whose logits are returned (None = all)
-    gdn_layout: the GDN kernels' chunk bookkeeping for this step, made by the first GDN layer
-    (kernels.chunk_layout) and reused by the others
+    gdn_layout: the GDN kernels' chunk bookkeeping for this step (kernels.chunk_layout), made
+    by the model at the start of every forward and shared by its GDN layers
     """
 
     positions: torch.Tensor

@@ -74,8 +74,6 @@ class GatedDeltaNet(nn.Module):
         if ctx.is_decode:
             o = kernels.recurrent_gdn(*gdn_args, ctx.state_src, ctx.state_dst)
         else:
-            if ctx.gdn_layout is None:  # once per step, for every GDN layer
-                ctx.gdn_layout = kernels.chunk_layout(ctx.cu_seqlens, T, ctx.checkpoints)
             o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints,
                                   ctx.gdn_layout)
         o = kernels.gated_rmsnorm(o, z, self.norm.weight, self.eps)

@@ -74,6 +74,9 @@ class TextModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype)
+        # made by every forward (a graph's capture must not inherit its warm-up's tensors)
+        ctx.gdn_layout = None if ctx.is_decode else kernels.chunk_layout(
+            ctx.cu_seqlens, input_ids.shape[0], ctx.checkpoints)
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, cos_sin, ctx, caches)

@@ -41,7 +41,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 # ((H, HV, K, V), dtype): small heads everywhere, Qwen3.5 heads where kernels run compiled
 SMALL, ODD = (2, 4, 16, 16), (1, 3, 32, 16)
-QWEN32, QWEN48 = (16, 32, 128, 128), (16, 48, 128, 128)
+QWEN16, QWEN32, QWEN48 = (16, 16, 128, 128), (16, 32, 128, 128), (16, 48, 128, 128)
 CASES = [
     (SMALL, torch.float32),
     (SMALL, torch.bfloat16),
@@ -50,6 +50,7 @@ CASES = [
 ]
 if ON_CUDA:  # production shapes first: a device fault ends every later CUDA test of the process
     CASES = [
+        (QWEN16, torch.bfloat16),  # one sequence fills under half the SMs: the fine state tile
         (QWEN32, torch.float32),
         (QWEN32, torch.bfloat16),
         (QWEN48, torch.float32),
@@ -283,16 +284,16 @@ def test_a_layout_made_once_serves_every_layer():
     torch.manual_seed(3)
     lens, H, HV, K = [70, 130], 2, 4, 16
     T = sum(lens)
-    cu = torch.tensor([0, lens[0], T], dtype=torch.int32)
-    q, k = torch.randn(T, H, K), torch.randn(T, H, K)
-    v, a, b = torch.randn(T, HV, K), torch.randn(T, HV), torch.randn(T, HV)
-    A_log, dt_bias = torch.rand(HV) - 1.5, torch.randn(HV)
-    src, dst = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
-    ck = reference.Checkpoints(*(torch.tensor(x, dtype=torch.int32) for x in ([1, 1], [64, 128], [4, 5])))
+    cu = torch.tensor([0, lens[0], T], dtype=torch.int32, device=DEVICE)
+    q, k = torch.randn(T, H, K, device=DEVICE), torch.randn(T, H, K, device=DEVICE)
+    v, a, b = (torch.randn(*s, device=DEVICE) for s in ((T, HV, K), (T, HV), (T, HV)))
+    A_log, dt_bias = torch.rand(HV, device=DEVICE) - 1.5, torch.randn(HV, device=DEVICE)
+    src, dst = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in ([1, 0], [2, 3]))
+    ck = reference.Checkpoints(*(torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in ([1, 1], [64, 128], [4, 5])))
     outs = []
     for layout in (None, gdn_chunk.chunk_layout(cu, T, ck)):
         torch.manual_seed(0)
-        pool = torch.randn(6, HV, K, K) * 0.1
+        pool = torch.randn(6, HV, K, K, device=DEVICE) * 0.1
         o = gdn_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, cu, src, dst, ck, layout)
         outs.append((o, pool))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
