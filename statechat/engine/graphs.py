@@ -87,6 +87,8 @@ class DecodeGraphs:
                 self.greedy[b] = self.logits[b].argmax(dim=-1)
             pool = graph.pool()
             self.graphs[b] = graph
+            graph.replay()  # padding rows only; the first replay uploads the graph, not a step's
+        torch.cuda.synchronize(device)
 
     def _pad_rows(self, lo: int, hi: int) -> None:
         """Host rows lo..hi as padding: token 0 at position 0, no KV write, state into the pad
@@ -172,6 +174,8 @@ class PrefillGraphs:
                 continue
             pool = graph.pool()
             self.graphs[b] = graph
+            graph.replay()  # the padding-only capture inputs: the upload is paid here, not by a request
+        torch.cuda.synchronize(device)
         self.sizes = sorted(self.graphs)
 
     def _context(self, b: int) -> Context:
