@@ -72,19 +72,25 @@ def test_prefill_graphs_match_eager(gpu_setup):
     assert any(cached for _, cached in runs[True, 4096])
 
 
-def test_prefill_graphs_with_a_short_max_model_len(gpu_setup):
-    """Block tables narrower than the largest bucket (max_model_len 448 = 7 blocks, buckets up
-    to 2048 tokens): the padding sequence's blocks still fit the graphs' table."""
-    path, loaded, _, _ = gpu_setup
-    prompt = torch.randint(3, loaded.config.vocab_size, (300,), generator=torch.Generator().manual_seed(9)).tolist()
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
-    tokens = []
+def _graphs_and_eager(path, loaded, prompt: list[int], new: int, **config):
+    """The greedy tokens of one prompt from an engine with CUDA graphs and from one without,
+    and the first engine's prefill graphs."""
+    tokens, prefill_graphs = [], None
     for graphs in (True, False):
         engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
-                                        max_model_len=448), loaded=loaded)
-        tokens.append(engine.generate([prompt], params)[0].token_ids)
-        if graphs:
-            assert engine.runner.prefill_graphs.replays >= 1
+                                        **config), loaded=loaded)
+        tokens.append(engine.generate([prompt], SamplingParams(max_tokens=new, ignore_eos=True))[0].token_ids)
+        prefill_graphs = prefill_graphs or engine.runner.prefill_graphs
+    return tokens, prefill_graphs
+
+
+def test_prefill_graphs_with_a_short_max_model_len(gpu_setup):
+    """Block tables narrower than the largest bucket (max_model_len 448 = 7 blocks, buckets up
+    to 4160 tokens): the padding sequence's blocks still fit the graphs' table."""
+    path, loaded, _, _ = gpu_setup
+    prompt = torch.randint(3, loaded.config.vocab_size, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+    tokens, prefill_graphs = _graphs_and_eager(path, loaded, prompt, 8, max_model_len=448)
+    assert prefill_graphs.replays >= 1
     assert tokens[0] == tokens[1]
 
 
@@ -95,16 +101,10 @@ def test_prefill_graphs_of_long_chunks(gpu_setup, budget):
     tokens of eager steps."""
     path, loaded, _, _ = gpu_setup
     prompt = torch.randint(3, loaded.config.vocab_size, (3000,), generator=torch.Generator().manual_seed(11)).tolist()
-    params = SamplingParams(max_tokens=6, ignore_eos=True)
-    tokens = []
-    for graphs in (True, False):
-        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
-                                        enable_prefix_cache=False, max_num_batched_tokens=budget), loaded=loaded)
-        tokens.append(engine.generate([prompt], params)[0].token_ids)
-        if graphs:
-            pg = engine.runner.prefill_graphs
-            assert pg.sizes[-1] == budget + 64
-            assert pg.replays == -(-3000 // budget)  # every chunk of the prompt
+    tokens, prefill_graphs = _graphs_and_eager(path, loaded, prompt, 6, enable_prefix_cache=False,
+                                               max_num_batched_tokens=budget)
+    assert prefill_graphs.sizes[-1] == budget + 64
+    assert prefill_graphs.replays == -(-3000 // budget)  # every chunk of the prompt
     assert tokens[0] == tokens[1]
 
 
