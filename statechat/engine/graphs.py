@@ -15,7 +15,9 @@ even for thousands of tokens (an H100 ran the 0.75B model's 8k prompt in 4096-to
 host-bound: 48-63 ms eagerly against 30 ms of GPU time). The bucket's tokens past the chunk
 form a second, padding sequence of at least one 64-token block: it starts from the zero slot,
 ends in the pad slot, writes no KV, and absorbs the unused checkpoint targets of the graph's
-fixed-size list (its first block, saved to the pad slot). So every kernel sees the shapes it was captured with, and nothing real is touched.
+fixed-size list (its first block, saved to the pad slot). So every kernel sees the shapes it
+was captured with, and nothing real is touched. Each graph is replayed once when captured (on
+its capture inputs, padding alone), so that no request pays its first replay's upload.
 
 The only host synchronisation of a step is the caller's read of the sampled tokens.
 """
