@@ -642,8 +642,8 @@ def chunk_gdn(
     written at dst_slots and at checkpoint slots; cu_seqlens: [N+1] int32;
     src_slots, dst_slots: [N] int32; a dst slot may equal its own sequence's src slot only.
     checkpoints: targets that share a (sequence, boundary) must name the same slot (the state
-    is written once per chunk). layout: `chunk_layout(cu_seqlens, T, checkpoints)`, shared by
-    the layers of a step (computed here when None).
+    is written once per chunk). layout: `chunk_layout(cu_seqlens, T, checkpoints)` of this very
+    step, shared by its layers (computed here when None; only its shapes are checked).
     Returns o: [T, HV, V] in v's dtype. No host synchronisation.
     """
     N = cu_seqlens.shape[0] - 1

@@ -185,7 +185,9 @@ def _check_width(K: int, w: torch.Tensor) -> None:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype."""
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype. w is read as a constant: on CUDA its first
+    tile may be loaded while the kernel before still runs (see kernels.hw.pdl), so it must not
+    be what that kernel writes (as with every one-row linear here)."""
     _check_width(x.shape[-1], w)
     if not _fits(x, w):
         return F.linear(x, w)

@@ -171,8 +171,11 @@ class StateStore:
         """The checkpoint's tensors; BlobError (entry removed, warning logged) if unusable.
         Host-tier tensors are only safe to read inside `reading()`."""
         cached = self.host.get("ckpt", h)
-        if cached is not None:
-            return cached
+        return cached if cached is not None else self.read_checkpoint(h)
+
+    def read_checkpoint(self, h: str) -> dict[str, torch.Tensor]:
+        """The checkpoint's tensors from disk, never from the host tier (so any thread may call
+        it, without `reading()`); BlobError (entry removed, warning logged) if unusable."""
         with self.db_lock:
             row = index.checkpoints_present(self.db, [h]).get(h)
         if row is None:
@@ -186,10 +189,10 @@ class StateStore:
         self._touch("checkpoints", "hash", h, hit=True)
         return tensors
 
-    def read_ahead(self, fn: Callable, *args) -> Future:
-        """Run a read (e.g. `load_checkpoint` of one on disk) on the segment readers, to overlap
-        it with other reads; its result or error comes from the future."""
-        return _SEGMENT_POOL.submit(fn, *args)
+    def read_checkpoint_ahead(self, h: str) -> Future:
+        """`read_checkpoint(h)` on the segment readers, to overlap it with other reads; its
+        result or error comes from the future."""
+        return _SEGMENT_POOL.submit(self.read_checkpoint, h)
 
     def load_blocks(self, hashes: list[str]) -> list[tuple[list[str], dict[str, torch.Tensor]]]:
         """The blocks' keys and values as groups (hashes, {k.{i}, v.{i}: [n, block_size, Hkv, D]})

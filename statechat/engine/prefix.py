@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import wait
 from dataclasses import dataclass
 
 from statechat.cache.blobs import BlobError
@@ -164,6 +165,36 @@ class PrefixCache:
             seq.cache_plan["disk_resident"] = round(share, 3)
         return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
 
+    def _load_blocks(self, need: list[bytes], held: dict, tiers: list[str], lower: Lookup,
+                     t_start: float, with_ckpt: bool) -> tuple[float, float, tuple | None]:
+        """Read the lower-tier blocks `need` into their device blocks `held[h]` (all of `held`
+        released if one is unusable). A load from one tier teaches its rate, unless its disk
+        blocks are read alongside the checkpoint (`with_ckpt`): then (bytes, cached share) is
+        returned for one observation of both. Returns (read done, written, that pair)."""
+        t_read = t_start
+        if need:  # host-tier tensors are the store's arena: held still until copies are launched
+            with self.store.reading():
+                try:
+                    groups = self.store.load_blocks([h.hex() for h in need])
+                except BlobError:
+                    for block in held.values():
+                        self.blocks.release(block)
+                    raise
+                t_read = time.perf_counter()
+                for group_hashes, tensors in groups:
+                    block_ids = [held[bytes.fromhex(h)] for h in group_hashes]
+                    self.runner.write_blocks(block_ids, tensors)
+        t_write = time.perf_counter()
+        need_tiers = {t for t in tiers if t != DEVICE}
+        if need and len(need_tiers) == 1:
+            nbytes = len(need) * self.bytes_per_block
+            resident = sum(lower.cached("kv", h.hex()) for h in need) / len(need)
+            tier = need_tiers.pop()
+            if with_ckpt and tier == DISK:
+                return t_read, t_write, (nbytes, resident)
+            self.cost.observe_load(tier, nbytes, time.perf_counter() - t_start, resident)
+        return t_read, t_write, None
+
     def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str], lower: Lookup) -> int:
         """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
         need = [h for h, t in zip(hashes, tiers) if t != DEVICE]
@@ -181,36 +212,20 @@ class PrefixCache:
             return 0
         held.update((h, self.blocks.allocate()) for h in need)
         t_start, nbytes = time.perf_counter(), 0
-        t_read = t_start
         last = hashes[-1]
-        # a checkpoint on disk alone is read while the blocks are (host-tier ones must be read
-        # inside reading(), below)
+        # a checkpoint on disk alone is read while the blocks are (one in the host tier is read
+        # below, inside reading())
         ckpt_read = None
         if not ckpt_on_device and not self.store.host.has("ckpt", last.hex()):
-            ckpt_read = self.store.read_ahead(self.store.load_checkpoint, last.hex())
-        if need:  # host-tier tensors are the store's arena: held still until copies are launched
-            with self.store.reading():
-                try:
-                    groups = self.store.load_blocks([h.hex() for h in need])
-                except BlobError:
-                    for block in held.values():
-                        self.blocks.release(block)
-                    raise
-                t_read = time.perf_counter()
-                for group_hashes, tensors in groups:
-                    block_ids = [held[bytes.fromhex(h)] for h in group_hashes]
-                    self.runner.write_blocks(block_ids, tensors)
-        t_write = time.perf_counter()
-        need_tiers = {t for t in tiers if t != DEVICE}
-        together = None  # disk blocks read alongside the checkpoint: one load, timed below
-        if need and len(need_tiers) == 1:  # a load from one tier teaches that tier's rate
-            nbytes = len(need) * self.bytes_per_block
-            resident = sum(lower.cached("kv", h.hex()) for h in need) / len(need)
-            tier = need_tiers.pop()
-            if ckpt_read is not None and tier == DISK:
-                together = (nbytes, resident)
-            else:
-                self.cost.observe_load(tier, nbytes, time.perf_counter() - t_start, resident)
+            ckpt_read = self.store.read_checkpoint_ahead(last.hex())
+        try:
+            t_read, t_write, together = self._load_blocks(
+                need, held, tiers, lower, t_start, ckpt_read is not None and last.hex() in lower.ckpt_blobs)
+        except BaseException:
+            if ckpt_read is not None and not ckpt_read.cancel():
+                wait([ckpt_read])  # no second read of its blob while this one runs (a retry)
+            raise
+        nbytes = len(need) * self.bytes_per_block
         for h in need:
             self.blocks.register(held[h], h)
             self.persisted.add(h)
@@ -218,7 +233,9 @@ class PrefixCache:
         ck_tier = DEVICE
         if not ckpt_on_device:
             t0 = time.perf_counter()
-            read = ckpt_read.result() if ckpt_read is not None else None  # device tensors
+            # (a failed read raises here, as load_checkpoint would: the caller releases the
+            # blocks, now registered, and plans again)
+            read = ckpt_read.result() if ckpt_read is not None else None
             with self.store.reading():
                 ck_tier = DISK if read is not None or not self.store.host.has("ckpt", last.hex()) else HOST
                 tensors = read if read is not None else self.store.load_checkpoint(last.hex())
@@ -231,8 +248,8 @@ class PrefixCache:
                 share = (together[0] * together[1] + self.bytes_per_slot * resident) / total
                 self.cost.observe_load(DISK, total, time.perf_counter() - t_start, share)
             elif (ckpt_read is None or not need) and (ck_tier == HOST or last.hex() in lower.ckpt_blobs):
-                # read alone (one read alongside host-tier blocks overlapped them: no rate);
-                # a checkpoint not in the plan's lookup has an unknown cached share
+                # read alone (one read alongside other blocks overlapped them: no rate of its
+                # own); a checkpoint not in the plan's lookup has an unknown cached share
                 self.cost.observe_load(ck_tier, self.bytes_per_slot, time.perf_counter() - t0, resident)
             nbytes += self.bytes_per_slot
         # where the load's time went: reading the blocks (lower tiers), writing them into the

@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from functools import partial
 
 import pytest
@@ -199,3 +200,35 @@ def evict_page_cache(folder) -> bool:
 def record(calls: list, learn, *args) -> None:
     calls.append(args)
     learn(*args)
+
+
+def test_a_failed_restore_leaves_no_checkpoint_read_running(plain, tmp_path):
+    """After a restart the checkpoint is read on a pool thread while the blocks are. When the
+    blocks turn out unusable, the restore waits for that read before it gives up (a retry
+    must not read the same blob twice at once), and the request recomputes correctly."""
+    from statechat.cache.blobs import BlobError
+
+    path, engine = plain
+    prompt = list(range(5, 5 + 200))
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    first.generate([prompt], params)
+    first.close()
+    second = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    second.prefix.cost.prefill_s_per_token = 1.0  # loading always wins
+    second.prefix.cost.observe_prefill = lambda tokens, seconds: None
+    reads, running = [], []
+    ahead, read = second.store.read_checkpoint_ahead, second.store.read_checkpoint
+    second.store.read_checkpoint_ahead = lambda h: reads.append(ahead(h)) or reads[-1]
+    second.store.read_checkpoint = lambda h: time.sleep(0.3) or read(h)  # a slow disk
+
+    def unusable(hashes):
+        running.append(sum(not f.done() for f in reads[:-1]))  # earlier attempts' reads
+        raise BlobError("a segment is unusable (test)")
+
+    second.store.load_blocks = unusable
+    out = second.generate([prompt + [7, 8, 9]], params)[0]
+    second.close()
+    assert len(running) == 3 and running == [0, 0, 0]  # three attempts, never two reads at once
+    assert out.num_cached_tokens == 0
+    assert out.token_ids == no_cache_tokens(engine, [prompt + [7, 8, 9]])[0][:4]

@@ -35,3 +35,23 @@ def test_device_then_host_then_disk(tiny_dirs, tmp_path):
         assert out.token_ids == want, tier
         assert out.reused_from == tier
         assert out.num_cached_tokens == 256  # the prompt's checkpoint before position 280
+
+
+def test_a_checkpoint_read_from_disk_never_hands_out_the_host_tier(tiny_dirs, tmp_path):
+    """read_checkpoint, which a restore runs on a pool thread outside the host tier's lock, reads
+    the blob even when the host tier holds the same checkpoint: host-tier memory may only be
+    read under that lock (the writer reuses it)."""
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                       loaded=load_model(path, dtype=torch.float32))
+    engine.generate([list(range(3, 203))], PARAMS)
+    engine.store.flush()
+    store = engine.store
+    h = next(h for kind, h in store.host.items if kind == "ckpt")  # on disk too, once flushed
+    in_host, from_disk = store.load_checkpoint(h), store.read_checkpoint(h)
+    engine.close()
+    assert in_host.keys() == from_disk.keys()
+    for name, t in from_disk.items():
+        assert torch.equal(t, in_host[name])
+        disk_ptr, host_ptr = t.untyped_storage().data_ptr(), in_host[name].untyped_storage().data_ptr()
+        assert disk_ptr != host_ptr, f"{name} is the host tier's memory"

@@ -300,3 +300,32 @@ def test_a_layout_made_once_serves_every_layer():
     other = gdn_chunk.chunk_layout(cu[:2], lens[0], None)
     with pytest.raises(ValueError, match="layout is for another step"):
         gdn_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, outs[0][1], cu, src, dst, ck, other)
+
+
+def test_one_sequence_on_a_large_device_takes_the_fine_state_tile(monkeypatch):
+    """A grid that would leave half the cores idle (16 value heads of one sequence on an H100)
+    runs the state kernel with the fine V tile on 2 warps: output, final state and checkpoint
+    match the reference."""
+    from kernels import gdn_chunk
+
+    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 132)  # an H100
+    H, HV, K, V = (16, 16, 128, 128) if ON_CUDA else (2, 4, 16, 32)
+    assert gdn_chunk._state_tile(HV, V, torch.device(DEVICE)) == (16, 2)
+    dtype = torch.bfloat16 if ON_CUDA else torch.float32
+    T = 200
+    inputs = _inputs(T, H, HV, K, V, dtype)
+    pool = torch.randn(4, HV, K, V, device=DEVICE)
+    pool[2:] = float("nan")  # the final state's and the checkpoint's slots: written whole
+
+    def slots(*values: int) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    args = {"cu_seqlens": slots(0, T), "src_slots": slots(1), "dst_slots": slots(2),
+            "checkpoints": reference.Checkpoints(slots(0), slots(128), slots(3))}
+    ref_pool = pool.double()
+    ref = reference.chunk_gdn(**_as_f64(inputs), state_pool=ref_pool, **args)
+    out = chunk_gdn(**inputs, state_pool=pool, **args)
+    tol = TOLERANCE[dtype]
+    assert _rel_err(out, ref) <= tol
+    for slot in (2, 3):
+        assert torch.isfinite(pool[slot]).all() and _rel_err(pool[slot], ref_pool[slot]) <= tol
