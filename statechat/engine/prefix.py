@@ -40,6 +40,9 @@ class NewCheckpoint:
     block_ids: list[int]
 
 
+FIRST_PREFILL_RANGE = 4.0  # how far the first timed prefill may move the guessed rate
+
+
 class CostModel:
     """Measured rates: prefill seconds per token and each lower tier's read bandwidth. Disk
     reads have two: from the page cache and from the disk itself; a blob's bytes are priced by
@@ -53,11 +56,15 @@ class CostModel:
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """Learn from a prefill run: the first one replaces the engine's guess (a rough FLOP
-        count, 25-50% off on an H100), later ones move the rate by 30%."""
+        count, 25-50% off on an H100) within a factor FIRST_PREFILL_RANGE of it (a first run
+        that compiled kernels is no rate), later ones move the rate by 30%."""
         if tokens >= 64:
             rate = seconds / tokens
             if self.prefill_measured:
                 rate = 0.7 * self.prefill_s_per_token + 0.3 * rate
+            else:
+                guess = self.prefill_s_per_token
+                rate = min(max(rate, guess / FIRST_PREFILL_RANGE), guess * FIRST_PREFILL_RANGE)
             self.prefill_s_per_token, self.prefill_measured = rate, True
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:

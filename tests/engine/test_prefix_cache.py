@@ -117,3 +117,20 @@ def test_disk_loads_teach_the_rate_they_saw():
     assert cost.load_s(DISK, 4e9, resident=1.0) == pytest.approx(1.0)
     assert cost.load_s(DISK, 4e9, resident=0.0) == pytest.approx(4.0)
     assert cost.load_s(DISK, 4e9, resident=0.5) == pytest.approx(2.5)
+
+
+def test_the_first_timed_prefill_replaces_the_guess():
+    """The engine's guessed prefill rate gives way to the first measurement (bounded: a first
+    run that compiled kernels is no rate); later ones move it by 30%."""
+    from statechat.engine.prefix import FIRST_PREFILL_RANGE, CostModel
+
+    cost = CostModel(5e-6)
+    cost.observe_prefill(32, 1.0)  # too short to time
+    assert cost.prefill_s_per_token == 5e-6
+    cost.observe_prefill(8192, 8192 * 4e-6)
+    assert cost.prefill_s_per_token == pytest.approx(4e-6)
+    cost.observe_prefill(8192, 8192 * 6e-6)
+    assert cost.prefill_s_per_token == pytest.approx(0.7 * 4e-6 + 0.3 * 6e-6)
+    slow = CostModel(5e-6)
+    slow.observe_prefill(8192, 30.0)  # a first run that compiled for half a minute
+    assert slow.prefill_s_per_token == pytest.approx(5e-6 * FIRST_PREFILL_RANGE)
