@@ -121,23 +121,37 @@ def test_random_forks_across_restarts_match_no_cache(plain, tmp_path):
     assert hits >= 30, f"only {hits} of 100 requests resumed from a checkpoint"
 
 
+PROMPT = list(range(5, 5 + 200))  # 3 full blocks: checkpoint at 192, the last boundary
+PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def on_cache_dir(plain, cache_dir) -> LLMEngine:
+    """An engine of the plain fixture's model on cache_dir (a new one per process start)."""
+    path, engine = plain
+    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir), loaded=engine.loaded)
+
+
+def saved_prompt(plain, cache_dir) -> LLMEngine:
+    """Run PROMPT on cache_dir and close the engine (its saves written): the first process."""
+    first = on_cache_dir(plain, cache_dir)
+    first.generate([PROMPT], PARAMS)
+    first.close()
+    return first
+
+
 def test_recomputing_a_stored_prefix_queues_nothing_stored(plain, tmp_path):
     """After a restart, a prefix the store chose to recompute is not copied or queued again:
     its blocks and its checkpoint are on disk already."""
-    path, engine = plain
-    prompt = list(range(5, 5 + 200))  # 3 full blocks: checkpoint at 192, the last boundary
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    first = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
-    first.generate([prompt], params)
-    first.close()
+    _, engine = plain
+    first = saved_prompt(plain, tmp_path)
     assert first.store.stats()["num_checkpoints"] >= 1
-    second = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    second = on_cache_dir(plain, tmp_path)
     second.prefix.cost.prefill_s_per_token = 1e-12  # recomputing is free: the plan recomputes
     queued = []
     save = second.store.save
     second.store.save = lambda job: queued.append(job) or save(job)
-    edited = prompt + [7, 8, 9]  # the same 3 blocks, so the same checkpoint at 192
-    out = second.generate([edited], params)[0]
+    edited = PROMPT + [7, 8, 9]  # the same 3 blocks, so the same checkpoint at 192
+    out = second.generate([edited], PARAMS)[0]
     second.close()
     assert out.num_cached_tokens == 0 and out.cache_plan["choice"] == "recompute"
     # the plan still reports what loading would have cost, and for how many tokens
@@ -150,25 +164,21 @@ def test_a_plan_prices_disk_reads_by_what_the_page_cache_holds(plain, tmp_path):
     """After a restart the plan asks the page cache how much of each blob it holds: with the
     blobs cached, loading is priced at the page cache's rate and chosen; with them evicted,
     at the disk's rate, and recomputing wins. The plan reports the fraction it saw."""
-    path, engine = plain
-    prompt = list(range(5, 5 + 200))
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    first = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
-    first.generate([prompt], params)
-    first.close()
-    edited = prompt + [7, 8, 9]
+    _, engine = plain
+    saved_prompt(plain, tmp_path)
+    edited = PROMPT + [7, 8, 9]
     outs = {}
     for label in ("warm", "cold"):
         if label == "cold":
             evicted = evict_page_cache(tmp_path / "blobs")
-        second = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+        second = on_cache_dir(plain, tmp_path)
         cost = second.prefix.cost
         # page cache fast, disk slow: recomputing the prefix costs between the two loads
         cost.bandwidth.update({"page cache": 1e12, "disk": 1e3})
         cost.prefill_s_per_token = 1e-4
         observed = []
         cost.observe_load = partial(record, observed, cost.observe_load)
-        outs[label] = second.generate([edited], params)[0]
+        outs[label] = second.generate([edited], PARAMS)[0]
         second.close()
         if label == "warm":  # the load (blocks and checkpoint, read together) reports what the
             # page cache held: its rate, not the disk's
@@ -208,13 +218,9 @@ def test_a_failed_restore_leaves_no_checkpoint_read_running(plain, tmp_path):
     must not read the same blob twice at once), and the request recomputes correctly."""
     from statechat.cache.blobs import BlobError
 
-    path, engine = plain
-    prompt = list(range(5, 5 + 200))
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    first = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
-    first.generate([prompt], params)
-    first.close()
-    second = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=engine.loaded)
+    _, engine = plain
+    saved_prompt(plain, tmp_path)
+    second = on_cache_dir(plain, tmp_path)
     second.prefix.cost.prefill_s_per_token = 1.0  # loading always wins
     second.prefix.cost.observe_prefill = lambda tokens, seconds: None
     reads, running = [], []
@@ -227,8 +233,8 @@ def test_a_failed_restore_leaves_no_checkpoint_read_running(plain, tmp_path):
         raise BlobError("a segment is unusable (test)")
 
     second.store.load_blocks = unusable
-    out = second.generate([prompt + [7, 8, 9]], params)[0]
+    out = second.generate([PROMPT + [7, 8, 9]], PARAMS)[0]
     second.close()
     assert len(running) == 3 and running == [0, 0, 0]  # three attempts, never two reads at once
     assert out.num_cached_tokens == 0
-    assert out.token_ids == no_cache_tokens(engine, [prompt + [7, 8, 9]])[0][:4]
+    assert out.token_ids == no_cache_tokens(engine, [PROMPT + [7, 8, 9]])[0][:4]
