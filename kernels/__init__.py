@@ -119,8 +119,8 @@ def causal_conv1d_update(x, weight, conv_pool, src_slots, dst_slots):
 
 
 @_same_contract(reference.chunk_layout)
-def chunk_layout(cu_seqlens, num_tokens, checkpoints=None):
-    return _pick("chunk_layout", cu_seqlens)(cu_seqlens, num_tokens, checkpoints)
+def chunk_layout(cu_seqlens, num_tokens, checkpoints=None, pad_seqs=0):
+    return _pick("chunk_layout", cu_seqlens)(cu_seqlens, num_tokens, checkpoints, pad_seqs)
 
 
 @_same_contract(reference.chunk_gdn)

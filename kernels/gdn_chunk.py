@@ -580,22 +580,29 @@ class ChunkLayout(NamedTuple):
     chunk_offsets: torch.Tensor
     chunk_seq: torch.Tensor
     ckpt_slots: torch.Tensor
+    busy_seqs: int  # sequences with real work (the launch tuning counts these)
 
 
 def chunk_layout(
-    cu_seqlens: torch.Tensor, num_tokens: int, checkpoints: Checkpoints | None = None
+    cu_seqlens: torch.Tensor, num_tokens: int, checkpoints: Checkpoints | None = None,
+    pad_seqs: int = 0,
 ) -> ChunkLayout:
     """What `chunk_gdn` derives from cu_seqlens, the token count and the checkpoints: a dozen
-    small device ops, worth computing once for all the GDN layers of a step."""
+    small device ops, worth computing once for all the GDN layers of a step. pad_seqs: how many
+    of the last sequences only pad a graph's shapes; the state kernel's tile is chosen for the
+    others (a prefill graph's one chunk of 16 value heads takes the fine tile)."""
+    num_seqs = cu_seqlens.shape[0] - 1
+    if not 0 <= pad_seqs < max(num_seqs, 1):
+        raise ValueError(f"chunk_layout: {pad_seqs} padding sequences of {num_seqs}")
     cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
-    max_chunks = num_tokens // CHUNK + cu_seqlens.shape[0] - 1
+    max_chunks = num_tokens // CHUNK + num_seqs
     chunk_offsets, chunk_seq = _chunk_layout(cu_seqlens, max_chunks)
     ckpt_slots = torch.zeros(max_chunks + 1, dtype=torch.int32, device=cu_seqlens.device)
     if checkpoints is not None and checkpoints.seq.numel() > 0:
         seq = checkpoints.seq.long()
         idx = chunk_offsets[seq].long() + checkpoints.boundary.long() // CHUNK - 1
         ckpt_slots[idx] = checkpoints.slot.to(torch.int32)
-    return ChunkLayout(chunk_offsets, chunk_seq, ckpt_slots)
+    return ChunkLayout(chunk_offsets, chunk_seq, ckpt_slots, num_seqs - pad_seqs)
 
 
 def _state_tile(num_rows: int, V: int, device: torch.device) -> tuple[int, int]:
@@ -662,7 +669,7 @@ def chunk_gdn(
             f"chunk_gdn: the layout is for another step ({layout.chunk_seq.shape[0]} chunks, "
             f"want {max_chunks} for {T} tokens in {N} sequences)"
         )
-    chunk_offsets, chunk_seq, ckpt_slots = layout
+    chunk_offsets, chunk_seq, ckpt_slots, busy_seqs = layout
 
     dtype = q.dtype
     prec, dot_dtype = _dot_types(dtype)
@@ -711,7 +718,7 @@ def chunk_gdn(
             num_stages=cfg["num_stages"],
         )
     cfg = CONFIG["state"]
-    bv, state_warps = _state_tile(N * HV, V, q.device)
+    bv, state_warps = _state_tile(busy_seqs * HV, V, q.device)
     if N > 0:
         _gdn_state_kernel[(N * HV, V // bv)](
             k,

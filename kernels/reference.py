@@ -117,10 +117,13 @@ def _chunk_scan(q, k, v, g, beta, state, targets):
 
 
 def chunk_layout(
-    cu_seqlens: torch.Tensor, num_tokens: int, checkpoints: Checkpoints | None = None
+    cu_seqlens: torch.Tensor, num_tokens: int, checkpoints: Checkpoints | None = None,
+    pad_seqs: int = 0,
 ) -> object | None:
     """The bookkeeping `chunk_gdn` derives from cu_seqlens, the token count and the checkpoints,
-    computed once for all the GDN layers of a step. The reference needs none (None)."""
+    computed once for all the GDN layers of a step; pad_seqs: how many of the last sequences
+    only pad a graph's shapes (little work: launch tuning may ignore them). The reference
+    needs none (None)."""
     return None
 
 

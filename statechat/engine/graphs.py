@@ -187,7 +187,7 @@ class PrefillGraphs:
             state_dst=v32[5:7], slot_mapping=v64[2 * B : 2 * B + b], block_tables=self.tables,
             context_lens=v32[7:9],
             checkpoints=Checkpoints(v32[9 : 9 + c], v32[9 + C : 9 + C + c], v32[9 + 2 * C : 9 + 2 * C + c]),
-            logits_indices=v64[3 * B :],
+            logits_indices=v64[3 * B :], pad_seqs=1,
         )
 
     def _stage(self, b: int, ids, start: int, slot_mapping, src: int, dst: int,

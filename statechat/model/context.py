@@ -30,6 +30,8 @@ class Context:
     logits_indices: [M] int64, rows of the packed batch whose logits are returned (None = all)
     gdn_layout: the GDN kernels' chunk bookkeeping for this step (kernels.chunk_layout), made
     by the model at the start of every forward and shared by its GDN layers
+    pad_seqs: how many of the last sequences only pad a CUDA graph's shapes (launch tuning
+    counts the others)
     """
 
     positions: torch.Tensor
@@ -43,6 +45,7 @@ class Context:
     checkpoints: Checkpoints | None = None
     logits_indices: torch.Tensor | None = None
     gdn_layout: object | None = None
+    pad_seqs: int = 0
 
 
 @dataclass

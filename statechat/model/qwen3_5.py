@@ -76,7 +76,7 @@ class TextModel(nn.Module):
         cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype)
         # made by every forward (a graph's capture must not inherit its warm-up's tensors)
         ctx.gdn_layout = None if ctx.is_decode else kernels.chunk_layout(
-            ctx.cu_seqlens, input_ids.shape[0], ctx.checkpoints)
+            ctx.cu_seqlens, input_ids.shape[0], ctx.checkpoints, ctx.pad_seqs)
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, cos_sin, ctx, caches)

@@ -329,3 +329,33 @@ def test_one_sequence_on_a_large_device_takes_the_fine_state_tile(monkeypatch):
     assert _rel_err(out, ref) <= tol
     for slot in (2, 3):
         assert torch.isfinite(pool[slot]).all() and _rel_err(pool[slot], ref_pool[slot]) <= tol
+
+
+def test_padding_sequences_do_not_count_for_the_state_tile(monkeypatch):
+    """A prefill graph's chunk comes with a padding sequence: the layout says so, and the state
+    kernel's tile is chosen for the real sequence alone (same outputs either way)."""
+    from kernels import gdn_chunk
+
+    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 132)  # an H100
+    rows = []
+    choose = gdn_chunk._state_tile
+    monkeypatch.setattr(gdn_chunk, "_state_tile", lambda n, *a: rows.append(n) or choose(n, *a))
+    H, HV, K, V = (16, 16, 128, 128) if ON_CUDA else (2, 4, 16, 32)
+    T = 200
+    cu = torch.tensor([0, 136, T], dtype=torch.int32, device=DEVICE)
+    inputs = _inputs(T, H, HV, K, V, torch.float32)
+    src, dst = (torch.tensor(s, dtype=torch.int32, device=DEVICE) for s in ([1, 0], [2, 3]))
+    outs = []
+    for pad in (0, 1):
+        seed = torch.Generator(DEVICE).manual_seed(1)
+        pool = torch.randn(4, HV, K, V, device=DEVICE, generator=seed)
+        layout = gdn_chunk.chunk_layout(cu, T, None, pad_seqs=pad)
+        assert layout.busy_seqs == 2 - pad
+        o = chunk_gdn(**inputs, state_pool=pool, cu_seqlens=cu, src_slots=src, dst_slots=dst,
+                      layout=layout)
+        outs.append((o, pool))
+    assert rows == [2 * HV, HV]
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="padding sequences"):
+        gdn_chunk.chunk_layout(cu, T, None, pad_seqs=2)
