@@ -266,7 +266,7 @@ def test_saves_of_fresh_prompts_pin_no_new_memory(tiny_dirs, tmp_path):
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     gen = torch.Generator().manual_seed(12)
     fresh = [torch.randint(3, 300, (400,), generator=gen).tolist() for _ in range(9)]
-    engine.generate([fresh[0]], params)  # first use: staging buffers, graphs
+    engine.generate([fresh[0]], params)  # first use (the restore staging is pinned at attach)
     engine.store.flush()
     before = stats().get("num_host_alloc")  # torch reports it once something was pinned
     if before is None:
