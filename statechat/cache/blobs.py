@@ -6,9 +6,10 @@ cache format version, the model fingerprint, its token count, the block hashes i
 checksum of its tensor bytes; `read_blob` checks all of them, and the shapes the caller expects,
 before anything is used.
 
-Tensor bytes are read and checksummed in pieces of PIECE_BYTES on a few threads (preadv and
-crc32 release the GIL), so a restore runs near the page cache's bandwidth. For a CUDA device a
-piece goes through one of a few pinned staging buffers into one device buffer. The buffers are
+Tensor bytes are checksummed in pieces of PIECE_BYTES, and read in runs of adjacent pieces
+(up to RUN_BYTES) on a few threads (preadv and crc32 release the GIL), so a restore runs near
+the page cache's bandwidth. For a CUDA device a run goes through one of a few pinned staging
+buffers into one device buffer. The buffers are
 pinned once, by `prepare_staging` when a store is attached (pinning 16 MiB costs milliseconds,
 and the first restore after a start must not pay it), and shared by the reading threads.
 """
@@ -34,7 +35,9 @@ import torch
 from statechat.cache.hashing import CACHE_FORMAT_VERSION
 
 TMP_SUFFIX = ".tmp"
-PIECE_BYTES = 16 << 20  # the unit of reads and of the checksum (part of the cache format)
+PIECE_BYTES = 16 << 20  # the unit of the checksum (part of the cache format)
+RUN_BYTES = 4 << 20  # adjacent pieces read, checksummed and copied by one thread together
+STAGING_BYTES = PIECE_BYTES  # a pinned staging buffer: holds a run, or one piece of any size
 
 
 class BlobError(Exception):
@@ -292,48 +295,75 @@ def _read_data(fd: int, data_start: int, entries: Entries, device: torch.device,
         free = torch.cuda.Event()
         free.record(torch.cuda.current_stream(buf.device))
 
-        def read(offset: int, length: int) -> int:
-            return _read_piece_to_cuda(fd, data_start + offset, buf[offset : offset + length], free)
+        def read(run: list[tuple[int, int]]) -> list[int]:
+            return _read_run_to_cuda(fd, data_start, run, buf, free)
     else:
         buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin or device.type != "cpu")
         view = memoryview(buf.numpy())
 
-        def read(offset: int, length: int) -> int:
-            return _read_piece(fd, data_start + offset, view[offset : offset + length])
+        def read(run: list[tuple[int, int]]) -> list[int]:
+            start, end = run[0][0], run[-1][0] + run[-1][1]
+            _read_into(fd, data_start + start, view[start:end])
+            return [zlib.crc32(view[o : o + n]) for o, n in run]
 
     pieces = [(n, start + o, length) for n, (_, _, start, end) in entries.items()
               for o, length in _pieces(end - start)]
-    futures = [_POOL.submit(read, offset, length) for _, offset, length in pieces]
+    order = sorted(range(len(pieces)), key=lambda i: pieces[i][1:])
+    runs = _runs([pieces[i][1:] for i in order])
+    futures = [_POOL.submit(read, run) for run in runs]
     wait(futures)
-    return buf, _fold(pieces, [f.result() for f in futures])
+    crcs = [0] * len(pieces)
+    for i, crc in zip(order, (crc for f in futures for crc in f.result())):
+        crcs[i] = crc
+    return buf, _fold(pieces, crcs)
 
 
-def _read_piece(fd: int, offset: int, out: memoryview) -> int:
-    """Fill `out` from the file at `offset`; return its crc32."""
+def _runs(pieces: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Pieces (offset, length), in offset order, grouped into runs of adjacent ones of at most
+    RUN_BYTES together (a larger piece is a run of its own): one read and one copy each, while
+    each piece keeps its own checksum. Small tensors (a small model's) would otherwise cost a
+    read, a copy and a wait each."""
+    runs: list[list[tuple[int, int]]] = []
+    for offset, length in pieces:
+        last = runs[-1] if runs else None
+        if (last is not None and last[-1][0] + last[-1][1] == offset
+                and offset + length - last[0][0] <= RUN_BYTES):
+            last.append((offset, length))
+        else:
+            runs.append([(offset, length)])
+    return runs
+
+
+def _read_into(fd: int, offset: int, out: memoryview) -> None:
+    """Fill `out` from the file at `offset`."""
     done = 0
     while done < len(out):
         got = os.preadv(fd, [out[done:]], offset + done)
         if not got:
             raise ValueError("file ends early")
         done += got
-    return zlib.crc32(out)
 
 
-def _read_piece_to_cuda(fd: int, offset: int, out: torch.Tensor, free: torch.cuda.Event) -> int:
-    """Read a piece into a free staging buffer and copy it into `out` (a slice of a device
-    buffer) on the buffer's stream once `free` is reached; return its crc32. The copy is waited
-    for: when this returns the piece is on the device and the buffer is free again."""
-    free_buffers = prepare_staging(out.device)
+def _read_run_to_cuda(fd: int, data_start: int, run: list[tuple[int, int]], buf: torch.Tensor,
+                      free: torch.cuda.Event) -> list[int]:
+    """Read a run of pieces into a free staging buffer and copy it into its place in `buf` (a
+    device buffer) on the buffer's stream once `free` is reached; return each piece's crc32.
+    The copy is waited for: when this returns the run is on the device and the buffer is free
+    again."""
+    start, end = run[0][0], run[-1][0] + run[-1][1]
+    free_buffers = prepare_staging(buf.device)
     staging, stream = free_buffers.get()  # never waits long: as many buffers as pool threads
     try:
-        crc = _read_piece(fd, offset, memoryview(staging.numpy())[: out.numel()])
+        view = memoryview(staging.numpy())
+        _read_into(fd, data_start + start, view[: end - start])
+        crcs = [zlib.crc32(view[o - start : o - start + n]) for o, n in run]
         stream.wait_event(free)
         with torch.cuda.stream(stream):
-            out.copy_(staging[: out.numel()], non_blocking=True)
+            buf[start:end].copy_(staging[: end - start], non_blocking=True)
         stream.synchronize()
     finally:
         free_buffers.put((staging, stream))
-    return crc
+    return crcs
 
 
 def prepare_staging(device: torch.device | str) -> queue.SimpleQueue:
@@ -346,7 +376,7 @@ def prepare_staging(device: torch.device | str) -> queue.SimpleQueue:
         if device not in _STAGING:
             free: queue.SimpleQueue = queue.SimpleQueue()
             for _ in range(_THREADS):
-                free.put((torch.empty(PIECE_BYTES, dtype=torch.uint8, pin_memory=True),
+                free.put((torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True),
                           torch.cuda.Stream(device)))
             _STAGING[device] = free
         return _STAGING[device]

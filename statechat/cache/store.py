@@ -144,22 +144,32 @@ class StateStore:
         self.writer.start()
 
     # --- lookups ----------------------------------------------------------------------
-    def where(self, block_hashes: list[str], ckpt_hashes: list[str]) -> Lookup:
+    def where(self, block_hashes: list[str], ckpt_hashes: list[str], disk_blocks: bool = True) -> Lookup:
         """Which lower tier ("host" or "disk") holds each block and checkpoint that it has, and
-        for those on disk their blob."""
-        found = Lookup({h: "host" for h in block_hashes if self.host.has("kv", h)},
-                       {h: "host" for h in ckpt_hashes if self.host.has("ckpt", h)})
-        wanted_blocks = [h for h in block_hashes if h not in found.blocks]
+        for those on disk their blob; `disk_blocks=False` leaves the blocks' disk tier out (the
+        index is not asked about them)."""
+        host = self.host.has
+        found = Lookup({h: "host" for h in block_hashes if host("kv", h)} if self.host.items else {},
+                       {h: "host" for h in ckpt_hashes if host("ckpt", h)} if self.host.items else {})
+        wanted_blocks = [h for h in block_hashes if h not in found.blocks] if disk_blocks else []
         wanted_ckpts = [h for h in ckpt_hashes if h not in found.ckpts]
         with self.db_lock:
-            disk_blocks = index.blocks_present(self.db, wanted_blocks)
-            disk_ckpts = index.checkpoints_present(self.db, wanted_ckpts)
+            disk_blocks = index.blocks_present(self.db, wanted_blocks) if wanted_blocks else {}
+            disk_ckpts = index.checkpoints_present(self.db, wanted_ckpts) if wanted_ckpts else {}
         found.blob_dir = self.blob_dir
         for h, row in disk_blocks.items():
             found.blocks[h], found.block_blobs[h] = "disk", row[0]
         for h, row in disk_ckpts.items():
             found.ckpts[h], found.ckpt_blobs[h] = "disk", row[0]
         return found
+
+    def blocks_on_disk_ahead(self, hashes: list[str]) -> Future:
+        """The hashes of `hashes` whose blocks the disk tier holds (a set), asked of the index
+        on the segment readers."""
+        def present() -> set[str]:
+            with self.db_lock:
+                return set(index.blocks_present(self.db, hashes))
+        return _SEGMENT_POOL.submit(present)
 
     def reading(self) -> AbstractContextManager[None]:
         """A context to hold while host-tier tensors from `load_blocks` and `load_checkpoint`

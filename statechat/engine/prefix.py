@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from statechat.cache.blobs import BlobError
@@ -97,6 +97,7 @@ class PrefixCache:
         self.cost = CostModel(prefill_s_per_token)
         self.persisted: set[bytes] = set()  # blocks queued for or known on disk
         self.stored_ckpts: set[bytes] = set()  # checkpoints known on disk (seen at admission)
+        self.disk_checks: list[Future] = []  # blocks on disk, asked while a request computes
         self.root_hex = ""
 
     # --- admission ----------------------------------------------------------------------
@@ -115,62 +116,98 @@ class PrefixCache:
         hashes = seq.block_hashes[: (len(seq) - 1) // self.bs]  # leave one token to compute
         if not hashes:
             return 0
-        on_device = []
+        t_plan = time.perf_counter()
+        hx = [h.hex() for h in hashes]
+        num_device = 0
         for h in hashes:
             if self.blocks.lookup(h) is None:
                 break
-            on_device.append(h)
+            num_device += 1
         lower = Lookup({}, {})
         t_lookup = time.perf_counter()
-        if self.store is not None:
-            lower = self.store.where([h.hex() for h in hashes[len(on_device):]],
-                                     [h.hex() for h in hashes])
+        if self.store is not None:  # the checkpoints first, and the host tier's blocks
+            lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
         t_lookup = time.perf_counter() - t_lookup
-        lower_blocks, lower_ckpts = lower.blocks, lower.ckpts
-        # what is on disk now needs no saving if this request recomputes it (see persist)
-        self.persisted.update(bytes.fromhex(h) for h, tier in lower_blocks.items() if tier == DISK)
-        self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower_ckpts.items() if tier == DISK)
+        self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items() if tier == DISK)
+        # a first plan prices every block past the device's that the host tier lacks at the
+        # best rate a disk read could reach: when even that pays for no prefix, the disk's
+        # blocks are not looked up (nor the page cache asked) before the request computes
+        k, cost, load, _ = self._cheapest(len(seq), hashes, hx, num_device, lower, optimistic=True)
         rate = self.cost.prefill_s_per_token
-        cand_k, cand_cost, cand_load = 0, float("inf"), 0.0  # the cheapest prefix to load
-        load_s, tiers, segment_latency = 0.0, [], 0.0
-        for k, h in enumerate(hashes, start=1):
-            if k <= len(on_device):  # a device block costs nothing to load
-                tier = DEVICE
-            else:
-                tier = lower_blocks.get(h.hex())
-                if tier is None:
-                    break
-                load_s += self.cost.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", h.hex()))
-                if tier == DISK:  # one disk latency for the blocks' segments
-                    segment_latency = self.cost.latency[DISK]
-            tiers.append(tier)
-            ck_tier = DEVICE if self.slots.has(h) else lower_ckpts.get(h.hex()) if lower_ckpts else None
-            if ck_tier is None:
-                continue
-            ck_cached = lower.cached("ckpt", h.hex()) if ck_tier == DISK else 0.0
-            ck_load = self.cost.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached)
-            total_load = load_s + ck_load + segment_latency
-            cost = total_load + (len(seq) - k * self.bs) * rate
-            if cost <= cand_cost:
-                cand_k, cand_cost, cand_load = k, cost, total_load
-        best_k = cand_k if cand_k and cand_cost <= len(seq) * rate else 0
-        # both predictions for the cheapest prefix to load, whichever way the choice went
+        bound = not (k and cost <= len(seq) * rate)
+        if self.store is not None and not bound:
+            t = time.perf_counter()
+            on_disk = self.store.where(hx[num_device:], [])
+            t_lookup += time.perf_counter() - t
+            lower.blocks.update(on_disk.blocks)
+            lower.block_blobs.update(on_disk.block_blobs)
+            # what is on disk now needs no saving if this request recomputes it (see persist)
+            self.persisted.update(bytes.fromhex(h) for h, tier in lower.blocks.items() if tier == DISK)
+        elif self.store is not None and num_device < len(hashes):  # learnt while it computes
+            self.disk_checks.append(self.store.blocks_on_disk_ahead(hx[num_device:]))
+        tiers: list[str] = []
+        if not bound:
+            k, cost, load, tiers = self._cheapest(len(seq), hashes, hx, num_device, lower)
+        best_k = k if k and cost <= len(seq) * rate else 0
+        # both predictions for the cheapest prefix to load, whichever way the choice went (a
+        # bound: the load's time is a lower bound, the disk's blocks were not looked up)
         seq.cache_plan = {
-            "candidate_tokens": cand_k * self.bs,
-            "predicted_load_s": round(cand_load, 6),
-            "predicted_recompute_s": round(cand_k * self.bs * rate, 6),
+            "candidate_tokens": k * self.bs,
+            "predicted_load_s": round(load, 6),
+            "predicted_recompute_s": round(k * self.bs * rate, 6),
             "choice": "load" if best_k else "recompute",
             "lookup_s": round(t_lookup, 6),
         }
-        cand = [h.hex() for h in hashes[:cand_k]]
+        if bound and k:
+            seq.cache_plan["load_is_lower_bound"] = True
+        cand = hx[:k] if not bound else []
         disk = [(lower.cached("kv", h), self.bytes_per_block) for h in cand if h in lower.block_blobs]
-        last = hashes[cand_k - 1].hex() if cand_k else ""
-        if last in lower.ckpt_blobs and not self.slots.has(hashes[cand_k - 1]):
-            disk.append((lower.cached("ckpt", last), self.bytes_per_slot))
+        if cand and cand[-1] in lower.ckpt_blobs and not self.slots.has(hashes[k - 1]):
+            disk.append((lower.cached("ckpt", cand[-1]), self.bytes_per_slot))
         if disk:  # how much of the candidate's disk part (by bytes) the page cache held
             share = sum(f * n for f, n in disk) / sum(n for _, n in disk)
             seq.cache_plan["disk_resident"] = round(share, 3)
+        seq.cache_plan["plan_s"] = round(time.perf_counter() - t_plan, 6)
         return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
+
+    def _cheapest(self, num_tokens: int, hashes: list[bytes], hx: list[str], num_device: int,
+                  lower: Lookup, optimistic: bool = False) -> tuple[int, float, float, list[str]]:
+        """The prefix (in blocks, 0 for none) whose load plus the recompute of the rest of a
+        prompt of `num_tokens` costs least: (blocks, that cost, its load's seconds, the tier of
+        each of its blocks). `optimistic`: a block in no tier of `lower` is taken to be on disk
+        and read at the best disk rate, and a checkpoint on disk too, so the cost is a lower
+        bound of every plan the disk's blocks could allow."""
+        cost_model, rate = self.cost, self.cost.prefill_s_per_token
+        best_disk = self.bytes_per_block / max(cost_model.bandwidth[PAGE_CACHE], cost_model.bandwidth[DISK])
+        cand_k, cand_cost, cand_load = 0, float("inf"), 0.0
+        load_s, tiers, segment_latency = 0.0, [], 0.0
+        for k, h in enumerate(hashes, start=1):
+            if k <= num_device:  # a device block costs nothing to load
+                tier = DEVICE
+            else:
+                tier = lower.blocks.get(hx[k - 1])
+                if tier is None and not optimistic:
+                    break
+                if tier is None:
+                    tier, load_s = DISK, load_s + best_disk
+                else:
+                    load_s += cost_model.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", hx[k - 1]))
+                    if tier == DISK:  # one disk latency for the blocks' segments
+                        segment_latency = cost_model.latency[DISK]
+            tiers.append(tier)
+            ck_tier = DEVICE if self.slots.has(h) else lower.ckpts.get(hx[k - 1])
+            if ck_tier is None:
+                continue
+            if ck_tier == DISK and optimistic:
+                ck_load = self.bytes_per_slot / max(cost_model.bandwidth[PAGE_CACHE], cost_model.bandwidth[DISK])
+            else:
+                ck_cached = lower.cached("ckpt", hx[k - 1]) if ck_tier == DISK else 0.0
+                ck_load = cost_model.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached)
+            total_load = load_s + ck_load + segment_latency
+            cost = total_load + (num_tokens - k * self.bs) * rate
+            if cost <= cand_cost:
+                cand_k, cand_cost, cand_load = k, cost, total_load
+        return cand_k, cand_cost, cand_load, tiers
 
     def _load_blocks(self, need: list[bytes], held: dict, tiers: list[str], lower: Lookup,
                      t_start: float, with_ckpt: bool) -> tuple[float, float, tuple | None]:
@@ -277,6 +314,12 @@ class PrefixCache:
         copied nor queued; no lookup runs here, so a step never waits on the index."""
         if self.store is None:
             return
+        if new and self.disk_checks:  # (a lookup of milliseconds, made steps ago: long done)
+            wait(self.disk_checks)
+            for check in self.disk_checks:
+                if check.exception() is None:
+                    self.persisted.update(bytes.fromhex(h) for h in check.result())
+            self.disk_checks = []
         for ck in new:
             todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
             has_ckpt = ck.hash in self.stored_ckpts

@@ -106,6 +106,33 @@ def test_round_trip_of_a_tensor_larger_than_a_piece(tmp_path, device):
     assert all(torch.equal(got[n].cpu(), t) for n, t in tensors.items())
 
 
+@pytest.mark.parametrize("run_bytes", [1, 2500, 1 << 20])
+@pytest.mark.parametrize("device", DEVICES)
+def test_pieces_are_read_in_runs(blob, device, run_bytes, monkeypatch):
+    """Adjacent pieces are read (and copied to a device) together, up to RUN_BYTES a run (a
+    larger piece alone), and each keeps its own checksum: the tensors round-trip, one read
+    per run, and a byte flipped in any piece of a run is still refused."""
+    path, tensors, crc = blob
+    monkeypatch.setattr(blobs, "RUN_BYTES", run_bytes)
+    reads, read_into = [], blobs._read_into
+    monkeypatch.setattr(blobs, "_read_into", lambda fd, offset, out: reads.append(len(out)) or read_into(fd, offset, out))
+    got = read_blob(path, FP, shapes(tensors), crc, device=device)
+    assert all(torch.equal(got[n].cpu(), t) for n, t in tensors.items())
+    data = path.stat().st_size - data_start(path)
+    assert sum(reads) == data and max(reads) <= max(run_bytes, 1000)
+    pieces = sum(max(1, -(-t.numel() * t.element_size() // 1000)) for t in tensors.values())
+    if run_bytes == 1:
+        assert len(reads) == pieces  # no two pieces fit a run
+    elif run_bytes == 2500:
+        assert 1 < len(reads) < pieces
+    else:
+        assert len(reads) == 1
+    raw = bytearray(path.read_bytes())
+    raw[data_start(path) + data // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    assert "fails its checksum" in refused(path, shapes(tensors), checksum_in_index=crc, device=device)
+
+
 def test_checksum_follows_the_documented_formula(small_pieces):
     """crc32 of "name:crc.crc...,name:crc" over 1000-byte pieces, tensors in name order."""
     a, b = torch.arange(600, dtype=torch.int32), torch.zeros(0)

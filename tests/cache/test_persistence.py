@@ -14,16 +14,19 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 
 import pytest
 import torch
 
+from statechat.cache.hashing import chain_hashes
 from statechat.chat.template import render
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
+from statechat.engine.sequence import Sequence
 from statechat.model.loader import load_model
 from tests.helpers import ROOT, PolicyModel, subprocess_env
 
@@ -158,6 +161,55 @@ def test_recomputing_a_stored_prefix_queues_nothing_stored(plain, tmp_path):
     assert out.cache_plan["candidate_tokens"] == 192 and out.cache_plan["predicted_load_s"] > 0
     assert queued == []
     assert out.token_ids == no_cache_tokens(engine, [edited])[0][:4]
+
+
+def test_a_plan_that_cannot_pay_asks_the_index_only_for_checkpoints(plain, tmp_path, monkeypatch):
+    """When loading even at the best disk rate cannot beat recomputing, the plan does not ask
+    the index (or the page cache) about the disk's blocks before the request computes: it
+    reports its load time as a lower bound, and learns which blocks are on disk on a pool
+    thread (nothing already stored is queued again)."""
+    from statechat.cache import index
+
+    saved_prompt(plain, tmp_path)
+    second = on_cache_dir(plain, tmp_path)
+    second.prefix.cost.prefill_s_per_token = 1e-12
+    asked, present = [], index.blocks_present
+    monkeypatch.setattr(index, "blocks_present", lambda db, hashes: asked.append(
+        threading.current_thread() is threading.main_thread()) or present(db, hashes))
+    monkeypatch.setattr(second.store, "save", lambda job: pytest.fail("queued a stored prefix"))
+    out = second.generate([PROMPT + [7, 8, 9]], PARAMS)[0]
+    second.close()
+    assert out.cache_plan["choice"] == "recompute" and out.cache_plan["load_is_lower_bound"]
+    assert out.cache_plan["candidate_tokens"] == 192 and "disk_resident" not in out.cache_plan
+    assert asked == [False]  # once, off the engine's thread
+
+
+@pytest.mark.parametrize("rate", [1e-12, 1e-7, 1e-6, 1e-5, 1e-4, 1e-2])
+def test_the_plan_bound_never_exceeds_the_plan(plain, tmp_path, rate):
+    """The first plan's cost (every unknown block on disk at the best rate) is a lower bound of
+    the plan made with the disk's blocks looked up, whatever the rates."""
+    saved_prompt(plain, tmp_path)
+    second = on_cache_dir(plain, tmp_path)
+    pc = second.prefix
+    pc.cost.prefill_s_per_token = rate
+    pc.cost.bandwidth.update({"page cache": 2e9, "disk": 5e8})
+    pc.cost.latency["disk"] = 0.0  # (the bound leaves latencies out: here they would hide it)
+    seq = Sequence(PROMPT + [7, 8, 9], PARAMS)
+    seq.block_hashes = chain_hashes(second.scheduler.root, seq.token_ids, second.config.block_size, [])
+    hashes = seq.block_hashes[: (len(seq) - 1) // second.config.block_size]
+    hx = [h.hex() for h in hashes]
+    second.close()
+    bound = pc._cheapest(len(seq), hashes, hx, 0, second.store.where(hx, hx, disk_blocks=False), optimistic=True)
+    plan = pc._cheapest(len(seq), hashes, hx, 0, second.store.where(hx, hx))
+    assert plan[0] == 3 and bound[0] == 3  # the checkpoint at 192
+    assert bound[1] <= plan[1] and bound[2] <= plan[2]
+    assert bound[2] >= plan[2] * (1 - 1e-9) or evicted_any(tmp_path)  # tight while cached
+
+
+def evicted_any(cache_dir) -> bool:
+    from statechat.cache.blobs import resident_fraction
+
+    return any(resident_fraction(f) < 1.0 for f in (cache_dir / "blobs").rglob("*.safetensors"))
 
 
 def test_a_plan_prices_disk_reads_by_what_the_page_cache_holds(plain, tmp_path):
