@@ -126,11 +126,11 @@ def chunk_layout(cu_seqlens, num_tokens, checkpoints=None, pad_seqs=0):
 @_same_contract(reference.chunk_gdn)
 def chunk_gdn(
     q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints=None,
-    layout=None,
+    layout=None, norm=None,
 ):
     return _pick("chunk_gdn", q)(
         q, k, v, a, b, A_log, dt_bias, state_pool, cu_seqlens, src_slots, dst_slots, checkpoints,
-        layout,
+        layout, norm,
     )
 
 

@@ -16,7 +16,9 @@ Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
    S <- exp(g_last) S + (k exp(g_last - g))^T v_new. Checkpoint slots are written from this
    loop; the final state goes to the destination slot.
 3. `_gdn_output_kernel`, one program per (chunk, value head, V tile):
-   o = (q exp(g)) S + (q k^T * exp(g_i - g_j), causal) v_new.
+   o = (q exp(g)) S + (q k^T * exp(g_i - g_j), causal) v_new; with `norm`, and a head in one
+   tile, the layer's gated RMSNorm follows in registers (`kernels.norms.gated_norm_rows`), so o
+   is written once, normed.
 
 Chunk bookkeeping for varlen batches is computed on the device (no host sync): grids are
 sized from the host-known bound T // BT + N chunks and programs past the last chunk exit.
@@ -41,6 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels.hw import num_cores
+from kernels.norms import _TL_DTYPES, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
 
 # compile-time constants of the kernels (the launchers use CHUNK)
@@ -52,7 +55,7 @@ CONFIG = {
     "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1},
     "state": {"BV": 32, "num_warps": 4, "num_stages": 3, "wide_BV": 64, "wide_cost": 1.28,
               "fine_BV": 16, "fine_warps": 2},
-    "output": {"BV": 64, "num_warps": 4, "num_stages": 2},
+    "output": {"BV": 64, "num_warps": 4, "num_stages": 2, "norm_max_V": 128, "norm_warps": 8},
 }
 
 
@@ -416,14 +419,19 @@ def _gdn_output_kernel(
     rstd_q,
     rstd_k,
     o,
+    z,
+    norm_w,
     cu_seqlens,
     chunk_seq,
     chunk_offsets,
     stride_qt,
     stride_kt,
     stride_ot,
+    stride_zt,
+    stride_zh,
     N,
     scale,
+    eps,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -431,6 +439,8 @@ def _gdn_output_kernel(
     BV: tl.constexpr,
     PREC: tl.constexpr,
     DT: tl.constexpr,
+    NORM: tl.constexpr,
+    PROD_DTYPE: tl.constexpr,
 ):
     i_c, i_vh = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunk_seq + i_c)
@@ -478,6 +488,15 @@ def _gdn_output_kernel(
     p_v = v_new + t0 * (HV * V) + i_hv * V + o_t[:, None] * (HV * V) + o_v[None, :]
     b_v = tl.load(p_v, mask=m_t[:, None], other=0.0)
     b_o += tl.dot(b_A.to(DT), b_v.to(DT), input_precision=PREC)
+    if NORM:  # the gated RMSNorm of whole rows (BV == V) on the output as it would be stored
+        b_z = tl.load(
+            z + t0 * stride_zt + i_hv * stride_zh + o_t[:, None] * stride_zt + o_v[None, :],
+            mask=m_t[:, None],
+            other=0.0,
+        )
+        b_w = tl.load(norm_w + o_v).to(tl.float32)
+        b_x = b_o.to(o.dtype.element_ty).to(tl.float32)
+        b_o = gated_norm_rows(b_x, b_z.to(tl.float32), b_w, eps, V, o.dtype.element_ty, PROD_DTYPE)
     p_o = o + t0 * stride_ot + i_hv * V + o_t[:, None] * stride_ot + o_v[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
 
@@ -639,6 +658,7 @@ def chunk_gdn(
     dst_slots: torch.Tensor,
     checkpoints: Checkpoints | None = None,
     layout: ChunkLayout | None = None,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """Varlen chunked gated delta rule with fused gating and q/k L2 norm (Triton).
 
@@ -651,6 +671,9 @@ def chunk_gdn(
     checkpoints: targets that share a (sequence, boundary) must name the same slot (the state
     is written once per chunk). layout: `chunk_layout(cu_seqlens, T, checkpoints)` of this very
     step, shared by its layers (computed here when None; only its shapes are checked).
+    norm: (gate [T, HV, V] with unit stride over V, weight [V], eps): return
+    `gated_rmsnorm(o, gate, weight, eps)` instead of o, fused into the output kernel when a
+    head fits one tile (V <= 128).
     Returns o: [T, HV, V] in v's dtype. No host synchronisation.
     """
     N = cu_seqlens.shape[0] - 1
@@ -748,6 +771,14 @@ def chunk_gdn(
     cfg = CONFIG["output"]
     bv = min(V, cfg["BV"])
     num_warps = cfg["num_warps"]
+    z, norm_w, eps = norm if norm is not None else (o, o, 0.0)
+    fused = norm is not None and V <= cfg["norm_max_V"]
+    if norm is not None:
+        if z.shape != (T, HV, V) or z.stride(2) != 1 or norm_w.shape != (V,):
+            raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] (unit stride over V) and a "
+                             f"weight [{V}], got {tuple(z.shape)} and {tuple(norm_w.shape)}")
+    if fused:
+        bv, num_warps = V, cfg["norm_warps"]
     if bv < 32:
         # triton 3.6 on Hopper computes wrong outputs here with a 16-wide V tile and K >= 32
         # (H200: K=32/64, V=16, bf16 and fp16, relative error 0.5-0.96, no fault); with 2 warps
@@ -763,14 +794,19 @@ def chunk_gdn(
             rstd_q,
             rstd_k,
             o,
+            z,
+            norm_w,
             cu_seqlens,
             chunk_seq,
             chunk_offsets,
             q.stride(0),
             k.stride(0),
             o.stride(0),
+            z.stride(0),
+            z.stride(1),
             N,
             K**-0.5,
+            eps,
             H=H,
             HV=HV,
             K=K,
@@ -778,7 +814,11 @@ def chunk_gdn(
             BV=bv,
             PREC=prec,
             DT=dot_dtype,
+            NORM=fused,
+            PROD_DTYPE=_TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
             num_warps=num_warps,
             num_stages=cfg["num_stages"],
         )
+    if norm is not None and not fused:
+        return gated_rmsnorm(o, z, norm_w, eps)
     return o

@@ -88,11 +88,19 @@ def _gated_rmsnorm_kernel(
     o_g = (o_m // G_HEADS).to(tl.int64) * stride_gt + (o_m % G_HEADS).to(tl.int64) * stride_gh
     b_g = tl.load(gate + o_g[:, None] + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
-    b_normed = (b_x * b_rstd[:, None]).to(out.dtype.element_ty).to(tl.float32)
-    b_prod = (b_w[None, :] * b_normed).to(PROD_DTYPE).to(tl.float32)
-    b_out = b_prod * (b_g * tl.sigmoid(b_g))
+    b_out = gated_norm_rows(b_x, b_g, b_w, eps, D, out.dtype.element_ty, PROD_DTYPE)
     tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+
+
+@triton.jit
+def gated_norm_rows(b_x, b_g, b_w, eps, D, OUT_DTYPE: tl.constexpr, PROD_DTYPE: tl.constexpr):
+    """The gated RMSNorm of a tile of whole rows (float32 x and gate, [BM, BD], zero past D;
+    weight [BD]), in float32, following the module docstring's rounding (the GDN output
+    kernel fuses it too)."""
+    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
+    b_normed = (b_x * b_rstd[:, None]).to(OUT_DTYPE).to(tl.float32)
+    b_prod = (b_w[None, :] * b_normed).to(PROD_DTYPE).to(tl.float32)
+    return b_prod * (b_g * tl.sigmoid(b_g))
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}

@@ -141,6 +141,7 @@ def chunk_gdn(
     dst_slots: torch.Tensor,
     checkpoints: Checkpoints | None = None,
     layout: object | None = None,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """Varlen chunked gated delta rule with fused gating and q/k L2 norm.
 
@@ -149,7 +150,9 @@ def chunk_gdn(
     state_pool: [num_slots, HV, K, V] float32, read at src_slots and written at dst_slots
     (and at checkpoint slots); cu_seqlens: [N+1] int32; src_slots, dst_slots: [N] int32.
     layout: what `chunk_layout` returned for these cu_seqlens, T and checkpoints (shared by the
-    layers of a step), or None. Returns o: [T, HV, V] in v's dtype.
+    layers of a step), or None. norm: (gate [T, HV, V], weight [V], eps), or None: with it,
+    returns `gated_rmsnorm(o, gate, weight, eps)` (the layer's next op, fused where it can be).
+    Returns o: [T, HV, V] in v's dtype.
     """
     qm, km, vm, g, beta = _gdn_prepare(q, k, v, a, b, A_log, dt_bias)
     out = torch.empty_like(vm)
@@ -161,7 +164,7 @@ def chunk_gdn(
             targets[boundary] = lambda st, slot=slot: state_pool[slot].copy_(st)
         out[s:e], state = _chunk_scan(qm[s:e], km[s:e], vm[s:e], g[s:e], beta[s:e], state, targets)
         state_pool[dst].copy_(state)
-    return out.to(v.dtype)
+    return out.to(v.dtype) if norm is None else gated_rmsnorm(out.to(v.dtype), *norm)
 
 
 def recurrent_gdn(

@@ -73,8 +73,8 @@ class GatedDeltaNet(nn.Module):
         gdn_args = (q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool)
         if ctx.is_decode:
             o = kernels.recurrent_gdn(*gdn_args, ctx.state_src, ctx.state_dst)
-        else:
+            o = kernels.gated_rmsnorm(o, z, self.norm.weight, self.eps)
+        else:  # the gated norm runs inside the GDN's output kernel
             o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints,
-                                  ctx.gdn_layout)
-        o = kernels.gated_rmsnorm(o, z, self.norm.weight, self.eps)
+                                  ctx.gdn_layout, (z, self.norm.weight, self.eps))
         return kernels.linear(o.reshape(T, -1), self.out_proj.weight)

@@ -191,6 +191,43 @@ def test_chunk_gdn_varlen_matches_reference(shape, dtype):
     _check_pool(plan.pool, before, ref_pool, set(plan.dst) | set(ckpt_slots), tol)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(("shape", "dtype"), CASES[:2], ids=CASE_IDS[:2])
+def test_the_gated_norm_fused_into_the_output_matches_the_norm_after_it(shape, dtype, fused, monkeypatch):
+    """chunk_gdn(norm=(z, w, eps)) returns gated_rmsnorm(chunk_gdn(...), z, w, eps): computed
+    in the output kernel when a head fits its tile, by the norm kernel after it otherwise; the
+    gate is read in place from a wider projection. Same slots written either way."""
+    from kernels import gdn_chunk
+    from kernels.norms import gated_rmsnorm
+
+    H, HV, K, V = shape
+    if not fused:
+        monkeypatch.setitem(gdn_chunk.CONFIG["output"], "norm_max_V", V // 2)
+    lengths = [65, 1, 200]
+    cu = torch.tensor([0, 65, 66, 266], dtype=torch.int32, device=DEVICE)
+    inputs = _inputs(int(cu[-1]), H, HV, K, V, dtype)
+    proj = torch.randn(int(cu[-1]), HV * V + 24, dtype=dtype, device=DEVICE)
+    z = proj[:, 8 : 8 + HV * V].view(-1, HV, V)  # a strided slice, as the layer's split gives
+    weight = torch.rand(V, dtype=dtype, device=DEVICE) + 0.5
+    slots = torch.arange(1, len(lengths) + 1, dtype=torch.int32, device=DEVICE)
+    pool = torch.randn(len(lengths) + 1, HV, K, V, device=DEVICE)
+    pools = [pool, pool.clone()]
+    src = torch.zeros_like(slots)
+    plain = chunk_gdn(**inputs, state_pool=pools[0], cu_seqlens=cu, src_slots=src, dst_slots=slots)
+    normed = chunk_gdn(**inputs, state_pool=pools[1], cu_seqlens=cu, src_slots=src, dst_slots=slots,
+                       norm=(z, weight, 1e-6))
+    want = gated_rmsnorm(plain, z, weight, 1e-6)
+    assert normed.shape == want.shape and normed.dtype == want.dtype
+    # the same float32 arithmetic on the same rounded o: equal up to the order of one row sum
+    ulp = 1e-6 if dtype == torch.float32 else 1e-2
+    close = bool(((normed.float() - want.float()).abs() <= ulp * want.float().abs() + 1e-6).all())
+    same_states = _same_bits(pools[0], pools[1])
+    assert close and same_states
+    with pytest.raises(ValueError, match="norm wants a gate"):
+        chunk_gdn(**inputs, state_pool=pools[1], cu_seqlens=cu, src_slots=src, dst_slots=slots,
+                  norm=(z[:, :, 1:], weight[1:], 1e-6))
+
+
 @pytest.mark.parametrize(("shape", "dtype"), CASES, ids=CASE_IDS)
 def test_recurrent_gdn_matches_reference(shape, dtype):
     H, HV, K, V = shape
