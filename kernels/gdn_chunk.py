@@ -683,6 +683,9 @@ def chunk_gdn(
             f"cu_seqlens must be int32 [N+1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
         )
     T = q.shape[0]
+    if norm is not None and (norm[0].shape != (T, HV, V) or norm[0].stride(2) != 1 or norm[1].shape != (V,)):
+        raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] (unit stride over V) and a "
+                         f"weight [{V}], got {tuple(norm[0].shape)} and {tuple(norm[1].shape)}")
     cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     max_chunks = T // CHUNK + N
     if layout is None:
@@ -773,10 +776,6 @@ def chunk_gdn(
     num_warps = cfg["num_warps"]
     z, norm_w, eps = norm if norm is not None else (o, o, 0.0)
     fused = norm is not None and V <= cfg["norm_max_V"]
-    if norm is not None:
-        if z.shape != (T, HV, V) or z.stride(2) != 1 or norm_w.shape != (V,):
-            raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] (unit stride over V) and a "
-                             f"weight [{V}], got {tuple(z.shape)} and {tuple(norm_w.shape)}")
     if fused:
         bv, num_warps = V, cfg["norm_warps"]
     if bv < 32:

@@ -223,8 +223,8 @@ def test_the_gated_norm_fused_into_the_output_matches_the_norm_after_it(shape, d
     close = bool(((normed.float() - want.float()).abs() <= ulp * want.float().abs() + 1e-6).all())
     same_states = _same_bits(pools[0], pools[1])
     assert close and same_states
-    with pytest.raises(ValueError, match="norm wants a gate"):
-        chunk_gdn(**inputs, state_pool=pools[1], cu_seqlens=cu, src_slots=src, dst_slots=slots,
+    with pytest.raises(ValueError, match="norm wants a gate"):  # refused before any state is written
+        chunk_gdn(**inputs, state_pool=pools[1], cu_seqlens=cu, src_slots=src, dst_slots=slots + 10,
                   norm=(z[:, :, 1:], weight[1:], 1e-6))
 
 
