@@ -194,9 +194,11 @@ def test_older_format_is_refused(blob):
 def test_resident_fraction_counts_the_cached_pages(tmp_path):
     """Half of a file written, the other half a hole never read: half of its pages are in the
     page cache. A file that is not there is cold."""
-    path = tmp_path / "half"
-    with open(path, "wb") as f:
-        f.write(b"x" * (1 << 20))
-        f.truncate(2 << 20)
-    assert blobs.resident_fraction(path) == pytest.approx(0.5)
+    sampled = blobs.RESIDENT_SAMPLES * blobs.RESIDENT_WINDOW * blobs._PAGE
+    for size in (sampled // 2, 4 * sampled):  # every page asked; evenly spaced windows asked
+        path = tmp_path / f"half-{size}"
+        with open(path, "wb") as f:
+            f.write(b"x" * (size // 2))
+            f.truncate(size)
+        assert blobs.resident_fraction(path) == pytest.approx(0.5), size
     assert blobs.resident_fraction(tmp_path / "missing") == 0.0
