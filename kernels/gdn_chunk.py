@@ -55,7 +55,7 @@ CONFIG = {
     "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1},
     "state": {"BV": 32, "num_warps": 4, "num_stages": 3, "wide_BV": 64, "wide_cost": 1.28,
               "fine_BV": 16, "fine_warps": 2},
-    "output": {"BV": 64, "num_warps": 4, "num_stages": 2, "norm_max_V": 128, "norm_warps": 8},
+    "output": {"BV": 64, "num_warps": 4, "num_stages": 2, "norm_max_V": 128, "norm_warps": 4},
 }
 
 

@@ -49,6 +49,7 @@ log = logging.getLogger("statechat.cache")
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 
 MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
+RESIDENT_BLOBS = 16  # blobs of a plan's prefix whose page-cache share is asked (Lookup)
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
 
@@ -89,16 +90,36 @@ class Lookup:
     ckpt_blobs: dict[str, str] = field(default_factory=dict)
     blob_dir: Path = Path()
     resident: dict[str, float] = field(default_factory=dict)  # blob -> fraction, once asked
+    sampled: dict[str, float] = field(default_factory=dict)  # kind -> mean of the asked blobs
 
     def cached(self, kind: str, h: str) -> float:
         """The fraction of the blob of a disk block ("kv") or checkpoint ("ckpt") that is in the
-        page cache; 0.0 for what is not on disk."""
+        page cache; 0.0 for what is not on disk. After `sample_residency`, a blob it did not
+        ask about gets the mean of those it asked about of its kind."""
         blob = (self.block_blobs if kind == "kv" else self.ckpt_blobs).get(h)
         if blob is None:
             return 0.0
         if blob not in self.resident:
+            if kind in self.sampled:
+                return self.sampled[kind]
             self.resident[blob] = resident_fraction(self.blob_dir / blob)
         return self.resident[blob]
+
+    def sample_residency(self, hashes: list[str]) -> None:
+        """Ask the OS about at most RESIDENT_BLOBS of the disk blobs of the prefix `hashes`,
+        half of them segments and half checkpoints, each evenly spaced along the prefix from
+        its first to its deepest (a 32k prefix has some 64 blobs, and each question costs tens
+        of microseconds)."""
+        for kind, blobs_of in (("kv", self.block_blobs), ("ckpt", self.ckpt_blobs)):
+            ordered = list(dict.fromkeys(blobs_of[h] for h in hashes if h in blobs_of))
+            quota = RESIDENT_BLOBS // 2
+            if len(ordered) > quota:
+                ordered = [ordered[round(i * (len(ordered) - 1) / (quota - 1))] for i in range(quota)]
+            for blob in ordered:
+                if blob not in self.resident:
+                    self.resident[blob] = resident_fraction(self.blob_dir / blob)
+            if ordered:
+                self.sampled[kind] = sum(self.resident[b] for b in ordered) / len(ordered)
 
 
 class StateStore:

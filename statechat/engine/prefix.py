@@ -141,6 +141,7 @@ class PrefixCache:
             t_lookup += time.perf_counter() - t
             lower.blocks.update(on_disk.blocks)
             lower.block_blobs.update(on_disk.block_blobs)
+            lower.sample_residency(hx)
             # what is on disk now needs no saving if this request recomputes it (see persist)
             self.persisted.update(bytes.fromhex(h) for h, tier in lower.blocks.items() if tier == DISK)
         elif self.store is not None and num_device < len(hashes):  # learnt while it computes
