@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels.hw import num_cores
-from kernels.norms import _TL_DTYPES, gated_norm_rows, gated_rmsnorm
+from kernels.norms import TL_DTYPES, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
 
 # compile-time constants of the kernels (the launchers use CHUNK)
@@ -683,9 +683,11 @@ def chunk_gdn(
             f"cu_seqlens must be int32 [N+1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
         )
     T = q.shape[0]
-    if norm is not None and (norm[0].shape != (T, HV, V) or norm[0].stride(2) != 1 or norm[1].shape != (V,)):
-        raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] (unit stride over V) and a "
-                         f"weight [{V}], got {tuple(norm[0].shape)} and {tuple(norm[1].shape)}")
+    if norm is not None:  # checked before any state is written, like every other input
+        if norm[0].shape != (T, HV, V) or norm[0].stride(2) != 1 or norm[1].shape != (V,):
+            raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] (unit stride over V) and "
+                             f"a weight [{V}], got {tuple(norm[0].shape)} and {tuple(norm[1].shape)}")
+        check_norm_inputs(v, norm[1], "chunk_gdn norm", norm[0])
     cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     max_chunks = T // CHUNK + N
     if layout is None:
@@ -814,7 +816,7 @@ def chunk_gdn(
             PREC=prec,
             DT=dot_dtype,
             NORM=fused,
-            PROD_DTYPE=_TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
+            PROD_DTYPE=TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
             num_warps=num_warps,
             num_stages=cfg["num_stages"],
         )

@@ -103,10 +103,10 @@ def gated_norm_rows(b_x, b_g, b_w, eps, D, OUT_DTYPE: tl.constexpr, PROD_DTYPE: 
     return b_prod * (b_g * tl.sigmoid(b_g))
 
 
-_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _check(
+def check_norm_inputs(
     x: torch.Tensor, weight: torch.Tensor, name: str, gate: torch.Tensor | None = None
 ) -> None:
     D = x.shape[-1]
@@ -115,7 +115,7 @@ def _check(
     if gate is not None and gate.shape != x.shape:
         raise ValueError(f"{name}: gate/residual {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
     for t in (x, weight) if gate is None else (x, weight, gate):
-        if t.dtype not in _TL_DTYPES:
+        if t.dtype not in TL_DTYPES:
             raise ValueError(f"{name}: unsupported dtype {t.dtype} (float32, bfloat16, float16)")
     if weight.stride(0) != 1:
         raise ValueError(f"{name} needs a contiguous weight")
@@ -138,7 +138,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x: [..., D] (rows may be strided, D must be unit-stride or is copied); weight: [D].
     Returns a contiguous tensor of x's shape and dtype.
     """
-    _check(x, weight, "rmsnorm")
+    check_norm_inputs(x, weight, "rmsnorm")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     x2 = _rows(x)
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
@@ -158,7 +158,7 @@ def add_rmsnorm(
     x, residual: [..., D] of one dtype (rows may be strided); weight: [D].
     Returns two contiguous tensors of x's shape and dtype.
     """
-    _check(x, weight, "add_rmsnorm", residual)
+    check_norm_inputs(x, weight, "add_rmsnorm", residual)
     if residual.dtype != x.dtype:
         raise ValueError(f"add_rmsnorm: residual dtype {residual.dtype} differs from x's {x.dtype}")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -181,7 +181,7 @@ def gated_rmsnorm(
     is read in place); weight: [D].
     Returns a contiguous tensor of x's shape and dtype.
     """
-    _check(x, weight, "gated_rmsnorm", gate)
+    check_norm_inputs(x, weight, "gated_rmsnorm", gate)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     x2 = _rows(x)
     if gate.dim() == 3 and gate.stride(2) == 1:  # [T, H, D] as strided: no copy for its rows
@@ -190,7 +190,7 @@ def gated_rmsnorm(
         g2 = _rows(gate)
         heads, stride_gt, stride_gh = 1, g2.stride(0), 0
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
-    prod_dtype = _TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
+    prod_dtype = TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if M and D:
         _gated_rmsnorm_kernel[(triton.cdiv(M, BM),)](
             x2,

@@ -37,7 +37,7 @@ from statechat.cache.hashing import CACHE_FORMAT_VERSION
 TMP_SUFFIX = ".tmp"
 PIECE_BYTES = 16 << 20  # the unit of the checksum (part of the cache format)
 RUN_BYTES = 4 << 20  # adjacent pieces read, checksummed and copied by one thread together
-STAGING_BYTES = PIECE_BYTES  # a pinned staging buffer: holds a run, or one piece of any size
+STAGING_BYTES = max(PIECE_BYTES, RUN_BYTES)  # a pinned staging buffer: a run, or one piece
 
 
 class BlobError(Exception):
@@ -293,7 +293,7 @@ def _check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
 
 def _read_data(fd: int, data_start: int, entries: Entries, device: torch.device,
                pin: bool = False) -> tuple[torch.Tensor, str]:
-    """The tensors' bytes, read piece by piece on the pool: (one uint8 buffer laid out like the
+    """The tensors' bytes, read run by run on the pool: (one uint8 buffer laid out like the
     file's data, their checksum). Returns or raises only when every piece is done, so no
     thread writes into the buffer after it."""
     size = max((end for *_, end in entries.values()), default=0)

@@ -88,6 +88,7 @@ class LLMEngine:
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),
         )
+        self.prefix.calibrate()
         self.scheduler = Scheduler(
             blocks, slots, self.prefix, self.fingerprint, bs, config.max_num_seqs,
             config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
@@ -181,6 +182,7 @@ class LLMEngine:
         self.scheduler.slots = self.prefix.slots = SlotPool(num_slots)
         self.prefix.persisted.clear()
         self.prefix.stored_ckpts.clear()
+        self.prefix.disk_checks.clear()
 
     # --- stepping -----------------------------------------------------------------------
     def step(self) -> list[Sequence]:

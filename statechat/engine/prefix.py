@@ -5,10 +5,12 @@ checkpoint at its end), predicts for each the time to load what is not on the de
 over the tier's measured bandwidth; for disk, the page cache's rate for the part of each blob
 the page cache holds and the disk's for the rest) against the time to recompute what it saves
 (tokens over the measured prefill rate), and takes the cheapest, so a hit is never slower than
-no hit. It
-loads what it chose into the device pools (a hit in a lower tier is promoted) and reports the
-plan. After each step it persists new checkpoints, with the KV blocks before them, through the
-store's write-behind queue.
+no hit. The plan goes in two steps: the checkpoints and the host tier are looked up first, and
+a bound (every other block on disk, read at the best disk rate) decides whether the disk's
+blocks are worth looking up at all; only then is the index asked about them and the page cache
+about (a sample of) their blobs. It loads what it chose into the device pools (a hit in a lower
+tier is promoted) and reports the plan. After each step it persists new checkpoints, with the
+KV blocks before them, through the store's write-behind queue.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ class CostModel:
         if nbytes >= 1 << 16 and seconds > 0:
             self.bandwidth[tier] = 0.5 * self.bandwidth[tier] + 0.5 * nbytes / seconds
 
+    def calibrate(self, tier: str, nbytes: int, seconds: float) -> None:
+        """Take a rate measured on purpose (a timed read at start) in place of the guess."""
+        if nbytes > 0 and seconds > 0:
+            self.bandwidth[tier] = nbytes / seconds
+
     def load_s(self, tier: str, nbytes: int, blobs: int = 1, resident: float = 0.0) -> float:
         if tier == DEVICE:
             return 0.0
@@ -99,6 +106,13 @@ class PrefixCache:
         self.stored_ckpts: set[bytes] = set()  # checkpoints known on disk (seen at admission)
         self.disk_checks: list[Future] = []  # blocks on disk, asked while a request computes
         self.root_hex = ""
+
+    def calibrate(self) -> None:
+        """Time a page-cache read of a stored checkpoint (if one is cached whole), so that the
+        first plan after a start prices disk reads at this machine's rate."""
+        sample = self.store.read_rate_sample() if self.store is not None else None
+        if sample is not None:
+            self.cost.calibrate(PAGE_CACHE, *sample)
 
     # --- admission ----------------------------------------------------------------------
     def reuse(self, seq: Sequence) -> int:
@@ -123,18 +137,18 @@ class PrefixCache:
             if self.blocks.lookup(h) is None:
                 break
             num_device += 1
-        lower = Lookup({}, {})
-        t_lookup = time.perf_counter()
-        if self.store is not None:  # the checkpoints first, and the host tier's blocks
-            lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
-        t_lookup = time.perf_counter() - t_lookup
-        self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items() if tier == DISK)
-        # a first plan prices every block past the device's that the host tier lacks at the
-        # best rate a disk read could reach: when even that pays for no prefix, the disk's
-        # blocks are not looked up (nor the page cache asked) before the request computes
-        k, cost, load, _ = self._cheapest(len(seq), hashes, hx, num_device, lower, optimistic=True)
+        lower, t_lookup, bound, assumed = Lookup({}, {}), 0.0, False, False
         rate = self.cost.prefill_s_per_token
-        bound = not (k and cost <= len(seq) * rate)
+        if self.store is not None:
+            t = time.perf_counter()  # the checkpoints first, and the host tier's blocks
+            lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
+            t_lookup = time.perf_counter() - t
+            self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items() if tier == DISK)
+            # a first plan prices every block past the device's that the host tier lacks at the
+            # best rate a disk read could reach: when even that pays for no prefix, the disk's
+            # blocks are not looked up (nor the page cache asked) before the request computes
+            k, cost, load, _, assumed = self._cheapest(len(seq), hashes, hx, num_device, lower, optimistic=True)
+            bound = not (k and cost <= len(seq) * rate)
         if self.store is not None and not bound:
             t = time.perf_counter()
             on_disk = self.store.where(hx[num_device:], [])
@@ -148,10 +162,11 @@ class PrefixCache:
             self.disk_checks.append(self.store.blocks_on_disk_ahead(hx[num_device:]))
         tiers: list[str] = []
         if not bound:
-            k, cost, load, tiers = self._cheapest(len(seq), hashes, hx, num_device, lower)
+            k, cost, load, tiers, assumed = self._cheapest(len(seq), hashes, hx, num_device, lower)
         best_k = k if k and cost <= len(seq) * rate else 0
-        # both predictions for the cheapest prefix to load, whichever way the choice went (a
-        # bound: the load's time is a lower bound, the disk's blocks were not looked up)
+        # both predictions for the cheapest prefix to load, whichever way the choice went (under
+        # a bound the prefix may lean on blocks assumed on disk, and its load time is a lower
+        # bound)
         seq.cache_plan = {
             "candidate_tokens": k * self.bs,
             "predicted_load_s": round(load, 6),
@@ -159,7 +174,7 @@ class PrefixCache:
             "choice": "load" if best_k else "recompute",
             "lookup_s": round(t_lookup, 6),
         }
-        if bound and k:
+        if assumed:
             seq.cache_plan["load_is_lower_bound"] = True
         cand = hx[:k] if not bound else []
         disk = [(lower.cached("kv", h), self.bytes_per_block) for h in cand if h in lower.block_blobs]
@@ -172,16 +187,17 @@ class PrefixCache:
         return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
 
     def _cheapest(self, num_tokens: int, hashes: list[bytes], hx: list[str], num_device: int,
-                  lower: Lookup, optimistic: bool = False) -> tuple[int, float, float, list[str]]:
+                  lower: Lookup, optimistic: bool = False) -> tuple[int, float, float, list[str], bool]:
         """The prefix (in blocks, 0 for none) whose load plus the recompute of the rest of a
         prompt of `num_tokens` costs least: (blocks, that cost, its load's seconds, the tier of
-        each of its blocks). `optimistic`: a block in no tier of `lower` is taken to be on disk
-        and read at the best disk rate, and a checkpoint on disk too, so the cost is a lower
-        bound of every plan the disk's blocks could allow."""
+        each of its blocks, whether its price assumed anything). `optimistic`: a block in no
+        tier of `lower` is taken to be on disk and read at the best disk rate, and so is a
+        checkpoint on disk (no latencies either), so the cost is a lower bound of every plan
+        the disk's blocks could allow."""
         cost_model, rate = self.cost, self.cost.prefill_s_per_token
-        best_disk = self.bytes_per_block / max(cost_model.bandwidth[PAGE_CACHE], cost_model.bandwidth[DISK])
-        cand_k, cand_cost, cand_load = 0, float("inf"), 0.0
-        load_s, tiers, segment_latency = 0.0, [], 0.0
+        best = max(cost_model.bandwidth[PAGE_CACHE], cost_model.bandwidth[DISK])
+        cand_k, cand_cost, cand_load, cand_assumed = 0, float("inf"), 0.0, False
+        load_s, tiers, segment_latency, assumed = 0.0, [], 0.0, False
         for k, h in enumerate(hashes, start=1):
             if k <= num_device:  # a device block costs nothing to load
                 tier = DEVICE
@@ -189,8 +205,8 @@ class PrefixCache:
                 tier = lower.blocks.get(hx[k - 1])
                 if tier is None and not optimistic:
                     break
-                if tier is None:
-                    tier, load_s = DISK, load_s + best_disk
+                if tier is None or (tier == DISK and optimistic):
+                    tier, load_s, assumed = DISK, load_s + self.bytes_per_block / best, True
                 else:
                     load_s += cost_model.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", hx[k - 1]))
                     if tier == DISK:  # one disk latency for the blocks' segments
@@ -200,15 +216,15 @@ class PrefixCache:
             if ck_tier is None:
                 continue
             if ck_tier == DISK and optimistic:
-                ck_load = self.bytes_per_slot / max(cost_model.bandwidth[PAGE_CACHE], cost_model.bandwidth[DISK])
+                ck_load, ck_assumed = self.bytes_per_slot / best, True
             else:
                 ck_cached = lower.cached("ckpt", hx[k - 1]) if ck_tier == DISK else 0.0
-                ck_load = cost_model.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached)
+                ck_load, ck_assumed = cost_model.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached), False
             total_load = load_s + ck_load + segment_latency
             cost = total_load + (num_tokens - k * self.bs) * rate
             if cost <= cand_cost:
-                cand_k, cand_cost, cand_load = k, cost, total_load
-        return cand_k, cand_cost, cand_load, tiers
+                cand_k, cand_cost, cand_load, cand_assumed = k, cost, total_load, assumed or ck_assumed
+        return cand_k, cand_cost, cand_load, tiers, cand_assumed
 
     def _load_blocks(self, need: list[bytes], held: dict, tiers: list[str], lower: Lookup,
                      t_start: float, with_ckpt: bool) -> tuple[float, float, tuple | None]:
@@ -235,6 +251,8 @@ class PrefixCache:
             nbytes = len(need) * self.bytes_per_block
             resident = sum(lower.cached("kv", h.hex()) for h in need) / len(need)
             tier = need_tiers.pop()
+            if tier == DISK and not lower.known("kv", [h.hex() for h in need]):
+                return t_read, t_write, None  # a share estimated from a sample teaches no rate
             if with_ckpt and tier == DISK:
                 return t_read, t_write, (nbytes, resident)
             self.cost.observe_load(tier, nbytes, time.perf_counter() - t_start, resident)
@@ -261,6 +279,7 @@ class PrefixCache:
         # a checkpoint on disk alone is read while the blocks are (one in the host tier is read
         # below, inside reading())
         ckpt_read = None
+        lower.ask("ckpt", last.hex())  # its share exactly (the plan may have estimated it)
         if not ckpt_on_device and not self.store.host.has("ckpt", last.hex()):
             ckpt_read = self.store.read_checkpoint_ahead(last.hex())
         try:
@@ -308,19 +327,29 @@ class PrefixCache:
         seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
         return seq.num_computed
 
+    def _apply_disk_checks(self) -> None:
+        """Mark as persisted the blocks that finished checks (`blocks_on_disk_ahead`) found."""
+        running = []
+        for check in self.disk_checks:
+            if not check.done():
+                running.append(check)
+            elif check.cancelled() or check.exception() is not None:
+                log.warning("statechat cache: could not ask the index which blocks are on disk (%s)",
+                            "cancelled" if check.cancelled() else check.exception())
+            else:
+                self.persisted.update(bytes.fromhex(h) for h in check.result())
+        self.disk_checks = running
+
     # --- persistence --------------------------------------------------------------------
     def persist(self, new: list[NewCheckpoint], root: bytes) -> None:
         """Copy new checkpoints (and blocks not yet persisted) to host and queue them. What the
         disk held when the request was admitted (a prefix recomputed after a restart) is neither
-        copied nor queued; no lookup runs here, so a step never waits on the index."""
+        copied nor queued; no lookup runs here, so a step never waits on the index (a check
+        of the disk's blocks still running is applied at a later step: until then its blocks
+        may be copied again, and the writer skips those already on disk)."""
         if self.store is None:
             return
-        if new and self.disk_checks:  # (a lookup of milliseconds, made steps ago: long done)
-            wait(self.disk_checks)
-            for check in self.disk_checks:
-                if check.exception() is None:
-                    self.persisted.update(bytes.fromhex(h) for h in check.result())
-            self.disk_checks = []
+        self._apply_disk_checks()
         for ck in new:
             todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
             has_ckpt = ck.hash in self.stored_ckpts

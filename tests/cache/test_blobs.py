@@ -191,14 +191,31 @@ def test_older_format_is_refused(blob):
     assert "has cache format 1" in refused(path, shapes(tensors))
 
 
-def test_resident_fraction_counts_the_cached_pages(tmp_path):
+def test_resident_fraction_counts_the_cached_pages(tmp_path, monkeypatch):
     """Half of a file written, the other half a hole never read: half of its pages are in the
-    page cache. A file that is not there is cold."""
-    sampled = blobs.RESIDENT_SAMPLES * blobs.RESIDENT_WINDOW * blobs._PAGE
-    for size in (sampled // 2, 4 * sampled):  # every page asked; evenly spaced windows asked
+    page cache, asked of every page of a small file and of evenly spaced windows of a large
+    one. A file that is not there is cold."""
+    libc, calls = blobs._libc(), []
+
+    class Counting:  # the real calls, with mincore's lengths recorded
+        mmap, munmap = libc.mmap, libc.munmap
+
+        @staticmethod
+        def mincore(addr, length, vec):
+            calls.append(length.value)
+            return libc.mincore(addr, length, vec)
+
+    monkeypatch.setattr(blobs, "_libc", lambda: Counting)
+    page, sampled = blobs._PAGE, blobs.RESIDENT_SAMPLES * blobs.RESIDENT_WINDOW * blobs._PAGE
+    for size in (sampled // 2 + 100, 4 * sampled + 100):  # whole file asked; windows asked
         path = tmp_path / f"half-{size}"
         with open(path, "wb") as f:
             f.write(b"x" * (size // 2))
             f.truncate(size)
-        assert blobs.resident_fraction(path) == pytest.approx(0.5), size
+        calls.clear()
+        assert blobs.resident_fraction(path) == pytest.approx(0.5, abs=0.02), size
+        if size < sampled:
+            assert calls == [size]
+        else:
+            assert calls == [blobs.RESIDENT_WINDOW * page] * blobs.RESIDENT_SAMPLES
     assert blobs.resident_fraction(tmp_path / "missing") == 0.0

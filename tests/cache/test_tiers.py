@@ -87,3 +87,50 @@ def test_a_plan_asks_the_page_cache_about_a_sample_of_a_long_prefixs_blobs(monke
                          {h: f"kv{i // 2}" for i, h in enumerate(hashes[:6])}, {hashes[5]: "ck0"})
     short.sample_residency(hashes[:6])
     assert sorted(asked) == ["ck0", "kv0", "kv1", "kv2"]
+
+
+def test_the_plan_bound_is_a_lower_bound_of_every_plan():
+    """The first plan (every block past the device tier's that the host tier lacks taken to be
+    on disk at the best disk rate, disk checkpoints too) never costs more than the plan made
+    with the disk's blocks looked up, and never turns down a prefix that plan would load:
+    random prefixes mixing device, host, disk and missing blocks and checkpoints, random
+    rates (the page cache sometimes slower than the disk) and latencies."""
+    import random
+
+    from statechat.cache.store import Lookup
+    from statechat.engine.prefix import PrefixCache
+
+    class Slots:
+        def __init__(self, held):
+            self.held = held
+
+        def has(self, h):
+            return h in self.held
+
+    rng = random.Random(7)
+    for trial in range(2000):
+        n, bs = rng.randint(1, 24), 64
+        hashes = [bytes([trial % 256, i]) * 4 for i in range(n)]
+        hx = [h.hex() for h in hashes]
+        num_device = rng.randint(0, n)
+        block_tier = {h: rng.choice(["host", "disk", "disk", None]) for h in hx[num_device:]}
+        ckpt_tier = {h: rng.choice(["host", "disk", None, None]) for h in hx}
+        on_device = {h for h in hashes if rng.random() < 0.15}
+        blob_of = {h: f"seg{i // rng.randint(1, 4)}" for i, h in enumerate(hx)}
+        resident = {f"seg{i}": rng.random() for i in range(n)} | {f"ck{h}": rng.random() for h in hx}
+        real = Lookup({h: t for h, t in block_tier.items() if t},
+                      {h: t for h, t in ckpt_tier.items() if t},
+                      {h: blob_of[h] for h, t in block_tier.items() if t == "disk"},
+                      {h: f"ck{h}" for h, t in ckpt_tier.items() if t == "disk"}, resident=resident)
+        first = Lookup({h: t for h, t in block_tier.items() if t == "host"}, dict(real.ckpts),
+                       ckpt_blobs=dict(real.ckpt_blobs), resident=resident)
+        rate = 10 ** rng.uniform(-8, -4)
+        pc = PrefixCache(None, Slots(on_device), None, None, bs, rng.randint(1, 1 << 22), rng.randint(1, 1 << 26), rate)
+        pc.cost.bandwidth.update({t: 10 ** rng.uniform(8, 10.5) for t in ("host", "disk", "page cache")})
+        pc.cost.latency.update({"host": rng.choice([0.0, 1e-5]), "disk": rng.uniform(0, 1e-3)})
+        num_tokens = n * bs + rng.randint(1, 100)
+        k0, bound, *_ = pc._cheapest(num_tokens, hashes, hx, num_device, first, optimistic=True)
+        k1, cost, *_ = pc._cheapest(num_tokens, hashes, hx, num_device, real)
+        assert not k1 or bound <= cost * (1 + 1e-12), trial
+        if not (k0 and bound <= num_tokens * rate):
+            assert not (k1 and cost <= num_tokens * rate), trial
