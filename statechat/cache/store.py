@@ -226,8 +226,8 @@ class StateStore:
 
     def read_rate_sample(self) -> tuple[int, float] | None:
         """Time the read, as a restore reads it, of a recent checkpoint of this model that the
-        page cache holds whole (at least SAMPLE_MIN_BYTES): (bytes, seconds, the faster of two
-        reads), or None when there is none (a new cache dir, a cold page cache). An engine
+        page cache holds whole (at least SAMPLE_MIN_BYTES): (its bytes, the seconds of the faster
+        of two reads), or None when there is none (a new cache dir, a cold page cache). An engine
         starts with it, so its first plan prices page-cache reads at this machine's rate (the
         H100 machines lent gave 2.6 to 8.6 GB/s) rather than at a guess."""
         with self.db_lock:

@@ -279,8 +279,8 @@ class PrefixCache:
         # a checkpoint on disk alone is read while the blocks are (one in the host tier is read
         # below, inside reading())
         ckpt_read = None
-        lower.ask("ckpt", last.hex())  # its share exactly (the plan may have estimated it)
         if not ckpt_on_device and not self.store.host.has("ckpt", last.hex()):
+            lower.ask("ckpt", last.hex())  # its share exactly (the plan may have estimated it)
             ckpt_read = self.store.read_checkpoint_ahead(last.hex())
         try:
             t_read, t_write, together = self._load_blocks(
