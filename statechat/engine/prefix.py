@@ -205,7 +205,7 @@ class PrefixCache:
                 tier = lower.blocks.get(hx[k - 1])
                 if tier is None and not optimistic:
                     break
-                if tier is None or (tier == DISK and optimistic):
+                if tier is None:  # (optimistic: its lookup holds no disk blocks)
                     tier, load_s, assumed = DISK, load_s + self.bytes_per_block / best, True
                 else:
                     load_s += cost_model.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", hx[k - 1]))
