@@ -40,9 +40,11 @@ _TRITON_MODULES = {
     "linear": "kernels.gemv",
     "add_rmsnorm_linear": "kernels.gemv",
     "silu_mul_linear": "kernels.gemv",
+    "gated_rmsnorm_linear": "kernels.gemv",
     "rmsnorm_rope": "kernels.rope",
     "copy_slots": "kernels.slots",
     "store_kv": "kernels.slots",
+    "qk_norm_rope_store": "kernels.rope",
     "paged_attention": "kernels.attention",
     "fused_moe": "kernels.moe",
 }
@@ -167,18 +169,23 @@ def silu_mul(x):
 
 
 @_same_contract(reference.linear)
-def linear(x, w):
-    return _pick("linear", x)(x, w)
+def linear(x, w, conv=None):
+    return _pick("linear", x)(x, w, conv)
 
 
 @_same_contract(reference.add_rmsnorm_linear)
-def add_rmsnorm_linear(x, residual, norm_w, eps, w):
-    return _pick("add_rmsnorm_linear", x)(x, residual, norm_w, eps, w)
+def add_rmsnorm_linear(x, residual, norm_w, eps, w, conv=None):
+    return _pick("add_rmsnorm_linear", x)(x, residual, norm_w, eps, w, conv)
 
 
 @_same_contract(reference.silu_mul_linear)
 def silu_mul_linear(x, w):
     return _pick("silu_mul_linear", x)(x, w)
+
+
+@_same_contract(reference.gated_rmsnorm_linear)
+def gated_rmsnorm_linear(x, gate, norm_w, eps, w):
+    return _pick("gated_rmsnorm_linear", x)(x, gate, norm_w, eps, w)
 
 
 @_same_contract(reference.copy_slots)
@@ -189,6 +196,13 @@ def copy_slots(pool, src, dst):
 @_same_contract(reference.store_kv)
 def store_kv(k, v, k_cache, v_cache, slot_mapping):
     return _pick("store_kv", k)(k, v, k_cache, v_cache, slot_mapping)
+
+
+@_same_contract(reference.qk_norm_rope_store)
+def qk_norm_rope_store(q, k, v, q_weight, k_weight, cos, sin, eps, k_cache, v_cache, slot_mapping):
+    return _pick("qk_norm_rope_store", q)(
+        q, k, v, q_weight, k_weight, cos, sin, eps, k_cache, v_cache, slot_mapping
+    )
 
 
 @_same_contract(reference.paged_attention)
@@ -218,10 +232,12 @@ __all__ = [
     "copy_slots",
     "fused_moe",
     "gated_rmsnorm",
+    "gated_rmsnorm_linear",
     "get_backend",
     "implementation",
     "linear",
     "paged_attention",
+    "qk_norm_rope_store",
     "recurrent_gdn",
     "rmsnorm",
     "rmsnorm_rope",

@@ -256,24 +256,35 @@ def _merge_splits_kernel(
 ):
     gdc_enter(USE_GDC)
     i_row = tl.program_id(0).to(tl.int64)  # row of [T, Hq]
-    o_s = tl.arange(0, BS)
-    o_d = tl.arange(0, BD)
-    m_s = o_s < NUM_SPLITS
-    o_part = i_row * NUM_SPLITS + o_s
-    b_m = tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf"))
-    b_l = tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0)
-    b_max = tl.max(b_m, axis=0)
-    b_w = tl.exp2(b_m - b_max)
-    b_acc = tl.load(
-        part_acc + o_part[:, None] * D + o_d[None, :],
-        mask=m_s[:, None] & (o_d < D)[None, :],
-        other=0.0,
-    )
-    b_out = tl.sum(b_acc * b_w[:, None], axis=0) / tl.sum(b_l * b_w, axis=0)
+    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    # the splits in chunks of BS (a graph's decode may have a hundred or more): first their
+    # largest running max, then the partial sums weighted against it
+    b_max = tl.zeros([BS], dtype=tl.float32) + float("-inf")
+    for s0 in range(0, NUM_SPLITS, BS):
+        o_part = i_row * NUM_SPLITS + s0 + tl.arange(0, BS)
+        m_s = s0 + tl.arange(0, BS) < NUM_SPLITS
+        b_max = tl.maximum(b_max, tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf")))
+    b_top = tl.max(b_max, axis=0)
+    b_acc = tl.zeros([BD], dtype=tl.float32)
+    b_l = tl.zeros([BS], dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, BS):
+        o_part = i_row * NUM_SPLITS + s0 + tl.arange(0, BS)
+        m_s = s0 + tl.arange(0, BS) < NUM_SPLITS
+        b_m = tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf"))
+        b_w = tl.exp2(b_m - b_top)  # splits that saw no key (max -inf) weigh 0
+        b_l += tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0) * b_w
+        b_part = tl.load(part_acc + o_part[:, None] * D + o_d[None, :],
+                         mask=m_s[:, None] & m_d[None, :], other=0.0)
+        b_acc += tl.sum(b_part * b_w[:, None], axis=0)
+    b_out = b_acc / tl.sum(b_l, axis=0)
     if HAS_GATE:
         p_g = gate + (i_row // HQ) * stride_gt + (i_row % HQ) * stride_gh + o_d
-        b_out = _gated(b_out, tl.load(p_g, mask=o_d < D, other=0.0), out.dtype.element_ty)
-    tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=o_d < D)
+        b_out = _gated(b_out, tl.load(p_g, mask=m_d, other=0.0), out.dtype.element_ty)
+    tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
+
+
+MERGE_BS, MERGE_BD = 16, 64  # splits per step and channels per program of the merge
 
 
 # CUDA launch tuning (ignored elsewhere); module-level so that a benchmark can sweep it.
@@ -453,9 +464,9 @@ def paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate
         )
     if is_split:
-        BS = triton.next_power_of_2(num_splits)
-        _merge_splits_kernel[(T * Hq,)](
+        BD_merge = min(BD, MERGE_BD)
+        _merge_splits_kernel[(T * Hq, triton.cdiv(D, BD_merge))](
             part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
-            HQ=Hq, D=D, BD=BD, BS=BS, HAS_GATE=gate is not None, **pdl(q.device),
+            HQ=Hq, D=D, BD=BD_merge, BS=MERGE_BS, HAS_GATE=gate is not None, **pdl(q.device),
         )
     return out

@@ -1,16 +1,21 @@
 """Linear layers of one row (decode at batch 1), with the op before them fused in.
 
 y = f(x) @ W^T where f is nothing (`linear`), the residual add and zero-centred RMSNorm
-(`add_rmsnorm_linear`, which also returns the new residual) or SwiGLU (`silu_mul_linear`).
+(`add_rmsnorm_linear`, which also returns the new residual), SwiGLU (`silu_mul_linear`) or
+the GDN layer's gated RMSNorm of each head (`gated_rmsnorm_linear`).
 At these sizes a step reads each weight once and does little else, so what counts is how near
 the weight bytes stream at memory bandwidth, and how many kernels a layer launches: a GEMM
 library reaches about half the bandwidth on the 4-17 MB matrices of a ~1B model (it tiles for
 many rows), and the norm and activation kernels in between cost a launch each.
 
-Tiling: a program owns BN output columns (weight rows) and walks K in BK steps, multiplying
-a [BN, BK] weight tile with the rows' inputs elementwise and summing along K in float32 (no
-dot instruction: one row would waste it). The prologue is recomputed by every program
-from the (tiny, cache-resident) input rows; the first program alone writes the new residual.
+Tiling: a fixed number of programs per core (persistent); program p owns the column tiles
+p, p + P, p + 2P, ... of BN output columns (weight rows) each, and walks K in BK steps,
+multiplying a [BN, BK] weight tile with the rows' inputs elementwise and summing along K in
+float32 (no dot instruction: one row would waste it). Before it reduces a tile it issues the
+loads of its next one, so every program keeps a tile in flight, and its first tile is loaded
+before it waits for the kernel before (see kernels.hw.pdl). Rows up to WHOLE_ROW wide are one
+tile along K, and the prologue runs once per program; wider rows recompute it for each
+tile. The first program alone writes the new residual.
 Rounding follows `kernels.reference` op by op (sum rounded to the input dtype, norm rounded,
 SiLU rounded, product rounded), so the fused and unfused paths differ only in the order of
 the float32 sums.
@@ -18,8 +23,9 @@ the float32 sums.
 More rows than GEMV_MAX_ROWS (prefill, larger decode batches) run the unfused ops with the
 library GEMM, which wins there.
 
-Portability: plain pointers, masks, elementwise math and reductions only. Weight offsets are
-int64; the input and output rows' are int32, safe for the one or few rows this serves.
+Portability: plain pointers, masks, elementwise math, reductions and reshapes only. Weight
+offsets are int64; the input and output rows' are int32, safe for the one or few rows this
+serves.
 """
 
 from __future__ import annotations
@@ -30,20 +36,30 @@ import triton
 import triton.language as tl
 
 from kernels.activation import silu_mul
+from kernels.conv1d import _check as conv_check
+from kernels.conv1d import causal_conv1d_update
 from kernels.hw import gdc_enter, num_cores, pdl
-from kernels.norms import add_rmsnorm
+from kernels.norms import TL_DTYPES, add_rmsnorm, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 
 GEMV_MAX_ROWS = 1  # more rows: the library GEMM (2 rows ran up to 1.24x slower on an H100)
-WHOLE_ROW = 2048  # input widths up to this run as one tile per program
-_NONE, _ADD_RMSNORM, _SILU_MUL = 0, 1, 2
+WHOLE_ROW = 4096  # input widths up to this run as one tile per program
+WALK_BK = 1024  # the tile width along wider rows
+# Launch: a fixed number of programs per core, each walking column tiles of about
+# `tile_elems` weights (module-level so a benchmark can sweep it). On an H100 the decode
+# chain of a ~1B model's 96 linears ran 0.526 ms with these against 0.72 with one tile per
+# program (docs/kernels.md); other devices may want others.
+CUDA_GEMV = {"tile_elems": 8192, "num_warps": 8, "programs_per_core": 4}
+_NONE, _ADD_RMSNORM, _SILU_MUL, _GATED_NORM = 0, 1, 2, 3
 
 
 @triton.jit
 def _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K, stride_x,
-                stride_r, eps, b_rstd, PROLOGUE: tl.constexpr, WHOLE):
+                stride_r, eps, b_rstd, PROLOGUE: tl.constexpr, WHOLE, HD: tl.constexpr,
+                HEAD_ROWS: tl.constexpr, PROD_DTYPE: tl.constexpr):
     """The prologue's output for input columns o_k, in float32 ([MR, BK]), and the rows'
-    rstd (computed here when the whole row is this one tile, WHOLE)."""
-    dtype = new_residual.dtype.element_ty
+    rstd (computed here when the whole row is this one tile, WHOLE). `residual` is the gate
+    of the gated norm (heads of HD columns; whole rows only)."""
+    dtype = x.dtype.element_ty
     m_x = m_m[:, None] & m_k[None, :]
     p_x = x + o_m[:, None] * stride_x + o_k[None, :]
     if PROLOGUE == 0:
@@ -59,12 +75,61 @@ def _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K, s
             b_rstd = tl.rsqrt(tl.sum(b_s * b_s, axis=1) / K + eps)
         b_nw = tl.load(norm_w + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_in = (b_s * b_rstd[:, None] * (1.0 + b_nw[None, :])).to(dtype).to(tl.float32)
-    else:
+    elif PROLOGUE == 2:
         b_gate = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
         b_up = tl.load(p_x + K, mask=m_x, other=0.0).to(tl.float32)
         b_act = (b_gate * tl.sigmoid(b_gate)).to(dtype).to(tl.float32)
         b_in = (b_act * b_up).to(dtype).to(tl.float32)
+    else:  # the gated RMSNorm of each head (columns past K are zero: heads of zeros stay 0)
+        b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
+        b_g = tl.load(residual + o_m[:, None] * stride_r + o_k[None, :], mask=m_x, other=0.0)
+        b_w = tl.load(norm_w + tl.arange(0, HD)).to(tl.float32)
+        b_o = gated_norm_rows(tl.reshape(b_x, [HEAD_ROWS, HD]),  # [MR, BK] as rows of a head
+                              tl.reshape(b_g.to(tl.float32), [HEAD_ROWS, HD]), b_w, eps, HD,
+                              dtype, PROD_DTYPE)
+        b_in = tl.reshape(b_o, b_x.shape).to(dtype).to(tl.float32)
     return b_in, b_rstd
+
+
+@triton.jit
+def _conv_epilogue(b_acc, o_m, m_m, o_n, x, conv_w, conv_pool, src_slots, dst_slots, CONV_D,
+                   CONV_W: tl.constexpr, WP: tl.constexpr):
+    """A GDN layer's decode conv on output columns o_n < CONV_D (channels of the conv; the
+    rest pass through): the projection output as stored (rounded) is the window's new input;
+    the window [MR, W-1, BN] is read from the source slot, then the shifted one is written to
+    the destination slot. Only this program touches these channels, and a barrier separates
+    the reads from the writes, so src == dst (in place) is safe."""
+    b_x = b_acc.to(x.dtype.element_ty).to(tl.float32)
+    m_c = o_n < CONV_D
+    i_src = tl.load(src_slots + o_m, mask=m_m, other=0).to(tl.int64)
+    i_dst = tl.load(dst_slots + o_m, mask=m_m, other=0).to(tl.int64)
+    o_r = tl.arange(0, WP)
+    m_r = o_r < CONV_W - 1
+    o_win = o_r[None, :, None] * CONV_D + o_n[None, None, :]
+    m_win = m_m[:, None, None] & m_r[None, :, None] & m_c[None, None, :]
+    b_win = tl.load(conv_pool + (i_src * (CONV_W - 1) * CONV_D)[:, None, None] + o_win,
+                    mask=m_win & (i_src != 0)[:, None, None], other=0.0)  # slot 0: zeros, unread
+    p_taps = conv_w + o_n.to(tl.int64)[None, :] * CONV_W + o_r[:, None]
+    b_taps = tl.load(p_taps, mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    b_last = tl.load(conv_w + o_n.to(tl.int64) * CONV_W + CONV_W - 1, mask=m_c, other=0.0)
+    b_conv = b_x * b_last.to(tl.float32)[None, :] + tl.sum(
+        b_win.to(tl.float32) * b_taps[None, :, :], axis=1)
+    tl.debug_barrier()  # every window read before any write (in place)
+    m_out = m_m[:, None] & m_c[None, :]
+    p_dst = conv_pool + (i_dst * (CONV_W - 1) * CONV_D)[:, None, None] + o_win
+    tl.store(p_dst - CONV_D, b_win, mask=m_win & (o_r >= 1)[None, :, None])
+    p_new = conv_pool + (i_dst * (CONV_W - 1) + CONV_W - 2)[:, None] * CONV_D + o_n[None, :]
+    tl.store(p_new, b_x.to(conv_pool.dtype.element_ty), mask=m_out)
+    return tl.where(m_c[None, :], b_conv * tl.sigmoid(b_conv), b_acc)
+
+
+@triton.jit
+def _w_tile(w, i_t, k0, N, K, stride_w, BN: tl.constexpr, BK: tl.constexpr):
+    """Weight rows i_t * BN ... of columns k0 ... as a [BN, BK] tile (zeros past N and K)."""
+    o_n = i_t * BN + tl.arange(0, BN)
+    o_k = k0 + tl.arange(0, BK)
+    p_w = w + o_n[:, None].to(tl.int64) * stride_w + o_k[None, :]
+    return tl.load(p_w, mask=(o_n < N)[:, None] & (o_k < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -81,30 +146,38 @@ def _gemv_kernel(
     stride_r,
     stride_w,
     eps,
+    NUM_PROGS,
+    conv_w,
+    conv_pool,
+    src_slots,
+    dst_slots,
+    CONV_D,
     M: tl.constexpr,
     MR: tl.constexpr,
     PROLOGUE: tl.constexpr,
+    HD: tl.constexpr,
+    HEAD_ROWS: tl.constexpr,
+    PROD_DTYPE: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    WHOLE: tl.constexpr,
+    CONV_W: tl.constexpr,
+    WP: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
+    pid = tl.program_id(0)
+    num_tiles = tl.cdiv(N, BN)
     o_m = tl.arange(0, MR)
-    m_n = o_n < N
     m_m = o_m < M
-    p_w = w + o_n[:, None].to(tl.int64) * stride_w
     # the first weight tile is loaded before waiting for the kernel before (weights are
     # constants): under programmatic dependent launch it streams while that kernel finishes
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_w = tl.load(p_w + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+    b_w = _w_tile(w, pid, 0, N, K, stride_w, BN, BK)
     gdc_enter(USE_GDC)
-    dtype = out.dtype.element_ty
     b_rstd = tl.zeros([MR], dtype=tl.float32)
-    if PROLOGUE == 1 and BK < K:
+    if PROLOGUE == 1 and not WHOLE:
         # pass 1 over the input rows: the new residual (rounded, as it is stored) and its norm
-        # (with one tile for the whole row, BK >= K, the main pass computes both)
+        # (with one tile for the whole row the input tile below computes both)
+        dtype = x.dtype.element_ty
         b_sq = tl.zeros([MR], dtype=tl.float32)
         for k0 in range(0, K, BK):
             o_kk = k0 + tl.arange(0, BK)
@@ -112,23 +185,38 @@ def _gemv_kernel(
             b_x = tl.load(x + o_m[:, None] * stride_x + o_kk[None, :], mask=m_x, other=0.0)
             b_r = tl.load(residual + o_m[:, None] * stride_r + o_kk[None, :], mask=m_x, other=0.0)
             b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(dtype)
-            if i_n == 0:
+            if pid == 0:
                 tl.store(new_residual + o_m[:, None] * K + o_kk[None, :], b_s, mask=m_x)
             b_sf = b_s.to(tl.float32)
             b_sq += tl.sum(b_sf * b_sf, axis=1)
         b_rstd = tl.rsqrt(b_sq / K + eps)
-    b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K,
-                               stride_x, stride_r, eps, b_rstd, PROLOGUE, BK >= K)
-    b_acc = tl.sum(b_in[:, None, :] * b_w.to(tl.float32)[None, :, :], axis=2)
-    for k0 in range(BK, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < K
-        b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K,
-                                   stride_x, stride_r, eps, b_rstd, PROLOGUE, False)
-        b_w = tl.load(p_w + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-        b_acc += tl.sum(b_in[:, None, :] * b_w.to(tl.float32)[None, :, :], axis=2)
-    p_out = out + o_m[:, None] * N + o_n[None, :]
-    tl.store(p_out, b_acc.to(dtype), mask=m_m[:, None] & m_n[None, :])
+    o_k = tl.arange(0, BK)
+    b_in = tl.zeros([MR, BK], dtype=tl.float32)
+    if WHOLE:  # the prologue once: every column tile of this program uses the same input
+        b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, o_k < K,
+                                   pid, K, stride_x, stride_r, eps, b_rstd, PROLOGUE, True, HD,
+                                   HEAD_ROWS, PROD_DTYPE)
+    # column tiles pid, pid + NUM_PROGS, ...; each step issues the next weight tile's loads
+    # before it reduces the current one, so a program always has loads in flight
+    for i_t in range(pid, num_tiles, NUM_PROGS):
+        b_acc = tl.zeros([MR, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            if not WHOLE:
+                b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, k0 + o_k,
+                                           k0 + o_k < K, pid, K, stride_x, stride_r, eps, b_rstd,
+                                           PROLOGUE, False, HD, HEAD_ROWS, PROD_DTYPE)
+            wrap = k0 + BK >= K
+            b_next = _w_tile(w, tl.where(wrap, i_t + NUM_PROGS, i_t), tl.where(wrap, 0, k0 + BK),
+                             N, K, stride_w, BN, BK)
+            b_acc += tl.sum(b_in[:, None, :] * b_w.to(tl.float32)[None, :, :], axis=2)
+            b_w = b_next
+        o_n = i_t * BN + tl.arange(0, BN)
+        if CONV_W > 0:  # noqa: SIM102 - a constexpr test, then a runtime one
+            if i_t * BN < CONV_D:
+                b_acc = _conv_epilogue(b_acc, o_m, m_m, o_n, x, conv_w, conv_pool, src_slots,
+                                       dst_slots, CONV_D, CONV_W, WP)
+        p_out = out + o_m[:, None] * N + o_n[None, :]
+        tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_m[:, None] & (o_n < N)[None, :])
 
 
 def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -142,19 +230,22 @@ def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
-def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float = 0.0):
+def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float = 0.0,
+            head_dim: int = 1, conv=None):
     """y [M, N] (and the new residual [M, K] for the norm prologue) by the GEMV kernel."""
     M, N = x.shape[0], w.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     new_residual = out  # not written without the norm prologue
     if prologue == _ADD_RMSNORM:
         new_residual = torch.empty((M, K), dtype=x.dtype, device=x.device)
-    # rows up to WHOLE_ROW wide are one tile (loads of input and weights all in flight at
-    # once, no second pass for the norm); wider ones are walked in 512-wide tiles
-    BK = triton.next_power_of_2(K) if K <= WHOLE_ROW else 512
-    # one output column block per program; 4 columns where 8 would leave cores idle
-    BN = 8 if triton.cdiv(N, 8) >= 2 * num_cores(x.device) else 4
-    _gemv_kernel[(triton.cdiv(N, BN),)](
+    # rows up to WHOLE_ROW wide are one tile (the prologue runs once per program); wider ones
+    # are walked in WALK_BK-wide tiles (the prologue recomputed for each)
+    BK = triton.next_power_of_2(K) if K <= WHOLE_ROW else WALK_BK
+    BN = max(1, CUDA_GEMV["tile_elems"] // BK)
+    num_tiles = triton.cdiv(N, BN)
+    num_progs = min(num_tiles, CUDA_GEMV["programs_per_core"] * num_cores(x.device))
+    prod = torch.promote_types(norm_w.dtype, x.dtype) if norm_w is not None else x.dtype
+    _gemv_kernel[(num_progs,)](
         x,
         x if residual is None else residual,
         w if norm_w is None else norm_w,
@@ -167,13 +258,21 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         0 if residual is None else residual.stride(0),
         w.stride(0),
         eps,
+        num_progs,
+        *(conv or (w, w, w, w)),  # never read without the conv
+        0 if conv is None else conv[0].shape[0],
         M=M,
         MR=triton.next_power_of_2(M),
         PROLOGUE=prologue,
+        HD=head_dim,
+        HEAD_ROWS=triton.next_power_of_2(M) * BK // head_dim,
+        PROD_DTYPE=TL_DTYPES[prod],
         BN=BN,
         BK=BK,
-        num_warps=8 if BN * BK >= 8192 else 4,  # a whole-row tile: spread its registers
-        num_stages=3,
+        WHOLE=BK >= K,
+        CONV_W=0 if conv is None else conv[0].shape[1],
+        WP=1 if conv is None else triton.next_power_of_2(conv[0].shape[1] - 1),
+        num_warps=CUDA_GEMV["num_warps"],
         **pdl(x.device),
     )
     return out, new_residual
@@ -184,27 +283,57 @@ def _check_width(K: int, w: torch.Tensor) -> None:
         raise ValueError(f"linear: input width {K} does not match the weight {tuple(w.shape)}")
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _check_conv(conv, rows: int, N: int) -> None:
+    """The conv operands of a GDN in-projection, checked as causal_conv1d_update checks them."""
+    if len(conv) != 4:
+        raise ValueError("linear: conv must be (weight, conv_pool, src_slots, dst_slots)")
+    weight, pool, src, dst = conv
+    if weight.dim() != 2 or not 0 < weight.shape[0] <= N:
+        raise ValueError(f"linear: conv weight {tuple(weight.shape)} must be [D, W], D <= {N} outputs")
+    conv_check(weight.new_empty((rows, weight.shape[0])), weight, pool, (src, dst))
+    if src.shape != (rows,) or dst.shape != (rows,):
+        raise ValueError(f"linear: {rows} rows but {tuple(src.shape)} src / {tuple(dst.shape)} dst slots")
+
+
+def _conv_after(y: torch.Tensor, conv) -> torch.Tensor:
+    """The unfused path's conv: y[:, :D] replaced by its decode conv (y is a fresh tensor)."""
+    if conv is not None:
+        D = conv[0].shape[0]
+        y[:, :D] = causal_conv1d_update(y[:, :D], *conv)
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype. w is read as a constant: on CUDA its first
     tile may be loaded while the kernel before still runs (see kernels.hw.pdl), so it must not
-    be what that kernel writes (as with every one-row linear here)."""
+    be what that kernel writes (as with every one-row linear here).
+
+    conv: None, or a GDN layer's (weight [D, W], conv_pool, src_slots, dst_slots) for one
+    decode step: output columns :D then go through causal_conv1d_update (SiLU included,
+    windows read at src and written at dst), as the layer's q/k/v projection needs."""
     _check_width(x.shape[-1], w)
+    if conv is not None:
+        _check_conv(conv, x.shape[0], w.shape[0])
     if not _fits(x, w):
-        return F.linear(x, w)
-    return _launch(x, w, _NONE, x.shape[1])[0]
+        return _conv_after(F.linear(x, w), conv)
+    return _launch(x, w, _NONE, x.shape[1], conv=conv)[0]
 
 
 def add_rmsnorm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor,
+    conv=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rmsnorm(x + residual) @ w^T, x + residual): x, residual [M, K]; norm_w [K]; w [N, K]."""
+    """(rmsnorm(x + residual) @ w^T, x + residual): x, residual [M, K]; norm_w [K]; w [N, K];
+    conv as for `linear`."""
     _check_width(x.shape[-1], w)
+    if conv is not None:
+        _check_conv(conv, x.shape[0], w.shape[0])
     plain = (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
              and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
     if not (plain and _fits(x, w)):  # the unfused ops (which reject bad operands)
         normed, total = add_rmsnorm(x, residual, norm_w, eps)
-        return F.linear(normed, w), total
-    return _launch(x, w, _ADD_RMSNORM, x.shape[1], residual, norm_w, eps)
+        return _conv_after(F.linear(normed, w), conv), total
+    return _launch(x, w, _ADD_RMSNORM, x.shape[1], residual, norm_w, eps, conv=conv)
 
 
 def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -213,3 +342,22 @@ def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(silu_mul(x), w)
     _check_width(x.shape[1] // 2, w)
     return _launch(x, w, _SILU_MUL, x.shape[1] // 2)[0]
+
+
+def gated_rmsnorm_linear(
+    x: torch.Tensor, gate: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+) -> torch.Tensor:
+    """gated_rmsnorm(x, gate, norm_w, eps) as [T, H * D] @ w [N, H * D]^T -> [T, N]:
+    x, gate [T, H, D] (token strides free; heads must be contiguous within a row for the
+    kernel, else the unfused ops run); norm_w [D]."""
+    if x.dim() != 3:
+        raise ValueError(f"gated_rmsnorm_linear needs x [T, H, D], got {tuple(x.shape)}")
+    T, H, D = x.shape
+    _check_width(H * D, w)
+    check_norm_inputs(x, norm_w, "gated_rmsnorm_linear", gate)
+    rows = (x.stride(2) == 1 and x.stride(1) == D and gate.stride(2) == 1 and gate.stride(1) == D)
+    x2 = x.reshape(T, H * D) if rows else x
+    if not (rows and H * D <= WHOLE_ROW and D == triton.next_power_of_2(D) and _fits(x2, w)
+            and gate.dtype == x.dtype):
+        return linear(gated_rmsnorm(x, gate, norm_w, eps).reshape(T, H * D), w)
+    return _launch(x2, w, _GATED_NORM, H * D, gate.reshape(T, H * D), norm_w, eps, head_dim=D)[0]

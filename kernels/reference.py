@@ -294,23 +294,41 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype."""
-    return F.linear(x, w)
+def _conv_columns(y: torch.Tensor, conv) -> torch.Tensor:
+    if conv is not None:
+        D = conv[0].shape[0]
+        y[:, :D] = causal_conv1d_update(y[:, :D], *conv)
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype. conv: None, or a GDN layer's
+    (weight [D, W], conv_pool, src_slots, dst_slots) for one decode step: output columns :D
+    then go through causal_conv1d_update (the layer's q/k/v channels)."""
+    return _conv_columns(F.linear(x, w), conv)
 
 
 def add_rmsnorm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor,
+    conv=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x + residual) @ w^T, x + residual): the residual add and norm before a
-    projection. x, residual: [M, K]; norm_w: [K]; w: [N, K]."""
+    projection. x, residual: [M, K]; norm_w: [K]; w: [N, K]; conv as for `linear`."""
     normed, total = add_rmsnorm(x, residual, norm_w, eps)
-    return F.linear(normed, w), total
+    return _conv_columns(F.linear(normed, w), conv), total
 
 
 def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a fused gate/up output, then a projection: silu_mul(x) [M, I] @ w [N, I]^T."""
     return F.linear(silu_mul(x), w)
+
+
+def gated_rmsnorm_linear(
+    x: torch.Tensor, gate: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+) -> torch.Tensor:
+    """The GDN layer's gated norm of each head, then its output projection: x, gate
+    [T, H, D]; norm_w [D]; w [N, H * D] -> [T, N]."""
+    return F.linear(gated_rmsnorm(x, gate, norm_w, eps).reshape(x.shape[0], -1), w)
 
 
 def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -331,6 +349,29 @@ def store_kv(
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
     flat_k[slot_mapping[keep]] = k[keep].to(k_cache.dtype)
     flat_v[slot_mapping[keep]] = v[keep].to(v_cache.dtype)
+
+
+def qk_norm_rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """The attention layer's step before attention: q and k normed and rotated, k and v stored.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D]; q_weight, k_weight: [D]; cos, sin: [T, R] as for
+    `rmsnorm_rope`; k_cache, v_cache, slot_mapping as for `store_kv`. Writes
+    rmsnorm_rope(k) and v into the caches; returns rmsnorm_rope(q) [T, Hq, D].
+    """
+    store_kv(rmsnorm_rope(k, k_weight, cos, sin, eps), v, k_cache, v_cache, slot_mapping)
+    return rmsnorm_rope(q, q_weight, cos, sin, eps)
 
 
 def paged_attention(

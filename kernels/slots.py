@@ -91,6 +91,36 @@ def _store_kv_kernel(
         tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_hd)
 
 
+def check_store_kv(
+    op: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Raise a one-line ValueError, naming `op`, unless the inputs fit `store_kv`."""
+    if k.ndim != 3 or v.shape != k.shape or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"{op} expects k, v [T, Hkv, D] and caches [num_blocks, block_size, Hkv, D]; got "
+            f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    T, H, D = k.shape
+    if k_cache.shape[2:] != (H, D):
+        raise ValueError(
+            f"{op}: k {tuple(k.shape)} does not fit cache heads/dim {tuple(k_cache.shape[2:])}"
+        )
+    if slot_mapping.shape != (T,) or slot_mapping.dtype != torch.int64:
+        raise ValueError(
+            f"{op} needs slot_mapping [T] int64; got "
+            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
+        )
+    if k.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError(f"{op} needs k and v with a unit-stride last dim")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and slot_mapping.is_contiguous()):
+        raise ValueError(f"{op} needs contiguous caches and slot_mapping")
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -104,25 +134,8 @@ def store_kv(
     [num_blocks, block_size, Hkv, D] contiguous; slot_mapping: [T] int64, block * block_size +
     offset for each token (-1 = skip).
     """
-    if k.ndim != 3 or v.shape != k.shape or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"store_kv expects k, v [T, Hkv, D] and caches [num_blocks, block_size, Hkv, D]; got "
-            f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
-        )
+    check_store_kv("store_kv", k, v, k_cache, v_cache, slot_mapping)
     T, H, D = k.shape
-    if k_cache.shape[2:] != (H, D):
-        raise ValueError(
-            f"store_kv: k {tuple(k.shape)} does not fit cache heads/dim {tuple(k_cache.shape[2:])}"
-        )
-    if slot_mapping.shape != (T,) or slot_mapping.dtype != torch.int64:
-        raise ValueError(
-            f"store_kv needs slot_mapping [T] int64; got "
-            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
-        )
-    if k.stride(2) != 1 or v.stride(2) != 1:
-        raise ValueError("store_kv needs k and v with a unit-stride last dim")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and slot_mapping.is_contiguous()):
-        raise ValueError("store_kv needs contiguous caches and slot_mapping")
     if T == 0:
         return
     BH, BD = triton.next_power_of_2(H), triton.next_power_of_2(D)

@@ -64,7 +64,6 @@ class DecodeGraphs:
         self.src, self.dst, self.ctx_lens = self.dev32
         self.tables = torch.zeros(B, max_blocks, dtype=i32, device=dev)
         self.cu = torch.arange(B + 1, dtype=i32, device=dev)
-        self.rows = torch.arange(B, dtype=i64, device=dev)
         # pinned host staging of the same layout, written through numpy views (no tensor
         # construction per step)
         self.host64 = torch.zeros(3, B, dtype=i64, pin_memory=True)
@@ -104,7 +103,7 @@ class DecodeGraphs:
             positions=self.positions[:b], cu_seqlens=self.cu[: b + 1], is_decode=True,
             state_src=self.src[:b], state_dst=self.dst[:b], slot_mapping=self.slot_mapping[:b],
             block_tables=self.tables[:b], context_lens=self.ctx_lens[:b], checkpoints=None,
-            logits_indices=self.rows[:b],
+            logits_indices=None,  # every row: no gather
         )
 
     def can_run(self, n: int, width: int) -> bool:

@@ -56,11 +56,12 @@ class Attention(nn.Module):
         kv_dim = self.num_kv_heads * self.head_dim
         qg, k, v = proj.split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = kernels.rmsnorm_rope(q, self.q_norm.weight, *cos_sin, self.q_norm.eps)
         k = k.view(T, self.num_kv_heads, self.head_dim)
-        k = kernels.rmsnorm_rope(k, self.k_norm.weight, *cos_sin, self.k_norm.eps)
-        v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        kernels.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        q = kernels.qk_norm_rope_store(  # writes the rotated k and v into the caches
+            q, k, v, self.q_norm.weight, self.k_norm.weight, *cos_sin, self.q_norm.eps,
+            k_cache, v_cache, ctx.slot_mapping,
+        )
         o = kernels.paged_attention(  # gated in its epilogue: out * sigmoid(gate)
             q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale,
             gate,

@@ -51,30 +51,36 @@ class GatedDeltaNet(nn.Module):
         it) ahead of `mix`."""
         return self.w_in
 
+    def decode_conv(self, ctx: Context, conv_pool: torch.Tensor) -> tuple | None:
+        """In a decode step, the conv operands that the in-projection takes (kernels.linear's
+        `conv`: its q/k/v columns leave it convolved); None in a prefill."""
+        if not ctx.is_decode:
+            return None
+        return self.conv1d.weight.squeeze(1), conv_pool, ctx.state_src, ctx.state_dst
+
     def mix(
         self, proj: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
     ) -> torch.Tensor:
         """The layer after its in-projection: proj [T, conv_dim + value_dim + 2 HV] ->
-        [T, hidden]."""
+        [T, hidden]. In a decode step the projection ran with `decode_conv`, so its q/k/v
+        columns are already convolved."""
         T = proj.shape[0]
         qkv, z, b, a = proj.split(self.splits, dim=-1)
         z = z.reshape(T, self.num_v_heads, self.head_v_dim)
-        conv_w = self.conv1d.weight.squeeze(1)  # [conv_dim, W]
-        if ctx.is_decode:
-            qkv = kernels.causal_conv1d_update(qkv, conv_w, conv_pool, ctx.state_src, ctx.state_dst)
-        else:
+        if not ctx.is_decode:
             qkv = kernels.causal_conv1d(
-                qkv, conv_w, conv_pool, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints
+                qkv, self.conv1d.weight.squeeze(1), conv_pool, ctx.cu_seqlens, ctx.state_src,
+                ctx.state_dst, ctx.checkpoints,
             )
         q, k, v = qkv.split([self.key_dim, self.key_dim, qkv.shape[1] - 2 * self.key_dim], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
         gdn_args = (q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool)
-        if ctx.is_decode:
+        if ctx.is_decode:  # the gated norm runs with the output projection (one kernel per row)
             o = kernels.recurrent_gdn(*gdn_args, ctx.state_src, ctx.state_dst)
-            o = kernels.gated_rmsnorm(o, z, self.norm.weight, self.eps)
-        else:  # the gated norm runs inside the GDN's output kernel
-            o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints,
-                                  ctx.gdn_layout, (z, self.norm.weight, self.eps))
+            return kernels.gated_rmsnorm_linear(o, z, self.norm.weight, self.eps, self.out_proj.weight)
+        # the gated norm runs inside the GDN's output kernel
+        o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints,
+                              ctx.gdn_layout, (z, self.norm.weight, self.eps))
         return kernels.linear(o.reshape(T, -1), self.out_proj.weight)

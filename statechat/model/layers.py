@@ -61,7 +61,7 @@ class MLP(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """Cos/sin tables of the rotary position embedding on the first `rotary_dim` channels of each
-    head (the rotation itself runs fused with the q/k norms: `kernels.rmsnorm_rope`).
+    head (the rotation itself runs fused with the q/k norms: `kernels.qk_norm_rope_store`).
 
     Qwen3.5's multimodal RoPE reduces to this for text, where the temporal, height and width
     positions of a token are all equal.

@@ -10,8 +10,9 @@
       lm_head (tied to embed_tokens when the config says so)
 
 Each residual add runs fused with the norm after it; for one row (decode at batch 1) the norm
-runs fused with the projection after it too (kernels.add_rmsnorm_linear), and SwiGLU with the
-down projection (kernels.silu_mul_linear).
+runs fused with the projection after it too (kernels.add_rmsnorm_linear, the final norm with
+the lm_head), SwiGLU with the down projection (kernels.silu_mul_linear), and the GDN layer's
+gated norm with its output projection (kernels.gated_rmsnorm_linear).
 
 The model is stateless: a step's per-sequence state comes in through a `Context` (slot and
 block indices) and `ModelCaches` (the tensors), so a later chunk or a decode step continues
@@ -52,10 +53,12 @@ class Qwen3_5ForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
         """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices."""
-        hidden = self.model(input_ids, ctx, caches)
-        if ctx.logits_indices is not None:
-            hidden = hidden[ctx.logits_indices]
-        return self.lm_head(hidden).float()
+        h, residual = self.model(input_ids, ctx, caches)
+        if ctx.logits_indices is not None:  # rows are independent: pick them before the norm
+            h, residual = h[ctx.logits_indices], residual[ctx.logits_indices]
+        norm = self.model.norm  # the last residual add and norm, fused with the lm_head's GEMV
+        logits, _ = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, self.lm_head.weight)
+        return logits.float()
 
 
 class TextModel(nn.Module):
@@ -71,7 +74,10 @@ class TextModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
 
-    def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last layer's output, residual stream before it): the final norm adds the two."""
         h = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype)
         # made by every forward (a graph's capture must not inherit its warm-up's tensors)
@@ -80,7 +86,7 @@ class TextModel(nn.Module):
         residual = None
         for layer in self.layers:
             h, residual = layer(h, residual, cos_sin, ctx, caches)
-        return self.norm.add(h, residual)[0]
+        return h, residual
 
 
 class DecoderLayer(nn.Module):
@@ -111,15 +117,17 @@ class DecoderLayer(nn.Module):
         """(block output, residual stream before it): the caller's next norm adds the two, so
         the residual adds cost no kernel of their own. `residual` is None for the first layer."""
         mixer = self.linear_attn if self.is_gdn else self.self_attn
+        i = self.cache_index
+        # a GDN layer's decode conv runs with its in-projection (see GatedDeltaNet.mix)
+        conv = mixer.decode_conv(ctx, caches.conv[i]) if self.is_gdn else None
         if residual is None:
             residual = h
-            proj = kernels.linear(self.input_layernorm(h), mixer.w_first)
+            proj = kernels.linear(self.input_layernorm(h), mixer.w_first, conv)
         else:  # the norm runs fused with the projection after it (one kernel for a decode row)
             norm = self.input_layernorm
             proj, residual = kernels.add_rmsnorm_linear(
-                h, residual, norm.weight, norm.eps, mixer.w_first
+                h, residual, norm.weight, norm.eps, mixer.w_first, conv
             )
-        i = self.cache_index
         if self.is_gdn:
             x = mixer.mix(proj, ctx, caches.conv[i], caches.ssm[i])
         else:

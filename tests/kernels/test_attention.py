@@ -109,6 +109,18 @@ def test_decode(device, dtype, heads, num_seqs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ctx_len", [2000, 1100])  # 17 splits; 10 splits, the last one empty
+def test_decode_merges_many_splits_in_chunks(device, dtype, ctx_len, monkeypatch):
+    """A decode graph over a wide block table splits the keys a hundred ways or more; the
+    merge walks the splits in chunks (here of 4, the last one partial, and 8 channels at a
+    time)."""
+    monkeypatch.setattr(attention, "MERGE_BS", 4)
+    monkeypatch.setattr(attention, "MERGE_BD", 8)
+    monkeypatch.setitem(attention.CUDA_DECODE, "programs_per_core", 16)
+    check([1], [ctx_len], HEADS[0], dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "new_lens, ctx_lens, splits",
     [([63, 65], [63, 200], False), ([20], [720], True), ([1, 1, 1], [384, 5, 70], True)],

@@ -21,13 +21,17 @@ import kernels
 from kernels import reference
 
 OPS = [
+    "add_rmsnorm_linear",
     "causal_conv1d",
     "causal_conv1d_update",
     "chunk_gdn",
     "copy_slots",
     "fused_moe",
     "gated_rmsnorm",
+    "gated_rmsnorm_linear",
+    "linear",
     "paged_attention",
+    "qk_norm_rope_store",
     "recurrent_gdn",
     "rmsnorm",
     "store_kv",

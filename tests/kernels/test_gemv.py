@@ -16,7 +16,14 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import gemv, reference
-from kernels.gemv import GEMV_MAX_ROWS, WHOLE_ROW, add_rmsnorm_linear, linear, silu_mul_linear
+from kernels.gemv import (
+    GEMV_MAX_ROWS,
+    WHOLE_ROW,
+    add_rmsnorm_linear,
+    gated_rmsnorm_linear,
+    linear,
+    silu_mul_linear,
+)
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 EPS = 1e-6
@@ -66,6 +73,55 @@ def test_silu_mul_linear(device, dtype, M, N, I):
     assert rel_err(out, reference.silu_mul_linear(x, w)) < TOL[dtype]
 
 
+def gdn_output(T: int, H: int, D: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GDN layer's o [T, H, D] and its gate z: a view of a wider projection, as in the model."""
+    o = (torch.randn(T, H, D, device=device) * 2).to(dtype)
+    proj = torch.randn(T, H * D + 40, device=device).to(dtype)
+    return o, proj[:, 24 : 24 + H * D].view(T, H, D)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,D,N", [(4, 32, 40), (3, 64, 130), (16, 128, 24)])
+def test_gated_rmsnorm_linear_runs_the_kernel_and_matches(device, dtype, H, D, N, monkeypatch):
+    """Heads of a power-of-two width, rows up to WHOLE_ROW: one kernel (the unfused norm must
+    not run), and the result of the norm then the projection."""
+    def no_norm(*args, **kwargs):
+        raise AssertionError("the unfused gated norm ran")
+
+    monkeypatch.setattr(gemv, "gated_rmsnorm", no_norm)
+    o, z = gdn_output(1, H, D, dtype, device)
+    norm_w = (1 + 0.5 * torch.randn(D, device=device)).to(dtype)
+    w = weight(N, H * D, dtype, device)
+    out = gated_rmsnorm_linear(o, z, norm_w, EPS, w)
+    assert out.shape == (1, N) and out.dtype == dtype
+    assert rel_err(out, reference.gated_rmsnorm_linear(o, z, norm_w, EPS, w)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("T,H,D", [(2, 4, 32), (1, 3, 48), (1, 2, WHOLE_ROW)])
+def test_gated_rmsnorm_linear_takes_the_unfused_ops_elsewhere(device, T, H, D):
+    """More rows, heads of other widths, rows wider than WHOLE_ROW and heads that are not
+    contiguous in a row take the norm kernel and then the linear: same result."""
+    o, z = gdn_output(T, H, D, torch.float32, device)
+    norm_w, w = 1 + 0.5 * torch.randn(D, device=device), weight(24, H * D, torch.float32, device)
+    want = reference.gated_rmsnorm_linear(o, z, norm_w, EPS, w)
+    assert rel_err(gated_rmsnorm_linear(o, z, norm_w, EPS, w), want) < TOL[torch.float32]
+    o_t = o.transpose(0, 1).contiguous().transpose(0, 1)  # heads strided apart
+    assert rel_err(gated_rmsnorm_linear(o_t, z, norm_w, EPS, w), want) < TOL[torch.float32]
+
+
+def test_gated_rmsnorm_linear_refuses_bad_operands(device):
+    o, z = gdn_output(1, 4, 32, torch.float32, device)
+    w = weight(8, 128, torch.float32, device)
+    with pytest.raises(ValueError, match="does not match the weight"):
+        gated_rmsnorm_linear(o, z, torch.ones(32, device=device), EPS, w[:, :64])
+    with pytest.raises(ValueError, match="weight"):
+        gated_rmsnorm_linear(o, z, torch.ones(16, device=device), EPS, w)
+    with pytest.raises(ValueError, match="gate"):
+        gated_rmsnorm_linear(o, z[:, :2], torch.ones(32, device=device), EPS, w)
+    with pytest.raises(ValueError, match=r"\[T, H, D\]"):
+        gated_rmsnorm_linear(o.reshape(1, 128), z, torch.ones(32, device=device), EPS, w)
+
+
 def same_roundings(out: torch.Tensor, ref: torch.Tensor) -> bool:
     """Equal but for rare 1-ulp ties (rsqrt and sigmoid differ in the last float32 bit
     between Triton and torch): a missing rounding step moves most entries instead."""
@@ -96,6 +152,12 @@ def test_prologues_round_like_the_reference(device, dtype, K):
     act = reference.silu_mul(gu)
     want = (act[:, :N].float() + act[:, N : 2 * N].float()).to(dtype)
     assert same_roundings(silu_mul_linear(gu, w), want)
+    if K <= WHOLE_ROW:  # the gated norm's prologue (heads of 32)
+        o, z = (torch.randn(1, K // 32, 32, device=device) * 2).to(dtype), gu[:, :K].view(1, -1, 32)
+        gw = (1 + 0.5 * torch.randn(32, device=device)).to(dtype)
+        g = reference.gated_rmsnorm(o, z, gw, EPS).reshape(1, K)
+        want = (g[:, :N].float() + g[:, N : 2 * N].float()).to(dtype)
+        assert same_roundings(gated_rmsnorm_linear(o, z, gw, EPS, w), want)
 
 
 def test_the_kernel_serves_any_row_count(device):
@@ -198,3 +260,91 @@ def test_dependent_launch_is_off_off_cuda():
     from kernels import hw
 
     assert hw.pdl(torch.device("cpu")) == {"USE_GDC": False}
+
+
+def conv_operands(D: int, W: int, device, dtype=torch.float32):
+    """A GDN layer's conv weight and a pool of 4 slots (slot 0: the null slot, zeros)."""
+    conv_w = torch.randn(D, W, device=device).to(dtype)
+    pool = torch.randn(4, W - 1, D, device=device).to(dtype)
+    pool[0] = 0
+    return conv_w, pool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("src,dst", [(2, 2), (1, 3), (0, 2)], ids=["in-place", "to-another", "null"])
+@pytest.mark.parametrize("norm", [False, True])
+def test_the_decode_conv_runs_with_the_in_projection(device, dtype, src, dst, norm, monkeypatch):
+    """Output columns :D leave convolved (SiLU'd) from the projection as stored, the window
+    moves from the source slot to the destination slot; other columns and slots untouched."""
+    def no_conv(*args, **kwargs):
+        raise AssertionError("the separate conv kernel ran")
+
+    monkeypatch.setattr(gemv, "causal_conv1d_update", no_conv)
+    N, K, D, W = 52, 96, 40, 4
+    x = (torch.randn(1, K, device=device) * 2).to(dtype)
+    residual = torch.randn(1, K, device=device).to(dtype)
+    norm_w = (0.5 * torch.randn(K, device=device)).to(dtype)
+    w = weight(N, K, dtype, device)
+    conv_w, pool = conv_operands(D, W, device, dtype)
+    ref_pool = pool.clone()
+    slots = (torch.tensor([src], dtype=torch.int32, device=device),
+             torch.tensor([dst], dtype=torch.int32, device=device))
+    if norm:
+        out, total = add_rmsnorm_linear(x, residual, norm_w, EPS, w, (conv_w, pool, *slots))
+        want, want_total = reference.add_rmsnorm_linear(x, residual, norm_w, EPS, w,
+                                                        (conv_w, ref_pool, *slots))
+        assert torch.equal(total, want_total)
+    else:
+        out = linear(x, w, (conv_w, pool, *slots))
+        want = reference.linear(x, w, (conv_w, ref_pool, *slots))
+    assert rel_err(out[:, :D], want[:, :D]) < TOL[dtype]
+    assert rel_err(out[:, D:], want[:, D:]) < TOL[dtype]
+    # the window's new input is the projection output rounded as stored: one ulp of it at most
+    assert rel_err(pool, ref_pool) < TOL[dtype] and torch.equal(pool[0], ref_pool[0])
+    others = [s for s in range(1, 4) if s != dst]
+    assert torch.equal(pool[others], ref_pool[others])
+
+
+def test_the_decode_conv_with_more_rows_takes_the_unfused_ops(device):
+    N, K, D, W = 24, 64, 16, 4
+    x, w = torch.randn(2, K, device=device), weight(N, K, torch.float32, device)
+    conv_w, pool = conv_operands(D, W, device)
+    ref_pool = pool.clone()
+    src = torch.tensor([1, 2], dtype=torch.int32, device=device)
+    dst = torch.tensor([3, 2], dtype=torch.int32, device=device)
+    out = linear(x, w, (conv_w, pool, src, dst))
+    want = reference.linear(x, w, (conv_w, ref_pool, src, dst))
+    assert rel_err(out, want) < TOL[torch.float32] and rel_err(pool, ref_pool) < 1e-6
+
+
+def test_bad_conv_operands_are_one_clear_error(device):
+    x, w = torch.randn(1, 64, device=device), weight(24, 64, torch.float32, device)
+    conv_w, pool = conv_operands(16, 4, device)
+    one = torch.ones(1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="must be"):
+        linear(x, w, (conv_w, pool, one))
+    with pytest.raises(ValueError, match=r"D <= 24"):
+        linear(x, w, (torch.randn(32, 4, device=device), pool, one, one))
+    with pytest.raises(ValueError, match="conv1d shapes disagree"):
+        linear(x, w, (conv_w, pool[:, :2], one, one))
+    with pytest.raises(ValueError, match="int32"):
+        linear(x, w, (conv_w, pool, one.long(), one))
+    with pytest.raises(ValueError, match="dst slots"):
+        add_rmsnorm_linear(x, x, torch.ones(64, device=device), EPS, w,
+                           (conv_w, pool, one, torch.ones(2, dtype=torch.int32, device=device)))
+
+
+def test_the_decode_conv_reads_the_projection_as_stored(device):
+    """With w[n] = e_n + e_(n+N) the projection is exact in float32 and rounded at its store;
+    the conv must see it rounded, as the unfused conv kernel reads it from memory."""
+    dtype, N, D, W = torch.bfloat16, 48, 48, 4
+    K = 2 * N
+    eye = torch.eye(K, device=device)
+    w = (eye[:N] + eye[N:]).to(dtype)
+    x = (torch.randn(1, K, device=device) * 2).to(dtype)
+    conv_w, pool = conv_operands(D, W, device, dtype)
+    ref_pool = pool.clone()
+    one = torch.ones(1, dtype=torch.int32, device=device)
+    out = linear(x, w, (conv_w, pool, one, one))
+    want = reference.linear(x, w, (conv_w, ref_pool, one, one))
+    assert same_roundings(out, want) and torch.equal(pool, ref_pool)
