@@ -92,34 +92,43 @@ def _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, m_k, i_n, K, s
 
 
 @triton.jit
-def _conv_epilogue(b_acc, o_m, m_m, o_n, x, conv_w, conv_pool, src_slots, dst_slots, CONV_D,
-                   CONV_W: tl.constexpr, WP: tl.constexpr):
-    """A GDN layer's decode conv on output columns o_n < CONV_D (channels of the conv; the
-    rest pass through): the projection output as stored (rounded) is the window's new input;
-    the window [MR, W-1, BN] is read from the source slot, then the shifted one is written to
-    the destination slot. Only this program touches these channels, and a barrier separates
-    the reads from the writes, so src == dst (in place) is safe."""
-    b_x = b_acc.to(x.dtype.element_ty).to(tl.float32)
+def _conv_window(o_n, conv_w, conv_pool, i_src, m_m, CONV_D, CONV_W: tl.constexpr,
+                 WP: tl.constexpr):
+    """The conv operands of a GDN layer's decode for output columns o_n < CONV_D (its
+    channels): the window [MR, WP, BN] of the rows' source slots (rows past W-1 and slot 0
+    read as zeros) and the taps [WP, BN] and last tap [BN] of the weight. Loaded before the
+    tile's reduction, so that their latency hides behind it."""
     m_c = o_n < CONV_D
-    i_src = tl.load(src_slots + o_m, mask=m_m, other=0).to(tl.int64)
-    i_dst = tl.load(dst_slots + o_m, mask=m_m, other=0).to(tl.int64)
     o_r = tl.arange(0, WP)
     m_r = o_r < CONV_W - 1
     o_win = o_r[None, :, None] * CONV_D + o_n[None, None, :]
-    m_win = m_m[:, None, None] & m_r[None, :, None] & m_c[None, None, :]
+    m_win = (m_m & (i_src != 0))[:, None, None] & m_r[None, :, None] & m_c[None, None, :]
     b_win = tl.load(conv_pool + (i_src * (CONV_W - 1) * CONV_D)[:, None, None] + o_win,
-                    mask=m_win & (i_src != 0)[:, None, None], other=0.0)  # slot 0: zeros, unread
+                    mask=m_win, other=0.0)
     p_taps = conv_w + o_n.to(tl.int64)[None, :] * CONV_W + o_r[:, None]
     b_taps = tl.load(p_taps, mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
     b_last = tl.load(conv_w + o_n.to(tl.int64) * CONV_W + CONV_W - 1, mask=m_c, other=0.0)
-    b_conv = b_x * b_last.to(tl.float32)[None, :] + tl.sum(
-        b_win.to(tl.float32) * b_taps[None, :, :], axis=1)
+    return b_win, b_taps, b_last.to(tl.float32)
+
+
+@triton.jit
+def _conv_epilogue(b_acc, b_win, b_taps, b_last, o_m, m_m, o_n, x, conv_pool, i_dst, CONV_D,
+                   CONV_W: tl.constexpr, WP: tl.constexpr):
+    """The decode conv of columns o_n < CONV_D (the rest pass through): the projection output
+    as stored (rounded) is the window's new input; the shifted window goes to the rows'
+    destination slots. Only this program touches these channels, and a barrier separates the
+    window's reads from these writes, so src == dst (in place) is safe."""
+    b_x = b_acc.to(x.dtype.element_ty).to(tl.float32)
+    m_c = o_n < CONV_D
+    b_conv = b_x * b_last[None, :] + tl.sum(b_win.to(tl.float32) * b_taps[None, :, :], axis=1)
     tl.debug_barrier()  # every window read before any write (in place)
-    m_out = m_m[:, None] & m_c[None, :]
+    o_r = tl.arange(0, WP)
+    m_shift = m_m[:, None, None] & ((o_r >= 1) & (o_r < CONV_W - 1))[None, :, None] & m_c[None, None, :]
+    o_win = o_r[None, :, None] * CONV_D + o_n[None, None, :]
     p_dst = conv_pool + (i_dst * (CONV_W - 1) * CONV_D)[:, None, None] + o_win
-    tl.store(p_dst - CONV_D, b_win, mask=m_win & (o_r >= 1)[None, :, None])
+    tl.store(p_dst - CONV_D, b_win, mask=m_shift)  # row r of the window to row r - 1
     p_new = conv_pool + (i_dst * (CONV_W - 1) + CONV_W - 2)[:, None] * CONV_D + o_n[None, :]
-    tl.store(p_new, b_x.to(conv_pool.dtype.element_ty), mask=m_out)
+    tl.store(p_new, b_x.to(conv_pool.dtype.element_ty), mask=m_m[:, None] & m_c[None, :])
     return tl.where(m_c[None, :], b_conv * tl.sigmoid(b_conv), b_acc)
 
 
@@ -198,7 +207,14 @@ def _gemv_kernel(
                                    HEAD_ROWS, PROD_DTYPE)
     # column tiles pid, pid + NUM_PROGS, ...; each step issues the next weight tile's loads
     # before it reduces the current one, so a program always has loads in flight
+    if CONV_W > 0:
+        i_src = tl.load(src_slots + o_m, mask=m_m, other=0).to(tl.int64)
+        i_dst = tl.load(dst_slots + o_m, mask=m_m, other=0).to(tl.int64)
     for i_t in range(pid, num_tiles, NUM_PROGS):
+        o_n = i_t * BN + tl.arange(0, BN)
+        if CONV_W > 0:
+            b_win, b_taps, b_last = _conv_window(o_n, conv_w, conv_pool, i_src, m_m, CONV_D,
+                                                 CONV_W, WP)
         b_acc = tl.zeros([MR, BN], dtype=tl.float32)
         for k0 in range(0, K, BK):
             if not WHOLE:
@@ -210,11 +226,10 @@ def _gemv_kernel(
                              N, K, stride_w, BN, BK)
             b_acc += tl.sum(b_in[:, None, :] * b_w.to(tl.float32)[None, :, :], axis=2)
             b_w = b_next
-        o_n = i_t * BN + tl.arange(0, BN)
         if CONV_W > 0:  # noqa: SIM102 - a constexpr test, then a runtime one
             if i_t * BN < CONV_D:
-                b_acc = _conv_epilogue(b_acc, o_m, m_m, o_n, x, conv_w, conv_pool, src_slots,
-                                       dst_slots, CONV_D, CONV_W, WP)
+                b_acc = _conv_epilogue(b_acc, b_win, b_taps, b_last, o_m, m_m, o_n, x, conv_pool,
+                                       i_dst, CONV_D, CONV_W, WP)
         p_out = out + o_m[:, None] * N + o_n[None, :]
         tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_m[:, None] & (o_n < N)[None, :])
 
