@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from kernels import reference
-from kernels.reference import CHUNK, Checkpoints
+from kernels.reference import CHUNK, Checkpoints, DecodeConv
 
 BACKENDS = ("auto", "triton", "reference")
 _ACCELERATORS = frozenset({"cuda", "npu"})
@@ -223,6 +223,7 @@ __all__ = [
     "BACKENDS",
     "CHUNK",
     "Checkpoints",
+    "DecodeConv",
     "add_rmsnorm",
     "add_rmsnorm_linear",
     "causal_conv1d",

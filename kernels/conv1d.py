@@ -140,8 +140,8 @@ def _conv_save_kernel(
 
 @triton.jit
 def _conv_update_kernel(
-    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, D, W: tl.constexpr, BD: tl.constexpr,
-    USE_GDC: tl.constexpr,
+    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, stride_out, D, W: tl.constexpr,
+    BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
     i_n, i_d = tl.program_id(0), tl.program_id(1)
@@ -165,10 +165,10 @@ def _conv_update_kernel(
             tl.store(p_dst + (i_r - 1) * D, b_v.to(conv_pool.dtype.element_ty), mask=m_d)
     tl.store(p_dst + (W - 2) * D, b_x.to(conv_pool.dtype.element_ty), mask=m_d)
     b_out = b_acc * tl.sigmoid(b_acc)
-    tl.store(out + i_n.to(tl.int64) * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
+    tl.store(out + i_n.to(tl.int64) * stride_out + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
 
 
-def _check(
+def check_conv(
     x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, slots: tuple[torch.Tensor, ...]
 ) -> None:
     if x.ndim != 2 or weight.ndim != 2 or conv_pool.ndim != 3:
@@ -220,7 +220,7 @@ def causal_conv1d(
     ckpt = (
         (checkpoints.seq, checkpoints.boundary, checkpoints.slot) if checkpoints is not None else ()
     )
-    _check(x, weight, conv_pool, (cu_seqlens, src_slots, dst_slots, *ckpt))
+    check_conv(x, weight, conv_pool, (cu_seqlens, src_slots, dst_slots, *ckpt))
     T, D = x.shape
     W = weight.shape[1]
     N = cu_seqlens.shape[0] - 1
@@ -260,7 +260,25 @@ def causal_conv1d_update(
     x: [N, D]; weight: [D, W]; conv_pool: [num_slots, W-1, D]; src_slots, dst_slots: [N] int32.
     Returns [N, D] in x's dtype; x may be row-strided, as in causal_conv1d.
     """
-    _check(x, weight, conv_pool, (src_slots, dst_slots))
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _update(x, weight, conv_pool, src_slots, dst_slots, out)
+    return out
+
+
+def causal_conv1d_update_in_place(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_pool: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+) -> None:
+    """causal_conv1d_update with its output written over x (each element is read and then
+    written by the same thread): for a projection's columns, e.g. a GDN in-projection's."""
+    _update(x, weight, conv_pool, src_slots, dst_slots, x)
+
+
+def _update(x, weight, conv_pool, src_slots, dst_slots, out) -> None:
+    check_conv(x, weight, conv_pool, (src_slots, dst_slots))
     N, D = x.shape
     W = weight.shape[1]
     if src_slots.shape[0] != N or dst_slots.shape[0] != N:
@@ -268,11 +286,9 @@ def causal_conv1d_update(
             f"conv1d_update: {N} tokens but {src_slots.shape[0]} src / "
             f"{dst_slots.shape[0]} dst slots"
         )
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     BD = _block_d(D)
     if N > 0:
         _conv_update_kernel[(N, triton.cdiv(D, BD))](
-            x, weight, conv_pool, out, src_slots, dst_slots, x.stride(0), D, W=W, BD=BD,
-            **pdl(x.device),
+            x, weight, conv_pool, out, src_slots, dst_slots, x.stride(0), out.stride(0), D, W=W,
+            BD=BD, **pdl(x.device),
         )
-    return out

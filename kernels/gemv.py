@@ -23,9 +23,9 @@ the float32 sums.
 More rows than GEMV_MAX_ROWS (prefill, larger decode batches) run the unfused ops with the
 library GEMM, which wins there.
 
-Portability: plain pointers, masks, elementwise math, reductions and reshapes only. Weight
-offsets are int64; the input and output rows' are int32, safe for the one or few rows this
-serves.
+Portability: plain pointers, masks, elementwise math, reductions, a reshape (the gated norm)
+and a CTA barrier (the conv) only. Weight offsets are int64; the input and output rows' are
+int32, safe for the one or few rows this serves.
 """
 
 from __future__ import annotations
@@ -36,10 +36,16 @@ import triton
 import triton.language as tl
 
 from kernels.activation import silu_mul
-from kernels.conv1d import _check as conv_check
-from kernels.conv1d import causal_conv1d_update
+from kernels.conv1d import causal_conv1d_update_in_place, check_conv
 from kernels.hw import gdc_enter, num_cores, pdl
-from kernels.norms import TL_DTYPES, add_rmsnorm, check_norm_inputs, gated_norm_rows, gated_rmsnorm
+from kernels.norms import (
+    TL_DTYPES,
+    add_rmsnorm,
+    check_norm_inputs,
+    gated_norm_rows,
+    gated_rmsnorm,
+)
+from kernels.reference import DecodeConv
 
 GEMV_MAX_ROWS = 1  # more rows: the library GEMM (2 rows ran up to 1.24x slower on an H100)
 WHOLE_ROW = 4096  # input widths up to this run as one tile per program
@@ -123,7 +129,8 @@ def _conv_epilogue(b_acc, b_win, b_taps, b_last, o_m, m_m, o_n, x, conv_pool, i_
     b_conv = b_x * b_last[None, :] + tl.sum(b_win.to(tl.float32) * b_taps[None, :, :], axis=1)
     tl.debug_barrier()  # every window read before any write (in place)
     o_r = tl.arange(0, WP)
-    m_shift = m_m[:, None, None] & ((o_r >= 1) & (o_r < CONV_W - 1))[None, :, None] & m_c[None, None, :]
+    m_rows = (o_r >= 1) & (o_r < CONV_W - 1)  # window rows that move down one
+    m_shift = m_m[:, None, None] & m_rows[None, :, None] & m_c[None, None, :]
     o_win = o_r[None, :, None] * CONV_D + o_n[None, None, :]
     p_dst = conv_pool + (i_dst * (CONV_W - 1) * CONV_D)[:, None, None] + o_win
     tl.store(p_dst - CONV_D, b_win, mask=m_shift)  # row r of the window to row r - 1
@@ -259,7 +266,8 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
     BN = max(1, CUDA_GEMV["tile_elems"] // BK)
     num_tiles = triton.cdiv(N, BN)
     num_progs = min(num_tiles, CUDA_GEMV["programs_per_core"] * num_cores(x.device))
-    prod = torch.promote_types(norm_w.dtype, x.dtype) if norm_w is not None else x.dtype
+    # the gated norm's product dtype (the weight times the normed x, as the reference rounds it)
+    prod = torch.promote_types(norm_w.dtype, x.dtype) if prologue == _GATED_NORM else x.dtype
     _gemv_kernel[(num_progs,)](
         x,
         x if residual is None else residual,
@@ -298,37 +306,40 @@ def _check_width(K: int, w: torch.Tensor) -> None:
         raise ValueError(f"linear: input width {K} does not match the weight {tuple(w.shape)}")
 
 
-def _check_conv(conv, rows: int, N: int) -> None:
-    """The conv operands of a GDN in-projection, checked as causal_conv1d_update checks them."""
+def _check_conv(op: str, conv: DecodeConv, rows: int, N: int) -> None:
+    """A GDN in-projection's conv operands, checked as causal_conv1d_update checks them."""
     if len(conv) != 4:
-        raise ValueError("linear: conv must be (weight, conv_pool, src_slots, dst_slots)")
+        raise ValueError(f"{op}: conv must be (weight, conv_pool, src_slots, dst_slots)")
     weight, pool, src, dst = conv
     if weight.dim() != 2 or not 0 < weight.shape[0] <= N:
-        raise ValueError(f"linear: conv weight {tuple(weight.shape)} must be [D, W], D <= {N} outputs")
-    conv_check(weight.new_empty((rows, weight.shape[0])), weight, pool, (src, dst))
+        raise ValueError(
+            f"{op}: conv weight {tuple(weight.shape)} must be [D, W], D <= {N} outputs"
+        )
+    check_conv(weight.new_empty((rows, weight.shape[0])), weight, pool, (src, dst))
     if src.shape != (rows,) or dst.shape != (rows,):
-        raise ValueError(f"linear: {rows} rows but {tuple(src.shape)} src / {tuple(dst.shape)} dst slots")
+        raise ValueError(
+            f"{op}: {rows} rows but {tuple(src.shape)} src / {tuple(dst.shape)} dst slots"
+        )
 
 
-def _conv_after(y: torch.Tensor, conv) -> torch.Tensor:
-    """The unfused path's conv: y[:, :D] replaced by its decode conv (y is a fresh tensor)."""
+def _conv_after(y: torch.Tensor, conv: DecodeConv | None) -> torch.Tensor:
+    """The unfused path's conv: y[:, :D] replaced by its decode conv, in place."""
     if conv is not None:
-        D = conv[0].shape[0]
-        y[:, :D] = causal_conv1d_update(y[:, :D], *conv)
+        causal_conv1d_update_in_place(y[:, : conv[0].shape[0]], *conv)
     return y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, conv: DecodeConv | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype. w is read as a constant: on CUDA its first
     tile may be loaded while the kernel before still runs (see kernels.hw.pdl), so it must not
     be what that kernel writes (as with every one-row linear here).
 
-    conv: None, or a GDN layer's (weight [D, W], conv_pool, src_slots, dst_slots) for one
-    decode step: output columns :D then go through causal_conv1d_update (SiLU included,
-    windows read at src and written at dst), as the layer's q/k/v projection needs."""
+    conv: None, or a GDN layer's decode conv (kernels.reference.DecodeConv): output columns
+    :D then go through causal_conv1d_update (SiLU included, windows read at src and written at
+    dst), as the layer's q/k/v projection needs."""
     _check_width(x.shape[-1], w)
     if conv is not None:
-        _check_conv(conv, x.shape[0], w.shape[0])
+        _check_conv("linear", conv, x.shape[0], w.shape[0])
     if not _fits(x, w):
         return _conv_after(F.linear(x, w), conv)
     return _launch(x, w, _NONE, x.shape[1], conv=conv)[0]
@@ -336,13 +347,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
 
 def add_rmsnorm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor,
-    conv=None,
+    conv: DecodeConv | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x + residual) @ w^T, x + residual): x, residual [M, K]; norm_w [K]; w [N, K];
     conv as for `linear`."""
     _check_width(x.shape[-1], w)
     if conv is not None:
-        _check_conv(conv, x.shape[0], w.shape[0])
+        _check_conv("add_rmsnorm_linear", conv, x.shape[0], w.shape[0])
     plain = (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
              and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
     if not (plain and _fits(x, w)):  # the unfused ops (which reject bad operands)

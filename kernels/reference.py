@@ -14,11 +14,26 @@ need to be fast.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 CHUNK = 64  # GDN chunk size; checkpoint boundaries are multiples of it
+
+
+class DecodeConv(NamedTuple):
+    """A GDN layer's causal conv for one decode step, run by the projection before it
+    (`linear`, `add_rmsnorm_linear`): output columns :D go through `causal_conv1d_update`.
+
+    weight: [D, W]; conv_pool: [num_slots, W-1, D]; src_slots, dst_slots: [N] int32 (one per
+    row; src 0 reads zeros; dst may equal src)
+    """
+
+    weight: torch.Tensor
+    conv_pool: torch.Tensor
+    src_slots: torch.Tensor
+    dst_slots: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -294,23 +309,22 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _conv_columns(y: torch.Tensor, conv) -> torch.Tensor:
+def _conv_columns(y: torch.Tensor, conv: DecodeConv | None) -> torch.Tensor:
     if conv is not None:
         D = conv[0].shape[0]
         y[:, :D] = causal_conv1d_update(y[:, :D], *conv)
     return y
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype. conv: None, or a GDN layer's
-    (weight [D, W], conv_pool, src_slots, dst_slots) for one decode step: output columns :D
-    then go through causal_conv1d_update (the layer's q/k/v channels)."""
+def linear(x: torch.Tensor, w: torch.Tensor, conv: DecodeConv | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype. conv: a GDN layer's decode conv, run on
+    output columns :D (the layer's q/k/v channels), or None."""
     return _conv_columns(F.linear(x, w), conv)
 
 
 def add_rmsnorm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor,
-    conv=None,
+    conv: DecodeConv | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x + residual) @ w^T, x + residual): the residual add and norm before a
     projection. x, residual: [M, K]; norm_w: [K]; w: [N, K]; conv as for `linear`."""

@@ -58,6 +58,7 @@ class Attention(nn.Module):
         q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
+        # one eps for both norms: q_norm's and k_norm's are the config's rms_norm_eps
         q = kernels.qk_norm_rope_store(  # writes the rotated k and v into the caches
             q, k, v, self.q_norm.weight, self.k_norm.weight, *cos_sin, self.q_norm.eps,
             k_cache, v_cache, ctx.slot_mapping,

@@ -51,12 +51,13 @@ class GatedDeltaNet(nn.Module):
         it) ahead of `mix`."""
         return self.w_in
 
-    def decode_conv(self, ctx: Context, conv_pool: torch.Tensor) -> tuple | None:
-        """In a decode step, the conv operands that the in-projection takes (kernels.linear's
-        `conv`: its q/k/v columns leave it convolved); None in a prefill."""
+    def decode_conv(self, ctx: Context, conv_pool: torch.Tensor) -> kernels.DecodeConv | None:
+        """In a decode step, the conv that the in-projection runs (kernels.linear's `conv`: its
+        q/k/v columns leave it convolved); None in a prefill."""
         if not ctx.is_decode:
             return None
-        return self.conv1d.weight.squeeze(1), conv_pool, ctx.state_src, ctx.state_dst
+        return kernels.DecodeConv(self.conv1d.weight.squeeze(1), conv_pool, ctx.state_src,
+                                  ctx.state_dst)
 
     def mix(
         self, proj: torch.Tensor, ctx: Context, conv_pool: torch.Tensor, ssm_pool: torch.Tensor
@@ -79,8 +80,9 @@ class GatedDeltaNet(nn.Module):
         gdn_args = (q, k, v, a, b, self.A_log, self.dt_bias, ssm_pool)
         if ctx.is_decode:  # the gated norm runs with the output projection (one kernel per row)
             o = kernels.recurrent_gdn(*gdn_args, ctx.state_src, ctx.state_dst)
-            return kernels.gated_rmsnorm_linear(o, z, self.norm.weight, self.eps, self.out_proj.weight)
+            w_norm, w_out = self.norm.weight, self.out_proj.weight
+            return kernels.gated_rmsnorm_linear(o, z, w_norm, self.eps, w_out)
         # the gated norm runs inside the GDN's output kernel
-        o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst, ctx.checkpoints,
-                              ctx.gdn_layout, (z, self.norm.weight, self.eps))
+        o = kernels.chunk_gdn(*gdn_args, ctx.cu_seqlens, ctx.state_src, ctx.state_dst,
+                              ctx.checkpoints, ctx.gdn_layout, (z, self.norm.weight, self.eps))
         return kernels.linear(o.reshape(T, -1), self.out_proj.weight)

@@ -57,7 +57,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         if ctx.logits_indices is not None:  # rows are independent: pick them before the norm
             h, residual = h[ctx.logits_indices], residual[ctx.logits_indices]
         norm = self.model.norm  # the last residual add and norm, fused with the lm_head's GEMV
-        logits, _ = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, self.lm_head.weight)
+        w = self.lm_head.weight
+        logits, _ = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, w)
         return logits.float()
 
 

@@ -118,6 +118,14 @@ def test_decode_merges_many_splits_in_chunks(device, dtype, ctx_len, monkeypatch
     monkeypatch.setattr(attention, "MERGE_BD", 8)
     monkeypatch.setitem(attention.CUDA_DECODE, "programs_per_core", 16)
     check([1], [ctx_len], HEADS[0], dtype, device)
+    # the output gate, read by every channel program of the merge (D = 32: four of them)
+    Hq, Hkv, D = 4, 2, 32
+    q, k_cache, v_cache, tables, cu, ctx = make_batch([1], [ctx_len], Hq, Hkv, D, dtype, device)
+    gate = (torch.randn(1, Hq, 2 * D, device=device) * 2).to(dtype)[..., D:]
+    out = paged_attention(q, k_cache, v_cache, tables, cu, ctx, D**-0.5, gate)
+    ref = reference.paged_attention(q.double(), k_cache.double(), v_cache.double(), tables, cu,
+                                    ctx, D**-0.5, gate.double())
+    assert rel_err(out, ref) <= TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -105,8 +105,13 @@ def test_gated_rmsnorm_linear_takes_the_unfused_ops_elsewhere(device, T, H, D):
     norm_w, w = 1 + 0.5 * torch.randn(D, device=device), weight(24, H * D, torch.float32, device)
     want = reference.gated_rmsnorm_linear(o, z, norm_w, EPS, w)
     assert rel_err(gated_rmsnorm_linear(o, z, norm_w, EPS, w), want) < TOL[torch.float32]
-    o_t = o.transpose(0, 1).contiguous().transpose(0, 1)  # heads strided apart
-    assert rel_err(gated_rmsnorm_linear(o_t, z, norm_w, EPS, w), want) < TOL[torch.float32]
+    wide = torch.zeros(T, H, 2 * D, device=device)
+    wide[..., :D] = o
+    o_apart = wide[..., :D]  # heads strided apart (stride 2D)
+    assert rel_err(gated_rmsnorm_linear(o_apart, z, norm_w, EPS, w), want) < TOL[torch.float32]
+    wide[..., :D] = z
+    z_apart = wide[..., :D]
+    assert rel_err(gated_rmsnorm_linear(o, z_apart, norm_w, EPS, w), want) < TOL[torch.float32]
 
 
 def test_gated_rmsnorm_linear_refuses_bad_operands(device):
@@ -208,15 +213,18 @@ def test_a_bad_norm_operand_is_refused_by_the_norm(device):
         add_rmsnorm_linear(x, x.double(), torch.ones(64, device=device), EPS, w)
 
 
-def _decode_like_chain(x, res, nw, ws):
-    """The kernels of a decode layer's MLP and mixer, in a loop: each reads the last's output."""
+def _decode_like_chain(x, res, nw, ws, conv):
+    """The kernels of a decode layer's MLP and mixer, in a loop: each reads the last's output,
+    and each conv step the window the last one wrote (in place)."""
     from kernels.norms import gated_rmsnorm
 
     for _ in range(8):
-        h, res = add_rmsnorm_linear(x, res, nw, EPS, ws[0])  # [1, 2I]
+        h, res = add_rmsnorm_linear(x, res, nw, EPS, ws[0], conv)  # [1, 2I]
         y = silu_mul_linear(h, ws[1])  # [1, K]
         g = gated_rmsnorm(y.view(1, 4, -1), y.view(1, 4, -1), nw[: y.shape[1] // 4], EPS)
         x = linear(g.view(1, -1), ws[2])
+        x = gated_rmsnorm_linear(x.view(1, 8, -1), y.view(1, 8, -1), nw[: x.shape[1] // 8], EPS,
+                                 ws[2])
     return x, res
 
 
@@ -237,23 +245,28 @@ def test_dependent_launches_change_no_result(monkeypatch, graph):
     nw = (torch.randn(K, device="cuda") * 0.1).bfloat16()
     ws = [weight(2 * I, K, torch.bfloat16, "cuda"), weight(K, I, torch.bfloat16, "cuda"),
           weight(K, K, torch.bfloat16, "cuda")]
+    conv_w, pool0 = conv_operands(1000, 4, "cuda", torch.bfloat16)
+    slot = torch.tensor([2], dtype=torch.int32, device="cuda")
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
+    def run() -> tuple[torch.Tensor, ...]:
+        pool = pool0.clone()
+        conv = (conv_w, pool, slot, slot)
         if not graph:
-            return _decode_like_chain(x, res, nw, ws)
-        _decode_like_chain(x, res, nw, ws)  # compile outside the capture
+            return (*_decode_like_chain(x, res, nw, ws, conv), pool)
+        _decode_like_chain(x, res, nw, ws, conv)  # compile outside the capture
+        pool.copy_(pool0)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            out = _decode_like_chain(x, res, nw, ws)
+            out = _decode_like_chain(x, res, nw, ws, conv)
         for _ in range(3):
             g.replay()
         torch.cuda.synchronize()
-        return out
+        return (*out, pool)
 
     with_pdl = run()
     monkeypatch.setattr(hw, "_pdl_ok", lambda device: False)
     without = run()
-    assert torch.equal(with_pdl[0], without[0]) and torch.equal(with_pdl[1], without[1])
+    assert all(torch.equal(a, b) for a, b in zip(with_pdl, without))
 
 
 def test_dependent_launch_is_off_off_cuda():
@@ -271,7 +284,9 @@ def conv_operands(D: int, W: int, device, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("src,dst", [(2, 2), (1, 3), (0, 2)], ids=["in-place", "to-another", "null"])
+@pytest.mark.parametrize(
+    "src,dst", [(2, 2), (1, 3), (0, 2)], ids=["in-place", "to-another", "null"]
+)
 @pytest.mark.parametrize("norm", [False, True])
 def test_the_decode_conv_runs_with_the_in_projection(device, dtype, src, dst, norm, monkeypatch):
     """Output columns :D leave convolved (SiLU'd) from the projection as stored, the window
@@ -279,7 +294,7 @@ def test_the_decode_conv_runs_with_the_in_projection(device, dtype, src, dst, no
     def no_conv(*args, **kwargs):
         raise AssertionError("the separate conv kernel ran")
 
-    monkeypatch.setattr(gemv, "causal_conv1d_update", no_conv)
+    monkeypatch.setattr(gemv, "causal_conv1d_update_in_place", no_conv)
     N, K, D, W = 52, 96, 40, 4
     x = (torch.randn(1, K, device=device) * 2).to(dtype)
     residual = torch.randn(1, K, device=device).to(dtype)
@@ -348,3 +363,52 @@ def test_the_decode_conv_reads_the_projection_as_stored(device):
     out = linear(x, w, (conv_w, pool, one, one))
     want = reference.linear(x, w, (conv_w, ref_pool, one, one))
     assert same_roundings(out, want) and torch.equal(pool, ref_pool)
+
+
+@pytest.mark.parametrize("N,K,D", [(300, 1024, 150), (90, WHOLE_ROW + 404, 40)],
+                         ids=["tiles-in-and-past-the-conv", "walked-rows"])
+def test_the_decode_conv_on_every_tile_a_program_walks(device, N, K, D, monkeypatch):
+    """One program per core walks many column tiles: those wholly inside the conv's columns,
+    the one across its edge and those past it; rows wider than WHOLE_ROW are walked along K."""
+    monkeypatch.setitem(gemv.CUDA_GEMV, "programs_per_core", 1)
+    x, w = torch.randn(1, K, device=device), weight(N, K, torch.float32, device)
+    residual, norm_w = torch.randn(1, K, device=device), 0.5 * torch.randn(K, device=device)
+    conv_w, pool = conv_operands(D, 4, device)
+    ref_pool = pool.clone()
+    one = torch.ones(1, dtype=torch.int32, device=device)
+    out, _ = add_rmsnorm_linear(x, residual, norm_w, EPS, w, (conv_w, pool, one, one))
+    want, _ = reference.add_rmsnorm_linear(x, residual, norm_w, EPS, w,
+                                          (conv_w, ref_pool, one, one))
+    assert rel_err(out, want) < TOL[torch.float32] and rel_err(pool, ref_pool) < 1e-6
+
+
+def test_the_kernel_serves_any_row_count_with_the_conv_and_the_gated_norm(device):
+    """As test_the_kernel_serves_any_row_count: each row its own slots (one reads the null
+    slot, one is updated in place), and the gated norm over several rows."""
+    from kernels.gemv import _GATED_NORM, _launch
+
+    M, N, K, D = 3, 40, 96, 24
+    x, w = torch.randn(M, K, device=device), weight(N, K, torch.float32, device)
+    conv_w, pool = conv_operands(D, 4, device)
+    pool = torch.cat([pool, torch.randn(2, 3, D, device=device)])  # slots 0-5
+    ref_pool = pool.clone()
+    src = torch.tensor([2, 0, 5], dtype=torch.int32, device=device)
+    dst = torch.tensor([2, 3, 4], dtype=torch.int32, device=device)
+    out, _ = _launch(x, w, 0, K, conv=(conv_w, pool, src, dst))
+    want = reference.linear(x, w, (conv_w, ref_pool, src, dst))
+    assert rel_err(out, want) < TOL[torch.float32] and rel_err(pool, ref_pool) < 1e-6
+    o, z = gdn_output(2, 4, 32, torch.float32, device)
+    norm_w, w = 1 + 0.5 * torch.randn(32, device=device), weight(N, 128, torch.float32, device)
+    out, _ = _launch(o.reshape(2, 128), w, _GATED_NORM, 128, z.reshape(2, 128), norm_w, EPS,
+                     head_dim=32)
+    assert rel_err(out, reference.gated_rmsnorm_linear(o, z, norm_w, EPS, w)) < TOL[torch.float32]
+
+
+def test_a_norm_weight_of_another_dtype_still_runs(device):
+    """The add+norm prologue loads its weight in any float dtype (the product dtype matters
+    only to the gated norm)."""
+    x, w = torch.randn(1, 64, device=device), weight(8, 64, torch.float32, device)
+    norm_w = torch.randn(64, device=device, dtype=torch.float64)
+    out, _ = add_rmsnorm_linear(x, x, norm_w, EPS, w)
+    want, _ = reference.add_rmsnorm_linear(x, x, norm_w.float(), EPS, w)
+    assert rel_err(out, want) < TOL[torch.float32]
