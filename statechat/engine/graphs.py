@@ -55,25 +55,22 @@ class DecodeGraphs:
                  device: torch.device) -> None:
         self.sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_blocks, self.pad_slot = max_blocks, pad_slot
-        B, dev, i32, i64 = max_batch, device, torch.int32, torch.int64
-        # static device inputs, one buffer per dtype so that a step stages them in two copies:
-        # rows (ids, positions, slot_mapping) and (src, dst, ctx_len); block tables [B, width]
-        self.dev64 = torch.zeros(3, B, dtype=i64, device=dev)
-        self.dev32 = torch.zeros(3, B, dtype=i32, device=dev)
+        B, dev, i32 = max_batch, device, torch.int32
+        # static device inputs in one buffer, so that a step stages them in one copy: rows
+        # (ids, positions, slot_mapping) as int64, rows (src, dst, ctx_len) and the block tables
+        # [B, width] as int32, in that order (a batch of b copies the prefix up to its tables)
+        self.dev = torch.zeros(self._bytes(B), dtype=torch.uint8, device=dev)
+        self.dev64, self.dev32, self.tables = self._views(self.dev, B)
         self.ids, self.positions, self.slot_mapping = self.dev64
         self.src, self.dst, self.ctx_lens = self.dev32
-        self.tables = torch.zeros(B, max_blocks, dtype=i32, device=dev)
         self.cu = torch.arange(B + 1, dtype=i32, device=dev)
         # pinned host staging of the same layout, written through numpy views (no tensor
         # construction per step)
-        self.host64 = torch.zeros(3, B, dtype=i64, pin_memory=True)
-        self.host32 = torch.zeros(3, B, dtype=i32, pin_memory=True)
-        self.host_tables = torch.zeros(B, max_blocks, dtype=i32, pin_memory=True)
-        self.np64, self.np32 = self.host64.numpy(), self.host32.numpy()
-        self.np_tables = self.host_tables.numpy()
+        self.host = torch.zeros(self._bytes(B), dtype=torch.uint8, pin_memory=True)
+        host64, host32, host_tables = self._views(self.host, B)
+        self.np64, self.np32, self.np_tables = host64.numpy(), host32.numpy(), host_tables.numpy()
         self._pad_rows(0, B)
-        self.dev64.copy_(self.host64)
-        self.dev32.copy_(self.host32)
+        self.dev.copy_(self.host)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}  # argmax of the logits, replayed with them
@@ -90,6 +87,17 @@ class DecodeGraphs:
             self.graphs[b] = graph
             graph.replay()  # padding rows only; the first replay uploads the graph, not a step's
         torch.cuda.synchronize(device)
+
+    def _bytes(self, b: int) -> int:
+        """Bytes of the input buffer up to the block tables of b rows."""
+        return 3 * self.sizes[-1] * (8 + 4) + b * self.max_blocks * 4
+
+    def _views(self, buf: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The int64 rows [3, B], the int32 rows [3, B] and the tables [B, width] of a buffer."""
+        n64, n32 = 3 * B * 8, 3 * B * 4
+        rows64 = buf[:n64].view(torch.int64).view(3, B)
+        rows32 = buf[n64 : n64 + n32].view(torch.int32).view(3, B)
+        return rows64, rows32, buf[n64 + n32 :].view(torch.int32).view(B, self.max_blocks)
 
     def _pad_rows(self, lo: int, hi: int) -> None:
         """Host rows lo..hi as padding: token 0 at position 0, no KV write, state into the pad
@@ -123,10 +131,9 @@ class DecodeGraphs:
         self._pad_rows(n, b)
         for i, table in enumerate(tables):  # entries past a table's length are never read
             self.np_tables[i, : len(table)] = table
-        # whole buffers and whole table rows: contiguous, so each is one asynchronous copy
-        self.dev64.copy_(self.host64, non_blocking=True)
-        self.dev32.copy_(self.host32, non_blocking=True)
-        self.tables[:b].copy_(self.host_tables[:b], non_blocking=True)
+        # the rows and the first b tables: one contiguous, asynchronous copy
+        n = self._bytes(b)
+        self.dev[:n].copy_(self.host[:n], non_blocking=True)
         self.graphs[b].replay()
         return self.logits[b][:n], self.greedy[b][:n]
 

@@ -33,6 +33,8 @@ class ModelRunner:
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
         one-sequence prefill chunks up to `max_prefill_tokens` (0: none)."""
+        # cos/sin gathered from a table: one kernel per step instead of several
+        self.model.model.rotary.build_table(max_blocks_per_seq * self.block_size, self.dtype)
         self.graphs = DecodeGraphs(self.model, self.caches, max_batch, max_blocks_per_seq,
                                    self.pad_slot, self.device)
         if max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK:

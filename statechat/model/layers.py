@@ -71,6 +71,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.rotary_dim, self.theta = rotary_dim, theta
         self.register_buffer("inv_freq", torch.empty(rotary_dim // 2), persistent=False)
+        self.table: torch.Tensor | None = None  # [positions, 2 rotary_dim]: cos | sin
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -78,9 +79,24 @@ class RotaryEmbedding(nn.Module):
         r = self.rotary_dim
         steps = torch.arange(0, r, 2, dtype=torch.float32, device=self.inv_freq.device)
         self.inv_freq = 1.0 / (self.theta ** (steps / r))
+        self.table = None
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [T, rotary_dim] in `dtype` for positions [T]."""
+    def build_table(self, max_len: int, dtype: torch.dtype) -> None:
+        """Tabulate cos and sin of positions 0 .. max_len-1 (the same values `cos_sin` computes):
+        then a step gathers its rows in one kernel instead of computing them in several (the
+        caller guarantees positions below max_len)."""
+        positions = torch.arange(max_len, device=self.inv_freq.device)
+        self.table = torch.cat(self._compute(positions, dtype), dim=-1)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [T, rotary_dim] in `dtype` for positions [T] (views of one tensor when
+        a table of `dtype` was built)."""
+        if self.table is None or self.table.dtype != dtype:
+            return self._compute(positions, dtype)
+        rows = self.table[positions]
+        return rows[:, : self.rotary_dim], rows[:, self.rotary_dim :]

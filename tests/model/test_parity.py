@@ -92,3 +92,21 @@ def test_greedy_generation_matches_transformers_generate(pair):
             got.append(t)
             logits = seq.step([t])
         assert got == want, f"prompt {text!r}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rotary_table_gives_the_computed_cos_and_sin(dtype):
+    """The table a graph-capturing runner builds holds exactly what each step would compute;
+    a table of another dtype is not used."""
+    from statechat.model.layers import RotaryEmbedding
+
+    rotary = RotaryEmbedding(16, 1e7)
+    positions = torch.tensor([0, 5, 63, 64, 999, 4095])
+    want = rotary.cos_sin(positions, dtype)
+    rotary.build_table(4096, dtype)
+    got = rotary.cos_sin(positions, dtype)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].stride() == got[1].stride()  # one layout, as the rope kernels need
+    other = torch.float16
+    assert all(torch.equal(a, b) for a, b in zip(rotary.cos_sin(positions, other),
+                                                  RotaryEmbedding(16, 1e7).cos_sin(positions, other)))
