@@ -11,7 +11,7 @@ import torch
 
 import kernels
 from kernels import CHUNK
-from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs
+from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
 from statechat.engine.sampling import sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
@@ -33,8 +33,13 @@ class ModelRunner:
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
         one-sequence prefill chunks up to `max_prefill_tokens` (0: none)."""
-        # cos/sin gathered from a table: one kernel per step instead of several
-        self.model.model.rotary.build_table(max_blocks_per_seq * self.block_size, self.dtype)
+        # cos/sin gathered from a table: one kernel per step instead of several. It covers the
+        # longest sequence and the positions the prefill graphs are captured with (a bucket of
+        # the whole budget, which may exceed a short max_model_len)
+        longest = max_blocks_per_seq * self.block_size
+        if max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK:
+            longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
+        self.model.model.rotary.build_table(longest, self.dtype)
         self.graphs = DecodeGraphs(self.model, self.caches, max_batch, max_blocks_per_seq,
                                    self.pad_slot, self.device)
         if max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK:
