@@ -212,11 +212,11 @@ def _gemv_kernel(
         b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, o_k < K,
                                    pid, K, stride_x, stride_r, eps, b_rstd, PROLOGUE, True, HD,
                                    HEAD_ROWS, PROD_DTYPE)
-    # column tiles pid, pid + NUM_PROGS, ...; each step issues the next weight tile's loads
-    # before it reduces the current one, so a program always has loads in flight
     if CONV_W > 0:
         i_src = tl.load(src_slots + o_m, mask=m_m, other=0).to(tl.int64)
         i_dst = tl.load(dst_slots + o_m, mask=m_m, other=0).to(tl.int64)
+    # column tiles pid, pid + NUM_PROGS, ...; each step issues the next weight tile's loads
+    # before it reduces the current one, so a program always has loads in flight
     for i_t in range(pid, num_tiles, NUM_PROGS):
         o_n = i_t * BN + tl.arange(0, BN)
         if CONV_W > 0:
