@@ -315,7 +315,8 @@ def _check_conv(op: str, conv: DecodeConv, rows: int, N: int) -> None:
         raise ValueError(
             f"{op}: conv weight {tuple(weight.shape)} must be [D, W], D <= {N} outputs"
         )
-    check_conv(weight.new_empty((rows, weight.shape[0])), weight, pool, (src, dst))
+    # the projection's conv columns as the conv sees them: shape and layout only (no memory)
+    check_conv(torch.empty((rows, weight.shape[0]), device="meta"), weight, pool, (src, dst))
     if src.shape != (rows,) or dst.shape != (rows,):
         raise ValueError(
             f"{op}: {rows} rows but {tuple(src.shape)} src / {tuple(dst.shape)} dst slots"
