@@ -119,7 +119,7 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
     the graphs: admission (hashing, lookup, restore), launching the step, waiting for its
     tokens, and the step's bookkeeping after them."""
     marks: dict[str, float] = {}
-    schedule, run, before_wait = engine.scheduler.schedule, engine.runner.run, engine.runner.before_wait
+    schedule, collect, before_wait = engine.scheduler.schedule, engine.runner.collect, engine.runner.before_wait
 
     def timed_schedule():
         batch = schedule()
@@ -130,13 +130,13 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
         marks.setdefault("launched", time.perf_counter())
         before_wait()
 
-    def timed_run(batch):
-        tokens = run(batch)
+    def timed_collect(launched):
+        tokens = collect(launched)
         marks.setdefault("tokens", time.perf_counter())
         return tokens
 
     engine.scheduler.schedule = timed_schedule
-    engine.runner.before_wait, engine.runner.run = timed_wait, timed_run
+    engine.runner.before_wait, engine.runner.collect = timed_wait, timed_collect
     sync()
     try:
         start = time.perf_counter()
@@ -146,7 +146,7 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
             engine.step()
         end = time.perf_counter()
     finally:
-        engine.scheduler.schedule, engine.runner.before_wait, engine.runner.run = schedule, before_wait, run
+        engine.scheduler.schedule, engine.runner.before_wait, engine.runner.collect = schedule, before_wait, collect
     steps = [("add_request", start, added), ("admission", added, marks["scheduled"]),
              ("launch", marks["scheduled"], marks["launched"]),
              ("wait for tokens", marks["launched"], marks["tokens"]), ("after the tokens", marks["tokens"], end)]

@@ -22,7 +22,7 @@ from statechat.config import EngineConfig
 from statechat.devices import default_dtype, free_memory, resolve_device
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
-from statechat.engine.runner import ModelRunner
+from statechat.engine.runner import Launched, ModelRunner
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
@@ -95,6 +95,9 @@ class LLMEngine:
         )
         self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of prefill steps
         # that have not synchronised yet (see _time_prefill)
+        self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
+                                 else loaded.device.type != "cpu")
+        self._ahead: Launched | None = None  # a decode step queued before the last one's read
 
     def _open_store(self) -> StateStore | None:
         cfg = self.config
@@ -186,31 +189,40 @@ class LLMEngine:
 
     # --- stepping -----------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Run one scheduled step; return the sequences that got a token this step."""
+        """Run one scheduled step; return the sequences that got a token this step.
+
+        With async scheduling, a decode step that leaves every sequence running mid-block
+        queues the step after it before its own tokens are read (Scheduler.can_continue): the
+        device never waits for the host between such steps. That step is the next call's."""
         # busy from admission (a restore's disk reads must not share the disk with the writer)
         # until the runner waits for sampled tokens (before_wait)
         self._busy(True)
-        try:
-            batch = self.scheduler.schedule()
-        except BaseException:
-            self._busy(False)
-            raise
-        if not batch.items:
-            self._busy(False)
-            self._prefill_run = None
-            if self.scheduler.has_work():
-                raise RuntimeError("the scheduler could not make progress (cache too small?)")
-            return []
+        ahead, self._ahead = self._ahead, None
         t0 = time.perf_counter()
         try:
-            tokens = self.runner.run(batch)  # reading the sampled tokens synchronises the device
+            if ahead is not None and any(not it.seq.is_finished for it in ahead.batch.items):
+                launched = ahead
+            else:  # (a continuation whose sequences all ended is dropped unread)
+                batch = self.scheduler.schedule()
+                if not batch.items:
+                    self._busy(False)
+                    self._prefill_run = None
+                    if self.scheduler.has_work():
+                        raise RuntimeError("the scheduler could not make progress (cache too small?)")
+                    return []
+                launched = self.runner.launch(batch)
+            batch = launched.batch
+            if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
+                self._ahead = self.runner.launch(self.scheduler.continuation(batch), after=launched)
+            tokens = self.runner.collect(launched)  # reading the tokens synchronises the device
         except BaseException:
             self._busy(False)
+            self._ahead = None
             raise
         now = time.perf_counter()
         self._time_prefill(batch, t0, now, synchronised=bool(tokens))
+        updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
         self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
-        updated = [it.seq for it in batch.items if it.needs_logits]
         for seq in updated:
             if seq.first_token_time is None:
                 seq.first_token_time = now

@@ -1,8 +1,9 @@
 """CUDA graphs of the decode step and of one-sequence prefill chunks, replayed with padding.
 
-Decode: one graph per batch size bucket. A step's inputs are written into pinned host buffers
-through numpy views and copied into static device buffers in three asynchronous copies (the
-int64 rows, the int32 rows, the block tables); the graph of the smallest bucket >= N is
+Decode: one graph per batch size bucket. A step's inputs are written into a pinned host buffer
+through numpy views and copied into the graphs' static device buffer in one asynchronous copy
+(two host buffers in turn; a step queued before the last one's tokens are read takes its input
+tokens from that step's output on the device); the graph of the smallest bucket >= N is
 replayed, and the logits of the first N rows are returned with their argmax (captured in the
 graph, so a greedy step launches nothing after the replay). Padding rows feed token 0 at
 position 0, write no KV (slot_mapping -1) and leave their GDN state in a reserved pad slot, so
@@ -65,12 +66,16 @@ class DecodeGraphs:
         self.src, self.dst, self.ctx_lens = self.dev32
         self.cu = torch.arange(B + 1, dtype=i32, device=dev)
         # pinned host staging of the same layout, written through numpy views (no tensor
-        # construction per step)
-        self.host = torch.zeros(self._bytes(B), dtype=torch.uint8, pin_memory=True)
-        host64, host32, host_tables = self._views(self.host, B)
-        self.np64, self.np32, self.np_tables = host64.numpy(), host32.numpy(), host_tables.numpy()
-        self._pad_rows(0, B)
-        self.dev.copy_(self.host)
+        # construction per step); two, used in turn, so that a step can be staged while the one
+        # before has not started (see run)
+        self.hosts = []
+        for _ in range(2):
+            host = torch.zeros(self._bytes(B), dtype=torch.uint8, pin_memory=True)
+            views = tuple(v.numpy() for v in self._views(host, B))
+            _pad_rows(views, self.pad_slot, 0, B)
+            self.hosts.append((host, views, torch.cuda.Event()))
+        self.turn = 0
+        self.dev.copy_(self.hosts[0][0])
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}  # argmax of the logits, replayed with them
@@ -99,13 +104,6 @@ class DecodeGraphs:
         rows32 = buf[n64 : n64 + n32].view(torch.int32).view(3, B)
         return rows64, rows32, buf[n64 + n32 :].view(torch.int32).view(B, self.max_blocks)
 
-    def _pad_rows(self, lo: int, hi: int) -> None:
-        """Host rows lo..hi as padding: token 0 at position 0, no KV write, state into the pad
-        slot, one token of context over block 0."""
-        self.np64[:, lo:hi] = ((0,), (0,), (-1,))
-        self.np32[:, lo:hi] = ((0,), (self.pad_slot,), (1,))
-        self.np_tables[lo:hi, 0] = 0
-
     def _context(self, b: int) -> Context:
         return Context(
             positions=self.positions[:b], cu_seqlens=self.cu[: b + 1], is_decode=True,
@@ -118,24 +116,40 @@ class DecodeGraphs:
         return n <= self.sizes[-1] and width <= self.max_blocks
 
     def run(self, ids: list[int], positions: list[int], slot_mapping: list[int], src: list[int],
-            dst: list[int], ctx_lens: list[int],
-            tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            dst: list[int], ctx_lens: list[int], tables: list[list[int]],
+            feed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the decode graph for N sequences: logits [N, vocab] (float32) and their argmax.
 
-        The host rows are rewritten only after the previous step's tokens were read, which
-        waited for its copies out of them."""
+        feed: the N input tokens on the device (the step before's, not read yet), in place of
+        `ids`. Staging uses the two host buffers in turn: the one used two steps ago was
+        copied before the step between was queued, so its wait is already over."""
         n = len(ids)
         b = next(s for s in self.sizes if s >= n)
-        self.np64[0, :n], self.np64[1, :n], self.np64[2, :n] = ids, positions, slot_mapping
-        self.np32[0, :n], self.np32[1, :n], self.np32[2, :n] = src, dst, ctx_lens
-        self._pad_rows(n, b)
+        host, (np64, np32, np_tables), copied = self.hosts[self.turn]
+        self.turn ^= 1
+        copied.synchronize()
+        np64[0, :n], np64[1, :n], np64[2, :n] = ids, positions, slot_mapping
+        np32[0, :n], np32[1, :n], np32[2, :n] = src, dst, ctx_lens
+        _pad_rows((np64, np32, np_tables), self.pad_slot, n, b)
         for i, table in enumerate(tables):  # entries past a table's length are never read
-            self.np_tables[i, : len(table)] = table
+            np_tables[i, : len(table)] = table
         # the rows and the first b tables: one contiguous, asynchronous copy
-        n = self._bytes(b)
-        self.dev[:n].copy_(self.host[:n], non_blocking=True)
+        nbytes = self._bytes(b)
+        self.dev[:nbytes].copy_(host[:nbytes], non_blocking=True)
+        copied.record()
+        if feed is not None:
+            self.ids[:n].copy_(feed)
         self.graphs[b].replay()
         return self.logits[b][:n], self.greedy[b][:n]
+
+
+def _pad_rows(views: tuple[np.ndarray, np.ndarray, np.ndarray], pad_slot: int, lo: int, hi: int) -> None:
+    """Host rows lo..hi of a decode staging buffer as padding: token 0 at position 0, no KV
+    write, state into the pad slot, one token of context over block 0."""
+    rows64, rows32, tables = views
+    rows64[:, lo:hi] = ((0,), (0,), (-1,))
+    rows32[:, lo:hi] = ((0,), (pad_slot,), (1,))
+    tables[lo:hi, 0] = 0
 
 
 class PrefillGraphs:

@@ -5,6 +5,7 @@ the model and samples. The only engine module that does tensor work.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +19,16 @@ from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
 
 
+@dataclass
+class Launched:
+    """A step queued on the device; `ModelRunner.collect` reads its tokens."""
+
+    batch: Batch
+    tokens: torch.Tensor | None  # sampled, on the device: one per item that needs logits
+    host: np.ndarray | None = None  # their pinned host copy, once a later step was queued
+    copied: object = None  # the event after that copy
+
+
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, num_slots: int, block_size: int) -> None:
         self.loaded = loaded
@@ -29,6 +40,11 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
+        # pinned buffers for the tokens of a step that a later one was queued after
+        self._out = [] if self.device.type == "cpu" else [
+            (torch.empty(0, dtype=torch.int64), self._event()) for _ in range(2)
+        ]
+        self._out_turn = 0
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
@@ -90,38 +106,60 @@ class ModelRunner:
         )
         return self._tensor(ids, i64), ctx
 
-    def run(self, batch: Batch) -> list[int]:
-        """Forward the batch; one sampled token per item that needs logits, in item order."""
+    def launch(self, batch: Batch, after: Launched | None = None) -> Launched:
+        """Queue the batch's forward and sampling; nothing waits for the device.
+
+        after: the decode step queued just before this one, for the same sequences in the same
+        order, whose tokens are not read yet. They are this step's input tokens: they go from
+        its output to this step's input on the device, and to pinned host memory in a copy
+        queued before this step can overwrite them, which `collect(after)` waits for."""
+        feed = None
+        if after is not None:
+            if not batch.is_decode or len(batch.items) != len(after.batch.items):
+                raise ValueError("a step fed on the device continues a decode step of the same sequences")
+            feed = after.tokens
+            self._copy_out(after)
         width = max(len(it.seq.block_table) for it in batch.items)
         bucket = self._prefill_bucket(batch, width)
         greedy = None  # a replayed graph's argmax of the logits
         if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
-            logits, greedy = self._replay_decode(batch)
+            logits, greedy = self._replay_decode(batch, feed)
         elif bucket is not None:
             logits, greedy = self._replay_prefill(batch.items[0], bucket)
         else:
             input_ids, ctx = self.prepare(batch)
-            logits = self.model(input_ids, ctx, self.caches)
+            logits = self.model(feed if feed is not None else input_ids, ctx, self.caches)
         wanted = [it.seq for it in batch.items if it.needs_logits]
         if not wanted:
-            return []
+            return Launched(batch, None)
         params = [s.params for s in wanted]
-        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy)
-        self.before_wait()
-        return tokens.tolist()  # the step's one host synchronisation
+        return Launched(batch, sample(logits, params, [self._generator(s) for s in wanted], greedy))
 
-    def _replay_decode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        bs, items = self.block_size, batch.items
-        positions = [it.start for it in items]
-        return self.graphs.run(
-            ids=[it.seq.token_ids[it.start] for it in items],
-            positions=positions,
-            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs for it, p in zip(items, positions)],
-            src=[it.src_slot for it in items],
-            dst=[it.seq.slot for it in items],
-            ctx_lens=[p + 1 for p in positions],
-            tables=[it.seq.block_table for it in items],
-        )
+    def collect(self, launched: Launched) -> list[int]:
+        """The sampled tokens of a launched step, one per item that needs logits, in item order:
+        the step's one host synchronisation."""
+        if launched.tokens is None:
+            return []
+        self.before_wait()
+        if launched.copied is not None:  # a later step was queued: its copy is the one to wait for
+            launched.copied.synchronize()
+            return launched.host.tolist()
+        return launched.tokens.tolist()
+
+    def _copy_out(self, launched: Launched) -> None:
+        """Queue the copy of a step's tokens to pinned host memory (two buffers used in turn:
+        the one a step before last filled was read before this step was launched)."""
+        if self.device.type == "cpu":  # the tokens are computed already and nothing overwrites them
+            return
+        n = launched.tokens.shape[0]
+        host, event = self._out[self._out_turn]
+        if host.shape[0] < n:
+            host = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
+            self._out[self._out_turn] = (host, event)
+        self._out_turn ^= 1
+        host[:n].copy_(launched.tokens, non_blocking=True)
+        event.record()
+        launched.host, launched.copied = host[:n].numpy(), event
 
     def _prefill_bucket(self, batch: Batch, width: int) -> int | None:
         if batch.is_decode or self.prefill_graphs is None or len(batch.items) != 1:
@@ -187,9 +225,12 @@ class ModelRunner:
         cache's writer moves them to host memory once they exist."""
         if self.device.type == "cpu":
             return None
-        event = torch.cuda.Event() if self.device.type == "cuda" else torch.npu.Event()
+        event = self._event()
         event.record()
         return event.synchronize
+
+    def _event(self):
+        return torch.cuda.Event() if self.device.type == "cuda" else torch.npu.Event()
 
     def write_slot(self, slot: int, tensors: dict[str, torch.Tensor]) -> None:
         for i, pool in enumerate(self.caches.conv):

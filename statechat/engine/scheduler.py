@@ -180,16 +180,49 @@ class Scheduler:
         seq.slot = seq.pending_slot = seq.pending_tokens = 0
         self.running.remove(seq)
 
+    # --- the step after, queued before this one's tokens are read ----------------------
+    def can_continue(self, batch: Batch, max_len: int) -> bool:
+        """Whether the decode step after `batch` may be queued before `batch`'s tokens are read
+        (LLMEngine's async scheduling): nothing waits to be admitted, `batch` decodes every
+        running sequence, none can end by length with it, and none completes a block with it.
+        (A completed block copies the GDN state after `batch` into a checkpoint slot, and the
+        step after would already have moved that state on; it may also need a new block.)
+        A sequence that ends on a stop token or string still costs the step after one wasted
+        row: its slot and blocks are given back only to be reused by later work on the same
+        stream."""
+        if not batch.is_decode or self.waiting or len(batch.items) != len(self.running):
+            return False
+        for it in batch.items:
+            seq = it.seq
+            if seq.status != Status.RUNNING or (it.start + 1) % self.bs == 0:
+                return False
+            if len(seq.output_ids) + 1 >= seq.params.max_tokens or it.start + 2 >= max_len:
+                return False
+        return True
+
+    def continuation(self, batch: Batch) -> Batch:
+        """The decode step after `batch` for the same sequences in the same order, each fed the
+        token `batch` samples for it (on the device: see ModelRunner.launch)."""
+        items = [ScheduledSeq(it.seq, it.start + 1, 1, it.seq.slot) for it in batch.items]
+        for it in items:
+            it.needs_logits = True  # its input token is not in seq.token_ids yet
+        return Batch(items)
+
     # --- after the step -----------------------------------------------------------------
     def postprocess(self, batch: Batch, tokens: list[int]) -> list[tuple[int, int]]:
         """Advance sequences by the step's results; return slot copies (src, dst) to run now.
 
-        tokens: one sampled token per item whose `needs_logits`, in item order.
+        tokens: one sampled token per item whose `needs_logits`, in item order. Items of
+        sequences that finished after the step was queued (a continuation's) are skipped.
         """
         copies: list[tuple[int, int]] = []
         sampled = iter(tokens)
         for it in batch.items:
             seq = it.seq
+            if seq.is_finished:
+                if it.needs_logits:
+                    next(sampled)
+                continue
             was_decode = seq.is_decoding
             full_before = seq.num_computed // self.bs
             seq.num_computed += it.num_tokens

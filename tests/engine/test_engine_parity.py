@@ -55,6 +55,19 @@ def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> list:
     return seqs
 
 
+def count_continuations(engine: LLMEngine) -> list[int]:
+    """A counter of the decode steps the engine queues before reading the step before's tokens."""
+    count, launch = [0], engine.runner.launch
+
+    def counted(batch, after=None):
+        count[0] += after is not None
+        return launch(batch, after)
+
+    engine.runner.launch = counted
+    return count
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -64,14 +77,47 @@ def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> list:
     ],
     ids=["plain", "chunked", "preempted"],
 )
-def test_staggered_batch_matches_transformers(setup, overrides):
+def test_staggered_batch_matches_transformers(setup, overrides, async_scheduling):
     path, loaded, prompts, expected = setup
-    engine = LLMEngine(EngineConfig(model=path, device="cpu", **overrides), loaded=loaded)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", async_scheduling=async_scheduling,
+                                    **overrides), loaded=loaded)
+    continued = count_continuations(engine)
     seqs = run_staggered(engine, prompts)
     for i, (seq, e) in enumerate(zip(seqs, expected)):
         assert seq.output_ids == e, f"prompt {i} ({LENGTHS[i]} tokens)"
     if "num_kv_blocks" in overrides:
         assert sum(s.num_preemptions for s in seqs) > 0
+    assert (continued[0] > 10) == async_scheduling
+
+
+def test_async_scheduling_survives_stops_and_aborts(setup):
+    """A reply that ends on a stop token while the step after it is already queued, and one
+    aborted while a step is queued, leave the other requests, the cache and later requests
+    exactly as the synchronous engine does."""
+    path, loaded, prompts, expected = setup
+    stop_at = expected[0][12]
+    cut = expected[0].index(stop_at) + 1  # the stop token ends the reply (and is its last)
+    results = []
+    for async_scheduling in (False, True):
+        engine = LLMEngine(EngineConfig(model=path, device="cpu", async_scheduling=async_scheduling,
+                                        checkpoint_interval=1), loaded=loaded)
+        continued = count_continuations(engine)
+        stopping = SamplingParams(max_tokens=NEW, stop_token_ids=(stop_at,))
+        outs = engine.generate(prompts[:2], [stopping, SamplingParams(max_tokens=NEW, ignore_eos=True)])
+        assert outs[0].token_ids == expected[0][:cut] and outs[0].finish_reason == "stop"
+        assert outs[1].token_ids == expected[1]
+        stream = engine.stream(prompts[2], SamplingParams(max_tokens=NEW, ignore_eos=True))
+        got = [t for _, event in zip(range(6), stream) for t in event.token_ids]
+        stream.close()  # aborts the request, with a step queued in the async engine
+        assert got == expected[2][: len(got)] and engine.scheduler.running == []
+        # the stopped and aborted conversations, and a reply continued from the stopped one,
+        # resume from what the cache kept
+        again = engine.generate([prompts[0], prompts[2], prompts[0] + outs[0].token_ids],
+                                SamplingParams(max_tokens=NEW, ignore_eos=True))
+        assert [o.token_ids for o in again[:2]] == [expected[0], expected[2]]
+        results.append([(o.token_ids, o.num_cached_tokens) for o in again])
+        assert (continued[0] > 10) == async_scheduling
+    assert results[0] == results[1]
 
 
 def test_fast_decode_gives_the_tokenizers_text(setup):
