@@ -161,6 +161,20 @@ class ModelRunner:
         event.record()
         launched.host, launched.copied = host[:n].numpy(), event
 
+    def _replay_decode(self, batch: Batch, feed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        bs, items = self.block_size, batch.items
+        positions = [it.start for it in items]
+        return self.graphs.run(
+            ids=[0] * len(items) if feed is not None else [it.seq.token_ids[it.start] for it in items],
+            positions=positions,
+            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs for it, p in zip(items, positions)],
+            src=[it.src_slot for it in items],
+            dst=[it.seq.slot for it in items],
+            ctx_lens=[p + 1 for p in positions],
+            tables=[it.seq.block_table for it in items],
+            feed=feed,
+        )
+
     def _prefill_bucket(self, batch: Batch, width: int) -> int | None:
         if batch.is_decode or self.prefill_graphs is None or len(batch.items) != 1:
             return None
