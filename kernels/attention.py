@@ -295,7 +295,11 @@ MERGE_BS, MERGE_BD = 16, 64  # splits per step and channels per program of the m
 CUDA_PREFILL = {"BM": 128, "num_warps": 8, "num_stages": 3, "programs_per_core": 1}
 _SMALL_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
 MIN_SPLIT_BLOCKS = 4  # KV blocks per split at the least (prefill): fewer cost more to merge
-CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 2}
+# Decode on an H100 (Hq=8, Hkv=2, D=256; docs/bench.md, session 8): one program per core ran
+# the attention and its merge in 10.95 us against two per core's 12.80 at B=1 over 8k keys of
+# a 528-block table (even, 11.0-11.4 us, with 144 blocks), and 14.8 against 15.6 us at B=32
+CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 1}
+DECODE_MIN_SPLIT_BLOCKS = 2  # KV blocks per split at the least (decode), of the table's width
 
 
 _TOO_LARGE: set[torch.device] = set()  # devices where CUDA_PREFILL's tiles did not fit
@@ -386,7 +390,8 @@ def paged_attention(
         num_tiles = T
         # fill the device (programs_per_core per core), each split with at least two KV blocks
         num_programs = CUDA_DECODE["programs_per_core"] * num_cores(q.device)
-        num_splits = min(triton.cdiv(num_programs, N * Hkv), max(1, block_tables.shape[1] // 2))
+        num_splits = min(triton.cdiv(num_programs, N * Hkv),
+                         max(1, block_tables.shape[1] // DECODE_MIN_SPLIT_BLOCKS))
     else:
         config = _prefill_config(q)
         BM = max(config["BM"], triton.next_power_of_2(G))

@@ -154,6 +154,18 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
     log(f"edit TTFT host breakdown (ms): {parts}; total {(end - start) * 1e3:.2f}")
 
 
+def profile_edit_host(engine: LLMEngine, edited: list[int]) -> None:
+    """Where an edit's host time goes (top functions by own time), graphs replayed."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    ttft_out(engine, edited)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
 def profile_edit(engine: LLMEngine, edited: list[int]) -> None:
     """GPU kernels of an edit's resumed prefill (eager, so the profiler sees each kernel)."""
     from torch.profiler import ProfilerActivity, profile
@@ -218,6 +230,7 @@ def main() -> None:
         log(f"edit TTFT {t * 1e3:.1f} ms, reused {out.num_cached_tokens}")
     t = sorted(times[1:])[len(times[1:]) // 2]  # median after the warm-up
     edit_breakdown(warm, convo[:8192 - 40] + ids(60, 98))
+    profile_edit_host(warm, convo[:8192 - 40] + ids(60, 97))
     profile_edit(warm, convo[:8192 - 40] + ids(60, 99))
     graphs = warm.runner.prefill_graphs
     row("TTFT after editing the last message, 8k, device tier (ms)", f"{t * 1e3:.1f}", "",
