@@ -4,6 +4,8 @@ CUDA; runs on the lent GPU with the rest of the suite."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -14,6 +16,17 @@ from statechat.model.loader import load_model
 from tests.engine.test_engine_parity import NEW, prompts_and_expected, run_staggered
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_gpu_memory():
+    """Engines size their caches from the free GPU memory. Give it back to the driver after
+    this module: kernel tests that follow launch kernels whose spilled registers need local
+    memory from the driver (float32 attention over wide heads failed to launch, "out of
+    memory", when they ran after these tests)."""
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="module")
