@@ -27,9 +27,18 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
 
 
 def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None) -> list[bytes]:
-    """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix)."""
+    """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix).
+    The same values as `block_hash` block by block, from one conversion of the new blocks'
+    tokens to bytes (an 8k-token prompt hashes in a fraction of the per-block time)."""
     hashes = list(start or [])
-    for i in range(len(hashes), len(token_ids) // block_size):
-        parent = hashes[-1] if hashes else root
-        hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size]))
+    first, end = len(hashes), len(token_ids) // block_size
+    if first >= end:
+        return hashes
+    data = memoryview(array("i", token_ids[first * block_size : end * block_size]).tobytes())
+    step = 4 * block_size
+    parent = hashes[-1] if hashes else root
+    sha256 = hashlib.sha256
+    for i in range(end - first):
+        parent = sha256(parent + data[i * step : (i + 1) * step]).digest()
+        hashes.append(parent)
     return hashes

@@ -108,8 +108,10 @@ class Scheduler:
         if slot is None:
             return False
         seq.slot = slot
-        seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
-        reused = self.prefix.reuse(seq) if self.use_cache else 0
+        reused = 0
+        if self.use_cache:  # (without the cache nothing ever looks a block up by its hash)
+            seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
+            reused = self.prefix.reuse(seq)
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = reused
         seq.status = Status.RUNNING
@@ -229,7 +231,7 @@ class Scheduler:
             if seq.resume_slot:
                 self.slots.unpin(seq.resume_slot)
                 seq.resume_slot = 0
-            for j in range(full_before, seq.num_computed // self.bs):
+            for j in range(full_before, seq.num_computed // self.bs if self.use_cache else 0):
                 self.blocks.register(seq.block_table[j], seq.block_hashes[j])
             for boundary, slot in it.checkpoints:
                 self._publish(seq, it.start + boundary, slot)
@@ -237,7 +239,8 @@ class Scheduler:
                 copies += self._decode_boundary(seq)
             if it.needs_logits:
                 seq.token_ids.append(next(sampled))
-                seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
+                if self.use_cache:
+                    seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
         return copies
 
     def _decode_boundary(self, seq: Sequence) -> list[tuple[int, int]]:

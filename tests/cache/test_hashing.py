@@ -1,0 +1,27 @@
+"""Chained block hashes: chain_hashes gives block_hash's chain, whole or continued from a prefix."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+import torch
+
+from statechat.cache.hashing import block_hash, chain_hashes
+
+ROOT = hashlib.sha256(b"model").digest()
+
+
+def test_chain_hashes_are_block_hashes_chained_from_the_root():
+    ids = torch.randint(0, 250_000, (64 * 5 + 17,), generator=torch.Generator().manual_seed(1)).tolist()
+    want, parent = [], ROOT
+    for i in range(5):
+        block = ids[i * 64 : (i + 1) * 64]
+        parent = hashlib.sha256(parent + array("i", block).tobytes()).digest()
+        assert parent == block_hash(want[-1] if want else ROOT, block)
+        want.append(parent)
+    assert chain_hashes(ROOT, ids, 64) == want  # the partial last block gets no hash
+    assert chain_hashes(ROOT, ids, 64, want[:2]) == want  # continued from known hashes
+    assert chain_hashes(ROOT, ids, 64, want) == want
+    assert chain_hashes(ROOT, ids[:63], 64) == []
+    assert chain_hashes(ROOT, ids, 128)[0] == block_hash(ROOT, ids[:128])
