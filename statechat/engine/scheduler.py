@@ -240,7 +240,8 @@ class Scheduler:
             if it.needs_logits:
                 seq.token_ids.append(next(sampled))
                 if self.use_cache:
-                    seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
+                    seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs,
+                                                    seq.block_hashes)
         return copies
 
     def _decode_boundary(self, seq: Sequence) -> list[tuple[int, int]]:

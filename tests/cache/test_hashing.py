@@ -13,7 +13,8 @@ ROOT = hashlib.sha256(b"model").digest()
 
 
 def test_chain_hashes_are_block_hashes_chained_from_the_root():
-    ids = torch.randint(0, 250_000, (64 * 5 + 17,), generator=torch.Generator().manual_seed(1)).tolist()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 250_000, (64 * 5 + 17,), generator=gen).tolist()
     want, parent = [], ROOT
     for i in range(5):
         block = ids[i * 64 : (i + 1) * 64]
