@@ -44,6 +44,7 @@ _TRITON_MODULES = {
     "rmsnorm_rope": "kernels.rope",
     "copy_slots": "kernels.slots",
     "store_kv": "kernels.slots",
+    "advance_decode_inputs": "kernels.slots",
     "qk_norm_rope_store": "kernels.rope",
     "paged_attention": "kernels.attention",
     "fused_moe": "kernels.moe",
@@ -191,6 +192,11 @@ def gated_rmsnorm_linear(x, gate, norm_w, eps, w):
 @_same_contract(reference.copy_slots)
 def copy_slots(pool, src, dst):
     return _pick("copy_slots", pool)(pool, src, dst)
+
+
+@_same_contract(reference.advance_decode_inputs)
+def advance_decode_inputs(tokens, ids, positions, slot_mapping, context_lens):
+    return _pick("advance_decode_inputs", ids)(tokens, ids, positions, slot_mapping, context_lens)
 
 
 @_same_contract(reference.store_kv)

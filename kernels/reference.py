@@ -350,6 +350,25 @@ def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None
     pool[dst.long()] = pool[src.long()]
 
 
+def advance_decode_inputs(
+    tokens: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    """A decode step's inputs, in place, turned into those of the step after it for the same
+    sequences: each row that writes KV (slot_mapping >= 0) feeds tokens[i] (the token this step
+    sampled) at the next position, into the next slot of its block, over one more key. Rows
+    with slot_mapping -1 (padding) stay as they are. The caller guarantees that no row's next
+    position starts a new block.
+
+    tokens, ids, positions, slot_mapping: [B] int64; context_lens: [B] int32.
+    """
+    live = slot_mapping >= 0
+    ids.copy_(torch.where(live, tokens, ids))
+    positions.add_(live)
+    slot_mapping.add_(live)
+    context_lens.add_(live)
+
+
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:

@@ -4,6 +4,8 @@
   dtype (copied as raw bits, so NaN payloads and -0.0 survive).
 - `store_kv`: scatter this step's keys and values into [num_blocks, block_size, Hkv, D] caches
   at `slot_mapping` (block * block_size + offset, -1 = skip).
+- `advance_decode_inputs`: a decode graph's inputs turned into those of the step after it,
+  captured at the graph's end (see statechat/engine/graphs.py).
 """
 
 from __future__ import annotations
@@ -155,3 +157,37 @@ def store_kv(
         BD=BD,
         **pdl(k.device),
     )
+
+
+@triton.jit
+def _advance_kernel(tokens, ids, positions, slot_mapping, context_lens, B,
+                    BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    gdc_enter(USE_GDC)
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b_slot = tl.load(slot_mapping + o, mask=o < B, other=-1)
+    m = b_slot >= 0  # rows that write KV; padding rows (and rows past B) stay as they are
+    tl.store(ids + o, tl.load(tokens + o, mask=m), mask=m)
+    tl.store(positions + o, tl.load(positions + o, mask=m) + 1, mask=m)
+    tl.store(slot_mapping + o, b_slot + 1, mask=m)
+    tl.store(context_lens + o, tl.load(context_lens + o, mask=m) + 1, mask=m)
+
+
+def advance_decode_inputs(
+    tokens: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    """In place: each row with slot_mapping >= 0 feeds tokens[i] at the next position, into the
+    next slot, over one more key (kernels.reference.advance_decode_inputs)."""
+    B = ids.shape[0]
+    int64_rows = (tokens, ids, positions, slot_mapping)
+    bad_ctx = (context_lens.shape != (B,) or context_lens.dtype != torch.int32
+               or context_lens.stride(0) != 1)
+    if bad_ctx or any(t.shape != (B,) or t.dtype != torch.int64 or t.stride(0) != 1
+                      for t in int64_rows):
+        raise ValueError("advance_decode_inputs needs contiguous [B] rows: int64 tokens, ids, "
+                         "positions, slot_mapping and int32 context_lens")
+    BLOCK = 512
+    if B:
+        _advance_kernel[(triton.cdiv(B, BLOCK),)](
+            tokens, ids, positions, slot_mapping, context_lens, B, BLOCK=BLOCK, **pdl(ids.device)
+        )

@@ -119,7 +119,8 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
     the graphs: admission (hashing, lookup, restore), launching the step, waiting for its
     tokens, and the step's bookkeeping after them."""
     marks: dict[str, float] = {}
-    schedule, collect, before_wait = engine.scheduler.schedule, engine.runner.collect, engine.runner.before_wait
+    schedule, before_wait = engine.scheduler.schedule, engine.runner.before_wait
+    collect = engine.runner.collect
 
     def timed_schedule():
         batch = schedule()
@@ -146,7 +147,8 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
             engine.step()
         end = time.perf_counter()
     finally:
-        engine.scheduler.schedule, engine.runner.before_wait, engine.runner.collect = schedule, before_wait, collect
+        engine.scheduler.schedule, engine.runner.before_wait = schedule, before_wait
+        engine.runner.collect = collect
     steps = [("add_request", start, added), ("admission", added, marks["scheduled"]),
              ("launch", marks["scheduled"], marks["launched"]),
              ("wait for tokens", marks["launched"], marks["tokens"]), ("after the tokens", marks["tokens"], end)]

@@ -208,7 +208,8 @@ class LLMEngine:
                     self._busy(False)
                     self._prefill_run = None
                     if self.scheduler.has_work():
-                        raise RuntimeError("the scheduler could not make progress (cache too small?)")
+                        raise RuntimeError(
+                            "the scheduler could not make progress (cache too small?)")
                     return []
                 launched = self.runner.launch(batch)
             batch = launched.batch

@@ -2,12 +2,14 @@
 
 Decode: one graph per batch size bucket. A step's inputs are written into a pinned host buffer
 through numpy views and copied into the graphs' static device buffer in one asynchronous copy
-(two host buffers in turn; a step queued before the last one's tokens are read takes its input
-tokens from that step's output on the device); the graph of the smallest bucket >= N is
-replayed, and the logits of the first N rows are returned with their argmax (captured in the
-graph, so a greedy step launches nothing after the replay). Padding rows feed token 0 at
+(two host buffers in turn); the graph of the smallest bucket >= N is replayed, and the logits
+of the first N rows are returned with their argmax (captured in the graph, so a greedy step
+launches nothing after the replay). Padding rows feed token 0 at
 position 0, write no KV (slot_mapping -1) and leave their GDN state in a reserved pad slot, so
-they touch nothing real.
+they touch nothing real. Each graph ends by turning its inputs into those of the step after it
+for the same sequences (its argmax fed at the next position and slot, one more key): the
+engine's async scheduling queues that step before reading this one's tokens, and it then
+replays with nothing staged.
 
 Prefill: a chunk of one sequence replays the graph of a token bucket. Buckets run up to the
 step's token budget (every 512 tokens past 2048, and one that fits a whole budget-sized chunk),
@@ -30,6 +32,7 @@ import logging
 import numpy as np
 import torch
 
+import kernels
 from kernels import CHUNK, Checkpoints
 from statechat.model.context import Context, ModelCaches
 
@@ -79,15 +82,19 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}  # argmax of the logits, replayed with them
+        self.replays = 0  # replays so far; a step queued after this many feeds on the last
+        self.last_rows: tuple[int, int] | None = None  # (bucket, rows) of the last replay
         pool = None
         for b in reversed(self.sizes):
             ctx = self._context(b)
             model(self.ids[:b], ctx, caches)  # compile every kernel before capture
+            self._advance(b, self.ids[:b])  # (padding rows only: changes nothing)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.logits[b] = model(self.ids[:b], ctx, caches)
                 self.greedy[b] = self.logits[b].argmax(dim=-1)
+                self._advance(b, self.greedy[b])
             pool = graph.pool()
             self.graphs[b] = graph
             graph.replay()  # padding rows only; the first replay uploads the graph, not a step's
@@ -112,19 +119,45 @@ class DecodeGraphs:
             logits_indices=None,  # every row: no gather
         )
 
+    def _advance(self, b: int, tokens: torch.Tensor) -> None:
+        """The inputs of the step after this one for the same rows, left in the input buffer
+        at the end of each replay: a step queued before this one's tokens are read then needs
+        no staging (see run). Rows that write no KV (padding) stay as they are."""
+        kernels.advance_decode_inputs(tokens, self.ids[:b], self.positions[:b],
+                                      self.slot_mapping[:b], self.ctx_lens[:b])
+
     def can_run(self, n: int, width: int) -> bool:
         return n <= self.sizes[-1] and width <= self.max_blocks
 
     def run(self, ids: list[int], positions: list[int], slot_mapping: list[int], src: list[int],
             dst: list[int], ctx_lens: list[int], tables: list[list[int]],
-            feed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            feed: torch.Tensor | None = None,
+            follows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the decode graph for N sequences: logits [N, vocab] (float32) and their argmax.
 
         feed: the N input tokens on the device (the step before's, not read yet), in place of
-        `ids`. Staging uses the two host buffers in turn: the one used two steps ago was
-        copied before the step between was queued, so its wait is already over."""
+        `ids`. follows: for such a step, the replay count right after the step before's
+        replay. When no replay came between and the rows are the same, the step before's own
+        end already advanced the inputs to this step's (every sequence one token on, within its
+        block: the caller guarantees it), so nothing is staged, and the argmax it fed itself
+        needs no copy either. Otherwise the two host buffers are used in turn: the one used two
+        steps ago was copied before the step between was queued, so its wait is already over."""
         n = len(ids)
         b = next(s for s in self.sizes if s >= n)
+        if feed is None or follows != self.replays or self.last_rows != (b, n):
+            self._stage(b, ids, positions, slot_mapping, src, dst, ctx_lens, tables)
+            if feed is not None:
+                self.ids[:n].copy_(feed)
+        elif feed.data_ptr() != self.greedy[b].data_ptr():  # sampled tokens, not the argmax
+            self.ids[:n].copy_(feed)
+        self.graphs[b].replay()
+        self.replays += 1
+        self.last_rows = (b, n)
+        return self.logits[b][:n], self.greedy[b][:n]
+
+    def _stage(self, b: int, ids, positions, slot_mapping, src, dst, ctx_lens, tables) -> None:
+        """Write the rows and the first b tables into a host buffer, copy them over."""
+        n = len(ids)
         host, (np64, np32, np_tables), copied = self.hosts[self.turn]
         self.turn ^= 1
         copied.synchronize()
@@ -137,13 +170,10 @@ class DecodeGraphs:
         nbytes = self._bytes(b)
         self.dev[:nbytes].copy_(host[:nbytes], non_blocking=True)
         copied.record()
-        if feed is not None:
-            self.ids[:n].copy_(feed)
-        self.graphs[b].replay()
-        return self.logits[b][:n], self.greedy[b][:n]
 
 
-def _pad_rows(views: tuple[np.ndarray, np.ndarray, np.ndarray], pad_slot: int, lo: int, hi: int) -> None:
+def _pad_rows(views: tuple[np.ndarray, np.ndarray, np.ndarray], pad_slot: int, lo: int,
+              hi: int) -> None:
     """Host rows lo..hi of a decode staging buffer as padding: token 0 at position 0, no KV
     write, state into the pad slot, one token of context over block 0."""
     rows64, rows32, tables = views

@@ -27,6 +27,7 @@ class Launched:
     tokens: torch.Tensor | None  # sampled, on the device: one per item that needs logits
     host: np.ndarray | None = None  # their pinned host copy, once a later step was queued
     copied: object = None  # the event after that copy
+    replay: int | None = None  # the decode graphs' replay count after this step's replay
 
 
 class ModelRunner:
@@ -113,17 +114,19 @@ class ModelRunner:
         order, whose tokens are not read yet. They are this step's input tokens: they go from
         its output to this step's input on the device, and to pinned host memory in a copy
         queued before this step can overwrite them, which `collect(after)` waits for."""
-        feed = None
+        feed = follows = replay = None
         if after is not None:
             if not batch.is_decode or len(batch.items) != len(after.batch.items):
-                raise ValueError("a step fed on the device continues a decode step of the same sequences")
-            feed = after.tokens
+                raise ValueError(
+                    "a step fed on the device continues a decode step of the same sequences")
+            feed, follows = after.tokens, after.replay
             self._copy_out(after)
         width = max(len(it.seq.block_table) for it in batch.items)
         bucket = self._prefill_bucket(batch, width)
         greedy = None  # a replayed graph's argmax of the logits
         if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
-            logits, greedy = self._replay_decode(batch, feed)
+            logits, greedy = self._replay_decode(batch, feed, follows)
+            replay = self.graphs.replays
         elif bucket is not None:
             logits, greedy = self._replay_prefill(batch.items[0], bucket)
         else:
@@ -133,7 +136,8 @@ class ModelRunner:
         if not wanted:
             return Launched(batch, None)
         params = [s.params for s in wanted]
-        return Launched(batch, sample(logits, params, [self._generator(s) for s in wanted], greedy))
+        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy)
+        return Launched(batch, tokens, replay=replay)
 
     def collect(self, launched: Launched) -> list[int]:
         """The sampled tokens of a launched step, one per item that needs logits, in item order:
@@ -161,11 +165,12 @@ class ModelRunner:
         event.record()
         launched.host, launched.copied = host[:n].numpy(), event
 
-    def _replay_decode(self, batch: Batch, feed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _replay_decode(self, batch: Batch, feed: torch.Tensor | None,
+                       follows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         bs, items = self.block_size, batch.items
         positions = [it.start for it in items]
         return self.graphs.run(
-            ids=[0] * len(items) if feed is not None else [it.seq.token_ids[it.start] for it in items],
+            ids=[0 if feed is not None else it.seq.token_ids[it.start] for it in items],
             positions=positions,
             slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs for it, p in zip(items, positions)],
             src=[it.src_slot for it in items],
@@ -173,6 +178,7 @@ class ModelRunner:
             ctx_lens=[p + 1 for p in positions],
             tables=[it.seq.block_table for it in items],
             feed=feed,
+            follows=follows,
         )
 
     def _prefill_bucket(self, batch: Batch, width: int) -> int | None:

@@ -36,8 +36,8 @@ def gpu_setup(tiny_dirs):
     return path, loaded, *prompts_and_expected(path, loaded.config.vocab_size)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"max_num_batched_tokens": 64}, {"use_cuda_graphs": False},
-                                       {"async_scheduling": False}])
+@pytest.mark.parametrize("overrides", [{}, {"max_num_batched_tokens": 64},
+                                       {"use_cuda_graphs": False}, {"async_scheduling": False}])
 def test_gpu_engine_matches_transformers(gpu_setup, overrides):
     path, loaded, prompts, expected = gpu_setup
     engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", **overrides), loaded=loaded)
@@ -124,21 +124,24 @@ def test_prefill_graphs_of_long_chunks(gpu_setup, budget):
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("use_cuda_graphs", [True, False], ids=["graphs", "eager"])
-def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_graphs, async_scheduling):
+def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_graphs,
+                                                             async_scheduling):
     """No host synchronisation inside a decode step beyond reading the sampled tokens: CUDA's
     sync debug mode makes any other synchronising call of the step (an .item(), a blocking
     copy, a read of device memory) raise; it is lifted only for the tokens' read. Greedy and
     sampled requests, prefix cache on (reply-end checkpoints are slot copies); with async
     scheduling, a step queues the next before its read."""
     path, loaded, prompts, _ = gpu_setup
-    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=use_cuda_graphs,
-                                    async_scheduling=async_scheduling), loaded=loaded)
+    config = EngineConfig(model=path, device="cuda", dtype="float32",
+                          use_cuda_graphs=use_cuda_graphs, async_scheduling=async_scheduling)
+    engine = LLMEngine(config, loaded=loaded)
     sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
     params = [SamplingParams(max_tokens=12, ignore_eos=True), sampled]
     seqs = [engine.add_request(p, sp) for p, sp in zip(prompts[:2], params)]
     while any(not s.output_ids for s in seqs):  # the prefills: every later step decodes
         engine.step()
-    launch, collect, read_allowed = engine.runner.launch, engine.runner.collect, engine.runner.before_wait
+    launch, collect = engine.runner.launch, engine.runner.collect
+    read_allowed = engine.runner.before_wait
     continued = [0]
 
     def lift_for_the_read() -> None:

@@ -103,7 +103,8 @@ def test_async_scheduling_survives_stops_and_aborts(setup):
                                         checkpoint_interval=1), loaded=loaded)
         continued = count_continuations(engine)
         stopping = SamplingParams(max_tokens=NEW, stop_token_ids=(stop_at,))
-        outs = engine.generate(prompts[:2], [stopping, SamplingParams(max_tokens=NEW, ignore_eos=True)])
+        plain = SamplingParams(max_tokens=NEW, ignore_eos=True)
+        outs = engine.generate(prompts[:2], [stopping, plain])
         assert outs[0].token_ids == expected[0][:cut] and outs[0].finish_reason == "stop"
         assert outs[1].token_ids == expected[1]
         stream = engine.stream(prompts[2], SamplingParams(max_tokens=NEW, ignore_eos=True))

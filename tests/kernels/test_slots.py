@@ -4,6 +4,7 @@ copy_slots: pools of several shapes and dtypes (a conv pool in bf16, a recurrent
 float32 holding NaN payloads, which must survive bit for bit), the null slot as a source.
 store_kv: strided keys/values (sliced out of a wider projection), tokens skipped with -1,
 float32 and bf16 caches; written positions are poisoned first, all others must stay untouched.
+advance_decode_inputs: real rows step on, padding rows (slot -1) do not, across program blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import reference
-from kernels.slots import copy_slots, store_kv
+from kernels.slots import advance_decode_inputs, copy_slots, store_kv
 
 
 def i32(values, device) -> torch.Tensor:
@@ -69,3 +70,29 @@ def test_store_kv_rejects_int32_slot_mapping(device):
     cache = torch.zeros(1, 16, 1, 16, device=device)
     with pytest.raises(ValueError, match="int64"):
         store_kv(k, k, cache, cache.clone(), torch.tensor([0, 1], dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("B", [1, 5, 700])  # 700: two programs of 512 rows
+def test_advance_decode_inputs(device, B):
+    gen = torch.Generator().manual_seed(B)
+    i64 = dict(dtype=torch.int64)
+    tokens = torch.randint(0, 1000, (B,), generator=gen, **i64).to(device)
+    ids = torch.randint(0, 1000, (B,), generator=gen, **i64).to(device)
+    positions = torch.randint(0, 500, (B,), generator=gen, **i64).to(device)
+    slots = torch.randint(0, 9000, (B,), generator=gen, **i64).to(device)
+    slots[torch.arange(B, device=device) % 3 == 2] = -1  # padding rows
+    ctx = (positions + 1).to(torch.int32)
+    want = [t.clone() for t in (ids, positions, slots, ctx)]
+    reference.advance_decode_inputs(tokens, *want)
+    live = slots >= 0
+    assert torch.equal(want[0], torch.where(live, tokens, ids))
+    assert torch.equal(want[1] - positions, live.long()) and torch.equal(want[3] - ctx, live.int())
+    advance_decode_inputs(tokens, ids, positions, slots, ctx)
+    for got, ref in zip((ids, positions, slots, ctx), want):
+        assert torch.equal(got, ref)
+
+
+def test_advance_decode_inputs_rejects_int32_positions(device):
+    rows = [torch.zeros(3, dtype=torch.int64, device=device) for _ in range(4)]
+    with pytest.raises(ValueError, match="int64"):
+        advance_decode_inputs(rows[0], rows[1], rows[2].int(), rows[3], rows[3].int())
