@@ -297,7 +297,8 @@ _SMALL_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
 MIN_SPLIT_BLOCKS = 4  # KV blocks per split at the least (prefill): fewer cost more to merge
 # Decode on an H100 (Hq=8, Hkv=2, D=256; docs/bench.md, session 8): one program per core ran
 # the attention and its merge in 10.95 us against two per core's 12.80 at B=1 over 8k keys of
-# a 528-block table (even, 11.0-11.4 us, with 144 blocks), and 14.8 against 15.6 us at B=32
+# a 528-block table (slightly slower with 144 blocks: 11.35 against 10.96-11.10 us), and 14.8
+# against 15.6 us at B=32
 CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 1}
 DECODE_MIN_SPLIT_BLOCKS = 2  # KV blocks per split at the least (decode), of the table's width
 

@@ -75,8 +75,13 @@ def copy_bandwidth() -> float:
 
 
 def graph_replay_ms(engine: LLMEngine, n: int = 200) -> float:
-    """GPU time of one batch-1 decode step: the captured graph replayed back to back."""
-    graph = engine.runner.graphs.graphs[1]
+    """GPU time of one batch-1 decode step: the captured graph replayed back to back, on the
+    inputs of the last step staged (an idle engine's). Each replay ends by advancing its rows
+    to the next step's inputs; with every row marked as writing no KV, none moves: the replays
+    all attend over the same keys and write into no block."""
+    graphs = engine.runner.graphs
+    graphs.slot_mapping.fill_(-1)
+    graph = graphs.graphs[1]
     graph.replay()
     torch.cuda.synchronize()
     t = time.perf_counter()

@@ -24,8 +24,8 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     use_cuda_graphs: bool = True  # decode steps and one-sequence prefill chunks replay CUDA graphs (CUDA only)
     # queue a decode step before the last one's tokens are read, so the device does not wait
-    # for the host between steps (None: on for accelerators, off on the CPU, where it saves
-    # nothing and a reply that stops costs one more step)
+    # for the host between steps (None: on with CUDA; off on the CPU, where it saves nothing
+    # and a reply that stops costs one more step, and on NPUs, where it has not run yet)
     async_scheduling: bool | None = None
     cache_dir: Path | None = None  # persistent disk tier (None = device tier only)
     disk_cache_bytes: int | None = None  # disk budget; None = 10% of the free space at start

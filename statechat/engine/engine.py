@@ -96,7 +96,7 @@ class LLMEngine:
         self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of prefill steps
         # that have not synchronised yet (see _time_prefill)
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
-                                 else loaded.device.type != "cpu")
+                                 else loaded.device.type == "cuda")
         self._ahead: Launched | None = None  # a decode step queued before the last one's read
 
     def _open_store(self) -> StateStore | None:
@@ -221,15 +221,27 @@ class LLMEngine:
             self._ahead = None
             raise
         now = time.perf_counter()
-        self._time_prefill(batch, t0, now, synchronised=bool(tokens))
-        updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
-        self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
-        for seq in updated:
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            self._check_finish(seq)
-        self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
+        try:
+            self._time_prefill(batch, t0, now, synchronised=bool(tokens))
+            updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
+            self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
+            for seq in updated:
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                self._check_finish(seq)
+            self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
+        except BaseException:
+            self._drop_ahead()
+            raise
         return updated
+
+    def _drop_ahead(self) -> None:
+        """After a step failed past its tokens' read: the step queued after it has moved its
+        sequences' GDN states on without their bookkeeping, so they cannot go on; end them."""
+        ahead, self._ahead = self._ahead, None
+        for it in ahead.batch.items if ahead is not None else []:
+            if not it.seq.is_finished:
+                self.abort(it.seq)
 
     def _busy(self, busy: bool) -> None:
         """Tell the cache's writer whether a step is being launched: a step that samples stays

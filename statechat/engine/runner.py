@@ -26,7 +26,7 @@ class Launched:
     batch: Batch
     tokens: torch.Tensor | None  # sampled, on the device: one per item that needs logits
     host: np.ndarray | None = None  # their pinned host copy, once a later step was queued
-    copied: object = None  # the event after that copy
+    copied: torch.cuda.Event | None = None  # the event after that copy (torch.npu's on NPUs)
     replay: int | None = None  # the decode graphs' replay count after this step's replay
 
 
@@ -41,11 +41,10 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
-        # pinned buffers for the tokens of a step that a later one was queued after
-        self._out = [] if self.device.type == "cpu" else [
-            (torch.empty(0, dtype=torch.int64), self._event()) for _ in range(2)
-        ]
-        self._out_turn = 0
+        # pinned buffer for the tokens of a step that a later one was queued after, and the
+        # event after their copy
+        self._out = torch.empty(0, dtype=torch.int64)
+        self._out_copied = None if self.device.type == "cpu" else self._event()
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
@@ -151,19 +150,16 @@ class ModelRunner:
         return launched.tokens.tolist()
 
     def _copy_out(self, launched: Launched) -> None:
-        """Queue the copy of a step's tokens to pinned host memory (two buffers used in turn:
-        the one a step before last filled was read before this step was launched)."""
+        """Queue the copy of a step's tokens to pinned host memory. One buffer serves: the
+        step whose copy used it last was read (collect) before this one was launched."""
         if self.device.type == "cpu":  # the tokens are computed already and nothing overwrites them
             return
         n = launched.tokens.shape[0]
-        host, event = self._out[self._out_turn]
-        if host.shape[0] < n:
-            host = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
-            self._out[self._out_turn] = (host, event)
-        self._out_turn ^= 1
-        host[:n].copy_(launched.tokens, non_blocking=True)
-        event.record()
-        launched.host, launched.copied = host[:n].numpy(), event
+        if self._out.shape[0] < n:
+            self._out = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
+        self._out[:n].copy_(launched.tokens, non_blocking=True)
+        self._out_copied.record()
+        launched.host, launched.copied = self._out[:n].numpy(), self._out_copied
 
     def _replay_decode(self, batch: Batch, feed: torch.Tensor | None,
                        follows: int | None) -> tuple[torch.Tensor, torch.Tensor]:

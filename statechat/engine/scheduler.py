@@ -198,7 +198,8 @@ class Scheduler:
             seq = it.seq
             if seq.status != Status.RUNNING or (it.start + 1) % self.bs == 0:
                 return False
-            if len(seq.output_ids) + 1 >= seq.params.max_tokens or it.start + 2 >= max_len:
+            made = len(seq) - seq.num_prompt_tokens  # (output_ids would copy the reply)
+            if made + 1 >= seq.params.max_tokens or it.start + 2 >= max_len:
                 return False
         return True
 

@@ -171,3 +171,22 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_
         torch.cuda.set_sync_debug_mode(0)
     assert steps >= 10 and all(len(s.output_ids) == 12 for s in seqs)
     assert (continued[0] >= 8) == async_scheduling
+
+
+def test_async_scheduling_samples_as_the_synchronous_engine_on_graphs(gpu_setup):
+    """The decode graphs' continuations: greedy rows fed by the graph's own input advance, and
+    seeded sampled rows copied in, draw exactly the synchronous engine's tokens."""
+    path, loaded, prompts, _ = gpu_setup
+    params = [
+        SamplingParams(max_tokens=NEW, temperature=0.8, top_k=20, top_p=0.9, seed=3,
+                       ignore_eos=True),
+        SamplingParams(max_tokens=NEW, ignore_eos=True),
+        SamplingParams(max_tokens=NEW, temperature=1.2, seed=5, ignore_eos=True),
+    ]
+    outs = []
+    for async_scheduling in (False, True):
+        config = EngineConfig(model=path, device="cuda", dtype="float32",
+                              async_scheduling=async_scheduling)
+        engine = LLMEngine(config, loaded=loaded)
+        outs.append([o.token_ids for o in engine.generate(prompts[:3], params)])
+    assert outs[0] == outs[1]

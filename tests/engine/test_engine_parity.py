@@ -55,6 +55,18 @@ def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> list:
     return seqs
 
 
+def count_skipped_rows(engine: LLMEngine) -> list[int]:
+    """A counter of the rows whose sequence ended while the step after them was queued."""
+    count, postprocess = [0], engine.scheduler.postprocess
+
+    def counted(batch, tokens):
+        count[0] += sum(it.seq.is_finished for it in batch.items)
+        return postprocess(batch, tokens)
+
+    engine.scheduler.postprocess = counted
+    return count
+
+
 def count_continuations(engine: LLMEngine) -> list[int]:
     """A counter of the decode steps the engine queues before reading the step before's tokens."""
     count, launch = [0], engine.runner.launch
@@ -101,14 +113,16 @@ def test_async_scheduling_survives_stops_and_aborts(setup):
     for async_scheduling in (False, True):
         engine = LLMEngine(EngineConfig(model=path, device="cpu", async_scheduling=async_scheduling,
                                         checkpoint_interval=1), loaded=loaded)
-        continued = count_continuations(engine)
+        continued, skipped = count_continuations(engine), count_skipped_rows(engine)
         stopping = SamplingParams(max_tokens=NEW, stop_token_ids=(stop_at,))
         plain = SamplingParams(max_tokens=NEW, ignore_eos=True)
         outs = engine.generate(prompts[:2], [stopping, plain])
         assert outs[0].token_ids == expected[0][:cut] and outs[0].finish_reason == "stop"
         assert outs[1].token_ids == expected[1]
+        assert (skipped[0] == 1) == async_scheduling  # the stopped reply's queued row
         stream = engine.stream(prompts[2], SamplingParams(max_tokens=NEW, ignore_eos=True))
         got = [t for _, event in zip(range(6), stream) for t in event.token_ids]
+        assert (engine._ahead is not None) == async_scheduling
         stream.close()  # aborts the request, with a step queued in the async engine
         assert got == expected[2][: len(got)] and engine.scheduler.running == []
         # the stopped and aborted conversations, and a reply continued from the stopped one,
@@ -132,3 +146,49 @@ def test_fast_decode_gives_the_tokenizers_text(setup):
     for n in [0, 1, 2, 3, 5, 8] * 50:
         ids = torch.randint(0, len(tokenizer), (n,), generator=g).tolist()
         assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_async_scheduling_samples_as_the_synchronous_engine(setup):
+    """Seeded sampling (temperature, top-k, top-p) next to greedy rows: the async engine, whose
+    queued steps take their input tokens from the step before on the device, draws exactly the
+    synchronous engine's tokens."""
+    path, loaded, prompts, _ = setup
+    params = [
+        SamplingParams(max_tokens=NEW, temperature=0.8, top_k=20, top_p=0.9, seed=3,
+                       ignore_eos=True),
+        SamplingParams(max_tokens=NEW, ignore_eos=True),
+        SamplingParams(max_tokens=NEW, temperature=1.2, seed=5, ignore_eos=True),
+    ]
+    outs = []
+    for async_scheduling in (False, True):
+        config = EngineConfig(model=path, device="cpu", async_scheduling=async_scheduling)
+        engine = LLMEngine(config, loaded=loaded)
+        continued = count_continuations(engine)
+        outs.append([o.token_ids for o in engine.generate(prompts[:3], params)])
+        assert (continued[0] > 10) == async_scheduling
+    assert outs[0] == outs[1]
+
+
+def test_a_step_that_fails_after_its_read_ends_the_queued_sequences(setup):
+    """A step that fails after reading its tokens (here the cache's persist) has already queued
+    the step after it, which moved its sequences' states on: they end (abort), nothing stays
+    queued, and the engine serves the next request exactly."""
+    path, loaded, prompts, expected = setup
+    config = EngineConfig(model=path, device="cpu", async_scheduling=True)
+    engine = LLMEngine(config, loaded=loaded)
+    seq = engine.add_request(prompts[0], SamplingParams(max_tokens=NEW, ignore_eos=True))
+    while len(seq.output_ids) < 3:
+        engine.step()
+    assert engine._ahead is not None
+    persist = engine.prefix.persist
+
+    def failing(*args):
+        raise OSError("disk full")
+
+    engine.prefix.persist = failing
+    with pytest.raises(OSError, match="disk full"):
+        engine.step()
+    engine.prefix.persist = persist
+    assert seq.finish_reason == "abort" and engine._ahead is None and not engine.has_unfinished()
+    out = engine.generate([prompts[1]], SamplingParams(max_tokens=NEW, ignore_eos=True))[0]
+    assert out.token_ids == expected[1]

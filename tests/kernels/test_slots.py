@@ -75,7 +75,7 @@ def test_store_kv_rejects_int32_slot_mapping(device):
 @pytest.mark.parametrize("B", [1, 5, 700])  # 700: two programs of 512 rows
 def test_advance_decode_inputs(device, B):
     gen = torch.Generator().manual_seed(B)
-    i64 = dict(dtype=torch.int64)
+    i64 = {"dtype": torch.int64}
     tokens = torch.randint(0, 1000, (B,), generator=gen, **i64).to(device)
     ids = torch.randint(0, 1000, (B,), generator=gen, **i64).to(device)
     positions = torch.randint(0, 500, (B,), generator=gen, **i64).to(device)
