@@ -13,7 +13,12 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
-from tests.engine.test_engine_parity import NEW, prompts_and_expected, run_staggered
+from tests.engine.test_engine_parity import (
+    NEW,
+    prompts_and_expected,
+    run_staggered,
+    sync_and_async_outputs,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -177,16 +182,5 @@ def test_async_scheduling_samples_as_the_synchronous_engine_on_graphs(gpu_setup)
     """The decode graphs' continuations: greedy rows fed by the graph's own input advance, and
     seeded sampled rows copied in, draw exactly the synchronous engine's tokens."""
     path, loaded, prompts, _ = gpu_setup
-    params = [
-        SamplingParams(max_tokens=NEW, temperature=0.8, top_k=20, top_p=0.9, seed=3,
-                       ignore_eos=True),
-        SamplingParams(max_tokens=NEW, ignore_eos=True),
-        SamplingParams(max_tokens=NEW, temperature=1.2, seed=5, ignore_eos=True),
-    ]
-    outs = []
-    for async_scheduling in (False, True):
-        config = EngineConfig(model=path, device="cuda", dtype="float32",
-                              async_scheduling=async_scheduling)
-        engine = LLMEngine(config, loaded=loaded)
-        outs.append([o.token_ids for o in engine.generate(prompts[:3], params)])
-    assert outs[0] == outs[1]
+    sync, overlapped = sync_and_async_outputs(path, loaded, prompts, device="cuda", dtype="float32")
+    assert sync == overlapped
