@@ -6,11 +6,11 @@ through numpy views and copied into the graphs' static device buffer in one asyn
 of the first N rows are returned with their argmax (captured in the graph, so a greedy step
 launches nothing after the replay). Padding rows feed token 0 at position 0, write no KV
 (slot_mapping -1) and leave their GDN state in a reserved pad slot, so they touch nothing
-real. Each graph ends by turning its inputs into those of the step after it
-for the same sequences (its argmax fed at the next position and slot, one more key): the
-engine's async scheduling queues that step before reading this one's tokens, and it then
-replays with nothing staged. (So a graph replayed directly, as a benchmark does, moves its rows
-on each time: mark them as padding first, slot_mapping -1.)
+real. Each graph ends by turning its inputs into those of the step after it for the same
+sequences (its argmax fed at the next position and slot, one more key): the engine's async
+scheduling queues that step before reading this one's tokens, and it then replays with nothing
+staged. (So a graph replayed directly, as a benchmark does, moves its rows on each time: mark
+them as padding first, slot_mapping -1.)
 
 Prefill: a chunk of one sequence replays the graph of a token bucket. Buckets run up to the
 step's token budget (every 512 tokens past 2048, and one that fits a whole budget-sized chunk),
