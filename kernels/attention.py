@@ -258,25 +258,27 @@ def _merge_splits_kernel(
     i_row = tl.program_id(0).to(tl.int64)  # row of [T, Hq]
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_d = o_d < D
-    # the splits in chunks of BS (a graph's decode may have a hundred or more): first their
-    # largest running max, then the partial sums weighted against it
-    b_max = tl.zeros([BS], dtype=tl.float32) + float("-inf")
-    for s0 in range(0, NUM_SPLITS, BS):
-        o_part = i_row * NUM_SPLITS + s0 + tl.arange(0, BS)
-        m_s = s0 + tl.arange(0, BS) < NUM_SPLITS
-        b_max = tl.maximum(b_max, tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf")))
-    b_top = tl.max(b_max, axis=0)
+    # the splits in chunks of BS, merged online (a chunk's loads wait for nothing before them;
+    # a decode's splits usually fit one chunk): the running max, and the partial sums and
+    # accumulators weighted against it, rescaled when a chunk raises it
+    b_top = tl.full([], float("-inf"), tl.float32)
     b_acc = tl.zeros([BD], dtype=tl.float32)
     b_l = tl.zeros([BS], dtype=tl.float32)
     for s0 in range(0, NUM_SPLITS, BS):
         o_part = i_row * NUM_SPLITS + s0 + tl.arange(0, BS)
         m_s = s0 + tl.arange(0, BS) < NUM_SPLITS
         b_m = tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf"))
-        b_w = tl.exp2(b_m - b_top)  # splits that saw no key (max -inf) weigh 0
-        b_l += tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0) * b_w
+        b_ls = tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0)
         b_part = tl.load(part_acc + o_part[:, None] * D + o_d[None, :],
                          mask=m_s[:, None] & m_d[None, :], other=0.0)
-        b_acc += tl.sum(b_part * b_w[:, None], axis=0)
+        b_new = tl.maximum(b_top, tl.max(b_m, axis=0))
+        # splits that saw no key (max -inf) weigh 0; while every max is -inf, so is the top
+        b_use = tl.where(b_new == float("-inf"), 0.0, b_new)
+        b_alpha = tl.exp2(b_top - b_use)
+        b_w = tl.exp2(b_m - b_use)
+        b_l = b_l * b_alpha + b_ls * b_w
+        b_acc = b_acc * b_alpha + tl.sum(b_part * b_w[:, None], axis=0)
+        b_top = b_new
     b_out = b_acc / tl.sum(b_l, axis=0)
     if HAS_GATE:
         p_g = gate + (i_row // HQ) * stride_gt + (i_row % HQ) * stride_gh + o_d
@@ -284,7 +286,15 @@ def _merge_splits_kernel(
     tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
 
 
-MERGE_BS, MERGE_BD = 16, 64  # splits per step and channels per program of the merge
+# The merge's tiles: up to MERGE_MAX_BS splits at a time (all of a decode's, usually), times
+# as many channels as keep a tile at MERGE_TILE float32 elements (no spills at 4 warps).
+MERGE_MAX_BS, MERGE_TILE = 128, 4096
+
+
+def _merge_tile(num_splits: int, BD: int) -> tuple[int, int]:
+    """(splits, channels) of a merge tile."""
+    bs = min(triton.next_power_of_2(num_splits), MERGE_MAX_BS)
+    return bs, max(1, min(BD, MERGE_TILE // bs))
 
 
 # CUDA launch tuning (ignored elsewhere); module-level so that a benchmark can sweep it.
@@ -295,11 +305,12 @@ MERGE_BS, MERGE_BD = 16, 64  # splits per step and channels per program of the m
 CUDA_PREFILL = {"BM": 128, "num_warps": 8, "num_stages": 3, "programs_per_core": 1}
 _SMALL_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
 MIN_SPLIT_BLOCKS = 4  # KV blocks per split at the least (prefill): fewer cost more to merge
-# Decode on an H100 (Hq=8, Hkv=2, D=256; docs/bench.md, session 8): one program per core ran
-# the attention and its merge in 10.95 us against two per core's 12.80 at B=1 over 8k keys of
-# a 528-block table (slightly slower with 144 blocks: 11.35 against 10.96-11.10 us), and 14.8
-# against 15.6 us at B=32
-CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 1}
+# Decode on an H100 (Hq=8, Hkv=2, D=256; docs/bench.md, session 9): 0.75 programs per core
+# (50 splits of the keys at B=1) ran the 1b model's decode graph after 8k in 0.935 ms against
+# one per core's 0.980 (66 splits; 0.5 per core: 0.944, 0.25: 0.982). In isolation one per
+# core was the fastest (session 8); in the step, the cores it leaves free start the kernels
+# after it.
+CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 0.75}
 DECODE_MIN_SPLIT_BLOCKS = 2  # KV blocks per split at the least (decode), of the table's width
 
 
@@ -389,8 +400,8 @@ def paged_attention(
     if is_decode:
         BQ, BM = 1, max(16, triton.next_power_of_2(G))
         num_tiles = T
-        # fill the device (programs_per_core per core), each split with at least two KV blocks
-        num_programs = CUDA_DECODE["programs_per_core"] * num_cores(q.device)
+        # about programs_per_core x cores programs, each split with at least two KV blocks
+        num_programs = max(1, round(CUDA_DECODE["programs_per_core"] * num_cores(q.device)))
         num_splits = min(triton.cdiv(num_programs, N * Hkv),
                          max(1, block_tables.shape[1] // DECODE_MIN_SPLIT_BLOCKS))
     else:
@@ -470,9 +481,9 @@ def paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate
         )
     if is_split:
-        BD_merge = min(BD, MERGE_BD)
+        BS_merge, BD_merge = _merge_tile(num_splits, BD)
         _merge_splits_kernel[(T * Hq, triton.cdiv(D, BD_merge))](
             part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
-            HQ=Hq, D=D, BD=BD_merge, BS=MERGE_BS, HAS_GATE=gate is not None, **pdl(q.device),
+            HQ=Hq, D=D, BD=BD_merge, BS=BS_merge, HAS_GATE=gate is not None, **pdl(q.device),
         )
     return out

@@ -51,7 +51,6 @@ def _gdn_recurrent_kernel(
     BV: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    gdc_enter(USE_GDC)
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)
@@ -59,11 +58,17 @@ def _gdn_recurrent_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     o_kv = o_k[:, None] * V + o_v[None, :]
 
+    # the slots and the state tile are read before waiting for the kernel before (they are
+    # not what it writes: see recurrent_gdn), so under programmatic dependent launch the
+    # state streams in while that kernel finishes
     i_src = tl.load(src_slots + i_n).to(tl.int64)
     i_dst = tl.load(dst_slots + i_n).to(tl.int64)
     # slot 0 is the null slot: zeros, never read (full-shape mask for the interpreter)
     m_src = (tl.zeros([K, BV], dtype=tl.int64) + i_src) != 0
     b_h = tl.load(state_pool + (i_src * HV + i_hv) * K * V + o_kv, mask=m_src, other=0.0)
+    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
+    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    gdc_enter(USE_GDC)
 
     b_q = tl.load(q + i_n * stride_qn + i_h * K + o_k).to(tl.float32)
     b_k = tl.load(k + i_n * stride_kn + i_h * K + o_k).to(tl.float32)
@@ -72,8 +77,6 @@ def _gdn_recurrent_kernel(
     b_v = tl.load(v + i_n * stride_vn + i_hv * V + o_v).to(tl.float32)
     b_a = tl.load(a + i_n * stride_an + i_hv).to(tl.float32)
     b_b = tl.load(b + i_n * stride_bn + i_hv).to(tl.float32)
-    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
-    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
     b_g = -tl.exp(b_A_log) * _softplus(b_a + b_dt_bias)
     b_beta = tl.sigmoid(b_b)
 
@@ -104,6 +107,9 @@ def recurrent_gdn(
     state_pool: [num_slots, HV, K, V] float32, read at src_slots (0 = zeros, never read) and
     written at dst_slots; src_slots, dst_slots: [N] int32 (dst may equal src: in place; dst
     slots distinct). Returns o: [N, HV, V] in v's dtype. No host synchronisation.
+    On CUDA the state, the slots, A_log and dt_bias may be read while the kernel launched
+    before this one still runs (see kernels.hw.pdl): that kernel must not write them (in a
+    decode step it is the in-projection).
     """
     N = q.shape[0] if q.dim() == 3 else -1
     H, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots, N)

@@ -34,6 +34,16 @@ def release_gpu_memory():
     torch.cuda.empty_cache()
 
 
+@pytest.fixture(autouse=True)
+def drop_engines():
+    """Each test's engines go when it ends (they may hold reference cycles) and their memory
+    goes back to the driver, so the next test's engines size their caches as in a fresh
+    process."""
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="module")
 def gpu_setup(tiny_dirs):
     path = tiny_dirs["qwen3_5_text"]

@@ -7,6 +7,8 @@ few KV blocks that sequences are preempted and recomputed.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -165,6 +167,9 @@ def sync_and_async_outputs(path, loaded, prompts, **config) -> list[list[list[in
         continued = count_continuations(engine)
         outs.append([o.token_ids for o in engine.generate(prompts[:3], MIXED)])
         assert (continued[0] > 10) == async_scheduling
+        del engine  # its caches go before the next engine sizes its own from free memory
+        gc.collect()
+        torch.cuda.empty_cache()  # (back to the driver, whose free memory is what counts)
     return outs
 
 

@@ -113,9 +113,9 @@ def test_decode(device, dtype, heads, num_seqs):
 def test_decode_merges_many_splits_in_chunks(device, dtype, ctx_len, monkeypatch):
     """A decode graph over a wide block table splits the keys a hundred ways or more; the
     merge walks the splits in chunks (here of 4, the last one partial, and 8 channels at a
-    time)."""
-    monkeypatch.setattr(attention, "MERGE_BS", 4)
-    monkeypatch.setattr(attention, "MERGE_BD", 8)
+    time), online: a later chunk's larger max rescales what came before."""
+    monkeypatch.setattr(attention, "MERGE_MAX_BS", 4)
+    monkeypatch.setattr(attention, "MERGE_TILE", 32)
     monkeypatch.setitem(attention.CUDA_DECODE, "programs_per_core", 16)
     check([1], [ctx_len], HEADS[0], dtype, device)
     # the output gate, read by every channel program of the merge (D = 32: four of them)
