@@ -39,6 +39,7 @@ _TRITON_MODULES = {
     "silu_mul": "kernels.activation",
     "linear": "kernels.gemv",
     "add_rmsnorm_linear": "kernels.gemv",
+    "add_rmsnorm_logits": "kernels.gemv",
     "silu_mul_linear": "kernels.gemv",
     "gated_rmsnorm_linear": "kernels.gemv",
     "rmsnorm_rope": "kernels.rope",
@@ -179,6 +180,11 @@ def add_rmsnorm_linear(x, residual, norm_w, eps, w, conv=None):
     return _pick("add_rmsnorm_linear", x)(x, residual, norm_w, eps, w, conv)
 
 
+@_same_contract(reference.add_rmsnorm_logits)
+def add_rmsnorm_logits(x, residual, norm_w, eps, w):
+    return _pick("add_rmsnorm_logits", x)(x, residual, norm_w, eps, w)
+
+
 @_same_contract(reference.silu_mul_linear)
 def silu_mul_linear(x, w):
     return _pick("silu_mul_linear", x)(x, w)
@@ -232,6 +238,7 @@ __all__ = [
     "DecodeConv",
     "add_rmsnorm",
     "add_rmsnorm_linear",
+    "add_rmsnorm_logits",
     "causal_conv1d",
     "causal_conv1d_update",
     "chunk_gdn",

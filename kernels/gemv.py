@@ -168,6 +168,8 @@ def _gemv_kernel(
     src_slots,
     dst_slots,
     CONV_D,
+    part_val,
+    part_idx,
     M: tl.constexpr,
     MR: tl.constexpr,
     PROLOGUE: tl.constexpr,
@@ -179,6 +181,7 @@ def _gemv_kernel(
     WHOLE: tl.constexpr,
     CONV_W: tl.constexpr,
     WP: tl.constexpr,
+    ARGMAX: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -212,6 +215,8 @@ def _gemv_kernel(
         b_in, b_rstd = _input_tile(x, residual, norm_w, new_residual, o_m, m_m, o_k, o_k < K,
                                    pid, K, stride_x, stride_r, eps, b_rstd, PROLOGUE, True, HD,
                                    HEAD_ROWS, PROD_DTYPE)
+    b_best = tl.zeros([MR], dtype=tl.float32) + float("-inf")  # ARGMAX: this program's best
+    b_arg = tl.zeros([MR], dtype=tl.int32)
     if CONV_W > 0:
         i_src = tl.load(src_slots + o_m, mask=m_m, other=0).to(tl.int64)
         i_dst = tl.load(dst_slots + o_m, mask=m_m, other=0).to(tl.int64)
@@ -237,8 +242,36 @@ def _gemv_kernel(
             if i_t * BN < CONV_D:
                 b_acc = _conv_epilogue(b_acc, b_win, b_taps, b_last, o_m, m_m, o_n, x, conv_pool,
                                        i_dst, CONV_D, CONV_W, WP)
-        p_out = out + o_m[:, None] * N + o_n[None, :]
-        tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_m[:, None] & (o_n < N)[None, :])
+        # rounded to the input dtype, as the reference's projection is (then to a float32 out)
+        b_y = b_acc.to(x.dtype.element_ty).to(out.dtype.element_ty)
+        m_y = m_m[:, None] & (o_n < N)[None, :]
+        tl.store(out + o_m[:, None] * N + o_n[None, :], b_y, mask=m_y)
+        if ARGMAX:  # the tiles come in increasing columns: keep the first of equal maxima
+            b_v = tl.where(m_y, b_y.to(tl.float32), float("-inf"))
+            b_tmax, b_targ = tl.max(b_v, axis=1, return_indices=True,
+                                    return_indices_tie_break_left=True)
+            is_better = b_tmax > b_best
+            b_best = tl.where(is_better, b_tmax, b_best)
+            b_arg = tl.where(is_better, i_t * BN + b_targ, b_arg)
+    if ARGMAX:  # one candidate per program and row; _argmax_kernel picks the row's
+        tl.store(part_val + o_m * NUM_PROGS + pid, b_best, mask=m_m)
+        tl.store(part_idx + o_m * NUM_PROGS + pid, b_arg, mask=m_m)
+
+
+@triton.jit
+def _argmax_kernel(part_val, part_idx, out, NUM_PROGS, BP: tl.constexpr,
+                   USE_GDC: tl.constexpr):
+    """Row program_id(0)'s argmax from the GEMV programs' candidates: the largest value, and
+    of equal ones the first column (as torch.argmax)."""
+    gdc_enter(USE_GDC)
+    i_m = tl.program_id(0)
+    o_p = tl.arange(0, BP)
+    m_p = o_p < NUM_PROGS
+    b_v = tl.load(part_val + i_m * NUM_PROGS + o_p, mask=m_p, other=float("-inf"))
+    b_i = tl.load(part_idx + i_m * NUM_PROGS + o_p, mask=m_p, other=0)
+    b_top = tl.max(b_v, axis=0)
+    b_first = tl.min(tl.where(m_p & (b_v == b_top), b_i, 2147483647), axis=0)
+    tl.store(out + i_m, b_first.to(tl.int64))
 
 
 def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -253,10 +286,12 @@ def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float = 0.0,
-            head_dim: int = 1, conv=None):
-    """y [M, N] (and the new residual [M, K] for the norm prologue) by the GEMV kernel."""
+            head_dim: int = 1, conv=None, argmax: torch.Tensor | None = None):
+    """y [M, N] (and the new residual [M, K] for the norm prologue) by the GEMV kernel; with
+    `argmax` ([M] int64), y is float32 and its argmax per row is written there."""
     M, N = x.shape[0], w.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    out_dtype = x.dtype if argmax is None else torch.float32
+    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     new_residual = out  # not written without the norm prologue
     if prologue == _ADD_RMSNORM:
         new_residual = torch.empty((M, K), dtype=x.dtype, device=x.device)
@@ -268,6 +303,10 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
     num_progs = min(num_tiles, CUDA_GEMV["programs_per_core"] * num_cores(x.device))
     # the gated norm's product dtype (the weight times the normed x, as the reference rounds it)
     prod = torch.promote_types(norm_w.dtype, x.dtype) if prologue == _GATED_NORM else x.dtype
+    part_val = part_idx = out  # never touched without argmax
+    if argmax is not None:
+        part_val = torch.empty((M, num_progs), dtype=torch.float32, device=x.device)
+        part_idx = torch.empty((M, num_progs), dtype=torch.int32, device=x.device)
     _gemv_kernel[(num_progs,)](
         x,
         x if residual is None else residual,
@@ -284,6 +323,8 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         num_progs,
         *(conv or (w, w, w, w)),  # never read without the conv
         0 if conv is None else conv[0].shape[0],
+        part_val,
+        part_idx,
         M=M,
         MR=triton.next_power_of_2(M),
         PROLOGUE=prologue,
@@ -295,9 +336,13 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         WHOLE=BK >= K,
         CONV_W=0 if conv is None else conv[0].shape[1],
         WP=1 if conv is None else triton.next_power_of_2(conv[0].shape[1] - 1),
+        ARGMAX=argmax is not None,
         num_warps=CUDA_GEMV["num_warps"],
         **pdl(x.device),
     )
+    if argmax is not None:
+        _argmax_kernel[(M,)](part_val, part_idx, argmax, num_progs,
+                             BP=triton.next_power_of_2(num_progs), **pdl(x.device))
     return out, new_residual
 
 
@@ -361,6 +406,23 @@ def add_rmsnorm_linear(
         normed, total = add_rmsnorm(x, residual, norm_w, eps)
         return _conv_after(F.linear(normed, w), conv), total
     return _launch(x, w, _ADD_RMSNORM, x.shape[1], residual, norm_w, eps, conv=conv)
+
+
+def add_rmsnorm_logits(
+    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, argmax): the last residual add and norm, the lm_head, the logits as float32
+    ([M, N], the projection rounded to x's dtype first) and their argmax ([M] int64, the first
+    of equal maxima). x, residual: [M, K]; norm_w: [K]; w: [N, K]."""
+    _check_width(x.shape[-1], w)
+    plain = (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
+             and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
+    if not (plain and _fits(x, w)):  # the unfused ops (which reject bad operands)
+        logits = F.linear(add_rmsnorm(x, residual, norm_w, eps)[0], w).float()
+        return logits, logits.argmax(dim=-1)
+    greedy = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    logits, _ = _launch(x, w, _ADD_RMSNORM, x.shape[1], residual, norm_w, eps, argmax=greedy)
+    return logits, greedy
 
 
 def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

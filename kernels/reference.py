@@ -332,6 +332,16 @@ def add_rmsnorm_linear(
     return _conv_columns(F.linear(normed, w), conv), total
 
 
+def add_rmsnorm_logits(
+    x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, argmax): the last residual add and norm, the lm_head, the logits as float32
+    ([M, N], the projection rounded to x's dtype first) and their argmax ([M] int64, the first
+    of equal maxima). x, residual: [M, K]; norm_w: [K]; w: [N, K]."""
+    logits = add_rmsnorm_linear(x, residual, norm_w, eps, w)[0].float()
+    return logits, logits.argmax(dim=-1)
+
+
 def silu_mul_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a fused gate/up output, then a projection: silu_mul(x) [M, I] @ w [N, I]^T."""
     return F.linear(silu_mul(x), w)

@@ -88,13 +88,12 @@ class DecodeGraphs:
         pool = None
         for b in reversed(self.sizes):
             ctx = self._context(b)
-            model(self.ids[:b], ctx, caches)  # compile every kernel before capture
+            model(self.ids[:b], ctx, caches, with_argmax=True)  # compile every kernel first
             self._advance(b, self.ids[:b])  # (padding rows only: changes nothing)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = model(self.ids[:b], ctx, caches)
-                self.greedy[b] = self.logits[b].argmax(dim=-1)
+                self.logits[b], self.greedy[b] = model(self.ids[:b], ctx, caches, with_argmax=True)
                 self._advance(b, self.greedy[b])
             pool = graph.pool()
             self.graphs[b] = graph
@@ -214,13 +213,12 @@ class PrefillGraphs:
             self._stage(b, [0] * (b - CHUNK), 0, [-1] * (b - CHUNK), 0, pad_slot, [], [])
             ctx, ids = self._context(b), self.dev64[:b]
             try:
-                model(ids, ctx, caches)  # compile every kernel at these shapes before capture
+                model(ids, ctx, caches, with_argmax=True)  # compile every kernel before capture
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()  # leave the capture's private pool room to grow
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[b] = model(ids, ctx, caches)
-                    self.greedy[b] = self.logits[b].argmax(dim=-1)
+                    self.logits[b], self.greedy[b] = model(ids, ctx, caches, with_argmax=True)
             except torch.OutOfMemoryError:
                 log.warning("statechat: no memory for a %d-token prefill graph; such chunks run eagerly", b)
                 torch.cuda.empty_cache()

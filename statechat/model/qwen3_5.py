@@ -51,13 +51,18 @@ class Qwen3_5ForCausalLM(nn.Module):
             layer.mlp.fuse()
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches) -> torch.Tensor:
-        """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices."""
+    def forward(
+        self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches, with_argmax: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices (and,
+        with_argmax, their argmax [M], which a decode step's lm_head GEMV finds as it goes)."""
         h, residual = self.model(input_ids, ctx, caches)
         if ctx.logits_indices is not None:  # rows are independent: pick them before the norm
             h, residual = h[ctx.logits_indices], residual[ctx.logits_indices]
         norm = self.model.norm  # the last residual add and norm, fused with the lm_head's GEMV
         w = self.lm_head.weight
+        if with_argmax:
+            return kernels.add_rmsnorm_logits(h, residual, norm.weight, norm.eps, w)
         logits, _ = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, w)
         return logits.float()
 

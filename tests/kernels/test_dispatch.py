@@ -22,6 +22,7 @@ from kernels import reference
 
 OPS = [
     "add_rmsnorm_linear",
+    "add_rmsnorm_logits",
     "advance_decode_inputs",
     "causal_conv1d",
     "causal_conv1d_update",

@@ -20,6 +20,7 @@ from kernels.gemv import (
     GEMV_MAX_ROWS,
     WHOLE_ROW,
     add_rmsnorm_linear,
+    add_rmsnorm_logits,
     gated_rmsnorm_linear,
     linear,
     silu_mul_linear,
@@ -60,6 +61,55 @@ def test_add_rmsnorm_linear(device, dtype, M, N, K):
     ref_out, ref_total = reference.add_rmsnorm_linear(x, residual, norm_w, EPS, w)
     assert torch.equal(total, ref_total)  # the next residual: one rounded add, bit-exact
     assert rel_err(out, ref_out) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,K", [(40, 96), (1000, 640), (300, WHOLE_ROW + 300)])
+def test_add_rmsnorm_logits(device, dtype, N, K):
+    """The lm_head of a decode step: float32 logits (the projection rounded to the input dtype
+    first, as the reference) and, from the same kernel, their argmax."""
+    x = (torch.randn(1, K, device=device) * 2).to(dtype)
+    residual = torch.randn(1, K, device=device).to(dtype)
+    norm_w = (0.5 * torch.randn(K, device=device)).to(dtype)
+    w = weight(N, K, dtype, device)
+    logits, greedy = add_rmsnorm_logits(x, residual, norm_w, EPS, w)
+    ref_logits, _ = reference.add_rmsnorm_logits(x, residual, norm_w, EPS, w)
+    assert logits.dtype == torch.float32 and greedy.dtype == torch.int64 and greedy.shape == (1,)
+    assert torch.equal(logits, logits.to(dtype).float())  # rounded as the projection
+    assert rel_err(logits, ref_logits) < TOL[dtype]
+    assert torch.equal(greedy, logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_logits_argmax_takes_the_first_of_equal_maxima(device, rows, monkeypatch):
+    """Equal largest logits in one tile, in a later tile of the same program and in the tiles
+    of other programs: the first column wins, as with torch.argmax (rows past GEMV_MAX_ROWS:
+    the kernel is row-generic)."""
+    from kernels.gemv import _ADD_RMSNORM, _launch
+
+    # 64-column tiles; one program per core (8 on the CPU), so program 0 walks tiles 0, 8, ...
+    monkeypatch.setitem(gemv.CUDA_GEMV, "programs_per_core", 1)
+    N, K = 1000, 96
+    w = weight(N, K, torch.float32, device)
+    x, residual = torch.randn(rows, K, device=device), torch.randn(rows, K, device=device)
+    norm_w = torch.randn(K, device=device)
+    top = 3 * w[5].abs().max() * torch.sign(reference.add_rmsnorm(x, residual, norm_w, EPS)[0][0])
+    for col in (900, 530, 41, 37, 700):  # 37 and 41 share a tile, 530 is in a later one
+        w[col] = top
+    greedy = torch.empty(rows, dtype=torch.int64, device=device)
+    logits, _ = _launch(x, w, _ADD_RMSNORM, K, residual, norm_w, EPS, argmax=greedy)
+    assert logits[0, 37] == logits[0, 700] == logits.max()
+    assert greedy[0] == 37 and torch.equal(greedy, logits.argmax(dim=-1))
+
+
+def test_more_rows_of_logits_take_the_unfused_ops(device):
+    M, N, K = GEMV_MAX_ROWS + 1, 50, 64
+    x, residual = torch.randn(M, K, device=device), torch.randn(M, K, device=device)
+    norm_w, w = torch.randn(K, device=device), weight(N, K, torch.float32, device)
+    logits, greedy = add_rmsnorm_logits(x, residual, norm_w, EPS, w)
+    ref_logits, _ = reference.add_rmsnorm_logits(x, residual, norm_w, EPS, w)
+    assert rel_err(logits, ref_logits) < TOL[torch.float32]
+    assert torch.equal(greedy, logits.argmax(dim=-1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
