@@ -391,6 +391,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, conv: DecodeConv | None = None) -> 
     return _launch(x, w, _NONE, x.shape[1], conv=conv)[0]
 
 
+def _plain_norm(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor) -> bool:
+    """Whether the norm prologue's operands are as the kernel reads them (else the unfused
+    ops run, and reject bad ones)."""
+    return (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
+            and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
+
+
 def add_rmsnorm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor,
     conv: DecodeConv | None = None,
@@ -400,9 +407,7 @@ def add_rmsnorm_linear(
     _check_width(x.shape[-1], w)
     if conv is not None:
         _check_conv("add_rmsnorm_linear", conv, x.shape[0], w.shape[0])
-    plain = (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
-             and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
-    if not (plain and _fits(x, w)):  # the unfused ops (which reject bad operands)
+    if not (_plain_norm(x, residual, norm_w) and _fits(x, w)):  # the unfused ops
         normed, total = add_rmsnorm(x, residual, norm_w, eps)
         return _conv_after(F.linear(normed, w), conv), total
     return _launch(x, w, _ADD_RMSNORM, x.shape[1], residual, norm_w, eps, conv=conv)
@@ -415,9 +420,7 @@ def add_rmsnorm_logits(
     ([M, N], the projection rounded to x's dtype first) and their argmax ([M] int64, the first
     of equal maxima). x, residual: [M, K]; norm_w: [K]; w: [N, K]."""
     _check_width(x.shape[-1], w)
-    plain = (residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
-             and norm_w.shape == (x.shape[-1],) and norm_w.stride(0) == 1)
-    if not (plain and _fits(x, w)):  # the unfused ops (which reject bad operands)
+    if not (_plain_norm(x, residual, norm_w) and _fits(x, w)):  # the unfused ops
         logits = F.linear(add_rmsnorm(x, residual, norm_w, eps)[0], w).float()
         return logits, logits.argmax(dim=-1)
     greedy = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
