@@ -297,7 +297,8 @@ def _merge_tile(num_splits: int, BD: int) -> tuple[int, int]:
     return bs, max(1, min(BD, MERGE_TILE // bs))
 
 
-# CUDA launch tuning (ignored elsewhere); module-level so that a benchmark can sweep it.
+# Launch tuning, module-level so that a benchmark can sweep it. Warps and stages are passed on
+# CUDA only; programs_per_core sets the number of key splits on every device (measured on CUDA).
 # Prefill, 16-bit: 128-row tiles with 3 stages ran 2.1x faster than 64 rows with 2 on an H100
 # (Hq=8, Hkv=2, D=256, 8k and 32k tokens; docs/kernels.md). Float32 tiles keep 64 rows and one
 # stage, the most that fits. A device whose shared memory cannot hold a config's tiles falls
@@ -307,9 +308,9 @@ _SMALL_PREFILL = {"BM": 64, "num_warps": 8, "num_stages": 2}
 MIN_SPLIT_BLOCKS = 4  # KV blocks per split at the least (prefill): fewer cost more to merge
 # Decode on an H100 (Hq=8, Hkv=2, D=256; docs/bench.md, session 9): 0.75 programs per core
 # (50 splits of the keys at B=1) ran the 1b model's decode graph after 8k in 0.935 ms against
-# one per core's 0.980 (66 splits; 0.5 per core: 0.944, 0.25: 0.982). In isolation one per
-# core was the fastest (session 8); in the step, the cores it leaves free start the kernels
-# after it.
+# one per core's 0.980 (66 splits; 0.5 per core: 0.944, 0.25: 0.981-0.983), though one per
+# core was the fastest in isolation (session 8): most of the gain showed in the lm_head, at
+# the end of the step, for reasons not understood.
 CUDA_DECODE = {"num_warps": 4, "num_stages": 2, "programs_per_core": 0.75}
 DECODE_MIN_SPLIT_BLOCKS = 2  # KV blocks per split at the least (decode), of the table's width
 

@@ -109,7 +109,7 @@ def recurrent_gdn(
     slots distinct). Returns o: [N, HV, V] in v's dtype. No host synchronisation.
     On CUDA the state, the slots, A_log and dt_bias may be read while the kernel launched
     before this one still runs (see kernels.hw.pdl): that kernel must not write them (in a
-    decode step it is the in-projection).
+    decode step it is the in-projection, or at more rows the conv update).
     """
     N = q.shape[0] if q.dim() == 3 else -1
     H, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots, N)

@@ -204,9 +204,12 @@ def gdn_decode(B: Bench) -> list[dict]:
         v = torch.randn(N, HV, K, dtype=dt, device=d)
         a, b = (torch.randn(N, HV, dtype=dt, device=d) for _ in range(2))
         A_log, dt_bias = torch.rand(HV, device=d) - 1, torch.randn(HV, device=d)
-        pool = torch.randn(N + 1, HV, K, K, device=d) * 0.1
-        slots = torch.arange(1, N + 1, dtype=torch.int32, device=d)  # in place, like decode
-        fn = lambda: recurrent_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, slots)
+        pool = torch.randn(2 * N + 1, HV, K, K, device=d) * 0.1
+        # read one set of slots, write another: back to back, a call reads its state while the
+        # one before may still write (PDL; in a decode step the in-projection comes between)
+        src = torch.arange(1, N + 1, dtype=torch.int32, device=d)
+        dst = src + N
+        fn = lambda: recurrent_gdn(q, k, v, a, b, A_log, dt_bias, pool, src, dst)
         x = torch.randn(N * HV * K * K, device=d)
         y = torch.empty_like(x)
         nbytes = 2 * x.numel() * 4  # state read + write

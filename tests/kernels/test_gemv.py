@@ -87,8 +87,9 @@ def test_the_logits_argmax_takes_the_first_of_equal_maxima(device, rows, monkeyp
     the kernel is row-generic)."""
     from kernels.gemv import _ADD_RMSNORM, _launch
 
-    # 64-column tiles; one program per core (8 on the CPU), so program 0 walks tiles 0, 8, ...
+    # 64-column tiles and 8 programs on any device, so program 0 walks tiles 0, 8, ...
     monkeypatch.setitem(gemv.CUDA_GEMV, "programs_per_core", 1)
+    monkeypatch.setattr(gemv, "num_cores", lambda device: 8)
     N, K = 1000, 96
     w = weight(N, K, torch.float32, device)
     x, residual = torch.randn(rows, K, device=device), torch.randn(rows, K, device=device)
@@ -102,7 +103,11 @@ def test_the_logits_argmax_takes_the_first_of_equal_maxima(device, rows, monkeyp
     assert greedy[0] == 37 and torch.equal(greedy, logits.argmax(dim=-1))
 
 
-def test_more_rows_of_logits_take_the_unfused_ops(device):
+def test_more_rows_of_logits_take_the_unfused_ops(device, monkeypatch):
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the GEMV kernel ran for more rows than GEMV_MAX_ROWS")
+
+    monkeypatch.setattr(gemv, "_launch", no_kernel)
     M, N, K = GEMV_MAX_ROWS + 1, 50, 64
     x, residual = torch.randn(M, K, device=device), torch.randn(M, K, device=device)
     norm_w, w = torch.randn(K, device=device), weight(N, K, torch.float32, device)
