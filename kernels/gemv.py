@@ -6,7 +6,7 @@ the GDN layer's gated RMSNorm of each head (`gated_rmsnorm_linear`). The lm_head
 step (`add_rmsnorm_logits`) writes float32 logits and finds their argmax as it goes: each
 program keeps the best column of its tiles (strictly larger replaces, so the first of equal
 ones stays) and `_argmax_kernel` takes the largest of the programs' candidates, of equal ones
-the first column. NaN logits are passed over there (torch.argmax would pick the first NaN).
+the first column. A NaN logit is not taken for the largest (torch.argmax picks the first NaN).
 At these sizes a step reads each weight once and does little else, so what counts is how near
 the weight bytes stream at memory bandwidth, and how many kernels a layer launches: a GEMM
 library reaches about half the bandwidth on the 4-17 MB matrices of a ~1B model (it tiles for
@@ -28,8 +28,8 @@ More rows than GEMV_MAX_ROWS (prefill, larger decode batches) run the unfused op
 library GEMM, which wins there.
 
 Portability: plain pointers, masks, elementwise math, reductions (one returning indices: the
-argmax), a reshape (the gated norm) and a CTA barrier (the conv) only. Weight offsets are int64; the input and output rows' are
-int32, safe for the one or few rows this serves.
+argmax), a reshape (the gated norm) and a CTA barrier (the conv) only. Weight offsets are
+int64; the input and output rows' are int32, safe for the one or few rows this serves.
 """
 
 from __future__ import annotations
