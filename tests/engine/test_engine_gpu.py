@@ -23,22 +23,13 @@ from tests.engine.test_engine_parity import (
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def release_gpu_memory():
-    """Engines size their caches from the free GPU memory. Give it back to the driver after
-    this module: kernel tests that follow launch kernels whose spilled registers need local
-    memory from the driver (float32 attention over wide heads failed to launch, "out of
-    memory", when they ran after these tests)."""
-    yield
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 @pytest.fixture(autouse=True)
 def drop_engines():
-    """Each test's engines go when it ends (they may hold reference cycles) and their memory
-    goes back to the driver, so the next test's engines size their caches as in a fresh
-    process."""
+    """Engines size their caches from the free GPU memory. Each test's engines go when it ends
+    (they may hold reference cycles) and their memory goes back to the driver, so the next
+    test's engines size their caches as in a fresh process, and kernel tests that follow this
+    module find memory for the local memory of their spilled registers (float32 attention over
+    wide heads failed to launch, "out of memory", when it ran after these tests)."""
     yield
     gc.collect()
     torch.cuda.empty_cache()
