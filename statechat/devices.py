@@ -37,8 +37,27 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
+def accelerator(device: torch.device):
+    """The torch module of an accelerator's events, memory and graphs: torch.cuda, or torch.npu
+    (registered by torch_npu, with the same calls)."""
+    if device.type not in ("cuda", "npu"):
+        raise ValueError(f"{device} is not an accelerator")
+    return torch.npu if device.type == "npu" else torch.cuda
+
+
+def graph_api(device: torch.device):
+    """(graph class, capture context manager) of the device's graphs: torch.cuda's CUDAGraph and
+    graph, or torch_npu's NPUGraph and graph (which mirror them); None where there are none (the
+    CPU, a torch_npu without graph capture)."""
+    if device.type == "cuda":
+        return torch.cuda.CUDAGraph, torch.cuda.graph
+    npu = getattr(torch, "npu", None) if device.type == "npu" else None
+    if npu is not None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph"):
+        return npu.NPUGraph, npu.graph
+    return None
+
+
 def free_memory(device: torch.device) -> int:
     """Free bytes on an accelerator (what the caches may take a share of)."""
-    backend = torch.npu if device.type == "npu" else torch.cuda
-    free, _ = backend.mem_get_info(device)
+    free, _ = accelerator(device).mem_get_info(device)
     return int(free)

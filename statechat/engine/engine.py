@@ -19,7 +19,7 @@ import torch
 from statechat.cache.hashing import model_fingerprint
 from statechat.cache.store import StateStore, open_store
 from statechat.config import EngineConfig
-from statechat.devices import default_dtype, free_memory, resolve_device
+from statechat.devices import default_dtype, free_memory, graph_api, resolve_device
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import Launched, ModelRunner
@@ -80,7 +80,7 @@ class LLMEngine:
         if self.store is not None:  # the store's method, not the engine's: no reference cycle
             self.runner.before_wait = self.store.engine_idle.set
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
-        if config.use_cuda_graphs and loaded.device.type == "cuda":
+        if config.use_cuda_graphs and graph_api(loaded.device) is not None:
             max_blocks = (self.max_model_len + bs - 1) // bs
             self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks,
                                        config.max_num_batched_tokens)

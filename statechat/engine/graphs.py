@@ -1,4 +1,7 @@
-"""CUDA graphs of the decode step and of one-sequence prefill chunks, replayed with padding.
+"""Graphs of the decode step and of one-sequence prefill chunks, replayed with padding.
+
+CUDA graphs on NVIDIA GPUs; on Ascend NPUs the same code captures torch_npu's NPUGraph, whose
+calls mirror torch.cuda's (`statechat.devices.graph_api`; not run on an NPU yet).
 
 Decode: one graph per batch size bucket. A step's inputs are written into a pinned host buffer
 through numpy views and copied into the graphs' static device buffer in one asynchronous copy
@@ -35,6 +38,7 @@ import torch
 
 import kernels
 from kernels import CHUNK, Checkpoints
+from statechat.devices import accelerator, graph_api
 from statechat.model.context import Context, ModelCaches
 
 log = logging.getLogger("statechat.engine")
@@ -60,6 +64,7 @@ class DecodeGraphs:
                  device: torch.device) -> None:
         self.sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_blocks, self.pad_slot = max_blocks, pad_slot
+        acc, (new_graph, capture) = accelerator(device), graph_api(device)
         B, dev, i32 = max_batch, device, torch.int32
         # static device inputs in one buffer, so that a step stages them in one copy: rows
         # (ids, positions, slot_mapping) as int64, rows (src, dst, ctx_len) and the block tables
@@ -77,10 +82,10 @@ class DecodeGraphs:
             host = torch.zeros(self._bytes(B), dtype=torch.uint8, pin_memory=True)
             views = tuple(v.numpy() for v in self._views(host, B))
             _pad_rows(views, self.pad_slot, 0, B)
-            self.hosts.append((host, views, torch.cuda.Event()))
+            self.hosts.append((host, views, acc.Event()))
         self.turn = 0
         self.dev.copy_(self.hosts[0][0])
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict = {}  # bucket -> captured graph
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}  # argmax of the logits, replayed with them
         self.replays = 0  # replays so far; a step queued after this many feeds on the last
@@ -90,15 +95,15 @@ class DecodeGraphs:
             ctx = self._context(b)
             model(self.ids[:b], ctx, caches, with_argmax=True)  # compile every kernel first
             self._advance(b, self.ids[:b])  # (padding rows only: changes nothing)
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            acc.synchronize(device)
+            graph = new_graph()
+            with capture(graph, pool=pool):
                 self.logits[b], self.greedy[b] = model(self.ids[:b], ctx, caches, with_argmax=True)
                 self._advance(b, self.greedy[b])
             pool = graph.pool()
             self.graphs[b] = graph
             graph.replay()  # padding rows only; the first replay uploads the graph, not a step's
-        torch.cuda.synchronize(device)
+        acc.synchronize(device)
 
     def _bytes(self, b: int) -> int:
         """Bytes of the input buffer up to the block tables of b rows."""
@@ -188,6 +193,7 @@ class PrefillGraphs:
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
                  device: torch.device) -> None:
         sizes = prefill_buckets(max_tokens)
+        acc, (new_graph, capture) = accelerator(device), graph_api(device)
         self.B, self.C, self.max_blocks, self.pad_slot = sizes[-1], sizes[-1] // CHUNK, max_blocks, pad_slot
         # int64 inputs: ids, positions, slot_mapping [B each], logits row [1]; int32 inputs:
         # cu_seqlens [3], src, dst, context_lens [2 each], checkpoint seq, boundary and slot
@@ -197,14 +203,14 @@ class PrefillGraphs:
         self.n32 = 9 + 3 * self.C
         self.hosts = [(torch.zeros(3 * self.B + 1, dtype=torch.int64, pin_memory=True),
                        torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True),
-                       torch.cuda.Event()) for _ in range(2)]
+                       acc.Event()) for _ in range(2)]
         self.turn = 0
         self.dev64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, device=device)
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
         # block tables: row 0 the chunk's (at most max_blocks wide, see bucket()); row 1, the
         # padding's, stays zeros. As wide as a whole bucket, which either sequence may span.
         self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict = {}  # bucket -> captured graph
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self.replays = 0
@@ -214,19 +220,19 @@ class PrefillGraphs:
             ctx, ids = self._context(b), self.dev64[:b]
             try:
                 model(ids, ctx, caches, with_argmax=True)  # compile every kernel before capture
-                torch.cuda.synchronize(device)
-                torch.cuda.empty_cache()  # leave the capture's private pool room to grow
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                acc.synchronize(device)
+                acc.empty_cache()  # leave the capture's private pool room to grow
+                graph = new_graph()
+                with capture(graph, pool=pool):
                     self.logits[b], self.greedy[b] = model(ids, ctx, caches, with_argmax=True)
             except torch.OutOfMemoryError:
                 log.warning("statechat: no memory for a %d-token prefill graph; such chunks run eagerly", b)
-                torch.cuda.empty_cache()
+                acc.empty_cache()
                 continue
             pool = graph.pool()
             self.graphs[b] = graph
             graph.replay()  # the padding-only capture inputs: the upload is paid here, not by a request
-        torch.cuda.synchronize(device)
+        acc.synchronize(device)
         self.sizes = sorted(self.graphs)
 
     def _context(self, b: int) -> Context:

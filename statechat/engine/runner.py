@@ -4,6 +4,7 @@ the model and samples. The only engine module that does tensor work.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -12,12 +13,14 @@ import torch
 
 import kernels
 from kernels import CHUNK
+from statechat.devices import accelerator
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
 from statechat.engine.sampling import sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
 
+log = logging.getLogger("statechat.engine")
 
 @dataclass
 class Launched:
@@ -47,8 +50,21 @@ class ModelRunner:
         self._out_copied = None if self.device.type == "cpu" else self._event()
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
-        """Capture CUDA graphs of the decode step for batch buckets up to `max_batch`, and of
-        one-sequence prefill chunks up to `max_prefill_tokens` (0: none)."""
+        """Capture graphs of the decode step for batch buckets up to `max_batch`, and of
+        one-sequence prefill chunks up to `max_prefill_tokens` (0: none).
+
+        On an NPU, where torch_npu's graph capture has not been run with these kernels, a
+        capture that fails leaves every step eager, with a warning; on CUDA it raises."""
+        try:
+            self._capture_graphs(max_batch, max_blocks_per_seq, max_prefill_tokens)
+        except Exception as e:
+            if self.device.type != "npu":
+                raise
+            self.graphs = self.prefill_graphs = None
+            log.warning("statechat: NPU graph capture failed (%s: %s); steps run eagerly",
+                        type(e).__name__, e)
+
+    def _capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
         # cos/sin gathered from a table: one kernel per step instead of several. It covers the
         # longest sequence and the positions the prefill graphs are captured with (a bucket of
         # the whole budget, which may exceed a short max_model_len)
@@ -246,7 +262,7 @@ class ModelRunner:
         return event.synchronize
 
     def _event(self):
-        return torch.cuda.Event() if self.device.type == "cuda" else torch.npu.Event()
+        return accelerator(self.device).Event()
 
     def write_slot(self, slot: int, tensors: dict[str, torch.Tensor]) -> None:
         for i, pool in enumerate(self.caches.conv):
