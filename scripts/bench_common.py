@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from statechat.engine.sampling import SamplingParams  # noqa: E402
-from statechat.paths import EMBEDDED_MODEL  # noqa: E402
+from statechat.engine.sampling import SamplingParams
+from statechat.paths import EMBEDDED_MODEL
 
 ROWS: list[tuple[str, str, str, str]] = []
 

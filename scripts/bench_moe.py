@@ -22,7 +22,17 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import add_tokenizer, decode_rate, hf_decode_ms, hf_prefill, ids, log, row, ttft, write_table
+from bench_common import (
+    add_tokenizer,
+    decode_rate,
+    hf_decode_ms,
+    hf_prefill,
+    ids,
+    log,
+    row,
+    ttft,
+    write_table,
+)
 
 PROMPT = 512  # prompt length before the decode measurements
 

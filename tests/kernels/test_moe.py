@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
-from kernels import moe, reference  # noqa: E402
+import kernels
+from kernels import moe, reference
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 SMALL = (8, 64, 32, 3)  # E, H, I, K

@@ -19,11 +19,11 @@ from safetensors.torch import load_file, save_file
 if not torch.cuda.is_available():  # before anything imports triton (see test_triton_backend.py)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import kernels  # noqa: E402
-from statechat.errors import ModelError  # noqa: E402
-from statechat.model.loader import load_model  # noqa: E402
-from tests.helpers import OneSequence, make_tiny  # noqa: E402
-from tests.model.test_parity import assert_close, hf_logits, random_ids  # noqa: E402
+import kernels
+from statechat.errors import ModelError
+from statechat.model.loader import load_model
+from tests.helpers import OneSequence, make_tiny
+from tests.model.test_parity import assert_close, hf_logits, random_ids
 
 LAYOUTS = ["qwen3_5_moe", "qwen3_5_moe_text"]
 
