@@ -22,6 +22,7 @@ from statechat.model.loader import LoadedModel
 
 log = logging.getLogger("statechat.engine")
 
+
 @dataclass
 class Launched:
     """A step queued on the device; `ModelRunner.collect` reads its tokens."""
