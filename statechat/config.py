@@ -22,9 +22,10 @@ class EngineConfig:
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
     cpu_cache_bytes: int = 1 << 30  # cache budget on the CPU backend
     enable_prefix_cache: bool = True
-    # decode steps and one-sequence prefill chunks replay graphs: CUDA graphs, or torch_npu's
-    # NPU graphs where it has them (not run on an NPU yet: a failed capture runs eagerly)
-    use_cuda_graphs: bool = True
+    # decode steps and one-sequence prefill chunks replay graphs (None: on with CUDA; off on
+    # NPUs, where torch_npu's NPU graphs have not run with these kernels yet: True opts in, and
+    # a capture that raises there leaves its steps eager; off on the CPU, which has none)
+    use_graphs: bool | None = None
     # queue a decode step before the last one's tokens are read, so the device does not wait
     # for the host between steps (None: on with CUDA; off on the CPU, where it saves nothing
     # and a reply that stops costs one more step, and on NPUs, where it has not run yet)

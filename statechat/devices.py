@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+
 import torch
 
 from statechat.errors import ConfigError
@@ -37,7 +40,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
-def accelerator(device: torch.device):
+def accelerator(device: torch.device) -> ModuleType:
     """The torch module of an accelerator's events, memory and graphs: torch.cuda, or torch.npu
     (registered by torch_npu, with the same calls)."""
     if device.type not in ("cuda", "npu"):
@@ -45,7 +48,7 @@ def accelerator(device: torch.device):
     return torch.npu if device.type == "npu" else torch.cuda
 
 
-def graph_api(device: torch.device):
+def graph_api(device: torch.device) -> tuple[type, Callable] | None:
     """(graph class, capture context manager) of the device's graphs: torch.cuda's CUDAGraph and
     graph, or torch_npu's NPUGraph and graph (which mirror them); None where there are none (the
     CPU, a torch_npu without graph capture)."""

@@ -10,6 +10,7 @@ computed, completion tokens and time to first token.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from statechat.engine.sequence import Sequence, Status
 from statechat.errors import ConfigError
 from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
+
+log = logging.getLogger("statechat.engine")
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,14 @@ class LLMEngine:
         if self.store is not None:  # the store's method, not the engine's: no reference cycle
             self.runner.before_wait = self.store.engine_idle.set
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
-        if config.use_cuda_graphs and graph_api(loaded.device) is not None:
+        use_graphs = loaded.device.type == "cuda" if config.use_graphs is None else config.use_graphs
+        if use_graphs and graph_api(loaded.device) is not None:
             max_blocks = (self.max_model_len + bs - 1) // bs
             self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks,
                                        config.max_num_batched_tokens)
+        elif use_graphs and loaded.device.type == "npu":
+            log.warning("statechat: this torch_npu has no graph capture (torch.npu.NPUGraph); "
+                        "steps run eagerly")
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),

@@ -32,6 +32,7 @@ The only host synchronisation of a step is the caller's read of the sampled toke
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,7 +86,7 @@ class DecodeGraphs:
             self.hosts.append((host, views, acc.Event()))
         self.turn = 0
         self.dev.copy_(self.hosts[0][0])
-        self.graphs: dict = {}  # bucket -> captured graph
+        self.graphs: dict[int, Any] = {}  # bucket -> its CUDAGraph or NPUGraph
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}  # argmax of the logits, replayed with them
         self.replays = 0  # replays so far; a step queued after this many feeds on the last
@@ -210,7 +211,7 @@ class PrefillGraphs:
         # block tables: row 0 the chunk's (at most max_blocks wide, see bucket()); row 1, the
         # padding's, stays zeros. As wide as a whole bucket, which either sequence may span.
         self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32, device=device)
-        self.graphs: dict = {}  # bucket -> captured graph
+        self.graphs: dict[int, Any] = {}  # bucket -> its CUDAGraph or NPUGraph
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self.replays = 0

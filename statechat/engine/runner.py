@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
 
 log = logging.getLogger("statechat.engine")
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,30 +57,36 @@ class ModelRunner:
         """Capture graphs of the decode step for batch buckets up to `max_batch`, and of
         one-sequence prefill chunks up to `max_prefill_tokens` (0: none).
 
-        On an NPU, where torch_npu's graph capture has not been run with these kernels, a
-        capture that fails leaves every step eager, with a warning; on CUDA it raises."""
-        try:
-            self._capture_graphs(max_batch, max_blocks_per_seq, max_prefill_tokens)
-        except Exception as e:
-            if self.device.type != "npu":
-                raise
-            self.graphs = self.prefill_graphs = None
-            log.warning("statechat: NPU graph capture failed (%s: %s); steps run eagerly",
-                        type(e).__name__, e)
-
-    def _capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
+        On an NPU (opted into: torch_npu's graph capture has not run with these kernels), a
+        capture that raises leaves its steps eager, with a warning; on CUDA it raises."""
         # cos/sin gathered from a table: one kernel per step instead of several. It covers the
         # longest sequence and the positions the prefill graphs are captured with (a bucket of
         # the whole budget, which may exceed a short max_model_len)
         longest = max_blocks_per_seq * self.block_size
-        if max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK:
+        with_prefill = max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK
+        if with_prefill:
             longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
         self.model.model.rotary.build_table(longest, self.dtype)
-        self.graphs = DecodeGraphs(self.model, self.caches, max_batch, max_blocks_per_seq,
-                                   self.pad_slot, self.device)
-        if max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK:
-            self.prefill_graphs = PrefillGraphs(self.model, self.caches, max_prefill_tokens,
-                                                max_blocks_per_seq, self.pad_slot, self.device)
+        self.graphs = self._capture("decode", lambda: DecodeGraphs(
+            self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device))
+        if with_prefill:
+            self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
+                self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
+                self.device))
+
+    def _capture(self, what: str, build: Callable[[], T]) -> T | None:
+        """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""
+        if self.device.type != "npu":
+            return build()
+        acc = accelerator(self.device)
+        stream = acc.current_stream(self.device)
+        try:
+            return build()
+        except RuntimeError:
+            acc.set_stream(stream)  # a capture that failed on its way out may leave its own
+            log.warning("statechat: NPU graph capture of the %s steps failed; they run eagerly",
+                        what, exc_info=True)
+            return None
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)

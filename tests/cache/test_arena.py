@@ -239,7 +239,7 @@ def test_restores_from_a_recycling_ring_give_the_no_cache_tokens(tiny_dirs, tmp_
             tail = torch.randint(3, 300, (20 + turn,), generator=gen).tolist()
             prompts.append(base[: 260 - 30 * turn] + tail)
     common = {"model": path, "device": device, "dtype": "float32", "num_kv_blocks": 12,
-              "num_state_slots": 8, "use_cuda_graphs": False}
+              "num_state_slots": 8, "use_graphs": False}
     plain = LLMEngine(EngineConfig(**common, enable_prefix_cache=False), loaded=loaded)
     want = [plain.generate([p], params)[0].token_ids for p in prompts]
     per_save = (2 * ModelCaches.bytes_per_block(loaded.config, torch.float32, 64)

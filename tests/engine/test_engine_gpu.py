@@ -43,7 +43,7 @@ def gpu_setup(tiny_dirs):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"max_num_batched_tokens": 64},
-                                       {"use_cuda_graphs": False}, {"async_scheduling": False}])
+                                       {"use_graphs": False}, {"async_scheduling": False}])
 def test_gpu_engine_matches_transformers(gpu_setup, overrides):
     path, loaded, prompts, expected = gpu_setup
     engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", **overrides), loaded=loaded)
@@ -81,7 +81,7 @@ def test_prefill_graphs_match_eager(gpu_setup):
     runs = {}
     for graphs in (True, False):
         for budget in (4096, 256):
-            engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
+            engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_graphs=graphs,
                                             max_num_batched_tokens=budget), loaded=loaded)
             outs = [engine.generate([t], params)[0] for t in turns]
             runs[graphs, budget] = [(o.token_ids, o.num_cached_tokens) for o in outs]
@@ -97,7 +97,7 @@ def _graphs_and_eager(path, loaded, prompt: list[int], new: int, **config):
     and the first engine's prefill graphs."""
     tokens, prefill_graphs = [], None
     for graphs in (True, False):
-        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_cuda_graphs=graphs,
+        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_graphs=graphs,
                                         **config), loaded=loaded)
         tokens.append(engine.generate([prompt], SamplingParams(max_tokens=new, ignore_eos=True))[0].token_ids)
         prefill_graphs = prefill_graphs or engine.runner.prefill_graphs
@@ -129,8 +129,8 @@ def test_prefill_graphs_of_long_chunks(gpu_setup, budget):
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
-@pytest.mark.parametrize("use_cuda_graphs", [True, False], ids=["graphs", "eager"])
-def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_graphs,
+@pytest.mark.parametrize("use_graphs", [True, False], ids=["graphs", "eager"])
+def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graphs,
                                                              async_scheduling):
     """No host synchronisation inside a decode step beyond reading the sampled tokens: CUDA's
     sync debug mode makes any other synchronising call of the step (an .item(), a blocking
@@ -139,7 +139,7 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_cuda_
     scheduling, a step queues the next before its read."""
     path, loaded, prompts, _ = gpu_setup
     config = EngineConfig(model=path, device="cuda", dtype="float32",
-                          use_cuda_graphs=use_cuda_graphs, async_scheduling=async_scheduling)
+                          use_graphs=use_graphs, async_scheduling=async_scheduling)
     engine = LLMEngine(config, loaded=loaded)
     sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
     params = [SamplingParams(max_tokens=12, ignore_eos=True), sampled]

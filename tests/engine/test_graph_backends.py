@@ -1,4 +1,4 @@
-"""Which graph API each device gets, and an NPU capture that fails leaves the engine eager.
+"""Which graph API each device gets, and an NPU capture that fails leaves its steps eager.
 
 (The capture itself runs in the GPU tests, through the same device-generic code; no NPU is
 available to these tests, so torch_npu is stood in for by a namespace. `torch.device("npu")`
@@ -49,27 +49,44 @@ def test_npu_without_graph_capture_runs_eagerly(monkeypatch):
     assert graph_api(NPU) is None
 
 
-def _runner_whose_capture_fails(device) -> ModelRunner:
+class FakeNPU(SimpleNamespace):
+    """torch.npu's stream calls, recorded."""
+
+    def current_stream(self, device):
+        return "compute stream"
+
+    def set_stream(self, stream):
+        self.set_to = stream
+
+
+def _runner(device) -> ModelRunner:
     runner = ModelRunner.__new__(ModelRunner)  # no model: only the capture's error path runs
-    runner.device, runner.graphs, runner.prefill_graphs = device, None, None
-
-    def fail(*args):
-        runner.graphs = "half-captured"
-        raise RuntimeError("capture not supported for this kernel")
-
-    runner._capture_graphs = fail
+    runner.device = device
     return runner
 
 
-def test_a_failed_npu_capture_warns_and_leaves_every_step_eager(caplog):
-    runner = _runner_whose_capture_fails(NPU)
+def _failing_capture(error: Exception):
+    def build():
+        raise error
+    return build
+
+
+def test_a_failed_npu_capture_warns_restores_the_stream_and_runs_eagerly(monkeypatch, caplog):
+    npu = FakeNPU(NPUGraph=FakeNPUGraph, graph=fake_capture, Event=object)
+    monkeypatch.setattr(torch, "npu", npu, raising=False)
     with caplog.at_level(logging.WARNING, logger="statechat.engine"):
-        runner.capture_graphs(8, 4, 256)
-    assert runner.graphs is None and runner.prefill_graphs is None
-    assert "NPU graph capture failed (RuntimeError: capture not supported" in caplog.text
+        graphs = _runner(NPU)._capture("prefill", _failing_capture(RuntimeError("not capturable")))
+    assert graphs is None  # the runner then runs those steps eagerly
+    assert npu.set_to == "compute stream"
+    assert "NPU graph capture of the prefill steps failed" in caplog.text
+    assert "not capturable" in caplog.text  # the traceback goes with it
 
 
-def test_a_failed_cuda_capture_raises():
-    runner = _runner_whose_capture_fails(SimpleNamespace(type="cuda"))
-    with pytest.raises(RuntimeError, match="capture not supported"):
-        runner.capture_graphs(8, 4, 256)
+def test_only_device_errors_are_taken_for_a_failed_capture(monkeypatch):
+    monkeypatch.setattr(torch, "npu", FakeNPU(), raising=False)
+    with pytest.raises(TypeError):  # a bug of ours still raises on an NPU
+        _runner(NPU)._capture("decode", _failing_capture(TypeError("a bug")))
+    with pytest.raises(RuntimeError, match="not capturable"):  # and anything on CUDA
+        cuda = _runner(SimpleNamespace(type="cuda"))
+        cuda._capture("decode", _failing_capture(RuntimeError("not capturable")))
+    assert _runner(NPU)._capture("decode", lambda: "graphs") == "graphs"
