@@ -46,6 +46,18 @@ class Tmux:
             time.sleep(0.2)
         raise AssertionError(f"timed out; the screen was:\n{self.screen()}")
 
+    def keys_until(self, keys: tuple[str, ...], predicate, timeout: float = 40) -> str:
+        """Send keys (harmless when repeated) until the screen shows predicate: a key that
+        arrives before the widget meant for it has focus goes elsewhere."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.keys(*keys)
+            try:
+                return self.wait_for(predicate, timeout=2)
+            except AssertionError:
+                continue
+        raise AssertionError(f"timed out; the screen was:\n{self.screen()}")
+
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
 
@@ -68,12 +80,12 @@ def test_run_in_tmux(tmp_path):
         tmux.keys("BTab")
         tmux.wait_for(lambda s: "Regenerate" in s)  # a message has focus: its keys are shown
         tmux.keys("Up")
-        time.sleep(0.3)
-        tmux.keys("e")
-        tmux.wait_for(lambda s: "editing" in s)
-        tmux.keys("End", "C-u")
+        tmux.keys_until(("e",), lambda s: "editing" in s)  # (until the user message has focus)
+        # the input takes focus a moment after it shows "editing" (letters typed before that
+        # would reach the message's key bindings): clear it until it shows it is empty
+        tmux.keys_until(("End", "C-u"), lambda s: "Edit the message (Enter makes" in s)
         tmux.keys(words(3, 100), literal=True)
-        time.sleep(0.5)
+        tmux.wait_for(lambda s: "Edit the message (Enter makes" not in s)  # typed into the input
         tmux.keys("Enter")
         screen = tmux.wait_for(lambda s: "2/2" in s and "reused" in s.split("2/2")[-1]
                                and "TTFT" in s.split("2/2")[-1])
