@@ -147,9 +147,10 @@ class LLMEngine:
     def encode(self, prompt: str | list[int]) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
-    def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
-    ) -> Sequence:
+    def check_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids, checked: a ConfigError (one line) for an empty prompt, one that
+        leaves no room in the context, or an id outside the model's vocabulary (which would index
+        past the embedding table: on a GPU, an assert that ends the process)."""
         ids = self.encode(prompt)
         if not ids:
             raise ConfigError("the prompt is empty")
@@ -157,6 +158,18 @@ class LLMEngine:
             raise ConfigError(
                 f"the prompt has {len(ids)} tokens; the context limit is {self.max_model_len}"
             )
+        vocab = self.loaded.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise ConfigError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
+        return ids
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
+    ) -> Sequence:
+        return self._add(self.check_prompt(prompt), params, request_id)
+
+    def _add(self, ids: list[int], params: SamplingParams | None, request_id: str = "") -> Sequence:
         seq = Sequence(ids, params or SamplingParams(), request_id=request_id)
         self.scheduler.add(seq)
         return seq
@@ -322,7 +335,10 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); outputs in input order."""
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        if len(plist) != len(prompts):
+            raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        ids = [self.check_prompt(p) for p in prompts]  # every prompt checked before any is queued
+        seqs = [self._add(i, sp) for i, sp in zip(ids, plist)]
         while self.has_unfinished():
             self.step()
         return [self.output(s) for s in seqs]

@@ -1,0 +1,52 @@
+"""A prompt the engine cannot run is refused with a one-line ConfigError before anything is
+queued: empty, too long for the context, or with a token id outside the vocabulary (which would
+index past the embedding table; on a GPU that is an assert that ends the process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.errors import ConfigError
+from statechat.model.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    return LLMEngine(EngineConfig(model=path, device="cpu", max_model_len=256),
+                     loaded=load_model(path, dtype=torch.float32))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "the prompt is empty"),
+        ([1] * 256, "the prompt has 256 tokens; the context limit is 256"),
+        ([1, 2, -3, 4], "token id -3 is outside the model's vocabulary (0 to {last})"),
+        ([1, 2, "vocab", 4], "token id {vocab} is outside the model's vocabulary (0 to {last})"),
+    ],
+    ids=["empty", "too-long", "negative", "past-the-vocab"],
+)
+def test_refused_with_one_line_and_nothing_queued(engine, prompt, message):
+    vocab = engine.loaded.config.vocab_size
+    prompt = [vocab if t == "vocab" else t for t in prompt]
+    good = [5, 6, 7]
+    with pytest.raises(ConfigError) as info:
+        engine.generate([good, prompt], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert str(info.value) == message.format(last=vocab - 1, vocab=vocab)
+    assert not engine.has_unfinished()  # the good prompt before it was not queued either
+    with pytest.raises(ConfigError):
+        engine.add_request(prompt)
+    # the engine goes on serving
+    out = engine.generate([good], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert out[0].num_completion_tokens == 2
+
+
+def test_params_must_match_the_prompts(engine):
+    with pytest.raises(ConfigError, match="2 prompts but 1 sampling params"):
+        engine.generate([[5, 6], [7, 8]], [SamplingParams(max_tokens=2)])
+    assert not engine.has_unfinished()
