@@ -23,10 +23,10 @@ def model_fingerprint(config_digest: str, weights_digest: str, dtype: str, block
 
 def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
     """Hash of one full block given its parent's hash."""
-    return hashlib.sha256(parent + _int32_bytes(token_ids)).digest()
+    return hashlib.sha256(parent + int32_bytes(token_ids)).digest()
 
 
-def _int32_bytes(token_ids: list[int]) -> bytes:
+def int32_bytes(token_ids: list[int]) -> bytes:
     """The ids as native int32s, the bytes of `array("i", token_ids)` (struct packs them about
     2x faster)."""
     return struct.pack(f"{len(token_ids)}i", *token_ids)
@@ -40,7 +40,7 @@ def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list
     first, end = len(hashes), len(token_ids) // block_size
     if first >= end:
         return hashes
-    data = memoryview(_int32_bytes(token_ids[first * block_size : end * block_size]))
+    data = memoryview(int32_bytes(token_ids[first * block_size : end * block_size]))
     step = 4 * block_size
     parent = hashes[-1] if hashes else root
     sha256 = hashlib.sha256

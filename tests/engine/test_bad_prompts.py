@@ -28,8 +28,10 @@ def engine(tiny_dirs):
         ([1] * 256, "the prompt has 256 tokens; the context limit is 256"),
         ([1, 2, -3, 4], "token id -3 is outside the model's vocabulary (0 to {last})"),
         ([1, 2, "vocab", 4], "token id {vocab} is outside the model's vocabulary (0 to {last})"),
+        ([1, 2**40], "token ids must be integers from 0 to {last}"),
+        ([1, 2.5], "token ids must be integers from 0 to {last}"),
     ],
-    ids=["empty", "too-long", "negative", "past-the-vocab"],
+    ids=["empty", "too-long", "negative", "past-the-vocab", "past-int32", "not-an-int"],
 )
 def test_refused_with_one_line_and_nothing_queued(engine, prompt, message):
     vocab = engine.loaded.config.vocab_size
