@@ -52,3 +52,22 @@ def test_params_must_match_the_prompts(engine):
     with pytest.raises(ConfigError, match="2 prompts but 1 sampling params"):
         engine.generate([[5, 6], [7, 8]], [SamplingParams(max_tokens=2)])
     assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"seed": 2**64}, "seed must be an integer from -2**63 to 2**64 - 1"),
+        ({"seed": -(2**63) - 1}, "seed must be an integer"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ],
+    ids=["seed-too-large", "seed-too-small", "temperature-nan", "temperature-inf"],
+)
+def test_sampling_params_a_step_could_not_run_are_refused(fields, message):
+    """A seed torch cannot take would fail only when its step ran, and with it every other
+    request of that step: it is refused where the params are made."""
+    with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
+        SamplingParams(**fields)
+    SamplingParams(seed=2**64 - 1)
+    SamplingParams(seed=-(2**63))
