@@ -27,21 +27,27 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
 
 
 def int32_bytes(token_ids: list[int]) -> bytes:
-    """The ids as native int32s, the bytes of `array("i", token_ids)` (struct packs them about
-    2x faster)."""
+    """The ids as native int32s, the bytes of `array("i", token_ids)` (struct packs them faster:
+    1.1x with Python 3.12 on an H100's host, 2x with 3.11 here); struct.error for an id that
+    is not an int32 integer."""
     return struct.pack(f"{len(token_ids)}i", *token_ids)
 
 
-def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None) -> list[bytes]:
-    """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix).
-    The same values as `block_hash` block by block, from one conversion of the new blocks'
-    tokens to bytes (an 8k-token prompt hashes in about 25% less time than block by block)."""
+def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None,
+                 packed: bytes | None = None) -> list[bytes]:
+    """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix),
+    `packed` the ids' `int32_bytes` where the caller has them. The same values as `block_hash`
+    block by block, from one conversion of the new blocks' tokens to bytes (an 8k-token prompt
+    hashes in about 25% less time than block by block)."""
     hashes = list(start or [])
     first, end = len(hashes), len(token_ids) // block_size
     if first >= end:
         return hashes
-    data = memoryview(int32_bytes(token_ids[first * block_size : end * block_size]))
     step = 4 * block_size
+    if packed is not None and len(packed) == 4 * len(token_ids):
+        data = memoryview(packed)[first * step : end * step]
+    else:
+        data = memoryview(int32_bytes(token_ids[first * block_size : end * block_size]))
     parent = hashes[-1] if hashes else root
     sha256 = hashlib.sha256
     for i in range(end - first):

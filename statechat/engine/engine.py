@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from statechat.cache.hashing import int32_bytes, model_fingerprint
+from statechat.cache.hashing import chain_hashes, int32_bytes, model_fingerprint
 from statechat.cache.store import StateStore, open_store
 from statechat.config import EngineConfig
 from statechat.devices import default_dtype, free_memory, graph_api, resolve_device
@@ -149,10 +149,11 @@ class LLMEngine:
     def encode(self, prompt: str | list[int]) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
-    def check_prompt(self, prompt: str | list[int]) -> list[int]:
-        """The prompt's token ids, checked: a ConfigError (one line) for an empty prompt, one that
-        leaves no room in the context, or an id outside the model's vocabulary (which would index
-        past the embedding table: on a GPU, an assert that ends the process)."""
+    def check_prompt(self, prompt: str | list[int]) -> tuple[list[int], bytes]:
+        """The prompt's token ids and their int32 bytes (what the block hashes read), checked: a
+        ConfigError (one line) for an empty prompt, one that leaves no room in the context, or
+        an id outside the model's vocabulary (which would index past the embedding table: on a
+        GPU, an assert that ends the process)."""
         ids = self.encode(prompt)
         if not ids:
             raise ConfigError("the prompt is empty")
@@ -161,22 +162,25 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens; the context limit is {self.max_model_len}"
             )
         vocab = self.loaded.config.vocab_size
-        try:  # (about 3x faster than min() and max() of the list)
-            packed = np.frombuffer(int32_bytes(ids), dtype=np.int32)
+        try:
+            packed = int32_bytes(ids)
         except struct.error:
             raise ConfigError(f"token ids must be integers from 0 to {vocab - 1}") from None
-        if packed.min() < 0 or packed.max() >= vocab:
+        as_array = np.frombuffer(packed, dtype=np.int32)
+        if as_array.min() < 0 or as_array.max() >= vocab:
             bad = next(t for t in ids if not 0 <= t < vocab)
             raise ConfigError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
-        return ids
+        return ids, packed
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
     ) -> Sequence:
-        return self._add(self.check_prompt(prompt), params, request_id)
+        return self._add(*self.check_prompt(prompt), params, request_id)
 
-    def _add(self, ids: list[int], params: SamplingParams | None, request_id: str = "") -> Sequence:
+    def _add(self, ids: list[int], packed: bytes, params: SamplingParams | None, request_id: str = "") -> Sequence:
         seq = Sequence(ids, params or SamplingParams(), request_id=request_id)
+        if self.scheduler.use_cache:  # from the bytes the check packed (admission adds none)
+            seq.block_hashes = chain_hashes(self.scheduler.root, ids, self.scheduler.bs, packed=packed)
         self.scheduler.add(seq)
         return seq
 
@@ -343,8 +347,8 @@ class LLMEngine:
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
-        ids = [self.check_prompt(p) for p in prompts]  # every prompt checked before any is queued
-        seqs = [self._add(i, sp) for i, sp in zip(ids, plist)]
+        checked = [self.check_prompt(p) for p in prompts]  # every prompt checked before any is queued
+        seqs = [self._add(ids, packed, sp) for (ids, packed), sp in zip(checked, plist)]
         while self.has_unfinished():
             self.step()
         return [self.output(s) for s in seqs]

@@ -7,7 +7,7 @@ from array import array
 
 import torch
 
-from statechat.cache.hashing import block_hash, chain_hashes
+from statechat.cache.hashing import block_hash, chain_hashes, int32_bytes
 
 ROOT = hashlib.sha256(b"model").digest()
 
@@ -26,3 +26,8 @@ def test_chain_hashes_are_block_hashes_chained_from_the_root():
     assert chain_hashes(ROOT, ids, 64, want) == want
     assert chain_hashes(ROOT, ids[:63], 64) == []
     assert chain_hashes(ROOT, ids, 128)[0] == block_hash(ROOT, ids[:128])
+    packed = int32_bytes(ids)  # the bytes a caller already has (the engine's prompt check)
+    assert packed == array("i", ids).tobytes()
+    assert chain_hashes(ROOT, ids, 64, packed=packed) == want
+    assert chain_hashes(ROOT, ids, 64, want[:3], packed=packed) == want
+    assert chain_hashes(ROOT, ids, 64, packed=packed[:-4]) == want  # not the ids' bytes: unused
