@@ -74,7 +74,10 @@ def _number(body: dict, key: str, kind: type, default):
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
         raise ApiError(400, f"{key} must be {'a number' if kind is float else 'an integer'}", key)
-    return kind(value)
+    try:
+        return kind(value)
+    except OverflowError:  # an integer past float's range
+        raise ApiError(400, f"{key} is out of range", key) from None
 
 
 def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingParams:

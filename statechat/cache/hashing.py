@@ -33,8 +33,10 @@ def int32_bytes(token_ids: list[int]) -> bytes:
     return struct.pack(f"{len(token_ids)}i", *token_ids)
 
 
-def chain_hashes(root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None,
-                 packed: bytes | None = None) -> list[bytes]:
+def chain_hashes(
+    root: bytes, token_ids: list[int], block_size: int, start: list[bytes] | None = None,
+    packed: bytes | None = None,
+) -> list[bytes]:
     """Hashes of every full block of `token_ids`; `start` holds hashes already known (a prefix),
     `packed` the ids' `int32_bytes` where the caller has them. The same values as `block_hash`
     block by block, from one conversion of the new blocks' tokens to bytes (an 8k-token prompt

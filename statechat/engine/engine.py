@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from statechat.cache.hashing import chain_hashes, int32_bytes, model_fingerprint
+from statechat.cache.hashing import int32_bytes, model_fingerprint
 from statechat.cache.store import StateStore, open_store
 from statechat.config import EngineConfig
 from statechat.devices import default_dtype, free_memory, graph_api, resolve_device
@@ -151,9 +151,10 @@ class LLMEngine:
 
     def check_prompt(self, prompt: str | list[int]) -> tuple[list[int], bytes]:
         """The prompt's token ids and their int32 bytes (what the block hashes read), checked: a
-        ConfigError (one line) for an empty prompt, one that leaves no room in the context, or
-        an id outside the model's vocabulary (which would index past the embedding table: on a
-        GPU, an assert that ends the process)."""
+        one-line ConfigError for an empty prompt, one that leaves no room in the context, or an
+        id that is not an integer of the model's vocabulary (one past the embedding table is,
+        on a GPU, an assert that ends the process). Reads no state that requests change: any
+        thread may call it."""
         ids = self.encode(prompt)
         if not ids:
             raise ConfigError("the prompt is empty")
@@ -169,19 +170,23 @@ class LLMEngine:
         as_array = np.frombuffer(packed, dtype=np.int32)
         if as_array.min() < 0 or as_array.max() >= vocab:
             bad = next(t for t in ids if not 0 <= t < vocab)
-            raise ConfigError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
+            raise ConfigError(
+                f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})"
+            )
         return ids, packed
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
     ) -> Sequence:
-        return self._add(*self.check_prompt(prompt), params, request_id)
+        return self.add_checked(*self.check_prompt(prompt), params, request_id)
 
-    def _add(self, ids: list[int], packed: bytes, params: SamplingParams | None, request_id: str = "") -> Sequence:
+    def add_checked(
+        self, ids: list[int], packed: bytes, params: SamplingParams | None = None,
+        request_id: str = "",
+    ) -> Sequence:
+        """Queue a prompt that `check_prompt` passed, with the bytes it returned."""
         seq = Sequence(ids, params or SamplingParams(), request_id=request_id)
-        if self.scheduler.use_cache:  # from the bytes the check packed (admission adds none)
-            seq.block_hashes = chain_hashes(self.scheduler.root, ids, self.scheduler.bs, packed=packed)
-        self.scheduler.add(seq)
+        self.scheduler.add(seq, packed)
         return seq
 
     def abort(self, seq: Sequence) -> None:
@@ -347,8 +352,8 @@ class LLMEngine:
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
-        checked = [self.check_prompt(p) for p in prompts]  # every prompt checked before any is queued
-        seqs = [self._add(ids, packed, sp) for (ids, packed), sp in zip(checked, plist)]
+        checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
+        seqs = [self.add_checked(ids, packed, sp) for (ids, packed), sp in zip(checked, plist)]
         while self.has_unfinished():
             self.step()
         return [self.output(s) for s in seqs]

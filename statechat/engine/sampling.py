@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # (a value that only fails when its step runs, such as a seed torch cannot take, would
         # fail every request of that step: everything is checked here, before it is queued)
-        if not math.isfinite(self.temperature) or self.temperature < 0:
+        if not _finite(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -32,12 +33,21 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+        if self.seed is not None and not (
+            isinstance(self.seed, numbers.Integral) and -(2**63) <= self.seed < 2**64
+        ):
             raise ConfigError(f"seed must be an integer from -2**63 to 2**64 - 1, got {self.seed}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(x)
+    except (OverflowError, TypeError):  # an int past float's range; not a number
+        return False
 
 
 def sample(

@@ -70,7 +70,12 @@ class Scheduler:
         self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
 
     # --- requests -----------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, packed: bytes | None = None) -> None:
+        """Queue a request; `packed`, its prompt's int32 bytes where the caller has them, hashes
+        its full blocks now (admission then has none to hash)."""
+        if self.use_cache:
+            seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes,
+                                            packed)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:

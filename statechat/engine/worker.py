@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from statechat.engine.engine import LLMEngine, RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence
-from statechat.errors import ConfigError, StatechatError
+from statechat.errors import StatechatError
 
 _DONE = object()
 
@@ -31,9 +31,10 @@ class RequestHandle:
     stream then ends with finish_reason 'abort'.
     """
 
-    def __init__(self, worker: EngineWorker, prompt_ids: list[int], params: SamplingParams,
-                 request_id: str) -> None:
+    def __init__(self, worker: EngineWorker, prompt_ids: list[int], packed: bytes,
+                 params: SamplingParams, request_id: str) -> None:
         self.worker, self.prompt_ids, self.params, self.request_id = worker, prompt_ids, params, request_id
+        self.packed = packed  # the ids' int32 bytes, from the engine's check
         self.events: queue.Queue = queue.Queue()
         self.output: RequestOutput | None = None
         self.seq: Sequence | None = None  # set by the worker thread
@@ -88,17 +89,12 @@ class EngineWorker:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
                request_id: str = "") -> RequestHandle:
-        """Queue a request; raise ConfigError at once for an empty or over-long prompt."""
+        """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
+        LLMEngine.check_prompt)."""
         if self._stopping:
             raise StatechatError("the engine is shutting down")
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty")
-        if len(prompt_ids) >= self.engine.max_model_len:
-            raise ConfigError(
-                f"the prompt has {len(prompt_ids)} tokens; the context limit is "
-                f"{self.engine.max_model_len}"
-            )
-        handle = RequestHandle(self, list(prompt_ids), params or SamplingParams(), request_id)
+        ids, packed = self.engine.check_prompt(prompt_ids)
+        handle = RequestHandle(self, ids, packed, params or SamplingParams(), request_id)
         self._inbox.put(("add", handle))
         return handle
 
@@ -138,7 +134,8 @@ class EngineWorker:
         kind, handle = cmd
         if kind == "add":
             try:
-                handle.seq = self.engine.add_request(handle.prompt_ids, handle.params, handle.request_id)
+                handle.seq = self.engine.add_checked(handle.prompt_ids, handle.packed,
+                                                     handle.params, handle.request_id)
             except Exception as e:  # noqa: BLE001 - delivered to the submitter
                 handle.events.put(e)
                 handle.events.put(_DONE)

@@ -4,6 +4,7 @@ index past the embedding table; on a GPU that is an assert that ends the process
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,8 +62,11 @@ def test_params_must_match_the_prompts(engine):
         ({"seed": -(2**63) - 1}, "seed must be an integer"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
         ({"temperature": float("inf")}, "temperature must be a finite number"),
+        ({"temperature": 10**400}, "temperature must be a finite number"),
+        ({"seed": 1.5}, "seed must be an integer"),
     ],
-    ids=["seed-too-large", "seed-too-small", "temperature-nan", "temperature-inf"],
+    ids=["seed-too-large", "seed-too-small", "temperature-nan", "temperature-inf",
+         "temperature-huge", "seed-float"],
 )
 def test_sampling_params_a_step_could_not_run_are_refused(fields, message):
     """A seed torch cannot take would fail only when its step ran, and with it every other
@@ -71,3 +75,11 @@ def test_sampling_params_a_step_could_not_run_are_refused(fields, message):
         SamplingParams(**fields)
     SamplingParams(seed=2**64 - 1)
     SamplingParams(seed=-(2**63))
+    SamplingParams(seed=np.int64(3))
+
+
+def test_ids_of_other_integer_types_are_taken(engine):
+    """numpy integers and bools are integers: they pass the check and generate as ints do."""
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    plain = engine.generate([[5, 6, 1, 0]], params)[0].token_ids
+    assert engine.generate([[np.int64(5), np.uint8(6), True, False]], params)[0].token_ids == plain

@@ -111,7 +111,8 @@ def test_errors_have_openai_shape(client, server):
     status, body = raw_post(server, json.dumps({"messages": [{"role": "user", "content": "x"}],
                                                 "temperature": "hot"}).encode())
     assert status == 400 and body["error"]["param"] == "temperature"
-    for field, bad in (("seed", "18446744073709551616"), ("temperature", "NaN"), ("temperature", "Infinity")):
+    for field, bad in (("seed", "18446744073709551616"), ("temperature", "NaN"),
+                       ("temperature", "Infinity"), ("temperature", "1" + "0" * 400)):
         # (Python's JSON reads NaN and Infinity): refused before the request joins a step
         raw = '{"messages": [{"role": "user", "content": "x"}], "' + field + '": ' + bad + "}"
         status, body = raw_post(server, raw.encode())

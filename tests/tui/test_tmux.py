@@ -95,8 +95,8 @@ def test_run_in_tmux(tmp_path):
         tmux.wait_for(lambda s: "Edit the message (Enter makes" not in s)  # typed into the input
         tmux.keys("Enter")
         # the edited turn's status line: TTFT and the prefix it reused (from which tier)
-        tmux.wait_for(lambda s: "2/2" in s and all(
-            part in unwrap(s).split("2/2")[-1] for part in ("TTFT", "reused", "prompt tokens from")))
+        parts = ("TTFT", "reused", "prompt tokens from")
+        tmux.wait_for(lambda s: "2/2" in s and all(p in unwrap(s).split("2/2")[-1] for p in parts))
         tmux.keys("C-q")
         tmux.wait_for(lambda s: "STATECHAT-EXIT=0" in s, timeout=20)
     finally:
