@@ -16,3 +16,7 @@ class ModelError(StatechatError):
 
 class ConfigError(StatechatError):
     """An invalid option or configuration value."""
+
+
+class ContextLengthError(ConfigError):
+    """A prompt that leaves no room in the context (the server's `context_length_exceeded`)."""

@@ -22,9 +22,10 @@ from statechat.chat.template import ROLES
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
-from statechat.errors import StatechatError
+from statechat.errors import ContextLengthError, StatechatError
 
 MAX_BODY_BYTES = 32 << 20
+SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 DEFAULT_MAX_TOKENS = 2048
 
 
@@ -45,13 +46,18 @@ def _content(msg: dict, i: int) -> str:
     content = msg.get("content")
     if content is None and msg.get("role") == "assistant":
         return ""
-    if isinstance(content, str):
-        return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
-                   f"messages[{i}].content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                       f"messages[{i}].content")
+    try:
+        content.encode()
+    except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
+        raise ApiError(400, f"messages[{i}].content is not valid Unicode (a lone surrogate)",
+                       f"messages[{i}].content") from None
+    return content
 
 
 def parse_messages(raw) -> list[dict]:
@@ -82,15 +88,20 @@ def _number(body: dict, key: str, kind: type, default):
 
 def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
     """SamplingParams from a chat-completions body; ApiError(400) for a bad field."""
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
         raise ApiError(400, "only n=1 is supported", "n")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
         raise ApiError(400, "stop must be a string or an array of strings", "stop")
     room = max(1, max_model_len - prompt_len)
-    max_tokens = _number(body, "max_completion_tokens", int, None)
-    max_tokens = _number(body, "max_tokens", int, max_tokens)
+    max_tokens = None
+    for key in ("max_completion_tokens", "max_tokens"):  # (the latter wins, as with OpenAI)
+        value = _number(body, key, int, None)
+        if value is not None and value < 1:
+            raise ApiError(400, f"{key} must be >= 1", key)
+        max_tokens = value if value is not None else max_tokens
     try:
         return SamplingParams(
             temperature=_number(body, "temperature", float, 1.0),
@@ -132,6 +143,7 @@ class ChatServer(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S
     server: ChatServer
 
     # --- plumbing -----------------------------------------------------------------------
@@ -159,29 +171,42 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(e.status, e.body())
 
     def _authorized(self) -> bool:
-        given = self.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.server.api_key}".encode())
+        scheme, _, key = self.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(),
+                                                                  self.server.api_key.encode())
+
+    def _length(self) -> int | None:
+        """The body's Content-Length; None when it is not a plain count of bytes (or the body
+        comes in chunks), and the connection is then closed after the answer."""
+        raw = self.headers.get("Content-Length") or "0"
+        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+            self.close_connection = True
+            return None
+        return int(raw)
 
     def _drain(self) -> None:
         """Read an unread request body so the connection stays usable."""
         if not self._body_read:
-            n = int(self.headers.get("Content-Length") or 0)
-            if 0 < n <= MAX_BODY_BYTES:
+            n = self._length()
+            if n is not None and 0 < n <= MAX_BODY_BYTES:
                 self.rfile.read(n)
             elif n:
                 self.close_connection = True
             self._body_read = True
 
     def _body(self) -> dict:
-        n = int(self.headers.get("Content-Length") or 0)
+        n = self._length()
+        if n is None:
+            self._body_read = True  # (not read: the connection closes)
+            raise ApiError(400, "send the request body with a Content-Length of its bytes")
         if n > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
         raw = self.rfile.read(n)
         self._body_read = True
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # (an int of over 4300 digits is a ValueError)
+            raise ApiError(400, f"the request body is not valid JSON ({str(e)[:200]})") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return body
@@ -194,6 +219,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         routes = {"/v1/chat/completions": self._chat}
         self._guard(routes.get(self.path.split("?")[0].rstrip("/"), self._not_found))
+
+    def _not_allowed(self) -> None:
+        raise ApiError(405, f"method {self.command} is not supported: GET /v1/models, /health; "
+                            "POST /v1/chat/completions", code="method_not_allowed")
+
+    def do_PUT(self) -> None:
+        self._guard(self._not_allowed)
+
+    do_DELETE = do_PATCH = do_OPTIONS = do_PUT
 
     def _not_found(self) -> None:
         raise ApiError(404, f"no route {self.command} {self.path}", code="not_found")
@@ -221,9 +255,11 @@ class Handler(BaseHTTPRequestHandler):
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
         try:
             handle = worker.submit(prompt_ids, params)
-        except StatechatError as e:
+        except ContextLengthError as e:
             raise ApiError(400, f"{e}; shorten the conversation", "messages",
                            "context_length_exceeded") from None
+        except StatechatError as e:
+            raise ApiError(400, str(e), "messages") from None
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         try:
             if stream:

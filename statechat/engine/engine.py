@@ -29,7 +29,7 @@ from statechat.engine.runner import Launched, ModelRunner
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
-from statechat.errors import ConfigError
+from statechat.errors import ConfigError, ContextLengthError
 from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
 
@@ -159,7 +159,7 @@ class LLMEngine:
         if not ids:
             raise ConfigError("the prompt is empty")
         if len(ids) >= self.max_model_len:
-            raise ConfigError(
+            raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens; the context limit is {self.max_model_len}"
             )
         vocab = self.loaded.config.vocab_size
@@ -304,9 +304,12 @@ class LLMEngine:
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
+        shown = len(seq.text)
         self._detokenize(seq, final=reason is not None)
-        if p.stop and reason is None:
-            cut = min((i for i in (seq.text.find(s) for s in p.stop) if i >= 0), default=-1)
+        if p.stop:  # (also in the last token of a reply that ends for another reason)
+            # a stop ending in the new text starts at most the longest stop's length - 1 before it
+            start = max(shown - _stop_hold(p), 0)
+            cut = min((i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0), default=-1)
             if cut >= 0:
                 seq.text = seq.text[:cut]
                 reason = "stop"
@@ -344,18 +347,40 @@ class LLMEngine:
             cache_plan=seq.cache_plan,
         )
 
+    def next_event(self, seq: Sequence, sent_text: int, sent_tokens: int) -> tuple[StreamEvent | None, int, int]:
+        """A stream's next event for `seq` after `sent_text` characters and `sent_tokens` tokens
+        (None when there is nothing new), and the new counts. Until the request finishes, text
+        that may still begin a stop string is held back: a stop is never streamed."""
+        text = seq.text
+        if seq.params.stop and not seq.is_finished:
+            text = text[: max(len(text) - _stop_hold(seq.params), sent_text)]
+        delta, ids = text[sent_text:], seq.output_ids[sent_tokens : seq.num_text_tokens]
+        out = self.output(seq) if seq.is_finished else None
+        event = StreamEvent(delta, ids, out) if delta or ids or out else None
+        return event, len(text), seq.num_text_tokens
+
     # --- convenience --------------------------------------------------------------------
     def generate(
         self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[RequestOutput]:
-        """Run all prompts together (continuous batching); outputs in input order."""
+        """Run all prompts together (continuous batching); outputs in input order. On an error
+        (a bad prompt or params, or a failed step) none of them stays queued."""
+        if not isinstance(prompts, list | tuple):
+            raise ConfigError("generate takes a list of prompts (each a string or a list of token ids)")
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
-        seqs = [self.add_checked(ids, packed, sp) for (ids, packed), sp in zip(checked, plist)]
-        while self.has_unfinished():
-            self.step()
+        seqs = []
+        try:
+            for (ids, packed), sp in zip(checked, plist):
+                seqs.append(self.add_checked(ids, packed, sp))
+            while self.has_unfinished():
+                self.step()
+        except BaseException:
+            for seq in seqs:
+                self.abort(seq)
+            raise
         return [self.output(s) for s in seqs]
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
@@ -366,14 +391,16 @@ class LLMEngine:
             while not seq.is_finished:
                 self.step()
                 if seq.num_text_tokens > sent_tokens or seq.is_finished:
-                    delta = seq.text[sent_text:]
-                    ids = seq.output_ids[sent_tokens : seq.num_text_tokens]
-                    sent_text, sent_tokens = len(seq.text), seq.num_text_tokens
-                    out = self.output(seq) if seq.is_finished else None
-                    if delta or ids or out:
-                        yield StreamEvent(delta, ids, out)
+                    event, sent_text, sent_tokens = self.next_event(seq, sent_text, sent_tokens)
+                    if event is not None:
+                        yield event
         finally:
             self.abort(seq)
+
+
+def _stop_hold(params: SamplingParams) -> int:
+    """Characters at the end of a reply's text that may be the start of a stop string."""
+    return max(map(len, params.stop)) - 1
 
 
 def _fast_decode(tokenizer) -> Callable[[list[int]], str]:

@@ -10,10 +10,18 @@ import torch
 
 from statechat.errors import ConfigError
 
+MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
+GREEDY_BELOW = 1e-5  # a temperature this small samples greedily (dividing by it overflows)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
+    """Sampling of one request. Every field is checked (and normalised: a list of stops becomes
+    a tuple, a numpy integer an int) when the params are made, so that a value which would
+    only fail inside a step, failing every request of that step, is refused before it is
+    queued."""
+
+    temperature: float = 0.0  # below GREEDY_BELOW = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int | None = None  # per-request generator; None = nondeterministic
@@ -23,31 +31,66 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        # (a value that only fails when its step runs, such as a seed torch cannot take, would
-        # fail every request of that step: everything is checked here, before it is queued)
-        if not _finite(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        put = object.__setattr__  # (frozen)
+        put(self, "temperature", _number("temperature", self.temperature))
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        put(self, "top_p", _number("top_p", self.top_p))
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        put(self, "top_k", _integer("top_k", self.top_k))
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        put(self, "max_tokens", _integer("max_tokens", self.max_tokens))
         if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not (
-            isinstance(self.seed, numbers.Integral) and -(2**63) <= self.seed < 2**64
-        ):
-            raise ConfigError(f"seed must be an integer from -2**63 to 2**64 - 1, got {self.seed}")
+            raise ConfigError(f"max_tokens must be >= 1, got {_show(self.max_tokens)}")
+        if self.seed is not None:
+            put(self, "seed", _integer("seed", self.seed))
+            if not -(2**63) <= self.seed < 2**64:
+                raise ConfigError(f"seed must be an integer from -2**63 to 2**64 - 1, got {_show(self.seed)}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, list | tuple) or not all(isinstance(x, str) and x for x in stop):
+            raise ConfigError(f"stop must be a string or a list of non-empty strings, got {_show(self.stop)}")
+        ids = self.stop_token_ids
+        if not isinstance(ids, list | tuple):
+            raise ConfigError(f"stop_token_ids must be a list of integers, got {_show(ids)}")
+        put(self, "stop", tuple(stop))
+        put(self, "stop_token_ids", tuple(_integer("stop_token_ids", t) for t in ids))
+        if len(self.stop) > MAX_STOPS or len(self.stop_token_ids) > MAX_STOPS:
+            raise ConfigError(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop token ids")
+        put(self, "ignore_eos", bool(self.ignore_eos))
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
-def _finite(x) -> bool:
+def _show(value) -> str:
+    """A value for an error message: short, and never a number too long to print."""
     try:
-        return math.isfinite(x)
-    except (OverflowError, TypeError):  # an int past float's range; not a number
-        return False
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit
+        return "a number too large to print"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _integer(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {_show(value)}")
+    return int(value)
+
+
+def _number(name: str, value) -> float:
+    """A finite real number as a float (numpy scalars and ints included, bools not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{name} must be a finite number, got {_show(value)}")
+    return number
 
 
 def sample(

@@ -165,12 +165,10 @@ class EngineWorker:
         seq = handle.seq
         if seq.num_text_tokens <= handle.sent_tokens and not seq.is_finished:
             return
-        delta = seq.text[handle.sent_text :]
-        ids = seq.output_ids[handle.sent_tokens : seq.num_text_tokens]
-        handle.sent_text, handle.sent_tokens = len(seq.text), seq.num_text_tokens
-        out = self.engine.output(seq) if seq.is_finished else None
-        if delta or ids or out:
-            handle.events.put(StreamEvent(delta, ids, out))
+        event, handle.sent_text, handle.sent_tokens = self.engine.next_event(
+            seq, handle.sent_text, handle.sent_tokens)
+        if event is not None:
+            handle.events.put(event)
         if seq.is_finished:
             self._live.pop(seq.seq_id, None)
             handle.events.put(_DONE)

@@ -5,6 +5,7 @@ key, and 8 concurrent clients all completing."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -144,3 +145,46 @@ def test_eight_concurrent_clients(client):
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(8), timeout=120))
     assert len(results) == 8 and all(isinstance(text, str) for text, _ in results)
+
+
+def raw_http(server, request: bytes) -> tuple[int, dict]:
+    """One request written byte by byte (headers a client library would not send); the
+    status and JSON body of the answer, read until the server closes the connection."""
+    host, port = server.server_address[:2]
+    with socket.create_connection((host, port), timeout=30) as conn:
+        conn.sendall(request)
+        conn.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_malformed_requests_get_an_answer(server):
+    """Bodies and headers that once crashed the handler (no answer, a traceback in the log) or
+    held its thread get an OpenAI-shaped error."""
+    auth = f"Authorization: Bearer {KEY}\r\n".encode()
+    for length in (b"-1", b"abc", b"1.5", b"9" * 5000):
+        status, body = raw_http(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth
+                                + b"Content-Length: " + length + b"\r\n\r\n{}")
+        assert status == 400 and "Content-Length" in body["error"]["message"]
+    chunked = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth
+               + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert raw_http(server, chunked)[0] == 400
+    status, body = raw_http(server, b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
+    user = '{"messages": [{"role": "user", "content": "x"}], '
+    for raw, field in [
+        ('{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
+        ('{"messages": ' + "[" * 5000 + "]" * 5000 + "}", None),  # nested past the recursion limit
+        (user + '"max_tokens": 1' + "0" * 5000 + "}", None),  # an int past Python's digit limit
+        (user + '"n": true}', "n"),
+        (user + '"max_tokens": 5, "max_completion_tokens": 0}', "max_completion_tokens"),
+        (user + '"stop": [""]}', None),
+    ]:
+        status, body = raw_post(server, raw.encode())
+        assert status == 400 and body["error"]["param"] == field, (raw[:80], body)
+    lower = urllib.request.Request(f"{server.url}/health", headers={"Authorization": f"bearer {KEY}"})
+    with urllib.request.urlopen(lower, timeout=10) as resp:  # the scheme is case-insensitive
+        assert resp.status == 200

@@ -1,0 +1,77 @@
+"""Stop strings: the reply ends before the first one, whichever token completes it (the last
+one included, when the reply also hits max_tokens), and a stream never shows any part of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.worker import EngineWorker
+from statechat.model.loader import load_model
+
+PROMPT = list(range(3, 40))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    return LLMEngine(EngineConfig(model=path, device="cpu", max_model_len=256),
+                     loaded=load_model(path, dtype=torch.float32))
+
+
+def greedy(engine: LLMEngine, n: int, **stop) -> tuple[str, str]:
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=n, ignore_eos=True, **stop))[0]
+    return out.text, out.finish_reason
+
+
+def streamed(events) -> tuple[str, str]:
+    text, reason = "", None
+    for event in events:
+        text += event.text
+        reason = event.output.finish_reason if event.output is not None else reason
+    return text, reason
+
+
+def test_a_stop_string_ends_the_reply_and_is_never_streamed(engine):
+    full, _ = greedy(engine, 40)
+    for n in range(10, 30):  # a stop across two tokens: its first character came a step before
+        b = len(greedy(engine, n)[0])
+        stop = full[b - 1 : b + 2]
+        if len(stop) == 3 and full.count(stop) == 1:
+            break
+    else:
+        pytest.skip("no three characters across a token boundary occur once in the reply")
+    cut = full.index(stop)
+    assert greedy(engine, 40, stop=[stop]) == (full[:cut], "stop")
+    assert streamed(engine.stream(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop]))) \
+        == (full[:cut], "stop")
+    worker = EngineWorker(engine)  # the server's path
+    try:
+        handle = worker.submit(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,)))
+        assert streamed(handle) == (full[:cut], "stop")
+    finally:
+        worker.shutdown()
+
+
+def test_a_stop_string_in_the_last_token_is_cut(engine):
+    """The token that reaches max_tokens can complete a stop string: the reply is cut there
+    and ends with 'stop', as it would one token earlier."""
+    for n in range(6, 16):
+        text, _ = greedy(engine, n)
+        shorter, _ = greedy(engine, n - 1)
+        new = text[len(shorter):]
+        if len(new) >= 2 and text.count(new[-2:]) == 1:
+            break
+    else:
+        pytest.skip("no reply of 6-15 tokens ends with a token of two new characters")
+    assert greedy(engine, n, stop=[new[-2:]]) == (text[:-2], "stop")
+
+
+def test_a_tiny_temperature_samples_greedily(engine):
+    """1e-40 once overflowed the logits into NaN and gave an empty reply."""
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1e-40, seed=1)
+    assert params.is_greedy
+    assert engine.generate([PROMPT], params)[0].text == greedy(engine, 8)[0]
