@@ -229,12 +229,17 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
 
 @cache_app.command("verify")
 def cache_verify(cache_dir: CacheDirOpt = None) -> None:
-    """Check every blob against its checksum; remove entries that fail."""
+    """Check every blob against its checksum; remove entries that fail (a blob that cannot be
+    read, for its permissions say, is reported and kept)."""
     report = _store(cache_dir).verify()
+    unreadable = report.get("unreadable") or []
     typer.echo(f"checked {report.get('checked', 0):,}; ok {report.get('ok', 0):,}; "
-               f"removed {len(report.get('removed') or []):,}")
+               f"removed {len(report.get('removed') or []):,}"
+               + (f"; unreadable, kept {len(unreadable):,}" if unreadable else ""))
     for item in report.get("removed") or []:
         typer.echo(f"  removed {item}")
+    for item in unreadable:
+        typer.echo(f"  unreadable (kept) {item}")
 
 
 @cache_app.command("gc")

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import queue
+import re
 import threading
 import uuid
 import zlib
@@ -41,7 +42,19 @@ STAGING_BYTES = max(PIECE_BYTES, RUN_BYTES)  # a pinned staging buffer: a run, o
 
 
 class BlobError(Exception):
-    """A blob that must not be used (missing, truncated, corrupt, another model's, wrong shape)."""
+    """A blob that must not be used (missing, truncated, corrupt, another model's, wrong shape).
+
+    `damaged` False: the file could not be read (permissions, an I/O error, no file handles
+    left), which says nothing of its contents: it is kept, and only this use of it fails."""
+
+    def __init__(self, message: str, damaged: bool = True) -> None:
+        super().__init__(message)
+        self.damaged = damaged
+
+
+# the files a store writes under its blob directory (and their temps): nothing else is removed
+BLOB_NAME = re.compile(r"(kv/[0-9a-f]{32}|ckpt/[0-9a-f]{2}/[0-9a-f]{64}-[0-9a-f]{8})\.safetensors"
+                       r"(\.[0-9a-f]{32}\.tmp)?")
 
 
 @dataclass(frozen=True)
@@ -235,16 +248,20 @@ def read_blob(
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
-        raise BlobError(f"blob {path.name} is unreadable ({e.strerror})") from None
+        raise BlobError(f"blob {path.name} cannot be opened ({e.strerror})", damaged=False) from None
     try:
         try:
             meta, data_start, entries = _read_header(fd)
+        except OSError as e:
+            raise BlobError(f"blob {path.name} cannot be read ({e.strerror})", damaged=False) from None
         except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
             raise BlobError(f"blob {path.name} is unreadable ({_first_line(e)})") from None
         _check_header(path.name, meta, entries, fingerprint, expected)
         try:
             buf, crc = _read_data(fd, data_start, entries, device)
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise BlobError(f"blob {path.name} cannot be read ({_first_line(e)})", damaged=False) from None
+        except ValueError as e:
             raise BlobError(f"blob {path.name} is unreadable ({_first_line(e)})") from None
     finally:
         os.close(fd)

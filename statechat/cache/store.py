@@ -18,6 +18,7 @@ attached: a save copies into it and pins nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ import torch
 from statechat.cache import index
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs import (
+    BLOB_NAME,
     BlobError,
     BlobMeta,
     prepare_staging,
@@ -280,7 +282,7 @@ class StateStore:
         try:
             tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc, self.device)
         except BlobError as e:
-            self._discard_checkpoint(h, blob, str(e))
+            self._discard_checkpoint(h, blob, str(e), e.damaged)
             raise
         self._touch("checkpoints", "hash", h, hit=True)
         return tensors
@@ -326,7 +328,7 @@ class StateStore:
         failed = [(blob, f.exception()) for blob, f in futures.items() if f.exception() is not None]
         for blob, error in failed:
             if isinstance(error, BlobError):
-                self._discard_segment(blob, str(error))
+                self._discard_segment(blob, str(error), error.damaged)
         if failed:
             raise failed[0][1]
         for blob, members in by_segment.items():
@@ -350,13 +352,19 @@ class StateStore:
         with self.db_lock, self.db.conn:
             self.db.execute(f"UPDATE {table} SET last_used = ?{extra} WHERE {key} = ?", [time.time(), value])
 
-    def _discard_checkpoint(self, h: str, blob: str, why: str) -> None:
+    def _discard_checkpoint(self, h: str, blob: str, why: str, damaged: bool = True) -> None:
+        if not damaged:  # (its contents may be fine: kept)
+            log.warning("statechat cache: %s; kept it (recomputing instead)", why)
+            return
         log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
         with self.db_lock, self.db.conn:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
         (self.blob_dir / blob).unlink(missing_ok=True)
 
-    def _discard_segment(self, blob: str, why: str) -> None:
+    def _discard_segment(self, blob: str, why: str, damaged: bool = True) -> None:
+        if not damaged:
+            log.warning("statechat cache: %s; kept it (recomputing instead)", why)
+            return
         log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
         with self.db_lock, self.db.conn:
             seg = self.db.execute("SELECT id FROM segments WHERE blob = ?", [blob]).fetchone()
@@ -514,7 +522,8 @@ class StateStore:
         return freed + self._remove_orphans()
 
     def _remove_orphans(self, min_age_s: float = 60.0) -> int:
-        """Blob files no row points at (a crash between rename and insert), and stale temps."""
+        """Blob files no row points at (a crash between rename and insert), and stale temps;
+        only files named as the store names its own (BLOB_NAME): anything else is left."""
         with self.db_lock:
             known = {r[0] for r in self.db.execute("SELECT blob FROM checkpoints UNION SELECT blob FROM segments")}
         freed, now = 0, time.time()
@@ -522,7 +531,7 @@ class StateStore:
             if not f.is_file():
                 continue
             rel = f.relative_to(self.blob_dir).as_posix()
-            if rel in known:
+            if rel in known or not BLOB_NAME.fullmatch(rel):
                 continue
             # a concurrent writer's fresh file may not have its row yet: leave young files alone
             if now - f.stat().st_mtime >= min_age_s:
@@ -537,25 +546,25 @@ class StateStore:
                       self.db.execute("SELECT id, fingerprint, shapes FROM models")}
             ckpts = self.db.execute("SELECT hash, model_id, blob, checksum FROM checkpoints").fetchall()
             segs = self.db.execute("SELECT id, model_id, blob, checksum, num_blocks FROM segments").fetchall()
-        checked, removed = 0, []
+        checked, removed, unreadable = 0, [], []
         for h, mid, blob, crc in ckpts:
             checked += 1
             fp, shapes = models.get(mid, ("", {}))
             try:
                 read_blob(self.blob_dir / blob, fp, {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}, crc)
             except BlobError as e:
-                self._discard_checkpoint(h, blob, str(e))
-                removed.append(blob)
+                self._discard_checkpoint(h, blob, str(e), e.damaged)
+                (removed if e.damaged else unreadable).append(blob)
         for sid, mid, blob, crc, n in segs:
             checked += 1
             fp, shapes = models.get(mid, ("", {}))
             try:
                 read_blob(self.blob_dir / blob, fp, {k: (n, *v) for k, v in shapes.get("block", {}).items()}, crc)
             except BlobError as e:
-                self._discard_segment(blob, str(e))
-                removed.append(blob)
-        return {"checked": checked, "ok": checked - len(removed), "removed": removed,
-                "orphans_freed": self._remove_orphans()}
+                self._discard_segment(blob, str(e), e.damaged)
+                (removed if e.damaged else unreadable).append(blob)
+        return {"checked": checked, "ok": checked - len(removed) - len(unreadable), "removed": removed,
+                "unreadable": unreadable, "orphans_freed": self._remove_orphans()}
 
     def stats(self) -> dict:
         # the host tier's figures first, apart: a restore holds its lock while it takes db_lock
@@ -590,7 +599,13 @@ class StateStore:
             self.db.execute("BEGIN IMMEDIATE")
             for table in ("checkpoints", "blocks", "segments"):
                 self.db.execute(f"DELETE FROM {table}")
-        shutil.rmtree(self.blob_dir, ignore_errors=True)
+        for f in sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []:
+            # the store's own files, then the folders they leave empty (another file stays)
+            if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
+                f.unlink(missing_ok=True)
+            elif f.is_dir() and not any(f.iterdir()):
+                with contextlib.suppress(OSError):  # (a writer's new file just went in)
+                    f.rmdir()
         return total
 
 

@@ -120,10 +120,12 @@ class PrefixCache:
         for _ in range(3):  # a blob failing verification drops out; plan again without it
             try:
                 return self._reuse_once(seq)
-            except BlobError:
+            except BlobError as e:
                 for block in seq.block_table:
                     self.blocks.release(block)
                 seq.block_table = []
+                if not e.damaged:  # kept in the index (it could not be read): compute instead
+                    break
         return 0
 
     def _reuse_once(self, seq: Sequence) -> int:

@@ -5,6 +5,7 @@ the same tokens as no cache."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sqlite3
 
@@ -113,3 +114,47 @@ def test_row_without_blob(model, warm_cache, caplog):
         db.execute("UPDATE checkpoints SET blob = 'ckpt/00/never-written.safetensors' WHERE num_tokens = 192")
     assert "missing" in damaged(model, warm_cache, caplog, "row without blob")
     assert open_store(warm_cache).verify()["removed"] == []  # the bad row is gone already
+
+
+def test_a_blob_that_cannot_be_opened_is_kept(model, warm_cache, caplog, monkeypatch):
+    """An error opening a blob (its permissions, an I/O error, no file handles left) says
+    nothing of its contents: the request computes instead, and the entry and file stay."""
+    from statechat.cache import blobs
+
+    blob = ckpt_blob(warm_cache, 192)
+    real_open = blobs.os.open
+
+    def refuse(path, *args, **kwargs):
+        if str(path) == str(blob):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(blobs.os, "open", refuse)
+    warning = damaged(model, warm_cache, caplog, "unopenable")
+    assert "cannot be opened (Permission denied); kept it" in warning
+    assert blob.exists()
+    report = open_store(warm_cache).verify()
+    assert report["removed"] == [] and report["unreadable"] == [blob.relative_to(warm_cache / "blobs").as_posix()]
+    monkeypatch.undo()
+    assert rerun(model, warm_cache, caplog)[0].num_cached_tokens == 192  # readable again: used
+
+
+def test_verify_and_gc_remove_only_files_named_as_blobs(warm_cache):
+    """Orphans are the store's own file names with no row; a user's file is never touched."""
+    old = 1_000_000_000  # (older than the orphans' grace period)
+    blobs_dir = warm_cache / "blobs"
+    notes = blobs_dir / "notes.md"
+    notes.write_text("mine")
+    orphan = blobs_dir / "kv" / f"{'ab' * 16}.safetensors"
+    orphan.write_bytes(b"x")
+    temp = blobs_dir / "kv" / f"{'cd' * 16}.safetensors.{'ef' * 16}.tmp"
+    temp.write_bytes(b"x")
+    for f in (notes, orphan, temp):
+        os.utime(f, (old, old))
+    store = open_store(warm_cache)
+    assert store.verify()["orphans_freed"] == 2  # (bytes: one each)
+    assert notes.read_text() == "mine" and not orphan.exists() and not temp.exists()
+    assert store.gc() >= 0 and notes.exists()
+    store.clear()
+    assert notes.read_text() == "mine"
+    assert sorted(p.relative_to(blobs_dir).as_posix() for p in blobs_dir.rglob("*")) == ["notes.md"]
