@@ -110,19 +110,53 @@ def batch(
 
     if not input.is_file():
         raise StatechatError(f"{input} is not a file; pass a JSONL file of chat requests")
-    lines = input.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = input.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise StatechatError(f"{input} is not UTF-8 text (byte {e.start:,}); save it as UTF-8") from None
+    except OSError as e:
+        raise StatechatError(f"cannot read {input} ({e.strerror})") from None
+    target = _batch_output(output, input) if output else None  # checked before the model loads
     defaults = BatchDefaults(max_tokens=max_tokens, temperature=temperature, seed=seed)
     engine = _engine(_config(model, cache_dir, device, no_cache))
     _warn_if_embedded(engine.loaded.path)
+
+    def write(rec: dict) -> None:
+        try:
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+        except OSError as e:
+            raise StatechatError(f"cannot write {target or 'stdout'} ({e.strerror})") from None
+
     with contextlib.ExitStack() as stack:
-        sink = stack.enter_context(open(output, "w", encoding="utf-8")) if output else sys.stdout
+        sink = stack.enter_context(open(target, "w", encoding="utf-8")) if target else sys.stdout
         progress = stack.enter_context(_progress_bar())
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
-        run_batch(
-            engine, lines, lambda rec: (sink.write(json.dumps(rec) + "\n"), sink.flush()),
-            defaults, lambda done, total: progress.update(task, completed=done, total=total),
-        )
+        run_batch(engine, lines, write, defaults,
+                  lambda done, total: progress.update(task, completed=done, total=total))
+    if target is not None and target != output:
+        os.replace(target, output)
+
+
+def _batch_output(output: Path, input: Path) -> Path:
+    """Where a batch writes: beside `output` until the run ends (a file of that name is only
+    replaced by a finished run), or `output` itself when it is no regular file (/dev/stdout);
+    a one-line error for a path that cannot take the results."""
+    if output.is_dir():
+        raise StatechatError(f"{output} is a folder; pass a file name for the results")
+    if not output.parent.is_dir():
+        raise StatechatError(f"{output.parent} does not exist; create it or write elsewhere")
+    if output.exists() and output.resolve() == input.resolve():
+        raise StatechatError(f"{output} is the input file; write the results elsewhere")
+    if output.exists() and not output.is_file():
+        return output
+    target = output.with_name(f".{output.name}.partial")
+    try:
+        target.touch()
+    except OSError as e:
+        raise StatechatError(f"cannot write in {output.parent} ({e.strerror})") from None
+    return target
 
 
 def _progress_bar():

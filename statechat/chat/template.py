@@ -16,6 +16,10 @@ def validate_messages(messages: list[dict]) -> None:
             raise ConfigError(
                 f"message {i} must be {{'role': one of {'/'.join(ROLES)}, 'content': a string}}"
             )
+        try:
+            m["content"].encode()
+        except UnicodeEncodeError:  # (a lone surrogate, as JSON's \ud800 makes one)
+            raise ConfigError(f"message {i}'s content is not valid Unicode") from None
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -26,11 +30,15 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) 
     """
     validate_messages(messages)
     continue_last = not add_generation_prompt and messages[-1]["role"] == "assistant"
-    ids = tokenizer.apply_chat_template(
-        messages,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_last,
-        tokenize=True,
-        return_dict=False,
-    )
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_last,
+            tokenize=True,
+            return_dict=False,
+        )
+    except Exception as e:  # noqa: BLE001 - the model's own template raised (jinja's errors, ...)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"the model's chat template failed on these messages ({first})") from None
     return list(ids)

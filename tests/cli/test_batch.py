@@ -96,3 +96,35 @@ def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("statechat: ") and "missing.jsonl" in err and "\n" not in err
+
+
+def test_odd_values_are_line_errors_and_the_output_is_replaced_only_by_a_finished_run(
+        tmp_path, shared_engine, monkeypatch, capsys):
+    """Values that once aborted the whole batch with a traceback are errors of their line; a
+    results file is replaced only when the run ends, and paths that cannot take the results
+    are refused before the model loads."""
+    user = '{"messages": [{"role": "user", "content": "hi"}], '
+    lines = [user + '"max_tokens": NaN}', user + '"max_tokens": Infinity}',
+             user + '"temperature": 1' + "0" * 400 + "}", user + '"max_tokens": 1' + "0" * 5000 + "}",
+             '{"messages": [{"role": "user", "content": "\\ud800"}]}', user + '"max_tokens": 2.5}',
+             user + '"max_tokens": 3}']
+    src, out = tmp_path / "odd.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\ufeff" + "\n".join(lines) + "\n")  # (a byte-order mark is read past)
+    out.write_text("an earlier run's results\n")
+    args = ["batch", str(src), "--model", str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"]
+    result = CliRunner().invoke(cli.app, [*args, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert ["error" in r for r in records] == [True] * 6 + [False]
+    assert all("\n" not in r["error"]["message"] for r in records[:6])
+    assert "not valid Unicode" in records[4]["error"]["message"]
+    assert records[6]["usage"]["completion_tokens"] <= 3
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
+    for bad, says in [(src, "is the input file"), (tmp_path, "is a folder"),
+                      (tmp_path / "nowhere" / "x.jsonl", "does not exist")]:
+        monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+        monkeypatch.setattr("sys.argv", ["statechat", *args, "-o", str(bad)])
+        with pytest.raises(SystemExit):
+            cli.main()
+        err = capsys.readouterr().err.strip()
+        assert says in err and "\n" not in err
