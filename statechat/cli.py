@@ -101,7 +101,7 @@ def batch(
                                                 "(JSONL, input order); default stdout.")] = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False,
-    max_tokens: Annotated[int, typer.Option(help="Default max new tokens per request.")] = 256,
+    max_tokens: Annotated[int, typer.Option(help="Default max new tokens per request.", min=1)] = 256,
     temperature: Annotated[float, typer.Option(help="Default temperature (0 = greedy).")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (same seed, same output).")] = None,
 ) -> None:
@@ -172,7 +172,8 @@ def _progress_bar():
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).",
                                       envvar="STATECHAT_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="STATECHAT_PORT")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="STATECHAT_PORT", min=0,
+                                      max=65535)] = 8000,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False,
     api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
@@ -247,7 +248,8 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
 
 @cache_app.command("ls")
 def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
-             limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.")] = 50) -> None:
+             limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.", min=1,
+                                                max=1_000_000)] = 50) -> None:
     """List checkpoints, most recently used first."""
     rows = _store(cache_dir).ls(limit=limit)
     if as_json:

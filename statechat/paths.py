@@ -35,9 +35,10 @@ def find_hf_checkpoint() -> Path | None:
     found = []
     for cfg in hub.glob("models--*/snapshots/*/config.json"):
         try:
-            model_type = json.loads(cfg.read_text()).get("model_type")
-        except (OSError, json.JSONDecodeError):
+            raw = json.loads(cfg.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # (unreadable, not UTF-8, not JSON: another tool's problem)
             continue
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
         if model_type in SUPPORTED_MODEL_TYPES and any(cfg.parent.glob("*.safetensors")):
             found.append(cfg.parent)
     return max(found, key=lambda p: p.stat().st_mtime) if found else None

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import sqlite_utils
 
+from statechat.errors import ConfigError
+
 SCHEMA_VERSION = 1
 
 VIEWS = {
@@ -40,14 +42,26 @@ VIEWS = {
 
 def connect(path: Path) -> sqlite_utils.Database:
     """Open (and create or migrate) the index; safe to call from several processes at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 30000")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    db = sqlite_utils.Database(conn)
-    migrate(db)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        db = sqlite_utils.Database(conn)
+        migrate(db)
+    except (sqlite3.DatabaseError, OSError) as e:  # a damaged file, a folder in its place, no access
+        raise open_error(path, e) from None
     return db
+
+
+def open_error(path: Path, e: Exception) -> ConfigError:
+    """The one-line error for a SQLite file (cache index, chats) that cannot be opened."""
+    if path.parent.exists() and not path.parent.is_dir():
+        return ConfigError(f"{path.parent} is a file; pass a folder")
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+    return ConfigError(f"cannot open {path} ({why}); check the folder's permissions, or move the "
+                       "file away to start afresh")
 
 
 def migrate(db: sqlite_utils.Database) -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import sqlite_utils
 
+from statechat.cache.index import open_error
+
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
 
 
@@ -58,12 +60,15 @@ class ChatStore:
 
     def __init__(self, path: Path) -> None:
         self.file = Path(path)
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.file), check_same_thread=False, timeout=30)
-        self.db = sqlite_utils.Database(conn)
-        self.db.enable_wal()
         self._lock = threading.RLock()
-        self._create_tables()
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.file), check_same_thread=False, timeout=30)
+            self.db = sqlite_utils.Database(conn)
+            self.db.enable_wal()
+            self._create_tables()
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise open_error(self.file, e) from None
 
     def _create_tables(self) -> None:
         with self._lock:

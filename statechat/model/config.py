@@ -151,24 +151,37 @@ class ModelConfig:
         if not cfg_file.is_file():
             raise ModelError(f"{path} has no config.json; is it a Hugging Face checkpoint directory?")
         try:
-            raw = json.loads(cfg_file.read_text())
+            raw = json.loads(cfg_file.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ModelError(f"{cfg_file} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except (UnicodeDecodeError, OSError) as e:
+            raise ModelError(f"{cfg_file} cannot be read ({str(e).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise ModelError(f"{cfg_file} must hold a JSON object")
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelError(
                 f"unsupported model_type {model_type!r} in {cfg_file}; statechat runs Qwen3.5 "
                 f"({', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        text = raw.get("text_config", {}) if model_type in MULTIMODAL_MODEL_TYPES else raw
-        return cls._from_text_fields(model_type, text, raw, path)
+        text = raw.get("text_config") if model_type in MULTIMODAL_MODEL_TYPES else raw
+        if not isinstance(text, dict):
+            raise ModelError(f"{cfg_file} lacks the object text_config")
+        try:
+            return cls._from_text_fields(model_type, text, raw, path)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:  # a field of another shape
+            raise ModelError(f"{cfg_file} has a field of an unexpected type or value "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
     @classmethod
     def _from_text_fields(cls, model_type: str, text: dict, raw: dict, path: Path) -> ModelConfig:
         def need(key: str):
             if key not in text:
                 raise ModelError(f"{path / 'config.json'} lacks the field {key!r}")
-            return text[key]
+            value = text[key]
+            if key in POSITIVE_INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ModelError(f"{path / 'config.json'} field {key!r} must be a positive integer, got {value!r}")
+            return value
 
         num_layers = need("num_hidden_layers")
         interval = text.get("full_attention_interval", 4)
@@ -222,15 +235,26 @@ class ModelConfig:
         )
 
 
+POSITIVE_INT_FIELDS = frozenset({
+    "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+})
+
+
 def _eos_ids(path: Path, text: dict) -> tuple[int, ...]:
     """End-of-sequence ids: generation_config.json's when present, else config.json's."""
     eos = text.get("eos_token_id")
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
         try:
-            eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
-        except json.JSONDecodeError:
-            pass
+            gen = json.loads(gen_file.read_text(encoding="utf-8"))
+        except (ValueError, OSError):  # (a damaged generation config: config.json's ids)
+            gen = {}
+        eos = gen.get("eos_token_id", eos) if isinstance(gen, dict) else eos
     if eos is None:
         return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ModelError(f"eos_token_id must be an integer or a list of integers, got {eos!r}")
+    return tuple(ids)

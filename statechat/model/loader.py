@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from statechat.errors import ModelError
 from statechat.model.config import ModelConfig
@@ -47,10 +47,10 @@ def weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError):
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = [path / name for name in sorted(set(weight_map.values()))]
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise ModelError(f"{index} is not a valid safetensors index (no weight_map)") from None
-        files = [path / name for name in sorted(set(weight_map.values()))]
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -176,7 +176,11 @@ def load_model(
     model.model.rotary.reset_parameters()
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, files, config)
+    try:
+        load_weights(model, files, config)
+    except (OSError, SafetensorError) as e:  # an unreadable, empty or truncated weights file
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise ModelError(f"the weights in {path} cannot be read ({why})") from None
     model.fuse_projections()
     model.eval()
     return LoadedModel(path, config, model, tokenizer, dtype, device, headers_digest(files))

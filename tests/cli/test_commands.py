@@ -45,3 +45,22 @@ def test_cache_commands(tmp_path):
     assert "freed" in runner.invoke(cli.app, ["cache", "clear", "--yes", *cache]).output
     refused = runner.invoke(cli.app, ["cache", "clear", *cache], input="n\n")
     assert refused.exit_code != 0
+
+
+def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capsys):
+    """A file where the cache folder should be, or an index that is not a database: one line
+    that says what to do, from every cache command (they were SQLite tracebacks)."""
+    pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this build")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "index.db").write_bytes(b"not a database at all" * 100)
+    for cache_dir, says in [(a_file, "is a file; pass a folder"), (garbage, "file is not a database")]:
+        for command in ("stats", "ls", "verify"):
+            monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir", str(cache_dir)])
+            with pytest.raises(SystemExit) as exit_info:
+                cli.main()
+            err = capsys.readouterr().err.strip()
+            assert exit_info.value.code == 2 and says in err and "\n" not in err, (command, err)
+    assert (garbage / "index.db").read_bytes().startswith(b"not a database")  # left as it was

@@ -103,3 +103,41 @@ def test_embedded_model_loads_from_bf16():
     loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
     assert loaded.config.model_type == "qwen3_5_text"
     assert loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
+def weights(path):
+    return min(path.glob("*.safetensors"))
+
+
+def edited(tiny_dirs, tmp_path, edit) -> str:
+    """The error of the text-only tiny checkpoint with `edit(config dict, path)` applied."""
+    path = copy_ckpt(tiny_dirs["qwen3_5_text"], tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg, path)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return error_of(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda c, p: c.update(num_hidden_layers="8"), "'num_hidden_layers' must be a positive integer, got '8'"),
+        (lambda c, p: c.update(num_key_value_heads=0), "'num_key_value_heads' must be a positive integer"),
+        (lambda c, p: c.update(rope_parameters=[1]), "a field of an unexpected type or value"),
+        (lambda c, p: (p / "generation_config.json").write_text('{"eos_token_id": "x"}'),
+         "eos_token_id must be an integer or a list of integers"),
+        (lambda c, p: weights(p).write_bytes(b""), "cannot be read"),
+        (lambda c, p: weights(p).write_bytes(weights(p).read_bytes()[:5000]), "cannot be read"),
+    ],
+    ids=["layers-a-string", "no-kv-heads", "rope-a-list", "eos-a-string", "empty-weights", "cut-weights"],
+)
+def test_fields_and_files_of_the_wrong_shape_are_named(tiny_dirs, tmp_path, edit, says):
+    """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error."""
+    assert says in edited(tiny_dirs, tmp_path, edit)
+
+
+def test_config_that_is_not_an_object(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert "must hold a JSON object" in error_of(tmp_path)
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe{")
+    assert "cannot be read" in error_of(tmp_path)
