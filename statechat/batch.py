@@ -31,6 +31,15 @@ class BatchDefaults:
     temperature: float = 0.0
     seed: int | None = None
 
+    def params(self, **line) -> SamplingParams:
+        """A line's sampling params: its own `max_tokens` and `temperature` where it has them
+        (a whole-number float counts as an integer), these defaults elsewhere."""
+        max_tokens = line.get("max_tokens", self.max_tokens)
+        if isinstance(max_tokens, float) and max_tokens.is_integer():
+            max_tokens = int(max_tokens)
+        return SamplingParams(max_tokens=max_tokens, temperature=line.get("temperature", self.temperature),
+                              seed=self.seed)
+
 
 @dataclass
 class Job:
@@ -57,11 +66,7 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
     rid = req.get("id")
     rid = str(rid) if rid is not None else f"line-{line}"
     try:
-        params = SamplingParams(  # (which checks the values' types and ranges)
-            max_tokens=req.get("max_tokens", defaults.max_tokens),
-            temperature=req.get("temperature", defaults.temperature),
-            seed=defaults.seed,
-        )
+        params = defaults.params(**{k: req[k] for k in ("max_tokens", "temperature") if k in req})
         ids = render(engine.tokenizer, req.get("messages"))
         if len(ids) >= engine.max_model_len:
             raise StatechatError(

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -116,8 +118,9 @@ def batch(
         raise StatechatError(f"{input} is not UTF-8 text (byte {e.start:,}); save it as UTF-8") from None
     except OSError as e:
         raise StatechatError(f"cannot read {input} ({e.strerror})") from None
-    target = _batch_output(output, input) if output else None  # checked before the model loads
     defaults = BatchDefaults(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    defaults.params()  # a bad --temperature or --seed: one line now, not an error on every line
+    direct = output is None or _writes_in_place(output, input)  # checked before the model loads
     engine = _engine(_config(model, cache_dir, device, no_cache))
     _warn_if_embedded(engine.loaded.path)
 
@@ -126,37 +129,56 @@ def batch(
             sink.write(json.dumps(rec) + "\n")
             sink.flush()
         except OSError as e:
-            raise StatechatError(f"cannot write {target or 'stdout'} ({e.strerror})") from None
+            raise StatechatError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
 
-    with contextlib.ExitStack() as stack:
-        sink = stack.enter_context(open(target, "w", encoding="utf-8")) if target else sys.stdout
+    with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
+        sink = stack.enter_context(_results(output, direct))
         progress = stack.enter_context(_progress_bar())
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
         run_batch(engine, lines, write, defaults,
                   lambda done, total: progress.update(task, completed=done, total=total))
-    if target is not None and target != output:
-        os.replace(target, output)
 
 
-def _batch_output(output: Path, input: Path) -> Path:
-    """Where a batch writes: beside `output` until the run ends (a file of that name is only
-    replaced by a finished run), or `output` itself when it is no regular file (/dev/stdout);
-    a one-line error for a path that cannot take the results."""
+@contextlib.contextmanager
+def _results(output: Path | None, direct: bool):
+    """The stream a batch writes: stdout, `output` itself, or a temporary file beside it that
+    replaces it when the run ends (an earlier file survives a failed run; none is left)."""
+    if output is None or direct:
+        with open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout) as f:
+            yield f
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+        if output.exists():
+            shutil.copymode(output, tmp)
+        else:  # (mkstemp's file is private: give it the mode a new file gets)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, output)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _writes_in_place(output: Path, input: Path) -> bool:
+    """Whether a batch writes `output` itself (a device, a pipe, a link: /dev/stdout, say)
+    rather than a file beside it renamed over it at the end; a one-line error for a path
+    that cannot take the results."""
     if output.is_dir():
         raise StatechatError(f"{output} is a folder; pass a file name for the results")
     if not output.parent.is_dir():
         raise StatechatError(f"{output.parent} does not exist; create it or write elsewhere")
     if output.exists() and output.resolve() == input.resolve():
         raise StatechatError(f"{output} is the input file; write the results elsewhere")
-    if output.exists() and not output.is_file():
-        return output
-    target = output.with_name(f".{output.name}.partial")
-    try:
-        target.touch()
-    except OSError as e:
-        raise StatechatError(f"cannot write in {output.parent} ({e.strerror})") from None
-    return target
+    if output.is_symlink() or (output.exists() and not output.is_file()) \
+            or output.resolve().parts[1:2] in (("dev",), ("proc",)):
+        return True
+    if not os.access(output.parent, os.W_OK):
+        raise StatechatError(f"cannot write in {output.parent}; write the results elsewhere")
+    return False
 
 
 def _progress_bar():

@@ -110,8 +110,9 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingPar
             max_tokens=min(max_tokens, room) if max_tokens is not None else min(DEFAULT_MAX_TOKENS, room),
             stop=tuple(stop),
         )
-    except StatechatError as e:
-        raise ApiError(400, str(e)) from None
+    except StatechatError as e:  # (its message starts with the field's name)
+        field = str(e).split(maxsplit=1)[0] if str(e) else ""
+        raise ApiError(400, str(e), field if field in body else None) from None
 
 
 def usage(out: RequestOutput) -> dict:
@@ -267,7 +268,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 out = handle.result()
                 self._send_json(200, self._completion(rid, out))
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             handle.abort()
             self.close_connection = True
         except Exception as e:
@@ -312,7 +313,7 @@ class Handler(BaseHTTPRequestHandler):
                     send([{"index": 0, "delta": {}, "finish_reason": _finish(event.output)}])
                     if include_usage:
                         send([], usage=usage(event.output))
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
             raise
         except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
             err = ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,

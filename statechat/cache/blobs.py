@@ -242,12 +242,12 @@ def read_blob(
     else in host memory (pinned for another accelerator). The header is checked before the
     tensor bytes are read, and they are returned only once their checksum matches.
     """
-    if not path.is_file():
-        raise BlobError(f"blob {path.name} is missing")
     device = torch.device(device or "cpu")
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError as e:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise BlobError(f"blob {path.name} is missing") from None
+    except OSError as e:  # (permissions, I/O, no file handles left: nothing said of its contents)
         raise BlobError(f"blob {path.name} cannot be opened ({e.strerror})", damaged=False) from None
     try:
         try:

@@ -59,7 +59,7 @@ def open_error(path: Path, e: Exception) -> ConfigError:
     """The one-line error for a SQLite file (cache index, chats) that cannot be opened."""
     if path.parent.exists() and not path.parent.is_dir():
         return ConfigError(f"{path.parent} is a file; pass a folder")
-    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+    why = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
     return ConfigError(f"cannot open {path} ({why}); check the folder's permissions, or move the "
                        "file away to start afresh")
 

@@ -48,6 +48,7 @@ from statechat.cache.blobs import (
 )
 
 log = logging.getLogger("statechat.cache")
+UNREADABLE_S = 60.0  # a blob that could not be opened or read is left out of plans this long
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 
 MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
@@ -150,6 +151,7 @@ class StateStore:
                  max_pending_bytes: int = 4 << 30) -> None:
         self.path = Path(root)
         self.blob_dir = self.path / BLOB_DIR
+        self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
         self.db = index.connect(self.path / INDEX_FILE)
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
@@ -200,11 +202,23 @@ class StateStore:
             disk_blocks = index.blocks_present(self.db, wanted_blocks) if wanted_blocks else {}
             disk_ckpts = index.checkpoints_present(self.db, wanted_ckpts) if wanted_ckpts else {}
         found.blob_dir = self.blob_dir
+        unreadable = self._unreadable_now()
         for h, row in disk_blocks.items():
-            found.blocks[h], found.block_blobs[h] = "disk", row[0]
+            if row[0] not in unreadable:
+                found.blocks[h], found.block_blobs[h] = "disk", row[0]
         for h, row in disk_ckpts.items():
-            found.ckpts[h], found.ckpt_blobs[h] = "disk", row[0]
+            if row[0] not in unreadable:
+                found.ckpts[h], found.ckpt_blobs[h] = "disk", row[0]
         return found
+
+    def _unreadable_now(self) -> set[str]:
+        """Blobs that could not be opened or read in the last UNREADABLE_S: plans leave them out
+        (kept in the index; tried again after that)."""
+        now = time.monotonic()
+        with self.db_lock:
+            for blob in [b for b, t in self.unreadable.items() if now - t > UNREADABLE_S]:
+                del self.unreadable[blob]
+            return set(self.unreadable)
 
     def _prefetch_index(self) -> None:
         """Have the kernel read the index (and its WAL) ahead, whole, if it is small: a lookup
@@ -353,17 +367,22 @@ class StateStore:
             self.db.execute(f"UPDATE {table} SET last_used = ?{extra} WHERE {key} = ?", [time.time(), value])
 
     def _discard_checkpoint(self, h: str, blob: str, why: str, damaged: bool = True) -> None:
-        if not damaged:  # (its contents may be fine: kept)
-            log.warning("statechat cache: %s; kept it (recomputing instead)", why)
+        if not damaged:  # (its contents may be fine: kept, and left out of plans for a while)
+            self._set_aside(blob, why)
             return
         log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
         with self.db_lock, self.db.conn:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
         (self.blob_dir / blob).unlink(missing_ok=True)
 
+    def _set_aside(self, blob: str, why: str) -> None:
+        log.warning("statechat cache: %s; kept it, unused for %d s (recomputing instead)", why, UNREADABLE_S)
+        with self.db_lock:
+            self.unreadable[blob] = time.monotonic()
+
     def _discard_segment(self, blob: str, why: str, damaged: bool = True) -> None:
         if not damaged:
-            log.warning("statechat cache: %s; kept it (recomputing instead)", why)
+            self._set_aside(blob, why)
             return
         log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
         with self.db_lock, self.db.conn:

@@ -10,6 +10,7 @@ computed, completion tokens and time to first token.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -379,7 +380,8 @@ class LLMEngine:
                 self.step()
         except BaseException:
             for seq in seqs:
-                self.abort(seq)
+                with contextlib.suppress(Exception):  # (the first error is the one to report)
+                    self.abort(seq)
             raise
         return [self.output(s) for s in seqs]
 

@@ -117,15 +117,13 @@ class PrefixCache:
     # --- admission ----------------------------------------------------------------------
     def reuse(self, seq: Sequence) -> int:
         """Restore the cheapest usable prefix of `seq` into its block table and resume slot."""
-        for _ in range(3):  # a blob failing verification drops out; plan again without it
+        for _ in range(3):  # a blob failing verification (or unreadable) drops out; plan again
             try:
                 return self._reuse_once(seq)
-            except BlobError as e:
+            except BlobError:
                 for block in seq.block_table:
                     self.blocks.release(block)
                 seq.block_table = []
-                if not e.damaged:  # kept in the index (it could not be read): compute instead
-                    break
         return 0
 
     def _reuse_once(self, seq: Sequence) -> int:

@@ -155,7 +155,7 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ModelError(f"{cfg_file} is not valid JSON ({e.msg} at line {e.lineno})") from None
         except (UnicodeDecodeError, OSError) as e:
-            raise ModelError(f"{cfg_file} cannot be read ({str(e).splitlines()[0]})") from None
+            raise ModelError(f"{cfg_file} cannot be read ({type(e).__name__})") from None
         if not isinstance(raw, dict):
             raise ModelError(f"{cfg_file} must hold a JSON object")
         model_type = raw.get("model_type")
@@ -169,7 +169,7 @@ class ModelConfig:
             raise ModelError(f"{cfg_file} lacks the object text_config")
         try:
             return cls._from_text_fields(model_type, text, raw, path)
-        except (TypeError, ValueError, AttributeError, KeyError) as e:  # a field of another shape
+        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:  # (a field of another shape)
             raise ModelError(f"{cfg_file} has a field of an unexpected type or value "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
@@ -185,6 +185,9 @@ class ModelConfig:
 
         num_layers = need("num_hidden_layers")
         interval = text.get("full_attention_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ModelError(f"{path / 'config.json'} field 'full_attention_interval' must be a positive "
+                             f"integer, got {interval!r}")
         layer_types = text.get("layer_types") or [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
         ]
@@ -218,7 +221,8 @@ class ModelConfig:
             tie_word_embeddings=bool(tie),
             num_attention_heads=need("num_attention_heads"),
             num_key_value_heads=need("num_key_value_heads"),
-            head_dim=text.get("head_dim") or need("hidden_size") // need("num_attention_heads"),
+            head_dim=need("head_dim") if text.get("head_dim") is not None
+            else need("hidden_size") // need("num_attention_heads"),
             rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
             partial_rotary_factor=float(
                 rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
@@ -238,7 +242,7 @@ class ModelConfig:
 POSITIVE_INT_FIELDS = frozenset({
     "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
     "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-    "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "head_dim",
 })
 
 

@@ -179,7 +179,7 @@ def load_model(
     try:
         load_weights(model, files, config)
     except (OSError, SafetensorError) as e:  # an unreadable, empty or truncated weights file
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        why = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
         raise ModelError(f"the weights in {path} cannot be read ({why})") from None
     model.fuse_projections()
     model.eval()

@@ -128,3 +128,34 @@ def test_odd_values_are_line_errors_and_the_output_is_replaced_only_by_a_finishe
             cli.main()
         err = capsys.readouterr().err.strip()
         assert says in err and "\n" not in err
+
+
+def test_a_failed_run_keeps_the_earlier_results_and_links_are_written_through(
+        tmp_path, shared_engine, monkeypatch, capsys):
+    import statechat.batch
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.0}) + "\n")
+    out.write_text("an earlier run's results\n")
+    args = ["statechat", "batch", str(src), "--model", str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"]
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(statechat.batch, "run_batch", fail)
+        m.setattr("sys.argv", [*args, "-o", str(out)])
+        with pytest.raises(OSError):
+            cli.main()
+    assert out.read_text() == "an earlier run's results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]  # no temp left
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(out)
+    monkeypatch.setattr("sys.argv", [*args, "-o", str(link)])
+    cli.main()
+    assert link.is_symlink() and json.loads(out.read_text())["usage"]["completion_tokens"] == 2
+    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr("sys.argv", [*args, "--temperature", "nan"])
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert "temperature must be a finite number" in capsys.readouterr().err

@@ -83,3 +83,22 @@ def test_ids_of_other_integer_types_are_taken(engine):
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     plain = engine.generate([[5, 6, 1, 0]], params)[0].token_ids
     assert engine.generate([[np.int64(5), np.uint8(6), True, False]], params)[0].token_ids == plain
+
+
+def test_a_failed_generate_leaves_nothing_queued(engine, monkeypatch):
+    """A step that raises inside generate() ends its requests: the engine serves the next."""
+    calls = {"n": 0}
+    step = engine.step
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("a device error")
+        return step()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    with pytest.raises(RuntimeError, match="a device error"):
+        engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert not engine.has_unfinished()
+    monkeypatch.undo()
+    assert engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0].num_completion_tokens == 3

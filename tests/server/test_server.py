@@ -181,7 +181,7 @@ def test_malformed_requests_get_an_answer(server):
         (user + '"max_tokens": 1' + "0" * 5000 + "}", None),  # an int past Python's digit limit
         (user + '"n": true}', "n"),
         (user + '"max_tokens": 5, "max_completion_tokens": 0}', "max_completion_tokens"),
-        (user + '"stop": [""]}', None),
+        (user + '"stop": [""]}', "stop"),
     ]:
         status, body = raw_post(server, raw.encode())
         assert status == 400 and body["error"]["param"] == field, (raw[:80], body)
