@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import sqlite_utils
 
@@ -40,19 +42,44 @@ VIEWS = {
 }
 
 
+OPEN_ATTEMPTS = 20  # tries to open a SQLite file another process holds locked (about 10 s in all)
+T = TypeVar("T")
+
+
 def connect(path: Path) -> sqlite_utils.Database:
     """Open (and create or migrate) the index; safe to call from several processes at once."""
-    try:
+
+    def attempt() -> sqlite_utils.Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 30000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        db = sqlite_utils.Database(conn)
-        migrate(db)
-    except (sqlite3.DatabaseError, OSError) as e:  # a damaged file, a folder in its place, no access
-        raise open_error(path, e) from None
-    return db
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            db = sqlite_utils.Database(conn)
+            migrate(db)
+        except BaseException:
+            conn.close()
+            raise
+        return db
+
+    return open_sqlite(path, attempt)
+
+
+def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
+    """`attempt()` (which opens the SQLite file `path`), again while another process holds it
+    locked (creating it or switching it to WAL at the same moment, SQLite can answer "locked" at
+    once, without waiting out the busy timeout); a one-line ConfigError if it cannot be opened."""
+    for n in range(OPEN_ATTEMPTS):
+        try:
+            return attempt()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or n == OPEN_ATTEMPTS - 1:
+                raise open_error(path, e) from None
+            time.sleep(0.05 * (n + 1))
+        except (sqlite3.DatabaseError, OSError) as e:  # a damaged file, a folder in its place, no access
+            raise open_error(path, e) from None
+    raise AssertionError("unreachable")
 
 
 def open_error(path: Path, e: Exception) -> ConfigError:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.index import open_error
+from statechat.cache.index import open_sqlite
 
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
 
@@ -61,14 +61,18 @@ class ChatStore:
     def __init__(self, path: Path) -> None:
         self.file = Path(path)
         self._lock = threading.RLock()
+        self.db = open_sqlite(self.file, self._open)
+
+    def _open(self) -> sqlite_utils.Database:
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False, timeout=30))
         try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.file), check_same_thread=False, timeout=30)
-            self.db = sqlite_utils.Database(conn)
             self.db.enable_wal()
             self._create_tables()
-        except (sqlite3.DatabaseError, OSError) as e:
-            raise open_error(self.file, e) from None
+        except BaseException:
+            self.db.conn.close()
+            raise
+        return self.db
 
     def _create_tables(self) -> None:
         with self._lock:
