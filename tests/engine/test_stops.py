@@ -42,8 +42,8 @@ def test_a_stop_string_ends_the_reply_and_is_never_streamed(engine):
         stop = full[b - 1 : b + 2]
         if len(stop) == 3 and full.count(stop) == 1:
             break
-    else:
-        pytest.skip("no three characters across a token boundary occur once in the reply")
+    else:  # (the tiny model's reply is fixed: a change of it lands here)
+        raise AssertionError("no three characters across a token boundary occur once in the reply")
     cut = full.index(stop)
     assert greedy(engine, 40, stop=[stop]) == (full[:cut], "stop")
     assert streamed(engine.stream(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop]))) \
@@ -66,7 +66,7 @@ def test_a_stop_string_in_the_last_token_is_cut(engine):
         if len(new) >= 2 and text.count(new[-2:]) == 1:
             break
     else:
-        pytest.skip("no reply of 6-15 tokens ends with a token of two new characters")
+        raise AssertionError("no reply of 6-15 tokens ends with a token of two new characters")
     assert greedy(engine, n, stop=[new[-2:]]) == (text[:-2], "stop")
 
 
