@@ -88,3 +88,9 @@ class PolicyModel:
             if 0 < b < len(prompt) and tokens[:b] == prompt[:b]:
                 best = max(best, b)
         return best
+
+
+def engine_config(device: str) -> dict[str, object]:
+    """EngineConfig fields for a module's tiny engine on `device`: on a GPU a small share of
+    its memory, so the engine tests that follow size their caches as usual."""
+    return {"device": device, "memory_fraction": 0.05} if device != "cpu" else {"device": device}

@@ -13,13 +13,14 @@ from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import ConfigError
 from statechat.model.loader import load_model
+from tests.helpers import engine_config
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_dirs):
+def engine(tiny_dirs, device):
     path = tiny_dirs["qwen3_5_text"]
-    return LLMEngine(EngineConfig(model=path, device="cpu", max_model_len=256),
-                     loaded=load_model(path, dtype=torch.float32))
+    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32", **engine_config(device)),
+                     loaded=load_model(path, dtype=torch.float32, device=device))
 
 
 @pytest.mark.parametrize(
