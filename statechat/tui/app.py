@@ -17,7 +17,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Footer, Header, Static
 
 from statechat.chat.tree import ChatStore, Message, open_chats
 from statechat.config import EngineConfig
@@ -153,9 +153,9 @@ class StatechatApp(App):
         return self.chats.message(msg_id)
 
     # --- sending and streaming ----------------------------------------------------------
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_composer_submitted(self, event: Composer.Submitted) -> None:
         composer = self.query_one(Composer)
-        text = event.value.strip()
+        text = event.text.strip()
         if not text:
             return
         if self.handle is not None:
@@ -169,7 +169,7 @@ class StatechatApp(App):
         if self.conv_id is None:
             self.conv_id = self.chats.create(title=text[:48]).id
         composer.end_edit()
-        composer.value = ""
+        composer.clear()
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
 
     def start_reply(self, parent: Message) -> None:
@@ -229,7 +229,7 @@ class StatechatApp(App):
             self.handle.abort()
         elif composer.editing:
             composer.end_edit()
-            composer.value = ""
+            composer.clear()
 
     def action_focus_list(self) -> None:
         self.query_one(ConversationList).focus()

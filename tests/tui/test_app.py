@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from textual import events
 
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
@@ -58,7 +59,7 @@ async def wait_idle(pilot, app, timeout: float = 30) -> None:
 
 async def send(pilot, app, text: str) -> None:
     app.query_one(Composer).focus()
-    app.query_one(Composer).value = text
+    app.query_one(Composer).set_text(text)
     await pilot.press("enter")
     await wait_idle(pilot, app)
 
@@ -108,7 +109,7 @@ def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
             await pilot.press("e")
             composer = app.query_one(Composer)
             assert composer.editing == views(app)[2].message.id
-            composer.value = long_text(4)
+            composer.set_text(long_text(4))
             await pilot.press("enter")
             await wait_idle(pilot, app)
             msgs = views(app)
@@ -153,7 +154,7 @@ def test_stop_generation(loaded, tmp_path):
                            sampling=SamplingParams(max_tokens=4000, ignore_eos=True))
         async with app.run_test() as pilot:
             await wait_ready(pilot, app)
-            app.query_one(Composer).value = "hello"
+            app.query_one(Composer).set_text("hello")
             await pilot.press("enter")
             await pilot.pause(0.3)
             assert app.handle is not None
@@ -162,5 +163,43 @@ def test_stop_generation(loaded, tmp_path):
             reply = views(app)[-1]
             assert "stopped" in status(reply)
             assert reply.message.stats["completion_tokens"] < 4000
+
+    asyncio.run(run())
+
+
+def test_multiline_messages_paste_and_edit_whole(loaded, tmp_path):
+    """A pasted text keeps every line, Ctrl+J and Shift+Enter break the line, Enter sends the
+    whole text, and editing that message brings every line back into the box."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            composer = app.query_one(Composer)
+            composer.focus()
+            pasted = "def f(x):\n    return x + 1\n\nprint(f(2))"
+            app.post_message(events.Paste(pasted))  # as the terminal driver delivers a paste
+            await pilot.pause()
+            assert composer.text == pasted
+            await pilot.press("ctrl+j", "a", "shift+enter", "b")
+            assert composer.text == pasted + "\na\nb"
+            assert composer.size.height > 3  # the box grows with its lines
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert composer.text == ""
+            msgs = views(app)
+            assert [v.message.role for v in msgs] == ["user", "assistant"]
+            assert msgs[0].message.content == pasted + "\na\nb"
+            # the model was asked with every line (the prompt the reply was made from)
+            prompt = app.worker.render([msgs[0].message.as_chat()])
+            assert app.worker.engine.tokenizer.decode(prompt).count("print(f(2))\na\nb") == 1
+            # editing brings back every line; Enter sends the edited whole
+            msgs[0].focus()
+            await pilot.pause()
+            await pilot.press("e")
+            assert composer.editing == msgs[0].message.id and composer.text == pasted + "\na\nb"
+            await pilot.press("ctrl+j", "c", "enter")
+            await wait_idle(pilot, app)
+            msgs = views(app)
+            assert msgs[0].message.content == pasted + "\na\nb\nc" and "2/2" in header(msgs[0])
 
     asyncio.run(run())

@@ -14,6 +14,8 @@ import uuid
 import pytest
 import torch
 
+from statechat.chat.tree import open_chats
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
 
@@ -75,14 +77,17 @@ def test_run_in_tmux(tmp_path):
     env_cmd = f"cd {os.getcwd()} && env -u COLUMNS -u LINES TERM=xterm-256color {cmd}"
     tmux = Tmux(f"bash -c '{env_cmd}'")
     try:
-        tmux.wait_for(lambda s: "Message (Enter sends)" in s and "RANDOM weights" in s)
+        tmux.wait_for(lambda s: "Message (Enter sends" in s and "RANDOM weights" in s)
         tmux.keys(words(1, 100), literal=True)
         tmux.keys("Enter")
         tmux.wait_for(lambda s: "TTFT" in s and "no prefix reused" in s)
-        tmux.keys(words(2, 100), literal=True)
-        tmux.wait_for(lambda s: "Message (Enter sends)" not in s)  # typed into the input
+        # a message of two lines: Ctrl+J (a line feed from the terminal) breaks the line
+        tmux.keys(words(2, 50), literal=True)
+        tmux.wait_for(lambda s: "Message (Enter sends" not in s)  # typed into the input
+        tmux.keys("C-j")
+        tmux.keys(words(5, 50), literal=True)
         tmux.keys("Enter")
-        tmux.wait_for(lambda s: "prompt tokens from" in unwrap(s) and "Message (Enter sends)" in s)
+        tmux.wait_for(lambda s: "prompt tokens from" in unwrap(s) and "Message (Enter sends" in s)
         # edit the last user message: Shift-Tab focuses the last reply, Up the message above it
         tmux.keys("BTab")
         tmux.wait_for(lambda s: "Regenerate" in s)  # a message has focus: its keys are shown
@@ -101,3 +106,12 @@ def test_run_in_tmux(tmp_path):
         tmux.wait_for(lambda s: "STATECHAT-EXIT=0" in s, timeout=20)
     finally:
         tmux.close()
+    chats = open_chats(tmp_path)
+    try:
+        (conv,) = chats.conversations()
+        branch = chats.path(conv.current_leaf)
+        assert [m.content for m in branch if m.role == "user"] == [words(1, 100), words(3, 100)]
+        original = chats.siblings(branch[2].id)[0]  # the two-line message the edit replaced
+        assert original.content == words(2, 50) + "\n" + words(5, 50)
+    finally:
+        chats.close()

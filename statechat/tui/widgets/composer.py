@@ -1,23 +1,58 @@
-"""Composer: the input box; Enter sends, or submits an edit while editing a message."""
+"""Composer: the message box. Enter sends (or submits an edit), Shift+Enter or Ctrl+J starts a
+new line, and a paste keeps every line of the pasted text."""
 
 from __future__ import annotations
 
-from textual.widgets import Input
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
 
-PLACEHOLDER = "Message (Enter sends)"
+PLACEHOLDER = "Message (Enter sends, Ctrl+J new line)"
+EDIT_PLACEHOLDER = "Edit the message (Enter makes a new branch, Esc cancels)"
+# Ctrl+J sends a line feed in every terminal; Shift+Enter is told from Enter only by terminals
+# that report modifiers (the kitty keyboard protocol), so both start a new line.
+NEWLINE_KEYS = frozenset({"ctrl+j", "shift+enter"})
 
 
-class Composer(Input):
-    """An Input that knows whether it is editing an earlier message (`editing` holds its id)."""
+class Composer(TextArea):
+    """A multi-line box that knows whether it is editing an earlier message (`editing` holds its
+    id). Enter posts `Composer.Submitted` with the text instead of breaking the line."""
+
+    class Submitted(Message):
+        def __init__(self, composer: Composer, text: str) -> None:
+            super().__init__()
+            self.composer, self.text = composer, text
+
+        @property
+        def control(self) -> Composer:
+            return self.composer
 
     def __init__(self) -> None:
-        super().__init__(placeholder=PLACEHOLDER, id="composer")
+        super().__init__(placeholder=PLACEHOLDER, id="composer", soft_wrap=True,
+                         highlight_cursor_line=False)
         self.editing: str | None = None
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self, self.text))
+        elif event.key in NEWLINE_KEYS and not self.read_only:
+            event.stop()
+            event.prevent_default()
+            self.replace("\n", *self.selection, maintain_selection_offset=False)
+        else:
+            await super()._on_key(event)
+
+    def set_text(self, text: str) -> None:
+        """Replace the whole text, the cursor at its end."""
+        self.load_text(text)
+        self.move_cursor(self.document.end)
 
     def start_edit(self, msg_id: str, text: str) -> None:
         self.editing = msg_id
-        self.value = text
-        self.placeholder = "Edit the message (Enter makes a new branch, Esc cancels)"
+        self.set_text(text)
+        self.placeholder = EDIT_PLACEHOLDER
         self.border_title = "editing: Enter makes a new branch, Esc cancels"
         self.add_class("editing")
         self.focus()
