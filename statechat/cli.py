@@ -136,8 +136,14 @@ def batch(
         progress = stack.enter_context(_progress_bar())
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
-        run_batch(engine, lines, write, defaults,
-                  lambda done, total: progress.update(task, completed=done, total=total))
+        records = run_batch(engine, lines, write, defaults,
+                            lambda done, total: progress.update(task, completed=done, total=total))
+    failed = sum("error" in r for r in records)
+    if failed:  # each has its error record; a run where every one failed is itself a failure
+        typer.echo(f"statechat: {failed:,} of {len(records):,} requests failed (see their \"error\" records)",
+                   err=True)
+        if failed == len(records):
+            raise typer.Exit(1)
 
 
 @contextlib.contextmanager
@@ -215,13 +221,19 @@ def serve(
 
 # --- cache ----------------------------------------------------------------------------------
 def _store(cache_dir: Path | None):
+    """The store of the cache dir, or None where there is no cache dir yet: the cache commands
+    only read or delete, so they do not create one (a note on stderr says so)."""
     from statechat.paths import cache_dir as resolve_cache_dir
 
+    root = resolve_cache_dir(cache_dir)
+    if not root.exists():
+        typer.echo(f"no cache at {root} yet", err=True)
+        return None
     try:
         from statechat.cache.store import open_store
     except ImportError:
         raise StatechatError("this build has no persistent cache (statechat.cache.store is missing)") from None
-    return open_store(resolve_cache_dir(cache_dir))
+    return open_store(root)
 
 
 def _size(n: int | None) -> str:
@@ -247,16 +259,15 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
     """Print the cache directory."""
     from statechat.paths import cache_dir as resolve_cache_dir
 
-    try:
-        typer.echo(str(_store(cache_dir).path))
-    except StatechatError:
-        typer.echo(str(resolve_cache_dir(cache_dir)))
+    typer.echo(str(resolve_cache_dir(cache_dir)))
 
 
 @cache_app.command("stats")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     """Checkpoints, blocks, bytes used against the budget, and the models they belong to."""
-    stats = _store(cache_dir).stats()
+    store = _store(cache_dir)
+    stats = store.stats() if store else {"num_checkpoints": 0, "num_blocks": 0, "num_segments": 0,
+                                          "bytes_total": 0, "models": []}
     if as_json:
         typer.echo(json.dumps(stats, indent=2, default=str))
         return
@@ -273,7 +284,8 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
              limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.", min=1,
                                                 max=1_000_000)] = 50) -> None:
     """List checkpoints, most recently used first."""
-    rows = _store(cache_dir).ls(limit=limit)
+    store = _store(cache_dir)
+    rows = store.ls(limit=limit) if store else []
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
@@ -289,7 +301,8 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
 def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     """Check every blob against its checksum; remove entries that fail (a blob that cannot be
     read, for its permissions say, is reported and kept)."""
-    report = _store(cache_dir).verify()
+    store = _store(cache_dir)
+    report = store.verify() if store else {}
     unreadable = report.get("unreadable") or []
     typer.echo(f"checked {report.get('checked', 0):,}; ok {report.get('ok', 0):,}; "
                f"removed {len(report.get('removed') or []):,}"
@@ -308,7 +321,8 @@ def cache_gc(cache_dir: CacheDirOpt = None,
     """Evict least recently used entries down to the byte budget."""
     if max_bytes is not None and max_bytes < 0:
         raise StatechatError("--max-bytes must be >= 0")
-    typer.echo(f"freed {_size(_store(cache_dir).gc(max_bytes))}")
+    store = _store(cache_dir)
+    typer.echo(f"freed {_size(store.gc(max_bytes) if store else 0)}")
 
 
 @cache_app.command("clear")
@@ -316,6 +330,9 @@ def cache_clear(cache_dir: CacheDirOpt = None,
                 yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False) -> None:
     """Delete every cached checkpoint and block (conversations are kept)."""
     store = _store(cache_dir)
+    if store is None:
+        typer.echo(f"freed {_size(0)}")
+        return
     if not yes and not typer.confirm(f"Delete every cache entry in {store.path}?"):
         raise typer.Abort()
     typer.echo(f"freed {_size(store.clear())}")

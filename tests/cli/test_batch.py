@@ -56,8 +56,9 @@ def run_batch(tmp_path, name: str, *extra: str) -> list[dict]:
         "batch", str(src), "--output", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
         "--max-tokens", "16", "--temperature", "0", *extra,
     ])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0, result.output  # two lines failed, not all
     assert "22/22" in result.stderr  # the progress bar counts every line
+    assert "2 of 22 requests failed" in result.stderr
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -96,6 +97,16 @@ def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("statechat: ") and "missing.jsonl" in err and "\n" not in err
+
+
+def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("{not json\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL),
+                                          "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 1
+    assert "2 of 2 requests failed" in result.stderr
+    assert [r["line"] for r in map(json.loads, out.read_text().splitlines())] == [1, 2]  # written all the same
 
 
 def test_odd_values_are_line_errors_and_the_output_is_replaced_only_by_a_finished_run(

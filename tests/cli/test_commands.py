@@ -47,6 +47,23 @@ def test_cache_commands(tmp_path):
     assert refused.exit_code != 0
 
 
+def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
+    """The cache commands only read or delete: on a cache dir that does not exist yet they
+    report an empty cache (a note on stderr says there is none) and leave no folder behind."""
+    pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this build")
+    missing = tmp_path / "not-yet"
+    cache = ["--cache-dir", str(missing)]
+    assert runner.invoke(cli.app, ["cache", "path", *cache]).output.strip() == str(missing)
+    stats = runner.invoke(cli.app, ["cache", "stats", "--json", *cache])
+    assert stats.exit_code == 0 and json.loads(stats.stdout)["num_checkpoints"] == 0
+    assert f"no cache at {missing} yet" in stats.stderr
+    for argv, says in ((["stats"], "checkpoints  0"), (["ls"], "(no checkpoints yet)"), (["ls", "--json"], "[]"),
+                       (["verify"], "checked 0"), (["gc"], "freed 0 B"), (["clear"], "freed 0 B")):
+        result = runner.invoke(cli.app, ["cache", *argv, *cache])
+        assert result.exit_code == 0 and says in result.stdout, (argv, result.output)
+    assert not missing.exists()
+
+
 def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capsys):
     """A file where the cache folder should be, or an index that is not a database: one line
     that says what to do, from every cache command (they were SQLite tracebacks)."""
