@@ -9,6 +9,7 @@ regenerating adds a branch, nothing is overwritten.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -23,7 +24,7 @@ from statechat.chat.tree import ChatStore, Message, open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
-from statechat.tui.format import reply_stats, status_line
+from statechat.tui.format import one_line, reply_stats, status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -155,9 +156,10 @@ class StatechatApp(App):
     # --- sending and streaming ----------------------------------------------------------
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         composer = self.query_one(Composer)
-        text = event.text.strip()
-        if not text:
+        if not event.text.strip():
             return
+        # blank lines around the text go, the first line's indent stays (pasted code)
+        text = re.sub(r"^\s*\n", "", event.text.rstrip())
         if self.handle is not None:
             self.notify("A reply is streaming; press Esc to stop it first.", severity="warning")
             return
@@ -167,7 +169,7 @@ class StatechatApp(App):
             branch = self.chats.branch(self.conv_id) if self.conv_id else []
             parent = branch[-1].id if branch else None
         if self.conv_id is None:
-            self.conv_id = self.chats.create(title=text[:48]).id
+            self.conv_id = self.chats.create(title=one_line(text)[:48]).id
         composer.end_edit()
         composer.clear()
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))

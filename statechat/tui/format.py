@@ -12,6 +12,11 @@ def clean(text: str) -> str:
     return _CONTROL.sub("\u00b7", text)
 
 
+def one_line(text: str) -> str:
+    """`text` with each run of whitespace, line breaks included, as one space (a chat's title)."""
+    return " ".join(text.split())
+
+
 def reply_stats(output, elapsed_s: float) -> dict:
     """The numbers a reply's status line shows (persisted with the message)."""
     decode_s = elapsed_s - (output.ttft_s or 0.0)

@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 import torch
 from textual import events
 
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
-from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui import app as app_module
 from statechat.tui.app import StatechatApp
@@ -29,11 +27,6 @@ WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix",
 def long_text(seed: int, n: int = 120) -> str:
     g = torch.Generator().manual_seed(seed)
     return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=g).tolist())
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model(EMBEDDED_MODEL, dtype=torch.float32)
 
 
 def make_app(loaded, chat_dir) -> StatechatApp:

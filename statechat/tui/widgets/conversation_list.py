@@ -9,7 +9,7 @@ from textual.message import Message
 from textual.widgets import Label, ListItem, ListView
 
 from statechat.chat.tree import Conversation
-from statechat.tui.format import clean
+from statechat.tui.format import clean, one_line
 
 
 class ConversationList(ListView):
@@ -31,7 +31,7 @@ class ConversationList(ListView):
         """Replace the items; highlight `current`."""
         self.conv_ids = [c.id for c in conversations]
         self.clear()
-        self.extend(ListItem(Label(clean(c.title), markup=False)) for c in conversations)
+        self.extend(ListItem(Label(one_line(clean(c.title)), markup=False)) for c in conversations)
         index = self.conv_ids.index(current) if current in self.conv_ids else None
         self.call_after_refresh(setattr, self, "index", index)
 
