@@ -125,8 +125,13 @@ class StatechatApp(App):
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         self.conv_id = conv_id
         self.query_one(ConversationList).show(self.chats.conversations(), conv_id)
+        branch = self.chats.branch(conv_id) if conv_id else []
+        composer = self.query_one(Composer)
+        if composer.editing and composer.editing not in {m.id for m in branch}:
+            composer.end_edit()  # (sent now, it would land in another chat, or nowhere)
+            self.notify("Edit cancelled: its message is no longer shown.")
         views = []
-        for msg in self.chats.branch(conv_id) if conv_id else []:
+        for msg in branch:
             sibs = self.chats.siblings(msg.id)
             pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
             views.append(MessageView(msg, pos, len(sibs)))
@@ -170,8 +175,10 @@ class StatechatApp(App):
             parent = branch[-1].id if branch else None
         if self.conv_id is None:
             self.conv_id = self.chats.create(title=one_line(text)[:48]).id
-        composer.end_edit()
-        composer.clear()
+        if composer.editing:
+            composer.end_edit()
+        else:
+            composer.clear()
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
 
     def start_reply(self, parent: Message) -> None:
@@ -221,7 +228,6 @@ class StatechatApp(App):
 
     # --- actions ------------------------------------------------------------------------
     def action_new_chat(self) -> None:
-        self.query_one(Composer).end_edit()
         self.open_conversation(None)
         self.query_one(Composer).focus()
 
@@ -231,7 +237,6 @@ class StatechatApp(App):
             self.handle.abort()
         elif composer.editing:
             composer.end_edit()
-            composer.clear()
 
     def action_focus_list(self) -> None:
         self.query_one(ConversationList).focus()

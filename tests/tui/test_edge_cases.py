@@ -12,8 +12,9 @@ from textual import events
 
 from statechat.chat.tree import open_chats
 from statechat.engine.sampling import SamplingParams
+from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import make_app, views, wait_idle, wait_ready
+from tests.tui.test_app import make_app, send, views, wait_idle, wait_ready
 
 LONG_REPLY = SamplingParams(max_tokens=4000, ignore_eos=True)
 
@@ -25,6 +26,61 @@ def notices(app) -> list[str]:
 async def focus_message(pilot, app, index: int) -> None:
     views(app)[index].focus()
     await pilot.pause()
+
+
+def test_edit_ends_with_its_message_on_screen_and_the_draft_comes_back(loaded, tmp_path):
+    """Opening another chat, a new chat or deleting the message ends an edit (it once went
+    into the other chat, or crashed on Enter); Esc, Enter and those bring back the draft
+    that was in the box before `e`."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            composer = app.query_one(Composer)
+            await send(pilot, app, "chat a")
+            conv_a = app.conv_id
+            await pilot.press("ctrl+n")
+            await send(pilot, app, "chat b")
+            conv_b = app.conv_id
+            # an edit of b's message, then chat a opened from the list: the edit ends
+            composer.set_text("a draft")
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            assert composer.editing and composer.text == "chat b"
+            app.query_one(ConversationList).post_message(ConversationList.Open(conv_a))
+            await pilot.pause(0.1)
+            assert app.conv_id == conv_a and composer.editing is None
+            assert composer.text == "a draft"
+            assert any("edit" in n.lower() for n in notices(app))
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert [m.content for m in app.chats.branch(conv_b)][:1] == ["chat b"]
+            assert len(app.chats.siblings(app.chats.branch(conv_b)[0].id)) == 1
+            assert [m.content for m in app.chats.branch(conv_a) if m.role == "user"] == ["chat a", "a draft"]
+            # an edit whose message is deleted: Enter no longer crashes, the draft is back
+            composer.set_text("second draft")
+            await focus_message(pilot, app, 2)
+            await pilot.press("e")
+            assert composer.text == "a draft"
+            await focus_message(pilot, app, 2)
+            await pilot.press("d")
+            await pilot.pause(0.1)
+            assert composer.editing is None and composer.text == "second draft"
+            # Esc cancels an edit and brings the draft back; so does sending the edit
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            assert composer.text == "chat a"
+            await pilot.press("escape")
+            assert composer.editing is None and composer.text == "second draft"
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            composer.set_text("chat a, edited")
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert composer.text == "second draft"
+            assert views(app)[0].message.content == "chat a, edited"
+
+    asyncio.run(run())
 
 
 def test_titles_are_one_line_and_a_paste_keeps_its_first_indent(loaded, tmp_path):

@@ -1,5 +1,6 @@
 """Composer: the message box. Enter sends (or submits an edit), Shift+Enter or Ctrl+J starts a
-new line, and a paste keeps every line of the pasted text."""
+new line, and a paste keeps every line of the pasted text. An edit puts the unsent text aside
+and brings it back when it ends."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Composer(TextArea):
         super().__init__(placeholder=PLACEHOLDER, id="composer", soft_wrap=True,
                          highlight_cursor_line=False)
         self.editing: str | None = None
+        self.draft = ""  # the unsent text an edit put aside
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -50,6 +52,9 @@ class Composer(TextArea):
         self.move_cursor(self.document.end)
 
     def start_edit(self, msg_id: str, text: str) -> None:
+        """Show `text` to edit; what was typed and not sent waits until the edit ends."""
+        if self.editing is None:
+            self.draft = self.text
         self.editing = msg_id
         self.set_text(text)
         self.placeholder = EDIT_PLACEHOLDER
@@ -58,7 +63,11 @@ class Composer(TextArea):
         self.focus()
 
     def end_edit(self) -> None:
+        """Leave an edit (sent, cancelled, or its message gone): the text put aside comes back."""
+        if self.editing is None:
+            return
         self.editing = None
+        self.set_text(self.draft)
         self.placeholder = PLACEHOLDER
         self.border_title = None
         self.remove_class("editing")
