@@ -23,7 +23,7 @@ from textual.widgets import Footer, Header, Static
 from statechat.chat.tree import ChatStore, Message, open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
-from statechat.errors import StatechatError
+from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.format import one_line, reply_stats, status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
@@ -36,6 +36,7 @@ EMBEDDED_BANNER = (
     "For real answers: hf download Qwen/Qwen3.5-9B --local-dir ~/models/Qwen3.5-9B, then "
     "statechat run --model ~/models/Qwen3.5-9B"
 )
+TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 
 
@@ -182,19 +183,23 @@ class StatechatApp(App):
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
 
     def start_reply(self, parent: Message) -> None:
-        """Add an empty reply under `parent` and stream the model's answer into it."""
+        """Add a reply under `parent` and stream the model's answer into it; a prompt the engine
+        refuses gets a reply whose status line says why."""
         history = [m.as_chat() for m in self.chats.path(parent.id)]
-        reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
-        self.open_conversation(self.conv_id)
         try:
             ids = self.worker.render(history)
             room = self.worker.max_model_len - len(ids)
             params = dataclasses.replace(self.sampling, max_tokens=max(1, min(self.sampling.max_tokens, room)))
-            self.handle = self.worker.submit(ids, params)
+            handle = self.worker.submit(ids, params)
         except StatechatError as e:
-            self._finish_reply(reply.id, "", {"error": str(e)})
+            error = f"{e}; {TOO_LONG_HINT}" if isinstance(e, ContextLengthError) else str(e)
+            self.chats.add(self.conv_id, parent.id, "assistant", "", stats={"error": error})
+            self.open_conversation(self.conv_id)
             return
-        self.stream_reply(self.handle, reply.id)
+        self.handle = handle
+        reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
+        self.open_conversation(self.conv_id)
+        self.stream_reply(handle, reply.id)
 
     @work(thread=True, exit_on_error=False)
     def stream_reply(self, handle, reply_id: str) -> None:

@@ -11,10 +11,13 @@ import asyncio
 from textual import events
 
 from statechat.chat.tree import open_chats
+from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import make_app, send, views, wait_idle, wait_ready
+from tests.tui.test_app import long_text, make_app, send, status, views, wait_idle, wait_ready
 
 LONG_REPLY = SamplingParams(max_tokens=4000, ignore_eos=True)
 
@@ -79,6 +82,25 @@ def test_edit_ends_with_its_message_on_screen_and_the_draft_comes_back(loaded, t
             await wait_idle(pilot, app)
             assert composer.text == "second draft"
             assert views(app)[0].message.content == "chat a, edited"
+
+    asyncio.run(run())
+
+
+def test_a_message_past_the_context_limit_is_an_error_on_its_reply(loaded, tmp_path):
+    """It crashed the app (the reply's view was not built yet); now the reply says what to do
+    and the message is kept."""
+    async def run():
+        config = EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=256)
+        app = StatechatApp(config, tmp_path, loaded=loaded, sampling=SamplingParams(max_tokens=8))
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, long_text(7, n=400))
+            user, reply = views(app)
+            assert user.message.content == long_text(7, n=400)
+            assert "context limit is 256" in status(reply) and "Ctrl+N" in status(reply)
+            assert app.handle is None
+            await send(pilot, app, "short")  # the app goes on
+            assert views(app)[-2].message.content == "short"
 
     asyncio.run(run())
 
