@@ -15,6 +15,7 @@ from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
+from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from tests.tui.test_app import long_text, make_app, send, status, views, wait_idle, wait_ready
@@ -101,6 +102,30 @@ def test_a_message_past_the_context_limit_is_an_error_on_its_reply(loaded, tmp_p
             assert app.handle is None
             await send(pilot, app, "short")  # the app goes on
             assert views(app)[-2].message.content == "short"
+
+    asyncio.run(run())
+
+
+def test_streamed_text_for_a_view_not_built_yet(loaded, tmp_path):
+    """Opening the chat whose reply streams builds its views anew; text the worker sends
+    before they are built (it went to the views being replaced) shows once they are."""
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            app.query_one(Composer).set_text("a long reply")
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            app.handle.abort()
+            await wait_idle(pilot, app)
+            reply_id = views(app)[1].message.id
+            app.open_conversation(app.conv_id)
+            app._show_text(reply_id, "streamed")  # as the worker's call lands, between the two
+            app.query_one(ChatView).view_of(reply_id).set_status("done")
+            await pilot.pause()
+            assert views(app)[1].query_one(".body").content.markup == "streamed"  # (Markdown)
+            assert status(views(app)[1]) == "done"
 
     asyncio.run(run())
 

@@ -21,16 +21,23 @@ class ChatView(VerticalScroll, can_focus=False):
         Binding("down,j", "move(1)", "Next msg", show=False),
     ]
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # the views shown: those replaced stay in the DOM a moment, and a streamed update
+        # sent to one of them would be lost
+        self.shown: list[MessageView] = []
+
     def on_mount(self) -> None:
         self.anchor()  # stay scrolled to the bottom while a reply grows
 
     def show(self, views: list[MessageView]) -> None:
         self.remove_children()
         self.mount_all(views)
+        self.shown = views
         self.anchor()
 
     def views(self) -> list[MessageView]:
-        return list(self.query(MessageView))
+        return list(self.shown)
 
     def view_of(self, msg_id: str) -> MessageView | None:
         return next((v for v in self.views() if v.message.id == msg_id), None)

@@ -29,12 +29,12 @@ class MessageView(Vertical, can_focus=True):
     def __init__(self, message: Message, position: int = 1, num_siblings: int = 1) -> None:
         super().__init__(classes=f"message {message.role}")
         self.message, self.position, self.num_siblings = message, position, num_siblings
-        self.text = message.content
+        self.text, self.status = message.content, status_line(message.stats)
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="header")
         yield Static(self._body(), classes="body")
-        yield Static(Text(status_line(self.message.stats)), classes="status")
+        yield Static(Text(self.status), classes="status")
 
     def _header(self) -> str:
         role = {"user": "You", "assistant": "Assistant", "system": "System"}[self.message.role]
@@ -55,9 +55,13 @@ class MessageView(Vertical, can_focus=True):
         return Text(text)
 
     def set_text(self, text: str) -> None:
-        """Show streamed text (replacing what was shown)."""
+        """Show streamed text (replacing what was shown); before the view is built, its build
+        shows it."""
         self.text = text
-        self.query_one(".body", Static).update(self._body())
+        for body in self.query(".body").results(Static):
+            body.update(self._body())
 
     def set_status(self, text: str) -> None:
-        self.query_one(".status", Static).update(Text(text))
+        self.status = text
+        for status in self.query(".status").results(Static):
+            status.update(Text(text))
