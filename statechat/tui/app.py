@@ -60,6 +60,7 @@ class StatechatApp(App):
         self.chats: ChatStore | None = None
         self.conv_id: str | None = None
         self.handle = None  # the RequestHandle being streamed
+        self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -146,8 +147,9 @@ class StatechatApp(App):
         self.query_one(Composer).focus()
 
     def on_conversation_list_delete(self, event: ConversationList.Delete) -> None:
-        if self.handle is not None and event.conv_id == self.conv_id:
-            self.notify("Stop the reply (Esc) before deleting this chat.", severity="warning")
+        if self.handle is not None and event.conv_id == self.streaming_conv_id:
+            self.notify("Its reply is streaming: stop it (Esc) before deleting this chat.",
+                        severity="warning")
             return
         self.chats.delete_conversation(event.conv_id)
         self.open_conversation(None if event.conv_id == self.conv_id else self.conv_id)
@@ -159,6 +161,12 @@ class StatechatApp(App):
             return focused.message if isinstance(focused, MessageView) else None
         return self.chats.message(msg_id)
 
+    def _busy(self) -> bool:
+        """Whether a reply streams (the user is told): sending and changing branches wait."""
+        if self.handle is not None:
+            self.notify("A reply is streaming; press Esc to stop it first.", severity="warning")
+        return self.handle is not None
+
     # --- sending and streaming ----------------------------------------------------------
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         composer = self.query_one(Composer)
@@ -166,8 +174,7 @@ class StatechatApp(App):
             return
         # blank lines around the text go, the first line's indent stays (pasted code)
         text = re.sub(r"^\s*\n", "", event.text.rstrip())
-        if self.handle is not None:
-            self.notify("A reply is streaming; press Esc to stop it first.", severity="warning")
+        if self._busy():
             return
         if composer.editing:
             parent = self.chats.message(composer.editing).parent_id
@@ -196,7 +203,7 @@ class StatechatApp(App):
             self.chats.add(self.conv_id, parent.id, "assistant", "", stats={"error": error})
             self.open_conversation(self.conv_id)
             return
-        self.handle = handle
+        self.handle, self.streaming_conv_id = handle, self.conv_id
         reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
         self.open_conversation(self.conv_id)
         self.stream_reply(handle, reply.id)
@@ -257,9 +264,11 @@ class StatechatApp(App):
         self.query_one(Composer).start_edit(msg.id, msg.content)
 
     def action_regenerate(self, msg_id: str | None = None) -> None:
+        if self._busy():
+            return
         msg = self._target(msg_id)
-        if msg is None or self.handle is not None:
-            self.notify("Pick a reply to regenerate (and wait for the current one).")
+        if msg is None:
+            self.notify("Pick a reply to regenerate.")
             return
         self.start_reply(msg if msg.role == "user" else self.chats.message(msg.parent_id))
 
@@ -270,14 +279,14 @@ class StatechatApp(App):
         self._switch(1, msg_id)
 
     def _switch(self, step: int, msg_id: str | None) -> None:
-        msg = self._target(msg_id)
-        if msg is not None and self.handle is None:
+        msg = None if self._busy() else self._target(msg_id)
+        if msg is not None:
             target = self.chats.switch(msg.id, step)
             self.open_conversation(self.conv_id, focus_id=target.id)
 
     def action_delete_branch(self, msg_id: str | None = None) -> None:
-        msg = self._target(msg_id)
-        if msg is not None and self.handle is None:
+        msg = None if self._busy() else self._target(msg_id)
+        if msg is not None:
             self.chats.delete_branch(msg.id)
             self.open_conversation(self.conv_id)
             self.notify("Branch deleted.")

@@ -151,3 +151,30 @@ def test_titles_are_one_line_and_a_paste_keeps_its_first_indent(loaded, tmp_path
             assert labels == ["indented() more()", "an old title"]
 
     asyncio.run(run())
+
+
+def test_a_streaming_chat_is_not_deleted_from_another_chat(loaded, tmp_path):
+    """Deleting it once left its reply generating into a deleted chat (and every send
+    refused until it ended); actions refused while a reply streams now say why."""
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            app.query_one(Composer).set_text("a long reply")
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            streaming = app.conv_id
+            assert app.handle is not None
+            await focus_message(pilot, app, 0)
+            await pilot.press("d")
+            assert len(views(app)) == 2 and any("Esc" in n for n in notices(app))
+            await pilot.press("ctrl+n")
+            app.query_one(ConversationList).post_message(ConversationList.Delete(streaming))
+            await pilot.pause(0.1)
+            assert [c.id for c in app.chats.conversations()] == [streaming]
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            assert app.chats.branch(streaming)[-1].stats["finish_reason"] == "abort"
+
+    asyncio.run(run())
