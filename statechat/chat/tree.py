@@ -99,6 +99,11 @@ class ChatStore:
             rows = self.db[CONVERSATIONS].rows_where(order_by="updated desc")
             return [Conversation(**r) for r in rows]
 
+    def has_conversation(self, conv_id: str) -> bool:
+        """False once it is deleted (here, or by another process on the same file)."""
+        with self._lock:
+            return self.db[CONVERSATIONS].count_where("id = ?", [conv_id]) > 0
+
     def conversation(self, conv_id: str) -> Conversation:
         with self._lock:
             return Conversation(**self.db[CONVERSATIONS].get(conv_id))
@@ -128,6 +133,12 @@ class ChatStore:
     def message(self, msg_id: str) -> Message:
         with self._lock:
             return self._message(self.db[MESSAGES].get(msg_id))
+
+    def find(self, msg_id: str) -> Message | None:
+        """The message, or None once it is deleted (here, or by another process)."""
+        with self._lock:
+            rows = list(self.db[MESSAGES].rows_where("id = ?", [msg_id]))
+            return self._message(rows[0]) if rows else None
 
     def add(self, conv_id: str, parent_id: str | None, role: str, content: str,
             stats: dict | None = None) -> Message:

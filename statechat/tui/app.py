@@ -37,6 +37,7 @@ EMBEDDED_BANNER = (
     "statechat run --model ~/models/Qwen3.5-9B"
 )
 TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
+GONE = "{} was deleted by another statechat process on this cache dir."
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 
 
@@ -125,6 +126,10 @@ class StatechatApp(App):
 
     # --- showing ------------------------------------------------------------------------
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
+        """Show `conv_id`'s current branch (None: a new chat) and the list of chats."""
+        if conv_id is not None and not self.chats.has_conversation(conv_id):
+            self.notify(GONE.format("That chat"), severity="warning")
+            conv_id = None
         self.conv_id = conv_id
         self.query_one(ConversationList).show(self.chats.conversations(), conv_id)
         branch = self.chats.branch(conv_id) if conv_id else []
@@ -158,8 +163,14 @@ class StatechatApp(App):
         """The message an action is for: the one clicked, else the focused one."""
         if msg_id is None:
             focused = self.focused
-            return focused.message if isinstance(focused, MessageView) else None
-        return self.chats.message(msg_id)
+            if not isinstance(focused, MessageView):
+                return None
+            msg_id = focused.message.id
+        msg = self.chats.find(msg_id)
+        if msg is None:
+            self.notify(GONE.format("That message"), severity="warning")
+            self.open_conversation(self.conv_id)
+        return msg
 
     def _busy(self) -> bool:
         """Whether a reply streams (the user is told): sending and changing branches wait."""
@@ -176,8 +187,13 @@ class StatechatApp(App):
         text = re.sub(r"^\s*\n", "", event.text.rstrip())
         if self._busy():
             return
+        if self.conv_id is not None and not self.chats.has_conversation(self.conv_id):
+            self.open_conversation(self.conv_id)  # (says so; Enter again starts a new chat)
+            return
         if composer.editing:
-            parent = self.chats.message(composer.editing).parent_id
+            if (edited := self._target(composer.editing)) is None:
+                return
+            parent = edited.parent_id
         else:
             branch = self.chats.branch(self.conv_id) if self.conv_id else []
             parent = branch[-1].id if branch else None
@@ -229,7 +245,9 @@ class StatechatApp(App):
             view.set_text(text)
 
     def _finish_reply(self, reply_id: str, text: str, stats: dict) -> None:
-        self.handle = None
+        self.handle = self.streaming_conv_id = None
+        if self.chats.find(reply_id) is None:  # deleted by another process meanwhile
+            return
         self.chats.update(reply_id, content=text, stats=stats)
         view = self.query_one(ChatView).view_of(reply_id)
         if view is not None:

@@ -77,3 +77,14 @@ def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
     assert store.db.execute("SELECT hash FROM blocks").fetchall() == [("abc",)]
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     store.close()
+
+
+def test_what_another_process_deleted_is_gone(tmp_path):
+    store, other = open_chats(tmp_path), open_chats(tmp_path)
+    conv, u1, _, u2, _ = build(store)
+    other.delete_branch(u2.id)
+    assert store.find(u2.id) is None and store.find(u1.id) == u1
+    other.delete_conversation(conv.id)
+    assert not store.has_conversation(conv.id) and store.find(u1.id) is None
+    other.close()
+    store.close()

@@ -178,3 +178,35 @@ def test_a_streaming_chat_is_not_deleted_from_another_chat(loaded, tmp_path):
             assert app.chats.branch(streaming)[-1].stats["finish_reason"] == "abort"
 
     asyncio.run(run())
+
+
+def test_a_chat_deleted_by_another_process(loaded, tmp_path):
+    """Another `statechat run` on the same cache dir deletes a message or the open chat: a key
+    on the deleted message, or Enter, says so (they crashed the app, and the typed text was
+    lost); the text stays in the box, and Enter again sends it to a new chat."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first")
+            await send(pilot, app, "second")
+            other = open_chats(tmp_path)
+            other.delete_branch(app.chats.branch(app.conv_id)[2].id)
+            await focus_message(pilot, app, 3)
+            await pilot.press("r")
+            await pilot.pause(0.1)
+            assert any("another" in n for n in notices(app))
+            assert [v.message.content for v in views(app)][:1] == ["first"] and len(views(app)) == 2
+            other.delete_conversation(app.conv_id)
+            other.close()
+            app.query_one(Composer).set_text("still here")
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert app.conv_id is None and app.query_one(Composer).text == "still here"
+            assert sum("deleted by another" in n for n in notices(app)) == 2
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            (conv,) = app.chats.conversations()
+            assert app.chats.branch(conv.id)[0].content == "still here"
+
+    asyncio.run(run())
