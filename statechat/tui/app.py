@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -117,6 +117,10 @@ class StatechatApp(App):
         convs = self.chats.conversations()
         self.open_conversation(convs[0].id if convs else None)
         self.query_one(Composer).focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # the message box grows with its lines: up to 12 rows, and a third of a small terminal
+        self.query_one(Composer).styles.max_height = max(3, min(12, event.size.height // 3))
 
     def on_unmount(self) -> None:
         if self.worker is not None:

@@ -210,3 +210,18 @@ def test_a_chat_deleted_by_another_process(loaded, tmp_path):
             assert app.chats.branch(conv.id)[0].content == "still here"
 
     asyncio.run(run())
+
+
+def test_the_message_box_leaves_a_small_terminal_room_for_the_chat(loaded, tmp_path):
+    """The box grows with its lines up to 12 rows, and to a third of a small terminal."""
+    async def run(size, rows):
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=size) as pilot:
+            await wait_ready(pilot, app)
+            composer = app.query_one(Composer)
+            composer.set_text("\n".join(f"line {i}" for i in range(30)))
+            await pilot.pause()
+            assert composer.size.height + 2 == rows  # (the size is inside its border)
+
+    asyncio.run(run((80, 24), 8))
+    asyncio.run(run((120, 50), 12))
