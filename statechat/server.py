@@ -27,6 +27,16 @@ from statechat.errors import ContextLengthError, StatechatError
 MAX_BODY_BYTES = 32 << 20
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 DEFAULT_MAX_TOKENS = 2048
+# Fields of OpenAI's and vLLM's APIs this server cannot honour, with the values that leave them
+# off (clients send those by default, and they are taken); any other value is a 400 rather
+# than a reply made as if it had not been asked for.
+NOT_SUPPORTED = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
+    "min_tokens": (0,), "logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},),
+    "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
+    "response_format": ({"type": "text"},), "best_of": (1,), "guided_json": (),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+}
 
 
 class ApiError(Exception):
@@ -86,8 +96,39 @@ def _number(body: dict, key: str, kind: type, default):
         raise ApiError(400, f"{key} is out of range", key) from None
 
 
+def _is_off(value, off) -> bool:
+    if isinstance(value, bool) or isinstance(off, bool):
+        return value is off
+    return value == off
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for key, offs in NOT_SUPPORTED.items():
+        value = body.get(key)
+        if value is not None and not any(_is_off(value, off) for off in offs):
+            raise ApiError(400, f"{key} is not supported by this server; leave it out", key)
+
+
+def _stop_token_ids(body: dict) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise ApiError(400, "stop_token_ids must be an array of integers", "stop_token_ids")
+    return tuple(ids)
+
+
+def _flag(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be true or false", key)
+    return value
+
+
 def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams from a chat-completions body; ApiError(400) for a bad field."""
+    """SamplingParams from a chat-completions body (OpenAI's fields, and vLLM's top_k,
+    stop_token_ids and ignore_eos); ApiError(400) for a bad field or one it cannot honour."""
+    _refuse_unsupported(body)
     n = body.get("n")
     if n is not None and (type(n) is not int or n != 1):
         raise ApiError(400, "only n=1 is supported", "n")
@@ -102,13 +143,17 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingPar
         if value is not None and value < 1:
             raise ApiError(400, f"{key} must be >= 1", key)
         max_tokens = value if value is not None else max_tokens
+    top_k = _number(body, "top_k", int, 0)
     try:
         return SamplingParams(
             temperature=_number(body, "temperature", float, 1.0),
             top_p=_number(body, "top_p", float, 1.0),
+            top_k=0 if top_k == -1 else top_k,  # (vLLM's -1 is off, as 0 is)
             seed=_number(body, "seed", int, None),
             max_tokens=min(max_tokens, room) if max_tokens is not None else min(DEFAULT_MAX_TOKENS, room),
             stop=tuple(stop),
+            stop_token_ids=_stop_token_ids(body),
+            ignore_eos=_flag(body, "ignore_eos"),
         )
     except StatechatError as e:  # (its message starts with the field's name)
         field = str(e).split(maxsplit=1)[0] if str(e) else ""
