@@ -2,6 +2,7 @@
 
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
+with optional "top_p", "top_k", "seed" and "stop" (a string or a list) as well.
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
@@ -24,6 +25,8 @@ from statechat.engine.engine import LLMEngine, RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
+LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")  # a line's sampling
+
 
 @dataclass(frozen=True)
 class BatchDefaults:
@@ -32,13 +35,14 @@ class BatchDefaults:
     seed: int | None = None
 
     def params(self, **line) -> SamplingParams:
-        """A line's sampling params: its own `max_tokens` and `temperature` where it has them
-        (a whole-number float counts as an integer), these defaults elsewhere."""
+        """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
+        whole-number float counts as an integer for max_tokens), these defaults elsewhere."""
         max_tokens = line.get("max_tokens", self.max_tokens)
         if isinstance(max_tokens, float) and max_tokens.is_integer():
             max_tokens = int(max_tokens)
         return SamplingParams(max_tokens=max_tokens, temperature=line.get("temperature", self.temperature),
-                              seed=self.seed)
+                              seed=line.get("seed", self.seed), top_p=line.get("top_p", 1.0),
+                              top_k=line.get("top_k", 0), stop=line.get("stop", ()))
 
 
 @dataclass
@@ -66,7 +70,7 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
     rid = req.get("id")
     rid = str(rid) if rid is not None else f"line-{line}"
     try:
-        params = defaults.params(**{k: req[k] for k in ("max_tokens", "temperature") if k in req})
+        params = defaults.params(**{k: req[k] for k in LINE_FIELDS if k in req and req[k] is not None})
         ids = render(engine.tokenizer, req.get("messages"))
         if len(ids) >= engine.max_model_len:
             raise StatechatError(

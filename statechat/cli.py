@@ -98,7 +98,8 @@ def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt
 @app.command()
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL, one request a line: {\"id\", \"messages\", "
-                                          "optional \"max_tokens\", \"temperature\"}.")],
+                                          "optional \"max_tokens\", \"temperature\", \"top_p\", "
+                                          "\"top_k\", \"seed\", \"stop\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
                                                 "(JSONL, input order); default stdout.")] = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",

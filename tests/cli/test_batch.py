@@ -99,6 +99,29 @@ def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, ca
     assert err.startswith("statechat: ") and "missing.jsonl" in err and "\n" not in err
 
 
+def test_a_line_sets_its_own_sampling(tmp_path, shared_engine):
+    """top_k, top_p, seed and stop of a line reach its request (they were ignored)."""
+    user = {"messages": [{"role": "user", "content": words(7, 30)}], "max_tokens": 12}
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"id": "greedy", **user}) + "\n")
+    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"]
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    greedy = json.loads(out.read_text())["text"]
+    assert len(greedy) > 8
+    lines = [{"id": "top1", **user, "temperature": 1.5, "top_k": 1},
+             {"id": "stop", **user, "stop": greedy[4:8]},
+             {"id": "seeded", **user, "temperature": 1.0, "top_p": 0.9, "seed": 3},
+             {"id": "again", **user, "temperature": 1.0, "top_p": 0.9, "seed": 3},
+             {"id": "bad", **user, "top_k": -3}]
+    src.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    top1, stop, seeded, again, bad = [json.loads(line) for line in out.read_text().splitlines()]
+    assert top1["text"] == greedy
+    assert stop["text"] == greedy[:4] and stop["finish_reason"] == "stop"
+    assert seeded["text"] == again["text"]
+    assert "top_k must be >= 0" in bad["error"]["message"]
+
+
 def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("{not json\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
