@@ -27,6 +27,14 @@ def notices(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
+async def start_long_reply(pilot, app) -> None:
+    """Once the app is ready, send a message whose reply (LONG_REPLY) is still streaming."""
+    await wait_ready(pilot, app)
+    app.query_one(Composer).set_text("a long reply")
+    await pilot.press("enter")
+    await pilot.pause(0.2)
+
+
 async def focus_message(pilot, app, index: int) -> None:
     views(app)[index].focus()
     await pilot.pause()
@@ -113,10 +121,7 @@ def test_streamed_text_for_a_view_not_built_yet(loaded, tmp_path):
         app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
                            loaded=loaded, sampling=LONG_REPLY)
         async with app.run_test(size=(120, 50)) as pilot:
-            await wait_ready(pilot, app)
-            app.query_one(Composer).set_text("a long reply")
-            await pilot.press("enter")
-            await pilot.pause(0.2)
+            await start_long_reply(pilot, app)
             app.handle.abort()
             await wait_idle(pilot, app)
             reply_id = views(app)[1].message.id
@@ -160,10 +165,7 @@ def test_a_streaming_chat_is_not_deleted_from_another_chat(loaded, tmp_path):
         app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
                            loaded=loaded, sampling=LONG_REPLY)
         async with app.run_test(size=(120, 50)) as pilot:
-            await wait_ready(pilot, app)
-            app.query_one(Composer).set_text("a long reply")
-            await pilot.press("enter")
-            await pilot.pause(0.2)
+            await start_long_reply(pilot, app)
             streaming = app.conv_id
             assert app.handle is not None
             await focus_message(pilot, app, 0)
