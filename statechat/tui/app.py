@@ -38,6 +38,7 @@ EMBEDDED_BANNER = (
 )
 TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
 GONE = "{} was deleted by another statechat process on this cache dir."
+COMPOSER_ROWS = 12  # the message box's most rows (app.tcss says the same)
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 
 
@@ -119,8 +120,10 @@ class StatechatApp(App):
         self.query_one(Composer).focus()
 
     def on_resize(self, event: events.Resize) -> None:
-        # the message box grows with its lines: up to 12 rows, and a third of a small terminal
-        self.query_one(Composer).styles.max_height = max(3, min(12, event.size.height // 3))
+        """The message box grows with its lines: to COMPOSER_ROWS, or a third of a small
+        terminal."""
+        rows = max(3, min(COMPOSER_ROWS, event.size.height // 3))
+        self.query_one(Composer).styles.max_height = rows
 
     def on_unmount(self) -> None:
         if self.worker is not None:
@@ -139,8 +142,11 @@ class StatechatApp(App):
         branch = self.chats.branch(conv_id) if conv_id else []
         composer = self.query_one(Composer)
         if composer.editing and composer.editing not in {m.id for m in branch}:
-            composer.end_edit()  # (sent now, it would land in another chat, or nowhere)
-            self.notify("Edit cancelled: its message is no longer shown.")
+            # (sent now, it would land in another chat, or nowhere); changed text stays
+            keep = composer.changed
+            composer.end_edit(keep=keep)
+            stays = "; your text stays in the box, to send as a new message" if keep else ""
+            self.notify(f"Edit ended: its message is no longer shown{stays}.")
         views = []
         for msg in branch:
             sibs = self.chats.siblings(msg.id)
@@ -191,12 +197,15 @@ class StatechatApp(App):
         text = re.sub(r"^\s*\n", "", event.text.rstrip())
         if self._busy():
             return
-        if self.conv_id is not None and not self.chats.has_conversation(self.conv_id):
-            self.open_conversation(self.conv_id)  # (says so; Enter again starts a new chat)
+        edited = self.chats.find(composer.editing) if composer.editing else None
+        gone = self.conv_id is not None and not self.chats.has_conversation(self.conv_id)
+        if gone or (composer.editing and edited is None):  # deleted by another statechat
+            composer.end_edit(keep=True)  # (the text stays; Enter again sends it anew)
+            if not gone:
+                self.notify(GONE.format("The message being edited"), severity="warning")
+            self.open_conversation(self.conv_id)  # (it says so of a chat gone)
             return
         if composer.editing:
-            if (edited := self._target(composer.editing)) is None:
-                return
             parent = edited.parent_id
         else:
             branch = self.chats.branch(self.conv_id) if self.conv_id else []
@@ -206,7 +215,7 @@ class StatechatApp(App):
         if composer.editing:
             composer.end_edit()
         else:
-            composer.clear()
+            composer.take(event.text)
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
 
     def start_reply(self, parent: Message) -> None:

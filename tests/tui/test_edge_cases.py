@@ -227,3 +227,44 @@ def test_the_message_box_leaves_a_small_terminal_room_for_the_chat(loaded, tmp_p
 
     asyncio.run(run((80, 24), 8))
     asyncio.run(run((120, 50), 12))
+
+
+def test_changed_edits_and_typed_ahead_keys_stay_in_the_box(loaded, tmp_path):
+    """An edit whose text was changed is not thrown away when its message leaves the screen
+    or another statechat deletes it: the text stays in the box, to send as a new message.
+    Keys typed right after Enter, queued before it was handled, stay in the box too."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            composer = app.query_one(Composer)
+            await send(pilot, app, "first")
+            conv = app.conv_id
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            composer.set_text("first, edited")
+            await pilot.press("ctrl+n")  # a new chat: the edit ends, its changed text stays
+            assert composer.editing is None and composer.text == "first, edited"
+            assert any("stays in the box" in n for n in notices(app))
+            composer.clear()
+            app.open_conversation(conv)
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            composer.set_text("edited again")
+            other = open_chats(tmp_path)
+            other.delete_branch(views(app)[0].message.id)
+            other.close()
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert composer.editing is None and composer.text == "edited again"
+            assert any("message being edited was deleted" in n for n in notices(app))
+            await pilot.press("enter")  # sent anew, as a message of its own
+            await wait_idle(pilot, app)
+            assert [m.content for m in app.chats.branch(conv) if m.role == "user"] == ["edited again"]
+            composer.set_text("hello")
+            composer.post_message(events.Key("enter", None))
+            composer.post_message(events.Key("x", "x"))  # (handled before the Submitted message)
+            await wait_idle(pilot, app)
+            assert composer.text == "x" and views(app)[-2].message.content == "hello"
+
+    asyncio.run(run())

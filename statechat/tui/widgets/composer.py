@@ -20,6 +20,8 @@ class Composer(TextArea):
     id). Enter posts `Composer.Submitted` with the text instead of breaking the line."""
 
     class Submitted(Message):
+        """Enter was pressed: `text` is the box's text at that moment."""
+
         def __init__(self, composer: Composer, text: str) -> None:
             super().__init__()
             self.composer, self.text = composer, text
@@ -32,6 +34,7 @@ class Composer(TextArea):
         super().__init__(placeholder=PLACEHOLDER, id="composer", soft_wrap=True,
                          highlight_cursor_line=False)
         self.editing: str | None = None
+        self.original = ""  # the edited message's text as it was
         self.draft = ""  # the unsent text an edit put aside
 
     async def _on_key(self, event: events.Key) -> None:
@@ -51,23 +54,35 @@ class Composer(TextArea):
         self.load_text(text)
         self.move_cursor(self.document.end)
 
+    def take(self, sent: str) -> None:
+        """Remove the text just sent: keys typed after Enter, queued before it was handled,
+        stay in the box."""
+        self.set_text(self.text[len(sent):] if self.text.startswith(sent) else "")
+
+    @property
+    def changed(self) -> bool:
+        """Whether an edit's text differs from its message."""
+        return self.editing is not None and self.text != self.original
+
     def start_edit(self, msg_id: str, text: str) -> None:
         """Show `text` to edit; what was typed and not sent waits until the edit ends."""
         if self.editing is None:
             self.draft = self.text
-        self.editing = msg_id
+        self.editing, self.original = msg_id, text
         self.set_text(text)
         self.placeholder = EDIT_PLACEHOLDER
         self.border_title = "editing: Enter makes a new branch, Esc cancels"
         self.add_class("editing")
         self.focus()
 
-    def end_edit(self) -> None:
-        """Leave an edit (sent, cancelled, or its message gone): the text put aside comes back."""
+    def end_edit(self, keep: bool = False) -> None:
+        """Leave an edit (sent, cancelled, or its message gone): the text put aside comes back,
+        or with `keep` the edited text stays, to be sent as a new message."""
         if self.editing is None:
             return
         self.editing = None
-        self.set_text(self.draft)
+        if not keep:
+            self.set_text(self.draft)
         self.placeholder = PLACEHOLDER
         self.border_title = None
         self.remove_class("editing")
