@@ -35,7 +35,10 @@ NOT_SUPPORTED = {
     "min_tokens": (0,), "logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},),
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
     "response_format": ({"type": "text"},), "best_of": (1,), "guided_json": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
+    "bad_words": ([],), "function_call": ("none", "auto"),
 }
 
 
@@ -97,12 +100,15 @@ def _number(body: dict, key: str, kind: type, default):
 
 
 def _is_off(value, off) -> bool:
+    """Whether `value` is the off value `off`: numbers by value (0.0 is 0), booleans only as
+    themselves (False is not the 0 of a penalty, 0 not the False of logprobs)."""
     if isinstance(value, bool) or isinstance(off, bool):
         return value is off
     return value == off
 
 
 def _refuse_unsupported(body: dict) -> None:
+    """ApiError(400) for a NOT_SUPPORTED field set to anything but an off value."""
     for key, offs in NOT_SUPPORTED.items():
         value = body.get(key)
         if value is not None and not any(_is_off(value, off) for off in offs):
@@ -290,9 +296,11 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         worker = self.server.worker
         try:
-            prompt_ids = worker.render(parse_messages(body.get("messages")))
+            messages = parse_messages(body.get("messages"))
+            prompt_ids = worker.render(messages, template_kwargs=body.get("chat_template_kwargs"))
         except StatechatError as e:
-            raise ApiError(400, str(e), "messages") from None
+            field = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
+            raise ApiError(400, str(e), field) from None
         params = parse_params(body, len(prompt_ids), worker.max_model_len)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):

@@ -22,13 +22,34 @@ def validate_messages(messages: list[dict]) -> None:
             raise ConfigError(f"message {i}'s content is not valid Unicode") from None
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+# apply_chat_template's own parameters: a template variable may not take their names
+RESERVED = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+                      "add_generation_prompt", "continue_final_message", "padding", "truncation",
+                      "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+                      "tokenizer_kwargs"})
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """Extra variables for the chat template (Qwen's `enable_thinking`, say), as given to
+    transformers' apply_chat_template; a one-line ConfigError for a malformed dict."""
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ConfigError("chat_template_kwargs must be an object of template variables")
+    taken = sorted(RESERVED & kwargs.keys())
+    if taken:
+        raise ConfigError(f"chat_template_kwargs may not set {', '.join(taken)}")
+    return kwargs
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+           template_kwargs: dict | None = None) -> list[int]:
     """Token ids of `messages`, ending with the assistant header when add_generation_prompt.
 
     A last message from the assistant with add_generation_prompt=False is continued
-    (its end-of-turn marker is left off), so a reply can be extended.
+    (its end-of-turn marker is left off), so a reply can be extended. template_kwargs: extra
+    variables of the template (see check_template_kwargs).
     """
     validate_messages(messages)
+    extra = check_template_kwargs(template_kwargs) if template_kwargs is not None else {}
     continue_last = not add_generation_prompt and messages[-1]["role"] == "assistant"
     try:
         ids = tokenizer.apply_chat_template(
@@ -37,6 +58,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) 
             continue_final_message=continue_last,
             tokenize=True,
             return_dict=False,
+            **extra,
         )
     except Exception as e:  # noqa: BLE001 - the model's own template raised (jinja's errors, ...)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -76,12 +76,13 @@ class EngineWorker:
         self._thread.start()
 
     # --- any thread ---------------------------------------------------------------------
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               template_kwargs: dict | None = None) -> list[int]:
         """Token ids of a conversation with the model's chat template (serialized)."""
         from statechat.chat.template import render
 
         with self.tokenizer_lock:
-            return render(self.engine.tokenizer, messages, add_generation_prompt)
+            return render(self.engine.tokenizer, messages, add_generation_prompt, template_kwargs)
 
     @property
     def max_model_len(self) -> int:

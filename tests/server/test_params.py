@@ -24,6 +24,7 @@ def test_vllm_sampling_extensions_are_taken():
     {"presence_penalty": 0}, {"frequency_penalty": 0.0}, {"repetition_penalty": 1.0}, {"min_p": 0},
     {"logprobs": False}, {"top_logprobs": 0}, {"logit_bias": {}}, {"tools": []}, {"tool_choice": "auto"},
     {"response_format": {"type": "text"}}, {"best_of": 1}, {"presence_penalty": None},
+    {"skip_special_tokens": True}, {"include_stop_str_in_output": False}, {"min_p": -0.0},
     {"user": "someone", "metadata": {"a": "b"}, "store": False},  # no effect on the reply
 ])
 def test_fields_left_off_are_taken(body):
@@ -42,6 +43,10 @@ def test_fields_left_off_are_taken(body):
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"min_tokens": 4}, "min_tokens"),
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"skip_special_tokens": False}, "skip_special_tokens"),
+    ({"presence_penalty": False}, "presence_penalty"),  # a boolean is not the 0 of a number
+    ({"logprobs": 0}, "logprobs"),  # nor a number the False of a flag
 ])
 def test_fields_the_server_cannot_honour_are_400s(body, field):
     with pytest.raises(ApiError) as info:

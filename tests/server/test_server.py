@@ -89,19 +89,26 @@ def test_vllm_sampling_fields_and_refused_ones(client):
     """top_k, stop_token_ids and ignore_eos (vLLM's extras, through the client's extra_body)
     reach the sampler; a penalty the server cannot honour is a 400, not silently ignored."""
     messages = chat(3)
-    greedy = client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=0,
-                                            extra_body={"ignore_eos": True})
-    top1 = client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=1.5,
+    ask = {"model": "m", "messages": messages, "max_tokens": 12}
+    greedy = client.chat.completions.create(**ask, temperature=0, extra_body={"ignore_eos": True})
+    top1 = client.chat.completions.create(**ask, temperature=1.5,
                                           extra_body={"top_k": 1, "ignore_eos": True})
     assert top1.choices[0].message.content == greedy.choices[0].message.content
     assert greedy.usage.completion_tokens == 12
-    stop_id = AutoTokenizer.from_pretrained(EMBEDDED_MODEL).encode(greedy.choices[0].message.content)[3]
-    stopped = client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=0,
-                                             extra_body={"stop_token_ids": [stop_id], "ignore_eos": True})
+    reply_ids = AutoTokenizer.from_pretrained(EMBEDDED_MODEL).encode(greedy.choices[0].message.content)
+    stopped = client.chat.completions.create(**ask, temperature=0,
+                                             extra_body={"stop_token_ids": [reply_ids[3]], "ignore_eos": True})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens < 12
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=messages, max_tokens=4, presence_penalty=0.5)
+        client.chat.completions.create(**ask, presence_penalty=0.5)
     assert info.value.body["param"] == "presence_penalty"
+    # chat_template_kwargs (Qwen's enable_thinking) go to the template; its own names do not
+    client.chat.completions.create(model="m", messages=messages, max_tokens=2,
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=messages, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"tokenize": False}})
+    assert info.value.body["param"] == "chat_template_kwargs"
 
 
 def test_models_and_health(client, server):
