@@ -26,6 +26,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")  # a line's sampling
+WHOLE = ("max_tokens", "top_k", "seed")  # integers, which a whole-number float may give
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,11 @@ class BatchDefaults:
 
     def params(self, **line) -> SamplingParams:
         """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
-        whole-number float counts as an integer for max_tokens), these defaults elsewhere."""
-        max_tokens = line.get("max_tokens", self.max_tokens)
-        if isinstance(max_tokens, float) and max_tokens.is_integer():
-            max_tokens = int(max_tokens)
-        return SamplingParams(max_tokens=max_tokens, temperature=line.get("temperature", self.temperature),
+        whole-number float counts as an integer), these defaults elsewhere."""
+        line = {k: int(v) if k in WHOLE and isinstance(v, float) and v.is_integer() else v
+                for k, v in line.items()}
+        return SamplingParams(max_tokens=line.get("max_tokens", self.max_tokens),
+                              temperature=line.get("temperature", self.temperature),
                               seed=line.get("seed", self.seed), top_p=line.get("top_p", 1.0),
                               top_k=line.get("top_k", 0), stop=line.get("stop", ()))
 
@@ -70,7 +71,8 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
     rid = req.get("id")
     rid = str(rid) if rid is not None else f"line-{line}"
     try:
-        params = defaults.params(**{k: req[k] for k in LINE_FIELDS if k in req and req[k] is not None})
+        given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
+        params = defaults.params(**given)
         ids = render(engine.tokenizer, req.get("messages"))
         if len(ids) >= engine.max_model_len:
             raise StatechatError(

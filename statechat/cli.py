@@ -141,8 +141,8 @@ def batch(
                             lambda done, total: progress.update(task, completed=done, total=total))
     failed = sum("error" in r for r in records)
     if failed:  # each has its error record; a run where every one failed is itself a failure
-        typer.echo(f"statechat: {failed:,} of {len(records):,} requests failed (see their \"error\" records)",
-                   err=True)
+        typer.echo(f"statechat: {failed:,} of {len(records):,} requests failed "
+                   '(see their "error" records)', err=True)
         if failed == len(records):
             raise typer.Exit(1)
 
@@ -263,12 +263,20 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
     typer.echo(str(resolve_cache_dir(cache_dir)))
 
 
+def _no_stats(cache_dir: Path | None) -> dict:
+    """`cache stats` of a cache dir not made yet: StateStore.stats's fields, empty."""
+    from statechat.paths import cache_dir as resolve_cache_dir
+
+    return {"path": str(resolve_cache_dir(cache_dir)), "num_checkpoints": 0, "num_blocks": 0,
+            "num_segments": 0, "bytes_total": 0, "bytes_budget": None, "host_bytes_used": 0,
+            "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
+
+
 @cache_app.command("stats")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     """Checkpoints, blocks, bytes used against the budget, and the models they belong to."""
     store = _store(cache_dir)
-    stats = store.stats() if store else {"num_checkpoints": 0, "num_blocks": 0, "num_segments": 0,
-                                          "bytes_total": 0, "models": []}
+    stats = store.stats() if store else _no_stats(cache_dir)
     if as_json:
         typer.echo(json.dumps(stats, indent=2, default=str))
         return

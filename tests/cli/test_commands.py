@@ -56,6 +56,8 @@ def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
     assert runner.invoke(cli.app, ["cache", "path", *cache]).output.strip() == str(missing)
     stats = runner.invoke(cli.app, ["cache", "stats", "--json", *cache])
     assert stats.exit_code == 0 and json.loads(stats.stdout)["num_checkpoints"] == 0
+    made = runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(tmp_path)])
+    assert json.loads(stats.stdout).keys() == json.loads(made.stdout).keys()  # the same fields
     assert f"no cache at {missing} yet" in stats.stderr
     for argv, says in ((["stats"], "checkpoints  0"), (["ls"], "(no checkpoints yet)"), (["ls", "--json"], "[]"),
                        (["verify"], "checked 0"), (["gc"], "freed 0 B"), (["clear"], "freed 0 B")):
