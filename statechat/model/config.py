@@ -201,15 +201,15 @@ class ModelConfig:
         dense_width = (text.get("intermediate_size") or 0) if is_moe else need("intermediate_size")
         moe = {}
         if is_moe:
-            moe = dict(
-                num_experts=need("num_experts"),
-                num_experts_per_tok=need("num_experts_per_tok"),
-                moe_intermediate_size=need("moe_intermediate_size"),
-                shared_expert_intermediate_size=text.get("shared_expert_intermediate_size") or 0,
-                norm_topk_prob=bool(text.get("norm_topk_prob", True)),
-                decoder_sparse_step=text.get("decoder_sparse_step") or 1,
-                mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
-            )
+            moe = {
+                "num_experts": need("num_experts"),
+                "num_experts_per_tok": need("num_experts_per_tok"),
+                "moe_intermediate_size": need("moe_intermediate_size"),
+                "shared_expert_intermediate_size": text.get("shared_expert_intermediate_size") or 0,
+                "norm_topk_prob": bool(text.get("norm_topk_prob", True)),
+                "decoder_sparse_step": text.get("decoder_sparse_step") or 1,
+                "mlp_only_layers": tuple(text.get("mlp_only_layers") or ()),
+            }
         return cls(
             model_type=model_type,
             vocab_size=need("vocab_size"),

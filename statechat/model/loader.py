@@ -107,7 +107,7 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
     parts: dict[str, set[str]] = {}  # fused expert parameter -> per-expert tensors copied into it
     for f in files:
         with safe_open(f, framework="pt", device="cpu") as st:
-            for name in st.keys():
+            for name in st.keys():  # noqa: SIM118 - safetensors' handle is not iterable
                 ours = map_name(name, config)
                 if ours is None:
                     continue

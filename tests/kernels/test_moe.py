@@ -48,7 +48,7 @@ def make_case(T, E, H, I, K, dtype, device, seed=0, num_idle=3):
     scores = torch.rand(T, len(used), generator=gen)
     ids = used[scores.topk(K, dim=-1).indices]
     weights = torch.rand(T, K, generator=gen).softmax(-1)
-    to = dict(device=device)
+    to = {"device": device}
     return (
         x.to(dtype=dtype, **to),
         w_gate_up.to(dtype=dtype, **to),
