@@ -24,7 +24,7 @@ def tiny_dirs(tmp_path_factory) -> dict[str, object]:
 
 
 @pytest.fixture(scope="session")
-def device() -> str:
+def engine_device() -> str:
     """Where engine tests that do not name a device run: the GPU when there is one (so the lent
     machine runs them through the Triton kernels and graphs), else the CPU."""
     return "cuda" if torch.cuda.is_available() else "cpu"

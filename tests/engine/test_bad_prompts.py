@@ -17,10 +17,10 @@ from tests.helpers import engine_config
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_dirs, device):
+def engine(tiny_dirs, engine_device):
     path = tiny_dirs["qwen3_5_text"]
-    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32", **engine_config(device)),
-                     loaded=load_model(path, dtype=torch.float32, device=device))
+    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32", **engine_config(engine_device)),
+                     loaded=load_model(path, dtype=torch.float32, device=engine_device))
 
 
 @pytest.mark.parametrize(
