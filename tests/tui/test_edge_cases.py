@@ -240,12 +240,16 @@ def test_changed_edits_and_typed_ahead_keys_stay_in_the_box(loaded, tmp_path):
             composer = app.query_one(Composer)
             await send(pilot, app, "first")
             conv = app.conv_id
+            composer.set_text("a draft")
             await focus_message(pilot, app, 0)
             await pilot.press("e")
             composer.set_text("first, edited")
             await pilot.press("ctrl+n")  # a new chat: the edit ends, its changed text stays
             assert composer.editing is None and composer.text == "first, edited"
             assert any("stays in the box" in n for n in notices(app))
+            await pilot.press("enter")  # sent: the draft put aside by the edit comes back
+            await wait_idle(pilot, app)
+            assert composer.text == "a draft" and views(app)[0].message.content == "first, edited"
             composer.clear()
             app.open_conversation(conv)
             await focus_message(pilot, app, 0)

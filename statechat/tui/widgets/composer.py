@@ -35,7 +35,7 @@ class Composer(TextArea):
                          highlight_cursor_line=False)
         self.editing: str | None = None
         self.original = ""  # the edited message's text as it was
-        self.draft = ""  # the unsent text an edit put aside
+        self.draft = ""  # unsent text an edit put aside (until it ends, or its kept text is sent)
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -56,8 +56,11 @@ class Composer(TextArea):
 
     def take(self, sent: str) -> None:
         """Remove the text just sent: keys typed after Enter, queued before it was handled,
-        stay in the box."""
-        self.set_text(self.text[len(sent):] if self.text.startswith(sent) else "")
+        stay in the box, and a draft that a kept edit left aside comes back."""
+        rest = self.text[len(sent):] if self.text.startswith(sent) else ""
+        if self.draft and not rest.strip():
+            rest, self.draft = self.draft, ""
+        self.set_text(rest)
 
     @property
     def changed(self) -> bool:
@@ -66,8 +69,8 @@ class Composer(TextArea):
 
     def start_edit(self, msg_id: str, text: str) -> None:
         """Show `text` to edit; what was typed and not sent waits until the edit ends."""
-        if self.editing is None:
-            self.draft = self.text
+        if self.editing is None:  # (a draft a kept edit left aside stays, after this text)
+            self.draft = "\n\n".join(t for t in (self.text, self.draft) if t.strip())
         self.editing, self.original = msg_id, text
         self.set_text(text)
         self.placeholder = EDIT_PLACEHOLDER
@@ -77,12 +80,14 @@ class Composer(TextArea):
 
     def end_edit(self, keep: bool = False) -> None:
         """Leave an edit (sent, cancelled, or its message gone): the text put aside comes back,
-        or with `keep` the edited text stays, to be sent as a new message."""
+        or with `keep` the edited text stays, to be sent as a new message, and the text put
+        aside comes back once it is sent (`take`)."""
         if self.editing is None:
             return
         self.editing = None
         if not keep:
             self.set_text(self.draft)
+            self.draft = ""
         self.placeholder = PLACEHOLDER
         self.border_title = None
         self.remove_class("editing")
