@@ -38,7 +38,7 @@ NOT_SUPPORTED = {
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
-    "bad_words": ([],), "function_call": ("none", "auto"),
+    "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
 }
 
 
@@ -124,11 +124,29 @@ def _stop_token_ids(body: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _flag(body: dict, key: str) -> bool:
-    value = body.get(key, False)
+def _flag(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
     if not isinstance(value, bool):
         raise ApiError(400, f"{key} must be true or false", key)
     return value
+
+
+def _continues(body: dict, messages: list[dict]) -> bool:
+    """Whether the reply continues the last (assistant) message: vLLM's continue_final_message,
+    with add_generation_prompt false. A closed assistant turn with no generation prompt, which
+    the engine's rendering does not make, is a 400."""
+    if _flag(body, "continue_final_message"):
+        if _flag(body, "add_generation_prompt", True):
+            raise ApiError(400, "continue_final_message needs add_generation_prompt false",
+                           "add_generation_prompt")
+        if messages[-1]["role"] != "assistant":
+            raise ApiError(400, "continue_final_message needs an assistant message last",
+                           "messages")
+        return True
+    if not _flag(body, "add_generation_prompt", True):
+        raise ApiError(400, "add_generation_prompt false is supported only with "
+                            "continue_final_message true", "add_generation_prompt")
+    return False
 
 
 def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
@@ -297,10 +315,11 @@ class Handler(BaseHTTPRequestHandler):
         worker = self.server.worker
         try:
             messages = parse_messages(body.get("messages"))
-            prompt_ids = worker.render(messages, template_kwargs=body.get("chat_template_kwargs"))
+            prompt_ids = worker.render(messages, not _continues(body, messages),
+                                       template_kwargs=body.get("chat_template_kwargs"))
         except StatechatError as e:
-            field = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
-            raise ApiError(400, str(e), field) from None
+            kwargs = str(e).startswith("chat_template_kwargs")
+            raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
         params = parse_params(body, len(prompt_ids), worker.max_model_len)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from statechat.errors import ConfigError
 
 ROLES = ("system", "user", "assistant")
@@ -22,19 +24,16 @@ def validate_messages(messages: list[dict]) -> None:
             raise ConfigError(f"message {i}'s content is not valid Unicode") from None
 
 
-# apply_chat_template's own parameters: a template variable may not take their names
-RESERVED = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
-                      "add_generation_prompt", "continue_final_message", "padding", "truncation",
-                      "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-                      "tokenizer_kwargs"})
-
-
-def check_template_kwargs(kwargs) -> dict:
+def check_template_kwargs(tokenizer, kwargs) -> dict:
     """Extra variables for the chat template (Qwen's `enable_thinking`, say), as given to
-    transformers' apply_chat_template; a one-line ConfigError for a malformed dict."""
+    transformers' apply_chat_template; a one-line ConfigError for a malformed dict or for a
+    name that apply_chat_template or its renderer takes itself (`tokenize`, `conversations`)."""
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ConfigError("chat_template_kwargs must be an object of template variables")
-    taken = sorted(RESERVED & kwargs.keys())
+    own = inspect.signature(tokenizer.apply_chat_template).parameters
+    reserved = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD}
+    reserved |= {"messages", "conversations"}  # (the renderer's own)
+    taken = sorted(reserved & kwargs.keys())
     if taken:
         raise ConfigError(f"chat_template_kwargs may not set {', '.join(taken)}")
     return kwargs
@@ -49,7 +48,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
     variables of the template (see check_template_kwargs).
     """
     validate_messages(messages)
-    extra = check_template_kwargs(template_kwargs) if template_kwargs is not None else {}
+    extra = check_template_kwargs(tokenizer, template_kwargs) if template_kwargs is not None else {}
     continue_last = not add_generation_prompt and messages[-1]["role"] == "assistant"
     try:
         ids = tokenizer.apply_chat_template(

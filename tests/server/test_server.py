@@ -85,6 +85,23 @@ def test_streamed_reply_matches(client):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
 
 
+def test_a_reply_continues_the_last_assistant_message(client, server):
+    """vLLM's continue_final_message (with add_generation_prompt false): the prompt ends inside
+    the last assistant message, which the reply extends; the other combinations are 400s."""
+    messages = [*chat(4, 20), {"role": "assistant", "content": "The answer starts"}]
+    cont = client.chat.completions.create(model="m", messages=messages, max_tokens=4, extra_body={
+        "continue_final_message": True, "add_generation_prompt": False})
+    ids = server.worker.render(messages, add_generation_prompt=False)
+    assert cont.usage.prompt_tokens == len(ids)
+    assert server.worker.engine.tokenizer.decode(ids).endswith("The answer starts")
+    for extra, param in (({"continue_final_message": True}, "add_generation_prompt"),
+                         ({"add_generation_prompt": False}, "add_generation_prompt"),
+                         ({"echo": True}, "echo")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="m", messages=messages, max_tokens=2, extra_body=extra)
+        assert info.value.body["param"] == param
+
+
 def test_vllm_sampling_fields_and_refused_ones(client):
     """top_k, stop_token_ids and ignore_eos (vLLM's extras, through the client's extra_body)
     reach the sampler; a penalty the server cannot honour is a 400, not silently ignored."""
