@@ -2,7 +2,8 @@
 
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
-with optional "top_p", "top_k", "seed" and "stop" (a string or a list) as well.
+with optional "top_p", "top_k", "seed", "stop" (a string or a list) and "chat_template_kwargs"
+(variables of the model's chat template, over --chat-template-kwargs) as well.
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
@@ -34,6 +35,7 @@ class BatchDefaults:
     max_tokens: int = 256
     temperature: float = 0.0
     seed: int | None = None
+    template_kwargs: dict | None = None  # chat-template variables; a line's own win
 
     def params(self, **line) -> SamplingParams:
         """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
@@ -58,7 +60,7 @@ class Job:
 
 def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults) -> Job:
     """One input line -> a Job with its prompt ids and params, or with a one-line error."""
-    from statechat.chat.template import render
+    from statechat.chat.template import merge_template_kwargs, render
 
     try:
         req = json.loads(text)
@@ -73,7 +75,8 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
     try:
         given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
         params = defaults.params(**given)
-        ids = render(engine.tokenizer, req.get("messages"))
+        kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
+        ids = render(engine.tokenizer, req.get("messages"), template_kwargs=kwargs)
         if len(ids) >= engine.max_model_len:
             raise StatechatError(
                 f"the prompt has {len(ids)} tokens; the context limit is {engine.max_model_len}"

@@ -48,6 +48,28 @@ NoCacheOpt = Annotated[
     bool, typer.Option("--no-cache", help="Turn the prefix cache off: compute every prompt in full.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+TemplateKwargsOpt = Annotated[
+    str | None,
+    typer.Option("--chat-template-kwargs", help="Variables for the model's chat template, as a JSON "
+                 "object, e.g. '{\"enable_thinking\": false}' (a request's own win).",
+                 envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
+]
+
+
+def _template_kwargs(text: str | None) -> dict | None:
+    """--chat-template-kwargs as a dict, checked before the model loads (one line if bad)."""
+    from statechat.chat.template import check_template_kwargs
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise StatechatError("--chat-template-kwargs must be a JSON object, e.g. "
+                             "'{\"enable_thinking\": false}'")
+    return check_template_kwargs(None, value)
 
 
 @app.callback()
@@ -83,13 +105,14 @@ def _warn_if_embedded(model: Path) -> None:
 # --- run / batch / serve -------------------------------------------------------------------
 @app.command()
 def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
-        no_cache: NoCacheOpt = False) -> None:
+        no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None) -> None:
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse."""
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.tui.app import StatechatApp
 
     config = _config(model, cache_dir, device, no_cache)
-    chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir))
+    chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir),
+                            template_kwargs=_template_kwargs(chat_template_kwargs))
     chat_app.run()
     if chat_app.return_code:
         raise typer.Exit(chat_app.return_code)
@@ -99,7 +122,8 @@ def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL, one request a line: {\"id\", \"messages\", "
                                           "optional \"max_tokens\", \"temperature\", \"top_p\", "
-                                          "\"top_k\", \"seed\", \"stop\"}.")],
+                                          "\"top_k\", \"seed\", \"stop\", "
+                                          "\"chat_template_kwargs\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
                                                 "(JSONL, input order); default stdout.")] = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
@@ -107,6 +131,7 @@ def batch(
     max_tokens: Annotated[int, typer.Option(help="Default max new tokens per request.", min=1)] = 256,
     temperature: Annotated[float, typer.Option(help="Default temperature (0 = greedy).")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (same seed, same output).")] = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
 ) -> None:
     """Run chat requests from a JSONL file together; write one JSON result per line, in order."""
     from statechat.batch import BatchDefaults, run_batch
@@ -119,7 +144,8 @@ def batch(
         raise StatechatError(f"{input} is not UTF-8 text (byte {e.start:,}); save it as UTF-8") from None
     except OSError as e:
         raise StatechatError(f"cannot read {input} ({e.strerror})") from None
-    defaults = BatchDefaults(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    defaults = BatchDefaults(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                             template_kwargs=_template_kwargs(chat_template_kwargs))
     defaults.params()  # a bad --temperature or --seed: one line now, not an error on every line
     direct = output is None or _writes_in_place(output, input)  # checked before the model loads
     engine = _engine(_config(model, cache_dir, device, no_cache))
@@ -207,15 +233,18 @@ def serve(
     no_cache: NoCacheOpt = False,
     api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
                                                 "every request.", envvar="STATECHAT_API_KEY")] = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/models, /health."""
     from statechat.engine.worker import EngineWorker
     from statechat.server import serve as serve_forever
 
+    template_kwargs = _template_kwargs(chat_template_kwargs)
     engine = _engine(_config(model, cache_dir, device, no_cache))
     _warn_if_embedded(engine.loaded.path)
     try:
-        serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key)
+        serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
+                      template_kwargs)
     except OSError as e:
         raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
 

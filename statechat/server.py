@@ -18,7 +18,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from statechat.chat.template import ROLES
+from statechat.chat.template import ROLES, merge_template_kwargs
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -200,9 +200,11 @@ class ChatServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
-                 port: int = 8000, api_key: str | None = None, quiet: bool = False) -> None:
+                 port: int = 8000, api_key: str | None = None, quiet: bool = False,
+                 template_kwargs: dict | None = None) -> None:
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
+        self.template_kwargs = template_kwargs or {}  # defaults; a request's own win
         self.created = int(time.time())
 
     @property
@@ -316,7 +318,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             messages = parse_messages(body.get("messages"))
             prompt_ids = worker.render(messages, not _continues(body, messages),
-                                       template_kwargs=body.get("chat_template_kwargs"))
+                                       template_kwargs=merge_template_kwargs(
+                                           self.server.template_kwargs, body.get("chat_template_kwargs")))
         except StatechatError as e:
             kwargs = str(e).startswith("chat_template_kwargs")
             raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
@@ -414,7 +417,7 @@ def _finish(out: RequestOutput) -> str:
 
 
 def serve(worker: EngineWorker, model_id: str, host: str, port: int,
-          api_key: str | None = None) -> None:
+          api_key: str | None = None, template_kwargs: dict | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes)."""
     import signal
 
@@ -422,7 +425,7 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int,
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    server = ChatServer(worker, model_id, host, port, api_key)
+    server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs)
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

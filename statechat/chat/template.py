@@ -30,13 +30,23 @@ def check_template_kwargs(tokenizer, kwargs) -> dict:
     name that apply_chat_template or its renderer takes itself (`tokenize`, `conversations`)."""
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ConfigError("chat_template_kwargs must be an object of template variables")
+    if tokenizer is None:  # (checked before a model loads: the base class's parameters)
+        from transformers import PreTrainedTokenizerBase as tokenizer
     own = inspect.signature(tokenizer.apply_chat_template).parameters
-    reserved = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD}
+    reserved = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD} - {"self"}
     reserved |= {"messages", "conversations"}  # (the renderer's own)
     taken = sorted(reserved & kwargs.keys())
     if taken:
         raise ConfigError(f"chat_template_kwargs may not set {', '.join(taken)}")
     return kwargs
+
+
+def merge_template_kwargs(defaults: dict | None, own) -> dict | None:
+    """A request's template variables over the defaults (the command line's). `own` may be
+    anything a client sent: what is not an object goes on as it is, for render to refuse."""
+    if not isinstance(own, dict):
+        return own if own is not None else (defaults or None)
+    return {**(defaults or {}), **own}
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

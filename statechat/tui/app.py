@@ -54,9 +54,10 @@ class StatechatApp(App):
     ]
 
     def __init__(self, config: EngineConfig, chat_dir: Path, loaded=None,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, template_kwargs: dict | None = None) -> None:
         super().__init__()
         self.config, self.chat_dir, self.loaded = config, Path(chat_dir), loaded
+        self.template_kwargs = template_kwargs  # variables of the model's chat template
         self.sampling = sampling or SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
         self.worker = None  # EngineWorker, once loaded
         self.chats: ChatStore | None = None
@@ -223,7 +224,7 @@ class StatechatApp(App):
         refuses gets a reply whose status line says why."""
         history = [m.as_chat() for m in self.chats.path(parent.id)]
         try:
-            ids = self.worker.render(history)
+            ids = self.worker.render(history, template_kwargs=self.template_kwargs)
             room = self.worker.max_model_len - len(ids)
             params = dataclasses.replace(self.sampling, max_tokens=max(1, min(self.sampling.max_tokens, room)))
             handle = self.worker.submit(ids, params)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from statechat.chat.template import render
+from statechat.chat.template import merge_template_kwargs, render
 from statechat.errors import ConfigError
 from statechat.paths import EMBEDDED_MODEL
 
@@ -38,3 +38,11 @@ def test_template_variables_reach_the_template(tokenizer):
 def test_names_the_renderer_uses_are_refused(tokenizer, kwargs, says):
     with pytest.raises(ConfigError, match=says):
         render(tokenizer, MESSAGES, template_kwargs=kwargs)
+
+
+def test_a_requests_variables_win_over_the_defaults():
+    defaults = {"enable_thinking": False, "x": 1}
+    assert merge_template_kwargs(defaults, {"enable_thinking": True}) == {"enable_thinking": True, "x": 1}
+    assert merge_template_kwargs(defaults, None) == defaults
+    assert merge_template_kwargs(None, None) is None and merge_template_kwargs({}, None) is None
+    assert merge_template_kwargs(defaults, [1]) == [1]  # (render refuses it)

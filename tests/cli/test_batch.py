@@ -122,6 +122,30 @@ def test_a_line_sets_its_own_sampling(tmp_path, shared_engine):
     assert "top_k must be >= 0" in bad["error"]["message"]
 
 
+def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_engine, loaded, monkeypatch):
+    """--chat-template-kwargs sets variables of the chat template for every line; a line's own
+    chat_template_kwargs win (here a template that says whether thinking is on)."""
+    monkeypatch.setattr(loaded.tokenizer, "chat_template",
+                        "{% if enable_thinking is defined and not enable_thinking %}quick {% endif %}"
+                        "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    user = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+    lines = [{"id": "default", **user},
+             {"id": "own", **user, "chat_template_kwargs": {"enable_thinking": True}},
+             {"id": "bad", **user, "chat_template_kwargs": {"tokenize": False}}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+            "--no-cache", "--chat-template-kwargs", '{"enable_thinking": false}']
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    default, own, bad = [json.loads(line) for line in out.read_text().splitlines()]
+    quick = len(loaded.tokenizer.encode("quick hello there"))
+    assert default["usage"]["prompt_tokens"] == quick
+    assert own["usage"]["prompt_tokens"] == len(loaded.tokenizer.encode("hello there")) < quick
+    assert bad["error"]["message"] == "chat_template_kwargs may not set tokenize"
+    refused = CliRunner().invoke(cli.app, [*args[:-1], "[1]"])
+    assert refused.exit_code != 0 and "must be a JSON object" in str(refused.exception or refused.output)
+
+
 def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("{not json\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")

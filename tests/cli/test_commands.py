@@ -15,9 +15,11 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("argv, needles", [
     ([], ["run", "batch", "serve", "cache"]),
-    (["run"], ["--model", "--cache-dir", "--device"]),
-    (["batch"], ["--output", "--no-cache", "--max-tokens", "--temperature", "--seed", "--model"]),
-    (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--model", "--cache-dir"]),
+    (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs"]),
+    (["batch"], ["--output", "--no-cache", "--max-tokens", "--temperature", "--seed", "--model",
+                 "--chat-template-kwargs"]),
+    (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--model", "--cache-dir",
+                 "--chat-template-kwargs"]),
     (["cache"], ["path", "stats", "ls", "verify", "gc", "clear"]),
     (["cache", "gc"], ["--max-bytes", "--cache-dir"]),
 ])

@@ -102,6 +102,22 @@ def test_a_reply_continues_the_last_assistant_message(client, server):
         assert info.value.body["param"] == param
 
 
+def test_template_variables_of_the_server_and_the_request(client, server, monkeypatch):
+    """`serve --chat-template-kwargs` sets the template's variables for every request; a
+    request's own chat_template_kwargs win (a template that says whether thinking is on)."""
+    tokenizer = server.worker.engine.tokenizer
+    monkeypatch.setattr(tokenizer, "chat_template",
+                        "{% if enable_thinking is defined and not enable_thinking %}quick {% endif %}"
+                        "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    monkeypatch.setattr(server, "template_kwargs", {"enable_thinking": False})
+    messages = [{"role": "user", "content": "hello there"}]
+    default = client.chat.completions.create(model="m", messages=messages, max_tokens=1)
+    own = client.chat.completions.create(model="m", messages=messages, max_tokens=1,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert default.usage.prompt_tokens == len(tokenizer.encode("quick hello there"))
+    assert own.usage.prompt_tokens == len(tokenizer.encode("hello there"))
+
+
 def test_vllm_sampling_fields_and_refused_ones(client):
     """top_k, stop_token_ids and ignore_eos (vLLM's extras, through the client's extra_body)
     reach the sampler; a penalty the server cannot honour is a 400, not silently ignored."""

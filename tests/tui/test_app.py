@@ -196,3 +196,22 @@ def test_multiline_messages_paste_and_edit_whole(loaded, tmp_path):
             assert msgs[0].message.content == pasted + "\na\nb\nc" and "2/2" in header(msgs[0])
 
     asyncio.run(run())
+
+
+def test_template_variables_reach_the_prompt(loaded, tmp_path, monkeypatch):
+    """`run --chat-template-kwargs` sets variables of the chat template (Qwen's enable_thinking)
+    for every reply; here a template that says whether thinking is on."""
+    monkeypatch.setattr(loaded.tokenizer, "chat_template",
+                        "{% if enable_thinking is defined and not enable_thinking %}quick {% endif %}"
+                        "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path, loaded=loaded,
+                           sampling=PARAMS, template_kwargs={"enable_thinking": False})
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello there")
+            stats = views(app)[1].message.stats
+            assert stats["prompt_tokens"] == len(loaded.tokenizer.encode("quick hello there"))
+
+    asyncio.run(run())
