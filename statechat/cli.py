@@ -67,8 +67,8 @@ def _template_kwargs(text: str | None) -> dict | None:
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        raise StatechatError("--chat-template-kwargs must be a JSON object, e.g. "
-                             "'{\"enable_thinking\": false}'")
+        raise StatechatError("--chat-template-kwargs (or STATECHAT_CHAT_TEMPLATE_KWARGS) must be a "
+                             "JSON object, e.g. '{\"enable_thinking\": false}'")
     return check_template_kwargs(None, value)
 
 

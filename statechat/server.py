@@ -39,6 +39,7 @@ NOT_SUPPORTED = {
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
     "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
+    "documents": ([],), "add_special_tokens": (False,),
 }
 
 

@@ -33,8 +33,8 @@ def check_template_kwargs(tokenizer, kwargs) -> dict:
     if tokenizer is None:  # (checked before a model loads: the base class's parameters)
         from transformers import PreTrainedTokenizerBase as tokenizer
     own = inspect.signature(tokenizer.apply_chat_template).parameters
-    reserved = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD} - {"self"}
-    reserved |= {"messages", "conversations"}  # (the renderer's own)
+    reserved = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD}
+    reserved |= {"self", "messages", "conversations"}  # (the method's and the renderer's own)
     taken = sorted(reserved & kwargs.keys())
     if taken:
         raise ConfigError(f"chat_template_kwargs may not set {', '.join(taken)}")

@@ -33,6 +33,7 @@ def test_template_variables_reach_the_template(tokenizer):
     ({"tokenize": False}, "chat_template_kwargs may not set tokenize"),
     ({"messages": [], "add_generation_prompt": False}, "may not set add_generation_prompt, messages"),
     ({"conversations": [], "chat_template": "{{ 1 }}"}, "may not set chat_template, conversations"),
+    ({"self": 1}, "may not set self"),
     ([1, 2], "chat_template_kwargs must be an object"),
 ])
 def test_names_the_renderer_uses_are_refused(tokenizer, kwargs, says):
