@@ -213,10 +213,7 @@ class StatechatApp(App):
             parent = branch[-1].id if branch else None
         if self.conv_id is None:
             self.conv_id = self.chats.create(title=one_line(text)[:48]).id
-        if composer.editing:
-            composer.end_edit()
-        else:
-            composer.take(event.text)
+        composer.take(event.text)
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
 
     def start_reply(self, parent: Message) -> None:

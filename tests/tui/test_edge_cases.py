@@ -270,5 +270,12 @@ def test_changed_edits_and_typed_ahead_keys_stay_in_the_box(loaded, tmp_path):
             composer.post_message(events.Key("x", "x"))  # (handled before the Submitted message)
             await wait_idle(pilot, app)
             assert composer.text == "x" and views(app)[-2].message.content == "hello"
+            await focus_message(pilot, app, 2)  # an edit sent with keys typed after its Enter
+            await pilot.press("e")
+            composer.set_text("hello, edited")
+            composer.post_message(events.Key("enter", None))
+            composer.post_message(events.Key("y", "y"))
+            await wait_idle(pilot, app)
+            assert composer.text == "xy" and views(app)[-2].message.content == "hello, edited"
 
     asyncio.run(run())

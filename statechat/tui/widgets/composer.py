@@ -55,9 +55,14 @@ class Composer(TextArea):
         self.move_cursor(self.document.end)
 
     def take(self, sent: str) -> None:
-        """Remove the text just sent: keys typed after Enter, queued before it was handled,
-        stay in the box, and a draft that a kept edit left aside comes back."""
+        """Remove the text just sent (an edit's too, which ends the edit and brings back the
+        text it put aside): keys typed after Enter, queued before it was handled, stay in the
+        box, and a draft that a kept edit left aside comes back."""
         rest = self.text[len(sent):] if self.text.startswith(sent) else ""
+        if self.editing is not None:
+            self.end_edit()
+            self.set_text(self.text + rest)
+            return
         if self.draft and not rest.strip():
             rest, self.draft = self.draft, ""
         self.set_text(rest)
