@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.console import Group
 from rich.markdown import Markdown
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,7 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from statechat.chat.tree import Message
-from statechat.tui.format import clean, status_line
+from statechat.tui.format import clean, split_thinking, status_line
 
 
 class MessageView(Vertical, can_focus=True):
@@ -50,9 +51,13 @@ class MessageView(Vertical, can_focus=True):
 
     def _body(self):
         text = clean(self.text)
-        if self.message.role == "assistant":
-            return Markdown(text or "…")
-        return Text(text)
+        if self.message.role != "assistant":
+            return Text(text)
+        reasoning, answer = split_thinking(text)
+        if not reasoning:
+            return Markdown(answer or "…")
+        thought = Text(f"thinking: {reasoning}", style="dim italic")
+        return Group(thought, Markdown(answer)) if answer else thought
 
     def set_text(self, text: str) -> None:
         """Show streamed text (replacing what was shown); before the view is built, its build

@@ -1,0 +1,38 @@
+"""A thinking model's reply on screen: its reasoning (Qwen's `<think>...</think>`) is shown
+dimmed before the answer. Markdown alone drops the tags and the text up to the next blank line,
+so a reply still thinking showed nothing, and parts of a finished one's reasoning leaked."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from statechat.chat.tree import Message
+from statechat.tui.format import split_thinking
+from statechat.tui.widgets.message_view import MessageView
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("<think>\nLet me see.\n\nTwo steps.\n</think>\n\nThe answer is 4.",
+     ("Let me see.\n\nTwo steps.", "The answer is 4.")),
+    ("Let me see.\n</think>\n\nThe answer is 4.", ("Let me see.", "The answer is 4.")),  # opened by the prompt
+    ("<think>\nstill going", ("still going", "")),  # streaming
+    ("The answer is 4.", ("", "The answer is 4.")),
+    ("", ("", "")),
+])
+def test_split_thinking(text, parts):
+    assert split_thinking(text) == parts
+
+
+def shown(text: str) -> str:
+    view = MessageView(Message("m", "c", None, "assistant", text, 0.0))
+    console = Console(width=80, record=True)
+    console.print(view._body())
+    return console.export_text()
+
+
+def test_reasoning_is_shown_before_the_answer():
+    screen = shown("<think>\nLet me think about **this**.\n\nStep two.\n</think>\n\nThe answer is 4.")
+    assert screen.index("thinking: Let me think") < screen.index("Step two.") < screen.index("The answer is 4.")
+    assert "still going" in shown("<think>\nstill going")  # (was empty while the model thought)
+    assert "<think>" not in screen and "</think>" not in screen
