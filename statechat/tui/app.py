@@ -219,7 +219,9 @@ class StatechatApp(App):
     def start_reply(self, parent: Message) -> None:
         """Add a reply under `parent` and stream the model's answer into it; a prompt the engine
         refuses gets a reply whose status line says why."""
-        history = [m.as_chat() for m in self.chats.path(parent.id)]
+        # a reply that failed before any text (its status says why) was never the model's turn
+        history = [m.as_chat() for m in self.chats.path(parent.id)
+                   if not (m.role == "assistant" and not m.content and m.stats.get("error"))]
         try:
             ids = self.worker.render(history, template_kwargs=self.template_kwargs)
             room = self.worker.max_model_len - len(ids)

@@ -279,3 +279,22 @@ def test_changed_edits_and_typed_ahead_keys_stay_in_the_box(loaded, tmp_path):
             assert composer.text == "xy" and views(app)[-2].message.content == "hello, edited"
 
     asyncio.run(run())
+
+
+def test_a_failed_reply_is_left_out_of_later_prompts(loaded, tmp_path):
+    """A reply that failed before any text was never the model's turn: the next prompt goes on
+    from the messages before it (it went in as an empty assistant turn)."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            conv = app.chats.create(title="t")
+            first = app.chats.add(conv.id, None, "user", "first")
+            app.chats.add(conv.id, first.id, "assistant", "", stats={"error": "the engine failed"})
+            app.open_conversation(conv.id)
+            await send(pilot, app, "second")
+            prompt = app.worker.render([{"role": "user", "content": "first"},
+                                        {"role": "user", "content": "second"}])
+            assert views(app)[-1].message.stats["prompt_tokens"] == len(prompt)
+
+    asyncio.run(run())
