@@ -7,6 +7,15 @@ from pathlib import Path
 
 from statechat.errors import ConfigError
 
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+
+
+def check_device_name(name: str) -> None:
+    """A one-line ConfigError for a device name statechat does not know (whether the device is
+    there is devices.resolve_device's question)."""
+    if name not in DEVICE_CHOICES:
+        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -38,6 +47,7 @@ class EngineConfig:
     checkpoint_interval: int = 32  # blocks between checkpoints inside long prefills (0 = off)
 
     def __post_init__(self) -> None:
+        check_device_name(self.device)
         if self.block_size <= 0 or self.block_size % 64:
             raise ConfigError(f"block_size must be a positive multiple of 64, got {self.block_size}")
         if self.max_num_batched_tokens < self.block_size:

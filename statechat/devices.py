@@ -7,9 +7,8 @@ from types import ModuleType
 
 import torch
 
+from statechat.config import check_device_name
 from statechat.errors import ConfigError
-
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 
 
 def npu_available() -> bool:
@@ -22,8 +21,7 @@ def npu_available() -> bool:
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' -> npu > cuda > cpu; an explicit name must be available or it is an error."""
-    if name not in DEVICE_CHOICES:
-        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    check_device_name(name)
     if name == "auto":
         if npu_available():
             return torch.device("npu")
