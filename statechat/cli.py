@@ -107,10 +107,12 @@ def _warn_if_embedded(model: Path) -> None:
 def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
         no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None) -> None:
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse."""
+    from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.tui.app import StatechatApp
 
     config = _config(model, cache_dir, device, no_cache)
+    ModelConfig.from_hf(config.model)  # a wrong --model: one line now, not from the loading screen
     chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir),
                             template_kwargs=_template_kwargs(chat_template_kwargs))
     chat_app.run()

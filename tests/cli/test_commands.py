@@ -87,11 +87,15 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     assert (garbage / "index.db").read_bytes().startswith(b"not a database")  # left as it was
 
 
-@pytest.mark.parametrize("command", ["run", "serve"])
-def test_an_unknown_device_is_one_line_before_anything_starts(command, monkeypatch, capsys):
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
+    (["serve", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
+    (["run", "--model", "/nonexistent"], "model directory /nonexistent does not exist"),
+])
+def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch, capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread.)"""
-    monkeypatch.setattr("sys.argv", ["statechat", command, "--device", "tpu"])
+    monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "statechat: unknown device 'tpu'; choose one of auto, cpu, cuda, npu"
+    assert capsys.readouterr().err.strip() == f"statechat: {says}"
