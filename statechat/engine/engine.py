@@ -27,7 +27,7 @@ from statechat.devices import default_dtype, free_memory, graph_api, resolve_dev
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import Launched, ModelRunner
-from statechat.engine.sampling import SamplingParams
+from statechat.engine.sampling import SamplingParams, unpack_logprobs
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
 from statechat.errors import ConfigError, ContextLengthError
@@ -53,15 +53,18 @@ class RequestOutput:
     reused_by_tier: dict | None = None  # reused prompt tokens by the tier their KV came from
     cache_plan: dict | None = None  # the cheapest prefix to load, its predicted load and
     # recompute seconds, the choice made and (when loaded) where the load's time went
+    logprobs: list | None = None  # per token, when asked: (logprob, [(id, logprob)] of the top)
 
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """A text delta of one request, with the token ids it came from; `output` on the last."""
+    """A text delta of one request, with the token ids it came from (and their logprobs, when
+    asked); `output` on the last."""
 
     text: str
     token_ids: list[int]
     output: RequestOutput | None = None
+    logprobs: list | None = None
 
 
 class LLMEngine:
@@ -251,7 +254,7 @@ class LLMEngine:
             batch = launched.batch
             if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
                 self._ahead = self.runner.launch(self.scheduler.continuation(batch), after=launched)
-            tokens = self.runner.collect(launched)  # reading the tokens synchronises the device
+            tokens, logprobs = self.runner.collect(launched)  # (the step's one synchronisation)
         except BaseException:
             self._busy(False)
             self._ahead = None
@@ -260,6 +263,8 @@ class LLMEngine:
         try:
             self._time_prefill(batch, t0, now, synchronised=bool(tokens))
             updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
+            if logprobs is not None:
+                _keep_logprobs(batch, logprobs)
             self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
             for seq in updated:
                 if seq.first_token_time is None:
@@ -346,6 +351,7 @@ class LLMEngine:
             reused_from=seq.reused_from if cached else None,
             reused_by_tier=dict(seq.reused_by_tier) if cached else None,
             cache_plan=seq.cache_plan,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         )
 
     def next_event(self, seq: Sequence, sent_text: int, sent_tokens: int) -> tuple[StreamEvent | None, int, int]:
@@ -357,7 +363,10 @@ class LLMEngine:
             text = text[: max(len(text) - _stop_hold(seq.params), sent_text)]
         delta, ids = text[sent_text:], seq.output_ids[sent_tokens : seq.num_text_tokens]
         out = self.output(seq) if seq.is_finished else None
-        event = StreamEvent(delta, ids, out) if delta or ids or out else None
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs = seq.logprobs[sent_tokens : seq.num_text_tokens]
+        event = StreamEvent(delta, ids, out, logprobs) if delta or ids or out else None
         return event, len(text), seq.num_text_tokens
 
     # --- convenience --------------------------------------------------------------------
@@ -398,6 +407,18 @@ class LLMEngine:
                         yield event
         finally:
             self.abort(seq)
+
+
+def _keep_logprobs(batch, table: list[list[float]]) -> None:
+    """Give each sequence that asked for logprobs its row of the step's table (rows in the
+    order of the items that sampled; one whose sequence ended meanwhile is skipped)."""
+    rows = iter(table)
+    for it in batch.items:
+        k = it.seq.params.logprobs
+        if it.needs_logits and k is not None:
+            row = next(rows)
+            if not it.seq.is_finished:
+                it.seq.logprobs.append(unpack_logprobs(row, k))
 
 
 def _stop_hold(params: SamplingParams) -> int:

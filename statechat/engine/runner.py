@@ -17,7 +17,7 @@ import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
-from statechat.engine.sampling import sample
+from statechat.engine.sampling import TokenHistory, logprob_table, sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
@@ -35,6 +35,8 @@ class Launched:
     host: np.ndarray | None = None  # their pinned host copy, once a later step was queued
     copied: torch.cuda.Event | None = None  # the event after that copy (torch.npu's on NPUs)
     replay: int | None = None  # the decode graphs' replay count after this step's replay
+    logprobs: torch.Tensor | None = None  # logprob_table of the rows whose request asks for it
+    host_logprobs: np.ndarray | None = None  # its pinned host copy, as `host`
 
 
 class ModelRunner:
@@ -45,6 +47,7 @@ class ModelRunner:
         self.caches = ModelCaches.allocate(loaded.config, num_slots, num_blocks, block_size, self.dtype, self.device)
         self.pad_slot = num_slots - 1  # never handed out: padding rows of graph replays write here
         self.generators: dict[int, torch.Generator] = {}
+        self.histories: dict[int, TokenHistory] = {}  # of the requests with penalties
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
@@ -161,19 +164,30 @@ class ModelRunner:
         if not wanted:
             return Launched(batch, None)
         params = [s.params for s in wanted]
-        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy)
-        return Launched(batch, tokens, replay=replay)
+        histories = None
+        if any(p.uses_penalties for p in params):
+            histories = [self._history(s, logits.shape[-1]) for s in wanted]
+        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, histories)
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        table = None
+        if rows:
+            table = logprob_table(logits, tokens, rows, max(params[i].logprobs for i in rows))
+        return Launched(batch, tokens, replay=replay, logprobs=table)
 
-    def collect(self, launched: Launched) -> list[int]:
-        """The sampled tokens of a launched step, one per item that needs logits, in item order:
-        the step's one host synchronisation."""
+    def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None]:
+        """The sampled tokens of a launched step, one per item that needs logits, in item order,
+        and the rows of its logprob table (None if no request asked): the step's one host
+        synchronisation."""
         if launched.tokens is None:
-            return []
+            return [], None
         self.before_wait()
         if launched.copied is not None:  # a later step was queued: its copy is the one to wait for
             launched.copied.synchronize()
-            return launched.host.tolist()
-        return launched.tokens.tolist()
+            table = launched.host_logprobs
+            return launched.host.tolist(), None if table is None else table.tolist()
+        tokens = launched.tokens.tolist()  # (nothing queued after this step: the table's read
+        # waits for the table alone)
+        return tokens, None if launched.logprobs is None else launched.logprobs.tolist()
 
     def _copy_out(self, launched: Launched) -> None:
         """Queue the copy of a step's tokens to pinned host memory. One buffer serves: the
@@ -184,6 +198,9 @@ class ModelRunner:
         if self._out.shape[0] < n:
             self._out = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
         self._out[:n].copy_(launched.tokens, non_blocking=True)
+        if launched.logprobs is not None:  # (rare: a pinned buffer of its own each time)
+            host = torch.empty(launched.logprobs.shape, dtype=torch.float32, pin_memory=True)
+            launched.host_logprobs = host.copy_(launched.logprobs, non_blocking=True).numpy()
         self._out_copied.record()
         launched.host, launched.copied = self._out[:n].numpy(), self._out_copied
 
@@ -225,8 +242,22 @@ class ModelRunner:
             gen = self.generators[seq.seq_id] = torch.Generator(self.device).manual_seed(seq.params.seed)
         return gen
 
+    def _history(self, seq, vocab_size: int) -> TokenHistory | None:
+        """The request's token counts for its penalties, made at its first sampling: a prefill
+        step's, whose sequence's tokens the host holds in full (a step fed on the device only
+        continues a decode step)."""
+        if not seq.params.uses_penalties:
+            return None
+        history = self.histories.get(seq.seq_id)
+        if history is None:
+            history = self.histories[seq.seq_id] = TokenHistory(
+                seq.token_ids[: seq.num_prompt_tokens], seq.output_ids, vocab_size, self.device,
+                seq.params)
+        return history
+
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
+        self.histories.pop(seq_id, None)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""

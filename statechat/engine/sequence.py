@@ -47,6 +47,8 @@ class Sequence:
     num_recomputed: int = 0  # tokens computed again after preemption
     num_preemptions: int = 0
     finish_reason: str | None = None
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per
+    # generated token, when params.logprobs is set: its logprob, [(id, logprob)] of the likeliest
     text: str = ""  # detokenized output so far
     num_text_tokens: int = 0  # output tokens already turned into `text`
     detok_offsets: tuple[int, int] = (0, 0)  # incremental detokenizer: (context start, read end)
