@@ -72,9 +72,10 @@ def ttft(engine, prompt: list[int]) -> float:
     return ttft_out(engine, prompt)[0]
 
 
-def decode_rate(engine, prompts: list[list[int]], new: int) -> tuple[float, float]:
-    """(seconds per decode step, generated tokens per second) once every prompt has started."""
-    params = SamplingParams(max_tokens=new, ignore_eos=True)
+def decode_rate(engine, prompts: list[list[int]], new: int, **sampling) -> tuple[float, float]:
+    """(seconds per decode step, generated tokens per second) once every prompt has started;
+    `sampling`: SamplingParams fields beyond greedy's."""
+    params = SamplingParams(max_tokens=new, ignore_eos=True, **sampling)
     seqs = [engine.add_request(p, params) for p in prompts]
     while any(len(s.output_ids) == 0 for s in seqs):
         engine.step()

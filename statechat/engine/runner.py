@@ -17,7 +17,7 @@ import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
-from statechat.engine.sampling import TokenHistory, logprob_table, sample
+from statechat.engine.sampling import TokenCounts, logprob_table, sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
@@ -47,13 +47,14 @@ class ModelRunner:
         self.caches = ModelCaches.allocate(loaded.config, num_slots, num_blocks, block_size, self.dtype, self.device)
         self.pad_slot = num_slots - 1  # never handed out: padding rows of graph replays write here
         self.generators: dict[int, torch.Generator] = {}
-        self.histories: dict[int, TokenHistory] = {}  # of the requests with penalties
+        self.counts: TokenCounts | None = None  # of the requests with penalties, once one came
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
         # pinned buffer for the tokens of a step that a later one was queued after, and the
         # event after their copy
         self._out = torch.empty(0, dtype=torch.int64)
+        self._out_logprobs = torch.empty(0, dtype=torch.float32)
         self._out_copied = None if self.device.type == "cpu" else self._event()
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
@@ -164,10 +165,10 @@ class ModelRunner:
         if not wanted:
             return Launched(batch, None)
         params = [s.params for s in wanted]
-        histories = None
+        counts = None
         if any(p.uses_penalties for p in params):
-            histories = [self._history(s, logits.shape[-1]) for s in wanted]
-        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, histories)
+            counts = self._counts(wanted, logits.shape[-1])
+        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, counts)
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         table = None
         if rows:
@@ -198,9 +199,13 @@ class ModelRunner:
         if self._out.shape[0] < n:
             self._out = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
         self._out[:n].copy_(launched.tokens, non_blocking=True)
-        if launched.logprobs is not None:  # (rare: a pinned buffer of its own each time)
-            host = torch.empty(launched.logprobs.shape, dtype=torch.float32, pin_memory=True)
-            launched.host_logprobs = host.copy_(launched.logprobs, non_blocking=True).numpy()
+        if launched.logprobs is not None:  # (its own buffer, served the same way)
+            table = launched.logprobs
+            if self._out_logprobs.numel() < table.numel():
+                self._out_logprobs = torch.empty(max(table.numel(), 4096), dtype=torch.float32,
+                                                 pin_memory=True)
+            host = self._out_logprobs[: table.numel()].view(table.shape)
+            launched.host_logprobs = host.copy_(table, non_blocking=True).numpy()
         self._out_copied.record()
         launched.host, launched.copied = self._out[:n].numpy(), self._out_copied
 
@@ -242,22 +247,18 @@ class ModelRunner:
             gen = self.generators[seq.seq_id] = torch.Generator(self.device).manual_seed(seq.params.seed)
         return gen
 
-    def _history(self, seq, vocab_size: int) -> TokenHistory | None:
-        """The request's token counts for its penalties, made at its first sampling: a prefill
-        step's, whose sequence's tokens the host holds in full (a step fed on the device only
-        continues a decode step)."""
-        if not seq.params.uses_penalties:
-            return None
-        history = self.histories.get(seq.seq_id)
-        if history is None:
-            history = self.histories[seq.seq_id] = TokenHistory(
-                seq.token_ids[: seq.num_prompt_tokens], seq.output_ids, vocab_size, self.device,
-                seq.params)
-        return history
+    def _counts(self, seqs, vocab_size: int) -> tuple[TokenCounts, list[int]]:
+        """The token counts and each sequence's row in them (0 for one without penalties)."""
+        if self.counts is None:
+            self.counts = TokenCounts(vocab_size, self.device)
+        return self.counts, [
+            self.counts.row(s.seq_id, s.token_ids[: s.num_prompt_tokens], s.output_ids)
+            if s.params.uses_penalties else 0 for s in seqs]
 
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
-        self.histories.pop(seq_id, None)
+        if self.counts is not None:
+            self.counts.release(seq_id)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""

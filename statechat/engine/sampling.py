@@ -126,40 +126,68 @@ def _number(name: str, value) -> float:
     return number
 
 
-class TokenHistory:
-    """One request's tokens on the device, for its penalties: how many times each token was
-    generated (presence and frequency penalties) and which tokens the prompt holds (repetition
-    penalty). Each sampled token is counted on the device as it is drawn, so a step queued
-    before the host has read the step before's token still sees it."""
+class TokenCounts:
+    """The generated-token counts (presence and frequency penalties) and prompt-token marks
+    (repetition penalty) of the requests with penalties, on the device: one row each, row 0
+    all zeros for the rows of a step that have none. Each sampled token is counted on the
+    device as it is drawn, so a step queued before the host has read the step before's token
+    still sees it. Rows grow by doubling and are reused once their request ends."""
 
-    def __init__(self, prompt_ids: list[int], output_ids: list[int], vocab_size: int,
-                 device: torch.device, params: SamplingParams) -> None:
-        self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)  # [vocab]
-        self._one = torch.ones(1, dtype=torch.int32, device=device)
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size, self.device = vocab_size, device
+        self.counts = torch.zeros(1, vocab_size, dtype=torch.int32, device=device)  # [rows, vocab]
+        self.in_prompt = torch.zeros(1, vocab_size, dtype=torch.bool, device=device)  # [rows, vocab]
+        self.rows: dict[int, int] = {}  # seq_id -> row
+        self.free: list[int] = []
+
+    def row(self, seq_id: int, prompt_ids: list[int], output_ids: list[int]) -> int:
+        """The request's row, made at its first sampling from the tokens the host holds (a
+        prefill step's: a step fed on the device only continues a decode step)."""
+        row = self.rows.get(seq_id)
+        if row is not None:
+            return row
+        if not self.free:
+            self._grow()
+        row = self.rows[seq_id] = self.free.pop()
+        self.counts[row].zero_()
+        self.in_prompt[row].zero_()
+        self.in_prompt[row, _ids(prompt_ids, self.device)] = True
         if output_ids:
-            ids = torch.tensor(output_ids, dtype=torch.int64).to(device)
-            self.counts.index_put_((ids,), self._one.expand(len(output_ids)), accumulate=True)
-        self.in_prompt = None  # [vocab] bool, only for a repetition penalty
-        if params.repetition_penalty != 1:
-            self.in_prompt = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            self.in_prompt[torch.tensor(prompt_ids, dtype=torch.int64).to(device)] = True
-
-    def penalize(self, row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-        """The logits [vocab] with p's penalties applied (vLLM's order: repetition, then
-        frequency and presence), before temperature."""
-        generated = self.counts > 0
-        if self.in_prompt is not None:
-            r = p.repetition_penalty
-            row = torch.where(self.in_prompt | generated, torch.where(row > 0, row / r, row * r), row)
-        if p.frequency_penalty:
-            row = row - p.frequency_penalty * self.counts.to(row.dtype)
-        if p.presence_penalty:
-            row = row - p.presence_penalty * generated.to(row.dtype)
+            self.add([row] * len(output_ids), _ids(output_ids, self.device))
         return row
 
-    def add(self, token: torch.Tensor) -> None:
-        """Count a sampled token ([1] int64, on the device)."""
-        self.counts.index_put_((token,), self._one, accumulate=True)
+    def release(self, seq_id: int) -> None:
+        row = self.rows.pop(seq_id, None)
+        if row is not None:
+            self.free.append(row)
+
+    def _grow(self) -> None:
+        n = self.counts.shape[0]
+        more = max(n - 1, 4)
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(more, self.vocab_size)])
+        self.in_prompt = torch.cat([self.in_prompt, self.in_prompt.new_zeros(more, self.vocab_size)])
+        self.free += range(n + more - 1, n - 1, -1)
+
+    def penalize(self, x: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> torch.Tensor:
+        """Logits x [R, vocab] with each row's penalties (vLLM's order: repetition, then
+        frequency and presence), before temperature; rows: each row's counts row (0: none)."""
+        index = _ids(rows, self.device)
+        counts = self.counts.index_select(0, index)
+        generated = counts > 0
+        if any(p.repetition_penalty != 1 for p in params):
+            r = _column([p.repetition_penalty for p in params], x)
+            seen = self.in_prompt.index_select(0, index) | generated
+            x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        if any(p.frequency_penalty for p in params):
+            x = x - _column([p.frequency_penalty for p in params], x) * counts.to(x.dtype)
+        if any(p.presence_penalty for p in params):
+            x = x - _column([p.presence_penalty for p in params], x) * generated.to(x.dtype)
+        return x
+
+    def add(self, rows: list[int], tokens: torch.Tensor) -> None:
+        """Count sampled tokens ([len(rows)] int64, on the device) in their rows."""
+        one = torch.ones(1, dtype=torch.int32, device=self.device).expand(len(rows))
+        self.counts.index_put_((_ids(rows, self.device), tokens), one, accumulate=True)
 
 
 def sample(
@@ -167,56 +195,86 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     greedy: torch.Tensor | None = None,
-    histories: list[TokenHistory | None] | None = None,
+    counts: tuple[TokenCounts, list[int]] | None = None,
 ) -> torch.Tensor:
     """One token per row of logits [M, vocab] (float32), on the logits' device: the caller
     reads them all at once. `greedy`, the logits' argmax if already computed (a CUDA graph
-    replays it with the model), serves the plainly greedy rows. `histories`
-    holds, per row, the TokenHistory of a request with penalties (None for the others); each
-    gets its row's new token."""
+    replays it with the model), serves the plainly greedy rows. `counts`: the TokenCounts and
+    each row's row in it (0 for a request without penalties); each penalised row's new token
+    is counted. The rows that need more than an argmax are processed together."""
     if greedy is not None and all(p.is_plain_greedy for p in params):
         return greedy
     out = greedy.clone() if greedy is not None else logits.argmax(dim=-1)
-    for i, p in enumerate(params):
-        if p.is_plain_greedy:
-            continue
-        history = histories[i] if histories is not None else None
-        row = history.penalize(logits[i], p) if history is not None else logits[i]
-        if p.is_greedy:
-            out[i] = row.argmax()
-        else:
-            out[i] = _draw(row, p, generators[i])
-        if history is not None:
-            history.add(out[i : i + 1])
+    todo = [i for i, p in enumerate(params) if not p.is_plain_greedy]
+    if not todo:
+        return out
+    some = [params[i] for i in todo]
+    index = _ids(todo, logits.device)
+    x = logits.index_select(0, index)  # [R, vocab] (the graph's logits buffer stays as it is)
+    if counts is not None:
+        x = counts[0].penalize(x, [counts[1][i] for i in todo], some)
+    picked = x.argmax(dim=-1)  # the greedy rows' (penalised) tokens
+    drawn = [j for j, p in enumerate(some) if not p.is_greedy]
+    if drawn:
+        at = _ids(drawn, logits.device)
+        tokens = _draw(x.index_select(0, at), [some[j] for j in drawn], [generators[todo[j]] for j in drawn])
+        picked = picked.index_copy(0, at, tokens)
+    out = out.index_copy(0, index, picked)
+    if counts is not None:
+        penalised = [j for j, i in enumerate(todo) if counts[1][i]]
+        if penalised:
+            counts[0].add([counts[1][todo[j]] for j in penalised],
+                          picked.index_select(0, _ids(penalised, logits.device)))
     return out
 
 
-def _draw(row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """A token drawn from one row of logits [vocab] under p's temperature, top-k, min-p and
-    top-p, in vLLM's order: top-p keeps the smallest set reaching its mass among the tokens
-    the others kept."""
-    row = row / p.temperature
-    if p.top_k:
-        kth = torch.topk(row, min(p.top_k, row.shape[-1])).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if p.min_p:  # prob >= min_p x the top prob, i.e. logit >= top logit + log(min_p)
-        row = row.masked_fill(row < row.max() + math.log(p.min_p), float("-inf"))
-    probs = row.softmax(-1)
-    if p.top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > p.top_p  # keep the smallest set reaching top_p
-        probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
+def _draw(x: torch.Tensor, params: list[SamplingParams],
+          generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of logits x [D, vocab], drawn under each row's temperature, top-k,
+    min-p and top-p, in vLLM's order: top-p keeps the smallest set reaching its mass among the
+    tokens the others kept. A seeded row draws its noise from its own generator, so its
+    tokens do not depend on the rows beside it."""
+    x = x / _column([p.temperature for p in params], x)
+    vocab = x.shape[-1]
+    if any(p.top_k for p in params):
+        ks = [min(p.top_k, vocab) for p in params]
+        values = x.topk(max(ks), dim=-1).values  # [D, kmax], largest first
+        kth = values.gather(1, _ids([max(k, 1) - 1 for k in ks], x.device)[:, None])
+        kth = kth.masked_fill(_column([k == 0 for k in ks], x).bool(), float("-inf"))
+        x = x.masked_fill(x < kth, float("-inf"))
+    if any(p.min_p for p in params):  # prob >= min_p x the top prob: logit >= top + log(min_p)
+        floor = _column([math.log(p.min_p) if p.min_p else -math.inf for p in params], x)
+        x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + floor, float("-inf"))
+    probs = x.softmax(-1)
+    if any(p.top_p < 1 for p in params):
+        top_p = _column([p.top_p if p.top_p < 1 else math.inf for p in params], x)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
+        probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
     # multinomial's own draw for one sample (probs over exponential noise, argmax) without
     # its checks of the probabilities, which read them back to the host
-    noise = torch.empty_like(probs).exponential_(1, generator=generator)
-    return (probs / noise).argmax()
+    noise = torch.empty_like(probs).exponential_(1)
+    for j, generator in enumerate(generators):
+        if generator is not None:
+            noise[j].exponential_(1, generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _ids(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 indices on the device (a copy that does not wait)."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def _column(values: list, like: torch.Tensor) -> torch.Tensor:
+    """[len(values), 1] of like's dtype, on its device."""
+    return torch.tensor(values, dtype=like.dtype).to(like.device, non_blocking=True)[:, None]
 
 
 def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int) -> torch.Tensor:
     """For the given rows of logits [M, vocab]: [R, 1 + 2k] float32 of each row's sampled
     token's log-probability, then the k largest log-probabilities, then their token ids (exact
     in float32: ids stay below 2**24), so that one copy brings them all to the host."""
-    index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+    index = _ids(rows, logits.device)
     logp = logits.index_select(0, index).float().log_softmax(-1)  # [R, vocab]
     chosen = logp.gather(1, tokens.index_select(0, index)[:, None])
     top = logp.topk(k, dim=-1)

@@ -134,16 +134,20 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graph
                                                              async_scheduling):
     """No host synchronisation inside a decode step beyond reading the sampled tokens: CUDA's
     sync debug mode makes any other synchronising call of the step (an .item(), a blocking
-    copy, a read of device memory) raise; it is lifted only for the tokens' read. Greedy and
-    sampled requests, prefix cache on (reply-end checkpoints are slot copies); with async
-    scheduling, a step queues the next before its read."""
+    copy, a read of device memory) raise; it is lifted only for the tokens' read (with the
+    logprobs'). Greedy and sampled requests, with penalties, min-p and logprobs, prefix cache
+    on (reply-end checkpoints are slot copies); with async scheduling, a step queues the next
+    before its read."""
     path, loaded, prompts, _ = gpu_setup
     config = EngineConfig(model=path, device="cuda", dtype="float32",
                           use_graphs=use_graphs, async_scheduling=async_scheduling)
     engine = LLMEngine(config, loaded=loaded)
     sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
-    params = [SamplingParams(max_tokens=12, ignore_eos=True), sampled]
-    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts[:2], params)]
+    penalised = SamplingParams(max_tokens=12, temperature=0.7, min_p=0.05, presence_penalty=1.0,
+                               frequency_penalty=0.5, repetition_penalty=1.1, ignore_eos=True)
+    params = [SamplingParams(max_tokens=12, ignore_eos=True), sampled, penalised,
+              SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)]
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts[:4], params)]
     while any(not s.output_ids for s in seqs):  # the prefills: every later step decodes
         engine.step()
     launch, collect = engine.runner.launch, engine.runner.collect

@@ -179,3 +179,18 @@ def test_logprobs_are_the_models(setup, engine_device, async_scheduling):
     assert [[i for i, _ in top] for _, top in streamed] == [[i for i, _ in top] for _, top in outs[0].logprobs]
     assert [lp for lp, _ in streamed] == pytest.approx([lp for lp, _ in outs[0].logprobs], abs=1e-4)
     assert all(len(e.logprobs) == len(e.token_ids) for e in events)
+
+
+def test_a_seeded_draw_does_not_depend_on_the_rows_beside_it(setup, engine_device):
+    """Rows that sample are processed together; a seeded request still draws the tokens it
+    draws alone, whatever the other rows of its steps ask."""
+    _, _, prompts, _ = setup
+    seeded = SamplingParams(max_tokens=NEW, ignore_eos=True, temperature=0.9, top_k=30,
+                            top_p=0.9, min_p=0.02, presence_penalty=0.4, seed=7)
+    others = [SamplingParams(max_tokens=NEW, ignore_eos=True, temperature=1.5, top_p=0.5),
+              SamplingParams(max_tokens=NEW, ignore_eos=True, repetition_penalty=1.2, logprobs=2)]
+    eng = engine(setup, engine_device)
+    alone = eng.generate([prompts[1]], seeded)[0].token_ids
+    beside = eng.generate([prompts[0], prompts[1], prompts[2]], [others[0], seeded, others[1]])
+    assert beside[1].token_ids == alone
+    assert eng.generate([prompts[1]], seeded)[0].token_ids == alone  # (its counts row reused)

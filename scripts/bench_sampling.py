@@ -1,0 +1,58 @@
+"""What sampling options cost a decode step on a GPU, on bench_e2e's random-weight model.
+
+    python3 scripts/bench_sampling.py [--layers 24] [--out DIR]
+
+Decode after an 8k-token prompt at batch 1, and from 256-token prompts at batch 32, each
+request with the same options: greedy (the graph's own argmax), temperature with top-p, and
+that with min-p, greedy under presence + frequency + repetition penalties, and greedy with
+logprobs of the 5 likeliest tokens. ms per step, and each against greedy's, in one run. A
+markdown table is printed last and written to DIR/bench_sampling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+from bench_common import decode_rate, ids, log, row, write_table
+from bench_e2e import build_model
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+
+CASES = {
+    "greedy": {},
+    "temperature 0.7, top-p 0.95": {"temperature": 0.7, "top_p": 0.95, "seed": 0},
+    "and min-p 0.05, top-k 20": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05, "top_k": 20, "seed": 0},
+    "greedy, penalties (presence, frequency, repetition)": {
+        "presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
+    "greedy, logprobs 5": {"logprobs": 5},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    log(torch.cuda.get_device_name(), "torch", torch.__version__)
+    path = Path("/tmp/statechat-sampling")
+    build_model(path, args.layers)  # (the transformers model it returns is dropped)
+    torch.cuda.empty_cache()
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False,
+                                    memory_fraction=0.5, max_model_len=9216, max_num_seqs=64))
+    decode_rate(engine, [ids(8192, 1)], 16)  # compile every kernel at these shapes
+    base = {}
+    for name, sampling in CASES.items():
+        b1, _ = decode_rate(engine, [ids(8192, 2)], 129, **sampling)
+        b32, _ = decode_rate(engine, [ids(256, 100 + i) for i in range(32)], 128, **sampling)
+        base = base or {"b1": b1, "b32": b32}
+        row(name, f"{b1 * 1e3:.2f} / {b32 * 1e3:.2f}", "",
+            f"x greedy {b1 / base['b1']:.2f} / {b32 / base['b32']:.2f}")
+    write_table(args.out, "bench_sampling")
+
+
+if __name__ == "__main__":
+    main()
