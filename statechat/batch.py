@@ -2,8 +2,11 @@
 
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
-with optional "top_p", "top_k", "seed", "stop" (a string or a list) and "chat_template_kwargs"
-(variables of the model's chat template, over --chat-template-kwargs) as well.
+with optional "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+"repetition_penalty", "seed", "stop" (a string or a list) and "chat_template_kwargs" (variables
+of the model's chat template, over --chat-template-kwargs) as well. A line's own fields win over
+the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
+and the command's flags).
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
@@ -18,6 +21,7 @@ request, not reported) and the group's requests then reuse it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,26 +30,26 @@ from statechat.engine.engine import LLMEngine, RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
-LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")  # a line's sampling
+LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+               "frequency_penalty", "repetition_penalty", "seed", "stop")  # a line's sampling
 WHOLE = ("max_tokens", "top_k", "seed")  # integers, which a whole-number float may give
+DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
 
 
 @dataclass(frozen=True)
 class BatchDefaults:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int | None = None
+    sampling: SamplingParams = DEFAULT_SAMPLING  # every line's; its own fields win
     template_kwargs: dict | None = None  # chat-template variables; a line's own win
 
     def params(self, **line) -> SamplingParams:
         """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
-        whole-number float counts as an integer), these defaults elsewhere."""
+        whole-number float counts as an integer; top_k -1 is off, as 0 is), these defaults
+        elsewhere."""
         line = {k: int(v) if k in WHOLE and isinstance(v, float) and v.is_integer() else v
                 for k, v in line.items()}
-        return SamplingParams(max_tokens=line.get("max_tokens", self.max_tokens),
-                              temperature=line.get("temperature", self.temperature),
-                              seed=line.get("seed", self.seed), top_p=line.get("top_p", 1.0),
-                              top_k=line.get("top_k", 0), stop=line.get("stop", ()))
+        if line.get("top_k") == -1:
+            line["top_k"] = 0
+        return dataclasses.replace(self.sampling, **line)
 
 
 @dataclass

@@ -5,7 +5,8 @@
     statechat serve               OpenAI-compatible HTTP API
     statechat cache stats|ls|...  inspect and trim the persistent prefix cache
 
-Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback.
+Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. The
+options shared by several commands, and their checks, are in cli_options.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,25 @@ from typing import Annotated
 
 import typer
 
+from statechat.cli_options import (
+    CacheDirOpt,
+    DeviceOpt,
+    FrequencyPenaltyOpt,
+    JsonOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    ModelOpt,
+    NoCacheOpt,
+    PresencePenaltyOpt,
+    RepetitionPenaltyOpt,
+    SeedOpt,
+    TemperatureOpt,
+    TemplateKwargsOpt,
+    TopKOpt,
+    TopPOpt,
+    compose_sampling,
+    parse_template_kwargs,
+)
 from statechat.errors import StatechatError
 
 app = typer.Typer(
@@ -30,46 +50,6 @@ app = typer.Typer(
 )
 cache_app = typer.Typer(help="Inspect and trim the persistent prefix cache.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
-
-ModelOpt = Annotated[
-    Path | None,
-    typer.Option("--model", help="Qwen3.5 checkpoint directory (default: one in the HF cache, "
-                 "else the embedded tiny random-weight model).", envvar="STATECHAT_MODEL"),
-]
-DeviceOpt = Annotated[
-    str, typer.Option("--device", help="auto | cpu | cuda | npu", envvar="STATECHAT_DEVICE")
-]
-CacheDirOpt = Annotated[
-    Path | None,
-    typer.Option("--cache-dir", help="Cache and conversation directory (default: "
-                 "$STATECHAT_CACHE_DIR, else ~/.local/share/statechat).", envvar="STATECHAT_CACHE_DIR"),
-]
-NoCacheOpt = Annotated[
-    bool, typer.Option("--no-cache", help="Turn the prefix cache off: compute every prompt in full.")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-TemplateKwargsOpt = Annotated[
-    str | None,
-    typer.Option("--chat-template-kwargs", help="Variables for the model's chat template, as a JSON "
-                 "object, e.g. '{\"enable_thinking\": false}' (a request's own win).",
-                 envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
-]
-
-
-def _template_kwargs(text: str | None) -> dict | None:
-    """--chat-template-kwargs as a dict, checked before the model loads (one line if bad)."""
-    from statechat.chat.template import check_template_kwargs
-
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise StatechatError("--chat-template-kwargs (or STATECHAT_CHAT_TEMPLATE_KWARGS) must be a "
-                             "JSON object, e.g. '{\"enable_thinking\": false}'")
-    return check_template_kwargs(None, value)
 
 
 @app.callback()
@@ -104,17 +84,27 @@ def _warn_if_embedded(model: Path) -> None:
 
 # --- run / batch / serve -------------------------------------------------------------------
 @app.command()
-def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
-        no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None) -> None:
-    """Chat in the terminal app: branching conversations, each reply reporting cache reuse."""
-    from statechat.model.config import ModelConfig
+def run(
+    model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
+    no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
+    temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
+    min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
+    max_tokens: MaxTokensOpt = None,
+) -> None:
+    """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
+    Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
+    or the flags say otherwise."""
     from statechat.paths import cache_dir as resolve_cache_dir
-    from statechat.tui.app import StatechatApp
+    from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
     config = _config(model, cache_dir, device, no_cache)
-    ModelConfig.from_hf(config.model)  # a wrong --model: one line now, not from the loading screen
-    chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir),
-                            template_kwargs=_template_kwargs(chat_template_kwargs))
+    sampling = compose_sampling(  # (reads the model's config: a wrong --model is one line now)
+        DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty, max_tokens=max_tokens)
+    chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
+                            template_kwargs=parse_template_kwargs(chat_template_kwargs))
     chat_app.run()
     if chat_app.return_code:
         raise typer.Exit(chat_app.return_code)
@@ -124,19 +114,22 @@ def run(model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL, one request a line: {\"id\", \"messages\", "
                                           "optional \"max_tokens\", \"temperature\", \"top_p\", "
-                                          "\"top_k\", \"seed\", \"stop\", "
-                                          "\"chat_template_kwargs\"}.")],
+                                          "\"top_k\", \"min_p\", \"presence_penalty\", "
+                                          "\"frequency_penalty\", \"repetition_penalty\", "
+                                          "\"seed\", \"stop\", \"chat_template_kwargs\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
                                                 "(JSONL, input order); default stdout.")] = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
-    no_cache: NoCacheOpt = False,
-    max_tokens: Annotated[int, typer.Option(help="Default max new tokens per request.", min=1)] = 256,
-    temperature: Annotated[float, typer.Option(help="Default temperature (0 = greedy).")] = 0.0,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed (same seed, same output).")] = None,
-    chat_template_kwargs: TemplateKwargsOpt = None,
+    no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
+    temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
+    min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
+    max_tokens: MaxTokensOpt = None, seed: SeedOpt = None,
 ) -> None:
-    """Run chat requests from a JSONL file together; write one JSON result per line, in order."""
-    from statechat.batch import BatchDefaults, run_batch
+    """Run chat requests from a JSONL file together; write one JSON result per line, in order.
+    Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
+    own fields say otherwise."""
+    from statechat.batch import DEFAULT_SAMPLING, BatchDefaults, run_batch
 
     if not input.is_file():
         raise StatechatError(f"{input} is not a file; pass a JSONL file of chat requests")
@@ -146,11 +139,14 @@ def batch(
         raise StatechatError(f"{input} is not UTF-8 text (byte {e.start:,}); save it as UTF-8") from None
     except OSError as e:
         raise StatechatError(f"cannot read {input} ({e.strerror})") from None
-    defaults = BatchDefaults(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                             template_kwargs=_template_kwargs(chat_template_kwargs))
-    defaults.params()  # a bad --temperature or --seed: one line now, not an error on every line
+    config = _config(model, cache_dir, device, no_cache)
+    sampling = compose_sampling(  # (a bad flag: one line now, not an error on every line)
+        DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed)
+    defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs))
     direct = output is None or _writes_in_place(output, input)  # checked before the model loads
-    engine = _engine(_config(model, cache_dir, device, no_cache))
+    engine = _engine(config)
     _warn_if_embedded(engine.loaded.path)
 
     def write(rec: dict) -> None:
@@ -236,17 +232,29 @@ def serve(
     api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
                                                 "every request.", envvar="STATECHAT_API_KEY")] = None,
     chat_template_kwargs: TemplateKwargsOpt = None,
+    temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
+    min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
+    frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
+    max_tokens: MaxTokensOpt = None,
 ) -> None:
-    """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/models, /health."""
+    """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/models, /health. Sampling:
+    temperature 1, top-p 1 (OpenAI's), 2,048 tokens, unless the model's generation config, the
+    flags or a request's own fields say otherwise."""
+    from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.server import serve as serve_forever
 
-    template_kwargs = _template_kwargs(chat_template_kwargs)
-    engine = _engine(_config(model, cache_dir, device, no_cache))
+    template_kwargs = parse_template_kwargs(chat_template_kwargs)
+    config = _config(model, cache_dir, device, no_cache)
+    sampling = compose_sampling(
+        DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty, max_tokens=max_tokens)
+    engine = _engine(config)
     _warn_if_embedded(engine.loaded.path)
     try:
         serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
-                      template_kwargs)
+                      template_kwargs, sampling)
     except OSError as e:
         raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
 

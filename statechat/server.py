@@ -6,7 +6,8 @@
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
-"code"}}. With an API key, every request needs `Authorization: Bearer KEY`.
+"code"}}. With an API key, every request needs `Authorization: Bearer KEY`. A request's body is
+checked by statechat/api_request.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from statechat.chat.template import ROLES, merge_template_kwargs
+from statechat.api_logprobs import logprobs_content
+from statechat.api_request import (
+    DEFAULT_SAMPLING,
+    ApiError,
+    continues_final_message,
+    parse_messages,
+    parse_params,
+)
+from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -26,163 +35,6 @@ from statechat.errors import ContextLengthError, StatechatError
 
 MAX_BODY_BYTES = 32 << 20
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
-DEFAULT_MAX_TOKENS = 2048
-# Fields of OpenAI's and vLLM's APIs this server cannot honour, with the values that leave them
-# off (clients send those by default, and they are taken); any other value is a 400 rather
-# than a reply made as if it had not been asked for.
-NOT_SUPPORTED = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "min_p": (0,),
-    "min_tokens": (0,), "logprobs": (False,), "top_logprobs": (0,), "logit_bias": ({},),
-    "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
-    "response_format": ({"type": "text"},), "best_of": (1,), "guided_json": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
-    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
-    "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
-    "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
-    "documents": ([],), "add_special_tokens": (False,),
-}
-
-
-class ApiError(Exception):
-    """An error sent to the client as OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
-
-
-def _content(msg: dict, i: int) -> str:
-    content = msg.get("content")
-    if content is None and msg.get("role") == "assistant":
-        return ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
-                       f"messages[{i}].content")
-    try:
-        content.encode()
-    except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
-        raise ApiError(400, f"messages[{i}].content is not valid Unicode (a lone surrogate)",
-                       f"messages[{i}].content") from None
-    return content
-
-
-def parse_messages(raw) -> list[dict]:
-    if not isinstance(raw, list) or not raw:
-        raise ApiError(400, "messages must be a non-empty array", "messages")
-    out = []
-    for i, msg in enumerate(raw):
-        role = msg.get("role") if isinstance(msg, dict) else None
-        role = "system" if role == "developer" else role
-        if role not in ROLES:
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
-                           f"messages[{i}].role")
-        out.append({"role": role, "content": _content(msg, i)})
-    return out
-
-
-def _number(body: dict, key: str, kind: type, default):
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ApiError(400, f"{key} must be {'a number' if kind is float else 'an integer'}", key)
-    try:
-        return kind(value)
-    except OverflowError:  # an integer past float's range
-        raise ApiError(400, f"{key} is out of range", key) from None
-
-
-def _is_off(value, off) -> bool:
-    """Whether `value` is the off value `off`: numbers by value (0.0 is 0), booleans only as
-    themselves (False is not the 0 of a penalty, 0 not the False of logprobs)."""
-    if isinstance(value, bool) or isinstance(off, bool):
-        return value is off
-    return value == off
-
-
-def _refuse_unsupported(body: dict) -> None:
-    """ApiError(400) for a NOT_SUPPORTED field set to anything but an off value."""
-    for key, offs in NOT_SUPPORTED.items():
-        value = body.get(key)
-        if value is not None and not any(_is_off(value, off) for off in offs):
-            raise ApiError(400, f"{key} is not supported by this server; leave it out", key)
-
-
-def _stop_token_ids(body: dict) -> tuple[int, ...]:
-    ids = body.get("stop_token_ids")
-    if ids is None:
-        return ()
-    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
-        raise ApiError(400, "stop_token_ids must be an array of integers", "stop_token_ids")
-    return tuple(ids)
-
-
-def _flag(body: dict, key: str, default: bool = False) -> bool:
-    value = body.get(key, default)
-    if not isinstance(value, bool):
-        raise ApiError(400, f"{key} must be true or false", key)
-    return value
-
-
-def _continues(body: dict, messages: list[dict]) -> bool:
-    """Whether the reply continues the last (assistant) message: vLLM's continue_final_message,
-    with add_generation_prompt false. A closed assistant turn with no generation prompt, which
-    the engine's rendering does not make, is a 400."""
-    if _flag(body, "continue_final_message"):
-        if _flag(body, "add_generation_prompt", True):
-            raise ApiError(400, "continue_final_message needs add_generation_prompt false",
-                           "add_generation_prompt")
-        if messages[-1]["role"] != "assistant":
-            raise ApiError(400, "continue_final_message needs an assistant message last",
-                           "messages")
-        return True
-    if not _flag(body, "add_generation_prompt", True):
-        raise ApiError(400, "add_generation_prompt false is supported only with "
-                            "continue_final_message true", "add_generation_prompt")
-    return False
-
-
-def parse_params(body: dict, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams from a chat-completions body (OpenAI's fields, and vLLM's top_k,
-    stop_token_ids and ignore_eos); ApiError(400) for a bad field or one it cannot honour."""
-    _refuse_unsupported(body)
-    n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise ApiError(400, "only n=1 is supported", "n")
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
-        raise ApiError(400, "stop must be a string or an array of strings", "stop")
-    room = max(1, max_model_len - prompt_len)
-    max_tokens = None
-    for key in ("max_completion_tokens", "max_tokens"):  # (the latter wins, as with OpenAI)
-        value = _number(body, key, int, None)
-        if value is not None and value < 1:
-            raise ApiError(400, f"{key} must be >= 1", key)
-        max_tokens = value if value is not None else max_tokens
-    top_k = _number(body, "top_k", int, 0)
-    try:
-        return SamplingParams(
-            temperature=_number(body, "temperature", float, 1.0),
-            top_p=_number(body, "top_p", float, 1.0),
-            top_k=0 if top_k == -1 else top_k,  # (vLLM's -1 is off, as 0 is)
-            seed=_number(body, "seed", int, None),
-            max_tokens=min(max_tokens, room) if max_tokens is not None else min(DEFAULT_MAX_TOKENS, room),
-            stop=tuple(stop),
-            stop_token_ids=_stop_token_ids(body),
-            ignore_eos=_flag(body, "ignore_eos"),
-        )
-    except StatechatError as e:  # (its message starts with the field's name)
-        field = str(e).split(maxsplit=1)[0] if str(e) else ""
-        raise ApiError(400, str(e), field if field in body else None) from None
 
 
 def usage(out: RequestOutput) -> dict:
@@ -195,17 +47,20 @@ def usage(out: RequestOutput) -> dict:
 
 
 class ChatServer(ThreadingHTTPServer):
-    """The HTTP server: holds the worker, the served model id and the optional API key."""
+    """The HTTP server: holds the worker, the served model id, the optional API key and the
+    defaults of every request (sampling, chat-template variables), which a request's own
+    fields override."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
-                 template_kwargs: dict | None = None) -> None:
+                 template_kwargs: dict | None = None, sampling: SamplingParams | None = None) -> None:
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
-        self.template_kwargs = template_kwargs or {}  # defaults; a request's own win
+        self.template_kwargs = template_kwargs or {}
+        self.sampling = sampling or DEFAULT_SAMPLING
         self.created = int(time.time())
 
     @property
@@ -318,13 +173,13 @@ class Handler(BaseHTTPRequestHandler):
         worker = self.server.worker
         try:
             messages = parse_messages(body.get("messages"))
-            prompt_ids = worker.render(messages, not _continues(body, messages),
+            prompt_ids = worker.render(messages, not continues_final_message(body, messages),
                                        template_kwargs=merge_template_kwargs(
                                            self.server.template_kwargs, body.get("chat_template_kwargs")))
         except StatechatError as e:
             kwargs = str(e).startswith("chat_template_kwargs")
             raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
-        params = parse_params(body, len(prompt_ids), worker.max_model_len)
+        params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "stream must be true or false", "stream")
@@ -361,7 +216,8 @@ class Handler(BaseHTTPRequestHandler):
             "id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": self.server.model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "logprobs": None, "finish_reason": _finish(out)}],
+                         "logprobs": self._logprobs(out.token_ids, out.logprobs),
+                         "finish_reason": _finish(out)}],
             "usage": usage(out),
         }
 
@@ -382,8 +238,10 @@ class Handler(BaseHTTPRequestHandler):
         send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         try:
             for event in handle:
-                if event.text:
-                    send([{"index": 0, "delta": {"content": event.text}, "finish_reason": None}])
+                if event.text or event.logprobs:
+                    send([{"index": 0, "delta": {"content": event.text},
+                           "logprobs": self._logprobs(event.token_ids, event.logprobs),
+                           "finish_reason": None}])
                 if event.output is not None:
                     self._log_reuse(event.output)
                     send([{"index": 0, "delta": {}, "finish_reason": _finish(event.output)}])
@@ -397,6 +255,13 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(err.body())}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict | None:
+        """A choice's `logprobs`: None unless the request asked for them."""
+        if logprobs is None:
+            return None
+        tokenizer = self.server.worker.engine.tokenizer
+        return {"content": logprobs_content(tokenizer, token_ids, logprobs)}
 
     def _log_reuse(self, out: RequestOutput) -> None:
         plan = out.cache_plan or {}
@@ -417,16 +282,18 @@ def _finish(out: RequestOutput) -> str:
     return "length" if out.finish_reason == "length" else "stop"
 
 
-def serve(worker: EngineWorker, model_id: str, host: str, port: int,
-          api_key: str | None = None, template_kwargs: dict | None = None) -> None:
-    """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes)."""
+def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
+          template_kwargs: dict | None = None, sampling: SamplingParams | None = None) -> None:
+    """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
+    `template_kwargs` and `sampling` are the defaults of every request (ChatServer's)."""
     import signal
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs)
+    server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
+                        sampling=sampling)
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

@@ -40,6 +40,8 @@ TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctr
 GONE = "{} was deleted by another statechat process on this cache dir."
 COMPOSER_ROWS = 12  # the message box's most rows (app.tcss says the same)
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
+# the app's own sampling, under the model's recommended sampling and `run`'s flags (cli.py)
+DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
 
 
 class StatechatApp(App):
@@ -58,7 +60,7 @@ class StatechatApp(App):
         super().__init__()
         self.config, self.chat_dir, self.loaded = config, Path(chat_dir), loaded
         self.template_kwargs = template_kwargs  # variables of the model's chat template
-        self.sampling = sampling or SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
+        self.sampling = sampling or DEFAULT_SAMPLING
         self.worker = None  # EngineWorker, once loaded
         self.chats: ChatStore | None = None
         self.conv_id: str | None = None

@@ -11,15 +11,17 @@ from typer.testing import CliRunner
 from statechat import cli
 
 runner = CliRunner()
+SAMPLING_FLAGS = ["--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty",
+                  "--frequency-penalty", "--repetition-penalty", "--max-tokens"]
 
 
 @pytest.mark.parametrize("argv, needles", [
     ([], ["run", "batch", "serve", "cache"]),
-    (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs"]),
-    (["batch"], ["--output", "--no-cache", "--max-tokens", "--temperature", "--seed", "--model",
-                 "--chat-template-kwargs"]),
+    (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs", *SAMPLING_FLAGS]),
+    (["batch"], ["--output", "--no-cache", "--seed", "--model", "--chat-template-kwargs",
+                 *SAMPLING_FLAGS]),
     (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--model", "--cache-dir",
-                 "--chat-template-kwargs"]),
+                 "--chat-template-kwargs", *SAMPLING_FLAGS]),
     (["cache"], ["path", "stats", "ls", "verify", "gc", "clear"]),
     (["cache", "gc"], ["--max-bytes", "--cache-dir"]),
 ])

@@ -1,16 +1,22 @@
-"""The sampling fields of a chat-completions body: vLLM's top_k, stop_token_ids and ignore_eos
-are taken; fields the server cannot honour are taken at the values that leave them off (clients
-send those by default) and are a 400 naming the field otherwise, never silently ignored."""
+"""The sampling fields of a chat-completions body: vLLM's top_k, min_p, repetition_penalty,
+stop_token_ids and ignore_eos and OpenAI's penalties are taken, a bad value being a 400 naming
+the field; the server's defaults (its flags over the model's generation config) fill only the
+fields a body leaves out; fields the server cannot honour are taken at the values that leave
+them off (clients send those by default) and are a 400 naming the field otherwise, never
+silently ignored."""
 
 from __future__ import annotations
 
 import pytest
 
+from statechat.engine.sampling import SamplingParams
 from statechat.server import ApiError, parse_params
 
 
-def params(**body):
-    return parse_params(body, prompt_len=10, max_model_len=100)
+def params(defaults: SamplingParams | None = None, **body):
+    if defaults is None:
+        return parse_params(body, prompt_len=10, max_model_len=100)
+    return parse_params(body, prompt_len=10, max_model_len=100, defaults=defaults)
 
 
 def test_vllm_sampling_extensions_are_taken():
@@ -31,12 +37,51 @@ def test_fields_left_off_are_taken(body):
     params(**body)
 
 
+def test_penalties_and_min_p_are_taken():
+    p = params(min_p=0.1, presence_penalty=1.5, frequency_penalty=-0.5, repetition_penalty=1.2)
+    assert (p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == \
+        (0.1, 1.5, -0.5, 1.2)
+    off = params(min_p=None, presence_penalty=0, frequency_penalty=None)
+    assert (off.min_p, off.presence_penalty, off.frequency_penalty, off.repetition_penalty) == \
+        (0.0, 0.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("body, field, says", [
+    ({"min_p": 1.5}, "min_p", "min_p must be in [0, 1]"),
+    ({"min_p": "0.1"}, "min_p", "min_p must be a number"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+    ({"presence_penalty": False}, "presence_penalty", "presence_penalty must be a number"),
+    ({"frequency_penalty": -3}, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be > 0"),
+    ({"repetition_penalty": [1.1]}, "repetition_penalty", "repetition_penalty must be a number"),
+    ({"repetition_penalty": 10**400}, "repetition_penalty", "repetition_penalty is out of range"),
+])
+def test_bad_penalties_and_min_p_are_400s(body, field, says):
+    with pytest.raises(ApiError) as info:
+        params(**body)
+    assert (info.value.status, info.value.param) == (400, field)
+    assert info.value.message.startswith(says)
+
+
+def test_server_defaults_fill_only_what_the_body_leaves_out():
+    """`serve --temperature 0.6 --top-k 20 ...` (or the model's generation config): the
+    defaults of every request; a body's own field wins, and null counts as left out."""
+    defaults = SamplingParams(temperature=0.6, top_p=0.95, top_k=20, min_p=0.05,
+                              repetition_penalty=1.1, presence_penalty=0.5, max_tokens=40)
+    p = params(defaults)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.presence_penalty,
+            p.max_tokens) == (0.6, 0.95, 20, 0.05, 1.1, 0.5, 40)
+    own = params(defaults, temperature=0, top_k=-1, min_p=0, repetition_penalty=1.0,
+                 presence_penalty=None, max_tokens=5)
+    assert (own.temperature, own.top_k, own.min_p, own.repetition_penalty, own.presence_penalty,
+            own.max_tokens, own.top_p) == (0.0, 0, 0.0, 1.0, 0.5, 5, 0.95)
+    assert params(SamplingParams(max_tokens=4000)).max_tokens == 90  # capped to the room left
+    plain = params()  # no defaults given: OpenAI's, as before
+    assert (plain.temperature, plain.top_p, plain.top_k, plain.max_tokens) == (1.0, 1.0, 0, 90)
+
+
 @pytest.mark.parametrize("body, field", [
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": -1}, "frequency_penalty"),
-    ({"repetition_penalty": 1.1}, "repetition_penalty"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"logit_bias": {"5": 100}}, "logit_bias"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -45,14 +90,32 @@ def test_fields_left_off_are_taken(body):
     ({"min_tokens": 4}, "min_tokens"),
     ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
-    ({"presence_penalty": False}, "presence_penalty"),  # a boolean is not the 0 of a number
-    ({"logprobs": 0}, "logprobs"),  # nor a number the False of a flag
+    ({"echo": 0}, "echo"),  # a number is not the False of a flag
+    ({"prompt_logprobs": False}, "prompt_logprobs"),  # nor a boolean the 0 of a number
 ])
 def test_fields_the_server_cannot_honour_are_400s(body, field):
     with pytest.raises(ApiError) as info:
         params(**body)
     assert (info.value.status, info.value.param) == (400, field)
     assert info.value.message == f"{field} is not supported by this server; leave it out"
+
+
+def test_logprobs_and_top_logprobs():
+    assert params(logprobs=True, top_logprobs=5).logprobs == 5
+    assert params(logprobs=True).logprobs == 0
+    assert params(logprobs=False, top_logprobs=0).logprobs is None and params().logprobs is None
+
+
+@pytest.mark.parametrize("body, field, message", [
+    ({"logprobs": 0}, "logprobs", "logprobs must be true or false"),
+    ({"logprobs": True, "top_logprobs": False}, "top_logprobs", "top_logprobs must be an integer"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be from 0 to 20"),
+    ({"top_logprobs": 3}, "top_logprobs", "top_logprobs needs logprobs true"),
+])
+def test_bad_logprobs_fields_are_400s(body, field, message):
+    with pytest.raises(ApiError) as info:
+        params(**body)
+    assert (info.value.status, info.value.param, info.value.message) == (400, field, message)
 
 
 @pytest.mark.parametrize("body, field", [

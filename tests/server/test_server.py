@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
@@ -120,7 +121,8 @@ def test_template_variables_of_the_server_and_the_request(client, server, monkey
 
 def test_vllm_sampling_fields_and_refused_ones(client):
     """top_k, stop_token_ids and ignore_eos (vLLM's extras, through the client's extra_body)
-    reach the sampler; a penalty the server cannot honour is a 400, not silently ignored."""
+    reach the sampler; a penalty out of its range, or a field the server cannot honour, is a
+    400 naming it, not silently ignored."""
     messages = chat(3)
     ask = {"model": "m", "messages": messages, "max_tokens": 12}
     greedy = client.chat.completions.create(**ask, temperature=0, extra_body={"ignore_eos": True})
@@ -132,9 +134,16 @@ def test_vllm_sampling_fields_and_refused_ones(client):
     stopped = client.chat.completions.create(**ask, temperature=0,
                                              extra_body={"stop_token_ids": [reply_ids[3]], "ignore_eos": True})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens < 12
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(**ask, presence_penalty=0.5)
-    assert info.value.body["param"] == "presence_penalty"
+    client.chat.completions.create(**ask, presence_penalty=0.5, frequency_penalty=0.5,
+                                   extra_body={"min_p": 0.1, "repetition_penalty": 1.1})
+    for refused, field in [({"presence_penalty": 3}, "presence_penalty"),
+                           ({"extra_body": {"min_p": 2}}, "min_p"),
+                           ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                           ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 1}, "logprobs"),
+                           ({"extra_body": {"prompt_logprobs": 1}}, "prompt_logprobs")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**ask, **refused)
+        assert info.value.body["param"] == field
     # chat_template_kwargs (Qwen's enable_thinking) go to the template; its own names do not
     client.chat.completions.create(model="m", messages=messages, max_tokens=2,
                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
@@ -142,6 +151,42 @@ def test_vllm_sampling_fields_and_refused_ones(client):
         client.chat.completions.create(model="m", messages=messages, max_tokens=2,
                                        extra_body={"chat_template_kwargs": {"tokenize": False}})
     assert info.value.body["param"] == "chat_template_kwargs"
+
+
+def test_logprobs_streamed_and_not(client):
+    """logprobs and top_logprobs: one entry per generated token whose bytes are the token's
+    (joined, they spell the reply), the likeliest first; a greedy token is the likeliest; a
+    stream's chunks carry the same entries; without logprobs there are none."""
+    ask = {"model": "m", "messages": chat(6), "max_tokens": 10, "temperature": 0,
+           "logprobs": True, "top_logprobs": 3}
+    whole = client.chat.completions.create(**ask)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")  # (cut mid-character)
+    assert whole.choices[0].message.content and text.startswith(whole.choices[0].message.content)
+    for e in content:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-4)
+    plain = client.chat.completions.create(**{**ask, "logprobs": False, "top_logprobs": 0})
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == whole.choices[0].message.content
+
+
+def test_server_sampling_defaults_fill_what_a_request_leaves_out(client, server, monkeypatch):
+    """`serve --temperature 1.5 --top-k 1 --max-tokens 3` (or the model's generation config)
+    sets the sampling of every request; a request's own fields win."""
+    ask = {"model": "m", "messages": chat(5), "extra_body": {"ignore_eos": True}}
+    greedy = client.chat.completions.create(**ask, temperature=0, max_tokens=3)
+    monkeypatch.setattr(server, "sampling", SamplingParams(temperature=1.5, top_k=1, max_tokens=3))
+    default = client.chat.completions.create(**ask)
+    assert default.usage.completion_tokens == 3
+    assert default.choices[0].message.content == greedy.choices[0].message.content
+    assert client.chat.completions.create(**ask, max_tokens=5).usage.completion_tokens == 5
 
 
 def test_models_and_health(client, server):

@@ -1,0 +1,199 @@
+"""A chat-completions request body, checked: its messages, whether the reply continues the last
+one, and its SamplingParams. Every bad field is an ApiError (400) naming it, raised before the
+request joins the engine's batch (a value that could only fail inside a step would fail the
+other requests of that step)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from statechat.chat.template import ROLES
+from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
+from statechat.errors import StatechatError
+
+DEFAULT_MAX_TOKENS = 2048
+# the server's own sampling (OpenAI's defaults), under the model's recommended sampling, the
+# command's flags and a request's own fields; max_tokens is capped to the room left
+DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=DEFAULT_MAX_TOKENS)
+# a body's numeric sampling fields (SamplingParams' names) and their JSON kinds
+NUMBER_FIELDS = {
+    "temperature": float, "top_p": float, "top_k": int, "min_p": float, "presence_penalty": float,
+    "frequency_penalty": float, "repetition_penalty": float, "seed": int,
+}
+# Fields of OpenAI's and vLLM's APIs this server cannot honour, with the values that leave them
+# off (clients send those by default, and they are taken); any other value is a 400 rather
+# than a reply made as if it had not been asked for.
+NOT_SUPPORTED = {
+    "min_tokens": (0,), "logit_bias": ({},),
+    "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
+    "response_format": ({"type": "text"},), "best_of": (1,), "guided_json": (),
+    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
+    "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
+    "documents": ([],), "add_special_tokens": (False,),
+}
+
+
+class ApiError(Exception):
+    """An error sent to the client as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+def _content(msg: dict, i: int) -> str:
+    content = msg.get("content")
+    if content is None and msg.get("role") == "assistant":
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                       f"messages[{i}].content")
+    try:
+        content.encode()
+    except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
+        raise ApiError(400, f"messages[{i}].content is not valid Unicode (a lone surrogate)",
+                       f"messages[{i}].content") from None
+    return content
+
+
+def parse_messages(raw) -> list[dict]:
+    """The body's messages as [{"role", "content"}] (developer is system; text parts joined)."""
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "messages must be a non-empty array", "messages")
+    out = []
+    for i, msg in enumerate(raw):
+        role = msg.get("role") if isinstance(msg, dict) else None
+        role = "system" if role == "developer" else role
+        if role not in ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
+                           f"messages[{i}].role")
+        out.append({"role": role, "content": _content(msg, i)})
+    return out
+
+
+def _flag(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be true or false", key)
+    return value
+
+
+def continues_final_message(body: dict, messages: list[dict]) -> bool:
+    """Whether the reply continues the last (assistant) message: vLLM's continue_final_message,
+    with add_generation_prompt false. A closed assistant turn with no generation prompt, which
+    the engine's rendering does not make, is a 400."""
+    if _flag(body, "continue_final_message"):
+        if _flag(body, "add_generation_prompt", True):
+            raise ApiError(400, "continue_final_message needs add_generation_prompt false",
+                           "add_generation_prompt")
+        if messages[-1]["role"] != "assistant":
+            raise ApiError(400, "continue_final_message needs an assistant message last",
+                           "messages")
+        return True
+    if not _flag(body, "add_generation_prompt", True):
+        raise ApiError(400, "add_generation_prompt false is supported only with "
+                            "continue_final_message true", "add_generation_prompt")
+    return False
+
+
+def _number(body: dict, key: str, kind: type, default):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise ApiError(400, f"{key} must be {'a number' if kind is float else 'an integer'}", key)
+    try:
+        return kind(value)
+    except OverflowError:  # an integer past float's range
+        raise ApiError(400, f"{key} is out of range", key) from None
+
+
+def _is_off(value, off) -> bool:
+    """Whether `value` is the off value `off`: numbers by value (0.0 is 0), booleans only as
+    themselves (False is not the 0 of a count, 0 not the False of logprobs)."""
+    if isinstance(value, bool) or isinstance(off, bool):
+        return value is off
+    return value == off
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """ApiError(400) for a NOT_SUPPORTED field set to anything but an off value."""
+    for key, offs in NOT_SUPPORTED.items():
+        value = body.get(key)
+        if value is not None and not any(_is_off(value, off) for off in offs):
+            raise ApiError(400, f"{key} is not supported by this server; leave it out", key)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "stop must be a string or an array of strings", "stop")
+    return tuple(stop)
+
+
+def _stop_token_ids(body: dict) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise ApiError(400, "stop_token_ids must be an array of integers", "stop_token_ids")
+    return tuple(ids)
+
+
+def _max_tokens(body: dict, default: int) -> int:
+    """max_completion_tokens or max_tokens (the latter wins, as with OpenAI), else `default`."""
+    max_tokens = default
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = _number(body, key, int, None)
+        if value is not None and value < 1:
+            raise ApiError(400, f"{key} must be >= 1", key)
+        max_tokens = value if value is not None else max_tokens
+    return max_tokens
+
+
+def _logprobs(body: dict) -> int | None:
+    """SamplingParams.logprobs from OpenAI's logprobs (a flag) and top_logprobs (0 to 20)."""
+    top = _number(body, "top_logprobs", int, None)
+    if not _flag(body, "logprobs"):
+        if top:
+            raise ApiError(400, "top_logprobs needs logprobs true", "top_logprobs")
+        return None
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise ApiError(400, f"top_logprobs must be from 0 to {MAX_LOGPROBS}", "top_logprobs")
+    return top or 0
+
+
+def parse_params(body: dict, prompt_len: int, max_model_len: int,
+                 defaults: SamplingParams = DEFAULT_SAMPLING) -> SamplingParams:
+    """SamplingParams from a chat-completions body (OpenAI's fields, logprobs included, and
+    vLLM's top_k, min_p, repetition_penalty, stop_token_ids and ignore_eos), `defaults` for the sampling fields it
+    leaves out (or sets to null); max_tokens is capped to the room the prompt leaves.
+    ApiError(400) naming the field for a bad one or one the server cannot honour."""
+    _refuse_unsupported(body)
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
+        raise ApiError(400, "only n=1 is supported", "n")
+    numbers = {key: _number(body, key, kind, getattr(defaults, key))
+               for key, kind in NUMBER_FIELDS.items()}
+    numbers["top_k"] = 0 if numbers["top_k"] == -1 else numbers["top_k"]  # (vLLM's -1 is off)
+    room = max(1, max_model_len - prompt_len)
+    try:
+        return dataclasses.replace(
+            defaults, **numbers, max_tokens=min(_max_tokens(body, defaults.max_tokens), room),
+            stop=_stop(body), stop_token_ids=_stop_token_ids(body), ignore_eos=_flag(body, "ignore_eos"),
+            logprobs=_logprobs(body),
+        )
+    except StatechatError as e:  # (its message starts with the field's name)
+        field = str(e).split(maxsplit=1)[0] if str(e) else ""
+        raise ApiError(400, str(e), field if field in body else None) from None

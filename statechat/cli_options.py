@@ -1,0 +1,106 @@
+"""The command line's shared options, each defined once as an `Annotated` alias, and the checks
+that turn their values into configs before a model loads (a bad value is one line)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from statechat.errors import ConfigError, StatechatError
+
+if TYPE_CHECKING:  # (torch loads with it: the commands import it when they run)
+    from statechat.engine.sampling import SamplingParams
+
+ModelOpt = Annotated[
+    Path | None,
+    typer.Option("--model", help="Qwen3.5 checkpoint directory (default: one in the HF cache, "
+                 "else the embedded tiny random-weight model).", envvar="STATECHAT_MODEL"),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="auto | cpu | cuda | npu", envvar="STATECHAT_DEVICE")
+]
+CacheDirOpt = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="Cache and conversation directory (default: "
+                 "$STATECHAT_CACHE_DIR, else ~/.local/share/statechat).", envvar="STATECHAT_CACHE_DIR"),
+]
+NoCacheOpt = Annotated[
+    bool, typer.Option("--no-cache", help="Turn the prefix cache off: compute every prompt in full.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+TemplateKwargsOpt = Annotated[
+    str | None,
+    typer.Option("--chat-template-kwargs", help="Variables for the model's chat template, as a JSON "
+                 "object, e.g. '{\"enable_thinking\": false}' (a request's own win).",
+                 envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
+]
+
+# Sampling: defaults of every request of a run, over the model's recommended sampling (its
+# generation_config.json) and under a request's (or batch line's) own fields; None = not given.
+SAMPLING = "Sampling (every request's default; a request's own fields win)"
+TemperatureOpt = Annotated[float | None, typer.Option(
+    help="Temperature (0 = greedy).", rich_help_panel=SAMPLING)]
+TopPOpt = Annotated[float | None, typer.Option(
+    help="Keep the likeliest tokens whose probabilities reach this, in (0, 1].",
+    rich_help_panel=SAMPLING)]
+TopKOpt = Annotated[int | None, typer.Option(
+    help="Keep the k likeliest tokens (0 or -1 = off).", rich_help_panel=SAMPLING)]
+MinPOpt = Annotated[float | None, typer.Option(
+    help="Drop tokens less likely than this times the likeliest, in [0, 1] (0 = off).",
+    rich_help_panel=SAMPLING)]
+PresencePenaltyOpt = Annotated[float | None, typer.Option(
+    help="Subtracted from the logit of every token already generated, in [-2, 2].",
+    rich_help_panel=SAMPLING)]
+FrequencyPenaltyOpt = Annotated[float | None, typer.Option(
+    help="Subtracted from a token's logit once per time it was generated, in [-2, 2].",
+    rich_help_panel=SAMPLING)]
+RepetitionPenaltyOpt = Annotated[float | None, typer.Option(
+    help="Divides the logits of tokens of the prompt and the reply, > 0 (1 = off; above 1 "
+    "discourages repeats).", rich_help_panel=SAMPLING)]
+MaxTokensOpt = Annotated[int | None, typer.Option(
+    help="Most new tokens of a reply.", rich_help_panel=SAMPLING)]
+SeedOpt = Annotated[int | None, typer.Option(
+    help="Seed of every request's draw (same seed, same output).", rich_help_panel=SAMPLING)]
+
+
+def compose_sampling(base: SamplingParams, model: Path, **flags) -> SamplingParams:
+    """The sampling of every request of a command: its own `base` < the model's recommended
+    sampling (generation_config.json, as vLLM's --generation-config auto) < the flags given
+    (None = not given); a request's own fields win over it later. A bad flag, or a wrong
+    --model, is one line now, before the model loads."""
+    from statechat.model.config import ModelConfig
+
+    recommended = dict(ModelConfig.from_hf(model).sampling_defaults)
+    given = {key: value for key, value in flags.items() if value is not None}
+    if given.get("top_k") == -1:
+        given["top_k"] = 0
+    try:
+        sampling = dataclasses.replace(base, **{**recommended, **given})
+    except ConfigError as e:  # (its message starts with the field's name: name the flag)
+        name, _, rest = str(e).partition(" ")
+        raise ConfigError(f"--{name.replace('_', '-')} {rest}") from None
+    used = [f"{key} {value:g}" for key, value in recommended.items() if key not in given]
+    if used:
+        typer.echo(f"statechat: sampling with {', '.join(used)} by default, as the model's "
+                   "generation_config.json recommends", err=True)
+    return sampling
+
+
+def parse_template_kwargs(text: str | None) -> dict | None:
+    """--chat-template-kwargs as a dict, checked before the model loads (one line if bad)."""
+    from statechat.chat.template import check_template_kwargs
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise StatechatError("--chat-template-kwargs (or STATECHAT_CHAT_TEMPLATE_KWARGS) must be a "
+                             "JSON object, e.g. '{\"enable_thinking\": false}'")
+    return check_template_kwargs(None, value)

@@ -1,0 +1,143 @@
+"""The sampling flags of `run`, `batch` and `serve` (--temperature, --top-p, --top-k, --min-p,
+the three penalties, --max-tokens) set the sampling of every request of that run: over the
+command's own defaults and the model's recommended sampling (generation_config.json), under a
+request's or a batch line's own fields. A bad flag is one line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from statechat import cli
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+
+QWEN_LIKE = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}  # what Qwen's checkpoints carry
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(EMBEDDED_MODEL, dtype=torch.float32)
+
+
+@pytest.fixture
+def shared_engine(loaded, monkeypatch):
+    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(config, loaded=loaded))
+
+
+def recommending(tmp_path, **sampling):
+    """A copy of the embedded model whose generation_config.json recommends `sampling`."""
+    path = shutil.copytree(EMBEDDED_MODEL, tmp_path / "model")
+    gen = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**gen, **sampling}))
+    return path
+
+
+@pytest.fixture
+def started(monkeypatch, shared_engine):
+    """The sampling `run` hands its app and `serve` its server (neither is started)."""
+    got = {}
+
+    class App:
+        return_code = 0
+
+        def __init__(self, config, chat_dir, sampling=None, template_kwargs=None) -> None:
+            got["run"] = sampling
+
+        def run(self) -> None:
+            pass
+
+    def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None):
+        worker.shutdown()
+        got["serve"] = sampling
+
+    monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
+    monkeypatch.setattr("statechat.server.serve", serve)
+    return got
+
+
+@pytest.mark.parametrize("command, own", [
+    ("run", SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)),
+    ("serve", SamplingParams(temperature=1.0, top_p=1.0, max_tokens=2048)),
+])
+def test_run_and_serve_take_the_model_s_sampling_under_their_flags(tmp_path, started, command, own):
+    args = [command, "--device", "cpu", "--no-cache"]
+    plain = CliRunner().invoke(cli.app, [*args, "--model", str(EMBEDDED_MODEL)])
+    assert plain.exit_code == 0, plain.output
+    assert started[command] == own  # the tiny model recommends nothing: as before
+    model = recommending(tmp_path, **QWEN_LIKE, do_sample=False)
+    flags = ["--top-k", "5", "--min-p", "0.05", "--presence-penalty", "1.5",
+             "--frequency-penalty", "-0.5", "--repetition-penalty", "1.1", "--max-tokens", "64"]
+    result = CliRunner().invoke(cli.app, [*args, "--model", str(model), *flags])
+    assert result.exit_code == 0, result.output
+    assert started[command] == SamplingParams(
+        temperature=0.6, top_p=0.95, top_k=5, min_p=0.05, presence_penalty=1.5,
+        frequency_penalty=-0.5, repetition_penalty=1.1, max_tokens=64)
+    assert "sampling with temperature 0.6, top_p 0.95 by default, as the model's " \
+           "generation_config.json recommends" in result.stderr
+    off = CliRunner().invoke(cli.app, [*args, "--model", str(model), "--temperature", "0",
+                                       "--top-k", "-1"])
+    assert off.exit_code == 0, off.output
+    assert (started[command].temperature, started[command].top_k) == (0.0, 0)  # -1 is off
+
+
+def test_batch_takes_the_model_s_sampling_under_its_flags_and_lines(tmp_path, shared_engine):
+    user = {"messages": [{"role": "user", "content": "state cache block token " * 8}],
+            "max_tokens": 12}
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+
+    def batch(model, *flags, lines=({"id": "x"},)) -> list[dict]:
+        src.write_text("\n".join(json.dumps({**user, **line}) for line in lines) + "\n")
+        args = ["batch", str(src), "-o", str(out), "--model", str(model), "--device", "cpu",
+                "--no-cache", *flags]
+        result = CliRunner().invoke(cli.app, args)
+        assert result.exit_code == 0, result.output
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    [greedy] = batch(EMBEDDED_MODEL)  # batch's own: greedy
+    assert len(greedy["text"]) > 8
+    [hot] = batch(EMBEDDED_MODEL, "--temperature", "1.5", "--seed", "3")
+    assert hot["text"] != greedy["text"]
+    model = recommending(tmp_path, temperature=1.5)
+    recommended, own, penalised, bad = batch(model, "--seed", "3", lines=(
+        {"id": "model's"}, {"id": "own", "temperature": 0},
+        {"id": "penalised", "presence_penalty": 0.5, "repetition_penalty": 1.2, "min_p": 0.1},
+        {"id": "bad", "min_p": 2}))
+    assert recommended["text"] == hot["text"]  # the model's temperature, as the flag's was
+    assert own["text"] == greedy["text"]  # a line's own field wins
+    assert penalised["usage"]["completion_tokens"] >= 1
+    assert bad["error"]["message"] == "min_p must be in [0, 1], got 2.0"
+    [flagged] = batch(model, "--temperature", "0")
+    assert flagged["text"] == greedy["text"]  # the flag wins over the model
+    [top1] = batch(model, "--top-k", "1")
+    assert top1["text"] == greedy["text"]
+
+
+@pytest.mark.parametrize("command", ["run", "batch", "serve"])
+@pytest.mark.parametrize("flag, value, says", [
+    ("--min-p", "2", "--min-p must be in [0, 1], got 2.0"),
+    ("--top-k", "-3", "--top-k must be >= 0, got -3"),
+    ("--repetition-penalty", "0", "--repetition-penalty must be > 0, got 0.0"),
+    ("--presence-penalty", "2.5", "--presence-penalty must be in [-2, 2], got 2.5"),
+    ("--top-p", "inf", "--top-p must be a finite number, got inf"),
+    ("--max-tokens", "0", "--max-tokens must be >= 1, got 0"),
+])
+def test_a_bad_flag_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys, command,
+                                                        flag, value, says):
+    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr("statechat.tui.app.StatechatApp", lambda *a, **k: pytest.fail("app made"))
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    argv = [command, *([str(src)] if command == "batch" else []), "--device", "cpu",
+            "--model", str(EMBEDDED_MODEL), flag, value]
+    monkeypatch.setattr("sys.argv", ["statechat", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == f"statechat: {says}"
