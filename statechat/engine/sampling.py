@@ -13,7 +13,9 @@ from statechat.errors import ConfigError
 MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
 GREEDY_BELOW = 1e-5  # a temperature this small samples greedily (dividing by it overflows)
 MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities of (vLLM's cap)
-MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
+MAX_PENALTY = 2.0
+CANDIDATES = 1024  # a draw whose top-k is at most this samples among its top-k tokens only
+TOPK_CHUNK = 4096  # a long row's top-k is taken per chunk of this many columns first  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 
 
 @dataclass(frozen=True)
@@ -215,10 +217,13 @@ def sample(
         x = counts[0].penalize(x, [counts[1][i] for i in todo], some)
     picked = x.argmax(dim=-1)  # the greedy rows' (penalised) tokens
     drawn = [j for j, p in enumerate(some) if not p.is_greedy]
-    if drawn:
-        at = _ids(drawn, logits.device)
-        tokens = _draw(x.index_select(0, at), [some[j] for j in drawn], [generators[todo[j]] for j in drawn])
-        picked = picked.index_copy(0, at, tokens)
+    for path in (True, False):  # rows drawn among their top-k, then the others
+        group = [j for j in drawn if _among_top_k(some[j]) == path]
+        if group:
+            at = _ids(group, logits.device)
+            tokens = _draw(x.index_select(0, at), [some[j] for j in group],
+                           [generators[todo[j]] for j in group])
+            picked = picked.index_copy(0, at, tokens)
     out = out.index_copy(0, index, picked)
     if counts is not None:
         penalised = [j for j, i in enumerate(todo) if counts[1][i]]
@@ -230,16 +235,35 @@ def sample(
 
 def _draw(x: torch.Tensor, params: list[SamplingParams],
           generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token per row of logits x [D, vocab], drawn under each row's temperature, top-k,
-    min-p and top-p, in vLLM's order: top-p keeps the smallest set reaching its mass among the
-    tokens the others kept. A seeded row draws its noise from its own generator, so its
-    tokens do not depend on the rows beside it."""
+    """One token per row of logits x [D, vocab] from distribution()'s probabilities. A seeded
+    row draws its noise from its own generator, over its own candidates, so its tokens do not
+    depend on the rows beside it."""
+    probs, cols = distribution(x, params)
+    # multinomial's own draw for one sample (probs over exponential noise, argmax) without
+    # its checks of the probabilities, which read them back to the host
+    noise = torch.empty_like(probs).exponential_(1)
+    for j, (p, generator) in enumerate(zip(params, generators)):
+        if generator is not None:
+            noise[j, : p.top_k if cols is not None else None].exponential_(1, generator=generator)
+    picked = (probs / noise).argmax(dim=-1)
+    return picked if cols is None else cols.gather(1, picked[:, None])[:, 0]
+
+
+def distribution(x: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The probabilities each row of logits x [D, vocab] draws from, under its temperature,
+    top-k, min-p and top-p, in vLLM's order (top-p keeps the smallest set reaching its mass
+    among the tokens the others kept): [D, vocab], or, when every row's top-k is at most
+    CANDIDATES, [D, kmax] over each row's likeliest tokens (the rest have probability 0) with
+    their token ids [D, kmax]."""
     x = x / _column([p.temperature for p in params], x)
-    vocab = x.shape[-1]
-    if any(p.top_k for p in params):
-        ks = [min(p.top_k, vocab) for p in params]
-        values = x.topk(max(ks), dim=-1).values  # [D, kmax], largest first
-        kth = values.gather(1, _ids([max(k, 1) - 1 for k in ks], x.device)[:, None])
+    ks = [min(p.top_k, x.shape[-1]) for p in params]
+    cols = None
+    if all(_among_top_k(p) for p in params):
+        x, cols = top_k(x, max(ks))
+        rank = torch.arange(x.shape[-1], device=x.device)
+        x = x.masked_fill(rank >= _column(ks, x), float("-inf"))
+    elif any(ks):
+        kth = x.topk(max(ks), dim=-1).values.gather(1, _ids([max(k, 1) - 1 for k in ks], x.device)[:, None])
         kth = kth.masked_fill(_column([k == 0 for k in ks], x).bool(), float("-inf"))
         x = x.masked_fill(x < kth, float("-inf"))
     if any(p.min_p for p in params):  # prob >= min_p x the top prob: logit >= top + log(min_p)
@@ -248,16 +272,35 @@ def _draw(x: torch.Tensor, params: list[SamplingParams],
     probs = x.softmax(-1)
     if any(p.top_p < 1 for p in params):
         top_p = _column([p.top_p if p.top_p < 1 else math.inf for p in params], x)
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
-        probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
-    # multinomial's own draw for one sample (probs over exponential noise, argmax) without
-    # its checks of the probabilities, which read them back to the host
-    noise = torch.empty_like(probs).exponential_(1)
-    for j, generator in enumerate(generators):
-        if generator is not None:
-            noise[j].exponential_(1, generator=generator)
-    return (probs / noise).argmax(dim=-1)
+        if cols is not None:  # (candidates are in order already)
+            probs = probs.masked_fill(probs.cumsum(-1) - probs > top_p, 0.0)
+        else:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
+            probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
+    return probs, cols
+
+
+def _among_top_k(p: SamplingParams) -> bool:
+    """Whether a draw takes the candidate path (see _draw)."""
+    return 0 < p.top_k <= CANDIDATES
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row of x [R, V], largest first, and their columns ([R, k]
+    each). A long row is cut into chunks of TOPK_CHUNK columns whose own top-k come first:
+    torch's topk gives each row one program, which leaves most of a GPU idle over a
+    vocabulary."""
+    rows, width = x.shape
+    if width <= 2 * TOPK_CHUNK or k > TOPK_CHUNK:
+        return x.topk(k, dim=-1)
+    pad = -width % TOPK_CHUNK
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
+    part = x.view(rows, -1, TOPK_CHUNK).topk(k, dim=-1)  # [R, chunks, k]
+    start = torch.arange(0, x.shape[-1], TOPK_CHUNK, device=x.device)[:, None]
+    values, where = part.values.flatten(1).topk(k, dim=-1)
+    return values, (part.indices + start).flatten(1).gather(1, where)
 
 
 def _ids(values: list[int], device: torch.device) -> torch.Tensor:
@@ -277,8 +320,8 @@ def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k
     index = _ids(rows, logits.device)
     logp = logits.index_select(0, index).float().log_softmax(-1)  # [R, vocab]
     chosen = logp.gather(1, tokens.index_select(0, index)[:, None])
-    top = logp.topk(k, dim=-1)
-    return torch.cat([chosen, top.values, top.indices.float()], dim=1)
+    values, ids = top_k(logp, k)
+    return torch.cat([chosen, values, ids.float()], dim=1)
 
 
 def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, float]]]:

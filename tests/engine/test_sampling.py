@@ -1,0 +1,57 @@
+"""The sampler's pieces on made-up logits: the chunked top-k gives torch's top-k for rows as
+long as a real vocabulary; drawing among a row's top-k candidates uses exactly the
+probabilities the whole-vocabulary path gives (temperature, top-k, min-p and top-p together);
+and a logprob table with several k unpacks into each request's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.engine import sampling
+from statechat.engine.sampling import SamplingParams, distribution, logprob_table, top_k, unpack_logprobs
+
+VOCAB = 248320  # Qwen3.5's (not a multiple of the chunk)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 20, 1024])
+def test_chunked_top_k_is_torchs(k):
+    x = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(k))
+    values, cols = top_k(x, k)
+    want = x.topk(k, dim=-1)
+    assert torch.equal(values, want.values)
+    assert torch.equal(x.gather(1, cols), values)  # (the columns hold those values)
+
+
+ROWS = [
+    SamplingParams(temperature=0.7, top_k=20, top_p=0.9),
+    SamplingParams(temperature=1.3, top_k=50, min_p=0.05),
+    SamplingParams(temperature=0.5, top_k=5, top_p=0.5, min_p=0.2),
+    SamplingParams(temperature=2.0, top_k=1000),
+]
+
+
+def test_candidates_give_the_whole_vocabularys_probabilities(monkeypatch):
+    x = torch.randn(len(ROWS), 4096, generator=torch.Generator().manual_seed(0)) * 4
+    probs, cols = distribution(x, ROWS)
+    assert cols is not None and probs.shape == (len(ROWS), 1000)
+    monkeypatch.setattr(sampling, "CANDIDATES", 0)  # every row over the whole vocabulary
+    whole, none = distribution(x, ROWS)
+    assert none is None
+    spread = torch.zeros_like(whole).scatter(1, cols, probs)
+    torch.testing.assert_close(spread, whole, atol=1e-6, rtol=1e-5)
+    kept = (whole > 0).sum(-1)
+    assert kept.tolist()[0] < 20 and all(1 <= n <= k.top_k for n, k in zip(kept.tolist(), ROWS))
+
+
+def test_a_logprob_table_of_several_k():
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(1))
+    tokens = torch.tensor([7, 8, 9])
+    table = logprob_table(logits, tokens, [0, 2], 4).tolist()
+    want = logits.log_softmax(-1)
+    for row, i, k in zip(table, [0, 2], [4, 1]):
+        lp, top = unpack_logprobs(row, k)
+        assert lp == pytest.approx(want[i, tokens[i]].item(), abs=1e-6)
+        values, ids = want[i].topk(k)
+        assert [t for t, _ in top] == ids.tolist()
+        assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-6)
