@@ -5,7 +5,7 @@
 Decode after an 8k-token prompt at batch 1, and from 256-token prompts at batch 32, each
 request with the same options: greedy (the graph's own argmax), temperature with top-p, and
 that with min-p, greedy under presence + frequency + repetition penalties, and greedy with
-logprobs of the 5 likeliest tokens. ms per step, and each against greedy's, in one run. A
+logprobs of the 5 likeliest tokens, and the sampling Qwen's model cards recommend. ms per step, and each against greedy's, in one run. A
 markdown table is printed last and written to DIR/bench_sampling.md.
 """
 
@@ -29,6 +29,8 @@ CASES = {
     "greedy, penalties (presence, frequency, repetition)": {
         "presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
     "greedy, logprobs 5": {"logprobs": 5},
+    "Qwen's recommended: temperature 0.6, top-k 20, top-p 0.95, presence 1.5": {
+        "temperature": 0.6, "top_k": 20, "top_p": 0.95, "presence_penalty": 1.5, "seed": 0},
 }
 
 
