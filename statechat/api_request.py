@@ -82,7 +82,9 @@ def parse_messages(raw) -> list[dict]:
 
 
 def _flag(body: dict, key: str, default: bool = False) -> bool:
-    value = body.get(key, default)
+    value = body.get(key)
+    if value is None:  # (left out, or null: OpenAI's schema allows it)
+        return default
     if not isinstance(value, bool):
         raise ApiError(400, f"{key} must be true or false", key)
     return value

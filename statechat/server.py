@@ -261,7 +261,7 @@ class Handler(BaseHTTPRequestHandler):
         if logprobs is None:
             return None
         tokenizer = self.server.worker.engine.tokenizer
-        return {"content": logprobs_content(tokenizer, token_ids, logprobs)}
+        return {"content": logprobs_content(tokenizer, token_ids, logprobs), "refusal": None}
 
     def _log_reuse(self, out: RequestOutput) -> None:
         plan = out.cache_plan or {}

@@ -273,10 +273,11 @@ def distribution(x: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.T
     if any(p.top_p < 1 for p in params):
         top_p = _column([p.top_p if p.top_p < 1 else math.inf for p in params], x)
         if cols is not None:  # (candidates are in order already)
-            probs = probs.masked_fill(probs.cumsum(-1) - probs > top_p, 0.0)
+            probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
         else:
             sorted_p, order = probs.sort(dim=-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
+            # keep the smallest set reaching top_p: drop a token once those before it reach it
+            drop = sorted_p.cumsum(-1) - sorted_p >= top_p
             probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
     return probs, cols
 

@@ -7,6 +7,7 @@ never look at the raw dict.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -32,11 +33,11 @@ MOE_FIELDS = (
 # generation_config.json's sampling keys that become the defaults of requests (vLLM's
 # --generation-config auto), each with the test its value must pass and that test in words
 GENERATION_SAMPLING = {
-    "temperature": (lambda v: v >= 0, ">= 0"),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "temperature": (lambda v: v >= 0, "a number >= 0"),
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "top_k": (lambda v: v >= -1 and v.is_integer(), "a whole number >= -1"),  # -1 = off, as 0
-    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "repetition_penalty": (lambda v: v > 0, "> 0"),
+    "min_p": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "repetition_penalty": (lambda v: v > 0, "a number > 0"),
 }
 
 
@@ -300,11 +301,18 @@ def _sampling_defaults(gen: dict, path: Path) -> tuple[tuple[str, float | int], 
             continue
         value = _finite(gen[key])
         if value is None or not is_ok(value):
-            log.warning("%s: ignoring %s %.40r (it must be a number %s)",
-                        path / "generation_config.json", key, gen[key], rule)
+            _warn_once(f"{path / 'generation_config.json'}: ignoring {key} {gen[key]!r:.40} "
+                       f"(it must be {rule})")
             continue
         out.append((key, max(int(value), 0) if key == "top_k" else value))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_once(message: str) -> None:
+    """A warning logged once per process (a command reads the config before loading the
+    model, which reads it again)."""
+    log.warning("%s", message)
 
 
 def _finite(value) -> float | None:

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from statechat.engine import sampling
-from statechat.engine.sampling import SamplingParams, distribution, logprob_table, top_k, unpack_logprobs
+from statechat.engine.sampling import (
+    SamplingParams,
+    distribution,
+    logprob_table,
+    top_k,
+    unpack_logprobs,
+)
 
 VOCAB = 248320  # Qwen3.5's (not a multiple of the chunk)
 
@@ -55,3 +61,12 @@ def test_a_logprob_table_of_several_k():
         values, ids = want[i].topk(k)
         assert [t for t, _ in top] == ids.tolist()
         assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("k", [0, 3], ids=["whole", "candidates"])
+def test_top_p_keeps_the_smallest_set_reaching_it(k):
+    """As vLLM's and transformers': a token goes once the tokens before it reach top_p."""
+    x = torch.tensor([[0.5, 0.25, 0.25, 0.0]]).log()
+    for top_p, kept in [(0.5, 1), (0.75, 2), (0.76, 3), (1.0, 3)]:
+        probs, _ = distribution(x, [SamplingParams(temperature=1.0, top_p=top_p, top_k=k)])
+        assert int((probs > 0).sum()) == kept, top_p

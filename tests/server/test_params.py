@@ -28,7 +28,8 @@ def test_vllm_sampling_extensions_are_taken():
 
 @pytest.mark.parametrize("body", [
     {"presence_penalty": 0}, {"frequency_penalty": 0.0}, {"repetition_penalty": 1.0}, {"min_p": 0},
-    {"logprobs": False}, {"top_logprobs": 0}, {"logit_bias": {}}, {"tools": []}, {"tool_choice": "auto"},
+    {"logprobs": False}, {"top_logprobs": 0}, {"logprobs": None, "top_logprobs": None},
+    {"ignore_eos": None}, {"logit_bias": {}}, {"tools": []}, {"tool_choice": "auto"},
     {"response_format": {"type": "text"}}, {"best_of": 1}, {"presence_penalty": None},
     {"skip_special_tokens": True}, {"include_stop_str_in_output": False}, {"min_p": -0.0},
     {"user": "someone", "metadata": {"a": "b"}, "store": False},  # no effect on the reply
