@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -170,26 +172,69 @@ class TokenCounts:
         self.in_prompt = torch.cat([self.in_prompt, self.in_prompt.new_zeros(more, self.vocab_size)])
         self.free += range(n + more - 1, n - 1, -1)
 
-    def penalize(self, x: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> torch.Tensor:
+    def penalize(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
         """Logits x [R, vocab] with each row's penalties (vLLM's order: repetition, then
-        frequency and presence), before temperature; rows: each row's counts row (0: none)."""
-        index = _ids(rows, self.device)
-        counts = self.counts.index_select(0, index)
+        frequency and presence), before temperature; a row without any, whose counts row is 0,
+        comes out as it went in."""
+        counts = self.counts.index_select(0, rows.counts_row)
         generated = counts > 0
-        if any(p.repetition_penalty != 1 for p in params):
-            r = _column([p.repetition_penalty for p in params], x)
-            seen = self.in_prompt.index_select(0, index) | generated
+        if rows.uses("repetition_penalty", 1):
+            r = rows.repetition
+            seen = self.in_prompt.index_select(0, rows.counts_row) | generated
             x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
-        if any(p.frequency_penalty for p in params):
-            x = x - _column([p.frequency_penalty for p in params], x) * counts.to(x.dtype)
-        if any(p.presence_penalty for p in params):
-            x = x - _column([p.presence_penalty for p in params], x) * generated.to(x.dtype)
+        if rows.uses("frequency_penalty", 0):
+            x = x - rows.frequency * counts
+        if rows.uses("presence_penalty", 0):
+            x = x - rows.presence * generated
         return x
 
-    def add(self, rows: list[int], tokens: torch.Tensor) -> None:
-        """Count sampled tokens ([len(rows)] int64, on the device) in their rows."""
-        one = torch.ones(1, dtype=torch.int32, device=self.device).expand(len(rows))
-        self.counts.index_put_((_ids(rows, self.device), tokens), one, accumulate=True)
+    def add(self, rows: list[int] | torch.Tensor, tokens: torch.Tensor,
+            weight: torch.Tensor | None = None) -> None:
+        """Count sampled tokens ([R] int64, on the device) in their rows (`weight` [R] int32:
+        how much each counts, 0 for a row that keeps no counts)."""
+        rows = _ids(rows, self.device) if isinstance(rows, list) else rows
+        if weight is None:
+            weight = torch.ones(len(tokens), dtype=torch.int32, device=self.device)
+        self.counts.view(-1).index_add_(0, rows * self.vocab_size + tokens, weight)
+
+
+@dataclass
+class Rows:
+    """The per-row sampling values of the rows a step processes, on the device after one copy
+    of floats and one of integers: columns [R, 1] that broadcast over the vocabulary."""
+
+    params: list[SamplingParams]
+    floats: torch.Tensor  # [R, 6]: temperature, top-p (inf: off), log min-p (-inf: off),
+    # repetition, frequency and presence penalties
+    ints: torch.Tensor  # [R, 4]: row of the logits, counts row (0: none), top-k, whether counted
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], index: list[int], counts_rows: list[int],
+           device: torch.device) -> Rows:
+        floats = [[p.temperature if not p.is_greedy else 1.0, p.top_p if p.top_p < 1 else math.inf,
+                   math.log(p.min_p) if p.min_p else -math.inf, p.repetition_penalty,
+                   p.frequency_penalty, p.presence_penalty] for p in params]
+        ints = [[i, c, min(p.top_k, 2**31), int(c > 0)] for p, i, c in zip(params, index, counts_rows)]
+        return cls(params, torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True),
+                   torch.tensor(ints, dtype=torch.int64).to(device, non_blocking=True))
+
+    def slice(self, a: int, b: int) -> Rows:
+        return Rows(self.params[a:b], self.floats[a:b], self.ints[a:b])
+
+    def uses(self, name: str, off) -> bool:
+        """Whether any row's `name` differs from `off`."""
+        return any(getattr(p, name) != off for p in self.params)
+
+    temperature = property(lambda self: self.floats[:, 0:1])
+    top_p = property(lambda self: self.floats[:, 1:2])
+    log_min_p = property(lambda self: self.floats[:, 2:3])
+    repetition = property(lambda self: self.floats[:, 3:4])
+    frequency = property(lambda self: self.floats[:, 4:5])
+    presence = property(lambda self: self.floats[:, 5:6])
+    logits_row = property(lambda self: self.ints[:, 0])
+    counts_row = property(lambda self: self.ints[:, 1])
+    top_k = property(lambda self: self.ints[:, 2:3])
+    counted = property(lambda self: self.ints[:, 3].to(torch.int32))
 
 
 def sample(
@@ -203,88 +248,97 @@ def sample(
     reads them all at once. `greedy`, the logits' argmax if already computed (a CUDA graph
     replays it with the model), serves the plainly greedy rows. `counts`: the TokenCounts and
     each row's row in it (0 for a request without penalties); each penalised row's new token
-    is counted. The rows that need more than an argmax are processed together."""
+    is counted.
+
+    The other rows are processed together, ordered by how they pick (an argmax of penalised
+    logits, a draw among top-k candidates, a draw over the vocabulary) so that each kind is
+    one slice; a step whose rows are all of one kind copies no logits."""
     if greedy is not None and all(p.is_plain_greedy for p in params):
         return greedy
-    out = greedy.clone() if greedy is not None else logits.argmax(dim=-1)
-    todo = [i for i, p in enumerate(params) if not p.is_plain_greedy]
+    kinds = [_kind(p) for p in params]
+    todo = sorted((i for i, k in enumerate(kinds) if k), key=lambda i: kinds[i])
     if not todo:
-        return out
-    some = [params[i] for i in todo]
-    index = _ids(todo, logits.device)
-    x = logits.index_select(0, index)  # [R, vocab] (the graph's logits buffer stays as it is)
+        return logits.argmax(dim=-1)
+    rows_of = counts[1] if counts is not None else [0] * len(params)
+    rows = Rows.of([params[i] for i in todo], todo, [rows_of[i] for i in todo], logits.device)
+    whole = todo == list(range(len(params)))
+    x = logits if whole else logits.index_select(0, rows.logits_row)
     if counts is not None:
-        x = counts[0].penalize(x, [counts[1][i] for i in todo], some)
-    picked = x.argmax(dim=-1)  # the greedy rows' (penalised) tokens
-    drawn = [j for j, p in enumerate(some) if not p.is_greedy]
-    for path in (True, False):  # rows drawn among their top-k, then the others
-        group = [j for j in drawn if _among_top_k(some[j]) == path]
-        if group:
-            at = _ids(group, logits.device)
-            tokens = _draw(x.index_select(0, at), [some[j] for j in group],
-                           [generators[todo[j]] for j in group])
-            picked = picked.index_copy(0, at, tokens)
-    out = out.index_copy(0, index, picked)
+        x = counts[0].penalize(x, rows)
+    picked, a = [], 0
+    for kind, group in itertools.groupby(todo, key=lambda i: kinds[i]):
+        b = a + len(list(group))
+        if kind == GREEDY:
+            picked.append(x[a:b].argmax(dim=-1))
+        else:
+            picked.append(_draw(x[a:b], [generators[i] for i in todo[a:b]], rows.slice(a, b)))
+        a = b
+    picked = picked[0] if len(picked) == 1 else torch.cat(picked)
     if counts is not None:
-        penalised = [j for j, i in enumerate(todo) if counts[1][i]]
-        if penalised:
-            counts[0].add([counts[1][todo[j]] for j in penalised],
-                          picked.index_select(0, _ids(penalised, logits.device)))
-    return out
+        counts[0].add(rows.counts_row, picked, rows.counted)
+    if whole:
+        return picked
+    out = greedy.clone() if greedy is not None else logits.argmax(dim=-1)
+    return out.index_copy_(0, rows.logits_row, picked)
 
 
-def _draw(x: torch.Tensor, params: list[SamplingParams],
-          generators: list[torch.Generator | None]) -> torch.Tensor:
+PLAIN, GREEDY, CANDIDATES_KIND, VOCABULARY_KIND = 0, 1, 2, 3
+
+
+def _kind(p: SamplingParams) -> int:
+    """How a row picks its token: PLAIN (the argmax of the raw logits), GREEDY (the argmax of
+    penalised logits), or a draw among its top-k candidates or over the vocabulary."""
+    if p.is_greedy:
+        return GREEDY if p.uses_penalties else PLAIN
+    return CANDIDATES_KIND if 0 < p.top_k <= CANDIDATES else VOCABULARY_KIND
+
+
+def _draw(x: torch.Tensor, generators: list[torch.Generator | None], rows: Rows) -> torch.Tensor:
     """One token per row of logits x [D, vocab] from distribution()'s probabilities. A seeded
     row draws its noise from its own generator, over its own candidates, so its tokens do not
     depend on the rows beside it."""
-    probs, cols = distribution(x, params)
+    probs, cols = distribution(x, rows.params, rows)
     # multinomial's own draw for one sample (probs over exponential noise, argmax) without
     # its checks of the probabilities, which read them back to the host
     noise = torch.empty_like(probs).exponential_(1)
-    for j, (p, generator) in enumerate(zip(params, generators)):
+    for j, (p, generator) in enumerate(zip(rows.params, generators)):
         if generator is not None:
             noise[j, : p.top_k if cols is not None else None].exponential_(1, generator=generator)
     picked = (probs / noise).argmax(dim=-1)
     return picked if cols is None else cols.gather(1, picked[:, None])[:, 0]
 
 
-def distribution(x: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def distribution(x: torch.Tensor, params: list[SamplingParams],
+                 rows: Rows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The probabilities each row of logits x [D, vocab] draws from, under its temperature,
     top-k, min-p and top-p, in vLLM's order (top-p keeps the smallest set reaching its mass
     among the tokens the others kept): [D, vocab], or, when every row's top-k is at most
     CANDIDATES, [D, kmax] over each row's likeliest tokens (the rest have probability 0) with
-    their token ids [D, kmax]."""
-    x = x / _column([p.temperature for p in params], x)
-    ks = [min(p.top_k, x.shape[-1]) for p in params]
+    their token ids [D, kmax]. `rows`: the params' values on the device (made if not given)."""
+    rows = rows or Rows.of(params, list(range(len(params))), [0] * len(params), x.device)
+    params = rows.params
+    x = x / rows.temperature
     cols = None
-    if all(_among_top_k(p) for p in params):
-        x, cols = top_k(x, max(ks))
-        rank = torch.arange(x.shape[-1], device=x.device)
-        x = x.masked_fill(rank >= _column(ks, x), float("-inf"))
-    elif any(ks):
-        kth = x.topk(max(ks), dim=-1).values.gather(1, _ids([max(k, 1) - 1 for k in ks], x.device)[:, None])
-        kth = kth.masked_fill(_column([k == 0 for k in ks], x).bool(), float("-inf"))
+    if all(_kind(p) == CANDIDATES_KIND for p in params):
+        x, cols = top_k(x, min(max(p.top_k for p in params), x.shape[-1]))
+        x = x.masked_fill(_arange(x.shape[-1], x.device) >= rows.top_k, float("-inf"))
+    elif rows.uses("top_k", 0):  # (top-k 0 keeps everything: its threshold is the least logit)
+        kmax = min(max(p.top_k for p in params), x.shape[-1])
+        values = x.topk(kmax, dim=-1).values
+        kth = values.gather(1, (rows.top_k.clamp(1, kmax) - 1)).where(rows.top_k > 0, float("-inf"))
         x = x.masked_fill(x < kth, float("-inf"))
-    if any(p.min_p for p in params):  # prob >= min_p x the top prob: logit >= top + log(min_p)
-        floor = _column([math.log(p.min_p) if p.min_p else -math.inf for p in params], x)
-        x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + floor, float("-inf"))
+    if rows.uses("min_p", 0):  # prob >= min_p x the top prob: logit >= top + log(min_p)
+        x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + rows.log_min_p, float("-inf"))
     probs = x.softmax(-1)
-    if any(p.top_p < 1 for p in params):
-        top_p = _column([p.top_p if p.top_p < 1 else math.inf for p in params], x)
+    if rows.uses("top_p", 1):  # keep the smallest set reaching top_p: drop a token once those
+        # before it reach it
         if cols is not None:  # (candidates are in order already)
-            probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
+            probs = probs.masked_fill(probs.cumsum(-1) - probs >= rows.top_p, 0.0)
         else:
             sorted_p, order = probs.sort(dim=-1, descending=True)
-            # keep the smallest set reaching top_p: drop a token once those before it reach it
-            drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+            drop = sorted_p.cumsum(-1) - sorted_p >= rows.top_p
             probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
     return probs, cols
-
-
-def _among_top_k(p: SamplingParams) -> bool:
-    """Whether a draw takes the candidate path (see _draw)."""
-    return 0 < p.top_k <= CANDIDATES
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,19 +353,19 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if pad:
         x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
     part = x.view(rows, -1, TOPK_CHUNK).topk(k, dim=-1)  # [R, chunks, k]
-    start = torch.arange(0, x.shape[-1], TOPK_CHUNK, device=x.device)[:, None]
+    start = _arange(x.shape[-1] // TOPK_CHUNK, x.device)[:, None] * TOPK_CHUNK
     values, where = part.values.flatten(1).topk(k, dim=-1)
     return values, (part.indices + start).flatten(1).gather(1, where)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, device=device)
 
 
 def _ids(values: list[int], device: torch.device) -> torch.Tensor:
     """int64 indices on the device (a copy that does not wait)."""
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
-
-def _column(values: list, like: torch.Tensor) -> torch.Tensor:
-    """[len(values), 1] of like's dtype, on its device."""
-    return torch.tensor(values, dtype=like.dtype).to(like.device, non_blocking=True)[:, None]
 
 
 def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int) -> torch.Tensor:
