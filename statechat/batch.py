@@ -3,13 +3,16 @@
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
 with optional "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-"repetition_penalty", "seed", "stop" (a string or a list) and "chat_template_kwargs" (variables
+"repetition_penalty", "seed", "stop" (a string or a list), "logprobs" (0 to 20: each generated
+token's logprob and those of that many likeliest tokens) and "chat_template_kwargs" (variables
 of the model's chat template, over --chat-template-kwargs) as well. A line's own fields win over
 the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
 and the command's flags).
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
+(and, for a line that asked, "logprobs": [{"token", "logprob", "bytes", "top_logprobs"}], as
+OpenAI's chat logprobs.content)
 or, for a line that cannot run, {"id", "line", "error": {"message"}}.
 
 Requests run through the engine together (continuous batching). Requests that share a prefix
@@ -31,8 +34,8 @@ from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-               "frequency_penalty", "repetition_penalty", "seed", "stop")  # a line's sampling
-WHOLE = ("max_tokens", "top_k", "seed")  # integers, which a whole-number float may give
+               "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs")  # sampling
+WHOLE = ("max_tokens", "top_k", "seed", "logprobs")  # integers, which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
 
 
@@ -114,8 +117,10 @@ def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], l
     return warm
 
 
-def _result(job: Job, out: RequestOutput) -> dict:
-    return {
+def _result(job: Job, out: RequestOutput, tokenizer) -> dict:
+    from statechat.api_logprobs import logprobs_content
+
+    record = {
         "id": job.id,
         "text": out.text,
         "finish_reason": out.finish_reason,
@@ -129,6 +134,9 @@ def _result(job: Job, out: RequestOutput) -> dict:
         "cache": {"reused_from": out.reused_from, "reused_by_tier": out.reused_by_tier or {},
                   "plan": out.cache_plan},
     }
+    if out.logprobs is not None:
+        record["logprobs"] = logprobs_content(tokenizer, out.token_ids, out.logprobs)
+    return record
 
 
 def run_batch(
@@ -170,7 +178,7 @@ def run_batch(
                     running[engine.add_request(jobs[j].prompt_ids, jobs[j].params, jobs[j].id).seq_id] = j
             elif seq.seq_id in running:
                 job = jobs[running.pop(seq.seq_id)]
-                job.result = _result(job, engine.output(seq))
+                job.result = _result(job, engine.output(seq), engine.tokenizer)
                 done += 1
                 if progress:
                     progress(done, len(jobs))

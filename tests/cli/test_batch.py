@@ -122,6 +122,25 @@ def test_a_line_sets_its_own_sampling(tmp_path, shared_engine):
     assert "top_k must be >= 0" in bad["error"]["message"]
 
 
+def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
+    """A line's "logprobs": k gives each generated token's entry with the k likeliest (the
+    greedy token first among them); other lines have none, and k past 20 is a line error."""
+    user = {"messages": [{"role": "user", "content": words(8, 30)}], "max_tokens": 6}
+    lines = [{"id": "lp", **user, "logprobs": 2}, {"id": "plain", **user},
+             {"id": "bad", **user, "logprobs": 21}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu"]
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    lp, plain, bad = [json.loads(line) for line in out.read_text().splitlines()]
+    entries = lp["logprobs"]
+    assert len(entries) == lp["usage"]["completion_tokens"] == 6 and "logprobs" not in plain
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"]
+               and e["logprob"] == e["top_logprobs"][0]["logprob"] <= 0 for e in entries)
+    assert lp["text"] == plain["text"]
+    assert "logprobs must be from 0 to 20" in bad["error"]["message"]
+
+
 def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_engine, loaded, monkeypatch):
     """--chat-template-kwargs sets variables of the chat template for every line; a line's own
     chat_template_kwargs win (here a template that says whether thinking is on)."""
