@@ -52,32 +52,32 @@ CORPUS = [
 
 def tiny_text_config(vocab_size: int, tie: bool) -> dict:
     """Text-model fields of a tiny Qwen3.5 (3 GDN layers : 1 attention layer, twice)."""
-    return dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tie,
-        rope_parameters={
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tie,
+        "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
             "partial_rotary_factor": 0.25,
             "mrope_section": [1, 1, 2],
             "mrope_interleaved": True,
         },
-        eos_token_id=0,
-        pad_token_id=0,
-    )
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
 
 
 def tiny_moe_text_config(vocab_size: int, tie: bool) -> dict:
@@ -140,10 +140,10 @@ def build_model(layout: str, vocab_size: int, tie: bool, seed: int, moe: bool = 
     if layout == "qwen3_5_text":
         config = getattr(transformers, f"{family}TextConfig")(**text)
         return getattr(transformers, f"{family}ForCausalLM")(config)
-    vision = dict(
-        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
-        out_hidden_size=64, num_position_embeddings=16,
-    )
+    vision = {
+        "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4,
+        "out_hidden_size": 64, "num_position_embeddings": 16,
+    }
     config_cls = getattr(transformers, f"{family}Config")
     config = config_cls(text_config=text, vision_config=vision, tie_word_embeddings=tie)
     return getattr(transformers, f"{family}ForConditionalGeneration")(config)
@@ -171,7 +171,7 @@ def add_mtp_tensors(out: Path, hidden: int) -> None:
     index_path = out / "model.safetensors.index.json"
     if index_path.exists():
         index = json.loads(index_path.read_text())
-        shard = sorted(set(index["weight_map"].values()))[-1]
+        shard = max(set(index["weight_map"].values()))
     else:
         index, shard = None, "model.safetensors"
     tensors = load_file(out / shard)

@@ -1,12 +1,16 @@
-"""OpenAI's `logprobs` object of a chat completion, from the engine's per-token logprobs.
+"""OpenAI's `logprobs` objects, from the engine's per-token logprobs.
 
-Each generated token becomes {"token", "logprob", "bytes", "top_logprobs": [...]}: "bytes" are
-the token's exact UTF-8 bytes (a byte-level BPE token may hold part of a character, which
-"token" then shows as U+FFFD), and special tokens show as their text (`<|im_end|>`).
+Chat: each generated token becomes {"token", "logprob", "bytes", "top_logprobs": [...]}:
+"bytes" are the token's exact UTF-8 bytes (a byte-level BPE token may hold part of a character,
+which "token" then shows as U+FFFD), and special tokens show as their text (`<|im_end|>`).
+Text completions (the legacy API): {"tokens", "token_logprobs", "top_logprobs": [{token:
+logprob}], "text_offset"}; there a token that is not whole UTF-8 shows as its bytes, as
+OpenAI's did ("bytes:\\xe4\\xbd"), so that no two tokens of a top_logprobs dict show alike.
 """
 
 from __future__ import annotations
 
+import codecs
 from functools import lru_cache
 
 
@@ -42,11 +46,16 @@ def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
     return out
 
 
+def _bytes_of(tokenizer, token_ids: list[int], logprobs: list) -> dict[int, bytes]:
+    """The bytes of the generated tokens and of those in their top lists."""
+    ids = list(token_ids) + [i for _, top in logprobs for i, _ in top]
+    return dict(zip(ids, token_bytes(tokenizer, ids)))
+
+
 def logprobs_content(tokenizer, token_ids: list[int], logprobs: list) -> list[dict]:
     """OpenAI's logprobs.content for generated tokens and their engine entries
     ((logprob, [(id, logprob)] of the likeliest))."""
-    ids = list(token_ids) + [i for _, top in logprobs for i, _ in top]
-    raw = dict(zip(ids, token_bytes(tokenizer, ids)))
+    raw = _bytes_of(tokenizer, token_ids, logprobs)
 
     def entry(i: int, logprob: float) -> dict:
         return {"token": raw[i].decode("utf-8", "replace"), "logprob": logprob,
@@ -54,3 +63,49 @@ def logprobs_content(tokenizer, token_ids: list[int], logprobs: list) -> list[di
 
     return [{**entry(i, lp), "top_logprobs": [entry(j, v) for j, v in top]}
             for i, (lp, top) in zip(token_ids, logprobs)]
+
+
+class TextOffsets:
+    """Where each generated token starts in the reply's text, in characters, token after token
+    (a stream's chunks continue the count). A token that starts inside a character starts where
+    that character does; special tokens, which the text leaves out, take no room."""
+
+    def __init__(self, tokenizer) -> None:
+        self.special = set(tokenizer.all_special_ids)
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")  # holds a partial character
+        self.num_chars = 0
+
+    def add(self, token_id: int, raw: bytes) -> int:
+        """The offset of the next token, `token_id` with bytes `raw`."""
+        start = self.num_chars
+        if token_id not in self.special:
+            self.num_chars += len(self.decoder.decode(raw))
+        return start
+
+
+def _legacy_token(raw: bytes) -> str:
+    """A token as the legacy API shows it: its text, or "bytes:\\xNN..." when it is not whole
+    UTF-8 (part of a character)."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list,
+                        offsets: TextOffsets) -> dict:
+    """The legacy API's logprobs object for generated tokens and their engine entries. A
+    token's top_logprobs dict holds the likeliest tokens, likeliest first, and the token itself
+    (so up to k + 1 entries, as OpenAI's)."""
+    raw = _bytes_of(tokenizer, token_ids, logprobs)
+    shown = {i: _legacy_token(b) for i, b in raw.items()}
+    tops = []
+    for i, (logprob, top) in zip(token_ids, logprobs):
+        entry: dict[str, float] = {}
+        for j, value in top:
+            entry.setdefault(shown[j], value)
+        entry.setdefault(shown[i], logprob)
+        tops.append(entry)
+    return {"tokens": [shown[i] for i in token_ids],
+            "token_logprobs": [logprob for logprob, _ in logprobs],
+            "top_logprobs": tops, "text_offset": [offsets.add(i, raw[i]) for i in token_ids]}

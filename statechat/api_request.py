@@ -1,7 +1,7 @@
-"""A chat-completions request body, checked: its messages, whether the reply continues the last
-one, and its SamplingParams. Every bad field is an ApiError (400) naming it, raised before the
-request joins the engine's batch (a value that could only fail inside a step would fail the
-other requests of that step)."""
+"""A request body, checked: a chat's messages and whether the reply continues the last one, and
+the fields chat and text completions share (SamplingParams, n, stream). Every bad field is an
+ApiError (400) naming it, raised before the request joins the engine's batch (a value that
+could only fail inside a step would fail the other requests of that step)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
 from statechat.errors import StatechatError
 
 DEFAULT_MAX_TOKENS = 2048
+MAX_N = 16  # choices a request may ask for per prompt (each is an engine request of its own)
 # the server's own sampling (OpenAI's defaults), under the model's recommended sampling, the
 # command's flags and a request's own fields; max_tokens is capped to the room left
 DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=DEFAULT_MAX_TOKENS)
@@ -26,7 +27,7 @@ NUMBER_FIELDS = {
 NOT_SUPPORTED = {
     "min_tokens": (0,), "logit_bias": ({},),
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
-    "response_format": ({"type": "text"},), "best_of": (1,), "guided_json": (),
+    "response_format": ({"type": "text"},), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
@@ -81,7 +82,8 @@ def parse_messages(raw) -> list[dict]:
     return out
 
 
-def _flag(body: dict, key: str, default: bool = False) -> bool:
+def parse_flag(body: dict, key: str, default: bool = False) -> bool:
+    """A true/false field; left out or null is `default`."""
     value = body.get(key)
     if value is None:  # (left out, or null: OpenAI's schema allows it)
         return default
@@ -94,15 +96,15 @@ def continues_final_message(body: dict, messages: list[dict]) -> bool:
     """Whether the reply continues the last (assistant) message: vLLM's continue_final_message,
     with add_generation_prompt false. A closed assistant turn with no generation prompt, which
     the engine's rendering does not make, is a 400."""
-    if _flag(body, "continue_final_message"):
-        if _flag(body, "add_generation_prompt", True):
+    if parse_flag(body, "continue_final_message"):
+        if parse_flag(body, "add_generation_prompt", True):
             raise ApiError(400, "continue_final_message needs add_generation_prompt false",
                            "add_generation_prompt")
         if messages[-1]["role"] != "assistant":
             raise ApiError(400, "continue_final_message needs an assistant message last",
                            "messages")
         return True
-    if not _flag(body, "add_generation_prompt", True):
+    if not parse_flag(body, "add_generation_prompt", True):
         raise ApiError(400, "add_generation_prompt false is supported only with "
                             "continue_final_message true", "add_generation_prompt")
     return False
@@ -167,7 +169,7 @@ def _max_tokens(body: dict, default: int) -> int:
 def _logprobs(body: dict) -> int | None:
     """SamplingParams.logprobs from OpenAI's logprobs (a flag) and top_logprobs (0 to 20)."""
     top = _number(body, "top_logprobs", int, None)
-    if not _flag(body, "logprobs"):
+    if not parse_flag(body, "logprobs"):
         if top:
             raise ApiError(400, "top_logprobs needs logprobs true", "top_logprobs")
         return None
@@ -179,13 +181,12 @@ def _logprobs(body: dict) -> int | None:
 def parse_params(body: dict, prompt_len: int, max_model_len: int,
                  defaults: SamplingParams = DEFAULT_SAMPLING) -> SamplingParams:
     """SamplingParams from a chat-completions body (OpenAI's fields, logprobs included, and
-    vLLM's top_k, min_p, repetition_penalty, stop_token_ids and ignore_eos), `defaults` for the sampling fields it
-    leaves out (or sets to null); max_tokens is capped to the room the prompt leaves.
-    ApiError(400) naming the field for a bad one or one the server cannot honour."""
+    vLLM's top_k, min_p, repetition_penalty, stop_token_ids and ignore_eos), `defaults` for the
+    sampling fields it leaves out (or sets to null); max_tokens is capped to the room the prompt
+    leaves. ApiError(400) naming the field for a bad one (n and best_of included) or one the
+    server cannot honour. The seed is the request's: choice i samples with seed + i."""
     _refuse_unsupported(body)
-    n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise ApiError(400, "only n=1 is supported", "n")
+    parse_n(body)
     numbers = {key: _number(body, key, kind, getattr(defaults, key))
                for key, kind in NUMBER_FIELDS.items()}
     numbers["top_k"] = 0 if numbers["top_k"] == -1 else numbers["top_k"]  # (vLLM's -1 is off)
@@ -193,9 +194,32 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     try:
         return dataclasses.replace(
             defaults, **numbers, max_tokens=min(_max_tokens(body, defaults.max_tokens), room),
-            stop=_stop(body), stop_token_ids=_stop_token_ids(body), ignore_eos=_flag(body, "ignore_eos"),
+            stop=_stop(body), stop_token_ids=_stop_token_ids(body),
+            ignore_eos=parse_flag(body, "ignore_eos"),
             logprobs=_logprobs(body),
         )
     except StatechatError as e:  # (its message starts with the field's name)
         field = str(e).split(maxsplit=1)[0] if str(e) else ""
         raise ApiError(400, str(e), field if field in body else None) from None
+
+
+def parse_n(body: dict) -> int:
+    """The choices per prompt: n (1 to MAX_N, 1 when left out). best_of may only equal n (n
+    samples, all returned: there is no choosing the best of more)."""
+    n = body.get("n")
+    n = 1 if n is None else n
+    if type(n) is not int or not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n must be an integer from 1 to {MAX_N}", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and (type(best_of) is not int or best_of != n):
+        raise ApiError(400, "best_of is supported only equal to n (each choice is returned); "
+                            "leave it out", "best_of")
+    return n
+
+
+def parse_stream(body: dict) -> tuple[bool, bool]:
+    """Whether to stream, and whether the stream ends with a usage chunk
+    (stream_options.include_usage)."""
+    stream = parse_flag(body, "stream")
+    options = body.get("stream_options") or {}
+    return stream, bool(stream and isinstance(options, dict) and options.get("include_usage"))

@@ -236,9 +236,10 @@ def serve(
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
     max_tokens: MaxTokensOpt = None,
 ) -> None:
-    """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/models, /health. Sampling:
-    temperature 1, top-p 1 (OpenAI's), 2,048 tokens, unless the model's generation config, the
-    flags or a request's own fields say otherwise."""
+    """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
+    /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
+    completion), unless the model's generation config, the flags or a request's own fields say
+    otherwise."""
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.server import serve as serve_forever

@@ -1,13 +1,15 @@
 """OpenAI-compatible HTTP API on the standard library: ThreadingHTTPServer + server-sent events.
 
-    POST /v1/chat/completions   (stream true/false; usage.prompt_tokens_details.cached_tokens)
+    POST /v1/chat/completions   (stream true/false, n choices; usage...cached_tokens)
+    POST /v1/completions        (the legacy text API: prompts as text or token ids, echo)
     GET  /v1/models
     GET  /health
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
 "code"}}. With an API key, every request needs `Authorization: Bearer KEY`. A request's body is
-checked by statechat/api_request.py.
+checked by statechat/api_request.py (and api_chat.py or api_completions.py); its choices are
+submitted, awaited and streamed by api_choices.py, which the two APIs share.
 """
 
 from __future__ import annotations
@@ -19,31 +21,22 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from statechat.api_logprobs import logprobs_content
+from statechat.api_chat import ChatShape, chat_prompt
+from statechat.api_choices import Choices, Shape, response, stream_chunks
+from statechat.api_completions import CompletionShape, parse_completion
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
-    continues_final_message,
-    parse_messages,
+    parse_n,
     parse_params,
+    parse_stream,
 )
-from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
-from statechat.errors import ContextLengthError, StatechatError
 
 MAX_BODY_BYTES = 32 << 20
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
-
-
-def usage(out: RequestOutput) -> dict:
-    return {
-        "prompt_tokens": out.num_prompt_tokens,
-        "completion_tokens": out.num_completion_tokens,
-        "total_tokens": out.num_prompt_tokens + out.num_completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-    }
 
 
 class ChatServer(ThreadingHTTPServer):
@@ -145,12 +138,12 @@ class Handler(BaseHTTPRequestHandler):
         self._guard(routes.get(self.path.split("?")[0].rstrip("/") or "/", self._not_found))
 
     def do_POST(self) -> None:
-        routes = {"/v1/chat/completions": self._chat}
+        routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions}
         self._guard(routes.get(self.path.split("?")[0].rstrip("/"), self._not_found))
 
     def _not_allowed(self) -> None:
         raise ApiError(405, f"method {self.command} is not supported: GET /v1/models, /health; "
-                            "POST /v1/chat/completions", code="method_not_allowed")
+                            "POST /v1/chat/completions, /v1/completions", code="method_not_allowed")
 
     def do_PUT(self) -> None:
         self._guard(self._not_allowed)
@@ -171,36 +164,32 @@ class Handler(BaseHTTPRequestHandler):
     def _chat(self) -> None:
         body = self._body()
         worker = self.server.worker
-        try:
-            messages = parse_messages(body.get("messages"))
-            prompt_ids = worker.render(messages, not continues_final_message(body, messages),
-                                       template_kwargs=merge_template_kwargs(
-                                           self.server.template_kwargs, body.get("chat_template_kwargs")))
-        except StatechatError as e:
-            kwargs = str(e).startswith("chat_template_kwargs")
-            raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
+        prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
         params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling)
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise ApiError(400, "stream must be true or false", "stream")
-        options = body.get("stream_options") or {}
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        try:
-            handle = worker.submit(prompt_ids, params)
-        except ContextLengthError as e:
-            raise ApiError(400, f"{e}; shorten the conversation", "messages",
-                           "context_length_exceeded") from None
-        except StatechatError as e:
-            raise ApiError(400, str(e), "messages") from None
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self._answer(body, ChatShape(worker.engine.tokenizer), [prompt_ids], params,
+                     parse_n(body), "messages")
+
+    def _completions(self) -> None:
+        body = self._body()
+        worker = self.server.worker
+        request = parse_completion(body, worker, self.server.sampling)
+        self._answer(body, CompletionShape(worker.engine.tokenizer, request), request.prompts,
+                     request.params, request.n, "prompt")
+
+    def _answer(self, body: dict, shape: Shape, prompts: list[list[int]], params: SamplingParams,
+                n: int, param: str) -> None:
+        """Submit n choices per prompt and send them, whole or streamed; abort every choice
+        still running when the client goes away."""
+        stream, include_usage = parse_stream(body)
+        choices = Choices.submit(self.server.worker, prompts, params, n, param)
+        head = {"id": f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                "model": self.server.model_id}
         try:
             if stream:
-                self._stream(handle, rid, include_usage)
+                self._stream(shape, choices, head, include_usage)
             else:
-                out = handle.result()
-                self._send_json(200, self._completion(rid, out))
+                self._send_json(200, response(shape, head, choices.results(), n))
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            handle.abort()
             self.close_connection = True
         except Exception as e:
             if stream:
@@ -208,45 +197,22 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
                            kind="server_error") from None
         finally:
-            handle.abort()  # no-op once finished
+            choices.abort()  # no-op for the choices that finished
+            for out in choices.outputs():
+                self._log_reuse(out)
 
-    def _completion(self, rid: str, out: RequestOutput) -> dict:
-        self._log_reuse(out)
-        return {
-            "id": rid, "object": "chat.completion", "created": int(time.time()),
-            "model": self.server.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "logprobs": self._logprobs(out.token_ids, out.logprobs),
-                         "finish_reason": _finish(out)}],
-            "usage": usage(out),
-        }
-
-    def _stream(self, handle, rid: str, include_usage: bool) -> None:
+    def _stream(self, shape: Shape, choices: Choices, head: dict, include_usage: bool) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.server.model_id}
-
-        def send(choices: list, **extra) -> None:
-            self.wfile.write(f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n".encode())
-            self.wfile.flush()
-
-        send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        head = {**head, "object": shape.chunk_object}
         try:
-            for event in handle:
-                if event.text or event.logprobs:
-                    send([{"index": 0, "delta": {"content": event.text},
-                           "logprobs": self._logprobs(event.token_ids, event.logprobs),
-                           "finish_reason": None}])
-                if event.output is not None:
-                    self._log_reuse(event.output)
-                    send([{"index": 0, "delta": {}, "finish_reason": _finish(event.output)}])
-                    if include_usage:
-                        send([], usage=usage(event.output))
+            for chunk in stream_chunks(shape, choices, include_usage):
+                self.wfile.write(f"data: {json.dumps({**head, **chunk})}\n\n".encode())
+                self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
             raise
         except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
@@ -255,13 +221,6 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(err.body())}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
-
-    def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict | None:
-        """A choice's `logprobs`: None unless the request asked for them."""
-        if logprobs is None:
-            return None
-        tokenizer = self.server.worker.engine.tokenizer
-        return {"content": logprobs_content(tokenizer, token_ids, logprobs), "refusal": None}
 
     def _log_reuse(self, out: RequestOutput) -> None:
         plan = out.cache_plan or {}
@@ -276,10 +235,6 @@ class Handler(BaseHTTPRequestHandler):
             f" from {out.reused_from}" if out.reused_from else "",
             f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
         )
-
-
-def _finish(out: RequestOutput) -> str:
-    return "length" if out.finish_reason == "length" else "stop"
 
 
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,

@@ -376,7 +376,8 @@ def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k
     logp = logits.index_select(0, index).float().log_softmax(-1)  # [R, vocab]
     chosen = logp.gather(1, tokens.index_select(0, index)[:, None])
     values, ids = top_k(logp, k)
-    return torch.cat([chosen, values, ids.float()], dim=1)
+    # (-inf, of a token the model rules out, is not JSON: vLLM's -9999 stands for it)
+    return torch.cat([chosen, values, ids.float()], dim=1).clamp_min_(-9999.0)
 
 
 def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, float]]]:

@@ -1,12 +1,15 @@
 """The bytes of a logprobs entry are the token's own: the entries of any text's tokens join
 back to exactly that text (characters split across tokens included), a token that is a whole
-character reads as the tokenizer's decode of it, and a special token shows as its text."""
+character reads as the tokenizer's decode of it, and a special token shows as its text. The
+legacy (text-completions) object shows a part of a character as its bytes, gives each token's
+character offset in the text (the parts of a character at its start, a special token taking
+no room), and lists the chosen token among the top ones."""
 
 from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from statechat.api_logprobs import logprobs_content, token_bytes
+from statechat.api_logprobs import TextOffsets, completion_logprobs, logprobs_content, token_bytes
 from statechat.paths import EMBEDDED_MODEL
 
 
@@ -32,3 +35,17 @@ def test_content_entries():
     assert entries[0]["top_logprobs"][1] == {"token": "<|im_end|>", "logprob": -1.0,
                                              "bytes": list(b"<|im_end|>")}
     assert entries[1]["logprob"] == -2.0 and entries[1]["top_logprobs"] == []
+
+
+def test_legacy_object():
+    tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [*tokenizer.encode("a你b"), end, *tokenizer.encode("c")]  # 你 is three byte tokens
+    entries = [(-1.0, [(ids[0], -1.0), (ids[1], -2.0)])] + [(-0.5, [])] * (len(ids) - 1)
+    legacy = completion_logprobs(tokenizer, ids, entries, TextOffsets(tokenizer))
+    assert legacy["tokens"] == ["a", "bytes:\\xe4", "bytes:\\xbd", "bytes:\\xa0", "b",
+                                "<|im_end|>", "c"]
+    assert legacy["text_offset"] == [0, 1, 1, 1, 2, 3, 3]
+    assert legacy["top_logprobs"][0] == {"a": -1.0, "bytes:\\xe4": -2.0}
+    assert legacy["top_logprobs"][1] == {"bytes:\\xe4": -0.5}  # the chosen token, always
+    assert legacy["token_logprobs"] == [-1.0] + [-0.5] * 6

@@ -3,12 +3,15 @@ stop_token_ids and ignore_eos and OpenAI's penalties are taken, a bad value bein
 the field; the server's defaults (its flags over the model's generation config) fill only the
 fields a body leaves out; fields the server cannot honour are taken at the values that leave
 them off (clients send those by default) and are a 400 naming the field otherwise, never
-silently ignored."""
+silently ignored. n is 1 to 16 and best_of only equal to it; choice i of a seeded request
+samples with seed + i."""
 
 from __future__ import annotations
 
 import pytest
 
+from statechat.api_choices import choice_params
+from statechat.api_request import parse_n
 from statechat.engine.sampling import SamplingParams
 from statechat.server import ApiError, parse_params
 
@@ -128,3 +131,30 @@ def test_bad_extension_values_are_400s(body, field):
     with pytest.raises(ApiError) as info:
         params(**body)
     assert (info.value.status, info.value.param) == (400, field)
+
+
+@pytest.mark.parametrize("body, n", [({}, 1), ({"n": None}, 1), ({"n": 16}, 16),
+                                     ({"n": 3, "best_of": 3}, 3), ({"n": 2, "best_of": None}, 2),
+                                     ({"best_of": 1}, 1)])
+def test_n_and_best_of(body, n):
+    assert parse_n(body) == n
+    params(**body)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"n": True}, "n"), ({"n": 2.0}, "n"), ({"n": "2"}, "n"),
+    ({"n": 2, "best_of": 3}, "best_of"), ({"best_of": 2}, "best_of"),
+    ({"n": 2, "best_of": 1}, "best_of"),
+])
+def test_bad_n_and_best_of_are_400s(body, field):
+    with pytest.raises(ApiError) as info:
+        params(**body)
+    assert (info.value.status, info.value.param) == (400, field)
+
+
+def test_choice_seeds_and_room():
+    seeded = SamplingParams(seed=5, max_tokens=50)
+    assert [choice_params(seeded, i, 10, 100).seed for i in range(3)] == [5, 6, 7]
+    assert choice_params(SamplingParams(), 2, 10, 100).seed is None
+    assert choice_params(SamplingParams(seed=2**64 - 1), 1, 10, 100).seed == 0  # wraps
+    assert choice_params(seeded, 0, 70, 100).max_tokens == 30  # the room this prompt leaves

@@ -1,0 +1,168 @@
+"""The choices of one API request, chat or text completion: n engine requests per prompt,
+submitted together, then waited on, or streamed merged as their tokens come.
+
+Choice index = prompt index * n + i (OpenAI's and vLLM's order). With a seed, choice i of each
+prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, its choices
+differ, and its choice 0 is the reply the same request with n=1 gets. The choices of a prompt
+share its prefix through the engine's prefix cache. `usage` counts each prompt once and sums
+the completion tokens of every choice.
+
+Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.CompletionShape).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Iterator
+
+from statechat.api_request import ApiError
+from statechat.engine.engine import RequestOutput, StreamEvent
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.worker import EngineWorker, RequestHandle
+from statechat.errors import ContextLengthError, StatechatError
+
+SEEDS = 2**64  # seeds run to 2**64 - 1: seed + i past that wraps to 0
+_END = object()
+
+
+class Shape:
+    """How one API writes its choices. A stream sends each choice's `opening` chunks first (a
+    chat's role), then the `deltas` of each event as it comes; a whole response holds one
+    `choice` per RequestOutput. Every method returns dicts of OpenAI's choice objects."""
+
+    object = ""  # the whole response's "object"
+    chunk_object = ""  # a stream chunk's
+    id_prefix = ""
+
+    def opening(self, index: int) -> list[dict]:
+        return []
+
+    def deltas(self, index: int, event: StreamEvent) -> list[dict]:
+        """The stream chunks' choices for `event` of choice `index` (its finish on the last)."""
+        raise NotImplementedError
+
+    def choice(self, index: int, out: RequestOutput) -> dict:
+        raise NotImplementedError
+
+
+def finish_reason(out: RequestOutput) -> str:
+    return "length" if out.finish_reason == "length" else "stop"
+
+
+def choice_params(params: SamplingParams, i: int, prompt_len: int,
+                  max_model_len: int) -> SamplingParams:
+    """Choice i's params: seed + i, max_tokens capped to the room the prompt leaves."""
+    seed = params.seed
+    if seed is not None:
+        seed = seed + i - SEEDS if seed + i >= SEEDS else seed + i
+    return dataclasses.replace(params, seed=seed,
+                               max_tokens=min(params.max_tokens, max(1, max_model_len - prompt_len)))
+
+
+class Choices:
+    """The engine requests of one API request: handles[k] makes choice k."""
+
+    def __init__(self, handles: list[RequestHandle], n: int) -> None:
+        self.handles, self.n = handles, n
+
+    @classmethod
+    def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
+               n: int, param: str) -> Choices:
+        """Submit n requests per prompt. A prompt the engine refuses is an ApiError(400) naming
+        `param` (code context_length_exceeded when it is too long), and nothing stays queued."""
+        handles: list[RequestHandle] = []
+        try:
+            for p, ids in enumerate(prompts):
+                where = f"{param}[{p}]: " if len(prompts) > 1 else ""
+                try:
+                    for i in range(n):
+                        handles.append(worker.submit(ids, choice_params(
+                            params, i, len(ids), worker.max_model_len)))
+                except ContextLengthError as e:
+                    shorten = "conversation" if param == "messages" else "prompt"
+                    raise ApiError(400, f"{where}{e}; shorten the {shorten}", param,
+                                   "context_length_exceeded") from None
+                except StatechatError as e:
+                    raise ApiError(400, f"{where}{e}", param) from None
+        except BaseException:
+            cls(handles, n).abort()
+            raise
+        return cls(handles, n)
+
+    def abort(self) -> None:
+        """Stop every choice still running (a no-op for those that finished)."""
+        for handle in self.handles:
+            handle.abort()
+
+    def results(self) -> list[RequestOutput]:
+        return [handle.result() for handle in self.handles]
+
+    def outputs(self) -> list[RequestOutput]:
+        """The outputs of the choices that finished so far."""
+        return [handle.output for handle in self.handles if handle.output is not None]
+
+    def merged(self) -> Iterator[tuple[int, StreamEvent]]:
+        """(choice index, event) of every choice as they come, each choice's in order; an
+        error of any choice is raised. A thread per choice reads its handle."""
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        for index, handle in enumerate(self.handles):
+            threading.Thread(target=_pump, args=(index, handle, events), daemon=True,
+                             name=f"statechat-choice-{index}").start()
+        live = len(self.handles)
+        while live:
+            index, item = events.get()
+            if item is _END:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+
+
+def _pump(index: int, handle: RequestHandle, events: queue.SimpleQueue) -> None:
+    try:
+        for event in handle:
+            events.put((index, event))
+    except Exception as e:  # noqa: BLE001 - raised by Choices.merged in the request's thread
+        events.put((index, e))
+    events.put((index, _END))
+
+
+def usage(outputs: list[RequestOutput], n: int) -> dict:
+    """OpenAI's usage: each prompt counted once (its cached tokens those of its choice that
+    reused the least), the completion tokens of every choice."""
+    prompts = [outputs[k : k + n] for k in range(0, len(outputs), n)]
+    prompt_tokens = sum(group[0].num_prompt_tokens for group in prompts)
+    completion_tokens = sum(out.num_completion_tokens for out in outputs)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": sum(min(out.num_cached_tokens for out in group) for group in prompts)},
+    }
+
+
+def response(shape: Shape, head: dict, outputs: list[RequestOutput], n: int) -> dict:
+    """The whole (non-streamed) response; `head` holds its id, created and model."""
+    return {**head, "object": shape.object,
+            "choices": [shape.choice(index, out) for index, out in enumerate(outputs)],
+            "usage": usage(outputs, n)}
+
+
+def stream_chunks(shape: Shape, choices: Choices, include_usage: bool) -> Iterator[dict]:
+    """A stream's chunks, less their head (id, object, created, model): every choice's opening,
+    then each event's deltas as they come, then (include_usage) one usage chunk."""
+    for index in range(len(choices.handles)):
+        for choice in shape.opening(index):
+            yield {"choices": [choice]}
+    outputs: list[RequestOutput | None] = [None] * len(choices.handles)
+    for index, event in choices.merged():
+        for choice in shape.deltas(index, event):
+            yield {"choices": [choice]}
+        if event.output is not None:
+            outputs[index] = event.output
+    if include_usage:
+        yield {"choices": [], "usage": usage(outputs, choices.n)}

@@ -1,0 +1,40 @@
+"""A served tiny model for each test module: a ChatServer on loopback (port 0, an API key) over
+one EngineWorker, and an openai client of it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.worker import EngineWorker
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+from statechat.server import ChatServer
+
+KEY = "sk-test-key"
+
+
+@pytest.fixture(scope="module")
+def server():
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024), loaded=loaded)
+    worker = EngineWorker(engine)
+    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    worker.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60) as c:
+        yield c

@@ -1,0 +1,93 @@
+"""Chat completions with n choices, through the openai client: n choices indexed 0..n-1; with a
+seed the request is reproducible, its choices differ and choice 0 is the n=1 reply (choice i
+samples with seed + i); greedy choices are identical; usage counts the prompt once and every
+choice's tokens; a stream interleaves the choices, each with its own role and finish chunk, and
+matches the whole reply; a client that goes away stops every choice; n and best_of out of
+range are 400s naming them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+
+from statechat import server as server_module
+from tests.server.conftest import KEY
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+MESSAGES = [{"role": "system", "content": "state cache block token layer chat model"},
+            {"role": "user", "content": "prefix reuse delta gate kernel"}]
+ASK = {"model": "m", "messages": MESSAGES, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+
+
+def test_seeded_choices_are_reproducible_and_differ(client):
+    first = client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=7)
+    again = client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=7)
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.message.content for c in again.choices] == texts
+    assert len(set(texts)) > 1
+    one = client.chat.completions.create(**ASK, temperature=1.0, seed=7)
+    assert one.choices[0].message.content == texts[0]
+    assert first.usage.prompt_tokens == one.usage.prompt_tokens
+    assert first.usage.completion_tokens == 3 * 8
+    assert first.usage.total_tokens == first.usage.prompt_tokens + 24
+
+
+def test_greedy_choices_are_identical(client):
+    reply = client.chat.completions.create(**ASK, n=4, temperature=0)
+    assert len({c.message.content for c in reply.choices}) == 1
+    assert [c.finish_reason for c in reply.choices] == ["length"] * 4
+
+
+def test_stream_interleaves_the_choices(client):
+    whole = client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=11)
+    chunks = list(client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=11,
+                                                 stream=True, stream_options={"include_usage": True}))
+    texts, roles, finishes = ["", "", ""], [0, 0, 0], [[], [], []]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        roles[choice.index] += choice.delta.role == "assistant"
+        if choice.finish_reason:
+            finishes[choice.index].append(choice.finish_reason)
+    assert texts == [c.message.content for c in whole.choices]
+    assert roles == [1, 1, 1] and finishes == [["length"]] * 3
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_a_client_that_leaves_stops_every_choice(server, monkeypatch):
+    seen = []
+    submit = server_module.Choices.submit
+
+    def spy(*args, **kwargs):
+        seen.append(submit(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(server_module.Choices, "submit", spy)
+    body = {"messages": MESSAGES, "n": 3, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    resp.close()
+    conn.close()  # gone after the first chunk
+    deadline = time.monotonic() + 30
+    handles = seen[0].handles
+    while not all(h.seq is not None and h.seq.is_finished for h in handles):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert [h.seq.finish_reason for h in handles] == ["abort"] * 3
+
+
+def test_n_and_best_of_out_of_range_are_400s(client):
+    client.chat.completions.create(**{**ASK, "extra_body": {"best_of": 2}}, n=2)
+    for n, extra, param in ((17, {}, "n"), (0, {}, "n"), (3, {"best_of": 4}, "best_of"),
+                            (1, {"best_of": 2}, "best_of")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**{**ASK, "extra_body": extra}, n=n)
+        assert info.value.body["param"] == param

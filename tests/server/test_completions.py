@@ -1,0 +1,152 @@
+"""POST /v1/completions through the openai client's `completions.create`: a string prompt is fed
+as its tokens (no chat template) and a token-id prompt gives the same reply; a list of prompts
+gives n choices each, indexed prompt * n + i; max_tokens defaults to 16; echo puts the prompt
+first; logprobs give the legacy object (tokens that spell the reply, top_logprobs dicts of the
+asked size holding the chosen token, character offsets); a stream matches the whole reply;
+usage counts every prompt once; over-long and malformed prompts, suffix, and echo with
+logprobs are 400s naming the field."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from transformers import AutoTokenizer
+
+from statechat.paths import EMBEDDED_MODEL
+from tests.server.conftest import KEY
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+PROMPT = "state cache block token layer chat model prefix"
+GREEDY = {"model": "m", "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+
+
+def spelled(tokens: list[str]) -> str:
+    """The text that legacy tokens spell ("bytes:\\xNN" ones are parts of a character)."""
+    raw = b"".join(bytes.fromhex(t[6:].replace("\\x", "")) if t.startswith("bytes:") else t.encode()
+                   for t in tokens)
+    return raw.decode("utf-8", "replace")
+
+
+def test_string_and_token_prompts(client, tokenizer):
+    text = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=10)
+    ids = tokenizer.encode(PROMPT)
+    assert text.object == "text_completion" and text.choices[0].index == 0
+    assert text.usage.prompt_tokens == len(ids) and text.usage.completion_tokens == 10
+    assert text.choices[0].finish_reason == "length"
+    by_ids = client.completions.create(**GREEDY, prompt=ids, max_tokens=10)
+    assert by_ids.choices[0].text == text.choices[0].text
+    default = client.completions.create(**GREEDY, prompt=PROMPT)
+    assert default.usage.completion_tokens == 16  # OpenAI's and vLLM's default for this API
+    assert default.choices[0].text.startswith(text.choices[0].text.rstrip("\ufffd"))
+
+
+def test_a_list_of_prompts_with_n(client, tokenizer):
+    other = [5, 6, 7, 8]
+    each = [client.completions.create(**GREEDY, prompt=p, max_tokens=6).choices[0].text
+            for p in (PROMPT, other)]
+    both = client.completions.create(**GREEDY, prompt=[tokenizer.encode(PROMPT), other], n=2,
+                                     max_tokens=6)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [each[0], each[0], each[1], each[1]]
+    assert both.usage.prompt_tokens == len(tokenizer.encode(PROMPT)) + 4
+    assert both.usage.completion_tokens == 4 * 6
+    seeded = client.completions.create(model="m", prompt=[PROMPT, PROMPT], n=2, seed=3,
+                                       temperature=1.0, max_tokens=6)
+    texts = [c.text for c in seeded.choices]
+    assert texts[:2] == texts[2:] and texts[0] != texts[1]  # choice i of a prompt: seed + i
+
+
+def test_echo(client, tokenizer):
+    reply = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5)
+    echoed = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5, echo=True)
+    assert echoed.choices[0].text == PROMPT + reply.choices[0].text
+    ids = [1, *tokenizer.encode("chat model")]
+    echoed = client.completions.create(**GREEDY, prompt=ids, max_tokens=5, echo=True)
+    assert echoed.choices[0].text.startswith("<|im_start|>chat model")
+    stream = list(client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5, echo=True,
+                                            stream=True))
+    assert stream[0].choices[0].text == PROMPT
+    assert "".join(c.choices[0].text for c in stream) == PROMPT + reply.choices[0].text
+
+
+def test_logprobs(client):
+    reply = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=12, logprobs=3)
+    choice = reply.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12
+    assert spelled(lp.tokens) == choice.text
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and top[token] == logprob == max(top.values())  # greedy
+    whole = [not t.startswith("bytes:") for t in lp.tokens]
+    if all(whole):
+        assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(12)]
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    only = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=4, logprobs=0)
+    assert [len(top) for top in only.choices[0].logprobs.top_logprobs] == [1] * 4
+    plain = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+
+
+def test_stream_matches_the_whole_reply(client):
+    ask = {**GREEDY, "prompt": [PROMPT, "kernel gate delta"], "n": 2, "max_tokens": 9,
+           "logprobs": 2}
+    whole = client.completions.create(**ask)
+    chunks = list(client.completions.create(**ask, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts, tokens, offsets, finishes = ([""] * 4, [[] for _ in range(4)],
+                                        [[] for _ in range(4)], [None] * 4)
+    for chunk in chunks[:-1]:
+        assert chunk.object == "text_completion"
+        (c,) = chunk.choices
+        texts[c.index] += c.text
+        if c.logprobs:
+            tokens[c.index] += c.logprobs.tokens
+            offsets[c.index] += c.logprobs.text_offset
+        finishes[c.index] = c.finish_reason or finishes[c.index]
+    assert texts == [c.text for c in whole.choices]
+    assert tokens == [c.logprobs.tokens for c in whole.choices]
+    assert offsets == [c.logprobs.text_offset for c in whole.choices]
+    assert finishes == ["length"] * 4
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+@pytest.mark.parametrize("prompt", ["", [], [[]], 5, [1, True], [2.5], [10**6], [-1], [[1], 7]])
+def test_bad_prompts_are_400s(client, prompt):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt=prompt, max_tokens=2)
+    assert info.value.body["param"] == "prompt"
+
+
+def test_a_lone_surrogate_is_a_400(server):
+    req = urllib.request.Request(f"{server.url}/v1/completions", data=b'{"prompt": "a\\ud800"}',
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=30)
+    assert info.value.code == 400 and json.loads(info.value.read())["error"]["param"] == "prompt"
+
+
+def test_refused_fields_and_long_prompts(client):
+    client.completions.create(model="m", prompt=PROMPT, max_tokens=2, suffix="")
+    for fields, param in (({"suffix": "end"}, "suffix"), ({"echo": True, "logprobs": 1}, "echo"),
+                          ({"logprobs": 21}, "logprobs"), ({"n": 17}, "n"),
+                          ({"best_of": 3}, "best_of"), ({"max_tokens": 0}, "max_tokens"),
+                          ({"extra_body": {"logprobs": True}}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(**{"model": "m", "prompt": PROMPT, **fields})
+        assert info.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt=[PROMPT] * 20, n=16)
+    assert info.value.body["param"] == "prompt" and "at most 256 choices" in info.value.message
+    for prompt in ([1] * 1024, [PROMPT, [1] * 1500]):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="m", prompt=prompt, max_tokens=2)
+        assert info.value.code == "context_length_exceeded" and info.value.body["param"] == "prompt"
+        assert "context limit is 1024" in info.value.message
