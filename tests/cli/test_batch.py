@@ -11,8 +11,6 @@ import torch
 from typer.testing import CliRunner
 
 from statechat import cli
-from statechat.engine.engine import LLMEngine
-from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
 
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
@@ -21,16 +19,6 @@ WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix",
 def words(seed: int, n: int) -> str:
     g = torch.Generator().manual_seed(seed)
     return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=g).tolist())
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model(EMBEDDED_MODEL, dtype=torch.float32)
-
-
-@pytest.fixture
-def shared_engine(loaded, monkeypatch):
-    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(config, loaded=loaded))
 
 
 def requests() -> list[str]:

@@ -9,26 +9,13 @@ import json
 import shutil
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from statechat import cli
-from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
-from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
 
 QWEN_LIKE = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}  # what Qwen's checkpoints carry
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model(EMBEDDED_MODEL, dtype=torch.float32)
-
-
-@pytest.fixture
-def shared_engine(loaded, monkeypatch):
-    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(config, loaded=loaded))
 
 
 def recommending(tmp_path, **sampling):
