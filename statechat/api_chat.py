@@ -45,7 +45,8 @@ class ChatShape(Shape):
                         "logprobs": self._logprobs(event.token_ids, event.logprobs),
                         "finish_reason": None})
         if event.output is not None:
-            out.append({"index": index, "delta": {}, "finish_reason": finish_reason(event.output)})
+            out.append({"index": index, "delta": {}, "logprobs": None,
+                        "finish_reason": finish_reason(event.output)})
         return out
 
     def choice(self, index: int, out: RequestOutput) -> dict:

@@ -1,10 +1,11 @@
 """The choices of one API request, chat or text completion: n engine requests per prompt,
-submitted together, then waited on, or streamed merged as their tokens come.
+submitted (choice 0 of each prompt first), then waited on, or streamed merged as their tokens
+come.
 
 Choice index = prompt index * n + i (OpenAI's and vLLM's order). With a seed, choice i of each
 prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, its choices
-differ, and its choice 0 is the reply the same request with n=1 gets. The choices of a prompt
-share its prefix through the engine's prefix cache. `usage` counts each prompt once and sums
+differ, and its choice 0 is the reply the same request with n=1 gets. The other choices of a
+prompt start once choice 0 has computed it, from the engine's prefix cache. `usage` counts each prompt once and sums
 the completion tokens of every choice.
 
 Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.CompletionShape).
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from statechat.api_request import ApiError
 from statechat.engine.engine import RequestOutput, StreamEvent
@@ -24,6 +25,7 @@ from statechat.engine.worker import EngineWorker, RequestHandle
 from statechat.errors import ContextLengthError, StatechatError
 
 SEEDS = 2**64  # seeds run to 2**64 - 1: seed + i past that wraps to 0
+POLL_S = 0.5  # how often a wait asks whether the client is still there
 _END = object()
 
 
@@ -69,35 +71,48 @@ class Choices:
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
-               n: int, param: str) -> Choices:
+               n: int, param: str, gone: Callable[[], bool] = lambda: False) -> Choices:
         """Submit n requests per prompt. A prompt the engine refuses is an ApiError(400) naming
-        `param` (code context_length_exceeded when it is too long), and nothing stays queued."""
-        handles: list[RequestHandle] = []
+        `param` (code context_length_exceeded when it is too long), and nothing stays queued.
+
+        With n > 1, choice 0 of each prompt goes first and the others once it has its first
+        token: by then its prompt is in the prefix cache, which they resume from rather than
+        each computing it. ConnectionResetError if the client goes (`gone`) meanwhile."""
+        made: dict[tuple[int, int], RequestHandle] = {}  # (prompt, choice) -> its request
         try:
-            for p, ids in enumerate(prompts):
-                where = f"{param}[{p}]: " if len(prompts) > 1 else ""
-                try:
-                    for i in range(n):
-                        handles.append(worker.submit(ids, choice_params(
-                            params, i, len(ids), worker.max_model_len)))
-                except ContextLengthError as e:
-                    shorten = "conversation" if param == "messages" else "prompt"
-                    raise ApiError(400, f"{where}{e}; shorten the {shorten}", param,
-                                   "context_length_exceeded") from None
-                except StatechatError as e:
-                    raise ApiError(400, f"{where}{e}", param) from None
+            for wave in (range(1), range(1, n)):
+                for p, ids in enumerate(prompts):
+                    for i in wave:
+                        made[p, i] = _submit(worker, ids, choice_params(
+                            params, i, len(ids), worker.max_model_len), param, p, len(prompts))
+                for handle in list(made.values()) if n > 1 and not wave.start else ():
+                    while not handle.started.wait(POLL_S):
+                        if gone():
+                            raise ConnectionResetError("the client went away")
         except BaseException:
-            cls(handles, n).abort()
+            for handle in made.values():
+                handle.abort()
             raise
-        return cls(handles, n)
+        return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n)
 
     def abort(self) -> None:
         """Stop every choice still running (a no-op for those that finished)."""
         for handle in self.handles:
             handle.abort()
 
-    def results(self) -> list[RequestOutput]:
-        return [handle.result() for handle in self.handles]
+    def results(self, gone: Callable[[], bool] = lambda: False) -> list[RequestOutput]:
+        """Every choice's output, once all finished; ConnectionResetError (every choice still
+        running aborted by the caller) if the client goes (`gone`, asked every POLL_S)."""
+        outputs = []
+        for handle in self.handles:
+            while True:
+                try:
+                    outputs.append(handle.result(timeout=POLL_S))
+                    break
+                except TimeoutError:
+                    if gone():
+                        raise ConnectionResetError("the client went away") from None
+        return outputs
 
     def outputs(self) -> list[RequestOutput]:
         """The outputs of the choices that finished so far."""
@@ -119,6 +134,21 @@ class Choices:
                 raise item
             else:
                 yield index, item
+
+
+def _submit(worker: EngineWorker, ids: list[int], params: SamplingParams, param: str, p: int,
+            num_prompts: int) -> RequestHandle:
+    """One engine request; ApiError(400) naming `param` (and which prompt, of several) if the
+    engine refuses it."""
+    where = f"{param}[{p}]: " if num_prompts > 1 else ""
+    try:
+        return worker.submit(ids, params)
+    except ContextLengthError as e:
+        shorten = "conversation" if param == "messages" else "prompt"
+        raise ApiError(400, f"{where}{e}; shorten the {shorten}", param,
+                       "context_length_exceeded") from None
+    except StatechatError as e:
+        raise ApiError(400, f"{where}{e}", param) from None
 
 
 def _pump(index: int, handle: RequestHandle, events: queue.SimpleQueue) -> None:

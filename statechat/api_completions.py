@@ -40,14 +40,19 @@ def _is_ids(value) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)
 
 
-def _prompts(raw, worker: EngineWorker, add_special_tokens: bool) -> tuple[list, list[list[int]]]:
+def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
+             n: int) -> tuple[list, list[list[int]]]:
     """Each prompt as given (a string or token ids) and its token ids (a string through the
-    tokenizer's encode; Qwen's adds no BOS)."""
+    tokenizer's encode; Qwen's adds no BOS). Their number is checked before any is encoded
+    (encoding holds the tokenizer, which every chat request needs)."""
     prompts = [raw] if isinstance(raw, str) or _is_ids(raw) else raw
     if not isinstance(prompts, list) or not prompts or \
             not all(isinstance(p, str) or _is_ids(p) for p in prompts):
         raise ApiError(400, "prompt must be a string, an array of token ids, or a non-empty "
                             "array of strings or of token-id arrays", "prompt")
+    if len(prompts) * n > MAX_CHOICES:
+        raise ApiError(400, f"a request may ask for at most {MAX_CHOICES} choices (prompts "
+                            f"times n), not {len(prompts) * n}", "prompt")
     try:
         for p in prompts:
             if isinstance(p, str):
@@ -78,11 +83,8 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
     if echo and k is not None:
         raise ApiError(400, "echo with logprobs is not supported (the prompt's logprobs are "
                             "not computed); leave one out", "echo")
-    given, prompts = _prompts(body.get("prompt"), worker, parse_flag(body, "add_special_tokens", True))
     n = parse_n(body)
-    if len(prompts) * n > MAX_CHOICES:
-        raise ApiError(400, f"a request may ask for at most {MAX_CHOICES} choices (prompts "
-                            f"times n), not {len(prompts) * n}", "prompt")
+    given, prompts = _prompts(body.get("prompt"), worker, parse_flag(body, "add_special_tokens", True), n)
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)

@@ -79,6 +79,9 @@ class TextOffsets:
         """The offset of the next token, `token_id` with bytes `raw`."""
         start = self.num_chars
         if token_id not in self.special:
+            pending = self.decoder.getstate()[0]
+            if pending and raw and not 0x80 <= raw[0] <= 0xBF:
+                start += 1  # the unfinished character before it ends here, as one U+FFFD
             self.num_chars += len(self.decoder.decode(raw))
         return start
 

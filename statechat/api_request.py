@@ -189,6 +189,8 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     parse_n(body)
     numbers = {key: _number(body, key, kind, getattr(defaults, key))
                for key, kind in NUMBER_FIELDS.items()}
+    if numbers["top_k"] is not None and numbers["top_k"] < -1:
+        raise ApiError(400, "top_k must be -1 or 0 (off), or the number of tokens to keep", "top_k")
     numbers["top_k"] = 0 if numbers["top_k"] == -1 else numbers["top_k"]  # (vLLM's -1 is off)
     room = max(1, max_model_len - prompt_len)
     try:
@@ -221,5 +223,11 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
     """Whether to stream, and whether the stream ends with a usage chunk
     (stream_options.include_usage)."""
     stream = parse_flag(body, "stream")
-    options = body.get("stream_options") or {}
-    return stream, bool(stream and isinstance(options, dict) and options.get("include_usage"))
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", "stream_options")
+    if not stream:
+        raise ApiError(400, "stream_options needs stream true", "stream_options")
+    return stream, parse_flag(options, "include_usage")

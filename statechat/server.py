@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import select
+import socket
 import sys
 import time
 import uuid
@@ -181,14 +183,18 @@ class Handler(BaseHTTPRequestHandler):
         """Submit n choices per prompt and send them, whole or streamed; abort every choice
         still running when the client goes away."""
         stream, include_usage = parse_stream(body)
-        choices = Choices.submit(self.server.worker, prompts, params, n, param)
+        try:
+            choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
+        except ConnectionResetError:
+            self.close_connection = True
+            return
         head = {"id": f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": self.server.model_id}
         try:
             if stream:
                 self._stream(shape, choices, head, include_usage)
             else:
-                self._send_json(200, response(shape, head, choices.results(), n))
+                self._send_json(200, response(shape, head, choices.results(self._gone), n))
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception as e:
@@ -200,6 +206,15 @@ class Handler(BaseHTTPRequestHandler):
             choices.abort()  # no-op for the choices that finished
             for out in choices.outputs():
                 self._log_reuse(out)
+
+    def _gone(self) -> bool:
+        """Whether the client closed its connection while it waits for the answer (it sends
+        nothing more then, so a readable socket with no data is a closed one)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def _stream(self, shape: Shape, choices: Choices, head: dict, include_usage: bool) -> None:
         self.send_response(200)

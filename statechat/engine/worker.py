@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 from statechat.engine.engine import LLMEngine, RequestOutput, StreamEvent
@@ -40,6 +41,12 @@ class RequestHandle:
         self.seq: Sequence | None = None  # set by the worker thread
         self.sent_text = 0
         self.sent_tokens = 0
+        self.started = threading.Event()  # set with its first event (its prompt is computed)
+
+    def put(self, item) -> None:
+        """(The worker thread) deliver an event, an error or the end mark."""
+        self.events.put(item)
+        self.started.set()
 
     def __iter__(self) -> Iterator[StreamEvent]:
         while True:
@@ -52,12 +59,24 @@ class RequestHandle:
                 self.output = item.output
             yield item
 
-    def result(self) -> RequestOutput:
-        """Wait for the end and return the final output."""
-        for _ in self:
-            pass
-        assert self.output is not None
-        return self.output
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Wait for the end and return the final output. With a timeout, TimeoutError once
+        that many seconds passed first (the request goes on: call again, or abort it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                item = self.events.get(timeout=None if deadline is None
+                                       else max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise TimeoutError(f"not finished after {timeout} s") from None
+            if item is _DONE:
+                self.events.put(_DONE)  # (a later call or iteration ends at once)
+                assert self.output is not None
+                return self.output
+            if isinstance(item, BaseException):
+                raise item
+            if item.output is not None:
+                self.output = item.output
 
     def abort(self) -> None:
         self.worker.abort(self)
@@ -138,8 +157,8 @@ class EngineWorker:
                 handle.seq = self.engine.add_checked(handle.prompt_ids, handle.packed,
                                                      handle.params, handle.request_id)
             except Exception as e:  # noqa: BLE001 - delivered to the submitter
-                handle.events.put(e)
-                handle.events.put(_DONE)
+                handle.put(e)
+                handle.put(_DONE)
                 return
             self._live[handle.seq.seq_id] = handle
         elif kind == "abort" and handle.seq is not None and handle.seq.seq_id in self._live:
@@ -153,8 +172,8 @@ class EngineWorker:
             for handle in list(self._live.values()):
                 self.engine.abort(handle.seq)
                 self._live.pop(handle.seq.seq_id, None)
-                handle.events.put(e)
-                handle.events.put(_DONE)
+                handle.put(e)
+                handle.put(_DONE)
             return
         for seq in updated:
             handle = self._live.get(seq.seq_id)
@@ -169,10 +188,10 @@ class EngineWorker:
         event, handle.sent_text, handle.sent_tokens = self.engine.next_event(
             seq, handle.sent_text, handle.sent_tokens)
         if event is not None:
-            handle.events.put(event)
+            handle.put(event)
         if seq.is_finished:
             self._live.pop(seq.seq_id, None)
-            handle.events.put(_DONE)
+            handle.put(_DONE)
 
     def _abort_all(self) -> None:
         for handle in list(self._live.values()):

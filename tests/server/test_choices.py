@@ -2,8 +2,9 @@
 seed the request is reproducible, its choices differ and choice 0 is the n=1 reply (choice i
 samples with seed + i); greedy choices are identical; usage counts the prompt once and every
 choice's tokens; a stream interleaves the choices, each with its own role and finish chunk, and
-matches the whole reply; a client that goes away stops every choice; n and best_of out of
-range are 400s naming them."""
+matches the whole reply; the choices after the first resume from its prompt; a client that
+goes away, streamed or not, stops every choice; n and best_of out of range are 400s naming
+them."""
 
 from __future__ import annotations
 
@@ -59,29 +60,57 @@ def test_stream_interleaves_the_choices(client):
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
-def test_a_client_that_leaves_stops_every_choice(server, monkeypatch):
-    seen = []
-    submit = server_module.Choices.submit
+def spy_on_choices(monkeypatch) -> list:
+    """The Choices the server makes, as it makes them."""
+    seen, submit = [], server_module.Choices.submit
 
     def spy(*args, **kwargs):
         seen.append(submit(*args, **kwargs))
         return seen[-1]
 
     monkeypatch.setattr(server_module.Choices, "submit", spy)
-    body = {"messages": MESSAGES, "n": 3, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    return seen
+
+
+def post(server, body: dict) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
                  {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.readline().startswith(b"data: ")
-    resp.close()
-    conn.close()  # gone after the first chunk
+    return conn
+
+
+def all_aborted(handles) -> bool:
     deadline = time.monotonic() + 30
-    handles = seen[0].handles
     while not all(h.seq is not None and h.seq.is_finished for h in handles):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert [h.seq.finish_reason for h in handles] == ["abort"] * 3
+    return [h.seq.finish_reason for h in handles] == ["abort"] * len(handles)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_client_that_leaves_stops_every_choice(server, monkeypatch, stream):
+    seen = spy_on_choices(monkeypatch)
+    conn = post(server, {"messages": MESSAGES, "n": 3, "max_tokens": 900, "ignore_eos": True,
+                         "stream": stream})
+    if stream:
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        resp.close()
+    else:
+        while not seen:
+            time.sleep(0.05)
+    conn.close()  # gone after the first chunk, or while the whole reply is made
+    assert all_aborted(seen[0].handles)
+
+
+def test_the_other_choices_resume_from_the_first_ones_prompt(client, monkeypatch):
+    """Choice 0 computes the prompt; the others start once it has, from the prefix cache."""
+    seen = spy_on_choices(monkeypatch)
+    long = [{"role": "user", "content": " ".join(["prefix reuse delta gate kernel"] * 40)}]
+    reply = client.chat.completions.create(**{**ASK, "messages": long}, n=3, temperature=1.0)
+    outs = [h.output for h in seen[0].handles]
+    assert outs[0].num_cached_tokens == 0 and reply.usage.prompt_tokens > 128
+    assert all(out.num_cached_tokens >= 128 for out in outs[1:])
 
 
 def test_n_and_best_of_out_of_range_are_400s(client):

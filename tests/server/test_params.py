@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from statechat.api_choices import choice_params
-from statechat.api_request import parse_n
+from statechat.api_request import parse_n, parse_stream
 from statechat.engine.sampling import SamplingParams
 from statechat.server import ApiError, parse_params
 
@@ -158,3 +158,20 @@ def test_choice_seeds_and_room():
     assert choice_params(SamplingParams(), 2, 10, 100).seed is None
     assert choice_params(SamplingParams(seed=2**64 - 1), 1, 10, 100).seed == 0  # wraps
     assert choice_params(seeded, 0, 70, 100).max_tokens == 30  # the room this prompt leaves
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"stream_options": {"include_usage": True}}, "stream_options needs stream true"),
+    ({"stream": True, "stream_options": 3}, "stream_options must be an object"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage must be true or false"),
+])
+def test_bad_stream_options_are_400s(body, message):
+    with pytest.raises(ApiError) as info:
+        parse_stream(body)
+    assert (info.value.status, info.value.message) == (400, message)
+
+
+def test_stream_options():
+    assert parse_stream({"stream": True, "stream_options": {"include_usage": True}}) == (True, True)
+    assert parse_stream({"stream": True}) == (True, False)
+    assert parse_stream({"stream": None, "stream_options": None}) == (False, False)
