@@ -49,3 +49,18 @@ def test_legacy_object():
     assert legacy["top_logprobs"][0] == {"a": -1.0, "bytes:\\xe4": -2.0}
     assert legacy["top_logprobs"][1] == {"bytes:\\xe4": -0.5}  # the chosen token, always
     assert legacy["token_logprobs"] == [-1.0] + [-0.5] * 6
+
+
+def test_text_offsets_after_an_unfinished_character():
+    """A byte that cannot finish the character before it ends that character as one U+FFFD:
+    the next token starts after it, as in the reply's text ('a\ufffdnb')."""
+    from types import SimpleNamespace
+
+    from statechat.api_logprobs import TextOffsets
+
+    no_specials = SimpleNamespace(all_special_ids=())
+    offsets = TextOffsets(no_specials)
+    assert [offsets.add(i, b) for i, b in enumerate([b"a", b"\xd8", b"n", b"b"])] == [0, 1, 2, 3]
+    offsets = TextOffsets(no_specials)  # a character split across tokens starts with its first
+    pieces = [b"a", b"\xe4", b"\xbd\xa0", b"b", b"\xe4\xbd", b"\xa0"]
+    assert [offsets.add(i, b) for i, b in enumerate(pieces)] == [0, 1, 1, 2, 3, 3]
