@@ -5,6 +5,7 @@ request's or a batch line's own fields. A bad flag is one line before any model 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
@@ -44,7 +45,8 @@ def started(monkeypatch, shared_engine):
         worker.shutdown()
         got["serve"] = sampling
 
-    monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
+    if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
+        monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
     monkeypatch.setattr("statechat.server.serve", serve)
     return got
 
@@ -54,6 +56,8 @@ def started(monkeypatch, shared_engine):
     ("serve", SamplingParams(temperature=1.0, top_p=1.0, max_tokens=2048)),
 ])
 def test_run_and_serve_take_the_model_s_sampling_under_their_flags(tmp_path, started, command, own):
+    if command == "run":
+        pytest.importorskip("textual")
     args = [command, "--device", "cpu", "--no-cache"]
     plain = CliRunner().invoke(cli.app, [*args, "--model", str(EMBEDDED_MODEL)])
     assert plain.exit_code == 0, plain.output
@@ -118,7 +122,9 @@ def test_batch_takes_the_model_s_sampling_under_its_flags_and_lines(tmp_path, sh
 def test_a_bad_flag_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys, command,
                                                         flag, value, says):
     monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
-    monkeypatch.setattr("statechat.tui.app.StatechatApp", lambda *a, **k: pytest.fail("app made"))
+    if command == "run":
+        pytest.importorskip("textual")
+        monkeypatch.setattr("statechat.tui.app.StatechatApp", lambda *a, **k: pytest.fail("app made"))
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     argv = [command, *([str(src)] if command == "batch" else []), "--device", "cpu",
