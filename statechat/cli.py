@@ -94,11 +94,14 @@ def run(
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
     or the flags say otherwise."""
+    from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
-    from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
     config = _config(model, cache_dir, device, no_cache)
-    sampling = compose_sampling(  # (reads the model's config: a wrong --model is one line now)
+    ModelConfig.from_hf(config.model)  # a wrong --model: one line now, before the app loads
+    from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
+
+    sampling = compose_sampling(
         DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         repetition_penalty=repetition_penalty, max_tokens=max_tokens)
