@@ -13,6 +13,7 @@ Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -78,15 +79,23 @@ class Choices:
         With n > 1, choice 0 of each prompt goes first and the others once it has its first
         token: by then its prompt is in the prefix cache, which they resume from rather than
         each computing it. ConnectionResetError if the client goes (`gone`) meanwhile."""
+        if len(prompts) > 1:  # every prompt checked before any is queued
+            for p, ids in enumerate(prompts):
+                with _refused(param, p, len(prompts)):
+                    worker.engine.check_prompt(ids)
+        config = worker.engine.config
         made: dict[tuple[int, int], RequestHandle] = {}  # (prompt, choice) -> its request
         try:
             for wave in (range(1), range(1, n)):
                 for p, ids in enumerate(prompts):
                     for i in wave:
-                        made[p, i] = _submit(worker, ids, choice_params(
-                            params, i, len(ids), worker.max_model_len), param, p, len(prompts))
-                for handle in list(made.values()) if n > 1 and not wave.start else ():
-                    while not handle.started.wait(POLL_S):
+                        with _refused(param, p, len(prompts)):
+                            made[p, i] = worker.submit(ids, choice_params(
+                                params, i, len(ids), worker.max_model_len))
+                if wave.start or n == 1 or not config.enable_prefix_cache:
+                    continue
+                for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
+                    while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
                         if gone():
                             raise ConnectionResetError("the client went away")
         except BaseException:
@@ -136,13 +145,13 @@ class Choices:
                 yield index, item
 
 
-def _submit(worker: EngineWorker, ids: list[int], params: SamplingParams, param: str, p: int,
-            num_prompts: int) -> RequestHandle:
-    """One engine request; ApiError(400) naming `param` (and which prompt, of several) if the
-    engine refuses it."""
+@contextlib.contextmanager
+def _refused(param: str, p: int, num_prompts: int):
+    """A prompt the engine refuses as an ApiError(400) naming `param` (and which prompt, of
+    several)."""
     where = f"{param}[{p}]: " if num_prompts > 1 else ""
     try:
-        return worker.submit(ids, params)
+        yield
     except ContextLengthError as e:
         shorten = "conversation" if param == "messages" else "prompt"
         raise ApiError(400, f"{where}{e}; shorten the {shorten}", param,

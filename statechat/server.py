@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
-import select
+import selectors
 import socket
 import sys
 import time
@@ -211,10 +211,15 @@ class Handler(BaseHTTPRequestHandler):
         """Whether the client closed its connection while it waits for the answer (it sends
         nothing more then, so a readable socket with no data is a closed one)."""
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
+            with selectors.DefaultSelector() as ready:  # (select.select stops at fd 1024)
+                ready.register(self.connection, selectors.EVENT_READ)
+                if not ready.select(0):
+                    return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except ConnectionError:
             return True
+        except (OSError, ValueError):  # (not a sign the client left)
+            return False
 
     def _stream(self, shape: Shape, choices: Choices, head: dict, include_usage: bool) -> None:
         self.send_response(200)

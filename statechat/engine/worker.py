@@ -42,6 +42,8 @@ class RequestHandle:
         self.sent_text = 0
         self.sent_tokens = 0
         self.started = threading.Event()  # set with its first event (its prompt is computed)
+        self.ended = False  # its end mark was read
+        self.error: BaseException | None = None  # the error it ended with, once read
 
     def put(self, item) -> None:
         """(The worker thread) deliver an event, an error or the end mark."""
@@ -49,34 +51,38 @@ class RequestHandle:
         self.started.set()
 
     def __iter__(self) -> Iterator[StreamEvent]:
-        while True:
-            item = self.events.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            if item.output is not None:
-                self.output = item.output
-            yield item
+        yield from self._events()
 
     def result(self, timeout: float | None = None) -> RequestOutput:
-        """Wait for the end and return the final output. With a timeout, TimeoutError once
-        that many seconds passed first (the request goes on: call again, or abort it)."""
+        """Wait for the end and return the final output (or raise the request's error). With
+        a timeout, TimeoutError once that many seconds passed first (the request goes on:
+        call again, or abort it)."""
+        for _ in self._events(timeout):
+            pass
+        return self.output
+
+    def _events(self, timeout: float | None = None) -> Iterator[StreamEvent]:
+        """The events not read yet, then the end: the request's output kept, or its error
+        raised (again on every later call)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if self.error is not None:
+                raise self.error
+            if self.ended:
+                return
             try:
                 item = self.events.get(timeout=None if deadline is None
                                        else max(deadline - time.monotonic(), 0))
             except queue.Empty:
                 raise TimeoutError(f"not finished after {timeout} s") from None
             if item is _DONE:
-                self.events.put(_DONE)  # (a later call or iteration ends at once)
-                assert self.output is not None
-                return self.output
-            if isinstance(item, BaseException):
-                raise item
-            if item.output is not None:
-                self.output = item.output
+                self.ended = True
+            elif isinstance(item, BaseException):
+                self.error = item
+            else:
+                if item.output is not None:
+                    self.output = item.output
+                yield item
 
     def abort(self) -> None:
         self.worker.abort(self)

@@ -1,0 +1,51 @@
+"""EngineWorker's request handles, as the server waits on them: result(timeout) gives up with
+TimeoutError while the request runs and returns its output once it ends (and at once on every
+later call, as an iteration after it ends at once); a request that failed raises its error on
+every call; `started` is set by the first event, by a failure and by an abort."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.worker import EngineWorker
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+
+
+@pytest.fixture(scope="module")
+def worker():
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    w = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), loaded=loaded))
+    yield w
+    w.shutdown()
+
+
+def test_result_with_a_timeout(worker):
+    handle = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=400, ignore_eos=True))
+    with pytest.raises(TimeoutError):
+        handle.result(timeout=0.001)
+    out = handle.result(timeout=60)
+    assert handle.started.is_set() and len(out.token_ids) == 400
+    assert handle.result(timeout=0) is out and list(handle) == []
+
+
+def test_a_failed_request_raises_on_every_call(worker, monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom at add")
+
+    monkeypatch.setattr(worker.engine, "add_checked", fail)
+    handle = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=4))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom at add"):
+            handle.result(timeout=60)
+    assert handle.started.is_set()
+
+
+def test_an_aborted_request_is_started_and_ends(worker):
+    handle = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=100_000, ignore_eos=True))
+    handle.abort()
+    assert handle.result(timeout=60).finish_reason == "abort" and handle.started.is_set()
