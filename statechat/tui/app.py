@@ -24,7 +24,7 @@ from statechat.chat.tree import ChatStore, Message, open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import ContextLengthError, StatechatError
-from statechat.tui.format import one_line, reply_stats, status_line
+from statechat.tui.format import one_line, reply_stats, sampling_line, status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -116,7 +116,8 @@ class StatechatApp(App):
         from statechat.paths import is_embedded
 
         self.pop_screen()
-        self.sub_title = f"{self.loaded.path.name} on {self.loaded.device.type}"
+        self.sub_title = (f"{self.loaded.path.name} on {self.loaded.device.type} · "
+                          f"{sampling_line(self.sampling)}")
         self.query_one("#banner").display = is_embedded(self.loaded.path)
         convs = self.chats.conversations()
         self.open_conversation(convs[0].id if convs else None)

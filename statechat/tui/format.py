@@ -28,6 +28,19 @@ def split_thinking(text: str) -> tuple[str, str]:
     return (body.strip(), "") if opened else ("", text)
 
 
+def sampling_line(params) -> str:
+    """A SamplingParams in a few words, the fields left at their off values left out:
+    "temperature 0.6, top-p 0.95, top-k 20, presence 1.5" or "greedy"."""
+    parts = [f"temperature {params.temperature:g}" if not params.is_greedy else "greedy"]
+    for name, value, off in (("top-p", params.top_p, 1), ("top-k", params.top_k, 0),
+                             ("min-p", params.min_p, 0), ("presence", params.presence_penalty, 0),
+                             ("frequency", params.frequency_penalty, 0),
+                             ("repetition", params.repetition_penalty, 1)):
+        if value != off and (name in ("presence", "frequency", "repetition") or not params.is_greedy):
+            parts.append(f"{name} {value:g}")
+    return ", ".join(parts)
+
+
 def one_line(text: str) -> str:
     """`text` with each run of whitespace, line breaks included, as one space (a chat's title)."""
     return " ".join(text.split())

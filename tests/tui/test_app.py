@@ -15,6 +15,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui import app as app_module
 from statechat.tui.app import StatechatApp
+from statechat.tui.format import sampling_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -213,5 +214,6 @@ def test_template_variables_reach_the_prompt(loaded, tmp_path, monkeypatch):
             await send(pilot, app, "hello there")
             stats = views(app)[1].message.stats
             assert stats["prompt_tokens"] == len(loaded.tokenizer.encode("quick hello there"))
+            assert app.sub_title.endswith(f" on cpu · {sampling_line(PARAMS)}")  # the sampling shown
 
     asyncio.run(run())

@@ -36,3 +36,12 @@ def test_reasoning_is_shown_before_the_answer():
     assert screen.index("thinking: Let me think") < screen.index("Step two.") < screen.index("The answer is 4.")
     assert "still going" in shown("<think>\nstill going")  # (was empty while the model thought)
     assert "<think>" not in screen and "</think>" not in screen
+
+
+def test_sampling_line():
+    from statechat.engine.sampling import SamplingParams
+    from statechat.tui.format import sampling_line
+
+    assert sampling_line(SamplingParams(temperature=0.6, top_k=20, top_p=0.95, presence_penalty=1.5)) \
+        == "temperature 0.6, top-p 0.95, top-k 20, presence 1.5"
+    assert sampling_line(SamplingParams(top_k=20, repetition_penalty=1.1)) == "greedy, repetition 1.1"
