@@ -86,20 +86,13 @@ class SamplingParams:
             put(self, "logprobs", _integer("logprobs", self.logprobs))
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise ConfigError(f"logprobs must be from 0 to {MAX_LOGPROBS}, got {self.logprobs}")
-
-    @property
-    def is_greedy(self) -> bool:
-        """No draw: the token is the argmax (of the penalised logits, if any penalty is on)."""
-        return self.temperature < GREEDY_BELOW
-
-    @property
-    def uses_penalties(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
-
-    @property
-    def is_plain_greedy(self) -> bool:
-        """The argmax of the raw logits (which a graph replay computes with them)."""
-        return self.is_greedy and not self.uses_penalties
+        # what every step asks of every row, kept rather than derived each time
+        put(self, "is_greedy", self.temperature < GREEDY_BELOW)  # no draw: the token is the
+        # argmax (of the penalised logits, if any penalty is on)
+        put(self, "uses_penalties", bool(self.presence_penalty or self.frequency_penalty
+                                         or self.repetition_penalty != 1))
+        # the argmax of the raw logits (which a graph replay computes with them)
+        put(self, "is_plain_greedy", self.is_greedy and not self.uses_penalties)
 
 
 def _show(value) -> str:
