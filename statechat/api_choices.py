@@ -79,10 +79,10 @@ class Choices:
         With n > 1, choice 0 of each prompt goes first and the others once it has its first
         token: by then its prompt is in the prefix cache, which they resume from rather than
         each computing it. ConnectionResetError if the client goes (`gone`) meanwhile."""
-        if len(prompts) > 1:  # every prompt checked before any is queued
-            for p, ids in enumerate(prompts):
-                with _refused(param, p, len(prompts)):
-                    worker.engine.check_prompt(ids)
+        checked = []  # every prompt checked once, before any is queued
+        for p, ids in enumerate(prompts):
+            with _refused(param, p, len(prompts)):
+                checked.append(worker.engine.check_prompt(ids))
         config = worker.engine.config
         made: dict[tuple[int, int], RequestHandle] = {}  # (prompt, choice) -> its request
         try:
@@ -91,7 +91,7 @@ class Choices:
                     for i in wave:
                         with _refused(param, p, len(prompts)):
                             made[p, i] = worker.submit(ids, choice_params(
-                                params, i, len(ids), worker.max_model_len))
+                                params, i, len(ids), worker.max_model_len), checked=checked[p])
                 if wave.start or n == 1 or not config.enable_prefix_cache:
                     continue
                 for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)

@@ -114,12 +114,14 @@ class EngineWorker:
         return self.engine.max_model_len
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
-               request_id: str = "") -> RequestHandle:
+               request_id: str = "", checked: tuple[list[int], bytes] | None = None) -> RequestHandle:
         """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
-        LLMEngine.check_prompt)."""
+        LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
+        prompt submitted several times is checked once)."""
         if self._stopping:
             raise StatechatError("the engine is shutting down")
-        ids, packed = self.engine.check_prompt(prompt_ids)
+        ids, packed = checked or self.engine.check_prompt(prompt_ids)
+        ids = list(ids) if checked else ids  # (its sequence appends to it: one list each)
         handle = RequestHandle(self, ids, packed, params or SamplingParams(), request_id)
         self._inbox.put(("add", handle))
         return handle
