@@ -5,8 +5,10 @@
 Decode after an 8k-token prompt at batch 1, and from 256-token prompts at batch 32, each
 request with the same options: greedy (the graph's own argmax), temperature with top-p, and
 that with min-p, greedy under presence + frequency + repetition penalties, and greedy with
-logprobs of the 5 likeliest tokens, and the sampling Qwen's model cards recommend. ms per step, and each against greedy's, in one run. A
-markdown table is printed last and written to DIR/bench_sampling.md.
+logprobs of the 5 likeliest tokens, and the sampling Qwen's model cards recommend (with the
+sampler's CUDA graphs, without them, and seeded, which samples eagerly). ms per step, and each
+against greedy's, in one run. A markdown table is printed last and written to
+DIR/bench_sampling.md.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from bench_e2e import build_model
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 
-CASES = {
+QWEN = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "presence_penalty": 1.5}
+CASES = {  # (no seed, as `statechat run` draws: a seeded step samples eagerly)
     "greedy": {},
-    "temperature 0.7, top-p 0.95": {"temperature": 0.7, "top_p": 0.95, "seed": 0},
-    "and min-p 0.05, top-k 20": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05, "top_k": 20, "seed": 0},
+    "temperature 0.7, top-p 0.95": {"temperature": 0.7, "top_p": 0.95},
+    "and min-p 0.05, top-k 20": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05, "top_k": 20},
     "greedy, penalties (presence, frequency, repetition)": {
         "presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
     "greedy, logprobs 5": {"logprobs": 5},
-    "Qwen's recommended: temperature 0.6, top-k 20, top-p 0.95, presence 1.5": {
-        "temperature": 0.6, "top_k": 20, "top_p": 0.95, "presence_penalty": 1.5, "seed": 0},
+    "Qwen's recommended: temperature 0.6, top-k 20, top-p 0.95, presence 1.5": QWEN,
+    "Qwen's recommended, sampler graphs off": {**QWEN, "graphs": False},
+    "Qwen's recommended, seeded (eager)": {**QWEN, "seed": 0},
 }
 
 
@@ -47,10 +51,14 @@ def main() -> None:
                                     memory_fraction=0.5, max_model_len=9216, max_num_seqs=64))
     decode_rate(engine, [ids(8192, 1)], 16)  # compile every kernel at these shapes
     base = {}
+    graphs = engine.runner.sampler_graphs
     for name, sampling in CASES.items():
+        sampling = dict(sampling)
+        graphs.is_enabled = sampling.pop("graphs", True)
         b1, _ = decode_rate(engine, [ids(8192, 2)], 129, **sampling)
         b32, _ = decode_rate(engine, [ids(256, 100 + i) for i in range(32)], 128, **sampling)
         base = base or {"b1": b1, "b32": b32}
+        log(name, "sampler graphs: captures", graphs.captures, "replays", graphs.replays)
         row(name, f"{b1 * 1e3:.2f} / {b32 * 1e3:.2f}", "",
             f"x greedy {b1 / base['b1']:.2f} / {b32 / base['b32']:.2f}")
     write_table(args.out, "bench_sampling")

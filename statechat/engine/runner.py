@@ -17,6 +17,7 @@ import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
+from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.sampling import TokenCounts, logprob_table, sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
@@ -50,6 +51,7 @@ class ModelRunner:
         self.counts: TokenCounts | None = None  # of the requests with penalties, once one came
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.sampler_graphs: SamplerGraphs | None = None
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
         # pinned buffer for the tokens of a step that a later one was queued after, and the
         # event after their copy
@@ -77,6 +79,8 @@ class ModelRunner:
             self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
                 self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
                 self.device))
+        if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
+            self.sampler_graphs = SamplerGraphs(self.device)
 
     def _capture(self, what: str, build: Callable[[], T]) -> T | None:
         """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""
@@ -168,7 +172,8 @@ class ModelRunner:
         counts = None
         if any(p.uses_penalties for p in params):
             counts = self._counts(wanted, logits.shape[-1])
-        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, counts)
+        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, counts,
+                        self.sampler_graphs if greedy is not None else None)  # (graph logits)
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         table = None
         if rows:

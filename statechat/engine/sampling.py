@@ -7,17 +7,21 @@ import itertools
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from statechat.errors import ConfigError
 
+if TYPE_CHECKING:
+    from statechat.engine.sampler_graphs import SamplerGraphs
+
 MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
 GREEDY_BELOW = 1e-5  # a temperature this small samples greedily (dividing by it overflows)
 MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities of (vLLM's cap)
-MAX_PENALTY = 2.0
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 CANDIDATES = 1024  # a draw whose top-k is at most this samples among its top-k tokens only
-TOPK_CHUNK = 4096  # a long row's top-k is taken per chunk of this many columns first  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
+TOPK_CHUNK = 4096  # a long row's top-k is taken per chunk of this many columns first
 
 
 @dataclass(frozen=True)
@@ -202,13 +206,10 @@ class Rows:
     ints: torch.Tensor  # [R, 4]: row of the logits, counts row (0: none), top-k, whether counted
 
     @classmethod
-    def of(cls, params: list[SamplingParams], index: list[int], counts_rows: list[int],
+    def of(cls, floats: list[list[float]], ints: list[list[int]], params,
            device: torch.device) -> Rows:
-        floats = [[p.temperature if not p.is_greedy else 1.0, p.top_p if p.top_p < 1 else math.inf,
-                   math.log(p.min_p) if p.min_p else -math.inf, p.repetition_penalty,
-                   p.frequency_penalty, p.presence_penalty] for p in params]
-        ints = [[i, c, min(p.top_k, 2**31), int(c > 0)] for p, i, c in zip(params, index, counts_rows)]
-        return cls(params, torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True),
+        """Rows from Plan.values() of `params`: two copies, which do not wait."""
+        return cls(list(params), torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True),
                    torch.tensor(ints, dtype=torch.int64).to(device, non_blocking=True))
 
     def slice(self, a: int, b: int) -> Rows:
@@ -236,43 +237,99 @@ def sample(
     generators: list[torch.Generator | None],
     greedy: torch.Tensor | None = None,
     counts: tuple[TokenCounts, list[int]] | None = None,
+    graphs: SamplerGraphs | None = None,
 ) -> torch.Tensor:
     """One token per row of logits [M, vocab] (float32), on the logits' device: the caller
     reads them all at once. `greedy`, the logits' argmax if already computed (a CUDA graph
     replays it with the model), serves the plainly greedy rows. `counts`: the TokenCounts and
     each row's row in it (0 for a request without penalties); each penalised row's new token
-    is counted.
+    is counted. `graphs`: the sampler's graphs, given when the logits (and `greedy`) lie in a
+    graph's static buffers; a step they serve replays one graph instead of launching the work.
 
     The other rows are processed together, ordered by how they pick (an argmax of penalised
     logits, a draw among top-k candidates, a draw over the vocabulary) so that each kind is
     one slice; a step whose rows are all of one kind copies no logits."""
     if greedy is not None and all(p.is_plain_greedy for p in params):
         return greedy
-    kinds = [_kind(p) for p in params]
-    todo = sorted((i for i, k in enumerate(kinds) if k), key=lambda i: kinds[i])
-    if not todo:
+    plan = Plan.of(params, counts[1] if counts is not None else None, generators)
+    if not plan.todo:
         return logits.argmax(dim=-1)
-    rows_of = counts[1] if counts is not None else [0] * len(params)
-    rows = Rows.of([params[i] for i in todo], todo, [rows_of[i] for i in todo], logits.device)
-    whole = todo == list(range(len(params)))
-    x = logits if whole else logits.index_select(0, rows.logits_row)
-    if counts is not None:
-        x = counts[0].penalize(x, rows)
-    picked, a = [], 0
-    for kind, group in itertools.groupby(todo, key=lambda i: kinds[i]):
-        b = a + len(list(group))
-        if kind == GREEDY:
-            picked.append(x[a:b].argmax(dim=-1))
-        else:
-            picked.append(_draw(x[a:b], [generators[i] for i in todo[a:b]], rows.slice(a, b)))
-        a = b
-    picked = picked[0] if len(picked) == 1 else torch.cat(picked)
-    if counts is not None:
-        counts[0].add(rows.counts_row, picked, rows.counted)
-    if whole:
-        return picked
-    out = greedy.clone() if greedy is not None else logits.argmax(dim=-1)
-    return out.index_copy_(0, rows.logits_row, picked)
+    table = counts[0] if counts is not None else None
+    if graphs is not None:
+        tokens = graphs.run(plan, logits, greedy, table)
+        if tokens is not None:
+            return tokens
+    rows = Rows.of(*plan.values(), plan.params, logits.device)
+    return plan.pick(logits, rows, generators, greedy, table)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a step's rows pick their tokens, worked out on the host before any device work.
+    Its `key` holds everything the device work's shapes and branches depend on: two steps of
+    one key run the same kernels on the same shapes, values aside (Rows), which is what lets
+    a CUDA graph of one serve the other."""
+
+    num_rows: int
+    todo: tuple[int, ...]  # the rows that need more than the raw argmax, ordered by kind
+    groups: tuple[tuple[int, int, int], ...]  # (kind, a, b): todo[a:b] pick alike
+    params: tuple[SamplingParams, ...]  # of the todo rows
+    counts_rows: tuple[int, ...] | None  # each todo row's row in the counts (None: no counts)
+    seeded: bool  # a todo row draws from its own generator
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], counts_rows: list[int] | None,
+           generators: list[torch.Generator | None]) -> Plan:
+        kinds = [_kind(p) for p in params]
+        todo = tuple(sorted((i for i, k in enumerate(kinds) if k), key=lambda i: kinds[i]))
+        groups, a = [], 0
+        for kind, group in itertools.groupby(todo, key=lambda i: kinds[i]):
+            groups.append((kind, a, a + len(list(group))))
+            a = groups[-1][2]
+        return cls(len(params), todo, tuple(groups), tuple(params[i] for i in todo),
+                   None if counts_rows is None else tuple(counts_rows[i] for i in todo),
+                   any(generators[i] is not None for i in todo))
+
+    @property
+    def whole(self) -> bool:
+        """Every row is a todo row, in its own order: no logits are gathered."""
+        return self.todo == tuple(range(self.num_rows))
+
+    @property
+    def key(self) -> tuple:
+        return (self.num_rows, self.todo, self.counts_rows is not None,
+                tuple((p.is_greedy, p.top_k, p.min_p > 0, p.top_p < 1, p.repetition_penalty != 1,
+                       p.frequency_penalty != 0, p.presence_penalty != 0) for p in self.params))
+
+    def values(self) -> tuple[list[list[float]], list[list[int]]]:
+        """The todo rows' values that Rows carries to the device (floats, ints)."""
+        rows = self.counts_rows or (0,) * len(self.todo)
+        floats = [[p.temperature if not p.is_greedy else 1.0, p.top_p if p.top_p < 1 else math.inf,
+                   math.log(p.min_p) if p.min_p else -math.inf, p.repetition_penalty,
+                   p.frequency_penalty, p.presence_penalty] for p in self.params]
+        ints = [[i, c, min(p.top_k, 2**31), int(c > 0)] for p, i, c in zip(self.params, self.todo, rows)]
+        return floats, ints
+
+    def pick(self, logits: torch.Tensor, rows: Rows, generators: list[torch.Generator | None],
+             greedy: torch.Tensor | None, table: TokenCounts | None) -> torch.Tensor:
+        """The step's tokens [M] from the logits, the todo rows' values on the device (`rows`)
+        and the counts table: device work only, nothing read back (so it can be captured)."""
+        x = logits if self.whole else logits.index_select(0, rows.logits_row)
+        if table is not None:
+            x = table.penalize(x, rows)
+        picked = []
+        for kind, a, b in self.groups:
+            if kind == GREEDY:
+                picked.append(x[a:b].argmax(dim=-1))
+            else:
+                picked.append(_draw(x[a:b], [generators[i] for i in self.todo[a:b]], rows.slice(a, b)))
+        picked = picked[0] if len(picked) == 1 else torch.cat(picked)
+        if table is not None:
+            table.add(rows.counts_row, picked, rows.counted)
+        if self.whole:
+            return picked
+        out = greedy.clone() if greedy is not None else logits.argmax(dim=-1)
+        return out.index_copy_(0, rows.logits_row, picked)
 
 
 PLAIN, GREEDY, CANDIDATES_KIND, VOCABULARY_KIND = 0, 1, 2, 3
@@ -308,7 +365,9 @@ def distribution(x: torch.Tensor, params: list[SamplingParams],
     among the tokens the others kept): [D, vocab], or, when every row's top-k is at most
     CANDIDATES, [D, kmax] over each row's likeliest tokens (the rest have probability 0) with
     their token ids [D, kmax]. `rows`: the params' values on the device (made if not given)."""
-    rows = rows or Rows.of(params, list(range(len(params))), [0] * len(params), x.device)
+    if rows is None:
+        plan = Plan(len(params), tuple(range(len(params))), (), tuple(params), None, False)
+        rows = Rows.of(*plan.values(), params, x.device)
     params = rows.params
     x = x / rows.temperature
     cols = None

@@ -4,6 +4,7 @@ CUDA; runs on the lent GPU with the rest of the suite."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -145,9 +146,20 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graph
     sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
     penalised = SamplingParams(max_tokens=12, temperature=0.7, min_p=0.05, presence_penalty=1.0,
                                frequency_penalty=0.5, repetition_penalty=1.1, ignore_eos=True)
-    params = [SamplingParams(max_tokens=12, ignore_eos=True), sampled, penalised,
-              SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)]
-    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts[:4], params)]
+    greedy = SamplingParams(max_tokens=12, ignore_eos=True)
+    # a seeded row makes its steps sample eagerly; without one, graphs replay the sampling
+    runs = [[greedy, sampled, penalised, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)],
+            [greedy, dataclasses.replace(sampled, seed=None), penalised]]
+    for params in runs:
+        _decode_guarded(engine, prompts, params, async_scheduling)
+    if use_graphs:
+        assert engine.runner.sampler_graphs.replays >= 8
+
+
+def _decode_guarded(engine, prompts, params, async_scheduling: bool) -> None:
+    """Run the prompts' requests to their end, every decode step under CUDA's sync debug mode
+    but for its tokens' read."""
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
     while any(not s.output_ids for s in seqs):  # the prefills: every later step decodes
         engine.step()
     launch, collect = engine.runner.launch, engine.runner.collect
@@ -179,8 +191,34 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graph
             steps += 1
     finally:
         torch.cuda.set_sync_debug_mode(0)
+        engine.runner.before_wait, engine.runner.launch = read_allowed, launch
+        engine.runner.collect = collect
     assert steps >= 10 and all(len(s.output_ids) == 12 for s in seqs)
     assert (continued[0] >= 8) == async_scheduling
+
+
+def test_sampler_graphs_draw_as_the_options_say(gpu_setup):
+    """Unseeded sampled steps replay the sampler's CUDA graphs (captured while serving), and
+    what they draw obeys the options: top-k 1 at a temperature gives the greedy tokens; a
+    top-k 5 draw at a high temperature only picks among the step's 5 likeliest tokens (as
+    its logprobs, computed apart, report them)."""
+    path, loaded, prompts, _ = gpu_setup
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32"), loaded=loaded)
+    greedy = engine.generate(prompts[:3], SamplingParams(max_tokens=16, ignore_eos=True))
+    params = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8, top_k=1),
+              SamplingParams(max_tokens=16, ignore_eos=True, temperature=3.0, top_k=5, logprobs=5),
+              SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.8, top_k=1, top_p=0.5,
+                             min_p=0.1, presence_penalty=0.5)]
+    graphs = engine.runner.sampler_graphs
+    outs = engine.generate(prompts[:3], params)
+    assert graphs.captures >= 1 and graphs.replays >= 10
+    assert outs[0].token_ids == greedy[0].token_ids
+    for token, (_, top) in zip(outs[1].token_ids, outs[1].logprobs):
+        assert token in [i for i, _ in top]
+    assert len(set(outs[1].token_ids)) > 1  # (a draw, not an argmax)
+    penalised = engine.generate([prompts[2]], SamplingParams(max_tokens=16, ignore_eos=True,
+                                                             presence_penalty=0.5))
+    assert outs[2].token_ids == penalised[0].token_ids
 
 
 def test_async_scheduling_samples_as_the_synchronous_engine_on_graphs(gpu_setup):

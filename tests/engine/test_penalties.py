@@ -101,6 +101,8 @@ def test_penalised_greedy_tokens_match_transformers(setup, engine_device, overri
         assert sum(s.num_preemptions for s in seqs) > 0
     if overrides.get("async_scheduling"):  # steps were queued before the host saw the last token
         assert continued[0] > 10
+    if eng.runner.sampler_graphs is not None:  # (on a GPU, the penalised steps replayed graphs)
+        assert eng.runner.sampler_graphs.replays > 0
 
 
 def test_a_penalty_changes_the_reply(setup, engine_device):

@@ -1,0 +1,113 @@
+"""CUDA graphs of the sampler, captured while serving for the steps that repeat.
+
+A sampled decode step launches 25-40 small kernels after the model's graph (penalties,
+temperature, top-k, min-p, top-p, the draw, the counts). At batch 1 their launches cost the
+host more than the model's whole graph takes the GPU, so a chat that samples decoded
+host-bound. Here a step whose Plan key (the rows' kinds and options that shape the work), logits
+buffer and counts table match the step before's is captured once and replayed from then on:
+one launch, with the rows' values (temperature, top-p, counts rows...) copied into static
+buffers when they change.
+
+Served: logits in a graph's static buffer (the decode and prefill graphs'), at most MAX_ROWS
+rows that need sampling work, none seeded (a seeded row draws from its own generator, which a
+replay would not advance). Everything else runs eagerly, as does the first step of a key,
+which also warms up (and caches the index tensors of) what the capture records. The graphs
+share one memory pool: replays run one at a time on one stream, and a graph's tokens are
+consumed (fed to the next step, copied to the host) by work queued before the next replay.
+CUDA only: torch_npu's graphs have not run here, so an NPU samples eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from statechat.engine.sampling import Plan, Rows, TokenCounts
+
+log = logging.getLogger("statechat.engine")
+
+MAX_ROWS = 32  # larger steps are GPU-bound: their launches hide behind the model's graph
+MAX_GRAPHS = 8  # kept, least recently used dropped first
+
+
+class SamplerGraphs:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.floats = torch.zeros(MAX_ROWS, 6, dtype=torch.float32, device=device)
+        self.ints = torch.zeros(MAX_ROWS, 4, dtype=torch.int64, device=device)
+        self.staged: tuple | None = None  # the values in the static buffers
+        self.graphs: OrderedDict[tuple, tuple[Any, torch.Tensor]] = OrderedDict()  # key -> (graph, tokens)
+        self.last_key: tuple | None = None  # of the step before, run eagerly
+        self.pool = None
+        self.stream = torch.cuda.Stream(device)
+        self.captures = self.replays = 0
+        self.is_enabled = True
+
+    def run(self, plan: Plan, logits: torch.Tensor, greedy: torch.Tensor | None,
+            table: TokenCounts | None) -> torch.Tensor | None:
+        """The step's tokens from a replay, or None: the caller samples eagerly."""
+        if not self.is_enabled or plan.seeded or len(plan.todo) > MAX_ROWS:
+            return None
+        key = (plan.key, _where(logits), _where(greedy),
+               None if table is None else (_where(table.counts), _where(table.in_prompt)))
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key != self.last_key:  # first seen: eagerly (the capture's warm-up)
+                self.last_key = key
+                return None
+            entry = self._capture(key, plan, logits, greedy, table)
+            if entry is None:
+                return None
+        self.graphs.move_to_end(key)
+        self._stage(plan)
+        entry[0].replay()
+        self.replays += 1
+        return entry[1]
+
+    def _stage(self, plan: Plan) -> None:
+        """Copy the rows' values into the static buffers, unless they are there already."""
+        floats, ints = plan.values()
+        staged = (floats, ints)
+        if staged == self.staged:
+            return
+        n = len(ints)
+        fresh = Rows.of(floats, ints, plan.params, self.device)
+        self.floats[:n].copy_(fresh.floats)
+        self.ints[:n].copy_(fresh.ints)
+        self.staged = staged
+
+    def _capture(self, key: tuple, plan: Plan, logits: torch.Tensor, greedy: torch.Tensor | None,
+                 table: TokenCounts | None) -> tuple[Any, torch.Tensor] | None:
+        """Record the step's sampling work on a side stream (nothing runs): no device-wide
+        synchronisation, and a cache writer's copies on other threads stay allowed."""
+        n = len(plan.todo)
+        rows = Rows(list(plan.params), self.floats[:n], self.ints[:n])
+        graph = torch.cuda.CUDAGraph()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(self.stream):
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    tokens = plan.pick(logits, rows, [None] * plan.num_rows, greedy, table)
+                finally:
+                    graph.capture_end()
+        except (RuntimeError, torch.OutOfMemoryError):
+            self.is_enabled = False
+            log.warning("statechat: the sampler's graph capture failed; sampling runs eagerly",
+                        exc_info=True)
+            return None
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self.pool = graph.pool()
+        self.captures += 1
+        self.graphs[key] = (graph, tokens)
+        if len(self.graphs) > MAX_GRAPHS:
+            self.graphs.popitem(last=False)
+        return self.graphs[key]
+
+
+def _where(t: torch.Tensor | None) -> tuple | None:
+    """A tensor's address and shape: a graph reads the buffer it was captured with."""
+    return None if t is None else (t.data_ptr(), tuple(t.shape))
