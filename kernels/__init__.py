@@ -49,6 +49,8 @@ _TRITON_MODULES = {
     "qk_norm_rope_store": "kernels.rope",
     "paged_attention": "kernels.attention",
     "fused_moe": "kernels.moe",
+    "penalize_logits": "kernels.sampler",
+    "draw_candidates": "kernels.sampler",
 }
 _OPTIONAL_MODULES = frozenset({"kernels.gdn_chunk", "kernels.gdn_recurrent"})
 
@@ -231,6 +233,16 @@ def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights):
     return _pick("fused_moe", x)(x, w_gate_up, w_down, topk_ids, topk_weights)
 
 
+@_same_contract(reference.penalize_logits)
+def penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, width):
+    return _pick("penalize_logits", logits)(logits, rows, counts_rows, params, counts, in_prompt, width)
+
+
+@_same_contract(reference.draw_candidates)
+def draw_candidates(values, cols, noise, top_k, params):
+    return _pick("draw_candidates", values)(values, cols, noise, top_k, params)
+
+
 __all__ = [
     "BACKENDS",
     "CHUNK",
@@ -244,6 +256,7 @@ __all__ = [
     "chunk_gdn",
     "chunk_layout",
     "copy_slots",
+    "draw_candidates",
     "fused_moe",
     "gated_rmsnorm",
     "gated_rmsnorm_linear",
@@ -251,6 +264,7 @@ __all__ = [
     "implementation",
     "linear",
     "paged_attention",
+    "penalize_logits",
     "qk_norm_rope_store",
     "recurrent_gdn",
     "rmsnorm",
@@ -260,3 +274,4 @@ __all__ = [
     "silu_mul_linear",
     "store_kv",
 ]
+

@@ -13,6 +13,7 @@ need to be fast.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -68,7 +69,7 @@ def _math_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _bounds(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
     cu = cu_seqlens.tolist()
-    return list(zip(cu[:-1], cu[1:]))
+    return list(itertools.pairwise(cu))
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -490,3 +491,67 @@ def fused_moe(
         y = act @ w_down[e].to(dt).T  # [n, H]
         out.index_add_(0, t, y * flat_w[pairs, None])
     return out.to(x.dtype)
+
+
+# --- sampling ---------------------------------------------------------------------------
+# A row's sampling values, as statechat.engine.sampling.Rows packs them: [R, 6] float32 of
+# temperature (1 for an argmax), top-p (inf: off), log min-p (-inf: off), repetition,
+# frequency and presence penalties (1, 0, 0: off).
+
+
+def penalize_logits(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts_rows: torch.Tensor,
+    params: torch.Tensor,
+    counts: torch.Tensor | None,
+    in_prompt: torch.Tensor | None,
+    width: int,
+) -> torch.Tensor:
+    """Rows `rows` [R] (int64) of logits [M, V] under their penalties and temperature, as
+    float32 [R, width >= V] whose columns past V are -inf (padding for a chunked top-k).
+
+    counts [C, V] int32: each penalised request's generated-token counts, in_prompt [C, V]
+    bool: its prompt's tokens, row counts_rows[r] (int64) for row r (None: no penalties this
+    step). vLLM's order: the repetition penalty divides the positive (multiplies the negative)
+    logits of tokens in the prompt or generated; frequency x count and presence x (count > 0)
+    are subtracted; then the temperature divides."""
+    x = logits.index_select(0, rows).float()
+    if counts is not None:
+        c = counts.index_select(0, counts_rows)
+        generated = c > 0
+        seen = in_prompt.index_select(0, counts_rows) | generated
+        r = params[:, 3:4]
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        x = x - params[:, 4:5] * c
+        x = x - params[:, 5:6] * generated
+    x = x / params[:, 0:1]
+    if width > x.shape[-1]:
+        x = torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=float("-inf"))
+    return x
+
+
+def candidate_probs(values: torch.Tensor, top_k: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """The probabilities [R, K] each row draws from among its K likeliest tokens, whose
+    (penalised, temperature-scaled) logits `values` [R, K] come largest first: the first
+    top_k [R] (int64) kept, then min-p, then top-p (a token is dropped once those before it
+    reach top-p), vLLM's order; the others get 0."""
+    x = values.masked_fill(torch.arange(values.shape[-1], device=values.device) >= top_k[:, None],
+                           float("-inf"))
+    x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + params[:, 2:3], float("-inf"))
+    probs = x.softmax(-1)
+    return probs.masked_fill(probs.cumsum(-1) - probs >= params[:, 1:2], 0.0)
+
+
+def draw_candidates(
+    values: torch.Tensor,
+    cols: torch.Tensor,
+    noise: torch.Tensor,
+    top_k: torch.Tensor,
+    params: torch.Tensor,
+) -> torch.Tensor:
+    """One token [R] (int64) per row, drawn among its candidates: values [R, K] and their token
+    ids cols [R, K] (int64) as candidate_probs takes them, noise [R, K] exponential(1) draws
+    (the token is the argmax of probability / noise: a draw from the probabilities)."""
+    probs = candidate_probs(values, top_k, params)
+    return cols.gather(1, (probs / noise).argmax(dim=-1, keepdim=True))[:, 0]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import kernels
 from statechat.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -169,22 +170,6 @@ class TokenCounts:
         self.in_prompt = torch.cat([self.in_prompt, self.in_prompt.new_zeros(more, self.vocab_size)])
         self.free += range(n + more - 1, n - 1, -1)
 
-    def penalize(self, x: torch.Tensor, rows: Rows) -> torch.Tensor:
-        """Logits x [R, vocab] with each row's penalties (vLLM's order: repetition, then
-        frequency and presence), before temperature; a row without any, whose counts row is 0,
-        comes out as it went in."""
-        counts = self.counts.index_select(0, rows.counts_row)
-        generated = counts > 0
-        if rows.uses("repetition_penalty", 1):
-            r = rows.repetition
-            seen = self.in_prompt.index_select(0, rows.counts_row) | generated
-            x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
-        if rows.uses("frequency_penalty", 0):
-            x = x - rows.frequency * counts
-        if rows.uses("presence_penalty", 0):
-            x = x - rows.presence * generated
-        return x
-
     def add(self, rows: list[int] | torch.Tensor, tokens: torch.Tensor,
             weight: torch.Tensor | None = None) -> None:
         """Count sampled tokens ([R] int64, on the device) in their rows (`weight` [R] int32:
@@ -314,15 +299,20 @@ class Plan:
              greedy: torch.Tensor | None, table: TokenCounts | None) -> torch.Tensor:
         """The step's tokens [M] from the logits, the todo rows' values on the device (`rows`)
         and the counts table: device work only, nothing read back (so it can be captured)."""
-        x = logits if self.whole else logits.index_select(0, rows.logits_row)
-        if table is not None:
-            x = table.penalize(x, rows)
+        vocab = logits.shape[-1]
+        x = kernels.penalize_logits(  # [T, width]: penalised, over the temperature, -inf padded
+            logits, rows.logits_row, rows.counts_row, rows.floats,
+            None if table is None else table.counts, None if table is None else table.in_prompt,
+            _padded(vocab))
         picked = []
         for kind, a, b in self.groups:
+            gens = [generators[i] for i in self.todo[a:b]]
             if kind == GREEDY:
                 picked.append(x[a:b].argmax(dim=-1))
+            elif kind == CANDIDATES_KIND:
+                picked.append(_draw_candidates(x[a:b], gens, rows.slice(a, b)))
             else:
-                picked.append(_draw(x[a:b], [generators[i] for i in self.todo[a:b]], rows.slice(a, b)))
+                picked.append(_draw(x[a:b, :vocab], gens, rows.slice(a, b)))
         picked = picked[0] if len(picked) == 1 else torch.cat(picked)
         if table is not None:
             table.add(rows.counts_row, picked, rows.counted)
@@ -343,38 +333,59 @@ def _kind(p: SamplingParams) -> int:
     return CANDIDATES_KIND if 0 < p.top_k <= CANDIDATES else VOCABULARY_KIND
 
 
-def _draw(x: torch.Tensor, generators: list[torch.Generator | None], rows: Rows) -> torch.Tensor:
-    """One token per row of logits x [D, vocab] from distribution()'s probabilities. A seeded
-    row draws its noise from its own generator, over its own candidates, so its tokens do not
-    depend on the rows beside it."""
-    probs, cols = distribution(x, rows.params, rows)
-    # multinomial's own draw for one sample (probs over exponential noise, argmax) without
-    # its checks of the probabilities, which read them back to the host
-    noise = torch.empty_like(probs).exponential_(1)
-    for j, (p, generator) in enumerate(zip(rows.params, generators)):
+def _padded(vocab: int) -> int:
+    """The width a chunked top-k cuts into whole chunks (top_k) without a copy."""
+    return vocab if vocab <= 2 * TOPK_CHUNK else -(-vocab // TOPK_CHUNK) * TOPK_CHUNK
+
+
+def _noise(shape: tuple[int, int], like: torch.Tensor, generators: list[torch.Generator | None],
+           widths: list[int | None]) -> torch.Tensor:
+    """Exponential(1) noise [D, n]: the draw takes the argmax of probability over noise
+    (multinomial's own draw for one sample, without its checks of the probabilities, which
+    read them back to the host). A seeded row's first widths[j] columns (its candidates; None:
+    the whole row) come from its own generator, so its tokens do not depend on its batch."""
+    noise = like.new_empty(shape).exponential_(1)
+    for j, (generator, width) in enumerate(zip(generators, widths)):
         if generator is not None:
-            noise[j, : p.top_k if cols is not None else None].exponential_(1, generator=generator)
-    picked = (probs / noise).argmax(dim=-1)
-    return picked if cols is None else cols.gather(1, picked[:, None])[:, 0]
+            noise[j, :width].exponential_(1, generator=generator)
+    return noise
 
 
-def distribution(x: torch.Tensor, params: list[SamplingParams],
-                 rows: Rows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _draw_candidates(x: torch.Tensor, generators: list[torch.Generator | None],
+                     rows: Rows) -> torch.Tensor:
+    """One token per row of scaled logits x [D, width] whose top-k are all at most CANDIDATES:
+    drawn among each row's own top-k (kernels.draw_candidates)."""
+    kmax = min(max(p.top_k for p in rows.params), x.shape[-1])
+    values, cols = top_k(x, kmax)
+    noise = _noise(values.shape, values, generators, [p.top_k for p in rows.params])
+    return kernels.draw_candidates(values, cols, noise, rows.ints[:, 2], rows.floats)
+
+
+def _draw(x: torch.Tensor, generators: list[torch.Generator | None], rows: Rows) -> torch.Tensor:
+    """One token per row of scaled logits x [D, vocab] from distribution()'s probabilities
+    over the whole vocabulary."""
+    probs, _ = distribution(x, rows.params, rows, scaled=True)
+    noise = _noise(probs.shape, probs, generators, [None] * len(generators))
+    return (probs / noise).argmax(dim=-1)
+
+
+def distribution(x: torch.Tensor, params: list[SamplingParams], rows: Rows | None = None,
+                 scaled: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The probabilities each row of logits x [D, vocab] draws from, under its temperature,
     top-k, min-p and top-p, in vLLM's order (top-p keeps the smallest set reaching its mass
     among the tokens the others kept): [D, vocab], or, when every row's top-k is at most
     CANDIDATES, [D, kmax] over each row's likeliest tokens (the rest have probability 0) with
-    their token ids [D, kmax]. `rows`: the params' values on the device (made if not given)."""
+    their token ids [D, kmax]. `rows`: the params' values on the device (made if not given);
+    `scaled`: x is divided by the temperature already."""
     if rows is None:
         plan = Plan(len(params), tuple(range(len(params))), (), tuple(params), None, False)
         rows = Rows.of(*plan.values(), params, x.device)
     params = rows.params
-    x = x / rows.temperature
-    cols = None
+    x = x if scaled else x / rows.temperature
     if all(_kind(p) == CANDIDATES_KIND for p in params):
-        x, cols = top_k(x, min(max(p.top_k for p in params), x.shape[-1]))
-        x = x.masked_fill(_arange(x.shape[-1], x.device) >= rows.top_k, float("-inf"))
-    elif rows.uses("top_k", 0):  # (top-k 0 keeps everything: its threshold is the least logit)
+        values, cols = top_k(x, min(max(p.top_k for p in params), x.shape[-1]))
+        return kernels.reference.candidate_probs(values, rows.ints[:, 2], rows.floats), cols
+    if rows.uses("top_k", 0):  # (top-k 0 keeps everything: its threshold is the least logit)
         kmax = min(max(p.top_k for p in params), x.shape[-1])
         values = x.topk(kmax, dim=-1).values
         kth = values.gather(1, (rows.top_k.clamp(1, kmax) - 1)).where(rows.top_k > 0, float("-inf"))
@@ -384,13 +395,10 @@ def distribution(x: torch.Tensor, params: list[SamplingParams],
     probs = x.softmax(-1)
     if rows.uses("top_p", 1):  # keep the smallest set reaching top_p: drop a token once those
         # before it reach it
-        if cols is not None:  # (candidates are in order already)
-            probs = probs.masked_fill(probs.cumsum(-1) - probs >= rows.top_p, 0.0)
-        else:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p >= rows.top_p
-            probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
-    return probs, cols
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= rows.top_p
+        probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
+    return probs, None
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,120 @@
+"""The sampler's elementwise work in two kernels, where torch launches one kernel per op.
+
+- `penalize_logits`: the rows' logits under their penalties and temperature, padded with -inf
+  (one pass over the vocabulary; torch's ops take five to eight, each a launch).
+- `draw_candidates`: a row's draw among its top-k candidates (top-k, min-p, softmax, top-p and
+  the exponential race) in one program per row; torch's ops take about a dozen small launches.
+
+The top-k between them stays torch's (statechat.engine.sampling.top_k): a sort or a selection
+is where torch is already good. Contracts and shapes: kernels/reference.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK = 2048  # vocabulary columns per program of penalize_logits
+
+
+@triton.jit
+def _penalize_kernel(logits, rows, counts_rows, params, counts, in_prompt, out, V, W,
+                     stride_r, stride_cr, stride_l, stride_c, stride_o, HAS_COUNTS: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    m_v = o_v < V
+    i_l = tl.load(rows + i_r * stride_r).to(tl.int64)
+    # columns past V (padding up to W) load as -inf and stay -inf through every step below
+    b_x = tl.load(logits + i_l * stride_l + o_v, mask=m_v, other=float("-inf")).to(tl.float32)
+    if HAS_COUNTS:
+        i_c = tl.load(counts_rows + i_r * stride_cr).to(tl.int64)
+        b_c = tl.load(counts + i_c * stride_c + o_v, mask=m_v, other=0)
+        b_p = tl.load(in_prompt + i_c * stride_c + o_v, mask=m_v, other=0)
+        rep = tl.load(params + i_r * 6 + 3)
+        freq = tl.load(params + i_r * 6 + 4)
+        pres = tl.load(params + i_r * 6 + 5)
+        generated = b_c > 0
+        seen = (b_p != 0) | generated
+        b_x = tl.where(seen, tl.where(b_x > 0, b_x / rep, b_x * rep), b_x)
+        b_x = b_x - freq * b_c.to(tl.float32)
+        b_x = b_x - pres * generated.to(tl.float32)
+    b_x = b_x / tl.load(params + i_r * 6)
+    tl.store(out + i_r * stride_o + o_v, b_x, mask=o_v < W)
+
+
+def penalize_logits(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts_rows: torch.Tensor,
+    params: torch.Tensor,
+    counts: torch.Tensor | None,
+    in_prompt: torch.Tensor | None,
+    width: int,
+) -> torch.Tensor:
+    if logits.ndim != 2 or logits.stride(-1) != 1 or logits.dtype != torch.float32:
+        raise ValueError(f"penalize_logits needs logits [M, V] float32 with unit column stride, "
+                         f"got {tuple(logits.shape)} {logits.dtype}")
+    R, V = rows.shape[0], logits.shape[-1]
+    if params.shape != (R, 6) or params.dtype != torch.float32 or width < V:
+        raise ValueError(f"penalize_logits needs params [{R}, 6] float32 and width >= {V}")
+    out = torch.empty(R, width, dtype=torch.float32, device=logits.device)
+    has_counts = counts is not None
+    if has_counts and (counts.shape != in_prompt.shape or counts.shape[-1] != V
+                       or counts.dtype != torch.int32 or not counts.is_contiguous()
+                       or not in_prompt.is_contiguous()):
+        raise ValueError("penalize_logits needs counts [C, V] int32 and in_prompt [C, V], contiguous")
+    if R == 0:
+        return out
+    _penalize_kernel[(R, triton.cdiv(width, _BLOCK))](
+        logits, rows, counts_rows, params.contiguous(),
+        counts if has_counts else logits,
+        in_prompt.view(torch.uint8) if has_counts else logits,
+        out, V, width, rows.stride(0), counts_rows.stride(0), logits.stride(0),
+        counts.stride(0) if has_counts else 0, out.stride(0),
+        HAS_COUNTS=has_counts, BLOCK=_BLOCK,
+    )
+    return out
+
+
+@triton.jit
+def _draw_kernel(values, cols, noise, top_k, params, out, K, stride_k, stride_v, stride_c,
+                 stride_n, KP: tl.constexpr):
+    i_r = tl.program_id(0)
+    o_k = tl.arange(0, KP)
+    k = tl.load(top_k + i_r * stride_k)
+    # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
+    b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k), other=float("-inf"))
+    top = tl.max(b_x, 0)  # (the first value: they come largest first)
+    b_x = tl.where(b_x < top + tl.load(params + i_r * 6 + 2), float("-inf"), b_x)  # min-p
+    b_e = tl.exp(b_x - top)
+    b_p = b_e / tl.sum(b_e, 0)
+    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(params + i_r * 6 + 1), 0.0, b_p)  # top-p
+    b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
+    j = tl.argmax(b_p / b_n, 0)
+    tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
+
+
+def draw_candidates(
+    values: torch.Tensor,
+    cols: torch.Tensor,
+    noise: torch.Tensor,
+    top_k: torch.Tensor,
+    params: torch.Tensor,
+) -> torch.Tensor:
+    R, K = values.shape
+    if (cols.shape != (R, K) or noise.shape != (R, K) or values.dtype != torch.float32
+            or cols.dtype != torch.int64 or noise.dtype != torch.float32
+            or min(values.stride(-1), cols.stride(-1), noise.stride(-1)) != 1):
+        raise ValueError("draw_candidates needs values and noise [R, K] float32 and cols [R, K] "
+                         "int64, each with unit column stride")
+    if params.shape != (R, 6) or top_k.shape != (R,):
+        raise ValueError(f"draw_candidates needs params [{R}, 6] and top_k [{R}]")
+    out = torch.empty(R, dtype=torch.int64, device=values.device)
+    if R == 0:
+        return out
+    _draw_kernel[(R,)](values, cols, noise, top_k, params.contiguous(), out, K, top_k.stride(0),
+                       values.stride(0), cols.stride(0), noise.stride(0),
+                       KP=max(16, triton.next_power_of_2(K)))
+    return out

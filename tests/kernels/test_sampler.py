@@ -1,0 +1,68 @@
+"""The sampler's kernels give their references' results: penalised, temperature-scaled logits
+(rows picked out of order through strided index columns, with and without the counts tables,
+padding columns -inf), and the same token drawn among candidates from the same noise under
+every mix of top-k, min-p and top-p."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels import reference
+from kernels.sampler import draw_candidates, penalize_logits
+
+V = 300
+
+
+def params_of(rows: list[tuple[float, float, float, float, float, float]], device) -> torch.Tensor:
+    """[R, 6]: temperature, top-p (inf: off), log min-p (-inf: off), repetition, frequency,
+    presence."""
+    return torch.tensor(rows, dtype=torch.float32, device=device)
+
+
+@pytest.mark.parametrize("with_counts", [True, False], ids=["penalties", "temperature-only"])
+def test_penalize_logits(device, with_counts):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, V, generator=g) * 3).to(device)
+    ints = torch.tensor([[4, 2, 0, 1], [0, 0, 0, 0], [2, 1, 0, 1]], device=device)  # (Rows' layout)
+    params = params_of([(0.7, 1, 1, 1.3, 0.5, 1.5), (1.0, 1, 1, 1.0, 0.0, 0.0),
+                        (2.0, 1, 1, 0.8, -0.4, -1.0)], device)
+    counts = in_prompt = None
+    if with_counts:
+        counts = torch.randint(0, 3, (3, V), generator=g, dtype=torch.int32).to(device)
+        counts[0] = 0  # (row 0: a request without penalties)
+        in_prompt = (torch.rand(3, V, generator=g) < 0.2).to(device)
+    got = penalize_logits(logits, ints[:, 0], ints[:, 1], params, counts, in_prompt, 320)
+    want = reference.penalize_logits(logits, ints[:, 0], ints[:, 1], params, counts, in_prompt, 320)
+    assert got.shape == (3, 320)
+    assert torch.all(got[:, V:] == float("-inf"))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if with_counts:  # (the penalties did something)
+        plain = reference.penalize_logits(logits, ints[:, 0], ints[:, 1], params, None, None, V)
+        assert not torch.allclose(got[:, :V], plain)
+
+
+def test_draw_candidates(device):
+    g = torch.Generator().manual_seed(1)
+    R, K = 8, 37
+    values = (torch.randn(R, K, generator=g) * 2).sort(dim=-1, descending=True).values.to(device)
+    cols = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(R)]).to(device)
+    inf = math.inf
+    top_k = torch.tensor([[0, 0, 1, 0], [0, 0, 5, 0], [0, 0, K, 0], [0, 0, 20, 0],
+                          [0, 0, 37, 0], [0, 0, 3, 0], [0, 0, 12, 0], [0, 0, 30, 0]],
+                         device=device)[:, 2]  # (a strided column, as Rows holds it)
+    params = params_of([(1, inf, -inf, 1, 0, 0), (1, 0.9, -inf, 1, 0, 0), (1, 0.5, -inf, 1, 0, 0),
+                        (1, inf, math.log(0.1), 1, 0, 0), (1, 0.95, math.log(0.05), 1, 0, 0),
+                        (1, 1e-6, -inf, 1, 0, 0), (1, inf, 0.0, 1, 0, 0), (1, 0.99, -inf, 1, 0, 0)],
+                       device)
+    for trial in range(20):
+        noise = torch.empty(R, K).exponential_(1, generator=g).to(device)
+        got = draw_candidates(values, cols, noise, top_k, params)
+        want = reference.draw_candidates(values, cols, noise, top_k, params)
+        assert torch.equal(got, want), trial
+    # the rows that can only draw their likeliest token (top-k 1, a tiny top-p, min-p 1) do
+    assert torch.equal(got[[0, 5, 6]], cols[[0, 5, 6], 0])
