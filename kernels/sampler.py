@@ -16,10 +16,12 @@ import triton
 import triton.language as tl
 
 _BLOCK = 2048  # vocabulary columns per program of penalize_logits
+# (p_rows: the rows' values, [R, 6] as reference.py gives them. A kernel argument may not be
+# called `params`: triton 3.6's launcher binds its arguments under that name.)
 
 
 @triton.jit
-def _penalize_kernel(logits, rows, counts_rows, params, counts, in_prompt, out, V, W,
+def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
                      stride_r, stride_cr, stride_l, stride_c, stride_o, HAS_COUNTS: tl.constexpr,
                      BLOCK: tl.constexpr):
     i_r, i_v = tl.program_id(0), tl.program_id(1)
@@ -32,15 +34,15 @@ def _penalize_kernel(logits, rows, counts_rows, params, counts, in_prompt, out, 
         i_c = tl.load(counts_rows + i_r * stride_cr).to(tl.int64)
         b_c = tl.load(counts + i_c * stride_c + o_v, mask=m_v, other=0)
         b_p = tl.load(in_prompt + i_c * stride_c + o_v, mask=m_v, other=0)
-        rep = tl.load(params + i_r * 6 + 3)
-        freq = tl.load(params + i_r * 6 + 4)
-        pres = tl.load(params + i_r * 6 + 5)
+        rep = tl.load(p_rows + i_r * 6 + 3)
+        freq = tl.load(p_rows + i_r * 6 + 4)
+        pres = tl.load(p_rows + i_r * 6 + 5)
         generated = b_c > 0
         seen = (b_p != 0) | generated
         b_x = tl.where(seen, tl.where(b_x > 0, b_x / rep, b_x * rep), b_x)
         b_x = b_x - freq * b_c.to(tl.float32)
         b_x = b_x - pres * generated.to(tl.float32)
-    b_x = b_x / tl.load(params + i_r * 6)
+    b_x = b_x / tl.load(p_rows + i_r * 6)
     tl.store(out + i_r * stride_o + o_v, b_x, mask=o_v < W)
 
 
@@ -79,7 +81,7 @@ def penalize_logits(
 
 
 @triton.jit
-def _draw_kernel(values, cols, noise, top_k, params, out, K, stride_k, stride_v, stride_c,
+def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
                  stride_n, KP: tl.constexpr):
     i_r = tl.program_id(0)
     o_k = tl.arange(0, KP)
@@ -87,10 +89,10 @@ def _draw_kernel(values, cols, noise, top_k, params, out, K, stride_k, stride_v,
     # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
     b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k), other=float("-inf"))
     top = tl.max(b_x, 0)  # (the first value: they come largest first)
-    b_x = tl.where(b_x < top + tl.load(params + i_r * 6 + 2), float("-inf"), b_x)  # min-p
+    b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
     b_e = tl.exp(b_x - top)
     b_p = b_e / tl.sum(b_e, 0)
-    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(params + i_r * 6 + 1), 0.0, b_p)  # top-p
+    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
     b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
     j = tl.argmax(b_p / b_n, 0)
     tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
