@@ -172,12 +172,15 @@ class ModelRunner:
         counts = None
         if any(p.uses_penalties for p in params):
             counts = self._counts(wanted, logits.shape[-1])
-        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, counts,
-                        self.sampler_graphs if greedy is not None else None)  # (graph logits)
+        graphs = self.sampler_graphs if greedy is not None else None  # (logits of a graph)
+        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, counts, graphs)
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         table = None
         if rows:
-            table = logprob_table(logits, tokens, rows, max(params[i].logprobs for i in rows))
+            k = max(params[i].logprobs for i in rows)
+            table = graphs.logprobs(logits, tokens, rows, k) if graphs is not None else None
+            if table is None:
+                table = logprob_table(logits, tokens, rows, k)
         return Launched(batch, tokens, replay=replay, logprobs=table)
 
     def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None]:

@@ -1,12 +1,13 @@
 """CUDA graphs of the sampler, captured while serving for the steps that repeat.
 
-A sampled decode step launches 25-40 small kernels after the model's graph (penalties,
-temperature, top-k, min-p, top-p, the draw, the counts). At batch 1 their launches cost the
-host more than the model's whole graph takes the GPU, so a chat that samples decoded
-host-bound. Here a step whose Plan key (the rows' kinds and options that shape the work), logits
-buffer and counts table match the step before's is captured once and replayed from then on:
-one launch, with the rows' values (temperature, top-p, counts rows...) copied into static
-buffers when they change.
+A sampled decode step launches 10-25 small kernels after the model's graph (penalties and
+temperature, top-k, the draw, the counts), and a step whose requests ask for logprobs about 12
+more; each costs the host about 20 us on the lent H100's host, 0.4-1.1 ms a step in all. Here
+a step whose Plan key (the rows' kinds and options that shape the work), logits buffer and
+counts table match the step before's is captured once and replayed from then on: one launch,
+with the rows' values (temperature, top-p, counts rows...) copied into static buffers when
+they change. The logprob table is captured the same way, keyed by its rows, k, and the
+addresses of the logits and tokens it reads.
 
 Served: logits in a graph's static buffer (the decode and prefill graphs'), at most MAX_ROWS
 rows that need sampling work, none seeded (a seeded row draws from its own generator, which a
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from statechat.engine.sampling import Plan, Rows, TokenCounts
+from statechat.engine.sampling import Plan, Rows, TokenCounts, device_index, logprob_table
 
 log = logging.getLogger("statechat.engine")
 
@@ -40,7 +42,7 @@ class SamplerGraphs:
         self.ints = torch.zeros(MAX_ROWS, 4, dtype=torch.int64, device=device)
         self.staged: tuple | None = None  # the values in the static buffers
         self.graphs: OrderedDict[tuple, tuple[Any, torch.Tensor]] = OrderedDict()  # key -> (graph, tokens)
-        self.last_key: tuple | None = None  # of the step before, run eagerly
+        self.last: dict[str, tuple] = {}  # kind of work -> the key of its last eager run
         self.pool = None
         self.stream = torch.cuda.Stream(device)
         self.captures = self.replays = 0
@@ -51,18 +53,40 @@ class SamplerGraphs:
         """The step's tokens from a replay, or None: the caller samples eagerly."""
         if not self.is_enabled or plan.seeded or len(plan.todo) > MAX_ROWS:
             return None
-        key = (plan.key, _where(logits), _where(greedy),
+        key = ("sample", plan.key, _where(logits), _where(greedy),
                None if table is None else (_where(table.counts), _where(table.in_prompt)))
+
+        def pick() -> torch.Tensor:
+            n = len(plan.todo)
+            rows = Rows(list(plan.params), self.floats[:n], self.ints[:n])
+            return plan.pick(logits, rows, [None] * plan.num_rows, greedy, table)
+
+        return self._replay(key, pick, lambda: self._stage(plan))
+
+    def logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, rows: list[int],
+                 k: int) -> torch.Tensor | None:
+        """The step's logprob_table from a replay, or None: the caller makes it eagerly."""
+        if not self.is_enabled or len(rows) > MAX_ROWS:
+            return None
+        key = ("logprobs", tuple(rows), k, _where(logits), _where(tokens))
+        index = None if rows == list(range(logits.shape[0])) else device_index(tuple(rows), self.device)
+        return self._replay(key, lambda: logprob_table(logits, tokens, rows, k, index))
+
+    def _replay(self, key: tuple, work: Callable[[], torch.Tensor],
+                stage: Callable[[], None] | None = None) -> torch.Tensor | None:
+        """Replay key's graph (after `stage`), capturing `work` if the step before of this
+        kind had the same key; None when the caller is to run the work eagerly."""
         entry = self.graphs.get(key)
         if entry is None:
-            if key != self.last_key:  # first seen: eagerly (the capture's warm-up)
-                self.last_key = key
+            if key != self.last.get(key[0]):  # first seen: eagerly (the capture's warm-up)
+                self.last[key[0]] = key
                 return None
-            entry = self._capture(key, plan, logits, greedy, table)
+            entry = self._capture(key, work)
             if entry is None:
                 return None
         self.graphs.move_to_end(key)
-        self._stage(plan)
+        if stage is not None:
+            stage()
         entry[0].replay()
         self.replays += 1
         return entry[1]
@@ -79,19 +103,16 @@ class SamplerGraphs:
         self.ints[:n].copy_(fresh.ints)
         self.staged = staged
 
-    def _capture(self, key: tuple, plan: Plan, logits: torch.Tensor, greedy: torch.Tensor | None,
-                 table: TokenCounts | None) -> tuple[Any, torch.Tensor] | None:
-        """Record the step's sampling work on a side stream (nothing runs): no device-wide
-        synchronisation, and a cache writer's copies on other threads stay allowed."""
-        n = len(plan.todo)
-        rows = Rows(list(plan.params), self.floats[:n], self.ints[:n])
+    def _capture(self, key: tuple, work: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
+        """Record `work` on a side stream (nothing runs): no device-wide synchronisation, and
+        a cache writer's copies on other threads stay allowed."""
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         try:
             with torch.cuda.stream(self.stream):
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 try:
-                    tokens = plan.pick(logits, rows, [None] * plan.num_rows, greedy, table)
+                    out = work()
                 finally:
                     graph.capture_end()
         except (RuntimeError, torch.OutOfMemoryError):
@@ -102,7 +123,7 @@ class SamplerGraphs:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.pool = graph.pool()
         self.captures += 1
-        self.graphs[key] = (graph, tokens)
+        self.graphs[key] = (graph, out)
         if len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
         return self.graphs[key]

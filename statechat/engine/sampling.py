@@ -423,18 +423,28 @@ def _arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
 
 
+@functools.lru_cache(maxsize=64)
+def device_index(rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Row indices on the device, kept: a graph that reads them reads the same tensor."""
+    return _ids(list(rows), device)
+
+
 def _ids(values: list[int], device: torch.device) -> torch.Tensor:
     """int64 indices on the device (a copy that does not wait)."""
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
-def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int) -> torch.Tensor:
+def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int,
+                  index: torch.Tensor | None = None) -> torch.Tensor:
     """For the given rows of logits [M, vocab]: [R, 1 + 2k] float32 of each row's sampled
     token's log-probability, then the k largest log-probabilities, then their token ids (exact
-    in float32: ids stay below 2**24), so that one copy brings them all to the host."""
-    index = _ids(rows, logits.device)
-    logp = logits.index_select(0, index).float().log_softmax(-1)  # [R, vocab]
-    chosen = logp.gather(1, tokens.index_select(0, index)[:, None])
+    in float32: ids stay below 2**24), so that one copy brings them all to the host. `index`:
+    `rows` on the device, if made already (none is needed when they are every row)."""
+    if rows != list(range(logits.shape[0])):
+        index = _ids(rows, logits.device) if index is None else index
+        logits, tokens = logits.index_select(0, index), tokens.index_select(0, index)
+    logp = logits.float().log_softmax(-1)  # [R, vocab]
+    chosen = logp.gather(1, tokens[:, None])
     values, ids = top_k(logp, k)
     # (-inf, of a token the model rules out, is not JSON: vLLM's -9999 stands for it)
     return torch.cat([chosen, values, ids.float()], dim=1).clamp_min_(-9999.0)
