@@ -51,6 +51,7 @@ _TRITON_MODULES = {
     "fused_moe": "kernels.moe",
     "penalize_logits": "kernels.sampler",
     "draw_candidates": "kernels.sampler",
+    "sample_top_k": "kernels.sampler",
 }
 _OPTIONAL_MODULES = frozenset({"kernels.gdn_chunk", "kernels.gdn_recurrent"})
 
@@ -243,6 +244,12 @@ def draw_candidates(values, cols, noise, top_k, params):
     return _pick("draw_candidates", values)(values, cols, noise, top_k, params)
 
 
+
+@_same_contract(reference.sample_top_k)
+def sample_top_k(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise):
+    return _pick("sample_top_k", logits)(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise)
+
+
 __all__ = [
     "BACKENDS",
     "CHUNK",
@@ -269,6 +276,7 @@ __all__ = [
     "recurrent_gdn",
     "rmsnorm",
     "rmsnorm_rope",
+    "sample_top_k",
     "set_backend",
     "silu_mul",
     "silu_mul_linear",

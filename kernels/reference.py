@@ -555,3 +555,21 @@ def draw_candidates(
     (the token is the argmax of probability / noise: a draw from the probabilities)."""
     probs = candidate_probs(values, top_k, params)
     return cols.gather(1, (probs / noise).argmax(dim=-1, keepdim=True))[:, 0]
+
+
+def sample_top_k(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts_rows: torch.Tensor,
+    params: torch.Tensor,
+    counts: torch.Tensor | None,
+    in_prompt: torch.Tensor | None,
+    top_k: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """One token [R] per row drawn among its top-k tokens, from the logits on: penalize_logits,
+    the K likeliest of each row (K = noise.shape[1], at least every row's top_k), then
+    draw_candidates with that noise [R, K]. Arguments as those two take them."""
+    x = penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, logits.shape[-1])
+    values, cols = x.topk(noise.shape[-1], dim=-1)
+    return draw_candidates(values, cols, noise, top_k, params)

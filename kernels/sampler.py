@@ -21,14 +21,12 @@ _BLOCK = 2048  # vocabulary columns per program of penalize_logits
 
 
 @triton.jit
-def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
-                     stride_r, stride_cr, stride_l, stride_c, stride_o, HAS_COUNTS: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    i_r, i_v = tl.program_id(0), tl.program_id(1)
-    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+def _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
+               stride_cr, stride_l, stride_c, HAS_COUNTS: tl.constexpr):
+    """Row i_r's logits at columns o_v under its penalties and temperature (-inf past V)."""
     m_v = o_v < V
     i_l = tl.load(rows + i_r * stride_r).to(tl.int64)
-    # columns past V (padding up to W) load as -inf and stay -inf through every step below
+    # columns past V (padding) load as -inf and stay -inf through every step below
     b_x = tl.load(logits + i_l * stride_l + o_v, mask=m_v, other=float("-inf")).to(tl.float32)
     if HAS_COUNTS:
         i_c = tl.load(counts_rows + i_r * stride_cr).to(tl.int64)
@@ -42,8 +40,33 @@ def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, 
         b_x = tl.where(seen, tl.where(b_x > 0, b_x / rep, b_x * rep), b_x)
         b_x = b_x - freq * b_c.to(tl.float32)
         b_x = b_x - pres * generated.to(tl.float32)
-    b_x = b_x / tl.load(p_rows + i_r * 6)
+    return b_x / tl.load(p_rows + i_r * 6)
+
+
+@triton.jit
+def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
+                     stride_r, stride_cr, stride_l, stride_c, stride_o, HAS_COUNTS: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
+                     stride_cr, stride_l, stride_c, HAS_COUNTS)
     tl.store(out + i_r * stride_o + o_v, b_x, mask=o_v < W)
+
+
+def _check_penalize(logits: torch.Tensor, R: int, params: torch.Tensor,
+                    counts: torch.Tensor | None, in_prompt: torch.Tensor | None) -> None:
+    if logits.ndim != 2 or logits.stride(-1) != 1 or logits.dtype != torch.float32:
+        raise ValueError(f"the sampler's kernels need logits [M, V] float32 with unit column "
+                         f"stride, got {tuple(logits.shape)} {logits.dtype}")
+    if params.shape != (R, 6) or params.dtype != torch.float32:
+        raise ValueError(f"the sampler's kernels need params [{R}, 6] float32")
+    if counts is not None and (counts.shape != in_prompt.shape
+                               or counts.shape[-1] != logits.shape[-1]
+                               or counts.dtype != torch.int32 or not counts.is_contiguous()
+                               or not in_prompt.is_contiguous()):
+        raise ValueError("the sampler's kernels need counts [C, V] int32 and in_prompt [C, V], "
+                         "contiguous")
 
 
 def penalize_logits(
@@ -55,18 +78,12 @@ def penalize_logits(
     in_prompt: torch.Tensor | None,
     width: int,
 ) -> torch.Tensor:
-    if logits.ndim != 2 or logits.stride(-1) != 1 or logits.dtype != torch.float32:
-        raise ValueError(f"penalize_logits needs logits [M, V] float32 with unit column stride, "
-                         f"got {tuple(logits.shape)} {logits.dtype}")
     R, V = rows.shape[0], logits.shape[-1]
-    if params.shape != (R, 6) or params.dtype != torch.float32 or width < V:
-        raise ValueError(f"penalize_logits needs params [{R}, 6] float32 and width >= {V}")
+    _check_penalize(logits, R, params, counts, in_prompt)
+    if width < V:
+        raise ValueError(f"penalize_logits needs width >= {V}, got {width}")
     out = torch.empty(R, width, dtype=torch.float32, device=logits.device)
     has_counts = counts is not None
-    if has_counts and (counts.shape != in_prompt.shape or counts.shape[-1] != V
-                       or counts.dtype != torch.int32 or not counts.is_contiguous()
-                       or not in_prompt.is_contiguous()):
-        raise ValueError("penalize_logits needs counts [C, V] int32 and in_prompt [C, V], contiguous")
     if R == 0:
         return out
     _penalize_kernel[(R, triton.cdiv(width, _BLOCK))](
@@ -119,4 +136,97 @@ def draw_candidates(
     _draw_kernel[(R,)](values, cols, noise, top_k, params.contiguous(), out, K, top_k.stride(0),
                        values.stride(0), cols.stride(0), noise.stride(0),
                        KP=max(16, triton.next_power_of_2(K)))
+    return out
+
+
+_CHUNK = 4096  # vocabulary columns per program of sample_top_k's first kernel
+MAX_CANDIDATES = 8192  # sample_top_k keeps chunks x K candidates of a row in one program
+
+
+@triton.jit
+def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, vals, cols, V, K,
+                        stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """The K largest penalised, scaled logits of one row's chunk of BLOCK columns, largest
+    first (the lowest column first among equals), and their columns."""
+    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
+                     stride_cr, stride_l, stride_c, HAS_COUNTS)
+    base = (i_r * tl.num_programs(1) + i_v).to(tl.int64) * K
+    for j in range(K):
+        top = tl.max(b_x, 0)
+        col = tl.minimum(tl.min(tl.where(b_x == top, o_v, V + BLOCK), 0), V - 1)  # (NaN)
+        tl.store(vals + base + j, top)
+        tl.store(cols + base + j, col.to(tl.int64))
+        b_x = tl.where(o_v == col, float("-inf"), b_x)
+
+
+@triton.jit
+def _merge_draw_kernel(vals, cols, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
+                       NP: tl.constexpr, KP: tl.constexpr):
+    """A row's K likeliest among its N chunk candidates, largest first, then the draw of
+    _draw_kernel among them."""
+    i_r = tl.program_id(0)
+    o_n = tl.arange(0, NP)
+    b_c = tl.load(vals + i_r * N + o_n, mask=o_n < N, other=float("-inf"))
+    b_i = tl.load(cols + i_r * N + o_n, mask=o_n < N, other=0)
+    o_k = tl.arange(0, KP)
+    b_v = tl.full([KP], float("-inf"), tl.float32)
+    b_t = tl.zeros([KP], dtype=tl.int64)
+    for j in range(K):
+        top = tl.max(b_c, 0)
+        pos = tl.min(tl.where(b_c == top, o_n, NP), 0)
+        b_v = tl.where(o_k == j, top, b_v)
+        b_t = tl.where(o_k == j, tl.sum(tl.where(o_n == pos, b_i, 0), 0), b_t)
+        b_c = tl.where(o_n == pos, float("-inf"), b_c)
+    k = tl.load(top_k + i_r * stride_k)
+    b_x = tl.where(o_k < k, b_v, float("-inf"))
+    top = tl.max(b_x, 0)
+    b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
+    b_e = tl.exp(b_x - top)
+    b_p = b_e / tl.sum(b_e, 0)
+    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
+    b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
+    j = tl.argmax(b_p / b_n, 0)
+    tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
+
+
+def sample_top_k(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts_rows: torch.Tensor,
+    params: torch.Tensor,
+    counts: torch.Tensor | None,
+    in_prompt: torch.Tensor | None,
+    top_k: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """Two kernels: each chunk of _CHUNK columns keeps its K best, then one program per row
+    merges them and draws (for K up to MAX_CANDIDATES // chunks: statechat's sampler asks
+    for K <= 64; a longer K raises)."""
+    R, V = rows.shape[0], logits.shape[-1]
+    K = noise.shape[-1]
+    chunks = triton.cdiv(V, _CHUNK)
+    if K < 1 or chunks * K > MAX_CANDIDATES or noise.shape[0] != R or noise.stride(-1) != 1:
+        raise ValueError(f"sample_top_k needs noise [{R}, K] with 1 <= K <= "
+                         f"{MAX_CANDIDATES // chunks} at this vocabulary")
+    _check_penalize(logits, R, params, counts, in_prompt)
+    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    if R == 0:
+        return out
+    vals = torch.empty(R, chunks * K, dtype=torch.float32, device=logits.device)
+    cols = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
+    has_counts = counts is not None
+    _chunk_top_k_kernel[(R, chunks)](
+        logits, rows, counts_rows, params.contiguous(),
+        counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
+        vals, cols, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
+        counts.stride(0) if has_counts else 0, HAS_COUNTS=has_counts, BLOCK=_CHUNK, num_warps=8,
+    )
+    _merge_draw_kernel[(R,)](
+        vals, cols, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
+        noise.stride(0), NP=triton.next_power_of_2(chunks * K),
+        KP=max(16, triton.next_power_of_2(K)), num_warps=8,
+    )
     return out

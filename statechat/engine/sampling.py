@@ -23,6 +23,8 @@ MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities 
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 CANDIDATES = 1024  # a draw whose top-k is at most this samples among its top-k tokens only
 TOPK_CHUNK = 4096  # a long row's top-k is taken per chunk of this many columns first
+FUSED_TOP_K = 64  # a draw whose top-k are all at most this runs kernels.sample_top_k: logits
+FUSED_VOCAB = 2**19  # to token in two kernels (which hold 8192 candidates per row)
 
 
 @dataclass(frozen=True)
@@ -299,20 +301,30 @@ class Plan:
              greedy: torch.Tensor | None, table: TokenCounts | None) -> torch.Tensor:
         """The step's tokens [M] from the logits, the todo rows' values on the device (`rows`)
         and the counts table: device work only, nothing read back (so it can be captured)."""
-        vocab = logits.shape[-1]
-        x = kernels.penalize_logits(  # [T, width]: penalised, over the temperature, -inf padded
-            logits, rows.logits_row, rows.counts_row, rows.floats,
-            None if table is None else table.counts, None if table is None else table.in_prompt,
-            _padded(vocab))
+        vocab, scaled = logits.shape[-1], None
         picked = []
         for kind, a, b in self.groups:
-            gens = [generators[i] for i in self.todo[a:b]]
+            gens, part = [generators[i] for i in self.todo[a:b]], rows.slice(a, b)
+            kmax = max(p.top_k for p in part.params)
+            if kind == CANDIDATES_KIND and kmax <= FUSED_TOP_K and vocab <= FUSED_VOCAB:
+                noise = _noise((b - a, kmax), logits, gens, [p.top_k for p in part.params])
+                picked.append(kernels.sample_top_k(
+                    logits, part.logits_row, part.counts_row, part.floats,
+                    None if table is None else table.counts,
+                    None if table is None else table.in_prompt, part.ints[:, 2], noise))
+                continue
+            if scaled is None:  # [T, width]: penalised, over the temperature, -inf padded
+                scaled = kernels.penalize_logits(
+                    logits, rows.logits_row, rows.counts_row, rows.floats,
+                    None if table is None else table.counts,
+                    None if table is None else table.in_prompt, _padded(vocab))
+            x = scaled[a:b]
             if kind == GREEDY:
-                picked.append(x[a:b].argmax(dim=-1))
+                picked.append(x.argmax(dim=-1))
             elif kind == CANDIDATES_KIND:
-                picked.append(_draw_candidates(x[a:b], gens, rows.slice(a, b)))
+                picked.append(_draw_candidates(x, gens, part))
             else:
-                picked.append(_draw(x[a:b, :vocab], gens, rows.slice(a, b)))
+                picked.append(_draw(x[:, :vocab], gens, part))
         picked = picked[0] if len(picked) == 1 else torch.cat(picked)
         if table is not None:
             table.add(rows.counts_row, picked, rows.counted)

@@ -1,7 +1,8 @@
 """The sampler's kernels give their references' results: penalised, temperature-scaled logits
 (rows picked out of order through strided index columns, with and without the counts tables,
-padding columns -inf), and the same token drawn among candidates from the same noise under
-every mix of top-k, min-p and top-p."""
+padding columns -inf); the same token drawn among candidates from the same noise under every
+mix of top-k, min-p and top-p; and the same token drawn from the logits on, over a vocabulary
+of several chunks, whose candidates the kernels gather chunk by chunk."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import reference
-from kernels.sampler import draw_candidates, penalize_logits
+from kernels.sampler import draw_candidates, penalize_logits, sample_top_k
 
 V = 300
 
@@ -66,3 +67,23 @@ def test_draw_candidates(device):
         assert torch.equal(got, want), trial
     # the rows that can only draw their likeliest token (top-k 1, a tiny top-p, min-p 1) do
     assert torch.equal(got[[0, 5, 6]], cols[[0, 5, 6], 0])
+
+
+@pytest.mark.parametrize("K", [1, 7])
+def test_sample_top_k(device, K):
+    g = torch.Generator().manual_seed(2)
+    V = 9000  # three chunks, the last one short
+    logits = (torch.randn(4, V, generator=g) * 2).to(device)
+    logits[1, 4096:] -= 30  # (row 1's likeliest all in its first chunk)
+    ints = torch.tensor([[3, 1, K, 1], [1, 0, 1, 0], [0, 2, max(1, K - 2), 1]], device=device)
+    params = params_of([(0.7, 0.9, -math.inf, 1.2, 0.3, 0.5), (1.0, math.inf, -math.inf, 1, 0, 0),
+                        (1.5, math.inf, math.log(0.05), 0.9, -0.2, 1.0)], device)
+    counts = torch.randint(0, 3, (3, V), generator=g, dtype=torch.int32).to(device)
+    counts[0] = 0
+    in_prompt = (torch.rand(3, V, generator=g) < 0.1).to(device)
+    for trial in range(8):
+        noise = torch.empty(3, K).exponential_(1, generator=g).to(device)
+        tables = (counts, in_prompt) if trial % 2 else (None, None)
+        args = (logits, ints[:, 0], ints[:, 1], params, *tables, ints[:, 2], noise)
+        got, want = sample_top_k(*args), reference.sample_top_k(*args)
+        assert torch.equal(got, want), trial
