@@ -144,44 +144,54 @@ MAX_CANDIDATES = 8192  # sample_top_k keeps chunks x K candidates of a row in on
 
 
 @triton.jit
-def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, vals, cols, V, K,
+def _key(b_x, o_v):
+    """int64 keys whose order is that of the values b_x (float32), then of the lowest column
+    o_v among equals: the float's bits made order-preserving as a signed int, over 2**31 - 1
+    - the column. One max over keys then gives a value and its column together."""
+    bits = b_x.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - o_v).to(tl.int64)
+
+
+@triton.jit
+def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS: tl.constexpr,
                         BLOCK: tl.constexpr):
-    """The K largest penalised, scaled logits of one row's chunk of BLOCK columns, largest
-    first (the lowest column first among equals), and their columns."""
+    """The keys (_key) of the K largest penalised, scaled logits of one row's chunk of BLOCK
+    columns, largest first; past V, the least int64 (never one of a row's K best, V >= K)."""
     i_r, i_v = tl.program_id(0), tl.program_id(1)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
+    least = -0x7FFFFFFFFFFFFFFF - 1
+    b_k = tl.where(o_v < V, _key(b_x, o_v), least)
     base = (i_r * tl.num_programs(1) + i_v).to(tl.int64) * K
     for j in range(K):
-        top = tl.max(b_x, 0)
-        col = tl.minimum(tl.min(tl.where(b_x == top, o_v, V + BLOCK), 0), V - 1)  # (NaN)
-        tl.store(vals + base + j, top)
-        tl.store(cols + base + j, col.to(tl.int64))
-        b_x = tl.where(o_v == col, float("-inf"), b_x)
+        top = tl.max(b_k, 0)
+        tl.store(keys + base + j, top)
+        b_k = tl.where(b_k == top, least, b_k)  # (keys are unique: their columns differ)
 
 
 @triton.jit
-def _merge_draw_kernel(vals, cols, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
+def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
                        NP: tl.constexpr, KP: tl.constexpr):
     """A row's K likeliest among its N chunk candidates, largest first, then the draw of
     _draw_kernel among them."""
     i_r = tl.program_id(0)
+    least = -0x7FFFFFFFFFFFFFFF - 1
     o_n = tl.arange(0, NP)
-    b_c = tl.load(vals + i_r * N + o_n, mask=o_n < N, other=float("-inf"))
-    b_i = tl.load(cols + i_r * N + o_n, mask=o_n < N, other=0)
+    b_c = tl.load(keys + i_r * N + o_n, mask=o_n < N, other=least)
     o_k = tl.arange(0, KP)
-    b_v = tl.full([KP], float("-inf"), tl.float32)
-    b_t = tl.zeros([KP], dtype=tl.int64)
+    b_top = tl.full([KP], least, tl.int64)
     for j in range(K):
         top = tl.max(b_c, 0)
-        pos = tl.min(tl.where(b_c == top, o_n, NP), 0)
-        b_v = tl.where(o_k == j, top, b_v)
-        b_t = tl.where(o_k == j, tl.sum(tl.where(o_n == pos, b_i, 0), 0), b_t)
-        b_c = tl.where(o_n == pos, float("-inf"), b_c)
+        b_top = tl.where(o_k == j, top, b_top)
+        b_c = tl.where(b_c == top, least, b_c)
+    ordered = (b_top >> 32).to(tl.int32)  # (undo _key)
+    b_v = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+    b_t = 0x7FFFFFFF - (b_top & 0xFFFFFFFF)
     k = tl.load(top_k + i_r * stride_k)
-    b_x = tl.where(o_k < k, b_v, float("-inf"))
+    b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
     top = tl.max(b_x, 0)
     b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
     b_e = tl.exp(b_x - top)
@@ -208,24 +218,23 @@ def sample_top_k(
     R, V = rows.shape[0], logits.shape[-1]
     K = noise.shape[-1]
     chunks = triton.cdiv(V, _CHUNK)
-    if K < 1 or chunks * K > MAX_CANDIDATES or noise.shape[0] != R or noise.stride(-1) != 1:
+    if not 1 <= K <= V or chunks * K > MAX_CANDIDATES or noise.shape[0] != R or noise.stride(-1) != 1:
         raise ValueError(f"sample_top_k needs noise [{R}, K] with 1 <= K <= "
-                         f"{MAX_CANDIDATES // chunks} at this vocabulary")
+                         f"{min(V, MAX_CANDIDATES // chunks)} at this vocabulary")
     _check_penalize(logits, R, params, counts, in_prompt)
     out = torch.empty(R, dtype=torch.int64, device=logits.device)
     if R == 0:
         return out
-    vals = torch.empty(R, chunks * K, dtype=torch.float32, device=logits.device)
-    cols = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
+    keys = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
     has_counts = counts is not None
     _chunk_top_k_kernel[(R, chunks)](
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
-        vals, cols, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
+        keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
         counts.stride(0) if has_counts else 0, HAS_COUNTS=has_counts, BLOCK=_CHUNK, num_warps=8,
     )
     _merge_draw_kernel[(R,)](
-        vals, cols, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
+        keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
         noise.stride(0), NP=triton.next_power_of_2(chunks * K),
         KP=max(16, triton.next_power_of_2(K)), num_warps=8,
     )

@@ -305,7 +305,7 @@ class Plan:
         picked = []
         for kind, a, b in self.groups:
             gens, part = [generators[i] for i in self.todo[a:b]], rows.slice(a, b)
-            kmax = max(p.top_k for p in part.params)
+            kmax = min(max(p.top_k for p in part.params), vocab)
             if kind == CANDIDATES_KIND and kmax <= FUSED_TOP_K and vocab <= FUSED_VOCAB:
                 noise = _noise((b - a, kmax), logits, gens, [p.top_k for p in part.params])
                 picked.append(kernels.sample_top_k(

@@ -75,6 +75,7 @@ def test_sample_top_k(device, K):
     V = 9000  # three chunks, the last one short
     logits = (torch.randn(4, V, generator=g) * 2).to(device)
     logits[1, 4096:] -= 30  # (row 1's likeliest all in its first chunk)
+    logits[3, 3:] = float("-inf")  # (row 3: fewer finite logits than K, all in one chunk)
     ints = torch.tensor([[3, 1, K, 1], [1, 0, 1, 0], [0, 2, max(1, K - 2), 1]], device=device)
     params = params_of([(0.7, 0.9, -math.inf, 1.2, 0.3, 0.5), (1.0, math.inf, -math.inf, 1, 0, 0),
                         (1.5, math.inf, math.log(0.05), 0.9, -0.2, 1.0)], device)
