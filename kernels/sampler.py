@@ -158,18 +158,22 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS: tl.constexpr,
                         BLOCK: tl.constexpr):
     """The keys (_key) of the K largest penalised, scaled logits of one row's chunk of BLOCK
-    columns, largest first; past V, the least int64 (never one of a row's K best, V >= K)."""
+    columns, largest first; past the chunk's columns below V, the least int64 (so never one
+    of a row's K best: V >= K). Found by float and int32 reductions (a max, then the lowest
+    column holding it), which run faster here than one int64 max."""
     i_r, i_v = tl.program_id(0), tl.program_id(1)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
     least = -0x7FFFFFFFFFFFFFFF - 1
-    b_k = tl.where(o_v < V, _key(b_x, o_v), least)
+    valid = V - i_v * BLOCK  # (a real column comes before padding: both -inf, it is lower)
     base = (i_r * tl.num_programs(1) + i_v).to(tl.int64) * K
     for j in range(K):
-        top = tl.max(b_k, 0)
-        tl.store(keys + base + j, top)
-        b_k = tl.where(b_k == top, least, b_k)  # (keys are unique: their columns differ)
+        top = tl.max(b_x, 0)
+        col = tl.min(tl.where(b_x == top, o_v, V + BLOCK), 0)
+        key = _key(top, tl.minimum(col, V - 1))  # (a NaN row finds no column: keep it in range)
+        tl.store(keys + base + j, tl.where(j < valid, key, least))
+        b_x = tl.where(o_v == col, float("-inf"), b_x)
 
 
 @triton.jit
@@ -189,6 +193,7 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
         b_c = tl.where(b_c == top, least, b_c)
     ordered = (b_top >> 32).to(tl.int32)  # (undo _key)
     b_v = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+    b_v = tl.where(b_top == least, float("-inf"), b_v)  # (a slot past the candidates)
     b_t = 0x7FFFFFFF - (b_top & 0xFFFFFFFF)
     k = tl.load(top_k + i_r * stride_k)
     b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))

@@ -70,9 +70,10 @@ def test_draw_candidates(device):
 
 
 @pytest.mark.parametrize("K", [1, 7])
-def test_sample_top_k(device, K):
+@pytest.mark.parametrize("V", [9000, 8195], ids=["short-last-chunk", "last-chunk-below-K"])
+def test_sample_top_k(device, K, V):
+    """Three chunks, the last one short (with fewer columns than K: 8195)."""
     g = torch.Generator().manual_seed(2)
-    V = 9000  # three chunks, the last one short
     logits = (torch.randn(4, V, generator=g) * 2).to(device)
     logits[1, 4096:] -= 30  # (row 1's likeliest all in its first chunk)
     logits[3, 3:] = float("-inf")  # (row 3: fewer finite logits than K, all in one chunk)
