@@ -3,7 +3,8 @@ it): a body's prompts, fed as they are (no chat template), and the shape of thei
 
 `prompt` is a string, an array of token ids, or an array of either; each prompt gets n choices
 (index = prompt index * n + i). The sampling fields are the chat API's (api_request.parse_params),
-except that max_tokens defaults to 16 (OpenAI's and vLLM's default for this API) and `logprobs`
+except that max_tokens defaults to 16 (OpenAI's and vLLM's default for this API; `serve
+--max-tokens` sets it) and `logprobs`
 is a count (0 to 20, vLLM's cap) of the likeliest tokens to list per generated token. `echo`
 puts the prompt's text before each choice's; with logprobs it is refused, since it would need
 the prompt's logprobs, which the engine does not compute. `suffix` is refused.
@@ -11,7 +12,6 @@ the prompt's logprobs, which the engine does not compute. `suffix` is refused.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from statechat.api_choices import Shape, finish_reason
@@ -76,7 +76,7 @@ def _logprobs(body: dict) -> int | None:
 
 def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams) -> CompletionRequest:
     """A text-completions body, checked; ApiError(400) naming the field at fault. `defaults`
-    are the server's sampling (its max_tokens is replaced by this API's 16)."""
+    are the server's sampling, with this API's default max_tokens (ChatServer's)."""
     if body.get("suffix") not in (None, ""):
         raise ApiError(400, "suffix is not supported by this server; leave it out", "suffix")
     echo, k = parse_flag(body, "echo"), _logprobs(body)
@@ -88,8 +88,7 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)
-    params = parse_params(shared, min(map(len, prompts)), worker.max_model_len,
-                          dataclasses.replace(defaults, max_tokens=DEFAULT_MAX_TOKENS))
+    params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults)
     echoes = None
     if echo:
         decode = worker.engine.tokenizer.decode

@@ -241,8 +241,8 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
-    completion), unless the model's generation config, the flags or a request's own fields say
-    otherwise."""
+    completion; --max-tokens sets both), unless the model's generation config, the flags or a
+    request's own fields say otherwise."""
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.server import serve as serve_forever
@@ -257,7 +257,7 @@ def serve(
     _warn_if_embedded(engine.loaded.path)
     try:
         serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
-                      template_kwargs, sampling)
+                      template_kwargs, sampling, completion_max_tokens=max_tokens)
     except OSError as e:
         raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
 

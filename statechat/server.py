@@ -14,6 +14,7 @@ submitted, awaited and streamed by api_choices.py, which the two APIs share.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import selectors
@@ -25,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from statechat.api_chat import ChatShape, chat_prompt
 from statechat.api_choices import Choices, Shape, response, stream_chunks
-from statechat.api_completions import CompletionShape, parse_completion
+from statechat.api_completions import DEFAULT_MAX_TOKENS, CompletionShape, parse_completion
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
@@ -44,18 +45,21 @@ SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long
 class ChatServer(ThreadingHTTPServer):
     """The HTTP server: holds the worker, the served model id, the optional API key and the
     defaults of every request (sampling, chat-template variables), which a request's own
-    fields override."""
+    fields override. A text completion's max_tokens defaults to `completion_max_tokens`
+    (OpenAI's 16 unless `serve --max-tokens` was given)."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
-                 template_kwargs: dict | None = None, sampling: SamplingParams | None = None) -> None:
+                 template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
+                 completion_max_tokens: int | None = None) -> None:
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
         self.template_kwargs = template_kwargs or {}
         self.sampling = sampling or DEFAULT_SAMPLING
+        self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
         self.created = int(time.time())
 
     @property
@@ -174,7 +178,8 @@ class Handler(BaseHTTPRequestHandler):
     def _completions(self) -> None:
         body = self._body()
         worker = self.server.worker
-        request = parse_completion(body, worker, self.server.sampling)
+        request = parse_completion(body, worker, dataclasses.replace(
+            self.server.sampling, max_tokens=self.server.completion_max_tokens))
         self._answer(body, CompletionShape(worker.engine.tokenizer, request), request.prompts,
                      request.params, request.n, "prompt")
 
@@ -258,9 +263,11 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
-          template_kwargs: dict | None = None, sampling: SamplingParams | None = None) -> None:
+          template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
+          completion_max_tokens: int | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
-    `template_kwargs` and `sampling` are the defaults of every request (ChatServer's)."""
+    `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
+    request (ChatServer's)."""
     import signal
 
     def _stop(signum, frame):
@@ -268,7 +275,7 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
 
     signal.signal(signal.SIGTERM, _stop)
     server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
-                        sampling=sampling)
+                        sampling=sampling, completion_max_tokens=completion_max_tokens)
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

@@ -41,9 +41,11 @@ def started(monkeypatch, shared_engine):
         def run(self) -> None:
             pass
 
-    def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None):
+    def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
+              completion_max_tokens=None):
         worker.shutdown()
         got["serve"] = sampling
+        got["completion_max_tokens"] = completion_max_tokens
 
     if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
         monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
@@ -70,6 +72,8 @@ def test_run_and_serve_take_the_model_s_sampling_under_their_flags(tmp_path, sta
     assert started[command] == SamplingParams(
         temperature=0.6, top_p=0.95, top_k=5, min_p=0.05, presence_penalty=1.5,
         frequency_penalty=-0.5, repetition_penalty=1.1, max_tokens=64)
+    if command == "serve":  # (a text completion's default too)
+        assert started["completion_max_tokens"] == 64
     assert "sampling with temperature 0.6, top_p 0.95 by default, as the model's " \
            "generation_config.json recommends" in result.stderr
     off = CliRunner().invoke(cli.app, [*args, "--model", str(model), "--temperature", "0",

@@ -1,6 +1,7 @@
 """POST /v1/completions through the openai client's `completions.create`: a string prompt is fed
 as its tokens (no chat template) and a token-id prompt gives the same reply; a list of prompts
-gives n choices each, indexed prompt * n + i; max_tokens defaults to 16; echo puts the prompt
+gives n choices each, indexed prompt * n + i; max_tokens defaults to 16 (or serve's
+--max-tokens); echo puts the prompt
 first; logprobs give the legacy object (tokens that spell the reply, top_logprobs dicts of the
 asked size holding the chosen token, character offsets); a stream matches the whole reply;
 usage counts every prompt once; over-long and malformed prompts, suffix, and echo with
@@ -46,6 +47,13 @@ def test_string_and_token_prompts(client, tokenizer):
     default = client.completions.create(**GREEDY, prompt=PROMPT)
     assert default.usage.completion_tokens == 16  # OpenAI's and vLLM's default for this API
     assert default.choices[0].text.startswith(text.choices[0].text.rstrip("\ufffd"))
+
+
+def test_serve_max_tokens_sets_the_default_here_too(client, server, monkeypatch):
+    """`serve --max-tokens 5` is the default of a text completion as of a chat one."""
+    monkeypatch.setattr(server, "completion_max_tokens", 5)
+    assert client.completions.create(**GREEDY, prompt=PROMPT).usage.completion_tokens == 5
+    assert client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=7).usage.completion_tokens == 7
 
 
 def test_a_list_of_prompts_with_n(client, tokenizer):
