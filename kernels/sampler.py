@@ -98,6 +98,19 @@ def penalize_logits(
 
 
 @triton.jit
+def _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n):
+    """The index of the candidate drawn among a row's largest-first candidate logits b_x [KP]
+    (-inf past its top-k): min-p, softmax, top-p, then the argmax of probability over noise."""
+    top = tl.max(b_x, 0)  # (the first value: they come largest first)
+    b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
+    b_e = tl.exp(b_x - top)
+    b_p = b_e / tl.sum(b_e, 0)
+    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
+    b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
+    return tl.argmax(b_p / b_n, 0)
+
+
+@triton.jit
 def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
                  stride_n, KP: tl.constexpr):
     i_r = tl.program_id(0)
@@ -105,13 +118,7 @@ def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v,
     k = tl.load(top_k + i_r * stride_k)
     # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
     b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k), other=float("-inf"))
-    top = tl.max(b_x, 0)  # (the first value: they come largest first)
-    b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
-    b_e = tl.exp(b_x - top)
-    b_p = b_e / tl.sum(b_e, 0)
-    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
-    b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
-    j = tl.argmax(b_p / b_n, 0)
+    j = _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n)
     tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
 
 
@@ -179,8 +186,8 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
 @triton.jit
 def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
                        NP: tl.constexpr, KP: tl.constexpr):
-    """A row's K likeliest among its N chunk candidates, largest first, then the draw of
-    _draw_kernel among them."""
+    """A row's K likeliest among its N chunk candidates, largest first, then the draw among
+    them (_drawn)."""
     i_r = tl.program_id(0)
     least = -0x7FFFFFFFFFFFFFFF - 1
     o_n = tl.arange(0, NP)
@@ -197,13 +204,7 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
     b_t = 0x7FFFFFFF - (b_top & 0xFFFFFFFF)
     k = tl.load(top_k + i_r * stride_k)
     b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
-    top = tl.max(b_x, 0)
-    b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
-    b_e = tl.exp(b_x - top)
-    b_p = b_e / tl.sum(b_e, 0)
-    b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
-    b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
-    j = tl.argmax(b_p / b_n, 0)
+    j = _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n)
     tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
 
 
