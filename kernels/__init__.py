@@ -244,7 +244,6 @@ def draw_candidates(values, cols, noise, top_k, params):
     return _pick("draw_candidates", values)(values, cols, noise, top_k, params)
 
 
-
 @_same_contract(reference.sample_top_k)
 def sample_top_k(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise):
     return _pick("sample_top_k", logits)(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise)
@@ -282,4 +281,3 @@ __all__ = [
     "silu_mul_linear",
     "store_kv",
 ]
-

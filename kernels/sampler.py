@@ -51,7 +51,7 @@ def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, 
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
-    tl.store(out + i_r * stride_o + o_v, b_x, mask=o_v < W)
+    tl.store(out + i_r.to(tl.int64) * stride_o + o_v, b_x, mask=o_v < W)
 
 
 def _check_penalize(logits: torch.Tensor, R: int, params: torch.Tensor,
@@ -107,7 +107,7 @@ def _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n):
     b_p = b_e / tl.sum(b_e, 0)
     b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
     b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
-    return tl.argmax(b_p / b_n, 0)
+    return tl.minimum(tl.argmax(b_p / b_n, 0), K - 1)  # (in range even for a NaN row)
 
 
 @triton.jit
@@ -191,7 +191,7 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
     i_r = tl.program_id(0)
     least = -0x7FFFFFFFFFFFFFFF - 1
     o_n = tl.arange(0, NP)
-    b_c = tl.load(keys + i_r * N + o_n, mask=o_n < N, other=least)
+    b_c = tl.load(keys + i_r.to(tl.int64) * N + o_n, mask=o_n < N, other=least)
     o_k = tl.arange(0, KP)
     b_top = tl.full([KP], least, tl.int64)
     for j in range(K):
@@ -201,7 +201,7 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
     ordered = (b_top >> 32).to(tl.int32)  # (undo _key)
     b_v = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
     b_v = tl.where(b_top == least, float("-inf"), b_v)  # (a slot past the candidates)
-    b_t = 0x7FFFFFFF - (b_top & 0xFFFFFFFF)
+    b_t = tl.where(b_top == least, 0, 0x7FFFFFFF - (b_top & 0xFFFFFFFF))  # (token 0 there)
     k = tl.load(top_k + i_r * stride_k)
     b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
     j = _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n)

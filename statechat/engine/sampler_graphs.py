@@ -36,12 +36,16 @@ MAX_GRAPHS = 8  # kept, least recently used dropped first
 
 
 class SamplerGraphs:
+    """The sampler's graphs of one device: `run` and `logprobs` return a replay's output, or
+    None when the caller is to do the work eagerly (and so warm up a later capture)."""
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.floats = torch.zeros(MAX_ROWS, 6, dtype=torch.float32, device=device)
         self.ints = torch.zeros(MAX_ROWS, 4, dtype=torch.int64, device=device)
         self.staged: tuple | None = None  # the values in the static buffers
-        self.graphs: OrderedDict[tuple, tuple[Any, torch.Tensor]] = OrderedDict()  # key -> (graph, tokens)
+        # key -> (graph, its output, what it reads that only it holds)
+        self.graphs: OrderedDict[tuple, tuple[Any, torch.Tensor, Any]] = OrderedDict()
         self.last: dict[str, tuple] = {}  # kind of work -> the key of its last eager run
         self.pool = None
         self.stream = torch.cuda.Stream(device)
@@ -70,18 +74,20 @@ class SamplerGraphs:
             return None
         key = ("logprobs", tuple(rows), k, _where(logits), _where(tokens))
         index = None if rows == list(range(logits.shape[0])) else device_index(tuple(rows), self.device)
-        return self._replay(key, lambda: logprob_table(logits, tokens, rows, k, index))
+        # (the graph keeps the index it reads: the cache that made it may let it go)
+        return self._replay(key, lambda: logprob_table(logits, tokens, rows, k, index), keep=index)
 
     def _replay(self, key: tuple, work: Callable[[], torch.Tensor],
-                stage: Callable[[], None] | None = None) -> torch.Tensor | None:
+                stage: Callable[[], None] | None = None, keep: Any = None) -> torch.Tensor | None:
         """Replay key's graph (after `stage`), capturing `work` if the step before of this
-        kind had the same key; None when the caller is to run the work eagerly."""
+        kind had the same key; None when the caller is to run the work eagerly. `keep`: what
+        the graph reads that nothing else may hold, kept as long as the graph."""
         entry = self.graphs.get(key)
         if entry is None:
             if key != self.last.get(key[0]):  # first seen: eagerly (the capture's warm-up)
                 self.last[key[0]] = key
                 return None
-            entry = self._capture(key, work)
+            entry = self._capture(key, work, keep)
             if entry is None:
                 return None
         self.graphs.move_to_end(key)
@@ -103,7 +109,8 @@ class SamplerGraphs:
         self.ints[:n].copy_(fresh.ints)
         self.staged = staged
 
-    def _capture(self, key: tuple, work: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
+    def _capture(self, key: tuple, work: Callable[[], torch.Tensor],
+                 keep: Any) -> tuple[Any, torch.Tensor, Any] | None:
         """Record `work` on a side stream (nothing runs): no device-wide synchronisation, and
         a cache writer's copies on other threads stay allowed."""
         graph = torch.cuda.CUDAGraph()
@@ -123,7 +130,7 @@ class SamplerGraphs:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.pool = graph.pool()
         self.captures += 1
-        self.graphs[key] = (graph, out)
+        self.graphs[key] = (graph, out, keep)
         if len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
         return self.graphs[key]

@@ -430,7 +430,7 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, (part.indices + start).flatten(1).gather(1, where)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # (never evicted: a captured graph may read it; few n occur)
 def _arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
 

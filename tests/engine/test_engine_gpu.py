@@ -12,7 +12,8 @@ import torch
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
-from statechat.engine.sampling import SamplingParams
+from statechat.engine.sampler_graphs import SamplerGraphs
+from statechat.engine.sampling import SamplingParams, device_index, logprob_table
 from statechat.model.loader import load_model
 from tests.engine.test_engine_parity import (
     NEW,
@@ -227,3 +228,23 @@ def test_async_scheduling_samples_as_the_synchronous_engine_on_graphs(gpu_setup)
     path, loaded, prompts, _ = gpu_setup
     sync, overlapped = sync_and_async_outputs(path, loaded, prompts, device="cuda", dtype="float32")
     assert sync == overlapped
+
+
+def test_a_logprob_graph_keeps_the_index_it_reads():
+    """A captured logprob table stays right after the cache of row indices has let its index
+    go and its memory was reused (the graph holds the index)."""
+    device = torch.device("cuda")
+    graphs = SamplerGraphs(device)
+    logits = torch.randn(6, 1000, device=device)
+    tokens = torch.randint(0, 1000, (6,), device=device)
+    rows = [0, 2, 5]
+    assert graphs.logprobs(logits, tokens, rows, 3) is None  # first seen: the caller's, eagerly
+    graphs.logprobs(logits, tokens, rows, 3)  # captured and replayed
+    for i in range(80):
+        device_index((i, i + 1, 7), device)
+    gc.collect()
+    reused = [torch.full((3,), 999, dtype=torch.int64, device=device) for _ in range(64)]
+    logits.copy_(torch.randn(6, 1000, device=device))
+    got = graphs.logprobs(logits, tokens, rows, 3)
+    assert graphs.replays == 2 and reused
+    assert torch.equal(got, logprob_table(logits, tokens, rows, 3))
