@@ -27,7 +27,8 @@ from statechat.devices import default_dtype, free_memory, graph_api, resolve_dev
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import Launched, ModelRunner
-from statechat.engine.sampling import SamplingParams, unpack_logprobs
+from statechat.engine.sampler import unpack_logprobs
+from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
 from statechat.errors import ConfigError, ContextLengthError

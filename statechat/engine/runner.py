@@ -17,8 +17,8 @@ import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
+from statechat.engine.sampler import TokenCounts, logprob_table, sample
 from statechat.engine.sampler_graphs import SamplerGraphs
-from statechat.engine.sampling import TokenCounts, logprob_table, sample
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from statechat.engine.sampling import Plan, Rows, TokenCounts, device_index, logprob_table
+from statechat.engine.sampler import Plan, Rows, TokenCounts, device_index, logprob_table
 
 log = logging.getLogger("statechat.engine")
 

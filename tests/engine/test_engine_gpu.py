@@ -12,8 +12,9 @@ import torch
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
+from statechat.engine.sampler import device_index, logprob_table
 from statechat.engine.sampler_graphs import SamplerGraphs
-from statechat.engine.sampling import SamplingParams, device_index, logprob_table
+from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
 from tests.engine.test_engine_parity import (
     NEW,

@@ -8,14 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from statechat.engine import sampling
-from statechat.engine.sampling import (
-    SamplingParams,
-    distribution,
-    logprob_table,
-    top_k,
-    unpack_logprobs,
-)
+from statechat.engine import sampler
+from statechat.engine.sampler import distribution, logprob_table, top_k, unpack_logprobs
+from statechat.engine.sampling import SamplingParams
 
 VOCAB = 248320  # Qwen3.5's (not a multiple of the chunk)
 
@@ -41,7 +36,7 @@ def test_candidates_give_the_whole_vocabularys_probabilities(monkeypatch):
     x = torch.randn(len(ROWS), 4096, generator=torch.Generator().manual_seed(0)) * 4
     probs, cols = distribution(x, ROWS)
     assert cols is not None and probs.shape == (len(ROWS), 1000)
-    monkeypatch.setattr(sampling, "CANDIDATES", 0)  # every row over the whole vocabulary
+    monkeypatch.setattr(sampler, "CANDIDATES", 0)  # every row over the whole vocabulary
     whole, none = distribution(x, ROWS)
     assert none is None
     spread = torch.zeros_like(whole).scatter(1, cols, probs)
