@@ -1,10 +1,11 @@
 """POST /v1/chat/completions: a body's prompt (its messages through the model's chat template)
-and the shape of its choices (`message`, a stream's `delta`s, `logprobs.content`)."""
+and the shape of its choices (`message`, a stream's `delta`s, `logprobs.content`); vLLM's
+`prompt_logprobs`, when asked, is a field of the whole response (the rendered prompt's)."""
 
 from __future__ import annotations
 
 from statechat.api_choices import Shape, finish_reason
-from statechat.api_logprobs import logprobs_content
+from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_request import ApiError, continues_final_message, parse_messages
 from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput, StreamEvent
@@ -53,6 +54,13 @@ class ChatShape(Shape):
         return {"index": index, "message": {"role": "assistant", "content": out.text},
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
                 "finish_reason": finish_reason(out)}
+
+    def fields(self, outputs: list[RequestOutput]) -> dict:
+        first = outputs[0]
+        if first.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, first.prompt_token_ids,
+                                                         first.prompt_logprobs)}
 
     def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict | None:
         """A choice's `logprobs`: None unless the request asked for them."""

@@ -49,6 +49,10 @@ class Shape:
     def choice(self, index: int, out: RequestOutput) -> dict:
         raise NotImplementedError
 
+    def fields(self, outputs: list[RequestOutput]) -> dict:
+        """A whole response's own fields beside its choices."""
+        return {}
+
 
 def finish_reason(out: RequestOutput) -> str:
     return "length" if out.finish_reason == "length" else "stop"
@@ -92,7 +96,8 @@ class Choices:
                         with _refused(param, p, len(prompts)):
                             made[p, i] = worker.submit(ids, choice_params(
                                 params, i, len(ids), worker.max_model_len), checked=checked[p])
-                if wave.start or n == 1 or not config.enable_prefix_cache:
+                if wave.start or n == 1 or not config.enable_prefix_cache or \
+                        params.prompt_logprobs is not None:  # (each computes its prompt)
                     continue
                 for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
                     while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
@@ -188,7 +193,7 @@ def response(shape: Shape, head: dict, outputs: list[RequestOutput], n: int) -> 
     """The whole (non-streamed) response; `head` holds its id, created and model."""
     return {**head, "object": shape.object,
             "choices": [shape.choice(index, out) for index, out in enumerate(outputs)],
-            "usage": usage(outputs, n)}
+            "usage": usage(outputs, n), **shape.fields(outputs)}
 
 
 def stream_chunks(shape: Shape, choices: Choices, include_usage: bool) -> Iterator[dict]:

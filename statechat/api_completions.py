@@ -6,16 +6,24 @@ it): a body's prompts, fed as they are (no chat template), and the shape of thei
 except that max_tokens defaults to 16 (OpenAI's and vLLM's default for this API; `serve
 --max-tokens` sets it) and `logprobs`
 is a count (0 to 20, vLLM's cap) of the likeliest tokens to list per generated token. `echo`
-puts the prompt's text before each choice's; with logprobs it is refused, since it would need
-the prompt's logprobs, which the engine does not compute. `suffix` is refused.
+puts the prompt's text before each choice's, and with logprobs the prompt's tokens and their
+logprobs before the reply's (the first token's null): with max_tokens 0, which only echo
+allows, that scores a prompt (lm-eval-harness's loglikelihood requests). vLLM's
+`prompt_logprobs` gives each choice that field, in whole responses. `suffix` is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from statechat.api_choices import Shape, finish_reason
-from statechat.api_logprobs import TextOffsets, completion_logprobs
+from statechat.api_logprobs import (
+    TextOffsets,
+    completion_logprobs,
+    echoed_logprobs,
+    vllm_prompt_logprobs,
+)
 from statechat.api_request import ApiError, parse_flag, parse_n, parse_params
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
@@ -34,6 +42,8 @@ class CompletionRequest:
     params: SamplingParams  # (max_tokens capped per prompt when submitted)
     n: int  # choices per prompt
     echoes: list[str] | None  # with echo, each prompt's text
+    logprobs: int | None  # the legacy count (with echo, the prompt's tokens are listed too)
+    prompt_logprobs: int | None  # vLLM's field, as asked
 
 
 def _is_ids(value) -> bool:
@@ -80,20 +90,20 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
     if body.get("suffix") not in (None, ""):
         raise ApiError(400, "suffix is not supported by this server; leave it out", "suffix")
     echo, k = parse_flag(body, "echo"), _logprobs(body)
-    if echo and k is not None:
-        raise ApiError(400, "echo with logprobs is not supported (the prompt's logprobs are "
-                            "not computed); leave one out", "echo")
     n = parse_n(body)
     given, prompts = _prompts(body.get("prompt"), worker, parse_flag(body, "add_special_tokens", True), n)
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)
-    params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults)
+    params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults,
+                          least_tokens=0 if echo else 1)
     echoes = None
     if echo:
         decode = worker.engine.tokenizer.decode
         echoes = [p if isinstance(p, str) else decode(p, skip_special_tokens=False) for p in given]
-    return CompletionRequest(prompts, params, n, echoes)
+        if k is not None:  # (the engine's count is the larger of the two asked for)
+            params = dataclasses.replace(params, prompt_logprobs=max(k, params.prompt_logprobs or 0))
+    return CompletionRequest(prompts, params, n, echoes, k, body.get("prompt_logprobs"))
 
 
 class CompletionShape(Shape):
@@ -105,29 +115,63 @@ class CompletionShape(Shape):
 
     def __init__(self, tokenizer, request: CompletionRequest) -> None:
         self.tokenizer, self.echoes, self.n = tokenizer, request.echoes, request.n
+        self.prompts, self.k, self.prompt_k = request.prompts, request.logprobs, request.prompt_logprobs
         self.offsets: dict[int, TextOffsets] = {}  # a stream's, per choice
 
     def opening(self, index: int) -> list[dict]:
-        if not self.echoes:
+        if not self.echoes or self.k is not None:  # (with logprobs the echo waits for the
+            # prompt's: the first delta)
             return []
         return [{"index": index, "text": self.echoes[index // self.n], "logprobs": None,
                  "finish_reason": None}]
 
     def deltas(self, index: int, event: StreamEvent) -> list[dict]:
-        logprobs = None
-        if event.logprobs is not None and event.token_ids:
-            offsets = self.offsets.setdefault(index, TextOffsets(self.tokenizer))
-            logprobs = completion_logprobs(self.tokenizer, event.token_ids, event.logprobs, offsets)
-        if not (event.text or logprobs or event.output):
+        text, logprobs = event.text, None
+        if self.k is not None:
+            offsets = self.offsets.get(index)
+            if offsets is None:  # the first event: the echo and its logprobs first
+                echo, offsets = self._echo(index, event.prompt_logprobs)
+                text, logprobs = echo["text"] + text, echo["logprobs"]
+                self.offsets[index] = offsets
+            if event.token_ids:
+                more = completion_logprobs(self.tokenizer, event.token_ids, event.logprobs, offsets)
+                logprobs = more if logprobs is None else _joined(logprobs, more)
+        if not (text or logprobs or event.output):
             return []
-        return [{"index": index, "text": event.text, "logprobs": logprobs,
+        return [{"index": index, "text": text, "logprobs": logprobs,
                  "finish_reason": None if event.output is None else finish_reason(event.output)}]
 
     def choice(self, index: int, out: RequestOutput) -> dict:
-        logprobs = None
+        echo, offsets = self._echo(index, out.prompt_logprobs)
+        logprobs = echo["logprobs"]
         if out.logprobs is not None:
-            logprobs = completion_logprobs(self.tokenizer, out.token_ids, out.logprobs,
-                                           TextOffsets(self.tokenizer))
-        echo = self.echoes[index // self.n] if self.echoes else ""
-        return {"index": index, "text": echo + out.text, "logprobs": logprobs,
-                "finish_reason": finish_reason(out)}
+            more = completion_logprobs(self.tokenizer, out.token_ids, out.logprobs, offsets)
+            logprobs = more if logprobs is None else _joined(logprobs, more)
+        choice = {"index": index, "text": echo["text"] + out.text, "logprobs": logprobs,
+                  "finish_reason": finish_reason(out)}
+        if self.prompt_k is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(
+                self.tokenizer, out.prompt_token_ids, _cut(out.prompt_logprobs, self.prompt_k))
+        return choice
+
+    def _echo(self, index: int, entries: list | None) -> tuple[dict, TextOffsets]:
+        """Choice `index`'s echo: {"text", "logprobs" (the prompt's, or None)}, and the offsets
+        of the reply's tokens after it."""
+        if not self.echoes:
+            return {"text": "", "logprobs": None}, TextOffsets(self.tokenizer)
+        text = self.echoes[index // self.n]
+        logprobs = None
+        if self.k is not None:
+            logprobs = echoed_logprobs(self.tokenizer, self.prompts[index // self.n],
+                                       _cut(entries, self.k))
+        return {"text": text, "logprobs": logprobs}, TextOffsets(self.tokenizer, start=len(text))
+
+
+def _cut(entries: list, k: int) -> list:
+    """Prompt logprob entries with the top lists cut to k (the engine's may be longer)."""
+    return [e if e is None else (e[0], e[1][:k], e[2]) for e in entries]
+
+
+def _joined(first: dict, then: dict) -> dict:
+    """Two legacy logprobs objects as one (first's tokens, then then's)."""
+    return {key: first[key] + then[key] for key in first}

@@ -6,6 +6,10 @@ which "token" then shows as U+FFFD), and special tokens show as their text (`<|i
 Text completions (the legacy API): {"tokens", "token_logprobs", "top_logprobs": [{token:
 logprob}], "text_offset"}; there a token that is not whole UTF-8 shows as its bytes, as
 OpenAI's did ("bytes:\\xe4\\xbd"), so that no two tokens of a top_logprobs dict show alike.
+With echo, the prompt's tokens come first, the first with null logprobs (nothing comes before
+it), and the offsets count the echoed prompt.
+vLLM's `prompt_logprobs`: per prompt token null (the first), else {id: {"logprob", "rank",
+"decoded_token"}} of the token and the likeliest.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
 
 def _bytes_of(tokenizer, token_ids: list[int], logprobs: list) -> dict[int, bytes]:
     """The bytes of the generated tokens and of those in their top lists."""
-    ids = list(token_ids) + [i for _, top in logprobs for i, _ in top]
+    ids = list(token_ids) + [i for entry in logprobs for i, _ in entry[1]]
     return dict(zip(ids, token_bytes(tokenizer, ids)))
 
 
@@ -70,10 +74,12 @@ class TextOffsets:
     (a stream's chunks continue the count). A token that starts inside a character starts where
     that character does; special tokens, which the text leaves out, take no room."""
 
-    def __init__(self, tokenizer) -> None:
-        self.special = set(tokenizer.all_special_ids)
+    def __init__(self, tokenizer, start: int = 0, specials_shown: bool = False) -> None:
+        """`start`: the characters before the first token; `specials_shown`: special tokens
+        take the room of their text (as in an echoed prompt)."""
+        self.special = set() if specials_shown else set(tokenizer.all_special_ids)
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")  # holds a partial character
-        self.num_chars = 0
+        self.num_chars = start
 
     def add(self, token_id: int, raw: bytes) -> int:
         """The offset of the next token, `token_id` with bytes `raw`."""
@@ -103,12 +109,38 @@ def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list,
     raw = _bytes_of(tokenizer, token_ids, logprobs)
     shown = {i: _legacy_token(b) for i, b in raw.items()}
     tops = []
-    for i, (logprob, top) in zip(token_ids, logprobs):
+    for i, (logprob, top, *_) in zip(token_ids, logprobs):
         entry: dict[str, float] = {}
         for j, value in top:
             entry.setdefault(shown[j], value)
         entry.setdefault(shown[i], logprob)
         tops.append(entry)
     return {"tokens": [shown[i] for i in token_ids],
-            "token_logprobs": [logprob for logprob, _ in logprobs],
+            "token_logprobs": [entry[0] for entry in logprobs],
             "top_logprobs": tops, "text_offset": [offsets.add(i, raw[i]) for i in token_ids]}
+
+
+def echoed_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> dict:
+    """The legacy logprobs object of an echoed prompt, from the engine's prompt_logprobs
+    entries (the first None)."""
+    offsets = TextOffsets(tokenizer, specials_shown=True)
+    (first,) = token_bytes(tokenizer, prompt_ids[:1])
+    head = {"tokens": [_legacy_token(first)], "token_logprobs": [None], "top_logprobs": [None],
+            "text_offset": [offsets.add(prompt_ids[0], first)]}
+    rest = completion_logprobs(tokenizer, prompt_ids[1:], entries[1:], offsets)
+    return {key: head[key] + rest[key] for key in head}
+
+
+def vllm_prompt_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> list[dict | None]:
+    """vLLM's prompt_logprobs from the engine's entries: per token after the first, the token
+    and the likeliest (ranks 1, 2, ... in order), keyed by id."""
+    raw = _bytes_of(tokenizer, prompt_ids, [e for e in entries if e is not None])
+    text = {i: b.decode("utf-8", "replace") for i, b in raw.items()}
+    out: list[dict | None] = [None]
+    for i, entry in zip(prompt_ids[1:], entries[1:]):
+        logprob, top, rank = entry
+        row = {str(j): {"logprob": v, "rank": r, "decoded_token": text[j]}
+               for r, (j, v) in enumerate(top, 1)}
+        row[str(i)] = {"logprob": logprob, "rank": rank, "decoded_token": text[i]}
+        out.append(row)
+    return out

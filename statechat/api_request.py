@@ -30,7 +30,7 @@ NOT_SUPPORTED = {
     "response_format": ({"type": "text"},), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
-    "use_beam_search": (False,), "prompt_logprobs": (0,), "allowed_token_ids": ([],),
+    "use_beam_search": (False,), "allowed_token_ids": ([],),
     "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
     "documents": ([],), "add_special_tokens": (False,),
 }
@@ -155,13 +155,13 @@ def _stop_token_ids(body: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _max_tokens(body: dict, default: int) -> int:
+def _max_tokens(body: dict, default: int, least: int) -> int:
     """max_completion_tokens or max_tokens (the latter wins, as with OpenAI), else `default`."""
     max_tokens = default
     for key in ("max_completion_tokens", "max_tokens"):
         value = _number(body, key, int, None)
-        if value is not None and value < 1:
-            raise ApiError(400, f"{key} must be >= 1", key)
+        if value is not None and value < least:
+            raise ApiError(400, f"{key} must be >= {least}", key)
         max_tokens = value if value is not None else max_tokens
     return max_tokens
 
@@ -178,13 +178,24 @@ def _logprobs(body: dict) -> int | None:
     return top or 0
 
 
+def _prompt_logprobs(body: dict) -> int | None:
+    """vLLM's prompt_logprobs (0 to 20: the likeliest tokens to list beside each prompt
+    token's own), in whole responses only."""
+    k = _number(body, "prompt_logprobs", int, None)
+    if k is not None and parse_flag(body, "stream"):
+        raise ApiError(400, "prompt_logprobs is not supported with stream; leave one out",
+                       "prompt_logprobs")
+    return k
+
+
 def parse_params(body: dict, prompt_len: int, max_model_len: int,
-                 defaults: SamplingParams = DEFAULT_SAMPLING) -> SamplingParams:
+                 defaults: SamplingParams = DEFAULT_SAMPLING, least_tokens: int = 1) -> SamplingParams:
     """SamplingParams from a chat-completions body (OpenAI's fields, logprobs included, and
-    vLLM's top_k, min_p, repetition_penalty, stop_token_ids and ignore_eos), `defaults` for the
-    sampling fields it leaves out (or sets to null); max_tokens is capped to the room the prompt
-    leaves. ApiError(400) naming the field for a bad one (n and best_of included) or one the
-    server cannot honour. The seed is the request's: choice i samples with seed + i."""
+    vLLM's top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos and prompt_logprobs),
+    `defaults` for the sampling fields it leaves out (or sets to null); max_tokens (at least
+    `least_tokens`) is capped to the room the prompt leaves. ApiError(400) naming the field for
+    a bad one (n and best_of included) or one the server cannot honour. The seed is the
+    request's: choice i samples with seed + i."""
     _refuse_unsupported(body)
     parse_n(body)
     numbers = {key: _number(body, key, kind, getattr(defaults, key))
@@ -195,10 +206,11 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     room = max(1, max_model_len - prompt_len)
     try:
         return dataclasses.replace(
-            defaults, **numbers, max_tokens=min(_max_tokens(body, defaults.max_tokens), room),
+            defaults, **numbers,
+            max_tokens=min(_max_tokens(body, defaults.max_tokens, least_tokens), room),
             stop=_stop(body), stop_token_ids=_stop_token_ids(body),
             ignore_eos=parse_flag(body, "ignore_eos"),
-            logprobs=_logprobs(body),
+            logprobs=_logprobs(body), prompt_logprobs=_prompt_logprobs(body),
         )
     except StatechatError as e:  # (its message starts with the field's name)
         field = str(e).split(maxsplit=1)[0] if str(e) else ""

@@ -4,15 +4,18 @@ Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
 with optional "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
 "repetition_penalty", "seed", "stop" (a string or a list), "logprobs" (0 to 20: each generated
-token's logprob and those of that many likeliest tokens) and "chat_template_kwargs" (variables
-of the model's chat template, over --chat-template-kwargs) as well. A line's own fields win over
+token's logprob and those of that many likeliest tokens), "prompt_logprobs" (the same for each
+prompt token after the first, with its rank; such a line computes its whole prompt) and
+"chat_template_kwargs" (variables of the model's chat template, over --chat-template-kwargs)
+as well; "max_tokens": 0 computes the prompt alone. A line's own fields win over
 the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
 and the command's flags).
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
 (and, for a line that asked, "logprobs": [{"token", "logprob", "bytes", "top_logprobs"}], as
-OpenAI's chat logprobs.content)
+OpenAI's chat logprobs.content, and "prompt_logprobs": [null, {id: {"logprob", "rank",
+"decoded_token"}}, ...], as vLLM's)
 or, for a line that cannot run, {"id", "line", "error": {"message"}}.
 
 Requests run through the engine together (continuous batching). Requests that share a prefix
@@ -34,8 +37,10 @@ from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-               "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs")  # sampling
-WHOLE = ("max_tokens", "top_k", "seed", "logprobs")  # integers, which a whole-number float may give
+               "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs",
+               "prompt_logprobs")  # sampling
+WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs")  # integers, which a
+# whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
 
 
@@ -118,7 +123,7 @@ def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], l
 
 
 def _result(job: Job, out: RequestOutput, tokenizer) -> dict:
-    from statechat.api_logprobs import logprobs_content
+    from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 
     record = {
         "id": job.id,
@@ -136,6 +141,9 @@ def _result(job: Job, out: RequestOutput, tokenizer) -> dict:
     }
     if out.logprobs is not None:
         record["logprobs"] = logprobs_content(tokenizer, out.token_ids, out.logprobs)
+    if out.prompt_logprobs is not None:
+        record["prompt_logprobs"] = vllm_prompt_logprobs(tokenizer, out.prompt_token_ids,
+                                                         out.prompt_logprobs)
     return record
 
 

@@ -78,6 +78,9 @@ def compose_sampling(base: SamplingParams, model: Path, **flags) -> SamplingPara
     given = {key: value for key, value in flags.items() if value is not None}
     if given.get("top_k") == -1:
         given["top_k"] = 0
+    if given.get("max_tokens", 1) < 1:  # (a request may ask for none, to score its prompt; a
+        # command's every reply may not)
+        raise ConfigError(f"--max-tokens must be >= 1, got {given['max_tokens']}")
     try:
         sampling = dataclasses.replace(base, **{**recommended, **given})
     except ConfigError as e:  # (its message starts with the field's name: name the flag)

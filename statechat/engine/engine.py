@@ -27,7 +27,7 @@ from statechat.devices import default_dtype, free_memory, graph_api, resolve_dev
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import Launched, ModelRunner
-from statechat.engine.sampler import unpack_logprobs
+from statechat.engine.sampler import unpack_logprobs, unpack_ranked
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
@@ -55,17 +55,21 @@ class RequestOutput:
     cache_plan: dict | None = None  # the cheapest prefix to load, its predicted load and
     # recompute seconds, the choice made and (when loaded) where the load's time went
     logprobs: list | None = None  # per token, when asked: (logprob, [(id, logprob)] of the top)
+    prompt_logprobs: list | None = None  # per prompt token, when asked: None for the first,
+    # then (logprob, [(id, logprob)] of the top, rank)
 
 
 @dataclass(frozen=True)
 class StreamEvent:
     """A text delta of one request, with the token ids it came from (and their logprobs, when
-    asked); `output` on the last."""
+    asked); `output` on the last. The first event of a request that asked for prompt_logprobs
+    carries them (its prompt is computed by then)."""
 
     text: str
     token_ids: list[int]
     output: RequestOutput | None = None
     logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class LLMEngine:
@@ -229,7 +233,8 @@ class LLMEngine:
 
     # --- stepping -----------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Run one scheduled step; return the sequences that got a token this step.
+        """Run one scheduled step; return the sequences that got a token this step (or ended
+        without one: a request for none ends with its prompt).
 
         With async scheduling, a decode step that leaves every sequence running mid-block
         queues the step after it before its own tokens are read (Scheduler.can_continue): the
@@ -255,22 +260,31 @@ class LLMEngine:
             batch = launched.batch
             if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
                 self._ahead = self.runner.launch(self.scheduler.continuation(batch), after=launched)
-            tokens, logprobs = self.runner.collect(launched)  # (the step's one synchronisation)
+            tokens, logprobs, prompt = self.runner.collect(launched)  # (the step's one
+            # synchronisation)
         except BaseException:
             self._busy(False)
             self._ahead = None
             raise
         now = time.perf_counter()
         try:
-            self._time_prefill(batch, t0, now, synchronised=bool(tokens))
+            self._time_prefill(batch, t0, now, synchronised=bool(tokens) or prompt is not None)
             updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
             if logprobs is not None:
                 _keep_logprobs(batch, logprobs)
+            if prompt is not None:
+                _keep_prompt_logprobs(batch, self.runner.scored(batch), prompt)
             self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
             for seq in updated:
                 if seq.first_token_time is None:
                     seq.first_token_time = now
                 self._check_finish(seq)
+            for it in batch.items:  # a request for no tokens ends with its prompt
+                seq = it.seq
+                if not seq.params.max_tokens and not seq.is_finished and seq.num_uncomputed == 0:
+                    self.scheduler.finish(seq, "length")
+                    self.runner.forget(seq.seq_id)
+                    updated.append(seq)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         except BaseException:
             self._drop_ahead()
@@ -353,6 +367,7 @@ class LLMEngine:
             reused_by_tier=dict(seq.reused_by_tier) if cached else None,
             cache_plan=seq.cache_plan,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            prompt_logprobs=_prompt_logprobs(seq),
         )
 
     def next_event(self, seq: Sequence, sent_text: int, sent_tokens: int) -> tuple[StreamEvent | None, int, int]:
@@ -367,7 +382,10 @@ class LLMEngine:
         logprobs = None
         if seq.params.logprobs is not None:
             logprobs = seq.logprobs[sent_tokens : seq.num_text_tokens]
-        event = StreamEvent(delta, ids, out, logprobs) if delta or ids or out else None
+        first = sent_text == 0 and sent_tokens == 0
+        event = None
+        if delta or ids or out:
+            event = StreamEvent(delta, ids, out, logprobs, _prompt_logprobs(seq) if first else None)
         return event, len(text), seq.num_text_tokens
 
     # --- convenience --------------------------------------------------------------------
@@ -420,6 +438,24 @@ def _keep_logprobs(batch, table: list[list[float]]) -> None:
             row = next(rows)
             if not it.seq.is_finished:
                 it.seq.logprobs.append(unpack_logprobs(row, k))
+
+
+def _keep_prompt_logprobs(batch, scored: list[tuple[int, int, int]], table: list[list[float]]) -> None:
+    """Give each scored item's sequence its rows of the step's prompt table, by position (a
+    preempted request that computes its prompt again writes the same entries again)."""
+    rows = iter(table)
+    for i, start, n in scored:
+        seq = batch.items[i].seq
+        if not seq.prompt_logprobs:
+            seq.prompt_logprobs = [None] * seq.num_prompt_tokens
+        for p in range(start + 1, start + 1 + n):
+            seq.prompt_logprobs[p] = unpack_ranked(next(rows), seq.params.prompt_logprobs)
+
+
+def _prompt_logprobs(seq: Sequence) -> list | None:
+    if seq.params.prompt_logprobs is None:
+        return None
+    return list(seq.prompt_logprobs) or [None] * seq.num_prompt_tokens
 
 
 def _stop_hold(params: SamplingParams) -> int:

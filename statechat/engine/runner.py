@@ -25,6 +25,7 @@ from statechat.model.loader import LoadedModel
 
 log = logging.getLogger("statechat.engine")
 T = TypeVar("T")
+SCORE_BYTES = 2**27  # float32 logits of the prompt rows scored at a time (see _score)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Launched:
     replay: int | None = None  # the decode graphs' replay count after this step's replay
     logprobs: torch.Tensor | None = None  # logprob_table of the rows whose request asks for it
     host_logprobs: np.ndarray | None = None  # its pinned host copy, as `host`
+    prompt: torch.Tensor | None = None  # ranked logprob_table of the prompt rows scored (see
+    # ModelRunner.scored), in their order
 
 
 class ModelRunner:
@@ -155,19 +158,26 @@ class ModelRunner:
             feed, follows = after.tokens, after.replay
             self._copy_out(after)
         width = max(len(it.seq.block_table) for it in batch.items)
-        bucket = self._prefill_bucket(batch, width)
-        greedy = None  # a replayed graph's argmax of the logits
+        scored = self.scored(batch)
+        bucket = None if scored else self._prefill_bucket(batch, width)
+        greedy = prompt = None  # a replayed graph's argmax of the logits; the prompt's table
         if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
             logits, greedy = self._replay_decode(batch, feed, follows)
             replay = self.graphs.replays
         elif bucket is not None:
             logits, greedy = self._replay_prefill(batch.items[0], bucket)
+        elif scored:  # (never a graph: every row's output is read)
+            input_ids, ctx = self.prepare(batch)
+            with torch.inference_mode():
+                h, residual = self.model.model(input_ids, ctx, self.caches)
+            logits = self.model.logits(h, residual, ctx.logits_indices)
+            prompt = self._score(h, residual, batch, scored)
         else:
             input_ids, ctx = self.prepare(batch)
             logits = self.model(feed if feed is not None else input_ids, ctx, self.caches)
         wanted = [it.seq for it in batch.items if it.needs_logits]
         if not wanted:
-            return Launched(batch, None)
+            return Launched(batch, None, prompt=prompt)
         params = [s.params for s in wanted]
         counts = None
         if any(p.uses_penalties for p in params):
@@ -181,22 +191,59 @@ class ModelRunner:
             table = graphs.logprobs(logits, tokens, rows, k) if graphs is not None else None
             if table is None:
                 table = logprob_table(logits, tokens, rows, k)
-        return Launched(batch, tokens, replay=replay, logprobs=table)
+        return Launched(batch, tokens, replay=replay, logprobs=table, prompt=prompt)
 
-    def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None]:
+    @staticmethod
+    def scored(batch: Batch) -> list[tuple[int, int, int]]:
+        """(item, first position, rows) of each item whose request asks for prompt_logprobs
+        and that feeds prompt tokens followed by a prompt token: the row of position p scores
+        token p + 1."""
+        out = []
+        for i, it in enumerate(batch.items):
+            end = min(it.start + it.num_tokens, it.seq.num_prompt_tokens - 1)
+            if it.seq.params.prompt_logprobs is not None and it.start < end:
+                out.append((i, it.start, end - it.start))
+        return out
+
+    def _score(self, h: torch.Tensor, residual: torch.Tensor, batch: Batch,
+               scored: list[tuple[int, int, int]]) -> torch.Tensor:
+        """The ranked logprob_table of the scored rows (of the packed hidden states h and
+        residual), a few rows' logits at a time (a whole chunk's would take gigabytes)."""
+        first_row = np.cumsum([0] + [it.num_tokens for it in batch.items])
+        rows, targets = [], []
+        for i, start, n in scored:
+            it = batch.items[i]
+            rows += range(first_row[i] + start - it.start, first_row[i] + start - it.start + n)
+            targets += it.seq.token_ids[start + 1 : start + 1 + n]
+        k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
+        rows_t, targets_t = self._tensor(rows, torch.int64), self._tensor(targets, torch.int64)
+        step = max(1, SCORE_BYTES // (4 * self.loaded.config.vocab_size))
+        tables = []
+        for a in range(0, len(rows), step):
+            logits = self.model.logits(h, residual, rows_t[a : a + step])
+            tables.append(logprob_table(logits, targets_t[a : a + step],
+                                        list(range(logits.shape[0])), k, ranked=True))
+        return torch.cat(tables)
+
+    def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None,
+                                                   list[list[float]] | None]:
         """The sampled tokens of a launched step, one per item that needs logits, in item order,
-        and the rows of its logprob table (None if no request asked): the step's one host
-        synchronisation."""
-        if launched.tokens is None:
-            return [], None
+        the rows of its logprob table (None if no request asked) and those of its prompt's
+        (None if it scored no prompt row): the step's one host synchronisation."""
+        if launched.tokens is None and launched.prompt is None:
+            return [], None, None
         self.before_wait()
+        prompt = None if launched.prompt is None else launched.prompt.tolist()  # (a step that
+        # scores a prompt is never followed on the device: `copied` is None)
+        if launched.tokens is None:
+            return [], None, prompt
         if launched.copied is not None:  # a later step was queued: its copy is the one to wait for
             launched.copied.synchronize()
             table = launched.host_logprobs
-            return launched.host.tolist(), None if table is None else table.tolist()
+            return launched.host.tolist(), None if table is None else table.tolist(), prompt
         tokens = launched.tokens.tolist()  # (nothing queued after this step: the table's read
         # waits for the table alone)
-        return tokens, None if launched.logprobs is None else launched.logprobs.tolist()
+        return tokens, None if launched.logprobs is None else launched.logprobs.tolist(), prompt
 
     def _copy_out(self, launched: Launched) -> None:
         """Queue the copy of a step's tokens to pinned host memory. One buffer serves: the

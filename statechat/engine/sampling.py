@@ -38,6 +38,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; N: each generated token's log-probability and
     # those of the N likeliest tokens at its step (raw: before temperature and penalties)
+    prompt_logprobs: int | None = None  # None = off; N: the same for each prompt token after
+    # the first, with its rank (the request then computes its whole prompt: see Scheduler)
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # (frozen)
@@ -61,8 +63,8 @@ class SamplingParams:
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
         put(self, "max_tokens", _integer("max_tokens", self.max_tokens))
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {_show(self.max_tokens)}")
+        if self.max_tokens < 0:  # (0: the prompt alone is computed, for its prompt_logprobs)
+            raise ConfigError(f"max_tokens must be >= 0, got {_show(self.max_tokens)}")
         if self.seed is not None:
             put(self, "seed", _integer("seed", self.seed))
             if not -(2**63) <= self.seed < 2**64:
@@ -78,10 +80,12 @@ class SamplingParams:
         if len(self.stop) > MAX_STOPS or len(self.stop_token_ids) > MAX_STOPS:
             raise ConfigError(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop token ids")
         put(self, "ignore_eos", bool(self.ignore_eos))
-        if self.logprobs is not None:
-            put(self, "logprobs", _integer("logprobs", self.logprobs))
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ConfigError(f"logprobs must be from 0 to {MAX_LOGPROBS}, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                put(self, name, _integer(name, getattr(self, name)))
+                if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
+                    raise ConfigError(f"{name} must be from 0 to {MAX_LOGPROBS}, got "
+                                      f"{_show(getattr(self, name))}")
         # what every step asks of every row, kept rather than derived each time
         put(self, "is_greedy", self.temperature < GREEDY_BELOW)  # no draw: the token is the
         # argmax (of the penalised logits, if any penalty is on)

@@ -28,10 +28,13 @@ class ScheduledSeq:
     num_tokens: int
     src_slot: int
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (boundary from start, slot)
-    needs_logits: bool = False  # the step reaches the sequence's end: sample a token
+    needs_logits: bool = False  # the step reaches the sequence's end: sample a token (unless
+    # the request wants none: max_tokens 0)
 
     def __post_init__(self) -> None:
-        self.needs_logits = self.start + self.num_tokens == len(self.seq)
+        seq = self.seq
+        self.needs_logits = self.start + self.num_tokens == len(seq) and (
+            seq.params.max_tokens > 0 or len(seq) > seq.num_prompt_tokens)
 
 
 @dataclass
@@ -116,7 +119,9 @@ class Scheduler:
         reused = 0
         if self.use_cache:  # (without the cache nothing ever looks a block up by its hash)
             seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
-            reused = self.prefix.reuse(seq)
+            if seq.params.prompt_logprobs is None:  # (one that asks scores every prompt token,
+                # so computes them all, as vLLM's does; its blocks are still shared after it)
+                reused = self.prefix.reuse(seq)
         if seq.num_cached_tokens < 0:
             seq.num_cached_tokens = reused
         seq.status = Status.RUNNING

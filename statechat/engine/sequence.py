@@ -49,6 +49,9 @@ class Sequence:
     finish_reason: str | None = None
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per
     # generated token, when params.logprobs is set: its logprob, [(id, logprob)] of the likeliest
+    prompt_logprobs: list = field(default_factory=list)  # when params.prompt_logprobs is set:
+    # per prompt token, None for the first (and any not computed yet), else (logprob,
+    # [(id, logprob)] of the likeliest, rank)
     text: str = ""  # detokenized output so far
     num_text_tokens: int = 0  # output tokens already turned into `text`
     detok_offsets: tuple[int, int] = (0, 0)  # incremental detokenizer: (context start, read end)

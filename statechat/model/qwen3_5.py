@@ -57,8 +57,16 @@ class Qwen3_5ForCausalLM(nn.Module):
         """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices (and,
         with_argmax, their argmax [M], which a decode step's lm_head GEMV finds as it goes)."""
         h, residual = self.model(input_ids, ctx, caches)
-        if ctx.logits_indices is not None:  # rows are independent: pick them before the norm
-            h, residual = h[ctx.logits_indices], residual[ctx.logits_indices]
+        return self.logits(h, residual, ctx.logits_indices, with_argmax)
+
+    @torch.inference_mode()
+    def logits(
+        self, h: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | None = None,
+        with_argmax: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The TextModel's output rows `rows` (None: all) -> float32 logits (see forward)."""
+        if rows is not None:  # rows are independent: pick them before the norm
+            h, residual = h[rows], residual[rows]
         norm = self.model.norm  # the last residual add and norm, fused with the lm_head's GEMV
         w = self.lm_head.weight
         if with_argmax:

@@ -114,7 +114,7 @@ def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
     """A line's "logprobs": k gives each generated token's entry with the k likeliest (the
     greedy token first among them); other lines have none, and k past 20 is a line error."""
     user = {"messages": [{"role": "user", "content": words(8, 30)}], "max_tokens": 6}
-    lines = [{"id": "lp", **user, "logprobs": 2}, {"id": "plain", **user},
+    lines = [{"id": "lp", **user, "logprobs": 2, "prompt_logprobs": 1}, {"id": "plain", **user},
              {"id": "bad", **user, "logprobs": 21}]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(map(json.dumps, lines)) + "\n")
@@ -127,6 +127,11 @@ def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
                and e["logprob"] == e["top_logprobs"][0]["logprob"] <= 0 for e in entries)
     assert lp["text"] == plain["text"]
     assert "logprobs must be from 0 to 20" in bad["error"]["message"]
+    # "prompt_logprobs": per prompt token, null first, then the token's and the likeliest's
+    prompt = lp["prompt_logprobs"]
+    assert len(prompt) == lp["usage"]["prompt_tokens"] and prompt[0] is None
+    assert "prompt_logprobs" not in plain and lp["usage"]["cached_tokens"] == 0
+    assert all(1 <= len(e) <= 2 and {v["rank"] for v in e.values()} >= {1} for e in prompt[1:])
 
 
 def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_engine, loaded, monkeypatch):

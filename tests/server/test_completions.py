@@ -4,8 +4,10 @@ gives n choices each, indexed prompt * n + i; max_tokens defaults to 16 (or serv
 --max-tokens); echo puts the prompt
 first; logprobs give the legacy object (tokens that spell the reply, top_logprobs dicts of the
 asked size holding the chosen token, character offsets); a stream matches the whole reply;
-usage counts every prompt once; over-long and malformed prompts, suffix, and echo with
-logprobs are 400s naming the field."""
+usage counts every prompt once; echo with logprobs scores the prompt (its tokens and their
+logprobs first, as transformers' logits give them; max_tokens 0 for the prompt alone), whole
+or streamed, and vLLM's prompt_logprobs hold the same values; over-long and malformed prompts,
+suffix, and max_tokens 0 without echo are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -103,6 +105,81 @@ def test_logprobs(client):
     assert plain.choices[0].logprobs is None
 
 
+@pytest.fixture(scope="module")
+def prompt_logsoftmax(tokenizer):
+    """transformers' log-softmax over PROMPT's tokens (row p: the distribution of token p + 1)."""
+    import torch
+    import transformers
+
+    hf = transformers.Qwen3_5ForCausalLM.from_pretrained(EMBEDDED_MODEL, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor([tokenizer.encode(PROMPT)])).logits[0].log_softmax(-1)
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, tokenizer, prompt_logsoftmax):
+    """lm-eval-harness's loglikelihood request: max_tokens 0, echo, logprobs. The prompt's tokens
+    spell it, the first has null logprobs, the others transformers' values; a reply's tokens
+    follow with their own, their offsets counting the echo."""
+    ids = tokenizer.encode(PROMPT)
+    scored = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
+    choice, lp = scored.choices[0], scored.choices[0].logprobs
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == len(ids)
+    assert len(lp.tokens) == len(ids) and spelled(lp.tokens) == PROMPT
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    want = prompt_logsoftmax
+    for p in range(1, len(ids)):
+        assert lp.token_logprobs[p] == pytest.approx(want[p - 1, ids[p]].item(), abs=1e-4)
+        top = lp.top_logprobs[p]
+        assert top[lp.tokens[p]] == lp.token_logprobs[p] and len(top) in (2, 3)
+        assert sorted(top.values())[-2:] == pytest.approx(want[p - 1].topk(2).values.tolist()[::-1], abs=1e-4)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] < len(PROMPT)
+    # with a reply: the same prompt part, then the reply's tokens as logprobs alone gives them
+    both = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5, echo=True, logprobs=2)
+    alone = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5, logprobs=2)
+    blp, alp = both.choices[0].logprobs, alone.choices[0].logprobs
+    assert both.choices[0].text == PROMPT + alone.choices[0].text
+    assert blp.tokens == lp.tokens + alp.tokens
+    assert blp.token_logprobs[1 : len(ids)] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    assert blp.token_logprobs[len(ids):] == pytest.approx(alp.token_logprobs, abs=1e-5)
+    assert blp.text_offset[len(ids):] == [len(PROMPT) + o for o in alp.text_offset]
+    assert both.usage.completion_tokens == 5
+    # streamed: the echo and its logprobs in the first chunk, the whole the same
+    chunks = list(client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5, echo=True,
+                                            logprobs=2, stream=True))
+    assert chunks[0].choices[0].text.startswith(PROMPT)
+    assert chunks[0].choices[0].logprobs.tokens[: len(ids)] == lp.tokens
+    assert "".join(c.choices[0].text for c in chunks) == both.choices[0].text
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.tokens] == blp.tokens
+    assert [o for s in streamed for o in s.text_offset] == blp.text_offset
+
+
+def test_vllms_prompt_logprobs(client, tokenizer, prompt_logsoftmax):
+    """prompt_logprobs: per prompt token null (the first) or {id: {logprob, rank,
+    decoded_token}} of the token and the k likeliest, in a text completion's choice and at the
+    top of a chat response."""
+    ids = tokenizer.encode(PROMPT)
+    reply = client.completions.create(model="m", temperature=0, prompt=PROMPT, max_tokens=2,
+                                      extra_body={"prompt_logprobs": 3})
+    entries = reply.choices[0].model_extra["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    for p in range(1, len(ids)):
+        row = prompt_logsoftmax[p - 1]
+        own = entries[p][str(ids[p])]
+        assert own["logprob"] == pytest.approx(row[ids[p]].item(), abs=1e-4)
+        assert own["rank"] == (row > row[ids[p]] + 1e-4).sum().item() + 1
+        assert own["decoded_token"] == tokenizer.decode([ids[p]])
+        top = sorted((v for k, v in entries[p].items() if v["rank"] <= 3), key=lambda v: v["rank"])
+        assert [v["logprob"] for v in top] == pytest.approx(row.topk(3).values.tolist(), abs=1e-4)
+    assert reply.choices[0].logprobs is None
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=2, extra_body={"prompt_logprobs": 0})
+    entries = chat.model_extra["prompt_logprobs"]
+    assert len(entries) == chat.usage.prompt_tokens and entries[0] is None
+    assert all(len(e) == 1 for e in entries[1:])  # (k = 0: the token's own alone)
+
+
 def test_stream_matches_the_whole_reply(client):
     ask = {**GREEDY, "prompt": [PROMPT, "kernel gate delta"], "n": 2, "max_tokens": 9,
            "logprobs": 2}
@@ -143,9 +220,10 @@ def test_a_lone_surrogate_is_a_400(server):
 
 def test_refused_fields_and_long_prompts(client):
     client.completions.create(model="m", prompt=PROMPT, max_tokens=2, suffix="")
-    for fields, param in (({"suffix": "end"}, "suffix"), ({"echo": True, "logprobs": 1}, "echo"),
+    for fields, param in (({"suffix": "end"}, "suffix"),
                           ({"logprobs": 21}, "logprobs"), ({"n": 17}, "n"),
                           ({"best_of": 3}, "best_of"), ({"max_tokens": 0}, "max_tokens"),
+                          ({"extra_body": {"prompt_logprobs": 1}, "stream": True}, "prompt_logprobs"),
                           ({"extra_body": {"logprobs": True}}, "logprobs")):
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(**{"model": "m", "prompt": PROMPT, **fields})

@@ -85,7 +85,6 @@ def test_server_defaults_fill_only_what_the_body_leaves_out():
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"logit_bias": {"5": 100}}, "logit_bias"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -95,7 +94,6 @@ def test_server_defaults_fill_only_what_the_body_leaves_out():
     ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
     ({"echo": 0}, "echo"),  # a number is not the False of a flag
-    ({"prompt_logprobs": False}, "prompt_logprobs"),  # nor a boolean the 0 of a number
 ])
 def test_fields_the_server_cannot_honour_are_400s(body, field):
     with pytest.raises(ApiError) as info:
@@ -105,12 +103,18 @@ def test_fields_the_server_cannot_honour_are_400s(body, field):
 
 
 def test_logprobs_and_top_logprobs():
+    assert params(prompt_logprobs=3).prompt_logprobs == 3 and params().prompt_logprobs is None
     assert params(logprobs=True, top_logprobs=5).logprobs == 5
     assert params(logprobs=True).logprobs == 0
     assert params(logprobs=False, top_logprobs=0).logprobs is None and params().logprobs is None
 
 
 @pytest.mark.parametrize("body, field, message", [
+    ({"prompt_logprobs": False}, "prompt_logprobs", "prompt_logprobs must be an integer"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be from 0 to 20, got 21"),
+    ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs",
+     "prompt_logprobs is not supported with stream; leave one out"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1"),
     ({"logprobs": 0}, "logprobs", "logprobs must be true or false"),
     ({"logprobs": True, "top_logprobs": False}, "top_logprobs", "top_logprobs must be an integer"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be from 0 to 20"),

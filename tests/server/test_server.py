@@ -113,7 +113,7 @@ def test_vllm_sampling_fields_and_refused_ones(client):
                            ({"extra_body": {"min_p": 2}}, "min_p"),
                            ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                            ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 1}, "logprobs"),
-                           ({"extra_body": {"prompt_logprobs": 1}}, "prompt_logprobs")]:
+                           ({"extra_body": {"prompt_logprobs": 21}}, "prompt_logprobs")]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(**ask, **refused)
         assert info.value.body["param"] == field
