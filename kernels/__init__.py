@@ -52,6 +52,7 @@ _TRITON_MODULES = {
     "penalize_logits": "kernels.sampler",
     "draw_candidates": "kernels.sampler",
     "sample_top_k": "kernels.sampler",
+    "score_logits": "kernels.sampler",
 }
 _OPTIONAL_MODULES = frozenset({"kernels.gdn_chunk", "kernels.gdn_recurrent"})
 
@@ -249,6 +250,11 @@ def sample_top_k(logits, rows, counts_rows, params, counts, in_prompt, top_k, no
     return _pick("sample_top_k", logits)(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise)
 
 
+@_same_contract(reference.score_logits)
+def score_logits(logits, targets, k):
+    return _pick("score_logits", logits)(logits, targets, k)
+
+
 __all__ = [
     "BACKENDS",
     "CHUNK",
@@ -276,6 +282,7 @@ __all__ = [
     "rmsnorm",
     "rmsnorm_rope",
     "sample_top_k",
+    "score_logits",
     "set_backend",
     "silu_mul",
     "silu_mul_linear",

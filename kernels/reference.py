@@ -573,3 +573,16 @@ def sample_top_k(
     x = penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, logits.shape[-1])
     values, cols = x.topk(noise.shape[-1], dim=-1)
     return draw_candidates(values, cols, noise, top_k, params)
+
+
+def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """Prompt logprobs of R rows of logits [R, V] (any float dtype, unit column stride) and
+    their target tokens [R] int64: [R, 2 + 2k] float32 of each target's log-probability, the k
+    largest log-probabilities (largest first) and their token ids, then the target's rank (1 +
+    the tokens whose logit exceeds its logit). Below -9999 (-inf included) a value is -9999,
+    vLLM's stand-in for -inf, which JSON cannot carry. 0 <= k <= V."""
+    x = logits.float()
+    logp = x.log_softmax(-1)
+    values, ids = logp.topk(k, dim=-1)
+    rank = (x > x.gather(1, targets[:, None])).sum(1, keepdim=True).float() + 1
+    return torch.cat([logp.gather(1, targets[:, None]), values, ids.float(), rank], 1).clamp_min_(-9999.0)

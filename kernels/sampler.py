@@ -4,6 +4,10 @@
   (one pass over the vocabulary; torch's ops take five to eight, each a launch).
 - `draw_candidates`: a row's draw among its top-k candidates (top-k, min-p, softmax, top-p and
   the exponential race) in one program per row; torch's ops take about a dozen small launches.
+- `sample_top_k`: both, from the logits on, for a top-k of at most 64 (two kernels).
+- `score_logits`: prompt logprobs: each row's log-probability of a given token, its rank and
+  the k likeliest, in one read of the logits (torch's log-softmax, top-k and comparison read
+  and write a float32 copy of them several times).
 
 The top-k between them stays torch's (statechat.engine.sampling.top_k): a sort or a selection
 is where torch is already good. Contracts and shapes: kernels/reference.py.
@@ -172,9 +176,17 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
+    _store_chunk_keys(b_x, o_v, V, i_v, keys, (i_r * tl.num_programs(1) + i_v).to(tl.int64) * K,
+                      K, BLOCK)
+
+
+@triton.jit
+def _store_chunk_keys(b_x, o_v, V, i_v, keys, base, K, BLOCK: tl.constexpr):
+    """Store at keys + base the keys (_key) of the K largest of a chunk's values b_x (columns
+    o_v of chunk i_v), largest first; past the chunk's columns below V, the least int64 (so
+    never one of a row's K best: V >= K)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     valid = V - i_v * BLOCK  # (a real column comes before padding: both -inf, it is lower)
-    base = (i_r * tl.num_programs(1) + i_v).to(tl.int64) * K
     for j in range(K):
         top = tl.max(b_x, 0)
         col = tl.min(tl.where(b_x == top, o_v, V + BLOCK), 0)
@@ -184,11 +196,9 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
 
 
 @triton.jit
-def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
-                       NP: tl.constexpr, KP: tl.constexpr):
-    """A row's K likeliest among its N chunk candidates, largest first, then the draw among
-    them (_drawn)."""
-    i_r = tl.program_id(0)
+def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
+    """Row i_r's K largest keys among its N chunk candidates, largest first, as values
+    (float32; -inf past them) and columns (0 past them), [KP] each."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     o_n = tl.arange(0, NP)
     b_c = tl.load(keys + i_r.to(tl.int64) * N + o_n, mask=o_n < N, other=least)
@@ -202,6 +212,17 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
     b_v = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
     b_v = tl.where(b_top == least, float("-inf"), b_v)  # (a slot past the candidates)
     b_t = tl.where(b_top == least, 0, 0x7FFFFFFF - (b_top & 0xFFFFFFFF))  # (token 0 there)
+    return b_v, b_t
+
+
+@triton.jit
+def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
+                       NP: tl.constexpr, KP: tl.constexpr):
+    """A row's K likeliest among its N chunk candidates, largest first, then the draw among
+    them (_drawn)."""
+    i_r = tl.program_id(0)
+    o_k = tl.arange(0, KP)
+    b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
     k = tl.load(top_k + i_r * stride_k)
     b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
     j = _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n)
@@ -243,5 +264,75 @@ def sample_top_k(
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
         noise.stride(0), NP=triton.next_power_of_2(chunks * K),
         KP=max(16, triton.next_power_of_2(K)), num_warps=8,
+    )
+    return out
+
+
+@triton.jit
+def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, BLOCK: tl.constexpr):
+    """Of one row's chunk of BLOCK logits: the max, the sum of exp(logit - max), how many
+    exceed the row's target token's logit (stats [R, chunks, 3]), and the keys of the K
+    largest (_store_chunk_keys)."""
+    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    row = logits + i_r.to(tl.int64) * stride_l
+    b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
+    target = tl.load(row + tl.load(targets + i_r)).to(tl.float32)
+    top = tl.max(b_x, 0)
+    total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(b_x - top), 0))
+    above = tl.sum((b_x > target).to(tl.float32), 0)
+    chunk = (i_r * tl.num_programs(1) + i_v).to(tl.int64)
+    tl.store(stats + chunk * 3, top)
+    tl.store(stats + chunk * 3 + 1, total)
+    tl.store(stats + chunk * 3 + 2, above)
+    _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
+
+
+@triton.jit
+def _score_merge_kernel(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o,
+                        CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+    """A row's log-sum-exp from its C chunks' stats, then its table row: the target's
+    log-probability, the K largest and their columns (_merged_top), the target's rank."""
+    i_r = tl.program_id(0)
+    o_c = tl.arange(0, CP)
+    b_st = stats + i_r.to(tl.int64) * C * 3 + o_c * 3
+    b_m = tl.load(b_st, mask=o_c < C, other=float("-inf"))
+    top = tl.max(b_m, 0)
+    b_s = tl.load(b_st + 1, mask=o_c < C, other=0.0)
+    lse = top + tl.log(tl.sum(tl.where(b_m == float("-inf"), 0.0, b_s * tl.exp(b_m - top)), 0))
+    rank = tl.sum(tl.load(b_st + 2, mask=o_c < C, other=0.0), 0) + 1
+    target = tl.load(logits + i_r.to(tl.int64) * stride_l + tl.load(targets + i_r)).to(tl.float32)
+    b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
+    o_k = tl.arange(0, KP)
+    o = out + i_r.to(tl.int64) * stride_o
+    tl.store(o, tl.maximum(target - lse, -9999.0))
+    tl.store(o + 1 + o_k, tl.maximum(b_v - lse, -9999.0), mask=o_k < K)
+    tl.store(o + 1 + K + o_k, b_t.to(tl.float32), mask=o_k < K)
+    tl.store(o + 1 + 2 * K, rank)
+
+
+def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """Two kernels: each chunk of _CHUNK columns of a row reduces its logits (max, sum of
+    exponentials, count above the target) and keeps its k best; one program per row merges
+    them into the table row. The logits are read once, in their own dtype."""
+    R, V = logits.shape
+    chunks = triton.cdiv(V, _CHUNK)
+    if logits.stride(-1) != 1 or targets.shape != (R,) or targets.dtype != torch.int64:
+        raise ValueError("score_logits needs logits [R, V] with unit column stride and targets "
+                         "[R] int64")
+    if not 0 <= k <= V or chunks * k > MAX_CANDIDATES:
+        raise ValueError(f"score_logits needs 0 <= k <= {min(V, MAX_CANDIDATES // chunks)} at "
+                         "this vocabulary")
+    out = torch.empty(R, 2 + 2 * k, dtype=torch.float32, device=logits.device)
+    if R == 0:
+        return out
+    stats = torch.empty(R, chunks, 3, dtype=torch.float32, device=logits.device)
+    keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
+    _score_chunk_kernel[(R, chunks)](logits, targets, stats, keys, V, k, logits.stride(0),
+                                     BLOCK=_CHUNK, num_warps=8)
+    _score_merge_kernel[(R,)](
+        logits, targets, stats, keys, out, chunks, chunks * k, k, logits.stride(0), out.stride(0),
+        CP=max(16, triton.next_power_of_2(chunks)), NP=max(16, triton.next_power_of_2(chunks * k)),
+        KP=max(16, triton.next_power_of_2(k)), num_warps=8,
     )
     return out

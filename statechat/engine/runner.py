@@ -25,7 +25,7 @@ from statechat.model.loader import LoadedModel
 
 log = logging.getLogger("statechat.engine")
 T = TypeVar("T")
-SCORE_BYTES = 2**27  # float32 logits of the prompt rows scored at a time (see _score)
+SCORE_BYTES = 2**28  # logits of the prompt rows scored at a time (see _score)
 
 
 @dataclass
@@ -39,8 +39,8 @@ class Launched:
     replay: int | None = None  # the decode graphs' replay count after this step's replay
     logprobs: torch.Tensor | None = None  # logprob_table of the rows whose request asks for it
     host_logprobs: np.ndarray | None = None  # its pinned host copy, as `host`
-    prompt: torch.Tensor | None = None  # ranked logprob_table of the prompt rows scored (see
-    # ModelRunner.scored), in their order
+    prompt: torch.Tensor | None = None  # kernels.score_logits' table of the prompt rows scored
+    # (see ModelRunner.scored), in their order
 
 
 class ModelRunner:
@@ -207,8 +207,9 @@ class ModelRunner:
 
     def _score(self, h: torch.Tensor, residual: torch.Tensor, batch: Batch,
                scored: list[tuple[int, int, int]]) -> torch.Tensor:
-        """The ranked logprob_table of the scored rows (of the packed hidden states h and
-        residual), a few rows' logits at a time (a whole chunk's would take gigabytes)."""
+        """kernels.score_logits' table of the scored rows (of the packed hidden states h and
+        residual), some hundreds of rows' logits at a time (a whole chunk's would take
+        gigabytes)."""
         first_row = np.cumsum([0] + [it.num_tokens for it in batch.items])
         rows, targets = [], []
         for i, start, n in scored:
@@ -217,12 +218,11 @@ class ModelRunner:
             targets += it.seq.token_ids[start + 1 : start + 1 + n]
         k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
         rows_t, targets_t = self._tensor(rows, torch.int64), self._tensor(targets, torch.int64)
-        step = max(1, SCORE_BYTES // (4 * self.loaded.config.vocab_size))
+        step = max(1, SCORE_BYTES // (self.loaded.config.vocab_size * self.dtype.itemsize))
         tables = []
         for a in range(0, len(rows), step):
-            logits = self.model.logits(h, residual, rows_t[a : a + step])
-            tables.append(logprob_table(logits, targets_t[a : a + step],
-                                        list(range(logits.shape[0])), k, ranked=True))
+            logits = self.model.logits(h, residual, rows_t[a : a + step], raw=True)
+            tables.append(kernels.score_logits(logits, targets_t[a : a + step], k))
         return torch.cat(tables)
 
     def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None,

@@ -343,23 +343,19 @@ def _ids(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int,
-                  index: torch.Tensor | None = None, ranked: bool = False) -> torch.Tensor:
+                  index: torch.Tensor | None = None) -> torch.Tensor:
     """For the given rows of logits [M, vocab]: [R, 1 + 2k] float32 of each row's sampled
     token's log-probability, then the k largest log-probabilities, then their token ids (exact
     in float32: ids stay below 2**24), so that one copy brings them all to the host. `index`:
-    `rows` on the device, if made already (none is needed when they are every row). `ranked`:
-    one more column, the token's rank (1 + the tokens likelier than it)."""
+    `rows` on the device, if made already (none is needed when they are every row)."""
     if rows != list(range(logits.shape[0])):
         index = _ids(rows, logits.device) if index is None else index
         logits, tokens = logits.index_select(0, index), tokens.index_select(0, index)
     logp = logits.float().log_softmax(-1)  # [R, vocab]
     chosen = logp.gather(1, tokens[:, None])
     values, ids = top_k(logp, k)
-    columns = [chosen, values, ids.float()]
-    if ranked:
-        columns.append((logp > chosen).sum(1, keepdim=True).float() + 1)
     # (-inf, of a token the model rules out, is not JSON: vLLM's -9999 stands for it)
-    return torch.cat(columns, dim=1).clamp_min_(-9999.0)
+    return torch.cat([chosen, values, ids.float()], dim=1).clamp_min_(-9999.0)
 
 
 def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, float]]]:
@@ -371,5 +367,6 @@ def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, fl
 
 
 def unpack_ranked(row: list[float], k: int) -> tuple[float, list[tuple[int, float]], int]:
-    """One row of a `ranked` logprob_table: unpack_logprobs' pair and the token's rank."""
+    """One row of kernels.score_logits' table (logprob_table's, and the rank): unpack_logprobs'
+    pair and the token's rank."""
     return (*unpack_logprobs(row[:-1], k), int(row[-1]))

@@ -62,9 +62,10 @@ class Qwen3_5ForCausalLM(nn.Module):
     @torch.inference_mode()
     def logits(
         self, h: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor | None = None,
-        with_argmax: bool = False,
+        with_argmax: bool = False, raw: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The TextModel's output rows `rows` (None: all) -> float32 logits (see forward)."""
+        """The TextModel's output rows `rows` (None: all) -> float32 logits (see forward), or
+        with `raw` in the model's dtype."""
         if rows is not None:  # rows are independent: pick them before the norm
             h, residual = h[rows], residual[rows]
         norm = self.model.norm  # the last residual add and norm, fused with the lm_head's GEMV
@@ -72,7 +73,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         if with_argmax:
             return kernels.add_rmsnorm_logits(h, residual, norm.weight, norm.eps, w)
         logits, _ = kernels.add_rmsnorm_linear(h, residual, norm.weight, norm.eps, w)
-        return logits.float()
+        return logits if raw else logits.float()
 
 
 class TextModel(nn.Module):

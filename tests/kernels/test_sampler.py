@@ -2,7 +2,9 @@
 (rows picked out of order through strided index columns, with and without the counts tables,
 padding columns -inf); the same token drawn among candidates from the same noise under every
 mix of top-k, min-p and top-p; and the same token drawn from the logits on, over a vocabulary
-of several chunks, whose candidates the kernels gather chunk by chunk."""
+of several chunks, whose candidates the kernels gather chunk by chunk; and the prompt scores
+of rows of logits (each target's logprob and rank, the k likeliest), from float32 or bf16
+logits of several chunks, as the reference gives them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import reference
-from kernels.sampler import draw_candidates, penalize_logits, sample_top_k
+from kernels.sampler import draw_candidates, penalize_logits, sample_top_k, score_logits
 
 V = 300
 
@@ -89,3 +91,29 @@ def test_sample_top_k(device, K, V):
         args = (logits, ints[:, 0], ints[:, 1], params, *tables, ints[:, 2], noise)
         got, want = sample_top_k(*args), reference.sample_top_k(*args)
         assert torch.equal(got, want), trial
+
+
+@pytest.mark.parametrize("k", [0, 3, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_score_logits(device, k, dtype):
+    """Rows of a wider buffer (row stride past V), three chunks of 4096 with a short last one;
+    a target that is its row's likeliest (rank 1), one in the last chunk, a row whose likeliest
+    lie in one chunk, a row with -inf logits."""
+    V = 9000
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(5, V + 100, generator=g) * 3).to(dtype).to(device)[:, :V]
+    logits[1, 4096:] -= 30
+    logits[4, 100:200] = float("-inf")
+    targets = torch.tensor([5, 8999, 4000, 0, 150], device=device)
+    targets[0] = logits[0].float().argmax()
+    got, want = score_logits(logits, targets, k), reference.score_logits(logits, targets, k)
+    assert got.shape == want.shape == (5, 2 + 2 * k)
+    assert torch.allclose(got[:, : 1 + k], want[:, : 1 + k], atol=1e-4, rtol=0)  # logprobs
+    assert torch.equal(got[:, -1], want[:, -1])  # ranks
+    ids = got[:, 1 + k : 1 + 2 * k].long()  # (equal values may come in another order: bf16)
+    if dtype == torch.float32:
+        assert torch.equal(ids, want[:, 1 + k : 1 + 2 * k].long())
+    logp = logits.float().log_softmax(-1).clamp_min(-9999)
+    assert torch.allclose(logp.gather(1, ids), got[:, 1 : 1 + k], atol=1e-4, rtol=0)
+    assert all(len(set(row.tolist())) == k for row in ids)
+    assert got[0, -1] == 1 and got[4, 0] == -9999  # (the likeliest; a -inf one's stand-in)
