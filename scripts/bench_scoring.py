@@ -6,7 +6,8 @@ bench_e2e's random-weight model (Qwen3.5's shapes at about 1B parameters, bf16).
 
 Measured, ms per request on an idle engine (the best of two after a warm-up):
 - an 8k-token prompt computed for its first token (the cold prefill of bench_e2e), and scored
-  (max_tokens 0) with prompt_logprobs 0 and 5;
+  (max_tokens 0) with prompt_logprobs 0 and 5, by kernels.score_logits and by its torch
+  reference;
 - transformers' forward over the same prompt with the logits of every position, their
   log-softmax, each token's logprob and the 5 likeliest;
 - 64 prompts of 512 tokens scored together (prompt_logprobs 1): tokens per second.
@@ -26,6 +27,7 @@ import torch
 from bench_common import ids, log, row, sync, ttft, write_table
 from bench_e2e import build_model
 
+import kernels
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
@@ -80,6 +82,12 @@ def main() -> None:
         t, outs = min((scored_s(engine, [prompt], k) for _ in range(2)), key=lambda r: r[0])
         row(f"8k prompt scored, prompt_logprobs {k} (ms)", f"{t * 1e3:.1f}", "",
             f"{t / cold:.2f}x the cold prefill")
+    fused, kernels.score_logits = kernels.score_logits, kernels.reference.score_logits
+    scored_s(engine, [prompt], 5)
+    torch_s = min(scored_s(engine, [prompt], 5)[0] for _ in range(2))
+    kernels.score_logits = fused
+    row("8k prompt scored, prompt_logprobs 5, torch's ops (the reference) (ms)",
+        f"{torch_s * 1e3:.1f}", "", f"{torch_s / cold:.2f}x the cold prefill")
     hf_scored_s(hf, prompt, 5)
     theirs, chosen = min((hf_scored_s(hf, prompt, 5) for _ in range(2)), key=lambda r: r[0])
     ours = torch.tensor([e[0] for e in outs[0].prompt_logprobs[1:]])
