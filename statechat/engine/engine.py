@@ -27,7 +27,7 @@ from statechat.devices import default_dtype, free_memory, graph_api, resolve_dev
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import Launched, ModelRunner
-from statechat.engine.sampler import unpack_logprobs, unpack_ranked
+from statechat.engine.sampler import unpack_logprobs, unpack_scores
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
@@ -440,16 +440,17 @@ def _keep_logprobs(batch, table: list[list[float]]) -> None:
                 it.seq.logprobs.append(unpack_logprobs(row, k))
 
 
-def _keep_prompt_logprobs(batch, scored: list[tuple[int, int, int]], table: list[list[float]]) -> None:
+def _keep_prompt_logprobs(batch, scored: list[tuple[int, int, int]], table: np.ndarray) -> None:
     """Give each scored item's sequence its rows of the step's prompt table, by position (a
     preempted request that computes its prompt again writes the same entries again)."""
-    rows = iter(table)
+    row = 0
     for i, start, n in scored:
         seq = batch.items[i].seq
         if not seq.prompt_logprobs:
             seq.prompt_logprobs = [None] * seq.num_prompt_tokens
-        for p in range(start + 1, start + 1 + n):
-            seq.prompt_logprobs[p] = unpack_ranked(next(rows), seq.params.prompt_logprobs)
+        entries = unpack_scores(table[row : row + n], seq.params.prompt_logprobs)
+        seq.prompt_logprobs[start + 1 : start + 1 + n] = entries
+        row += n
 
 
 def _prompt_logprobs(seq: Sequence) -> list | None:

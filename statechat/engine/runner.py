@@ -168,10 +168,13 @@ class ModelRunner:
             logits, greedy = self._replay_prefill(batch.items[0], bucket)
         elif scored:  # (never a graph: every row's output is read)
             input_ids, ctx = self.prepare(batch)
+            rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
+            # queued: a copy from pageable memory after it would wait for it)
             with torch.inference_mode():
                 h, residual = self.model.model(input_ids, ctx, self.caches)
             logits = self.model.logits(h, residual, ctx.logits_indices)
-            prompt = self._score(h, residual, batch, scored)
+            k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
+            prompt = self._score(h, residual, rows, targets, k)
         else:
             input_ids, ctx = self.prepare(batch)
             logits = self.model(feed if feed is not None else input_ids, ctx, self.caches)
@@ -205,36 +208,39 @@ class ModelRunner:
                 out.append((i, it.start, end - it.start))
         return out
 
-    def _score(self, h: torch.Tensor, residual: torch.Tensor, batch: Batch,
-               scored: list[tuple[int, int, int]]) -> torch.Tensor:
-        """kernels.score_logits' table of the scored rows (of the packed hidden states h and
-        residual), some hundreds of rows' logits at a time (a whole chunk's would take
-        gigabytes)."""
+    def _score_rows(self, batch: Batch,
+                    scored: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scored rows of the packed batch and their target tokens, on the device."""
         first_row = np.cumsum([0] + [it.num_tokens for it in batch.items])
         rows, targets = [], []
         for i, start, n in scored:
             it = batch.items[i]
             rows += range(first_row[i] + start - it.start, first_row[i] + start - it.start + n)
             targets += it.seq.token_ids[start + 1 : start + 1 + n]
-        k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
-        rows_t, targets_t = self._tensor(rows, torch.int64), self._tensor(targets, torch.int64)
+        return self._tensor(rows, torch.int64), self._tensor(targets, torch.int64)
+
+    def _score(self, h: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor,
+               targets: torch.Tensor, k: int) -> torch.Tensor:
+        """kernels.score_logits' table of the given rows of the packed hidden states h and
+        residual, some hundreds of rows' logits at a time (a whole chunk's would take
+        gigabytes)."""
         step = max(1, SCORE_BYTES // (self.loaded.config.vocab_size * self.dtype.itemsize))
         tables = []
-        for a in range(0, len(rows), step):
-            logits = self.model.logits(h, residual, rows_t[a : a + step], raw=True)
-            tables.append(kernels.score_logits(logits, targets_t[a : a + step], k))
+        for a in range(0, rows.shape[0], step):
+            logits = self.model.logits(h, residual, rows[a : a + step], raw=True)
+            tables.append(kernels.score_logits(logits, targets[a : a + step], k))
         return torch.cat(tables)
 
     def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None,
-                                                   list[list[float]] | None]:
+                                                   np.ndarray | None]:
         """The sampled tokens of a launched step, one per item that needs logits, in item order,
         the rows of its logprob table (None if no request asked) and those of its prompt's
         (None if it scored no prompt row): the step's one host synchronisation."""
         if launched.tokens is None and launched.prompt is None:
             return [], None, None
         self.before_wait()
-        prompt = None if launched.prompt is None else launched.prompt.tolist()  # (a step that
-        # scores a prompt is never followed on the device: `copied` is None)
+        prompt = None if launched.prompt is None else launched.prompt.cpu().numpy()  # (a step
+        # that scores a prompt is never followed on the device: `copied` is None)
         if launched.tokens is None:
             return [], None, prompt
         if launched.copied is not None:  # a later step was queued: its copy is the one to wait for

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 import kernels
@@ -366,7 +367,12 @@ def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, fl
     return row[0], [(int(i), v) for v, i in zip(values[:k], ids[:k])]
 
 
-def unpack_ranked(row: list[float], k: int) -> tuple[float, list[tuple[int, float]], int]:
-    """One row of kernels.score_logits' table (logprob_table's, and the rank): unpack_logprobs'
-    pair and the token's rank."""
-    return (*unpack_logprobs(row[:-1], k), int(row[-1]))
+def unpack_scores(table: np.ndarray, k: int) -> list[tuple[float, list[tuple[int, float]], int]]:
+    """The rows of kernels.score_logits' table (logprob_table's columns, then the rank), each as
+    unpack_logprobs' pair and the token's rank; the top lists cut to k. Column by column: a
+    prompt has thousands of rows."""
+    width = (table.shape[1] - 2) // 2
+    values = table[:, 1 : 1 + k].tolist()
+    ids = table[:, 1 + width : 1 + width + k].astype(np.int64).tolist()
+    return [(chosen, list(zip(i, v)), rank) for chosen, v, i, rank in
+            zip(table[:, 0].tolist(), values, ids, table[:, -1].astype(np.int64).tolist())]
