@@ -7,7 +7,9 @@ result table printed last.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -40,6 +42,17 @@ def write_table(out_dir: str, name: str) -> None:
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in ROWS]
     Path(out_dir, f"{name}.md").write_text("\n".join(table) + "\n")
     print("\n" + "\n".join(table))
+
+
+def model_args() -> argparse.Namespace:
+    """--layers (24) and --out (DIR, else $OUT, else .) of the benchmarks on bench_e2e's model;
+    the device is logged."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    log(torch.cuda.get_device_name(), "torch", torch.__version__)
+    return args
 
 
 def add_tokenizer(out: Path) -> None:

@@ -13,12 +13,10 @@ DIR/bench_sampling.md.
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import torch
-from bench_common import decode_rate, ids, log, row, write_table
+from bench_common import decode_rate, ids, log, model_args, row, write_table
 from bench_e2e import build_model
 
 from statechat.config import EngineConfig
@@ -39,11 +37,7 @@ CASES = {  # (no seed, as `statechat run` draws: a seeded step samples eagerly)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args()
-    log(torch.cuda.get_device_name(), "torch", torch.__version__)
+    args = model_args()
     path = Path("/tmp/statechat-sampling")
     build_model(path, args.layers)  # (the transformers model it returns is dropped)
     torch.cuda.empty_cache()

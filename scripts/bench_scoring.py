@@ -18,13 +18,11 @@ A markdown table is printed last and written to DIR/bench_scoring.md.
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
 from pathlib import Path
 
 import torch
-from bench_common import ids, log, row, sync, ttft, write_table
+from bench_common import ids, model_args, row, sync, ttft, write_table
 from bench_e2e import build_model
 
 import kernels
@@ -62,11 +60,7 @@ def hf_scored_s(hf, prompt: list[int], k: int) -> tuple[float, torch.Tensor]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args()
-    log(torch.cuda.get_device_name(), "torch", torch.__version__)
+    args = model_args()
     path = Path("/tmp/statechat-e2e")
     hf = build_model(path, args.layers)
     engine = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False,

@@ -10,12 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from statechat.config import EngineConfig
-from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import ConfigError
 from statechat.model.loader import load_model
-from tests.helpers import engine_config
+from tests.engine.test_penalties import engine  # (an engine on a module's setup)
 
 LENGTHS = [5, 70, 200]
 NEW = 6
@@ -35,12 +33,6 @@ def setup(tiny_dirs, engine_device):
         want = [hf(torch.tensor([p])).logits[0].log_softmax(-1) for p in prompts]
     loaded = load_model(path, dtype=torch.float32, device=engine_device)
     return path, loaded, prompts, want
-
-
-def engine(setup, engine_device, **overrides) -> LLMEngine:
-    path, loaded = setup[:2]
-    config = {**engine_config(engine_device), "dtype": "float32", **overrides}
-    return LLMEngine(EngineConfig(model=path, **config), loaded=loaded)
 
 
 def assert_models(entries: list, prompt: list[int], want: torch.Tensor, k: int, tol: float) -> None:
