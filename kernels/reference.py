@@ -580,9 +580,11 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
     their target tokens [R] int64: [R, 2 + 2k] float32 of each target's log-probability, the k
     largest log-probabilities (largest first) and their token ids, then the target's rank (1 +
     the tokens whose logit exceeds its logit). Below -9999 (-inf included) a value is -9999,
-    vLLM's stand-in for -inf, which JSON cannot carry. 0 <= k <= V."""
+    vLLM's stand-in for -inf, which JSON cannot carry; so is a NaN (a row without a finite
+    logit). 0 <= k <= V."""
     x = logits.float()
     logp = x.log_softmax(-1)
     values, ids = logp.topk(k, dim=-1)
     rank = (x > x.gather(1, targets[:, None])).sum(1, keepdim=True).float() + 1
-    return torch.cat([logp.gather(1, targets[:, None]), values, ids.float(), rank], 1).clamp_min_(-9999.0)
+    table = torch.cat([logp.gather(1, targets[:, None]), values, ids.float(), rank], 1)
+    return table.nan_to_num_(nan=-9999.0).clamp_min_(-9999.0)

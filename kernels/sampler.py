@@ -183,16 +183,17 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
 @triton.jit
 def _store_chunk_keys(b_x, o_v, V, i_v, keys, base, K, BLOCK: tl.constexpr):
     """Store at keys + base the keys (_key) of the K largest of a chunk's values b_x (columns
-    o_v of chunk i_v), largest first; past the chunk's columns below V, the least int64 (so
-    never one of a row's K best: V >= K)."""
+    o_v of chunk i_v), largest first, each column once (-inf ones too, lowest first); past the
+    chunk's columns below V, the least int64 (so never one of a row's K best: V >= K)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     valid = V - i_v * BLOCK  # (a real column comes before padding: both -inf, it is lower)
+    left = o_v < V + BLOCK  # (the columns not taken yet: every one)
     for j in range(K):
-        top = tl.max(b_x, 0)
-        col = tl.min(tl.where(b_x == top, o_v, V + BLOCK), 0)
+        top = tl.max(tl.where(left, b_x, float("-inf")), 0)
+        col = tl.min(tl.where(left & (b_x == top), o_v, V + BLOCK), 0)
         key = _key(top, tl.minimum(col, V - 1))  # (a NaN row finds no column: keep it in range)
         tl.store(keys + base + j, tl.where(j < valid, key, least))
-        b_x = tl.where(o_v == col, float("-inf"), b_x)
+        left = left & (o_v != col)
 
 
 @triton.jit

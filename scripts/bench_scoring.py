@@ -1,5 +1,5 @@
-"""What scoring a prompt costs on a GPU (prompt_logprobs; the server's echo with logprobs and
-max_tokens 0, as lm-eval-harness's loglikelihood requests send): statechat vs transformers on
+"""What scoring a prompt costs on a GPU (prompt_logprobs; the server's echo with logprobs, as
+lm-eval-harness's loglikelihood requests send, with max_tokens 0 here): statechat vs transformers on
 bench_e2e's random-weight model (Qwen3.5's shapes at about 1B parameters, bf16).
 
     python3 bench_scoring.py [--layers 24] [--out DIR]      (run from scripts/)

@@ -5,8 +5,9 @@ come.
 Choice index = prompt index * n + i (OpenAI's and vLLM's order). With a seed, choice i of each
 prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, its choices
 differ, and its choice 0 is the reply the same request with n=1 gets. The other choices of a
-prompt start once choice 0 has computed it, from the engine's prefix cache. `usage` counts each prompt once and sums
-the completion tokens of every choice.
+prompt start once choice 0 has computed it, from the engine's prefix cache (unless the
+request asks for the prompt's logprobs: each choice then computes it whole, so all start at
+once). `usage` counts each prompt once and sums the completion tokens of every choice.
 
 Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.CompletionShape).
 """

@@ -7,8 +7,9 @@ except that max_tokens defaults to 16 (OpenAI's and vLLM's default for this API;
 --max-tokens` sets it) and `logprobs`
 is a count (0 to 20, vLLM's cap) of the likeliest tokens to list per generated token. `echo`
 puts the prompt's text before each choice's, and with logprobs the prompt's tokens and their
-logprobs before the reply's (the first token's null): with max_tokens 0, which only echo
-allows, that scores a prompt (lm-eval-harness's loglikelihood requests). vLLM's
+logprobs before the reply's (the first token's null), which scores a prompt (lm-eval-harness's
+loglikelihood requests ask for one token and read the entries before it; max_tokens 0, which
+only echo allows, gives the prompt alone). vLLM's
 `prompt_logprobs` gives each choice that field, in whole responses. `suffix` is refused.
 """
 
@@ -95,6 +96,9 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)
+    if body.get("max_tokens") == 0 and not echo:
+        raise ApiError(400, "max_tokens must be >= 1 (0 only with echo: the prompt alone)",
+                       "max_tokens")
     params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults,
                           least_tokens=0 if echo else 1)
     echoes = None

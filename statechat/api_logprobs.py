@@ -52,7 +52,7 @@ def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
 
 def _bytes_of(tokenizer, token_ids: list[int], logprobs: list) -> dict[int, bytes]:
     """The bytes of the generated tokens and of those in their top lists."""
-    ids = list(token_ids) + [i for entry in logprobs for i, _ in entry[1]]
+    ids = list(token_ids) + [i for entry in logprobs if entry is not None for i, _ in entry[1]]
     return dict(zip(ids, token_bytes(tokenizer, ids)))
 
 
@@ -103,41 +103,45 @@ def _legacy_token(raw: bytes) -> str:
 
 def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list,
                         offsets: TextOffsets) -> dict:
-    """The legacy API's logprobs object for generated tokens and their engine entries. A
-    token's top_logprobs dict holds the likeliest tokens, likeliest first, and the token itself
-    (so up to k + 1 entries, as OpenAI's)."""
+    """The legacy API's logprobs object for tokens and their engine entries. A token's
+    top_logprobs dict holds the likeliest tokens, likeliest first, and the token itself (so up
+    to k + 1 entries, as OpenAI's); a None entry (a prompt's first token, or one a stopped
+    request did not compute) shows as nulls."""
     raw = _bytes_of(tokenizer, token_ids, logprobs)
     shown = {i: _legacy_token(b) for i, b in raw.items()}
-    tops = []
-    for i, (logprob, top, *_) in zip(token_ids, logprobs):
+    tops: list[dict | None] = []
+    for i, found in zip(token_ids, logprobs):
+        if found is None:
+            tops.append(None)
+            continue
         entry: dict[str, float] = {}
-        for j, value in top:
+        for j, value in found[1]:
             entry.setdefault(shown[j], value)
-        entry.setdefault(shown[i], logprob)
+        entry.setdefault(shown[i], found[0])
         tops.append(entry)
     return {"tokens": [shown[i] for i in token_ids],
-            "token_logprobs": [entry[0] for entry in logprobs],
+            "token_logprobs": [None if entry is None else entry[0] for entry in logprobs],
             "top_logprobs": tops, "text_offset": [offsets.add(i, raw[i]) for i in token_ids]}
 
 
 def echoed_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> dict:
     """The legacy logprobs object of an echoed prompt, from the engine's prompt_logprobs
-    entries (the first None)."""
-    offsets = TextOffsets(tokenizer, specials_shown=True)
-    (first,) = token_bytes(tokenizer, prompt_ids[:1])
-    head = {"tokens": [_legacy_token(first)], "token_logprobs": [None], "top_logprobs": [None],
-            "text_offset": [offsets.add(prompt_ids[0], first)]}
-    rest = completion_logprobs(tokenizer, prompt_ids[1:], entries[1:], offsets)
-    return {key: head[key] + rest[key] for key in head}
+    entries (the first None): offsets into the prompt's text, special tokens included."""
+    return completion_logprobs(tokenizer, prompt_ids, entries,
+                               TextOffsets(tokenizer, specials_shown=True))
 
 
 def vllm_prompt_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> list[dict | None]:
     """vLLM's prompt_logprobs from the engine's entries: per token after the first, the token
-    and the likeliest (ranks 1, 2, ... in order), keyed by id."""
-    raw = _bytes_of(tokenizer, prompt_ids, [e for e in entries if e is not None])
+    and the likeliest (ranks 1, 2, ... in order), keyed by id; None where the entry is (the
+    first token, or one a stopped request did not compute)."""
+    raw = _bytes_of(tokenizer, prompt_ids, entries)
     text = {i: b.decode("utf-8", "replace") for i, b in raw.items()}
     out: list[dict | None] = [None]
     for i, entry in zip(prompt_ids[1:], entries[1:]):
+        if entry is None:
+            out.append(None)
+            continue
         logprob, top, rank = entry
         row = {str(j): {"logprob": v, "rank": r, "decoded_token": text[j]}
                for r, (j, v) in enumerate(top, 1)}

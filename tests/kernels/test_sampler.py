@@ -117,3 +117,18 @@ def test_score_logits(device, k, dtype):
     assert torch.allclose(logp.gather(1, ids), got[:, 1 : 1 + k], atol=1e-4, rtol=0)
     assert all(len(set(row.tolist())) == k for row in ids)
     assert got[0, -1] == 1 and got[4, 0] == -9999  # (the likeliest; a -inf one's stand-in)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy: inf - inf)
+def test_score_logits_of_rows_with_few_finite_logits(device):
+    """Fewer finite logits than k: the top lists name each column once (the -inf ones lowest
+    first, as -9999); a row with none reads -9999 everywhere, as the reference does."""
+    logits = torch.full((2, 5000), float("-inf"), device=device)
+    logits[0, 4] = 1.0
+    logits[0, 4500] = 2.0
+    got = score_logits(logits, torch.tensor([4, 7], device=device), 4)
+    want = reference.score_logits(logits, torch.tensor([4, 7], device=device), 4)
+    assert got[0, 5:9].long().tolist() == [4500, 4, 0, 1]
+    assert got[0, :5].tolist() == pytest.approx(want[0, :5].tolist(), abs=1e-5)
+    assert got[0, -1] == want[0, -1] == 2
+    assert torch.equal(got[1, :5], want[1, :5]) and (got[1, :5] == -9999).all()

@@ -117,9 +117,9 @@ def prompt_logsoftmax(tokenizer):
 
 
 def test_echo_with_logprobs_scores_the_prompt(client, tokenizer, prompt_logsoftmax):
-    """lm-eval-harness's loglikelihood request: max_tokens 0, echo, logprobs. The prompt's tokens
-    spell it, the first has null logprobs, the others transformers' values; a reply's tokens
-    follow with their own, their offsets counting the echo."""
+    """A prompt scored: max_tokens 0, echo, logprobs (lm-eval-harness asks for one token). The
+    prompt's tokens spell it, the first has null logprobs, the others transformers' values; a
+    reply's tokens follow with their own, their offsets counting the echo."""
     ids = tokenizer.encode(PROMPT)
     scored = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=0, echo=True, logprobs=2)
     choice, lp = scored.choices[0], scored.choices[0].logprobs
@@ -228,6 +228,8 @@ def test_refused_fields_and_long_prompts(client):
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(**{"model": "m", "prompt": PROMPT, **fields})
         assert info.value.body["param"] == param
+        if param == "max_tokens":
+            assert "0 only with echo" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="m", prompt=[PROMPT] * 20, n=16)
     assert info.value.body["param"] == "prompt" and "at most 256 choices" in info.value.message

@@ -3,13 +3,24 @@ back to exactly that text (characters split across tokens included), a token tha
 character reads as the tokenizer's decode of it, and a special token shows as its text. The
 legacy (text-completions) object shows a part of a character as its bytes, gives each token's
 character offset in the text (the parts of a character at its start, a special token taking
-no room), and lists the chosen token among the top ones."""
+no room), and lists the chosen token among the top ones. A prompt's entries of a request
+stopped before its prompt was computed show as nulls where they are missing."""
 
 from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from statechat.api_logprobs import TextOffsets, completion_logprobs, logprobs_content, token_bytes
+from statechat.api_logprobs import (
+    TextOffsets,
+    completion_logprobs,
+    echoed_logprobs,
+    logprobs_content,
+    token_bytes,
+    vllm_prompt_logprobs,
+)
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 
 
@@ -64,3 +75,23 @@ def test_text_offsets_after_an_unfinished_character():
     offsets = TextOffsets(no_specials)  # a character split across tokens starts with its first
     pieces = [b"a", b"\xe4", b"\xbd\xa0", b"b", b"\xe4\xbd", b"\xa0"]
     assert [offsets.add(i, b) for i, b in enumerate(pieces)] == [0, 1, 1, 2, 3, 3]
+
+
+def test_prompt_entries_of_a_stopped_request():
+    """Aborted after its first 64-token chunk, a request has the entries of that chunk's rows
+    only; both prompt formats show the rest as nulls (the server answers a request stopped at
+    shutdown with them)."""
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_num_batched_tokens=64))
+    prompt = list(range(10, 209))
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=4, prompt_logprobs=2))
+    engine.step()
+    engine.abort(seq)
+    entries = engine.output(seq).prompt_logprobs
+    assert entries[0] is None and all(e is not None for e in entries[1:65])
+    assert all(e is None for e in entries[65:])
+    legacy = echoed_logprobs(engine.tokenizer, prompt, entries)
+    assert len(legacy["tokens"]) == len(legacy["text_offset"]) == len(prompt)
+    assert legacy["token_logprobs"][65:] == [None] * (len(prompt) - 65)
+    assert legacy["top_logprobs"][64] is not None and legacy["top_logprobs"][65] is None
+    vllm = vllm_prompt_logprobs(engine.tokenizer, prompt, entries)
+    assert vllm[64] is not None and vllm[65:] == [None] * (len(prompt) - 65)
