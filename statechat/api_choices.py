@@ -65,8 +65,9 @@ def choice_params(params: SamplingParams, i: int, prompt_len: int,
     seed = params.seed
     if seed is not None:
         seed = seed + i - SEEDS if seed + i >= SEEDS else seed + i
-    return dataclasses.replace(params, seed=seed,
-                               max_tokens=min(params.max_tokens, max(1, max_model_len - prompt_len)))
+    max_tokens = min(params.max_tokens, max(1, max_model_len - prompt_len))
+    return dataclasses.replace(params, seed=seed, max_tokens=max_tokens,
+                               min_tokens=min(params.min_tokens, max_tokens))
 
 
 class Choices:

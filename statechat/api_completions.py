@@ -100,7 +100,8 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
         raise ApiError(400, "max_tokens must be >= 1 (0 only with echo: the prompt alone)",
                        "max_tokens")
     params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults,
-                          least_tokens=0 if echo else 1)
+                          least_tokens=0 if echo else 1,
+                          vocab_size=worker.engine.loaded.config.vocab_size)
     echoes = None
     if echo:
         decode = worker.engine.tokenizer.decode

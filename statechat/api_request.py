@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from statechat.chat.template import ROLES
-from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
+from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
 
 DEFAULT_MAX_TOKENS = 2048
@@ -19,13 +19,12 @@ DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=DEFAULT
 # a body's numeric sampling fields (SamplingParams' names) and their JSON kinds
 NUMBER_FIELDS = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float, "presence_penalty": float,
-    "frequency_penalty": float, "repetition_penalty": float, "seed": int,
+    "frequency_penalty": float, "repetition_penalty": float, "seed": int, "min_tokens": int,
 }
 # Fields of OpenAI's and vLLM's APIs this server cannot honour, with the values that leave them
 # off (clients send those by default, and they are taken); any other value is a 400 rather
 # than a reply made as if it had not been asked for.
 NOT_SUPPORTED = {
-    "min_tokens": (0,), "logit_bias": ({},),
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
@@ -189,12 +188,14 @@ def _prompt_logprobs(body: dict) -> int | None:
 
 
 def parse_params(body: dict, prompt_len: int, max_model_len: int,
-                 defaults: SamplingParams = DEFAULT_SAMPLING, least_tokens: int = 1) -> SamplingParams:
+                 defaults: SamplingParams = DEFAULT_SAMPLING, least_tokens: int = 1,
+                 vocab_size: int | None = None) -> SamplingParams:
     """SamplingParams from a chat-completions body (OpenAI's fields, logprobs included, and
-    vLLM's top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos and prompt_logprobs),
-    `defaults` for the sampling fields it leaves out (or sets to null); max_tokens (at least
-    `least_tokens`) is capped to the room the prompt leaves. ApiError(400) naming the field for
-    a bad one (n and best_of included) or one the server cannot honour. The seed is the
+    vLLM's top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, min_tokens and
+    prompt_logprobs), `defaults` for the sampling fields it leaves out (or sets to null);
+    max_tokens (at least `least_tokens`) is capped to the room the prompt leaves, min_tokens to
+    max_tokens. ApiError(400) naming the field for a bad one (n and best_of included; a
+    logit_bias id outside `vocab_size`) or one the server cannot honour. The seed is the
     request's: choice i samples with seed + i."""
     _refuse_unsupported(body)
     parse_n(body)
@@ -204,14 +205,22 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
         raise ApiError(400, "top_k must be -1 or 0 (off), or the number of tokens to keep", "top_k")
     numbers["top_k"] = 0 if numbers["top_k"] == -1 else numbers["top_k"]  # (vLLM's -1 is off)
     room = max(1, max_model_len - prompt_len)
+    asked = _max_tokens(body, defaults.max_tokens, least_tokens)
+    max_tokens = min(asked, room)
+    if max_tokens < asked:  # (a min_tokens above max_tokens is the request's error, not above
+        # the room left)
+        numbers["min_tokens"] = min(numbers["min_tokens"], max_tokens)
     try:
-        return dataclasses.replace(
-            defaults, **numbers,
-            max_tokens=min(_max_tokens(body, defaults.max_tokens, least_tokens), room),
+        params = dataclasses.replace(
+            defaults, **numbers, max_tokens=max_tokens,
             stop=_stop(body), stop_token_ids=_stop_token_ids(body),
             ignore_eos=parse_flag(body, "ignore_eos"),
             logprobs=_logprobs(body), prompt_logprobs=_prompt_logprobs(body),
+            logit_bias=body.get("logit_bias") or (),
         )
+        if vocab_size is not None:
+            check_vocabulary(params, vocab_size)
+        return params
     except StatechatError as e:  # (its message starts with the field's name)
         field = str(e).split(maxsplit=1)[0] if str(e) else ""
         raise ApiError(400, str(e), field if field in body else None) from None

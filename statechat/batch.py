@@ -5,9 +5,9 @@ Input, one request a line:
 with optional "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
 "repetition_penalty", "seed", "stop" (a string or a list), "logprobs" (0 to 20: each generated
 token's logprob and those of that many likeliest tokens), "prompt_logprobs" (the same for each
-prompt token after the first, with its rank; such a line computes its whole prompt) and
-"chat_template_kwargs" (variables of the model's chat template, over --chat-template-kwargs)
-as well; "max_tokens": 0 computes the prompt alone. A line's own fields win over
+prompt token after the first, with its rank; such a line computes its whole prompt),
+"min_tokens", "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's
+chat template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. A line's own fields win over
 the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
 and the command's flags).
 Output, one line per input line, in input order:
@@ -33,14 +33,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from statechat.engine.engine import LLMEngine, RequestOutput
-from statechat.engine.sampling import SamplingParams
+from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs",
-               "prompt_logprobs")  # sampling
-WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs")  # integers, which a
-# whole-number float may give
+               "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
+WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
+# which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
 
 
@@ -87,6 +87,7 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
     try:
         given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
         params = defaults.params(**given)
+        check_vocabulary(params, engine.loaded.config.vocab_size)
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
         ids = render(engine.tokenizer, req.get("messages"), template_kwargs=kwargs)
         if len(ids) >= engine.max_model_len:

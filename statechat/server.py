@@ -171,7 +171,8 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         worker = self.server.worker
         prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
-        params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling)
+        params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
+                              vocab_size=worker.engine.loaded.config.vocab_size)
         self._answer(body, ChatShape(worker.engine.tokenizer), [prompt_ids], params,
                      parse_n(body), "messages")
 

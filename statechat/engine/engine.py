@@ -28,7 +28,7 @@ from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.runner import Launched, ModelRunner
 from statechat.engine.sampler import unpack_logprobs, unpack_scores
-from statechat.engine.sampling import SamplingParams
+from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
 from statechat.errors import ConfigError, ContextLengthError
@@ -90,6 +90,7 @@ class LLMEngine:
             self.eos_ids.add(self.tokenizer.eos_token_id)
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
+        self.runner.eos_ids = self.eos_ids
         self.store = self._open_store()
         if self.store is not None:  # the store's method, not the engine's: no reference cycle
             self.runner.before_wait = self.store.engine_idle.set
@@ -194,7 +195,9 @@ class LLMEngine:
         request_id: str = "",
     ) -> Sequence:
         """Queue a prompt that `check_prompt` passed, with the bytes it returned."""
-        seq = Sequence(ids, params or SamplingParams(), request_id=request_id)
+        params = params or SamplingParams()
+        check_vocabulary(params, self.loaded.config.vocab_size)
+        seq = Sequence(ids, params, request_id=request_id)
         self.scheduler.add(seq, packed)
         return seq
 
@@ -327,7 +330,8 @@ class LLMEngine:
             reason = "length"
         shown = len(seq.text)
         self._detokenize(seq, final=reason is not None)
-        if p.stop:  # (also in the last token of a reply that ends for another reason)
+        if p.stop and len(seq.output_ids) >= p.min_tokens:  # (also in the last token of a
+            # reply that ends for another reason; none before min_tokens, as vLLM's)
             # a stop ending in the new text starts at most the longest stop's length - 1 before it
             start = max(shown - _stop_hold(p), 0)
             cut = min((i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0), default=-1)
@@ -400,6 +404,8 @@ class LLMEngine:
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
         checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
+        for sp in plist:
+            check_vocabulary(sp or SamplingParams(), self.loaded.config.vocab_size)
         seqs = []
         try:
             for (ids, packed), sp in zip(checked, plist):

@@ -55,6 +55,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.sampler_graphs: SamplerGraphs | None = None
+        self.eos_ids: set[int] = set()  # (the engine's) barred with stop_token_ids by min_tokens
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
         # pinned buffer for the tokens of a step that a later one was queued after, and the
         # event after their copy
@@ -186,8 +187,12 @@ class ModelRunner:
         if any(p.uses_penalties for p in params):
             counts = self._counts(wanted, logits.shape[-1])
         graphs = self.sampler_graphs if greedy is not None else None  # (logits of a graph)
-        tokens = sample(logits, params, [self._generator(s) for s in wanted], greedy, counts, graphs)
-        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        drawn_from = logits
+        if any(p.uses_bias for p in params):  # (a graph's argmax and sampling do not see it)
+            drawn_from, greedy, graphs = self._biased(logits, batch), None, None
+        tokens = sample(drawn_from, params, [self._generator(s) for s in wanted], greedy, counts,
+                        graphs)
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]  # (of the raw logits)
         table = None
         if rows:
             k = max(params[i].logprobs for i in rows)
@@ -195,6 +200,33 @@ class ModelRunner:
             if table is None:
                 table = logprob_table(logits, tokens, rows, k)
         return Launched(batch, tokens, replay=replay, logprobs=table, prompt=prompt)
+
+    def _biased(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """A copy of the step's logits (one row per item that samples) with each request's
+        logit_bias added, and -inf on the tokens its min_tokens bars: EOS (unless it ignores
+        EOS) and its stop_token_ids, while the token drawn would come before min_tokens."""
+        rows, cols, values = [], [], []
+        vocab = logits.shape[-1]
+        for j, it in enumerate(it for it in batch.items if it.needs_logits):
+            p = it.seq.params
+            for token, bias in p.logit_bias:
+                rows.append(j)
+                cols.append(token)
+                values.append(bias)
+            made = it.start + it.num_tokens - it.seq.num_prompt_tokens  # (tokens before this
+            # one: a continuation's start already counts the token its feed brings)
+            if made < p.min_tokens:
+                barred = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
+                barred = [t for t in barred if 0 <= t < vocab]
+                rows += [j] * len(barred)
+                cols += barred
+                values += [-math.inf] * len(barred)
+        out = logits.clone()  # (the logits may be a graph's output, which its next replay
+        # overwrites, or read again for the logprobs)
+        if rows:
+            index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
+            out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
+        return out
 
     @staticmethod
     def scored(batch: Batch) -> list[tuple[int, int, int]]:

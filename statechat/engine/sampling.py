@@ -14,6 +14,8 @@ MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each ste
 GREEDY_BELOW = 1e-5  # a temperature this small samples greedily (dividing by it overflows)
 MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities of (vLLM's cap)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
+MAX_BIAS = 100.0  # a logit bias lies in [-100, 100] (OpenAI's range)
+MAX_BIASES = 1024  # tokens a request may bias
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,14 @@ class SamplingParams:
     # in the prompt or the output; 1 = off
     seed: int | None = None  # per-request generator; None = nondeterministic
     max_tokens: int = 256
+    min_tokens: int = 0  # EOS (unless ignore_eos) and stop_token_ids are barred, and stop
+    # strings not looked for, until this many tokens are generated (vLLM's min_tokens)
     stop: tuple[str, ...] = field(default=())  # stop strings (not included in the text)
     stop_token_ids: tuple[int, ...] = field(default=())
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token id, bias) pairs
+    # added to the logits before everything else (OpenAI's logit_bias; a mapping is taken, its
+    # keys ids or their decimal strings, as JSON gives them)
     logprobs: int | None = None  # None = off; N: each generated token's log-probability and
     # those of the N likeliest tokens at its step (raw: before temperature and penalties)
     prompt_logprobs: int | None = None  # None = off; N: the same for each prompt token after
@@ -80,6 +87,11 @@ class SamplingParams:
         if len(self.stop) > MAX_STOPS or len(self.stop_token_ids) > MAX_STOPS:
             raise ConfigError(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop token ids")
         put(self, "ignore_eos", bool(self.ignore_eos))
+        put(self, "min_tokens", _integer("min_tokens", self.min_tokens))
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError(f"min_tokens must be from 0 to max_tokens ({self.max_tokens}), "
+                              f"got {_show(self.min_tokens)}")
+        put(self, "logit_bias", _biases(self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 put(self, name, _integer(name, getattr(self, name)))
@@ -93,6 +105,8 @@ class SamplingParams:
                                          or self.repetition_penalty != 1))
         # the argmax of the raw logits (which a graph replay computes with them)
         put(self, "is_plain_greedy", self.is_greedy and not self.uses_penalties)
+        # logits changed before sampling: a bias, or tokens barred (the runner's ban)
+        put(self, "uses_bias", bool(self.logit_bias) or self.min_tokens > 0)
 
 
 def _show(value) -> str:
@@ -102,6 +116,36 @@ def _show(value) -> str:
     except ValueError:  # an int past Python's digit limit
         return "a number too large to print"
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_vocabulary(params: SamplingParams, vocab_size: int) -> None:
+    """ConfigError for a logit_bias token id outside a model's vocabulary (one past it is, on
+    a GPU, an assert that ends the process)."""
+    if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
+        raise ConfigError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "
+                          f"model's vocabulary (0 to {vocab_size - 1})")
+
+
+def _biases(value) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (id, bias) pairs: from a mapping (keys ids or decimal strings) or
+    pairs; ids >= 0 (the engine checks them against its vocabulary), biases in [-100, 100]."""
+    pairs = value.items() if isinstance(value, dict) else value
+    try:
+        pairs = list(pairs)
+        if len(pairs) > MAX_BIASES:
+            raise ConfigError(f"logit_bias may bias at most {MAX_BIASES} tokens, got {len(pairs)}")
+        out = {}
+        for key, bias in pairs:
+            token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
+                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {_show(key)}")
+            bias = _number("logit_bias", bias)
+            if abs(bias) > MAX_BIAS:
+                raise ConfigError(f"logit_bias values must be in [-100, 100], got {_show(bias)}")
+            out[int(token)] = bias
+    except (TypeError, ValueError):
+        raise ConfigError(f"logit_bias must map token ids to numbers, got {_show(value)}") from None
+    return tuple(sorted(out.items()))
 
 
 def _integer(name: str, value) -> int:

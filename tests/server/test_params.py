@@ -17,9 +17,10 @@ from statechat.server import ApiError, parse_params
 
 
 def params(defaults: SamplingParams | None = None, **body):
+    """The params of a body with a 10-token prompt, a context of 100 and a vocabulary of 300."""
     if defaults is None:
-        return parse_params(body, prompt_len=10, max_model_len=100)
-    return parse_params(body, prompt_len=10, max_model_len=100, defaults=defaults)
+        return parse_params(body, prompt_len=10, max_model_len=100, vocab_size=300)
+    return parse_params(body, prompt_len=10, max_model_len=100, defaults=defaults, vocab_size=300)
 
 
 def test_vllm_sampling_extensions_are_taken():
@@ -85,12 +86,10 @@ def test_server_defaults_fill_only_what_the_body_leaves_out():
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"logit_bias": {"5": 100}}, "logit_bias"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
-    ({"min_tokens": 4}, "min_tokens"),
     ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"skip_special_tokens": False}, "skip_special_tokens"),
     ({"echo": 0}, "echo"),  # a number is not the False of a flag
@@ -102,6 +101,13 @@ def test_fields_the_server_cannot_honour_are_400s(body, field):
     assert info.value.message == f"{field} is not supported by this server; leave it out"
 
 
+def test_min_tokens_and_logit_bias():
+    p = params(min_tokens=5, logit_bias={"7": -100, "3": 2.5})
+    assert (p.min_tokens, p.logit_bias) == (5, ((3, 2.5), (7, -100.0)))
+    assert params(min_tokens=500, max_tokens=4000).min_tokens == 90  # (capped with max_tokens)
+    assert params().logit_bias == () and params(logit_bias=None).min_tokens == 0
+
+
 def test_logprobs_and_top_logprobs():
     assert params(prompt_logprobs=3).prompt_logprobs == 3 and params().prompt_logprobs is None
     assert params(logprobs=True, top_logprobs=5).logprobs == 5
@@ -111,6 +117,15 @@ def test_logprobs_and_top_logprobs():
 
 @pytest.mark.parametrize("body, field, message", [
     ({"prompt_logprobs": False}, "prompt_logprobs", "prompt_logprobs must be an integer"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "logit_bias values must be in [-100, 100], got 101.0"),
+    ({"logit_bias": {"a": 1}}, "logit_bias",
+     "logit_bias keys must be token ids (integers >= 0), got 'a'"),
+    ({"logit_bias": [5]}, "logit_bias", "logit_bias must map token ids to numbers, got [5]"),
+    ({"logit_bias": {"500": 1}}, "logit_bias",
+     "logit_bias token id 500 is outside the model's vocabulary (0 to 299)"),
+    ({"min_tokens": 50, "max_tokens": 20}, "min_tokens",
+     "min_tokens must be from 0 to max_tokens (20), got 50"),
+    ({"min_tokens": -1}, "min_tokens", "min_tokens must be from 0 to max_tokens (90), got -1"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be from 0 to 20, got 21"),
     ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs",
      "prompt_logprobs is not supported with stream; leave one out"),

@@ -59,6 +59,29 @@ def test_streamed_reply_matches(client):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
 
 
+def test_logit_bias_and_min_tokens(client, server):
+    """OpenAI's logit_bias pushes a token into every place of a greedy reply; vLLM's
+    min_tokens keeps a stop token id out of the first tokens; bad values are 400s naming the
+    field."""
+    ask = {"model": "m", "messages": [{"role": "user", "content": "bias me"}], "temperature": 0}
+    pushed = client.chat.completions.create(**ask, max_tokens=5, logit_bias={"40": 100},
+                                            extra_body={"ignore_eos": True})
+    assert pushed.choices[0].message.content == server.worker.engine.tokenizer.decode([40] * 5)
+    prompt = server.worker.render(ask["messages"])
+    ids = server.worker.submit(prompt, SamplingParams(max_tokens=6, ignore_eos=True)).result().token_ids
+    stopped = client.chat.completions.create(**ask, max_tokens=6, extra_body={
+        "ignore_eos": True, "stop_token_ids": [ids[1]]})
+    held = client.chat.completions.create(**ask, max_tokens=6, extra_body={
+        "ignore_eos": True, "stop_token_ids": [ids[1]], "min_tokens": 4})
+    assert stopped.usage.completion_tokens <= 2 < 4 <= held.usage.completion_tokens
+    for refused, field in [({"logit_bias": {"40": 200}}, "logit_bias"),
+                           ({"logit_bias": {"10000000": 1}}, "logit_bias"),
+                           ({"extra_body": {"min_tokens": 7}}, "min_tokens")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**ask, max_tokens=6, **refused)
+        assert info.value.body["param"] == field
+
+
 def test_a_reply_continues_the_last_assistant_message(client, server):
     """vLLM's continue_final_message (with add_generation_prompt false): the prompt ends inside
     the last assistant message, which the reply extends; the other combinations are 400s."""
