@@ -73,7 +73,7 @@ def test_logit_bias_and_min_tokens(client, server):
         "ignore_eos": True, "stop_token_ids": [ids[1]]})
     held = client.chat.completions.create(**ask, max_tokens=6, extra_body={
         "ignore_eos": True, "stop_token_ids": [ids[1]], "min_tokens": 4})
-    assert stopped.usage.completion_tokens <= 2 < 4 <= held.usage.completion_tokens
+    assert stopped.usage.completion_tokens <= 2 and held.usage.completion_tokens >= 4
     for refused, field in [({"logit_bias": {"40": 200}}, "logit_bias"),
                            ({"logit_bias": {"10000000": 1}}, "logit_bias"),
                            ({"extra_body": {"min_tokens": 7}}, "min_tokens")]:
