@@ -6,7 +6,8 @@ Decode after an 8k-token prompt at batch 1, and from 256-token prompts at batch 
 request with the same options: greedy (the graph's own argmax), temperature with top-p, and
 that with min-p, greedy under presence + frequency + repetition penalties, and greedy with
 logprobs of the 5 likeliest tokens, and the sampling Qwen's model cards recommend (with the
-sampler's CUDA graphs, without them, and seeded, which samples eagerly). ms per step, and each
+sampler's CUDA graphs, without them, and seeded, which samples eagerly), and greedy under a
+logit bias (eager: the logits are copied and biased). ms per step, and each
 against greedy's, in one run. A markdown table is printed last and written to
 DIR/bench_sampling.md.
 """
@@ -33,6 +34,7 @@ CASES = {  # (no seed, as `statechat run` draws: a seeded step samples eagerly)
     "Qwen's recommended: temperature 0.6, top-k 20, top-p 0.95, presence 1.5": QWEN,
     "Qwen's recommended, sampler graphs off": {**QWEN, "graphs": False},
     "Qwen's recommended, seeded (eager)": {**QWEN, "seed": 0},
+    "greedy, logit_bias of 3 tokens (eager)": {"logit_bias": {7: 2.0, 11: -1.0, 13: 0.5}},
 }
 
 
