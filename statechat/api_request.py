@@ -206,17 +206,18 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     numbers["top_k"] = 0 if numbers["top_k"] == -1 else numbers["top_k"]  # (vLLM's -1 is off)
     room = max(1, max_model_len - prompt_len)
     asked = _max_tokens(body, defaults.max_tokens, least_tokens)
+    if numbers["min_tokens"] > asked:  # (the request's error; past the room left, a cap)
+        raise ApiError(400, f"min_tokens must be from 0 to max_tokens ({asked}), got "
+                            f"{numbers['min_tokens']}", "min_tokens")
     max_tokens = min(asked, room)
-    if max_tokens < asked:  # (a min_tokens above max_tokens is the request's error, not above
-        # the room left)
-        numbers["min_tokens"] = min(numbers["min_tokens"], max_tokens)
+    numbers["min_tokens"] = min(numbers["min_tokens"], max_tokens)
     try:
         params = dataclasses.replace(
             defaults, **numbers, max_tokens=max_tokens,
             stop=_stop(body), stop_token_ids=_stop_token_ids(body),
             ignore_eos=parse_flag(body, "ignore_eos"),
             logprobs=_logprobs(body), prompt_logprobs=_prompt_logprobs(body),
-            logit_bias=body.get("logit_bias") or (),
+            logit_bias=() if body.get("logit_bias") is None else body["logit_bias"],
         )
         if vocab_size is not None:
             check_vocabulary(params, vocab_size)

@@ -6,8 +6,9 @@ with optional "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty"
 "repetition_penalty", "seed", "stop" (a string or a list), "logprobs" (0 to 20: each generated
 token's logprob and those of that many likeliest tokens), "prompt_logprobs" (the same for each
 prompt token after the first, with its rank; such a line computes its whole prompt),
-"min_tokens", "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's
-chat template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. A line's own fields win over
+"min_tokens", "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the
+model's chat template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the
+prompt alone. A line's own fields win over
 the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
 and the command's flags).
 Output, one line per input line, in input order:

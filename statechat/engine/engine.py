@@ -330,8 +330,8 @@ class LLMEngine:
             reason = "length"
         shown = len(seq.text)
         self._detokenize(seq, final=reason is not None)
-        if p.stop and len(seq.output_ids) >= p.min_tokens:  # (also in the last token of a
-            # reply that ends for another reason; none before min_tokens, as vLLM's)
+        if p.stop and len(seq.output_ids) > p.min_tokens:  # (also in the last token of a
+            # reply that ends for another reason; not in the first min_tokens, as vLLM's)
             # a stop ending in the new text starts at most the longest stop's length - 1 before it
             start = max(shown - _stop_hold(p), 0)
             cut = min((i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0), default=-1)

@@ -188,8 +188,9 @@ class ModelRunner:
             counts = self._counts(wanted, logits.shape[-1])
         graphs = self.sampler_graphs if greedy is not None else None  # (logits of a graph)
         drawn_from = logits
-        if any(p.uses_bias for p in params):  # (a graph's argmax and sampling do not see it)
-            drawn_from, greedy, graphs = self._biased(logits, batch), None, None
+        biases = self._biases(batch, logits.shape[-1]) if any(p.uses_bias for p in params) else None
+        if biases:  # (a graph's argmax and sampling do not see them: this step is eager)
+            drawn_from, greedy, graphs = self._biased(logits, biases), None, None
         tokens = sample(drawn_from, params, [self._generator(s) for s in wanted], greedy, counts,
                         graphs)
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]  # (of the raw logits)
@@ -201,12 +202,11 @@ class ModelRunner:
                 table = logprob_table(logits, tokens, rows, k)
         return Launched(batch, tokens, replay=replay, logprobs=table, prompt=prompt)
 
-    def _biased(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """A copy of the step's logits (one row per item that samples) with each request's
-        logit_bias added, and -inf on the tokens its min_tokens bars: EOS (unless it ignores
-        EOS) and its stop_token_ids, while the token drawn would come before min_tokens."""
+    def _biases(self, batch: Batch, vocab: int) -> tuple[list[int], list[int], list[float]]:
+        """(row, token, value) of the step's logit changes, one row per item that samples: each
+        request's logit_bias, and -inf on the tokens its min_tokens bars (EOS unless it
+        ignores EOS, and its stop_token_ids) while the token drawn comes before min_tokens."""
         rows, cols, values = [], [], []
-        vocab = logits.shape[-1]
         for j, it in enumerate(it for it in batch.items if it.needs_logits):
             p = it.seq.params
             for token, bias in p.logit_bias:
@@ -221,12 +221,16 @@ class ModelRunner:
                 rows += [j] * len(barred)
                 cols += barred
                 values += [-math.inf] * len(barred)
-        out = logits.clone()  # (the logits may be a graph's output, which its next replay
-        # overwrites, or read again for the logprobs)
-        if rows:
-            index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
-            out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
-        return out
+        return rows, cols, values
+
+    def _biased(self, logits: torch.Tensor, biases: tuple[list[int], list[int], list[float]]
+                ) -> torch.Tensor:
+        """A copy of the logits with _biases' changes added (the logits may be a graph's
+        output, which its next replay overwrites, and the logprobs read them raw)."""
+        rows, cols, values = biases
+        out = logits.clone()
+        index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
+        return out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
 
     @staticmethod
     def scored(batch: Batch) -> list[tuple[int, int, int]]:

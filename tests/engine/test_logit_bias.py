@@ -97,7 +97,8 @@ def test_min_tokens_bars_eos_and_stop_tokens(setup, engine_device, async_schedul
 
 def test_stop_strings_wait_for_min_tokens(setup, engine_device):
     """A stop string that the plain reply's text holds early ends it; with min_tokens equal to
-    max_tokens the reply runs its whole length."""
+    max_tokens the reply runs its whole length, text and all; min_tokens 1 does not look in
+    the first token's text."""
     _, _, prompts, _, _ = setup
     eng = engine(setup, engine_device)
     first = eng.generate(prompts[2:], SamplingParams(max_tokens=NEW, ignore_eos=True))[0]
@@ -106,7 +107,13 @@ def test_stop_strings_wait_for_min_tokens(setup, engine_device):
     held = eng.generate(prompts[2:], SamplingParams(max_tokens=NEW, ignore_eos=True, stop=stop,
                                                     min_tokens=NEW))[0]
     assert cut.finish_reason == "stop" and len(cut.token_ids) < NEW
-    assert held.token_ids == first.token_ids
+    assert held.token_ids == first.token_ids and held.text == first.text
+    assert held.finish_reason == "length"
+    head = eng.tokenizer.decode(first.token_ids[:1])  # (the first token's own text)
+    if head.strip():
+        once = eng.generate(prompts[2:], SamplingParams(max_tokens=2, ignore_eos=True,
+                                                        stop=head.strip()[-1], min_tokens=1))[0]
+        assert len(once.token_ids) == 2
 
 
 def test_a_bias_outside_the_vocabulary_is_refused(setup, engine_device):
