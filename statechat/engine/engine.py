@@ -282,8 +282,8 @@ class LLMEngine:
                 if seq.first_token_time is None:
                     seq.first_token_time = now
                 self._check_finish(seq)
-            for it in batch.items:  # a request for no tokens ends with its prompt
-                seq = it.seq
+            for it in [] if batch.is_decode else batch.items:  # a request for no tokens ends
+                seq = it.seq  # with its prompt (a prefill step's)
                 if not seq.params.max_tokens and not seq.is_finished and seq.num_uncomputed == 0:
                     self.scheduler.finish(seq, "length")
                     self.runner.forget(seq.seq_id)

@@ -159,7 +159,7 @@ class ModelRunner:
             feed, follows = after.tokens, after.replay
             self._copy_out(after)
         width = max(len(it.seq.block_table) for it in batch.items)
-        scored = self.scored(batch)
+        scored = [] if batch.is_decode else self.scored(batch)  # (a decode step scores nothing)
         bucket = None if scored else self._prefill_bucket(batch, width)
         greedy = prompt = None  # a replayed graph's argmax of the logits; the prompt's table
         if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
