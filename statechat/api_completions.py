@@ -96,7 +96,7 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)
-    if body.get("max_tokens") == 0 and not echo:
+    if type(body.get("max_tokens")) is int and body["max_tokens"] == 0 and not echo:
         raise ApiError(400, "max_tokens must be >= 1 (0 only with echo: the prompt alone)",
                        "max_tokens")
     params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults,
