@@ -287,3 +287,16 @@ def test_malformed_requests_get_an_answer(server):
     lower = urllib.request.Request(f"{server.url}/health", headers={"Authorization": f"bearer {KEY}"})
     with urllib.request.urlopen(lower, timeout=10) as resp:  # the scheme is case-insensitive
         assert resp.status == 200
+
+
+def test_the_heap_is_frozen_while_serving():
+    """serve() runs its loop with the objects alive at its start out of the collector's
+    walks, and hands them back after."""
+    import gc
+
+    from statechat.server import frozen_heap
+
+    before = gc.get_freeze_count()
+    with frozen_heap():
+        assert gc.get_freeze_count() > before
+    assert gc.get_freeze_count() == 0
