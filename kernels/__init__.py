@@ -52,6 +52,7 @@ _TRITON_MODULES = {
     "penalize_logits": "kernels.sampler",
     "draw_candidates": "kernels.sampler",
     "sample_top_k": "kernels.sampler",
+    "sample_vocabulary": "kernels.sampler",
     "score_logits": "kernels.sampler",
 }
 _OPTIONAL_MODULES = frozenset({"kernels.gdn_chunk", "kernels.gdn_recurrent"})
@@ -250,6 +251,11 @@ def sample_top_k(logits, rows, counts_rows, params, counts, in_prompt, top_k, no
     return _pick("sample_top_k", logits)(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise)
 
 
+@_same_contract(reference.sample_vocabulary)
+def sample_vocabulary(logits, rows, counts_rows, params, counts, in_prompt, noise):
+    return _pick("sample_vocabulary", logits)(logits, rows, counts_rows, params, counts, in_prompt, noise)
+
+
 @_same_contract(reference.score_logits)
 def score_logits(logits, targets, k):
     return _pick("score_logits", logits)(logits, targets, k)
@@ -282,6 +288,7 @@ __all__ = [
     "rmsnorm",
     "rmsnorm_rope",
     "sample_top_k",
+    "sample_vocabulary",
     "score_logits",
     "set_backend",
     "silu_mul",

@@ -575,6 +575,39 @@ def sample_top_k(
     return draw_candidates(values, cols, noise, top_k, params)
 
 
+def vocabulary_probs(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """The probabilities [R, V] each row of (penalised, temperature-scaled) logits x [R, V]
+    draws from under its min-p and top-p (params as penalize_logits takes them), vLLM's order:
+    min-p drops the tokens whose logit is below the largest + log min-p; top-p then keeps the
+    smallest set reaching its mass, in a stable descending sort (among equal logits the
+    lower token id first): a token is dropped once those before it reach top-p."""
+    x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + params[:, 2:3], float("-inf"))
+    probs = x.softmax(-1)
+    if bool((params[:, 1] < 1).any()):
+        ranked, order = probs.sort(dim=-1, descending=True, stable=True)
+        drop = ranked.cumsum(-1) - ranked >= params[:, 1:2]
+        probs = probs.scatter(1, order, ranked.masked_fill(drop, 0.0))
+    return probs
+
+
+def sample_vocabulary(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts_rows: torch.Tensor,
+    params: torch.Tensor,
+    counts: torch.Tensor | None,
+    in_prompt: torch.Tensor | None,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """One token [R] per row drawn over the whole vocabulary, from the logits on:
+    penalize_logits, then vocabulary_probs (min-p, top-p; no top-k), then the argmax of
+    probability over noise [R, V] (exponential(1) draws). Arguments as penalize_logits takes
+    them. (The Triton kernels find the top-p set without a sort; their sums may round
+    otherwise, which moves a token on the edge of the set only.)"""
+    x = penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, logits.shape[-1])
+    return (vocabulary_probs(x, params) / noise).argmax(dim=-1)
+
+
 def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
     """Prompt logprobs of R rows of logits [R, V] (any float dtype, unit column stride) and
     their target tokens [R] int64: [R, 2 + 2k] float32 of each target's log-probability, the k

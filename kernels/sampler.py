@@ -159,9 +159,20 @@ def _key(b_x, o_v):
     """int64 keys whose order is that of the values b_x (float32), then of the lowest column
     o_v among equals: the float's bits made order-preserving as a signed int, over 2**31 - 1
     - the column. One max over keys then gives a value and its column together."""
+    return (_ordered(b_x).to(tl.int64) << 32) | (0x7FFFFFFF - o_v).to(tl.int64)
+
+
+@triton.jit
+def _ordered(b_x):
+    """float32 values as int32 of the same order: their bits, the negative ones' flipped."""
     bits = b_x.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - o_v).to(tl.int64)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _value(ordered):
+    """The float32 value of an int32 from _ordered."""
+    return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -197,9 +208,9 @@ def _store_chunk_keys(b_x, o_v, V, i_v, keys, base, K, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
-    """Row i_r's K largest keys among its N chunk candidates, largest first, as values
-    (float32; -inf past them) and columns (0 past them), [KP] each."""
+def _merged_keys(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
+    """Row i_r's K largest keys among its N chunk candidates, largest first ([KP] int64; the
+    least int64 past them)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     o_n = tl.arange(0, NP)
     b_c = tl.load(keys + i_r.to(tl.int64) * N + o_n, mask=o_n < N, other=least)
@@ -209,8 +220,16 @@ def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
         top = tl.max(b_c, 0)
         b_top = tl.where(o_k == j, top, b_top)
         b_c = tl.where(b_c == top, least, b_c)
-    ordered = (b_top >> 32).to(tl.int32)  # (undo _key)
-    b_v = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+    return b_top
+
+
+@triton.jit
+def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
+    """Row i_r's K largest keys among its N chunk candidates, largest first, as values
+    (float32; -inf past them) and columns (0 past them), [KP] each."""
+    least = -0x7FFFFFFFFFFFFFFF - 1
+    b_top = _merged_keys(keys, i_r, N, K, NP, KP)
+    b_v = _value((b_top >> 32).to(tl.int32))  # (undo _key)
     b_v = tl.where(b_top == least, float("-inf"), b_v)  # (a slot past the candidates)
     b_t = tl.where(b_top == least, 0, 0x7FFFFFFF - (b_top & 0xFFFFFFFF))  # (token 0 there)
     return b_v, b_t
@@ -265,6 +284,201 @@ def sample_top_k(
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
         noise.stride(0), NP=triton.next_power_of_2(chunks * K),
         KP=max(16, triton.next_power_of_2(K)), num_warps=8,
+    )
+    return out
+
+
+_RACE = 8  # race candidates each chunk keeps in sample_vocabulary
+_TESTED = 16  # of which a row's best are tested against its min-p and top-p
+_SUB = 512  # columns per step of sample_vocabulary's mass kernel
+
+
+@triton.jit
+def _race_chunk_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
+                       keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n,
+                       HAS_COUNTS: tl.constexpr, RACE: tl.constexpr, BLOCK: tl.constexpr):
+    """One row's chunk of BLOCK columns: its penalised, scaled logits x (into xs [R, V]), their
+    max, and the keys (_key) of its RACE largest race values x - log(noise). Over any set of
+    tokens, the one of largest race value is a draw from their probabilities (the exponential
+    race)."""
+    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
+                     stride_cr, stride_l, stride_c, HAS_COUNTS)
+    tl.store(xs + i_r.to(tl.int64) * V + o_v, b_x, mask=o_v < V)
+    chunk = (i_r * tl.num_programs(1) + i_v).to(tl.int64)
+    tl.store(maxes + chunk, tl.max(b_x, 0))
+    b_n = tl.load(noise + i_r.to(tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
+    _store_chunk_keys(b_x - tl.log(b_n), o_v, V, i_v, keys, chunk * RACE, RACE, BLOCK)
+
+
+@triton.jit
+def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
+                       RACE: tl.constexpr, K: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr):
+    """A row's largest x (over its C chunks' maxima) and its K largest race values among the N
+    its chunks kept, largest first: each one's x and column (tested_x, tested_col [R, K]). A
+    column is -1 where the race value is not certainly the row's next: below some chunk's
+    last kept one (that chunk's next, which it did not keep, may lie above), or none."""
+    least = -0x7FFFFFFFFFFFFFFF - 1
+    i_r = tl.program_id(0)
+    o_c = tl.arange(0, CP)
+    top = tl.max(tl.load(maxes + i_r.to(tl.int64) * C + o_c, mask=o_c < C, other=float("-inf")), 0)
+    tl.store(tops + i_r, top)
+    bound = tl.max(tl.load(keys + i_r.to(tl.int64) * N + o_c * RACE + RACE - 1, mask=o_c < C,
+                           other=least), 0)
+    b_top = _merged_keys(keys, i_r, N, K, NP, K)
+    certain = (b_top >= bound) & (b_top != least)
+    b_col = tl.where(certain, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
+    o_k = tl.arange(0, K)
+    tl.store(tested_x + i_r * K + o_k, tl.load(xs + i_r.to(tl.int64) * V + b_col))
+    tl.store(tested_col + i_r * K + o_k, tl.where(certain, b_col, -1).to(tl.int32))
+
+
+@triton.jit
+def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, K: tl.constexpr,
+                      BLOCK: tl.constexpr, SUB: tl.constexpr):
+    """Of one row's chunk of BLOCK columns, over its min-p survivors (x >= the row's largest +
+    log min-p): the sum of exp(x - largest), and for each tested token that sum over the
+    tokens a stable descending sort puts before it (a larger x, or an equal x at a lower
+    column). sums [R, C, 1 + K]."""
+    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    top = tl.load(tops + i_r)
+    floor = top + tl.load(p_rows + i_r * 6 + 2)
+    o_k = tl.arange(0, K)
+    c_x = tl.load(tested_x + i_r * K + o_k)
+    c_col = tl.load(tested_col + i_r * K + o_k)
+    total = tl.zeros([SUB], tl.float32)
+    before = tl.zeros([K], tl.float32)
+    for start in range(0, BLOCK, SUB):
+        o_v = i_v * BLOCK + start + tl.arange(0, SUB)
+        b_x = tl.load(xs + i_r.to(tl.int64) * V + o_v, mask=o_v < V, other=float("-inf"))
+        b_e = tl.where(b_x >= floor, tl.exp(b_x - top), 0.0)
+        total += b_e
+        ahead = (b_x[:, None] > c_x[None, :]) | ((b_x[:, None] == c_x[None, :])
+                                                  & (o_v[:, None] < c_col[None, :]))
+        before += tl.sum(tl.where(ahead, b_e[:, None], 0.0), 0)
+    out = sums + (i_r * tl.num_programs(1) + i_v).to(tl.int64) * (1 + K)
+    tl.store(out, tl.sum(total, 0))
+    tl.store(out + 1 + o_k, before)
+
+
+@triton.jit
+def _mass_from(row, t, top, V, BLOCK: tl.constexpr):
+    """The sum of exp(x - top) over a row's x whose _ordered value is at least t."""
+    total = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        o_v = start + tl.arange(0, BLOCK)
+        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf"))
+        total += tl.where((_ordered(b_x).to(tl.int64) >= t) & (o_v < V), tl.exp(b_x - top), 0.0)
+    return tl.sum(total, 0)
+
+
+@triton.jit
+def _exact_draw(row, noise_row, top, floor, target, V, BLOCK: tl.constexpr):
+    """A row's draw when none of its tested tokens is kept: the least kept x found by
+    bisection on _ordered values (the largest t whose tokens at or above it reach the top-p
+    mass `target`), equal x kept in column order while the mass before them stays below it,
+    then the largest race value among the kept tokens. Up to 34 passes over the row."""
+    lo = _ordered(floor).to(tl.int64)
+    hi = _ordered(top).to(tl.int64)
+    if target < float("inf"):
+        while lo < hi:
+            mid = lo + (hi - lo + 1) // 2
+            reach = _mass_from(row, mid, top, V, BLOCK) >= target
+            lo = tl.where(reach, mid, lo)
+            hi = tl.where(reach, hi, mid - 1)
+    above = _mass_from(row, lo + 1, top, V, BLOCK)
+    each = tl.exp(_value(lo.to(tl.int32)) - top)
+    best = tl.full([BLOCK], -0x7FFFFFFFFFFFFFFF - 1, tl.int64)
+    ties = 0
+    for start in range(0, V, BLOCK):
+        o_v = start + tl.arange(0, BLOCK)
+        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf"))
+        b_o = _ordered(b_x).to(tl.int64)
+        tie = (b_o == lo) & (o_v < V)
+        rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+        kept = ((b_o > lo) | (tie & (above + rank.to(tl.float32) * each < target))) & (o_v < V)
+        b_n = tl.load(noise_row + o_v, mask=o_v < V, other=1.0)
+        best = tl.maximum(best, tl.where(kept, _key(b_x - tl.log(b_n), o_v), best))
+        ties += tl.sum(tie.to(tl.int32), 0)
+    return 0x7FFFFFFF - (tl.max(best, 0) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _race_pick_kernel(xs, noise, tops, tested_x, tested_col, p_rows, sums, out, C, V, stride_n,
+                      K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+    """A row's token: the first tested token (largest race value first) that min-p and top-p
+    keep (one whose mass before it, over the survivors' sum, is below top-p), else
+    _exact_draw's."""
+    i_r = tl.program_id(0)
+    o_c, o_k = tl.arange(0, CP), tl.arange(0, K)
+    b_s = sums + i_r.to(tl.int64) * C * (1 + K) + o_c * (1 + K)
+    total = tl.sum(tl.load(b_s, mask=o_c < C, other=0.0), 0)
+    before = tl.sum(tl.load(b_s[:, None] + 1 + o_k[None, :], mask=o_c[:, None] < C, other=0.0), 0)
+    top = tl.load(tops + i_r)
+    floor = top + tl.load(p_rows + i_r * 6 + 2)
+    target = tl.load(p_rows + i_r * 6 + 1) * total  # (inf: top-p off)
+    c_x = tl.load(tested_x + i_r * K + o_k)
+    c_col = tl.load(tested_col + i_r * K + o_k)
+    kept = (c_col >= 0) & (c_x >= floor) & (before < target)
+    first = tl.min(tl.where(kept, o_k, K), 0)
+    if first < K:
+        token = tl.sum(tl.where(o_k == first, c_col, 0), 0).to(tl.int64)
+    else:
+        token = _exact_draw(xs + i_r.to(tl.int64) * V, noise + i_r.to(tl.int64) * stride_n, top,
+                            floor, target, V, BLOCK).to(tl.int64)
+    tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
+
+
+def sample_vocabulary(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    counts_rows: torch.Tensor,
+    params: torch.Tensor,
+    counts: torch.Tensor | None,
+    in_prompt: torch.Tensor | None,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """Four kernels, no sort: each chunk of _CHUNK columns stores its penalised, scaled logits
+    and keeps its _RACE largest race values; one program per row merges them into its
+    _TESTED likeliest draws; each chunk sums the mass before each of them; one program per
+    row takes the first one min-p and top-p keep (else draws exactly, by bisection)."""
+    R, V = rows.shape[0], logits.shape[-1]
+    chunks = triton.cdiv(V, _CHUNK)
+    if (noise.shape != (R, V) or noise.dtype != torch.float32 or noise.stride(-1) != 1
+            or chunks * _RACE > MAX_CANDIDATES):
+        raise ValueError(f"sample_vocabulary needs noise [{R}, {V}] float32 with unit column "
+                         f"stride and a vocabulary of at most {MAX_CANDIDATES // _RACE * _CHUNK}")
+    _check_penalize(logits, R, params, counts, in_prompt)
+    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    if R == 0:
+        return out
+    f32, dev, params = torch.float32, logits.device, params.contiguous()
+    xs = torch.empty(R, V, dtype=f32, device=dev)
+    maxes = torch.empty(R, chunks, dtype=f32, device=dev)
+    keys = torch.empty(R, chunks * _RACE, dtype=torch.int64, device=dev)
+    tops = torch.empty(R, dtype=f32, device=dev)
+    tested_x = torch.empty(R, _TESTED, dtype=f32, device=dev)
+    tested_col = torch.empty(R, _TESTED, dtype=torch.int32, device=dev)
+    sums = torch.empty(R, chunks, 1 + _TESTED, dtype=f32, device=dev)
+    has_counts = counts is not None
+    _race_chunk_kernel[(R, chunks)](
+        logits, rows, counts_rows, params, counts if has_counts else logits,
+        in_prompt.view(torch.uint8) if has_counts else logits, noise, xs, maxes, keys, V,
+        rows.stride(0), counts_rows.stride(0), logits.stride(0),
+        counts.stride(0) if has_counts else 0, noise.stride(0),
+        HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK, num_warps=8,
+    )
+    _race_merge_kernel[(R,)](
+        maxes, keys, xs, tops, tested_x, tested_col, chunks, chunks * _RACE, V, RACE=_RACE,
+        K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
+        NP=max(16, triton.next_power_of_2(chunks * _RACE)), num_warps=4,
+    )
+    _race_mass_kernel[(R, chunks)](xs, tops, tested_x, tested_col, params, sums, V, K=_TESTED,
+                                   BLOCK=_CHUNK, SUB=_SUB, num_warps=8)
+    _race_pick_kernel[(R,)](
+        xs, noise, tops, tested_x, tested_col, params, sums, out, chunks, V, noise.stride(0),
+        K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK, num_warps=8,
     )
     return out
 

@@ -3,13 +3,15 @@
     python3 scripts/bench_sampling.py [--layers 24] [--out DIR]
 
 Decode after an 8k-token prompt at batch 1, and from 256-token prompts at batch 32, each
-request with the same options: greedy (the graph's own argmax), temperature with top-p, and
-that with min-p, greedy under presence + frequency + repetition penalties, and greedy with
+request with the same options: greedy (the graph's own argmax), temperature alone, with
+top-p (and that through torch's sort, the sampler's path before kernels.sample_vocabulary),
+with min-p and top-k, greedy under presence + frequency + repetition penalties, and greedy with
 logprobs of the 5 likeliest tokens, and the sampling Qwen's model cards recommend (with the
 sampler's CUDA graphs, without them, and seeded, which samples eagerly), and greedy under a
 logit bias (eager: the logits are copied and biased). ms per step, and each
-against greedy's, in one run. A markdown table is printed last and written to
-DIR/bench_sampling.md.
+against greedy's, in one run. Then the draw alone over Qwen3.5's vocabulary (random logits,
+`triton.testing.do_bench`), sample_vocabulary against torch's sort, at 1 and 32 rows. A
+markdown table is printed last and written to DIR/bench_sampling.md.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from bench_common import decode_rate, ids, log, model_args, row, write_table
 from bench_e2e import build_model
 
 from statechat.config import EngineConfig
+from statechat.engine import sampler
 from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
 
 QWEN = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "presence_penalty": 1.5}
 CASES = {  # (no seed, as `statechat run` draws: a seeded step samples eagerly)
     "greedy": {},
+    "temperature 1.0": {"temperature": 1.0},
     "temperature 0.7, top-p 0.95": {"temperature": 0.7, "top_p": 0.95},
+    "temperature 0.7, top-p 0.95, torch's sort": {"temperature": 0.7, "top_p": 0.95, "sort": True},
     "and min-p 0.05, top-k 20": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05, "top_k": 20},
     "greedy, penalties (presence, frequency, repetition)": {
         "presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
@@ -51,13 +57,40 @@ def main() -> None:
     for name, sampling in CASES.items():
         sampling = dict(sampling)
         graphs.is_enabled = sampling.pop("graphs", True)
+        fused = 0 if sampling.pop("sort", False) else 2**19
+        if fused != sampler.FUSED_VOCAB:  # (a graph captured on the other path would replay)
+            sampler.FUSED_VOCAB = fused
+            graphs.graphs.clear()
+            graphs.last.clear()
         b1, _ = decode_rate(engine, [ids(8192, 2)], 129, **sampling)
         b32, _ = decode_rate(engine, [ids(256, 100 + i) for i in range(32)], 128, **sampling)
         base = base or {"b1": b1, "b32": b32}
         log(name, "sampler graphs: captures", graphs.captures, "replays", graphs.replays)
         row(name, f"{b1 * 1e3:.2f} / {b32 * 1e3:.2f}", "",
             f"x greedy {b1 / base['b1']:.2f} / {b32 / base['b32']:.2f}")
+    sampler.FUSED_VOCAB = 2**19
+    draw_alone()
     write_table(args.out, "bench_sampling")
+
+
+def draw_alone(vocab: int = 248320) -> None:
+    """us per draw of temperature 0.7 with top-p 0.95 over random logits (std 3: some tokens
+    stand out), the fused kernels against torch's sort, at 1 and 32 rows."""
+    from triton.testing import do_bench
+
+    params = SamplingParams(temperature=0.7, top_p=0.95)
+    for n in (1, 32):
+        logits = torch.randn(n, vocab, device="cuda") * 3
+        plan = sampler.Plan.of([params] * n, None, [None] * n)
+        rows = sampler.Rows.of(*plan.values(), plan.params, logits.device)
+        times = {}
+        for fused in (True, False):
+            sampler.FUSED_VOCAB = 2**19 if fused else 0
+            times[fused] = do_bench(lambda: plan.pick(logits, rows, [None] * n, None, None),
+                                    warmup=25, rep=200) * 1e3
+        row(f"the draw alone, {n} row(s): sample_vocabulary / torch's sort (us)",
+            f"{times[True]:.1f} / {times[False]:.1f}", "", f"{times[True] / times[False]:.2f}x")
+    sampler.FUSED_VOCAB = 2**19
 
 
 if __name__ == "__main__":

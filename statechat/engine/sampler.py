@@ -3,8 +3,9 @@
 Rows that pick alike are processed together (statechat.engine.sampling.SamplingParams says how
 each picks): the penalties read a device table of token counts; a draw among at most
 FUSED_TOP_K candidates runs kernels.sample_top_k (logits to token in two kernels), a wider
-top-k kernels.draw_candidates after torch's top-k, a draw over the vocabulary torch's ops. A
-step's work is planned on the host (Plan), so that sampler_graphs can replay it.
+top-k kernels.draw_candidates after torch's top-k, a draw over the vocabulary without a top-k
+kernels.sample_vocabulary (four kernels, no sort), one under a top-k above CANDIDATES torch's
+ops. A step's work is planned on the host (Plan), so that sampler_graphs can replay it.
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ def sample(
     graph's static buffers; a step they serve replays one graph instead of launching the work.
 
     The other rows are processed together, ordered by how they pick (an argmax of penalised
-    logits, a draw among top-k candidates, a draw over the vocabulary) so that each kind is
-    one slice; a step whose rows are all of one kind copies no logits."""
+    logits, a draw among top-k candidates, a draw over the vocabulary, one under a wide top-k)
+    so that each kind is one slice; a step whose rows are all of one kind copies no logits."""
     if greedy is not None and all(p.is_plain_greedy for p in params):
         return greedy
     plan = Plan.of(params, counts[1] if counts is not None else None, generators)
@@ -210,6 +211,13 @@ class Plan:
                     None if table is None else table.counts,
                     None if table is None else table.in_prompt, part.ints[:, 2], noise))
                 continue
+            if kind == VOCABULARY_KIND and vocab <= FUSED_VOCAB:
+                noise = _noise((b - a, vocab), logits, gens, [None] * (b - a))
+                picked.append(kernels.sample_vocabulary(
+                    logits, part.logits_row, part.counts_row, part.floats,
+                    None if table is None else table.counts,
+                    None if table is None else table.in_prompt, noise))
+                continue
             if scaled is None:  # [T, width]: penalised, over the temperature, -inf padded
                 scaled = kernels.penalize_logits(
                     logits, rows.logits_row, rows.counts_row, rows.floats,
@@ -231,15 +239,18 @@ class Plan:
         return out.index_copy_(0, rows.logits_row, picked)
 
 
-PLAIN, GREEDY, CANDIDATES_KIND, VOCABULARY_KIND = 0, 1, 2, 3
+PLAIN, GREEDY, CANDIDATES_KIND, VOCABULARY_KIND, WIDE_KIND = 0, 1, 2, 3, 4
 
 
 def _kind(p: SamplingParams) -> int:
     """How a row picks its token: PLAIN (the argmax of the raw logits), GREEDY (the argmax of
-    penalised logits), or a draw among its top-k candidates or over the vocabulary."""
+    penalised logits), a draw among its top-k candidates, one over the vocabulary (no top-k:
+    kernels.sample_vocabulary), or one under a top-k too wide for candidates (torch's ops)."""
     if p.is_greedy:
         return GREEDY if p.uses_penalties else PLAIN
-    return CANDIDATES_KIND if 0 < p.top_k <= CANDIDATES else VOCABULARY_KIND
+    if p.top_k == 0:
+        return VOCABULARY_KIND
+    return CANDIDATES_KIND if p.top_k <= CANDIDATES else WIDE_KIND
 
 
 def _padded(vocab: int) -> int:
@@ -299,15 +310,7 @@ def distribution(x: torch.Tensor, params: list[SamplingParams], rows: Rows | Non
         values = x.topk(kmax, dim=-1).values
         kth = values.gather(1, (rows.top_k.clamp(1, kmax) - 1)).where(rows.top_k > 0, float("-inf"))
         x = x.masked_fill(x < kth, float("-inf"))
-    if rows.uses("min_p", 0):  # prob >= min_p x the top prob: logit >= top + log(min_p)
-        x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + rows.log_min_p, float("-inf"))
-    probs = x.softmax(-1)
-    if rows.uses("top_p", 1):  # keep the smallest set reaching top_p: drop a token once those
-        # before it reach it
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p >= rows.top_p
-        probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
-    return probs, None
+    return kernels.reference.vocabulary_probs(x, rows.floats), None  # (min-p, then top-p)
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

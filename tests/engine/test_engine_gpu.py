@@ -223,6 +223,25 @@ def test_sampler_graphs_draw_as_the_options_say(gpu_setup):
     assert outs[2].token_ids == penalised[0].token_ids
 
 
+def test_draws_over_the_vocabulary_obey_top_p(gpu_setup):
+    """Rows without a top-k draw over the whole vocabulary (kernels.sample_vocabulary), in
+    the sampler's graphs (unseeded) and eagerly (seeded): a top-p below every token's mass
+    gives the greedy tokens either way; a seeded top-p draw repeats itself and is a draw."""
+    path, loaded, prompts, _ = gpu_setup
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32"), loaded=loaded)
+    greedy = engine.generate(prompts[:2], SamplingParams(max_tokens=16, ignore_eos=True))
+    graphs = engine.runner.sampler_graphs
+    replays = graphs.replays
+    for seed in (None, 4):
+        narrow = SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_p=1e-6, seed=seed)
+        outs = engine.generate(prompts[:2], narrow)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in greedy], seed
+    assert graphs.replays > replays  # (the unseeded steps)
+    wide = SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_p=0.9, seed=5)
+    first, again = (engine.generate([prompts[0]], wide)[0].token_ids for _ in range(2))
+    assert first == again != greedy[0].token_ids
+
+
 def test_async_scheduling_samples_as_the_synchronous_engine_on_graphs(gpu_setup):
     """The decode graphs' continuations: greedy rows fed by the graph's own input advance, and
     seeded sampled rows copied in, draw exactly the synchronous engine's tokens."""

@@ -4,7 +4,10 @@ padding columns -inf); the same token drawn among candidates from the same noise
 mix of top-k, min-p and top-p; and the same token drawn from the logits on, over a vocabulary
 of several chunks, whose candidates the kernels gather chunk by chunk; and the prompt scores
 of rows of logits (each target's logprob and rank, the k likeliest), from float32 or bf16
-logits of several chunks, as the reference gives them."""
+logits of several chunks, as the reference gives them; and the same token drawn over the
+whole vocabulary under min-p and top-p without a sort, from the race's candidates or, when
+none of them is kept, by the exact search (equal logits on the edge of the top-p set kept in
+token order)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,13 @@ import torch
 pytest.importorskip("triton")
 
 from kernels import reference
-from kernels.sampler import draw_candidates, penalize_logits, sample_top_k, score_logits
+from kernels.sampler import (
+    draw_candidates,
+    penalize_logits,
+    sample_top_k,
+    sample_vocabulary,
+    score_logits,
+)
 
 V = 300
 
@@ -91,6 +100,62 @@ def test_sample_top_k(device, K, V):
         args = (logits, ints[:, 0], ints[:, 1], params, *tables, ints[:, 2], noise)
         got, want = sample_top_k(*args), reference.sample_top_k(*args)
         assert torch.equal(got, want), trial
+
+
+@pytest.mark.parametrize("with_counts", [True, False], ids=["penalties", "no-penalties"])
+def test_sample_vocabulary(device, with_counts):
+    """Three chunks, the last one short; rows peaked, flat (a top-p of 0.05 keeps some 450
+    tokens, often none of the 16 the race tests first, so the exact search runs), of bf16
+    values (many equal logits), with -inf columns, with min-p, with a top-p below any token's
+    mass, and at a temperature alone."""
+    V, inf = 9000, math.inf
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(7, V, generator=g) * 3
+    logits[1] = torch.randn(V, generator=g) * 0.1
+    logits[2] = (torch.randn(V, generator=g) * 2).to(torch.bfloat16).float()
+    logits[3, 50:] = float("-inf")
+    logits = logits.to(device)
+    ints = torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0], [2, 2, 0, 1], [3, 0, 0, 0], [4, 1, 0, 1],
+                         [5, 0, 0, 0], [6, 2, 0, 1]], device=device)
+    params = params_of([(0.7, 0.9, -inf, 1.2, 0.3, 0.5), (1.0, 0.05, -inf, 1, 0, 0),
+                        (1.0, 0.3, -inf, 0.9, -0.2, 1.0), (1.0, inf, -inf, 1, 0, 0),
+                        (1.3, 0.95, math.log(0.05), 1, 0, 0), (0.5, 1e-6, -inf, 1, 0, 0),
+                        (0.8, inf, -inf, 1.1, 0.1, 0.2)], device)
+    counts = in_prompt = None
+    if with_counts:
+        counts = torch.randint(0, 3, (3, V), generator=g, dtype=torch.int32).to(device)
+        counts[0] = 0
+        in_prompt = (torch.rand(3, V, generator=g) < 0.1).to(device)
+    for trial in range(6):
+        noise = torch.empty(7, V).exponential_(1, generator=g).to(device)
+        args = (logits, ints[:, 0], ints[:, 1], params, counts, in_prompt, noise)
+        got, want = sample_vocabulary(*args), reference.sample_vocabulary(*args)
+        assert torch.equal(got, want), trial
+    assert int(got[5]) == int(logits[5].argmax())  # (a top-p below every token: the likeliest)
+    assert int(got[3]) < 50
+
+
+def test_sample_vocabulary_edge_of_top_p(device):
+    """Twenty equal logits of 5 spread over three chunks, the rest 0: a top-p of 0.1 keeps the
+    first nine of them by token id (the mass before the tenth reaches it). The noise gives the
+    race to the eleven dropped ones and to the zeros, so no tested token is kept and the exact
+    search draws: among the nine, the one of least noise."""
+    V = 9000
+    ties = torch.linspace(10, 8900, 20).long()
+    logits = torch.zeros(1, V)
+    logits[0, ties] = 5.0
+    noise = torch.ones(1, V)
+    noise[0, ties[:9]] = 1e6 * torch.arange(9, 0, -1).float()  # (least: the ninth)
+    noise[0, ties[9:]] = 1e-6
+    params = params_of([(1.0, 0.1, -math.inf, 1, 0, 0)], device)
+    rows = torch.zeros(1, dtype=torch.int64, device=device)
+    args = (logits.to(device), rows, rows, params, None, None, noise.to(device))
+    want = reference.sample_vocabulary(*args)
+    assert int(want) == int(ties[8])
+    assert torch.equal(sample_vocabulary(*args), want)
+    noise[0, ties[2]] = 1.0  # (now the third of the nine draws)
+    args = (*args[:-1], noise.to(device))
+    assert int(sample_vocabulary(*args)) == int(reference.sample_vocabulary(*args)) == int(ties[2])
 
 
 @pytest.mark.parametrize("k", [0, 3, 20])
