@@ -75,13 +75,14 @@ def main() -> None:
 
 
 def draw_alone(vocab: int = 248320) -> None:
-    """us per draw of temperature 0.7 with top-p 0.95 over random logits (std 3: some tokens
-    stand out), the fused kernels against torch's sort, at 1 and 32 rows."""
+    """us per draw over random logits, the fused kernels against torch's sort, at 1 and 32
+    rows: temperature 0.7 with top-p 0.95 over logits of std 3 (some tokens stand out), and
+    top-p 0.05 over nearly flat ones (std 0.1: most rows need the exact search)."""
     from triton.testing import do_bench
 
-    params = SamplingParams(temperature=0.7, top_p=0.95)
-    for n in (1, 32):
-        logits = torch.randn(n, vocab, device="cuda") * 3
+    for std, top_p, n in [(3.0, 0.95, 1), (3.0, 0.95, 32), (0.1, 0.05, 1), (0.1, 0.05, 32)]:
+        params = SamplingParams(temperature=0.7, top_p=top_p)
+        logits = torch.randn(n, vocab, device="cuda") * std
         plan = sampler.Plan.of([params] * n, None, [None] * n)
         rows = sampler.Rows.of(*plan.values(), plan.params, logits.device)
         times = {}
@@ -89,7 +90,8 @@ def draw_alone(vocab: int = 248320) -> None:
             sampler.FUSED_VOCAB = 2**19 if fused else 0
             pick = functools.partial(plan.pick, logits, rows, [None] * n, None, None)
             times[fused] = do_bench(pick, warmup=25, rep=200) * 1e3
-        row(f"the draw alone, {n} row(s): sample_vocabulary / torch's sort (us)",
+        row(f"the draw alone, top-p {top_p}, logits of std {std}, {n} row(s): "
+            "sample_vocabulary / torch's sort (us)",
             f"{times[True]:.1f} / {times[False]:.1f}", "", f"{times[True] / times[False]:.2f}x")
     sampler.FUSED_VOCAB = 2**19
 
