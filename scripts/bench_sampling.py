@@ -26,6 +26,7 @@ from bench_e2e import build_model
 from statechat.config import EngineConfig
 from statechat.engine import sampler
 from statechat.engine.engine import LLMEngine
+from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.sampling import SamplingParams
 
 QWEN = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "presence_penalty": 1.5}
@@ -54,15 +55,15 @@ def main() -> None:
                                     memory_fraction=0.5, max_model_len=9216, max_num_seqs=64))
     decode_rate(engine, [ids(8192, 1)], 16)  # compile every kernel at these shapes
     base = {}
-    graphs = engine.runner.sampler_graphs
+    graphs, retired = engine.runner.sampler_graphs, []
     for name, sampling in CASES.items():
         sampling = dict(sampling)
         graphs.is_enabled = sampling.pop("graphs", True)
         fused = 0 if sampling.pop("sort", False) else 2**19
-        if fused != sampler.FUSED_VOCAB:  # (a graph captured on the other path would replay)
-            sampler.FUSED_VOCAB = fused
-            graphs.graphs.clear()
-            graphs.last.clear()
+        if fused != sampler.FUSED_VOCAB:  # (fresh graphs: one captured on the other path
+            sampler.FUSED_VOCAB = fused  # would replay; the old ones are kept, not freed)
+            retired.append(graphs)
+            graphs = engine.runner.sampler_graphs = SamplerGraphs(graphs.device)
         b1, _ = decode_rate(engine, [ids(8192, 2)], 129, **sampling)
         b32, _ = decode_rate(engine, [ids(256, 100 + i) for i in range(32)], 128, **sampling)
         base = base or {"b1": b1, "b32": b32}
