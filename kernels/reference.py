@@ -575,15 +575,16 @@ def sample_top_k(
     return draw_candidates(values, cols, noise, top_k, params)
 
 
-def vocabulary_probs(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+def vocabulary_probs(x: torch.Tensor, params: torch.Tensor, top_p: bool | None = None) -> torch.Tensor:
     """The probabilities [R, V] each row of (penalised, temperature-scaled) logits x [R, V]
     draws from under its min-p and top-p (params as penalize_logits takes them), vLLM's order:
     min-p drops the tokens whose logit is below the largest + log min-p; top-p then keeps the
     smallest set reaching its mass, in a stable descending sort (among equal logits the
-    lower token id first): a token is dropped once those before it reach top-p."""
+    lower token id first): a token is dropped once those before it reach top-p. `top_p`:
+    whether some row has one (None: read from params, which waits for the device)."""
     x = x.masked_fill(x < x.max(dim=-1, keepdim=True).values + params[:, 2:3], float("-inf"))
     probs = x.softmax(-1)
-    if bool((params[:, 1] < 1).any()):
+    if top_p or (top_p is None and bool((params[:, 1] < 1).any())):
         ranked, order = probs.sort(dim=-1, descending=True, stable=True)
         drop = ranked.cumsum(-1) - ranked >= params[:, 1:2]
         probs = probs.scatter(1, order, ranked.masked_fill(drop, 0.0))

@@ -310,7 +310,7 @@ def distribution(x: torch.Tensor, params: list[SamplingParams], rows: Rows | Non
         values = x.topk(kmax, dim=-1).values
         kth = values.gather(1, (rows.top_k.clamp(1, kmax) - 1)).where(rows.top_k > 0, float("-inf"))
         x = x.masked_fill(x < kth, float("-inf"))
-    return kernels.reference.vocabulary_probs(x, rows.floats), None  # (min-p, then top-p)
+    return kernels.reference.vocabulary_probs(x, rows.floats, rows.uses("top_p", 1)), None
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

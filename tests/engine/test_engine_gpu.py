@@ -138,7 +138,8 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graph
     """No host synchronisation inside a decode step beyond reading the sampled tokens: CUDA's
     sync debug mode makes any other synchronising call of the step (an .item(), a blocking
     copy, a read of device memory) raise; it is lifted only for the tokens' read (with the
-    logprobs'). Greedy and sampled requests, with penalties, min-p and logprobs, prefix cache
+    logprobs'). Greedy and sampled requests (a top-k of 20, none, and one too wide for the
+    candidates' kernels), with penalties, min-p and logprobs, prefix cache
     on (reply-end checkpoints are slot copies); with async scheduling, a step queues the next
     before its read."""
     path, loaded, prompts, _ = gpu_setup
@@ -149,9 +150,10 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graph
     penalised = SamplingParams(max_tokens=12, temperature=0.7, min_p=0.05, presence_penalty=1.0,
                                frequency_penalty=0.5, repetition_penalty=1.1, ignore_eos=True)
     greedy = SamplingParams(max_tokens=12, ignore_eos=True)
+    wide = SamplingParams(max_tokens=12, temperature=0.9, top_k=2000, top_p=0.8, ignore_eos=True)
     # a seeded row makes its steps sample eagerly; without one, graphs replay the sampling
     runs = [[greedy, sampled, penalised, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)],
-            [greedy, dataclasses.replace(sampled, seed=None), penalised]]
+            [greedy, dataclasses.replace(sampled, seed=None), penalised, wide]]
     for params in runs:
         _decode_guarded(engine, prompts, params, async_scheduling)
     if use_graphs:
