@@ -291,6 +291,7 @@ def sample_top_k(
 _RACE = 8  # race candidates each chunk keeps in sample_vocabulary
 _TESTED = 16  # of which a row's best are tested against its min-p and top-p
 _SUB = 512  # columns per step of sample_vocabulary's mass kernel
+_CAP = 4096  # its exact search ends in registers once this few tokens are left in its range
 
 
 @triton.jit
@@ -318,7 +319,8 @@ def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
     """A row's largest x (over its C chunks' maxima) and its K largest race values among the N
     its chunks kept, largest first: each one's x and column (tested_x, tested_col [R, K]). A
     column is -1 where the race value is not certainly the row's next: below some chunk's
-    last kept one (that chunk's next, which it did not keep, may lie above), or none."""
+    last kept one (that chunk's next, which it did not keep, may lie above), or none (its x
+    is then column 0's)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     i_r = tl.program_id(0)
     o_c = tl.arange(0, CP)
@@ -327,10 +329,10 @@ def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
     bound = tl.max(tl.load(keys + i_r.to(tl.int64) * N + o_c * RACE + RACE - 1, mask=o_c < C,
                            other=least), 0)
     b_top = _merged_keys(keys, i_r, N, K, NP, K)
-    certain = (b_top >= bound) & (b_top != least)
-    b_col = tl.where(certain, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
+    b_col = tl.where(b_top != least, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
     o_k = tl.arange(0, K)
     tl.store(tested_x + i_r * K + o_k, tl.load(xs + i_r.to(tl.int64) * V + b_col))
+    certain = (b_top >= bound) & (b_top != least)
     tl.store(tested_col + i_r * K + o_k, tl.where(certain, b_col, -1).to(tl.int32))
 
 
@@ -363,50 +365,112 @@ def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, K: tl.con
 
 
 @triton.jit
-def _mass_from(row, t, top, V, BLOCK: tl.constexpr):
-    """The sum of exp(x - top) over a row's x whose _ordered value is at least t."""
-    total = tl.zeros([BLOCK], tl.float32)
+def _search_pass(row, lo, mid, hi, V, BLOCK: tl.constexpr):
+    """One pass over a row of e = exp(x - top) (0 past the survivors; as int32 bits, in the
+    order of the values): the sum of e over the keys at or above `mid`, and how many keys lie
+    in [lo, mid) and in [mid, hi] (lo >= 1: padding, at 0, is in neither)."""
+    mass = tl.zeros([BLOCK], tl.float32)
+    low = tl.zeros([BLOCK], tl.int32)
+    high = tl.zeros([BLOCK], tl.int32)
     for start in range(0, V, BLOCK):
         o_v = start + tl.arange(0, BLOCK)
-        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf"))
-        total += tl.where((_ordered(b_x).to(tl.int64) >= t) & (o_v < V), tl.exp(b_x - top), 0.0)
-    return tl.sum(total, 0)
+        b_e = tl.load(row + o_v, mask=o_v < V, other=0.0)
+        b_k = b_e.to(tl.int32, bitcast=True)
+        mass += tl.where(b_k >= mid, b_e, 0.0)
+        low += ((b_k >= lo) & (b_k < mid)).to(tl.int32)
+        high += ((b_k >= mid) & (b_k <= hi)).to(tl.int32)
+    return tl.sum(mass, 0), tl.sum(low, 0), tl.sum(high, 0)
 
 
 @triton.jit
-def _exact_draw(row, noise_row, top, floor, target, V, BLOCK: tl.constexpr):
-    """A row's draw when none of its tested tokens is kept: the least kept x found by
-    bisection on _ordered values (the largest t whose tokens at or above it reach the top-p
-    mass `target`), equal x kept in column order while the mass before them stays below it,
-    then the largest race value among the kept tokens. Up to 34 passes over the row."""
-    lo = _ordered(floor).to(tl.int64)
-    hi = _ordered(top).to(tl.int64)
+def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.constexpr):
+    """The key of the least kept e (the largest t whose e at or above it reach `target`),
+    between keys lo and hi, from a row of e (_search_pass): the range halved pass by pass (in
+    value, or in key where it spans binades) while more than CAP keys lie in it, then those
+    gathered into `scratch` and searched there (else, after 12 passes, the keys bisected pass
+    by pass)."""
+    count = V
+    passes = 0
+    while (lo < hi) & (count > CAP) & (passes < 12):
+        low_e, high_e = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+        half = ((low_e + high_e) * 0.5).to(tl.int32, bitcast=True)
+        half = tl.where(high_e > 4 * low_e, lo + (hi - lo + 1) // 2, half)  # (across binades:
+        mid = tl.minimum(tl.maximum(half, lo + 1), hi)  # the keys' middle, a geometric one)
+        mass, low, high = _search_pass(row, lo, mid, hi, V, BLOCK)
+        reach = mass >= target
+        lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+        count = tl.where(reach, high, low)
+        passes += 1
+    if lo < hi:
+        if count <= CAP:
+            above = tl.zeros([BLOCK], tl.float32)
+            taken = 0
+            for start in range(0, V, BLOCK):
+                o_v = start + tl.arange(0, BLOCK)
+                b_e = tl.load(row + o_v, mask=o_v < V, other=0.0)
+                b_k = b_e.to(tl.int32, bitcast=True)
+                inside = (b_k >= lo) & (b_k <= hi)
+                at = taken + tl.cumsum(inside.to(tl.int32), 0) - 1
+                tl.store(scratch + at, b_e, mask=inside)
+                above += tl.where(b_k > hi, b_e, 0.0)
+                taken += tl.sum(inside.to(tl.int32), 0)
+            tl.debug_barrier()  # (the gathered values, stored by every thread, read by every one)
+            above_hi = tl.sum(above, 0)
+            o_c = tl.arange(0, CAP)
+            c_e = tl.load(scratch + o_c, mask=o_c < taken, other=0.0)
+            c_k = c_e.to(tl.int32, bitcast=True)
+            while lo < hi:
+                mid = lo + (hi - lo + 1) // 2
+                reach = above_hi + tl.sum(tl.where(c_k >= mid, c_e, 0.0), 0) >= target
+                lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+        else:
+            while lo < hi:
+                mid = lo + (hi - lo + 1) // 2
+                reach = _search_pass(row, mid, mid, mid, V, BLOCK)[0] >= target
+                lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOCK: tl.constexpr,
+                CAP: tl.constexpr):
+    """A row's draw when none of its tested tokens is certainly kept. Its x become e = exp(x -
+    top) in place (0 below min-p's floor); the least kept e is found (_threshold) between
+    lo_e and hi_e (bounds the tested tokens gave: e at or above lo_e reach top-p's `target`,
+    hi_e's is kept), equal e kept in column order while the mass before them stays below
+    `target` (the stable sort's order); then the largest e / noise among the kept tokens."""
+    for start in range(0, V, BLOCK):
+        o_v = start + tl.arange(0, BLOCK)
+        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf"))
+        tl.store(row + o_v, tl.where(b_x >= floor, tl.exp(b_x - top), 0.0), mask=o_v < V)
+    tl.debug_barrier()
+    lo = tl.maximum(lo_e.to(tl.int32, bitcast=True), 1)  # (the least kept e is above 0)
     if target < float("inf"):
-        while lo < hi:
-            mid = lo + (hi - lo + 1) // 2
-            reach = _mass_from(row, mid, top, V, BLOCK) >= target
-            lo = tl.where(reach, mid, lo)
-            hi = tl.where(reach, hi, mid - 1)
-    above = _mass_from(row, lo + 1, top, V, BLOCK)
-    each = tl.exp(_value(lo.to(tl.int32)) - top)
+        lo = _threshold(row, scratch, lo, tl.maximum(hi_e.to(tl.int32, bitcast=True), lo), target,
+                        V, BLOCK, CAP)
+    else:
+        lo = 1  # (top-p off: every survivor is kept)
+    above = _search_pass(row, lo + 1, lo + 1, lo + 1, V, BLOCK)[0]
+    each = lo.to(tl.float32, bitcast=True)
     best = tl.full([BLOCK], -0x7FFFFFFFFFFFFFFF - 1, tl.int64)
     ties = 0
     for start in range(0, V, BLOCK):
         o_v = start + tl.arange(0, BLOCK)
-        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf"))
-        b_o = _ordered(b_x).to(tl.int64)
-        tie = (b_o == lo) & (o_v < V)
+        b_e = tl.load(row + o_v, mask=o_v < V, other=0.0)
+        b_k = b_e.to(tl.int32, bitcast=True)
+        tie = b_k == lo
         rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
-        kept = ((b_o > lo) | (tie & (above + rank.to(tl.float32) * each < target))) & (o_v < V)
+        kept = (b_k > lo) | (tie & (above + rank.to(tl.float32) * each < target))
         b_n = tl.load(noise_row + o_v, mask=o_v < V, other=1.0)
-        best = tl.maximum(best, tl.where(kept, _key(b_x - tl.log(b_n), o_v), best))
+        best = tl.maximum(best, tl.where(kept & (o_v < V), _key(b_e / b_n, o_v), best))
         ties += tl.sum(tie.to(tl.int32), 0)
     return 0x7FFFFFFF - (tl.max(best, 0) & 0xFFFFFFFF)
 
 
 @triton.jit
-def _race_pick_kernel(xs, noise, tops, tested_x, tested_col, p_rows, sums, out, C, V, stride_n,
-                      K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+def _race_pick_kernel(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
+                      stride_n, K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+                      CAP: tl.constexpr):
     """A row's token: the first tested token (largest race value first) that min-p and top-p
     keep (one whose mass before it, over the survivors' sum, is below top-p), else
     _exact_draw's."""
@@ -420,13 +484,19 @@ def _race_pick_kernel(xs, noise, tops, tested_x, tested_col, p_rows, sums, out, 
     target = tl.load(p_rows + i_r * 6 + 1) * total  # (inf: top-p off)
     c_x = tl.load(tested_x + i_r * K + o_k)
     c_col = tl.load(tested_col + i_r * K + o_k)
-    kept = (c_col >= 0) & (c_x >= floor) & (before < target)
+    survives = c_x >= floor
+    kept = (c_col >= 0) & survives & (before < target)
     first = tl.min(tl.where(kept, o_k, K), 0)
     if first < K:
         token = tl.sum(tl.where(o_k == first, c_col, 0), 0).to(tl.int64)
-    else:
-        token = _exact_draw(xs + i_r.to(tl.int64) * V, noise + i_r.to(tl.int64) * stride_n, top,
-                            floor, target, V, BLOCK).to(tl.int64)
+    else:  # (any tested token bounds the search: one with that much mass before it is at or
+        # below the least kept e, a surviving one with less at or above it)
+        c_e = tl.exp(c_x - top)
+        lo_e = tl.max(tl.where(before >= target, c_e, 0.0), 0)
+        hi_e = tl.min(tl.where(survives & (before < target), c_e, 1.0), 0)
+        token = _exact_draw(xs + i_r.to(tl.int64) * V, noise + i_r.to(tl.int64) * stride_n,
+                            scratch + i_r.to(tl.int64) * CAP, top, floor, target, lo_e, hi_e, V,
+                            BLOCK, CAP).to(tl.int64)
     tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
 
 
@@ -442,7 +512,8 @@ def sample_vocabulary(
     """Four kernels, no sort: each chunk of _CHUNK columns stores its penalised, scaled logits
     and keeps its _RACE largest race values; one program per row merges them into its
     _TESTED likeliest draws; each chunk sums the mass before each of them; one program per
-    row takes the first one min-p and top-p keep (else draws exactly, by bisection)."""
+    row takes the first one min-p and top-p keep (else draws exactly, by a search of the
+    least kept probability: _exact_draw)."""
     R, V = rows.shape[0], logits.shape[-1]
     chunks = triton.cdiv(V, _CHUNK)
     if (noise.shape != (R, V) or noise.dtype != torch.float32 or noise.stride(-1) != 1
@@ -461,6 +532,7 @@ def sample_vocabulary(
     tested_x = torch.empty(R, _TESTED, dtype=f32, device=dev)
     tested_col = torch.empty(R, _TESTED, dtype=torch.int32, device=dev)
     sums = torch.empty(R, chunks, 1 + _TESTED, dtype=f32, device=dev)
+    scratch = torch.empty(R, _CAP, dtype=f32, device=dev)
     has_counts = counts is not None
     _race_chunk_kernel[(R, chunks)](
         logits, rows, counts_rows, params, counts if has_counts else logits,
@@ -477,8 +549,9 @@ def sample_vocabulary(
     _race_mass_kernel[(R, chunks)](xs, tops, tested_x, tested_col, params, sums, V, K=_TESTED,
                                    BLOCK=_CHUNK, SUB=_SUB, num_warps=8)
     _race_pick_kernel[(R,)](
-        xs, noise, tops, tested_x, tested_col, params, sums, out, chunks, V, noise.stride(0),
-        K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK, num_warps=8,
+        xs, noise, scratch, tops, tested_x, tested_col, params, sums, out, chunks, V,
+        noise.stride(0), K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK,
+        CAP=_CAP, num_warps=8,
     )
     return out
 

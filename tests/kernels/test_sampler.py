@@ -158,6 +158,33 @@ def test_sample_vocabulary_edge_of_top_p(device):
     assert int(sample_vocabulary(*args)) == int(reference.sample_vocabulary(*args)) == int(ties[2])
 
 
+def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch):
+    """The exact search's last resort: forty logits within 4e-5 of each other hold top-p's edge
+    (0.021 keeps the likeliest token and the upper half of them), which twelve halvings of the
+    range do not separate into fewer than the 16 tokens the registers take (here), so the
+    keys are bisected pass by pass. The race goes to dropped tokens; among the kept the one
+    of least noise draws."""
+    import kernels.sampler
+
+    monkeypatch.setattr(kernels.sampler, "_CAP", 16)
+    V = 9000
+    logits = torch.full((1, V), -3.0)
+    cluster = torch.arange(100, 140)
+    logits[0, 7000] = 0.0
+    logits[0, cluster] = -0.7 + torch.arange(40) * 1e-6
+    noise = torch.ones(1, V)
+    noise[0, cluster[:15]] = 1e-6
+    noise[0, cluster[15:]] = 1e3
+    noise[0, 7000] = 1e3
+    noise[0, cluster[30]] = 10.0
+    params = params_of([(1.0, 0.0214, -math.inf, 1, 0, 0)], device)
+    rows = torch.zeros(1, dtype=torch.int64, device=device)
+    args = (logits.to(device), rows, rows, params, None, None, noise.to(device))
+    want = reference.sample_vocabulary(*args)
+    assert int(want) == int(cluster[30])
+    assert torch.equal(sample_vocabulary(*args), want)
+
+
 @pytest.mark.parametrize("k", [0, 3, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_score_logits(device, k, dtype):
