@@ -10,7 +10,8 @@ logprobs of the 5 likeliest tokens, and the sampling Qwen's model cards recommen
 sampler's CUDA graphs, without them, and seeded, which samples eagerly), and greedy under a
 logit bias (eager: the logits are copied and biased). ms per step, and each
 against greedy's, in one run. Then the draw alone over Qwen3.5's vocabulary (random logits,
-`triton.testing.do_bench`), sample_vocabulary against torch's sort, at 1 and 32 rows. A
+`triton.testing.do_bench`), sample_vocabulary against torch's sort, and the logprob table
+(kernels.score_logits) against torch's ops, at 1 and 32 rows. A
 markdown table is printed last and written to DIR/bench_sampling.md.
 """
 
@@ -23,6 +24,7 @@ import torch
 from bench_common import decode_rate, ids, log, model_args, row, write_table
 from bench_e2e import build_model
 
+import kernels
 from statechat.config import EngineConfig
 from statechat.engine import sampler
 from statechat.engine.engine import LLMEngine
@@ -95,6 +97,13 @@ def draw_alone(vocab: int = 248320) -> None:
             "sample_vocabulary / torch's sort (us)",
             f"{times[True]:.1f} / {times[False]:.1f}", "", f"{times[True] / times[False]:.2f}x")
     sampler.FUSED_VOCAB = 2**19
+    for n in (1, 32):  # the logprob table of 5 (logprobs: 5), by the kernel and by torch's ops
+        logits = torch.randn(n, vocab, device="cuda") * 3
+        tokens = torch.randint(0, vocab, (n,), device="cuda")
+        ours, torchs = (do_bench(functools.partial(fn, logits, tokens, 5), warmup=25, rep=200) * 1e3
+                        for fn in (kernels.score_logits, kernels.reference.score_logits))
+        row(f"the logprob table alone (k = 5), {n} row(s): score_logits / torch's ops (us)",
+            f"{ours:.1f} / {torchs:.1f}", "", f"{ours / torchs:.2f}x")
 
 
 if __name__ == "__main__":

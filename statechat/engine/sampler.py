@@ -350,16 +350,14 @@ def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k
                   index: torch.Tensor | None = None) -> torch.Tensor:
     """For the given rows of logits [M, vocab]: [R, 1 + 2k] float32 of each row's sampled
     token's log-probability, then the k largest log-probabilities, then their token ids (exact
-    in float32: ids stay below 2**24), so that one copy brings them all to the host. `index`:
-    `rows` on the device, if made already (none is needed when they are every row)."""
+    in float32: ids stay below 2**24), so that one copy brings them all to the host: the
+    first columns of kernels.score_logits' table (-inf, of a token the model rules out, is
+    not JSON: vLLM's -9999 stands for it). `index`: `rows` on the device, if made already
+    (none is needed when they are every row)."""
     if rows != list(range(logits.shape[0])):
         index = _ids(rows, logits.device) if index is None else index
         logits, tokens = logits.index_select(0, index), tokens.index_select(0, index)
-    logp = logits.float().log_softmax(-1)  # [R, vocab]
-    chosen = logp.gather(1, tokens[:, None])
-    values, ids = top_k(logp, k)
-    # (-inf, of a token the model rules out, is not JSON: vLLM's -9999 stands for it)
-    return torch.cat([chosen, values, ids.float()], dim=1).clamp_min_(-9999.0)
+    return kernels.score_logits(logits, tokens, k)[:, : 1 + 2 * k]
 
 
 def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, float]]]:
