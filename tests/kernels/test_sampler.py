@@ -147,15 +147,9 @@ def test_sample_vocabulary_edge_of_top_p(device):
     noise = torch.ones(1, V)
     noise[0, ties[:9]] = 1e6 * torch.arange(9, 0, -1).float()  # (least: the ninth)
     noise[0, ties[9:]] = 1e-6
-    params = params_of([(1.0, 0.1, -math.inf, 1, 0, 0)], device)
-    rows = torch.zeros(1, dtype=torch.int64, device=device)
-    args = (logits.to(device), rows, rows, params, None, None, noise.to(device))
-    want = reference.sample_vocabulary(*args)
-    assert int(want) == int(ties[8])
-    assert torch.equal(sample_vocabulary(*args), want)
+    assert draw_one_row(logits, noise, 0.1, device) == (int(ties[8]),) * 2
     noise[0, ties[2]] = 1.0  # (now the third of the nine draws)
-    args = (*args[:-1], noise.to(device))
-    assert int(sample_vocabulary(*args)) == int(reference.sample_vocabulary(*args)) == int(ties[2])
+    assert draw_one_row(logits, noise, 0.1, device) == (int(ties[2]),) * 2
 
 
 def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch):
@@ -177,12 +171,15 @@ def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch):
     noise[0, cluster[15:]] = 1e3
     noise[0, 7000] = 1e3
     noise[0, cluster[30]] = 10.0
-    params = params_of([(1.0, 0.0214, -math.inf, 1, 0, 0)], device)
+    assert draw_one_row(logits, noise, 0.0214, device) == (int(cluster[30]),) * 2
+
+
+def draw_one_row(logits: torch.Tensor, noise: torch.Tensor, top_p: float, device) -> tuple[int, int]:
+    """(the kernels' token, the reference's) for one row at temperature 1 under `top_p`."""
+    params = params_of([(1.0, top_p, -math.inf, 1, 0, 0)], device)
     rows = torch.zeros(1, dtype=torch.int64, device=device)
     args = (logits.to(device), rows, rows, params, None, None, noise.to(device))
-    want = reference.sample_vocabulary(*args)
-    assert int(want) == int(cluster[30])
-    assert torch.equal(sample_vocabulary(*args), want)
+    return int(sample_vocabulary(*args)), int(reference.sample_vocabulary(*args))
 
 
 @pytest.mark.parametrize("k", [0, 3, 20])
