@@ -603,10 +603,13 @@ def sample_vocabulary(
     """One token [R] per row drawn over the whole vocabulary, from the logits on:
     penalize_logits, then vocabulary_probs (min-p, top-p; no top-k), then the argmax of
     probability over noise [R, V] (exponential(1) draws). Arguments as penalize_logits takes
-    them. (The Triton kernels find the top-p set without a sort; their sums may round
-    otherwise, which moves a token on the edge of the set only.)"""
+    them. (The Triton kernels find the top-p set without a sort and rank the race by
+    x - log(noise) or exp(x - max) / noise; their sums and quotients may round otherwise,
+    which moves a token on the edge of the set, or one of two nearly equal race values.)
+    Off the CPU it sorts whatever the top-p: reading the params would wait for the device."""
     x = penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, logits.shape[-1])
-    return (vocabulary_probs(x, params) / noise).argmax(dim=-1)
+    top_p = None if params.device.type == "cpu" else True
+    return (vocabulary_probs(x, params, top_p) / noise).argmax(dim=-1)
 
 
 def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:

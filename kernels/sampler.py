@@ -1,15 +1,18 @@
-"""The sampler's elementwise work in two kernels, where torch launches one kernel per op.
+"""The sampler's work in a few kernels, where torch launches one kernel per op.
 
 - `penalize_logits`: the rows' logits under their penalties and temperature, padded with -inf
   (one pass over the vocabulary; torch's ops take five to eight, each a launch).
 - `draw_candidates`: a row's draw among its top-k candidates (top-k, min-p, softmax, top-p and
   the exponential race) in one program per row; torch's ops take about a dozen small launches.
 - `sample_top_k`: both, from the logits on, for a top-k of at most 64 (two kernels).
-- `score_logits`: prompt logprobs: each row's log-probability of a given token, its rank and
-  the k likeliest, in one read of the logits (torch's log-softmax, top-k and comparison read
-  and write a float32 copy of them several times).
+- `sample_vocabulary`: a draw over the whole vocabulary under min-p and top-p, without the
+  sort torch's ops need for top-p (four kernels; an exact search when the race's first 16
+  draws are all dropped).
+- `score_logits`: prompt logprobs and the logprob table: each row's log-probability of a
+  given token, its rank and the k likeliest, in one read of the logits (torch's log-softmax,
+  top-k and comparison read and write a float32 copy of them several times).
 
-The top-k between them stays torch's (statechat.engine.sampling.top_k): a sort or a selection
+The top-k of a top-k above 64 stays torch's (statechat.engine.sampling.top_k): a selection
 is where torch is already good. Contracts and shapes: kernels/reference.py.
 """
 
@@ -291,7 +294,8 @@ def sample_top_k(
 _RACE = 8  # race candidates each chunk keeps in sample_vocabulary
 _TESTED = 16  # of which a row's best are tested against its min-p and top-p
 _SUB = 512  # columns per step of sample_vocabulary's mass kernel
-_CAP = 4096  # its exact search ends in registers once this few tokens are left in its range
+_CAP = 4096  # its exact search ends in registers once this few tokens are left in its range,
+_HALVINGS = 12  # after at most this many passes halving that range (else it bisects keys)
 
 
 @triton.jit
@@ -367,38 +371,51 @@ def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, K: tl.con
 @triton.jit
 def _search_pass(row, lo, mid, hi, V, BLOCK: tl.constexpr):
     """One pass over a row of e = exp(x - top) (0 past the survivors; as int32 bits, in the
-    order of the values): the sum of e over the keys at or above `mid`, and how many keys lie
-    in [lo, mid) and in [mid, hi] (lo >= 1: padding, at 0, is in neither)."""
+    order of the values): the sum of e over the keys at or above `mid`; how many keys lie in
+    [lo, mid) and in [mid, hi] (lo >= 1: padding, at 0, is in neither); the largest key in
+    [lo, mid), and the least and largest in [mid, hi] (lo - 1, hi + 1, lo - 1 if none)."""
     mass = tl.zeros([BLOCK], tl.float32)
     low = tl.zeros([BLOCK], tl.int32)
     high = tl.zeros([BLOCK], tl.int32)
+    low_top = tl.full([BLOCK], lo - 1, tl.int32)
+    high_least = tl.full([BLOCK], hi + 1, tl.int32)
+    high_top = tl.full([BLOCK], lo - 1, tl.int32)
     for start in range(0, V, BLOCK):
         o_v = start + tl.arange(0, BLOCK)
         b_e = tl.load(row + o_v, mask=o_v < V, other=0.0)
         b_k = b_e.to(tl.int32, bitcast=True)
         mass += tl.where(b_k >= mid, b_e, 0.0)
-        low += ((b_k >= lo) & (b_k < mid)).to(tl.int32)
-        high += ((b_k >= mid) & (b_k <= hi)).to(tl.int32)
-    return tl.sum(mass, 0), tl.sum(low, 0), tl.sum(high, 0)
+        in_low = (b_k >= lo) & (b_k < mid)
+        in_high = (b_k >= mid) & (b_k <= hi)
+        low += in_low.to(tl.int32)
+        high += in_high.to(tl.int32)
+        low_top = tl.maximum(low_top, tl.where(in_low, b_k, lo - 1))
+        high_least = tl.minimum(high_least, tl.where(in_high, b_k, hi + 1))
+        high_top = tl.maximum(high_top, tl.where(in_high, b_k, lo - 1))
+    return (tl.sum(mass, 0), tl.sum(low, 0), tl.sum(high, 0), tl.max(low_top, 0),
+            tl.min(high_least, 0), tl.max(high_top, 0))
 
 
 @triton.jit
-def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.constexpr,
+               HALVINGS: tl.constexpr):
     """The key of the least kept e (the largest t whose e at or above it reach `target`),
     between keys lo and hi, from a row of e (_search_pass): the range halved pass by pass (in
-    value, or in key where it spans binades) while more than CAP keys lie in it, then those
-    gathered into `scratch` and searched there (else, after 12 passes, the keys bisected pass
-    by pass)."""
+    value, or in key where it spans binades; then to the keys it holds) while more than CAP
+    keys lie in it, then those gathered into `scratch` and searched there (else, after
+    HALVINGS passes, the keys bisected pass by pass)."""
     count = V
     passes = 0
-    while (lo < hi) & (count > CAP) & (passes < 12):
+    while (lo < hi) & (count > CAP) & (passes < HALVINGS):
         low_e, high_e = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
         half = ((low_e + high_e) * 0.5).to(tl.int32, bitcast=True)
         half = tl.where(high_e > 4 * low_e, lo + (hi - lo + 1) // 2, half)  # (across binades:
         mid = tl.minimum(tl.maximum(half, lo + 1), hi)  # the keys' middle, a geometric one)
-        mass, low, high = _search_pass(row, lo, mid, hi, V, BLOCK)
+        mass, low, high, low_top, high_least, high_top = _search_pass(row, lo, mid, hi, V, BLOCK)
         reach = mass >= target
-        lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+        # (the range shrinks to the keys it holds: equal keys end the search at once)
+        lo = tl.where(reach, tl.where(high > 0, high_least, mid), lo)
+        hi = tl.where(reach, tl.where(high > 0, high_top, hi), tl.where(low > 0, low_top, mid - 1))
         count = tl.where(reach, high, low)
         passes += 1
     if lo < hi:
@@ -433,7 +450,7 @@ def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.con
 
 @triton.jit
 def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOCK: tl.constexpr,
-                CAP: tl.constexpr):
+                CAP: tl.constexpr, HALVINGS: tl.constexpr):
     """A row's draw when none of its tested tokens is certainly kept. Its x become e = exp(x -
     top) in place (0 below min-p's floor); the least kept e is found (_threshold) between
     lo_e and hi_e (bounds the tested tokens gave: e at or above lo_e reach top-p's `target`,
@@ -447,7 +464,7 @@ def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOC
     lo = tl.maximum(lo_e.to(tl.int32, bitcast=True), 1)  # (the least kept e is above 0)
     if target < float("inf"):
         lo = _threshold(row, scratch, lo, tl.maximum(hi_e.to(tl.int32, bitcast=True), lo), target,
-                        V, BLOCK, CAP)
+                        V, BLOCK, CAP, HALVINGS)
     else:
         lo = 1  # (top-p off: every survivor is kept)
     above = _search_pass(row, lo + 1, lo + 1, lo + 1, V, BLOCK)[0]
@@ -470,7 +487,7 @@ def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOC
 @triton.jit
 def _race_pick_kernel(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
                       stride_n, K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                      CAP: tl.constexpr):
+                      CAP: tl.constexpr, HALVINGS: tl.constexpr):
     """A row's token: the first tested token (largest race value first) that min-p and top-p
     keep (one whose mass before it, over the survivors' sum, is below top-p), else
     _exact_draw's."""
@@ -496,7 +513,7 @@ def _race_pick_kernel(xs, noise, scratch, tops, tested_x, tested_col, p_rows, su
         hi_e = tl.min(tl.where(survives & (before < target), c_e, 1.0), 0)
         token = _exact_draw(xs + i_r.to(tl.int64) * V, noise + i_r.to(tl.int64) * stride_n,
                             scratch + i_r.to(tl.int64) * CAP, top, floor, target, lo_e, hi_e, V,
-                            BLOCK, CAP).to(tl.int64)
+                            BLOCK, CAP, HALVINGS).to(tl.int64)
     tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
 
 
@@ -551,7 +568,7 @@ def sample_vocabulary(
     _race_pick_kernel[(R,)](
         xs, noise, scratch, tops, tested_x, tested_col, params, sums, out, chunks, V,
         noise.stride(0), K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK,
-        CAP=_CAP, num_warps=8,
+        CAP=_CAP, HALVINGS=_HALVINGS, num_warps=8,
     )
     return out
 

@@ -199,8 +199,7 @@ class Plan:
              greedy: torch.Tensor | None, table: TokenCounts | None) -> torch.Tensor:
         """The step's tokens [M] from the logits, the todo rows' values on the device (`rows`)
         and the counts table: device work only, nothing read back (so it can be captured)."""
-        vocab, scaled = logits.shape[-1], None
-        picked = []
+        vocab, picked = logits.shape[-1], []
         for kind, a, b in self.groups:
             gens, part = [generators[i] for i in self.todo[a:b]], rows.slice(a, b)
             kmax = min(max(p.top_k for p in part.params), vocab)
@@ -218,12 +217,10 @@ class Plan:
                     None if table is None else table.counts,
                     None if table is None else table.in_prompt, noise))
                 continue
-            if scaled is None:  # [T, width]: penalised, over the temperature, -inf padded
-                scaled = kernels.penalize_logits(
-                    logits, rows.logits_row, rows.counts_row, rows.floats,
-                    None if table is None else table.counts,
-                    None if table is None else table.in_prompt, _padded(vocab))
-            x = scaled[a:b]
+            x = kernels.penalize_logits(  # [b - a, width]: penalised, over the temperature,
+                logits, part.logits_row, part.counts_row, part.floats,  # -inf padded
+                None if table is None else table.counts,
+                None if table is None else table.in_prompt, _padded(vocab))
             if kind == GREEDY:
                 picked.append(x.argmax(dim=-1))
             elif kind == CANDIDATES_KIND:

@@ -152,15 +152,16 @@ def test_sample_vocabulary_edge_of_top_p(device):
     assert draw_one_row(logits, noise, 0.1, device) == (int(ties[2]),) * 2
 
 
-def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch):
-    """The exact search's last resort: forty logits within 4e-5 of each other hold top-p's edge
-    (0.021 keeps the likeliest token and the upper half of them), which twelve halvings of the
-    range do not separate into fewer than the 16 tokens the registers take (here), so the
-    keys are bisected pass by pass. The race goes to dropped tokens; among the kept the one
-    of least noise draws."""
+@pytest.mark.parametrize("cap,halvings", [(4096, 12), (16, 0)], ids=["gathered", "bisected"])
+def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch, cap, halvings):
+    """Forty logits within 4e-5 of each other hold top-p's edge (0.021 keeps the likeliest
+    token and the upper half of them); the race goes to dropped tokens; among the kept the one
+    of least noise draws. The exact search halves its range and gathers what is left into
+    registers, or (with no halvings and 16 registers) bisects the keys pass by pass."""
     import kernels.sampler
 
-    monkeypatch.setattr(kernels.sampler, "_CAP", 16)
+    monkeypatch.setattr(kernels.sampler, "_CAP", cap)
+    monkeypatch.setattr(kernels.sampler, "_HALVINGS", halvings)
     V = 9000
     logits = torch.full((1, V), -3.0)
     cluster = torch.arange(100, 140)
@@ -172,6 +173,52 @@ def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch):
     noise[0, 7000] = 1e3
     noise[0, cluster[30]] = 10.0
     assert draw_one_row(logits, noise, 0.0214, device) == (int(cluster[30]),) * 2
+
+
+def test_sample_vocabulary_search_of_many_equal_logits(device):
+    """More equal logits than the registers take (5,000 of 9,000) hold top-p's edge: the first
+    pass that finds the edge among them shrinks the range to their one value. Kept: the two
+    likeliest and the equal ones in token order while the mass before them stays below top-p."""
+    V = 9000
+    logits = torch.full((1, V), -1.0)
+    equal = torch.arange(2000, 7000)
+    logits[0, equal] = 0.0
+    logits[0, [10, 8000]] = 2.0
+    noise = torch.ones(1, V)
+    noise[0, equal[2000:]] = 1e-6  # (the race: dropped ones, the equal ones past the edge)
+    noise[0, equal[:2000]] = 1e3
+    noise[0, [10, 8000]] = 1e3
+    noise[0, equal[1234]] = 100.0
+    assert draw_one_row(logits, noise, 0.3, device) == (int(equal[1234]),) * 2
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy: inf - inf)
+def test_sample_vocabulary_of_small_and_degenerate_rows(device):
+    """A vocabulary of 12 (one chunk, fewer tokens than the 16 the race tests), rows taken out
+    of order, one all -inf (token 0, as the reference's argmax of NaN gives); and min-p alone
+    keeping 3 tokens of a flat 9,000, so the race's first 16 draws fall to dropped ones and
+    the exact search runs with top-p off."""
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(3, 12, generator=g) * 2
+    logits[1] = float("-inf")
+    rows = torch.tensor([2, 1, 0], device=device)
+    params = params_of([(0.9, 0.7, -math.inf, 1, 0, 0), (1.0, 0.5, -math.inf, 1, 0, 0),
+                        (1.2, math.inf, math.log(0.3), 1, 0, 0)], device)
+    for trial in range(5):
+        noise = torch.empty(3, 12).exponential_(1, generator=g).to(device)
+        args = (logits.to(device), rows, rows, params, None, None, noise)
+        got, want = sample_vocabulary(*args), reference.sample_vocabulary(*args)
+        assert torch.equal(got, want), trial
+        assert int(got[1]) == 0
+    flat = torch.randn(1, 9000, generator=g) * 0.05
+    flat[0, [5, 4500, 8999]] = 1.0
+    params = params_of([(1.0, math.inf, math.log(0.5), 1, 0, 0)], device)
+    one = torch.zeros(1, dtype=torch.int64, device=device)
+    for trial in range(5):
+        noise = torch.empty(1, 9000).exponential_(1, generator=g).to(device)
+        args = (flat.to(device), one, one, params, None, None, noise)
+        got = int(sample_vocabulary(*args))
+        assert got == int(reference.sample_vocabulary(*args)) and got in (5, 4500, 8999), trial
 
 
 def draw_one_row(logits: torch.Tensor, noise: torch.Tensor, top_p: float, device) -> tuple[int, int]:
