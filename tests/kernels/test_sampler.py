@@ -152,12 +152,13 @@ def test_sample_vocabulary_edge_of_top_p(device):
     assert draw_one_row(logits, noise, 0.1, device) == (int(ties[2]),) * 2
 
 
-@pytest.mark.parametrize("cap,halvings", [(4096, 12), (16, 0)], ids=["gathered", "bisected"])
+@pytest.mark.parametrize("cap,halvings", [(4096, 12), (256, 0)], ids=["gathered", "bisected"])
 def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch, cap, halvings):
     """Forty logits within 4e-5 of each other hold top-p's edge (0.021 keeps the likeliest
     token and the upper half of them); the race goes to dropped tokens; among the kept the one
     of least noise draws. The exact search halves its range and gathers what is left into
-    registers, or (with no halvings and 16 registers) bisects the keys pass by pass."""
+    registers, or (with no halvings and room for 256) bisects the keys pass by pass. (Triton
+    3.6 fails to compile the search with room for 16 and 8 warps.)"""
     import kernels.sampler
 
     monkeypatch.setattr(kernels.sampler, "_CAP", cap)
