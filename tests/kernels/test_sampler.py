@@ -152,13 +152,14 @@ def test_sample_vocabulary_edge_of_top_p(device):
     assert draw_one_row(logits, noise, 0.1, device) == (int(ties[2]),) * 2
 
 
-@pytest.mark.parametrize("cap,halvings", [(4096, 12), (256, 0)], ids=["gathered", "bisected"])
+@pytest.mark.parametrize("cap,halvings", [(4096, 12), (32, 1)], ids=["gathered", "bisected"])
 def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch, cap, halvings):
     """Forty logits within 4e-5 of each other hold top-p's edge (0.021 keeps the likeliest
-    token and the upper half of them); the race goes to dropped tokens; among the kept the one
-    of least noise draws. The exact search halves its range and gathers what is left into
-    registers, or (with no halvings and room for 256) bisects the keys pass by pass. (Triton
-    3.6 fails to compile the search with room for 16 and 8 warps.)"""
+    token and the upper half of them); the race goes to dropped tokens far below (sixteen at
+    -3); among the kept the one of least noise draws. The exact search's first pass shrinks
+    its range to the forty and the likeliest; it gathers them into registers, or (with one
+    halving and room for 32) bisects the keys pass by pass. (Triton 3.6 fails to compile the
+    search with no halvings at all.)"""
     import kernels.sampler
 
     monkeypatch.setattr(kernels.sampler, "_CAP", cap)
@@ -169,8 +170,8 @@ def test_sample_vocabulary_search_of_a_narrow_cluster(device, monkeypatch, cap, 
     logits[0, 7000] = 0.0
     logits[0, cluster] = -0.7 + torch.arange(40) * 1e-6
     noise = torch.ones(1, V)
-    noise[0, cluster[:15]] = 1e-6
-    noise[0, cluster[15:]] = 1e3
+    noise[0, 5000:5016] = 1e-9
+    noise[0, cluster] = 1e3
     noise[0, 7000] = 1e3
     noise[0, cluster[30]] = 10.0
     assert draw_one_row(logits, noise, 0.0214, device) == (int(cluster[30]),) * 2
