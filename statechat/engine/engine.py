@@ -103,6 +103,8 @@ class LLMEngine:
         elif use_graphs and loaded.device.type == "npu":
             log.warning("statechat: this torch_npu has no graph capture (torch.npu.NPUGraph); "
                         "steps run eagerly")
+        if loaded.device.type != "cpu":
+            self.runner.warm_up()
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),

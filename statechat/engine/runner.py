@@ -19,6 +19,7 @@ from statechat.devices import accelerator
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
 from statechat.engine.sampler import TokenCounts, logprob_table, sample
 from statechat.engine.sampler_graphs import SamplerGraphs
+from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Batch
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
@@ -356,6 +357,18 @@ class ModelRunner:
         self.generators.pop(seq_id, None)
         if self.counts is not None:
             self.counts.release(seq_id)
+
+    def warm_up(self) -> None:
+        """Compile, before any request, the kernels a step can first need while others run:
+        the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
+        0.44 s on an H100, stalling every running request), and the sampler's draws over the
+        vocabulary and among a top-k, and its logprob table. (Triton compiles a kernel on its
+        first call; its disk cache serves later processes.)"""
+        self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
+        logits = torch.zeros(1, self.loaded.config.vocab_size, dtype=torch.float32, device=self.device)
+        for params in (SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)):
+            tokens = sample(logits, [params], [None])
+        logprob_table(logits, tokens, [0], 1)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""
