@@ -4,6 +4,7 @@ the model and samples. The only engine module that does tensor work.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -361,14 +362,22 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Compile, before any request, the kernels a step can first need while others run:
         the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
-        0.44 s on an H100, stalling every running request), and the sampler's draws over the
-        vocabulary and among a top-k, and its logprob table. (Triton compiles a kernel on its
-        first call; its disk cache serves later processes.)"""
+        0.44 s on an H100, stalling every running request), the sampler's draws over the
+        vocabulary and among a top-k (with and without penalties: another specialisation),
+        a penalised argmax, and the logprob table of 0, 1 and k tokens (Triton specialises
+        integers at 1 and at multiples of 16). Triton compiles a kernel on its first call; its
+        disk cache serves later processes."""
         self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
-        logits = torch.zeros(1, self.loaded.config.vocab_size, dtype=torch.float32, device=self.device)
+        vocab = self.loaded.config.vocab_size
+        logits = torch.zeros(1, vocab, dtype=torch.float32, device=self.device)
+        counts = TokenCounts(vocab, self.device)
+        counted = (counts, [counts.row(-1, [0], [])])
         for params in (SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)):
-            tokens = sample(logits, [params], [None])
-        logprob_table(logits, tokens, [0], 1)
+            sample(logits, [params], [None])
+            sample(logits, [dataclasses.replace(params, presence_penalty=1.0)], [None], counts=counted)
+        tokens = sample(logits, [SamplingParams(presence_penalty=1.0)], [None], counts=counted)
+        for k in (0, 1, 5):
+            logprob_table(logits, tokens, [0], k)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""
