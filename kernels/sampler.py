@@ -155,6 +155,17 @@ def draw_candidates(
 
 _CHUNK = 4096  # vocabulary columns per program of sample_top_k's first kernel
 MAX_CANDIDATES = 8192  # sample_top_k keeps chunks x K candidates of a row in one program
+_ONE_BUILD = 32  # every K up to this shares one build of a merge kernel (see _merge_sizes)
+
+
+def _merge_sizes(chunks: int, k: int) -> tuple[int, int]:
+    """(NP, KP): a merge kernel's tile of the chunks' k candidates each, and of the k best.
+    Sized for at least _ONE_BUILD candidates a chunk (within MAX_CANDIDATES), and with k and
+    the candidates' count not specialised on, every k up to it runs one compiled kernel:
+    Triton compiles on a kernel's first call, stalling the step (and every request in it)."""
+    kp = max(_ONE_BUILD, triton.next_power_of_2(k))
+    least = min(triton.next_power_of_2(chunks * kp), MAX_CANDIDATES)
+    return max(16, triton.next_power_of_2(chunks * k), least), kp
 
 
 @triton.jit
@@ -178,7 +189,7 @@ def _value(ordered):
     return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K"])
 def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS: tl.constexpr,
                         BLOCK: tl.constexpr):
@@ -238,7 +249,7 @@ def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
     return b_v, b_t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "K"])
 def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
                        NP: tl.constexpr, KP: tl.constexpr):
     """A row's K likeliest among its N chunk candidates, largest first, then the draw among
@@ -283,10 +294,10 @@ def sample_top_k(
         keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
         counts.stride(0) if has_counts else 0, HAS_COUNTS=has_counts, BLOCK=_CHUNK, num_warps=8,
     )
+    np_, kp = _merge_sizes(chunks, K)
     _merge_draw_kernel[(R,)](
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
-        noise.stride(0), NP=triton.next_power_of_2(chunks * K),
-        KP=max(16, triton.next_power_of_2(K)), num_warps=8,
+        noise.stride(0), NP=np_, KP=kp, num_warps=8,
     )
     return out
 
@@ -573,7 +584,7 @@ def sample_vocabulary(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K"])
 def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, BLOCK: tl.constexpr):
     """Of one row's chunk of BLOCK logits: the max, the sum of exp(logit - max), how many
     exceed the row's target token's logit (stats [R, chunks, 3]), and the keys of the K
@@ -593,7 +604,7 @@ def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, BLOCK: tl.
     _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "K"])
 def _score_merge_kernel(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o,
                         CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
     """A row's log-sum-exp from its C chunks' stats, then its table row: the target's
@@ -635,9 +646,9 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
     keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
     _score_chunk_kernel[(R, chunks)](logits, targets, stats, keys, V, k, logits.stride(0),
                                      BLOCK=_CHUNK, num_warps=8)
+    np_, kp = _merge_sizes(chunks, k)
     _score_merge_kernel[(R,)](
         logits, targets, stats, keys, out, chunks, chunks * k, k, logits.stride(0), out.stride(0),
-        CP=max(16, triton.next_power_of_2(chunks)), NP=max(16, triton.next_power_of_2(chunks * k)),
-        KP=max(16, triton.next_power_of_2(k)), num_warps=8,
+        CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp, num_warps=8,
     )
     return out

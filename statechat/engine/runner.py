@@ -363,10 +363,11 @@ class ModelRunner:
         """Compile, before any request, the kernels a step can first need while others run:
         the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
         0.44 s on an H100, stalling every running request), the sampler's draws over the
-        vocabulary and among a top-k (with and without penalties: another specialisation),
-        a penalised argmax, and the logprob table of 0, 1 and k tokens (Triton specialises
-        integers at 1 and at multiples of 16). Triton compiles a kernel on its first call; its
-        disk cache serves later processes."""
+        vocabulary and among a top-k (with and without penalties: another build), a penalised
+        argmax, and the logprob and prompt-score tables (one build for every k up to 32: see
+        kernels.sampler._merge_sizes). Triton compiles a kernel on its first call; its disk
+        cache serves later processes. Not warmed: a top-k above 32, and steps whose groups of
+        rows start at odd rows (their values' pointer is then aligned otherwise)."""
         self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
         vocab = self.loaded.config.vocab_size
         logits = torch.zeros(1, vocab, dtype=torch.float32, device=self.device)
@@ -376,8 +377,8 @@ class ModelRunner:
             sample(logits, [params], [None])
             sample(logits, [dataclasses.replace(params, presence_penalty=1.0)], [None], counts=counted)
         tokens = sample(logits, [SamplingParams(presence_penalty=1.0)], [None], counts=counted)
-        for k in (0, 1, 5):
-            logprob_table(logits, tokens, [0], k)
+        logprob_table(logits, tokens, [0], 5)
+        kernels.score_logits(logits.to(self.dtype), tokens, 5)  # (prompt logprobs: model dtype)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""

@@ -1,7 +1,9 @@
 """The sampler's pieces on made-up logits: the chunked top-k gives torch's top-k for rows as
 long as a real vocabulary; drawing among a row's top-k candidates uses exactly the
 probabilities the whole-vocabulary path gives (temperature, top-k, min-p and top-p together);
-and a logprob table with several k unpacks into each request's own."""
+a logprob table with several k unpacks into each request's own; rows of every kind drawn
+together draw what each draws alone; and the runner's warm-up leaves its caches as they were
+(but the pad slot)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,17 @@ import pytest
 import torch
 
 from statechat.engine import sampler
-from statechat.engine.sampler import distribution, logprob_table, top_k, unpack_logprobs
+from statechat.engine.runner import ModelRunner
+from statechat.engine.sampler import (
+    TokenCounts,
+    distribution,
+    logprob_table,
+    sample,
+    top_k,
+    unpack_logprobs,
+)
 from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
 
 VOCAB = 248320  # Qwen3.5's (not a multiple of the chunk)
 
@@ -65,3 +76,41 @@ def test_top_p_keeps_the_smallest_set_reaching_it(k):
     for top_p, kept in [(0.5, 1), (0.75, 2), (0.76, 3), (1.0, 3)]:
         probs, _ = distribution(x, [SamplingParams(temperature=1.0, top_p=top_p, top_k=k)])
         assert int((probs > 0).sum()) == kept, top_p
+
+
+def test_rows_of_every_kind_drawn_together_draw_as_alone():
+    """A penalised argmax, a penalised argmax under a repetition penalty, a draw among a top-k
+    of 100 and one under a top-k of 2000 with top-p (seeded), each with a counts row: drawn
+    in one step, each row gets the token it gets alone (each group reads its own rows)."""
+    vocab = 3000
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(presence_penalty=1.5), SamplingParams(repetition_penalty=1.3),
+              SamplingParams(temperature=1.0, top_k=100, seed=1),
+              SamplingParams(temperature=1.0, top_k=2000, top_p=0.9, seed=2)]
+
+    def draw(rows: list[int]) -> list[int]:
+        table = TokenCounts(vocab, torch.device("cpu"))
+        counted = [table.row(i, [int(logits[i].argmax())], [int(logits[i].topk(2).indices[1])])
+                   for i in rows]
+        generators = [torch.Generator().manual_seed(params[i].seed) if params[i].seed else None
+                      for i in rows]
+        return sample(logits[rows], [params[i] for i in rows], generators, None,
+                      (table, counted)).tolist()
+
+    assert draw([0, 1, 2, 3]) == [draw([i])[0] for i in range(4)]
+
+
+def test_warm_up_leaves_the_caches_but_the_pad_slot(tiny_dirs):
+    """On the CPU the engine skips it; run here, it draws and copies what an accelerator's
+    would, touching no cache slot but the pad slot."""
+    loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32, device="cpu")
+    runner = ModelRunner(loaded, 8, 6, 64)
+    for pool in runner.caches.conv + runner.caches.ssm:
+        pool.normal_()
+    before = [pool.clone() for pool in runner.caches.conv + runner.caches.ssm]
+    kv = [t.clone() for t in runner.caches.k + runner.caches.v]
+    runner.warm_up()
+    for was, pool in zip(before, runner.caches.conv + runner.caches.ssm):
+        assert torch.equal(pool[: runner.pad_slot], was[: runner.pad_slot])
+        assert torch.equal(pool[runner.pad_slot], was[0])
+    assert all(torch.equal(a, b) for a, b in zip(kv, runner.caches.k + runner.caches.v))

@@ -194,6 +194,26 @@ def test_sample_vocabulary_search_of_many_equal_logits(device):
     assert draw_one_row(logits, noise, 0.3, device) == (int(equal[1234]),) * 2
 
 
+def test_sample_vocabulary_search_shrinks_to_the_keys_it_holds(device):
+    """One token at 0, 1,000 equal logits at -3 (top-p 0.127 keeps the first 484 of them),
+    7,999 at -4; the race goes to tokens at -4. The search's first pass finds the mass below
+    its middle and shrinks its top to -3's key, the second finds it above and shrinks its
+    bottom to the same key: the search ends there, the 484 kept in token order."""
+    V = 9000
+    logits = torch.full((1, V), -4.0)
+    equal = torch.arange(1000, 2000)
+    logits[0, 0] = 0.0
+    logits[0, equal] = -3.0
+    noise = torch.ones(1, V)
+    noise[0, 2500:2520] = 1e-12
+    noise[0, equal[484:]] = 1e-6  # (past the edge)
+    noise[0, 0] = 1e3
+    noise[0, equal[123]] = 0.5
+    assert draw_one_row(logits, noise, 0.127, device) == (int(equal[123]),) * 2
+    noise[0, equal[483]] = 0.01  # (the last one kept)
+    assert draw_one_row(logits, noise, 0.127, device) == (int(equal[483]),) * 2
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy: inf - inf)
 def test_sample_vocabulary_of_small_and_degenerate_rows(device):
     """A vocabulary of 12 (one chunk, fewer tokens than the 16 the race tests), rows taken out
