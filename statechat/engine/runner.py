@@ -362,21 +362,27 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Compile, before any request, the kernels a step can first need while others run:
         the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
-        0.44 s on an H100, stalling every running request), the sampler's draws over the
-        vocabulary and among a top-k (with and without penalties: another build), a penalised
-        argmax, and the logprob and prompt-score tables (one build for every k up to 32: see
+        0.44 s on an H100, stalling every running request); the sampler's draws over the
+        vocabulary and among a top-k, with and without penalties, first in a step or after
+        another group (its values' pointer is then aligned otherwise: other builds); a
+        penalised argmax; the logprob and prompt-score tables (one build for every k up to 32:
         kernels.sampler._merge_sizes). Triton compiles a kernel on its first call; its disk
-        cache serves later processes. Not warmed: a top-k above 32, and steps whose groups of
-        rows start at odd rows (their values' pointer is then aligned otherwise)."""
+        cache serves later processes. Not built here: a top-k above 32, a logprob k above 32."""
         self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
         vocab = self.loaded.config.vocab_size
-        logits = torch.zeros(1, vocab, dtype=torch.float32, device=self.device)
+        logits = torch.zeros(2, vocab, dtype=torch.float32, device=self.device)
         counts = TokenCounts(vocab, self.device)
-        counted = (counts, [counts.row(-1, [0], [])])
-        for params in (SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)):
-            sample(logits, [params], [None])
-            sample(logits, [dataclasses.replace(params, presence_penalty=1.0)], [None], counts=counted)
-        tokens = sample(logits, [SamplingParams(presence_penalty=1.0)], [None], counts=counted)
+        row = counts.row(-1, [0], [])
+        top_p, top_k = SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)
+        penalised = SamplingParams(presence_penalty=1.0)
+        for params in (top_p, top_k):
+            sample(logits[:1], [params], [None])
+            sample(logits[:1], [dataclasses.replace(params, presence_penalty=1.0)], [None],
+                   counts=(counts, [row]))
+            sample(logits, [penalised, params], [None] * 2, counts=(counts, [row, row]))
+        sample(logits, [top_k, top_p], [None] * 2)
+        tokens = sample(logits[:1], [penalised], [None], counts=(counts, [row]))
+        logits = logits[:1]
         logprob_table(logits, tokens, [0], 5)
         kernels.score_logits(logits.to(self.dtype), tokens, 5)  # (prompt logprobs: model dtype)
 
