@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _silu_mul_kernel(x, out, M, I, stride_x, BM: tl.constexpr, BI: tl.constexpr):
     i_m, i_i = tl.program_id(0), tl.program_id(1)
     o_m = i_m * BM + tl.arange(0, BM)

@@ -88,7 +88,8 @@ def _attn_block(
     return b_acc, b_m_new, b_l
 
 
-@triton.jit
+# the counts and the block tables' width change from step to step: one build for all
+@triton.jit(do_not_specialize=["stride_bt", "N", "NUM_TILES", "NUM_SEARCH_STEPS", "NUM_SPLITS"])
 def _paged_attn_kernel(
     q,
     k_cache,
@@ -238,7 +239,7 @@ def _gated(b_out, b_gate, dtype: tl.constexpr):
     return b_out.to(dtype).to(tl.float32) * b_sig
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _merge_splits_kernel(
     part_acc,
     part_ml,
@@ -286,14 +287,16 @@ def _merge_splits_kernel(
     tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
 
 
-# The merge's tiles: up to MERGE_MAX_BS splits at a time (all of a decode's, usually), times
-# as many channels as keep a tile at MERGE_TILE float32 elements (no spills at 4 warps).
-MERGE_MAX_BS, MERGE_TILE = 128, 4096
+# The merge's tiles: from MERGE_MIN_BS up to MERGE_MAX_BS splits at a time (all of a decode's,
+# usually), times as many channels as keep a tile at MERGE_TILE float32 elements (no spills at
+# 4 warps). The floor keeps the builds few (16, 32, 64, 128 splits), as the split count of an
+# eager step follows its block tables' width.
+MERGE_MIN_BS, MERGE_MAX_BS, MERGE_TILE = 16, 128, 4096
 
 
 def _merge_tile(num_splits: int, BD: int) -> tuple[int, int]:
     """(splits, channels) of a merge tile."""
-    bs = min(triton.next_power_of_2(num_splits), MERGE_MAX_BS)
+    bs = min(max(triton.next_power_of_2(num_splits), MERGE_MIN_BS), MERGE_MAX_BS)
     return bs, max(1, min(BD, MERGE_TILE // bs))
 
 

@@ -42,7 +42,7 @@ def _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W: tl.cons
     return b_x + b_init
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "N", "NUM_SEARCH_STEPS"])
 def _conv_fwd_kernel(
     x,
     weight,
@@ -98,7 +98,7 @@ def _conv_fwd_kernel(
     tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _conv_save_kernel(
     x,
     conv_pool,

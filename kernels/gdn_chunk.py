@@ -165,7 +165,7 @@ def _store_rstd(p, stride, b_r0, b_r1, b_r2, b_r3, m_0, m_1, m_2, m_3):
     tl.store(p + (o_r + 3 * BC) * stride, b_r3, mask=m_3)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _gdn_prepare_kernel(
     q,
     k,
@@ -409,7 +409,7 @@ def _gdn_state_kernel(
     tl.store(state_pool + (i_dst * HV + i_hv) * (K * V) + o_kv, b_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _gdn_output_kernel(
     q,
     k,

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_PAIRS"])
 def _sort_kernel(topk_ids, counts, sorted_pairs, NUM_PAIRS, BLOCK: tl.constexpr):
     i_e = tl.program_id(0)
     b_lt = tl.zeros([BLOCK], dtype=tl.int32)

@@ -20,7 +20,7 @@ import triton.language as tl
 from kernels.hw import gdc_enter, pdl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: tl.constexpr):
     i_m = tl.program_id(0)
     o_m = i_m * BM + tl.arange(0, BM)
@@ -36,7 +36,7 @@ def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: t
     tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _add_rmsnorm_kernel(
     x, residual, weight, out, new_residual, M, D, stride_x, stride_r, eps,
     BM: tl.constexpr, BD: tl.constexpr,
@@ -57,7 +57,7 @@ def _add_rmsnorm_kernel(
     tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gated_rmsnorm_kernel(
     x,
     gate,

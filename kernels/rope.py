@@ -56,7 +56,7 @@ def _norm_rope_rows(
     return tl.where(is_rot[None, :], b_rot, b_n.to(dt))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _rmsnorm_rope_kernel(
     x, weight, cos, sin, out, M, H, D, R, stride_t, stride_h, stride_c, eps,
     BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
@@ -72,7 +72,7 @@ def _rmsnorm_rope_kernel(
     tl.store(out + o_out, b_out, mask=m_m[:, None] & (o_d < D)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M_q", "M_k"])
 def _qk_norm_rope_store_kernel(
     q, k, v, q_weight, k_weight, cos, sin, q_out, k_cache, v_cache, slot_mapping,
     M_q, M_k, Hq, Hkv, D, R, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,

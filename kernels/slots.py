@@ -159,7 +159,7 @@ def store_kv(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _advance_kernel(tokens, ids, positions, slot_mapping, context_lens, B,
                     BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
     gdc_enter(USE_GDC)

@@ -104,7 +104,7 @@ class LLMEngine:
             log.warning("statechat: this torch_npu has no graph capture (torch.npu.NPUGraph); "
                         "steps run eagerly")
         if loaded.device.type != "cpu":
-            self.runner.warm_up()
+            self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),

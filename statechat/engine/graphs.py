@@ -47,6 +47,12 @@ log = logging.getLogger("statechat.engine")
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 PREFILL_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048)  # bucket b: chunks of <= b - 64 tokens
 LARGE_BUCKET_STEP = 512  # bucket spacing past PREFILL_BUCKETS
+_ALIGN32 = 4  # int32 entries in 16 bytes: where the graphs' int32 input fields start
+
+
+def _aligned(n: int) -> int:
+    """n rounded up to a whole number of 16-byte int32 runs."""
+    return -(-n // _ALIGN32) * _ALIGN32
 
 
 def prefill_buckets(max_tokens: int) -> list[int]:
@@ -108,13 +114,15 @@ class DecodeGraphs:
 
     def _bytes(self, b: int) -> int:
         """Bytes of the input buffer up to the block tables of b rows."""
-        return 3 * self.sizes[-1] * (8 + 4) + b * self.max_blocks * 4
+        return 3 * _aligned(self.sizes[-1]) * (8 + 4) + b * self.max_blocks * 4
 
     def _views(self, buf: torch.Tensor, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The int64 rows [3, B], the int32 rows [3, B] and the tables [B, width] of a buffer."""
-        n64, n32 = 3 * B * 8, 3 * B * 4
-        rows64 = buf[:n64].view(torch.int64).view(3, B)
-        rows32 = buf[n64 : n64 + n32].view(torch.int32).view(3, B)
+        """The int64 rows [3, B], the int32 rows [3, B] and the tables [B, width] of a buffer.
+        Rows are _aligned(B) apart, so that each starts on 16 bytes (see PrefillGraphs)."""
+        W = _aligned(B)
+        n64, n32 = 3 * W * 8, 3 * W * 4
+        rows64 = buf[:n64].view(torch.int64).view(3, W)[:, :B]
+        rows32 = buf[n64 : n64 + n32].view(torch.int32).view(3, W)[:, :B]
         return rows64, rows32, buf[n64 + n32 :].view(torch.int32).view(B, self.max_blocks)
 
     def _context(self, b: int) -> Context:
@@ -199,12 +207,17 @@ class PrefillGraphs:
         # int64 inputs: ids, positions, slot_mapping [B each], logits row [1]; int32 inputs:
         # cu_seqlens [3], src, dst, context_lens [2 each], checkpoint seq, boundary and slot
         # [C each] (C: one per block of the largest bucket), then the chunk's block table
-        # (staged only). One pinned buffer and one asynchronous copy per dtype; two sets used
-        # in turn, so staging a chunk does not wait for the one before to run.
-        self.n32 = 9 + 3 * self.C
-        self.hosts = [(torch.zeros(3 * self.B + 1, dtype=torch.int64, pin_memory=True),
-                       torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True),
-                       acc.Event()) for _ in range(2)]
+        # (staged only). Each int32 field starts on 16 bytes (_ALIGN32 entries), as a tensor
+        # of its own does: the kernels see the alignment an eager step gives them, so Triton
+        # builds them once for both. One pinned buffer and one asynchronous copy per dtype; two
+        # sets used in turn, so staging a chunk does not wait for the one before to run.
+        self.Cp = _aligned(self.C)
+        self.n32 = 4 * _ALIGN32 + 3 * self.Cp
+        self.hosts = []
+        for _ in range(2):
+            host32 = torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True)
+            self.hosts.append((torch.zeros(3 * self.B + 1, dtype=torch.int64, pin_memory=True),
+                               host32, self._fields32(host32.numpy()), acc.Event()))
         self.turn = 0
         self.dev64 = torch.zeros(3 * self.B + 1, dtype=torch.int64, device=device)
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
@@ -237,24 +250,31 @@ class PrefillGraphs:
         self.sizes = sorted(self.graphs)
 
     def _context(self, b: int) -> Context:
-        B, C, c, v32, v64 = self.B, self.C, b // CHUNK, self.dev32, self.dev64
+        B, c, v64 = self.B, b // CHUNK, self.dev64
+        cu, src, dst, ctx, seq, boundary, slot = self._fields32(self.dev32)
         return Context(
-            positions=v64[B : B + b], cu_seqlens=v32[0:3], is_decode=False, state_src=v32[3:5],
-            state_dst=v32[5:7], slot_mapping=v64[2 * B : 2 * B + b], block_tables=self.tables,
-            context_lens=v32[7:9],
-            checkpoints=Checkpoints(v32[9 : 9 + c], v32[9 + C : 9 + C + c], v32[9 + 2 * C : 9 + 2 * C + c]),
+            positions=v64[B : B + b], cu_seqlens=cu, is_decode=False, state_src=src,
+            state_dst=dst, slot_mapping=v64[2 * B : 2 * B + b], block_tables=self.tables,
+            context_lens=ctx, checkpoints=Checkpoints(seq[:c], boundary[:c], slot[:c]),
             logits_indices=v64[3 * B :], pad_seqs=1,
         )
+
+    def _fields32(self, buf):
+        """The int32 fields of a staging buffer (tensor or array): cu_seqlens, src, dst,
+        context_lens, and the checkpoints' seq, boundary and slot columns."""
+        a, cp = _ALIGN32, self.Cp
+        heads = [buf[i * a : i * a + n] for i, n in enumerate((3, 2, 2, 2))]
+        return (*heads, *(buf[4 * a + i * cp : 4 * a + (i + 1) * cp] for i in range(3)))
 
     def _stage(self, b: int, ids, start: int, slot_mapping, src: int, dst: int,
                table: list[int], checkpoints: list[tuple[int, int]]) -> None:
         """Stage one chunk (its tokens from position `start`) and its padding, and copy it over.
         ids and slot_mapping: lists or int64 arrays of the chunk's length."""
-        B, C, c, n = self.B, self.C, b // CHUNK, len(ids)
+        B, c, n = self.B, b // CHUNK, len(ids)
         pad = b - n
         spare = [(1, CHUNK, self.pad_slot)] * (c - len(checkpoints))  # the padding's first block
         targets = [(0, boundary, slot) for boundary, slot in checkpoints] + spare
-        host64, host32, copied = self.hosts[self.turn]
+        host64, host32, fields, copied = self.hosts[self.turn]
         self.turn ^= 1
         # this set's copies of two chunks ago must be done (the chunk before, on the other set,
         # may still be queued: a chunk that samples nothing leaves the host unsynchronised)
@@ -264,9 +284,10 @@ class PrefillGraphs:
         h64[B : B + n], h64[B + n : B + b] = np.arange(start, start + n), np.arange(pad)
         h64[2 * B : 2 * B + n], h64[2 * B + n : 2 * B + b] = slot_mapping, -1
         h64[3 * B] = n - 1
-        h32[:9] = (0, n, b, src, 0, dst, self.pad_slot, start + n, pad)
-        for i, column in enumerate(zip(*targets)):
-            h32[9 + i * C : 9 + i * C + c] = column
+        cu, srcs, dsts, ctx = fields[:4]
+        cu[:], srcs[:], dsts[:], ctx[:] = (0, n, b), (src, 0), (dst, self.pad_slot), (start + n, pad)
+        for field, column in zip(fields[4:], zip(*targets)):
+            field[:c] = column
         self.dev64.copy_(host64, non_blocking=True)
         self.dev32.copy_(host32[: self.n32], non_blocking=True)
         if table:

@@ -359,16 +359,24 @@ class ModelRunner:
         if self.counts is not None:
             self.counts.release(seq_id)
 
-    def warm_up(self) -> None:
+    def warm_up(self, max_seqs: int, max_tokens: int) -> None:
         """Compile, before any request, the kernels a step can first need while others run:
         the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
-        0.44 s on an H100, stalling every running request); the sampler's draws over the
-        vocabulary and among a top-k, with and without penalties, first in a step or after
-        another group (its values' pointer is then aligned otherwise: other builds); a
-        penalised argmax; the logprob and prompt-score tables (one build for every k up to 32:
-        kernels.sampler._merge_sizes). Triton compiles a kernel on its first call; its disk
-        cache serves later processes. Not built here: a top-k above 32, a logprob k above 32."""
+        0.44 s on an H100, stalling every running request); eager forwards of several
+        sequences (a step that prefills more than one, or mixes prefills and decodes: the GDN
+        state kernel's tile follows the number of sequences, see `_warm_forward`); the
+        sampler's draws over the vocabulary and among a top-k, with and without penalties,
+        first in a step or after another group (its values' pointer is then aligned otherwise:
+        other builds), and among a top-k of 33-64 (another merge tile: top-k 40 is llama.cpp's
+        default); a penalised argmax; the logprob and prompt-score tables (one build for every
+        k up to 32: kernels.sampler._merge_sizes). Triton compiles a kernel on its first call;
+        its disk cache serves later processes. Not built here: a top-k above 64, a logprob k
+        above 32. max_seqs, max_tokens: the engine's sequences and tokens a step."""
         self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
+        most = min(max_seqs, max_tokens // CHUNK)
+        for n in sorted({2, 3, most}):
+            if 2 <= n <= most:
+                self._warm_forward(n)
         vocab = self.loaded.config.vocab_size
         logits = torch.zeros(2, vocab, dtype=torch.float32, device=self.device)
         counts = TokenCounts(vocab, self.device)
@@ -381,10 +389,34 @@ class ModelRunner:
                    counts=(counts, [row]))
             sample(logits, [penalised, params], [None] * 2, counts=(counts, [row, row]))
         sample(logits, [top_k, top_p], [None] * 2)
+        wider = SamplingParams(temperature=1.0, top_k=40)  # (llama.cpp's and Ollama's default)
+        sample(logits[:1], [wider], [None])
+        sample(logits, [top_p, wider], [None] * 2)
         tokens = sample(logits[:1], [penalised], [None], counts=(counts, [row]))
         logits = logits[:1]
         logprob_table(logits, tokens, [0], 5)
         kernels.score_logits(logits.to(self.dtype), tokens, 5)  # (prompt logprobs: model dtype)
+
+    def _warm_forward(self, n: int) -> None:
+        """One eager forward over n padding sequences of CHUNK tokens, each with a checkpoint at
+        its end: states from the zero slot into the pad slot, no KV written (block 0 read).
+        Steps with few sequences (2, 3) and with the most a step holds take different GDN
+        state tiles (kernels.gdn_chunk._state_tile); counts themselves build nothing new, as
+        kernels do not specialise on them."""
+        dev, i32, i64 = self.device, torch.int32, torch.int64
+        cu = torch.arange(0, n * CHUNK + 1, CHUNK, dtype=i32, device=dev)
+        pad = torch.full((n,), self.pad_slot, dtype=i32, device=dev)
+        ctx = Context(
+            positions=torch.arange(CHUNK, dtype=i64, device=dev).repeat(n), cu_seqlens=cu,
+            is_decode=False, state_src=torch.zeros(n, dtype=i32, device=dev), state_dst=pad,
+            slot_mapping=torch.full((n * CHUNK,), -1, dtype=i64, device=dev),
+            block_tables=torch.zeros(n, 1, dtype=i32, device=dev),
+            context_lens=torch.full((n,), CHUNK, dtype=i32, device=dev),
+            checkpoints=kernels.Checkpoints(torch.arange(n, dtype=i32, device=dev),
+                                            torch.full((n,), CHUNK, dtype=i32, device=dev), pad),
+            logits_indices=(cu[1:] - 1).to(i64),
+        )
+        self.model(torch.zeros(n * CHUNK, dtype=i64, device=dev), ctx, self.caches)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""

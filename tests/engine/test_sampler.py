@@ -101,16 +101,20 @@ def test_rows_of_every_kind_drawn_together_draw_as_alone():
 
 
 def test_warm_up_leaves_the_caches_but_the_pad_slot(tiny_dirs):
-    """On the CPU the engine skips it; run here, it draws and copies what an accelerator's
-    would, touching no cache slot but the pad slot."""
+    """On the CPU the engine skips it; run here, it draws, copies and runs the eager forwards
+    an accelerator's would, touching no cache slot but the pad slot, and no KV."""
     loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32, device="cpu")
     runner = ModelRunner(loaded, 8, 6, 64)
     for pool in runner.caches.conv + runner.caches.ssm:
         pool.normal_()
     before = [pool.clone() for pool in runner.caches.conv + runner.caches.ssm]
     kv = [t.clone() for t in runner.caches.k + runner.caches.v]
-    runner.warm_up()
+    forwards = []
+    model = runner.model
+    runner.model = lambda ids, ctx, caches: forwards.append(len(ctx.state_src)) or model(ids, ctx, caches)
+    runner.warm_up(max_seqs=8, max_tokens=256)
+    assert forwards == [2, 3, 4]  # (4: the most sequences of 64 tokens a 256-token step holds)
     for was, pool in zip(before, runner.caches.conv + runner.caches.ssm):
         assert torch.equal(pool[: runner.pad_slot], was[: runner.pad_slot])
-        assert torch.equal(pool[runner.pad_slot], was[0])
+        assert not torch.equal(pool[runner.pad_slot], was[runner.pad_slot])
     assert all(torch.equal(a, b) for a, b in zip(kv, runner.caches.k + runner.caches.v))
