@@ -26,12 +26,22 @@ fixed-size list (its first block, saved to the pad slot). So every kernel sees t
 was captured with, and nothing real is touched. Each graph is replayed once when captured (on
 its capture inputs, padding alone), so that no request pays its first replay's upload.
 
+Both are captured on a stream of their runner's own, with Python's garbage collection paused
+(`no_collection`): an engine collected during another's capture invalidates it, and torch
+(2.11) drops the cuBLAS workspace of a destroyed graph's capture stream, which graphs captured
+on that stream before still use (pytorch/pytorch#193402). The first was seen here (an H100:
+the capture failed); the second has not been.
+
 The only host synchronisation of a step is the caller's read of the sampled tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -55,6 +65,25 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN32) * _ALIGN32
 
 
+@contextlib.contextmanager
+def no_collection(collect_first: bool = True) -> Iterator[None]:
+    """Python's garbage collection paused for a capture (after a collection, by default). A
+    collection during a capture may destroy an unreachable engine, whose freed memory and
+    graphs invalidate the capture (an H100, torch 2.11: "operation failed due to a previous
+    error during capture"). The cuBLAS internal error that the GPU suite met twice while an
+    engine captured its decode graph, its engines made and dropped in one process, may have
+    been this; that was not shown."""
+    if collect_first:
+        gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def prefill_buckets(max_tokens: int) -> list[int]:
     """The prefill buckets that serve chunks of up to max_tokens (the step's token budget):
     PREFILL_BUCKETS, then every LARGE_BUCKET_STEP tokens, and last the one that holds a chunk
@@ -68,10 +97,11 @@ def prefill_buckets(max_tokens: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, caches: ModelCaches, max_batch: int, max_blocks: int, pad_slot: int,
-                 device: torch.device) -> None:
+                 device: torch.device, stream=None) -> None:
         self.sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_blocks, self.pad_slot = max_blocks, pad_slot
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
+        capture = functools.partial(capture, stream=stream)  # (see ModelRunner.capture_graphs)
         B, dev, i32 = max_batch, device, torch.int32
         # static device inputs in one buffer, so that a step stages them in one copy: rows
         # (ids, positions, slot_mapping) as int64, rows (src, dst, ctx_len) and the block tables
@@ -200,9 +230,10 @@ class PrefillGraphs:
     """Graphs of a one-sequence prefill chunk, one per token bucket (see the module docstring)."""
 
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
-                 device: torch.device) -> None:
+                 device: torch.device, stream=None) -> None:
         sizes = prefill_buckets(max_tokens)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
+        capture = functools.partial(capture, stream=stream)  # (see ModelRunner.capture_graphs)
         self.B, self.C, self.max_blocks, self.pad_slot = sizes[-1], sizes[-1] // CHUNK, max_blocks, pad_slot
         # int64 inputs: ids, positions, slot_mapping [B each], logits row [1]; int32 inputs:
         # cu_seqlens [3], src, dst, context_lens [2 each], checkpoint seq, boundary and slot
@@ -228,10 +259,15 @@ class PrefillGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self.replays = 0
+        # graphs whose capture ran out of memory: kept, as destroying a graph makes torch (2.11)
+        # drop the cuBLAS workspace of its capture stream, which the graphs captured on that
+        # stream before it still write to when replayed
+        self.failed: list[Any] = []
         pool = None
         for b in reversed(sizes):
             self._stage(b, [0] * (b - CHUNK), 0, [-1] * (b - CHUNK), 0, pad_slot, [], [])
             ctx, ids = self._context(b), self.dev64[:b]
+            graph = None
             try:
                 model(ids, ctx, caches, with_argmax=True)  # compile every kernel before capture
                 acc.synchronize(device)
@@ -241,6 +277,8 @@ class PrefillGraphs:
                     self.logits[b], self.greedy[b] = model(ids, ctx, caches, with_argmax=True)
             except torch.OutOfMemoryError:
                 log.warning("statechat: no memory for a %d-token prefill graph; such chunks run eagerly", b)
+                if graph is not None:
+                    self.failed.append(graph)
                 acc.empty_cache()
                 continue
             pool = graph.pool()

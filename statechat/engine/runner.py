@@ -17,7 +17,13 @@ import torch
 import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator
-from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
+from statechat.engine.graphs import (
+    PREFILL_BUCKETS,
+    DecodeGraphs,
+    PrefillGraphs,
+    no_collection,
+    prefill_buckets,
+)
 from statechat.engine.sampler import TokenCounts, logprob_table, sample
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.sampling import SamplingParams
@@ -79,14 +85,24 @@ class ModelRunner:
         if with_prefill:
             longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
         self.model.model.rotary.build_table(longest, self.dtype)
-        self.graphs = self._capture("decode", lambda: DecodeGraphs(
-            self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device))
-        if with_prefill:
-            self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
-                self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
-                self.device))
+        # captured on a stream of this runner's own: torch (2.11) drops the cuBLAS workspace of
+        # a graph's capture stream when the graph is destroyed, so on the process-wide default
+        # capture stream the graphs of another engine would lose theirs when this one goes
+        stream = self._capture_stream()
+        with no_collection():
+            self.graphs = self._capture("decode", lambda: DecodeGraphs(
+                self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
+                stream))
+            if with_prefill:
+                self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
+                    self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
+                    self.device, stream))
         if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
             self.sampler_graphs = SamplerGraphs(self.device)
+
+    def _capture_stream(self):
+        """A new stream of this runner's device, which its decode and prefill graphs are captured on."""
+        return accelerator(self.device).Stream(self.device)
 
     def _capture(self, what: str, build: Callable[[], T]) -> T | None:
         """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""
@@ -382,16 +398,14 @@ class ModelRunner:
         counts = TokenCounts(vocab, self.device)
         row = counts.row(-1, [0], [])
         top_p, top_k = SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)
+        wider = SamplingParams(temperature=1.0, top_k=40)  # (llama.cpp's and Ollama's default)
         penalised = SamplingParams(presence_penalty=1.0)
-        for params in (top_p, top_k):
+        for params in (top_p, top_k, wider):
             sample(logits[:1], [params], [None])
             sample(logits[:1], [dataclasses.replace(params, presence_penalty=1.0)], [None],
                    counts=(counts, [row]))
             sample(logits, [penalised, params], [None] * 2, counts=(counts, [row, row]))
         sample(logits, [top_k, top_p], [None] * 2)
-        wider = SamplingParams(temperature=1.0, top_k=40)  # (llama.cpp's and Ollama's default)
-        sample(logits[:1], [wider], [None])
-        sample(logits, [top_p, wider], [None] * 2)
         tokens = sample(logits[:1], [penalised], [None], counts=(counts, [row]))
         logits = logits[:1]
         logprob_table(logits, tokens, [0], 5)

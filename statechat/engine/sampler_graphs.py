@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from statechat.engine.graphs import no_collection
 from statechat.engine.sampler import Plan, Rows, TokenCounts, device_index, logprob_table
 
 log = logging.getLogger("statechat.engine")
@@ -116,7 +117,7 @@ class SamplerGraphs:
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         try:
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.stream(self.stream), no_collection(collect_first=False):
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 try:
                     out = work()

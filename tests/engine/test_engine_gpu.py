@@ -270,3 +270,34 @@ def test_a_logprob_graph_keeps_the_index_it_reads():
     got = graphs.logprobs(logits, tokens, rows, 3)
     assert graphs.replays == 2 and reused
     assert torch.equal(got, logprob_table(logits, tokens, rows, 3))
+
+
+def test_graphs_are_captured_on_a_stream_of_their_own_with_collection_paused(gpu_setup, monkeypatch):
+    """An unreachable engine that Python collects during a capture invalidates it (its memory
+    and graphs are freed), and torch drops the cuBLAS workspace of a destroyed graph's capture
+    stream: so an engine's decode and prefill graphs are captured with collection paused, on
+    a stream no other engine captures on."""
+    from statechat.engine import graphs
+
+    path, loaded = gpu_setup[:2]
+    seen = []
+    real = graphs.graph_api
+
+    def recording_api(device):
+        new_graph, capture = real(device)
+
+        def recording(graph, pool=None, stream=None):
+            seen.append((gc.isenabled(), stream))
+            return capture(graph, pool=pool, stream=stream)
+
+        return new_graph, recording
+
+    monkeypatch.setattr(graphs, "graph_api", recording_api)
+    config = EngineConfig(model=path, device="cuda", dtype="float32")
+    first, second = LLMEngine(config, loaded=loaded), LLMEngine(config, loaded=loaded)
+    assert seen and not any(enabled for enabled, _ in seen) and gc.isenabled()
+    streams = {stream for _, stream in seen}
+    assert len(streams) == 2 and None not in streams
+    assert torch.cuda.graph.default_capture_stream not in streams
+    assert first.generate([[1, 2, 3]], SamplingParams(max_tokens=4)) is not None
+    assert second.generate([[1, 2, 3]], SamplingParams(max_tokens=4)) is not None

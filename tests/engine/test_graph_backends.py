@@ -90,3 +90,27 @@ def test_only_device_errors_are_taken_for_a_failed_capture(monkeypatch):
         cuda = _runner(SimpleNamespace(type="cuda"))
         cuda._capture("decode", _failing_capture(RuntimeError("not capturable")))
     assert _runner(NPU)._capture("decode", lambda: "graphs") == "graphs"
+
+
+def test_no_collection_pauses_collection_and_restores_it(monkeypatch):
+    import gc
+
+    from statechat.engine.graphs import no_collection
+
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+    assert gc.isenabled()
+    with no_collection():
+        assert not gc.isenabled() and collected == [1]
+    assert gc.isenabled()
+    with pytest.raises(ValueError), no_collection(collect_first=False):
+        assert collected == [1]
+        raise ValueError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_collection():
+            pass
+        assert not gc.isenabled()  # (left as it was found)
+    finally:
+        gc.enable()
