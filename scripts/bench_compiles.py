@@ -1,0 +1,130 @@
+"""What Triton compiles, and when: an engine's start, then serving, on an empty Triton cache.
+
+    TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_compiles.py [--layers 24] [--out DIR]
+
+Builds the random-weight model of bench_e2e (Qwen3.5's shapes at about 1B parameters, bf16),
+starts an engine (graphs captured, warm-up run) and serves, in turn: 32 requests of 256-token
+prompts mixing greedy, penalties, Qwen's recommended sampling, top-p, logprobs and a top-k of
+40; three and then five prompts of odd lengths; one long prompt; one short one. Triton's
+compile hooks record every kernel build (a disk-cache hit on an empty cache is none), so the
+table printed last says how many builds each phase made, how long they took, and the slowest
+step of each serving phase (a build stalls its step, and every request in it). DIR/compiles.json
+holds each build's kernel, phase, seconds and specialisation key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import triton
+from bench_common import ids, log
+from bench_e2e import build_model
+from triton import knobs
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+
+
+class Builds:
+    """Triton's builds as they happen (its jit cache hook runs before a compile, the post-compile
+    hook after), each tagged with the phase it happened in."""
+
+    def __init__(self) -> None:
+        self.phase = "start"
+        self.events: list[dict] = []
+        self._began: dict[str, float] = {}
+        knobs.runtime.jit_cache_hook = self._before
+        knobs.runtime.jit_post_compile_hook = self._after
+
+    def _before(self, **hook) -> bool:
+        self._began[str(hook["key"])] = time.perf_counter()
+        return False  # (compile as usual)
+
+    def _after(self, **hook) -> bool:
+        began = self._began.pop(str(hook["key"]), time.perf_counter())
+        self.events.append({"phase": self.phase, "kernel": hook["repr"].split("[", 1)[0],
+                            "s": time.perf_counter() - began, "key": str(hook["key"])})
+        return False
+
+    def of(self, phase: str) -> list[dict]:
+        return [e for e in self.events if e["phase"] == phase]
+
+    def report(self, phase: str) -> None:
+        per_kernel = collections.defaultdict(lambda: [0, 0.0])
+        for e in self.of(phase):
+            per_kernel[e["kernel"]][0] += 1
+            per_kernel[e["kernel"]][1] += e["s"]
+        for kernel, (n, s) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
+            log(f"  {phase}: {kernel} {n} builds, {s:.2f} s")
+
+
+def serve(engine: LLMEngine, builds: Builds, phase: str, prompts, params) -> float:
+    """Serve the requests to the end; the slowest step's seconds (its builds are logged)."""
+    builds.phase = phase
+    for prompt, p in zip(prompts, params):
+        engine.add_request(prompt, p)
+    slowest, made = 0.0, []
+    while engine.has_unfinished():
+        before, t = len(builds.events), time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t
+        if dt > slowest:
+            slowest, made = dt, [e["kernel"] for e in builds.events[before:]]
+    log(f"{phase}: slowest step {slowest * 1e3:.1f} ms, building {made or 'nothing'}")
+    return slowest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    log(torch.cuda.get_device_name(), "triton", triton.__version__, "cache",
+        os.environ.get("TRITON_CACHE_DIR", "(default)"))
+    path = Path("/tmp/statechat-compiles")
+    build_model(path, args.layers)  # (the checkpoint it writes is all we need of it)
+    torch.cuda.empty_cache()
+    builds = Builds()
+    t = time.perf_counter()
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4))
+    started = time.perf_counter() - t
+    kinds = [
+        SamplingParams(max_tokens=40),
+        SamplingParams(presence_penalty=1.0, max_tokens=40),
+        SamplingParams(temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5, max_tokens=40),
+        SamplingParams(temperature=1.0, top_p=0.95, max_tokens=40),
+        SamplingParams(temperature=1.0, top_p=0.9, frequency_penalty=0.5, max_tokens=40),
+        SamplingParams(max_tokens=40, logprobs=5),
+        SamplingParams(temperature=0.8, top_k=40, max_tokens=40),
+    ]
+    mixed = [kinds[i % len(kinds)] for i in range(32)]
+    slowest = {
+        "32 mixed requests": serve(engine, builds, "32 mixed requests", [ids(256, 100 + i) for i in range(32)], mixed),
+        "3 odd lengths": serve(engine, builds, "3 odd lengths", [ids(n, n) for n in (77, 1000, 2100)], mixed[:3]),
+        "5 odd lengths": serve(engine, builds, "5 odd lengths", [ids(n, n + 1) for n in (33, 130, 515, 4000, 64)],
+                               mixed[3:8]),
+        "one long prompt": serve(engine, builds, "one long prompt", [ids(5000, 7)], [kinds[2]]),
+        "one short prompt": serve(engine, builds, "one short prompt", [ids(317, 8)], [kinds[0]]),
+    }
+    for phase in ["start", *slowest]:
+        builds.report(phase)
+    with open(os.path.join(args.out, "compiles.json"), "w") as f:
+        json.dump(builds.events, f, indent=1)
+    print("\n| phase | builds | their compile time (s) | slowest step |")
+    print("|---|---|---|---|")
+    print(f"| engine start | {len(builds.of('start'))} | {sum(e['s'] for e in builds.of('start')):.1f} "
+          f"| (start: {started:.1f} s) |")
+    for phase, s in slowest.items():
+        ev = builds.of(phase)
+        print(f"| {phase} | {len(ev)} | {sum(e['s'] for e in ev):.1f} | {s * 1e3:.1f} ms |")
+
+
+if __name__ == "__main__":
+    main()
