@@ -392,7 +392,15 @@ class ModelRunner:
         most = min(max_seqs, max_tokens // CHUNK)
         for n in sorted({2, 3, most}):
             if 2 <= n <= most:
-                self._warm_forward(n)
+                try:
+                    self._warm_forward(n)
+                except torch.OutOfMemoryError:
+                    if self.device.type != "cpu":
+                        accelerator(self.device).empty_cache()
+                    log.warning("statechat: no memory for an eager step of %d tokens at start; "
+                                "a step that large may fail while serving (EngineConfig: "
+                                "lower memory_fraction or max_num_batched_tokens)", n * CHUNK)
+                    break
         vocab = self.loaded.config.vocab_size
         logits = torch.zeros(2, vocab, dtype=torch.float32, device=self.device)
         counts = TokenCounts(vocab, self.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from statechat.engine import runner as runner_module
 from statechat.engine import sampler
 from statechat.engine.runner import ModelRunner
 from statechat.engine.sampler import (
@@ -118,3 +119,24 @@ def test_warm_up_leaves_the_caches_but_the_pad_slot(tiny_dirs):
         assert torch.equal(pool[: runner.pad_slot], was[: runner.pad_slot])
         assert not torch.equal(pool[runner.pad_slot], was[runner.pad_slot])
     assert all(torch.equal(a, b) for a, b in zip(kv, runner.caches.k + runner.caches.v))
+
+
+def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monkeypatch, caplog):
+    """An eager forward that runs out of memory at start is said once, in a warning, and the
+    warm-up goes on to the sampler without the larger forwards."""
+    loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32, device="cpu")
+    runner = ModelRunner(loaded, 8, 6, 64)
+    tried = []
+
+    def forward(n):
+        tried.append(n)
+        if n == 3:
+            raise torch.OutOfMemoryError("no room")
+
+    monkeypatch.setattr(runner, "_warm_forward", forward)
+    drawn, real = [], runner_module.sample
+    monkeypatch.setattr(runner_module, "sample", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    with caplog.at_level("WARNING", logger="statechat.engine"):
+        runner.warm_up(max_seqs=8, max_tokens=512)
+    assert tried == [2, 3] and drawn
+    assert "no memory for an eager step of 192 tokens" in caplog.text
