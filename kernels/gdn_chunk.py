@@ -644,6 +644,19 @@ def _state_tile(num_rows: int, V: int, device: torch.device) -> tuple[int, int]:
     return (wide if waves[1] * cfg["wide_cost"] < waves[0] else narrow), cfg["num_warps"]
 
 
+def state_tile_counts(heads: int, V: int, device: torch.device, most: int) -> list[int]:
+    """The fewest sequences (1 up to `most`) that take each of the state kernel's tiles for a
+    model of `heads` value heads of V: the step sizes whose eager prefills build every tile
+    (`ModelRunner.warm_up`)."""
+    counts, seen = [], set()
+    for n in range(1, most + 1):
+        tile = _state_tile(n * heads, V, device)
+        if tile not in seen:
+            seen.add(tile)
+            counts.append(n)
+    return counts
+
+
 def chunk_gdn(
     q: torch.Tensor,
     k: torch.Tensor,

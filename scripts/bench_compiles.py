@@ -5,7 +5,7 @@
 Builds the random-weight model of bench_e2e (Qwen3.5's shapes at about 1B parameters, bf16),
 starts an engine (graphs captured, warm-up run) and serves, in turn: 32 requests of 256-token
 prompts mixing greedy, penalties, Qwen's recommended sampling, top-p, logprobs and a top-k of
-40; three and then five prompts of odd lengths; one long prompt; one short one. Triton's
+40; three and then five prompts of other lengths; one long prompt; one short one. Triton's
 compile hooks record every kernel build (a disk-cache hit on an empty cache is none), so the
 table printed last says how many builds each phase made, how long they took, and the slowest
 step of each serving phase (a build stalls its step, and every request in it). DIR/compiles.json
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import time
@@ -44,14 +45,19 @@ class Builds:
         knobs.runtime.jit_post_compile_hook = self._after
 
     def _before(self, **hook) -> bool:
-        self._began[str(hook["key"])] = time.perf_counter()
+        self._began[self._name(hook)] = time.perf_counter()
         return False  # (compile as usual)
 
     def _after(self, **hook) -> bool:
-        began = self._began.pop(str(hook["key"]), time.perf_counter())
+        began = self._began.pop(self._name(hook), time.perf_counter())
         self.events.append({"phase": self.phase, "kernel": hook["repr"].split("[", 1)[0],
                             "s": time.perf_counter() - began, "key": str(hook["key"])})
         return False
+
+    @staticmethod
+    def _name(hook: dict) -> str:
+        """A build's kernel and specialisation key (two kernels may share a key)."""
+        return hook["repr"].split("[", 1)[0] + str(hook["key"])
 
     def of(self, phase: str) -> list[dict]:
         return [e for e in self.events if e["phase"] == phase]
@@ -86,11 +92,15 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    log(torch.cuda.get_device_name(), "triton", triton.__version__, "cache",
-        os.environ.get("TRITON_CACHE_DIR", "(default)"))
+    cache = os.environ.get("TRITON_CACHE_DIR")
+    if not cache or (Path(cache).exists() and any(Path(cache).iterdir())):
+        raise SystemExit("set TRITON_CACHE_DIR to an empty directory: Triton's hooks count a "
+                         "kernel loaded from its disk cache as a build")
+    log(torch.cuda.get_device_name(), "triton", triton.__version__, "cache", cache)
     path = Path("/tmp/statechat-compiles")
     build_model(path, args.layers)  # (the checkpoint it writes is all we need of it)
-    torch.cuda.empty_cache()
+    gc.collect()
+    torch.cuda.empty_cache()  # (before the engine sizes its caches from the free memory)
     builds = Builds()
     t = time.perf_counter()
     engine = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4))
@@ -105,25 +115,28 @@ def main() -> None:
         SamplingParams(temperature=0.8, top_k=40, max_tokens=40),
     ]
     mixed = [kinds[i % len(kinds)] for i in range(32)]
-    slowest = {
-        "32 mixed requests": serve(engine, builds, "32 mixed requests", [ids(256, 100 + i) for i in range(32)], mixed),
-        "3 odd lengths": serve(engine, builds, "3 odd lengths", [ids(n, n) for n in (77, 1000, 2100)], mixed[:3]),
-        "5 odd lengths": serve(engine, builds, "5 odd lengths", [ids(n, n + 1) for n in (33, 130, 515, 4000, 64)],
-                               mixed[3:8]),
-        "one long prompt": serve(engine, builds, "one long prompt", [ids(5000, 7)], [kinds[2]]),
-        "one short prompt": serve(engine, builds, "one short prompt", [ids(317, 8)], [kinds[0]]),
+    phases = {  # (random prompts of distinct seeds: no prefix of one is another's)
+        "32 mixed requests": ([256] * 32, mixed),
+        "3 other lengths": ([77, 1000, 2100], mixed[:3]),
+        "5 other lengths": ([33, 130, 515, 4000, 64], mixed[3:8]),
+        "one long prompt": ([5000], kinds[2:3]),
+        "one short prompt": ([317], kinds[:1]),
     }
+    slowest, seed = {}, 1000
+    for phase, (lengths, params) in phases.items():
+        prompts = [ids(n, seed + i) for i, n in enumerate(lengths)]
+        seed += len(lengths)
+        slowest[phase] = serve(engine, builds, phase, prompts, params)
     for phase in ["start", *slowest]:
         builds.report(phase)
     with open(os.path.join(args.out, "compiles.json"), "w") as f:
         json.dump(builds.events, f, indent=1)
     print("\n| phase | builds | their compile time (s) | slowest step |")
     print("|---|---|---|---|")
-    print(f"| engine start | {len(builds.of('start'))} | {sum(e['s'] for e in builds.of('start')):.1f} "
-          f"| (start: {started:.1f} s) |")
-    for phase, s in slowest.items():
-        ev = builds.of(phase)
-        print(f"| {phase} | {len(ev)} | {sum(e['s'] for e in ev):.1f} | {s * 1e3:.1f} ms |")
+    for phase, last in [("start", f"(engine start: {started:.1f} s)"),
+                        *((p, f"{s * 1e3:.1f} ms") for p, s in slowest.items())]:
+        made = builds.of(phase)
+        print(f"| {phase} | {len(made)} | {sum(e['s'] for e in made):.1f} | {last} |")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+import weakref
+from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -56,6 +60,39 @@ def graph_api(device: torch.device) -> tuple[type, Callable] | None:
     if npu is not None and hasattr(npu, "NPUGraph") and hasattr(npu, "graph"):
         return npu.NPUGraph, npu.graph
     return None
+
+
+# streams that graphs are captured on, while their owner lives (see capture_stream)
+_CAPTURE_STREAMS: weakref.WeakSet = weakref.WeakSet()
+_STREAM_DRAWS = 64  # draws from torch's stream pool (32 streams a priority) before giving up
+
+
+def capture_stream(device: torch.device) -> Any:
+    """A stream of the device's pool that no live owner captures graphs on. torch (2.11) drops
+    the cuBLAS workspace of a destroyed graph's capture stream, which graphs captured on it
+    before still use (pytorch/pytorch#193402), so two owners whose graphs come and go apart
+    must not share one. The pool hands its streams out in turn; past _STREAM_DRAWS draws (more
+    than 32 live owners) a taken one is shared."""
+    acc = accelerator(device)
+    for _ in range(_STREAM_DRAWS):
+        stream = acc.Stream(device)
+        if stream not in _CAPTURE_STREAMS:
+            break
+    _CAPTURE_STREAMS.add(stream)
+    return stream
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's garbage collection paused: a collection during a graph capture may destroy an
+    unreachable engine, whose freed memory and graphs invalidate the capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def free_memory(device: torch.device) -> int:

@@ -26,11 +26,8 @@ fixed-size list (its first block, saved to the pad slot). So every kernel sees t
 was captured with, and nothing real is touched. Each graph is replayed once when captured (on
 its capture inputs, padding alone), so that no request pays its first replay's upload.
 
-Both are captured on a stream of their runner's own, with Python's garbage collection paused
-(`no_collection`): an engine collected during another's capture invalidates it, and torch
-(2.11) drops the cuBLAS workspace of a destroyed graph's capture stream, which graphs captured
-on that stream before still use (pytorch/pytorch#193402). The first was seen here (an H100:
-the capture failed); the second has not been.
+Both are captured on their runner's stream (`devices.capture_stream`), with Python's garbage
+collection paused during each capture (`devices.no_collection`; docs/bench.md, session 17).
 
 The only host synchronisation of a step is the caller's read of the sampled tokens.
 """
@@ -38,10 +35,8 @@ The only host synchronisation of a step is the caller's read of the sampled toke
 from __future__ import annotations
 
 import contextlib
-import functools
-import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -49,7 +44,7 @@ import torch
 
 import kernels
 from kernels import CHUNK, Checkpoints
-from statechat.devices import accelerator, graph_api
+from statechat.devices import accelerator, graph_api, no_collection
 from statechat.model.context import Context, ModelCaches
 
 log = logging.getLogger("statechat.engine")
@@ -65,23 +60,15 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN32) * _ALIGN32
 
 
-@contextlib.contextmanager
-def no_collection(collect_first: bool = True) -> Iterator[None]:
-    """Python's garbage collection paused for a capture (after a collection, by default). A
-    collection during a capture may destroy an unreachable engine, whose freed memory and
-    graphs invalidate the capture (an H100, torch 2.11: "operation failed due to a previous
-    error during capture"). The cuBLAS internal error that the GPU suite met twice while an
-    engine captured its decode graph, its engines made and dropped in one process, may have
-    been this; that was not shown."""
-    if collect_first:
-        gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def _capturing(capture: Callable, stream: Any) -> Callable:
+    """The capture context manager of graph_api on `stream`, collection paused while it runs."""
+
+    @contextlib.contextmanager
+    def run(graph: Any, pool: Any = None) -> Iterator[None]:
+        with no_collection(), capture(graph, pool=pool, stream=stream):
+            yield
+
+    return run
 
 
 def prefill_buckets(max_tokens: int) -> list[int]:
@@ -97,11 +84,11 @@ def prefill_buckets(max_tokens: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, caches: ModelCaches, max_batch: int, max_blocks: int, pad_slot: int,
-                 device: torch.device, stream=None) -> None:
+                 device: torch.device, stream: Any = None) -> None:
         self.sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_blocks, self.pad_slot = max_blocks, pad_slot
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
-        capture = functools.partial(capture, stream=stream)  # (see ModelRunner.capture_graphs)
+        capture = _capturing(capture, stream)
         B, dev, i32 = max_batch, device, torch.int32
         # static device inputs in one buffer, so that a step stages them in one copy: rows
         # (ids, positions, slot_mapping) as int64, rows (src, dst, ctx_len) and the block tables
@@ -230,10 +217,10 @@ class PrefillGraphs:
     """Graphs of a one-sequence prefill chunk, one per token bucket (see the module docstring)."""
 
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
-                 device: torch.device, stream=None) -> None:
+                 device: torch.device, stream: Any = None) -> None:
         sizes = prefill_buckets(max_tokens)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
-        capture = functools.partial(capture, stream=stream)  # (see ModelRunner.capture_graphs)
+        capture = _capturing(capture, stream)
         self.B, self.C, self.max_blocks, self.pad_slot = sizes[-1], sizes[-1] // CHUNK, max_blocks, pad_slot
         # int64 inputs: ids, positions, slot_mapping [B each], logits row [1]; int32 inputs:
         # cu_seqlens [3], src, dst, context_lens [2 each], checkpoint seq, boundary and slot
@@ -242,8 +229,8 @@ class PrefillGraphs:
         # of its own does: the kernels see the alignment an eager step gives them, so Triton
         # builds them once for both. One pinned buffer and one asynchronous copy per dtype; two
         # sets used in turn, so staging a chunk does not wait for the one before to run.
-        self.Cp = _aligned(self.C)
-        self.n32 = 4 * _ALIGN32 + 3 * self.Cp
+        self.ckpt_width = _aligned(self.C)
+        self.n32 = 4 * _ALIGN32 + 3 * self.ckpt_width
         self.hosts = []
         for _ in range(2):
             host32 = torch.zeros(self.n32 + max_blocks, dtype=torch.int32, pin_memory=True)
@@ -277,8 +264,9 @@ class PrefillGraphs:
                     self.logits[b], self.greedy[b] = model(ids, ctx, caches, with_argmax=True)
             except torch.OutOfMemoryError:
                 log.warning("statechat: no memory for a %d-token prefill graph; such chunks run eagerly", b)
-                if graph is not None:
+                if graph is not None:  # (its pool, which holds what it took, serves the next)
                     self.failed.append(graph)
+                    pool = pool or graph.pool()
                 acc.empty_cache()
                 continue
             pool = graph.pool()
@@ -297,10 +285,10 @@ class PrefillGraphs:
             logits_indices=v64[3 * B :], pad_seqs=1,
         )
 
-    def _fields32(self, buf):
+    def _fields32(self, buf: torch.Tensor | np.ndarray) -> tuple:
         """The int32 fields of a staging buffer (tensor or array): cu_seqlens, src, dst,
         context_lens, and the checkpoints' seq, boundary and slot columns."""
-        a, cp = _ALIGN32, self.Cp
+        a, cp = _ALIGN32, self.ckpt_width
         heads = [buf[i * a : i * a + n] for i, n in enumerate((3, 2, 2, 2))]
         return (*heads, *(buf[4 * a + i * cp : 4 * a + (i + 1) * cp] for i in range(3)))
 
@@ -323,7 +311,8 @@ class PrefillGraphs:
         h64[2 * B : 2 * B + n], h64[2 * B + n : 2 * B + b] = slot_mapping, -1
         h64[3 * B] = n - 1
         cu, srcs, dsts, ctx = fields[:4]
-        cu[:], srcs[:], dsts[:], ctx[:] = (0, n, b), (src, 0), (dst, self.pad_slot), (start + n, pad)
+        cu[:], srcs[:], dsts[:] = (0, n, b), (src, 0), (dst, self.pad_slot)
+        ctx[:] = (start + n, pad)
         for field, column in zip(fields[4:], zip(*targets)):
             field[:c] = column
         self.dev64.copy_(host64, non_blocking=True)

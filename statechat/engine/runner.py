@@ -5,25 +5,20 @@ the model and samples. The only engine module that does tensor work.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 import kernels
 from kernels import CHUNK
-from statechat.devices import accelerator
-from statechat.engine.graphs import (
-    PREFILL_BUCKETS,
-    DecodeGraphs,
-    PrefillGraphs,
-    no_collection,
-    prefill_buckets,
-)
+from statechat.devices import accelerator, capture_stream
+from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
 from statechat.engine.sampler import TokenCounts, logprob_table, sample
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.sampling import SamplingParams
@@ -85,24 +80,24 @@ class ModelRunner:
         if with_prefill:
             longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
         self.model.model.rotary.build_table(longest, self.dtype)
-        # captured on a stream of this runner's own: torch (2.11) drops the cuBLAS workspace of
-        # a graph's capture stream when the graph is destroyed, so on the process-wide default
-        # capture stream the graphs of another engine would lose theirs when this one goes
-        stream = self._capture_stream()
-        with no_collection():
-            self.graphs = self._capture("decode", lambda: DecodeGraphs(
-                self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
-                stream))
-            if with_prefill:
-                self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
-                    self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
-                    self.device, stream))
+        # on a stream of this runner's own, not the process-wide default capture stream: a
+        # destroyed graph takes its capture stream's cuBLAS workspace with it (see
+        # devices.capture_stream); unreachable engines collected before, not during, a capture
+        self.capture_stream = self._capture_stream()
+        gc.collect()
+        self.graphs = self._capture("decode", lambda: DecodeGraphs(
+            self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
+            self.capture_stream))
+        if with_prefill:
+            self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
+                self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
+                self.device, self.capture_stream))
         if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
             self.sampler_graphs = SamplerGraphs(self.device)
 
-    def _capture_stream(self):
-        """A new stream of this runner's device, which its decode and prefill graphs are captured on."""
-        return accelerator(self.device).Stream(self.device)
+    def _capture_stream(self) -> Any:
+        """The stream this runner's decode and prefill graphs are captured on."""
+        return capture_stream(self.device)
 
     def _capture(self, what: str, build: Callable[[], T]) -> T | None:
         """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""
@@ -379,8 +374,8 @@ class ModelRunner:
         """Compile, before any request, the kernels a step can first need while others run:
         the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
         0.44 s on an H100, stalling every running request); eager forwards of several
-        sequences (a step that prefills more than one, or mixes prefills and decodes: the GDN
-        state kernel's tile follows the number of sequences, see `_warm_forward`); the
+        sequences (a step that prefills more than one, or mixes prefills and decodes), one for
+        each tile the GDN state kernel takes by the number of sequences; the
         sampler's draws over the vocabulary and among a top-k, with and without penalties,
         first in a step or after another group (its values' pointer is then aligned otherwise:
         other builds), and among a top-k of 33-64 (another merge tile: top-k 40 is llama.cpp's
@@ -388,19 +383,21 @@ class ModelRunner:
         k up to 32: kernels.sampler._merge_sizes). Triton compiles a kernel on its first call;
         its disk cache serves later processes. Not built here: a top-k above 64, a logprob k
         above 32. max_seqs, max_tokens: the engine's sequences and tokens a step."""
+        from kernels.gdn_chunk import state_tile_counts  # (imports triton: accelerators only)
+
         self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
-        most = min(max_seqs, max_tokens // CHUNK)
-        for n in sorted({2, 3, most}):
-            if 2 <= n <= most:
-                try:
-                    self._warm_forward(n)
-                except torch.OutOfMemoryError:
-                    if self.device.type != "cpu":
-                        accelerator(self.device).empty_cache()
-                    log.warning("statechat: no memory for an eager step of %d tokens at start; "
-                                "a step that large may fail while serving (EngineConfig: "
-                                "lower memory_fraction or max_num_batched_tokens)", n * CHUNK)
-                    break
+        mc, most = self.loaded.config, min(max_seqs, max_tokens // CHUNK)
+        heads, width = mc.linear_num_value_heads, mc.linear_value_head_dim
+        for n in state_tile_counts(heads, width, self.device, most):
+            try:
+                self._warm_forward(n)
+            except torch.OutOfMemoryError:
+                if self.device.type != "cpu":
+                    accelerator(self.device).empty_cache()
+                log.warning("statechat: no memory for an eager step of %d tokens at start; "
+                            "a step that large may fail while serving (EngineConfig: "
+                            "lower memory_fraction or max_num_batched_tokens)", n * CHUNK)
+                break
         vocab = self.loaded.config.vocab_size
         logits = torch.zeros(2, vocab, dtype=torch.float32, device=self.device)
         counts = TokenCounts(vocab, self.device)
@@ -422,9 +419,7 @@ class ModelRunner:
     def _warm_forward(self, n: int) -> None:
         """One eager forward over n padding sequences of CHUNK tokens, each with a checkpoint at
         its end: states from the zero slot into the pad slot, no KV written (block 0 read).
-        Steps with few sequences (2, 3) and with the most a step holds take different GDN
-        state tiles (kernels.gdn_chunk._state_tile); counts themselves build nothing new, as
-        kernels do not specialise on them."""
+        (Kernels do not specialise on counts: n matters only for the GDN state tile.)"""
         dev, i32, i64 = self.device, torch.int32, torch.int64
         cu = torch.arange(0, n * CHUNK + 1, CHUNK, dtype=i32, device=dev)
         pad = torch.full((n,), self.pad_slot, dtype=i32, device=dev)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from statechat.engine.graphs import no_collection
+from statechat.devices import capture_stream, no_collection
 from statechat.engine.sampler import Plan, Rows, TokenCounts, device_index, logprob_table
 
 log = logging.getLogger("statechat.engine")
@@ -49,7 +49,7 @@ class SamplerGraphs:
         self.graphs: OrderedDict[tuple, tuple[Any, torch.Tensor, Any]] = OrderedDict()
         self.last: dict[str, tuple] = {}  # kind of work -> the key of its last eager run
         self.pool = None
-        self.stream = torch.cuda.Stream(device)
+        self.stream = capture_stream(device)  # (its evictions destroy graphs captured on it)
         self.captures = self.replays = 0
         self.is_enabled = True
 
@@ -117,7 +117,7 @@ class SamplerGraphs:
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         try:
-            with torch.cuda.stream(self.stream), no_collection(collect_first=False):
+            with torch.cuda.stream(self.stream), no_collection():
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 try:
                     out = work()

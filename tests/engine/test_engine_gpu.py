@@ -272,11 +272,11 @@ def test_a_logprob_graph_keeps_the_index_it_reads():
     assert torch.equal(got, logprob_table(logits, tokens, rows, 3))
 
 
-def test_graphs_are_captured_on_a_stream_of_their_own_with_collection_paused(gpu_setup, monkeypatch):
+def test_graphs_are_captured_on_their_own_stream_with_collection_paused(gpu_setup, monkeypatch):
     """An unreachable engine that Python collects during a capture invalidates it (its memory
     and graphs are freed), and torch drops the cuBLAS workspace of a destroyed graph's capture
     stream: so an engine's decode and prefill graphs are captured with collection paused, on
-    a stream no other engine captures on."""
+    a stream no other live engine captures on."""
     from statechat.engine import graphs
 
     path, loaded = gpu_setup[:2]
@@ -298,6 +298,6 @@ def test_graphs_are_captured_on_a_stream_of_their_own_with_collection_paused(gpu
     assert seen and not any(enabled for enabled, _ in seen) and gc.isenabled()
     streams = {stream for _, stream in seen}
     assert len(streams) == 2 and None not in streams
-    assert torch.cuda.graph.default_capture_stream not in streams
+    assert first.runner.sampler_graphs.stream not in streams | {second.runner.sampler_graphs.stream}
     assert first.generate([[1, 2, 3]], SamplingParams(max_tokens=4)) is not None
     assert second.generate([[1, 2, 3]], SamplingParams(max_tokens=4)) is not None

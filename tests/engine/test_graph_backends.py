@@ -1,4 +1,5 @@
-"""Which graph API each device gets, and an NPU capture that fails leaves its steps eager.
+"""Which graph API each device gets, and an NPU capture that fails leaves its steps eager;
+what captures run under: collection paused, on streams no two live owners share.
 
 (The capture itself runs in the GPU tests, through the same device-generic code; no NPU is
 available to these tests, so torch_npu is stood in for by a namespace. `torch.device("npu")`
@@ -7,13 +8,17 @@ needs torch_npu too: the functions read only `device.type`.)
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
+import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from statechat.devices import accelerator, graph_api
+from statechat import devices
+from statechat.devices import accelerator, graph_api, no_collection
 from statechat.engine.runner import ModelRunner
 
 NPU = SimpleNamespace(type="npu")
@@ -23,7 +28,7 @@ class FakeNPUGraph:
     pass
 
 
-def fake_capture(graph, pool=None):
+def fake_capture(graph, pool=None, stream=None):
     raise AssertionError("not called here")
 
 
@@ -92,25 +97,47 @@ def test_only_device_errors_are_taken_for_a_failed_capture(monkeypatch):
     assert _runner(NPU)._capture("decode", lambda: "graphs") == "graphs"
 
 
-def test_no_collection_pauses_collection_and_restores_it(monkeypatch):
-    import gc
 
-    from statechat.engine.graphs import no_collection
-
-    collected = []
-    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+def test_no_collection_pauses_collection_and_restores_it():
+    """Collection is off inside, and back as it was found after, an exception included."""
     assert gc.isenabled()
     with no_collection():
-        assert not gc.isenabled() and collected == [1]
+        assert not gc.isenabled()
     assert gc.isenabled()
-    with pytest.raises(ValueError), no_collection(collect_first=False):
-        assert collected == [1]
+    with pytest.raises(ValueError), no_collection():
         raise ValueError
     assert gc.isenabled()
     gc.disable()
     try:
         with no_collection():
             pass
-        assert not gc.isenabled()  # (left as it was found)
+        assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class PooledStream:
+    """A stream as torch's pool hands it out: a new object for one of a few handles, in turn."""
+
+    handles = itertools.cycle(range(3))
+
+    def __init__(self, device):
+        self.handle = next(self.handles)
+
+    def __eq__(self, other):
+        return isinstance(other, PooledStream) and other.handle == self.handle
+
+    def __hash__(self):
+        return hash(self.handle)
+
+
+def test_capture_streams_are_not_shared_while_their_owners_live(monkeypatch):
+    monkeypatch.setattr(devices, "accelerator", lambda device: SimpleNamespace(Stream=PooledStream))
+    monkeypatch.setattr(PooledStream, "handles", itertools.cycle(range(3)))
+    monkeypatch.setattr(devices, "_CAPTURE_STREAMS", weakref.WeakSet())
+    held = [devices.capture_stream(torch.device("cuda")) for _ in range(3)]
+    assert sorted(s.handle for s in held) == [0, 1, 2]
+    assert devices.capture_stream(torch.device("cuda")).handle in {0, 1, 2}  # all taken: shared
+    held = [s for s in held if s.handle != 2]  # its owner goes; the pool's turn is at 1 now
+    gc.collect()
+    assert devices.capture_stream(torch.device("cuda")).handle == 2  # (1 is taken: skipped)

@@ -396,3 +396,19 @@ def test_padding_sequences_do_not_count_for_the_state_tile(monkeypatch):
         assert torch.allclose(a, b, atol=1e-5)
     with pytest.raises(ValueError, match="padding sequences"):
         gdn_chunk.chunk_layout(cu, T, None, pad_seqs=2)
+
+
+def test_state_tile_counts_name_the_fewest_sequences_of_each_tile(monkeypatch):
+    """The warm-up's step sizes: on an H100, 16 heads of 128 take the fine tile alone, the
+    narrow one at two sequences and the wide one from three; every tile up to `most` has its
+    count, the first that takes it."""
+    from kernels import gdn_chunk
+
+    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 132)  # an H100
+    device = torch.device(DEVICE)
+    for heads, width in ((16, 128), (4, 128), (48, 128), (4, 32)):
+        counts = gdn_chunk.state_tile_counts(heads, width, device, 64)
+        tiles = [gdn_chunk._state_tile(n * heads, width, device) for n in range(1, 65)]
+        assert counts == [n for n in range(1, 65) if tiles[n - 1] not in tiles[: n - 1]]
+    assert gdn_chunk.state_tile_counts(16, 128, device, 64) == [1, 2, 3]
+    assert gdn_chunk.state_tile_counts(16, 128, device, 2) == [1, 2]
