@@ -62,24 +62,41 @@ def graph_api(device: torch.device) -> tuple[type, Callable] | None:
     return None
 
 
-# streams that graphs are captured on, while their owner lives (see capture_stream)
-_CAPTURE_STREAMS: weakref.WeakSet = weakref.WeakSet()
+# (device, stream handle) -> how many live owners capture graphs on that stream
+_CAPTURE_STREAMS: dict[tuple[str, int], int] = {}
 _STREAM_DRAWS = 64  # draws from torch's stream pool (32 streams a priority) before giving up
 
 
-def capture_stream(device: torch.device) -> Any:
-    """A stream of the device's pool that no live owner captures graphs on. torch (2.11) drops
-    the cuBLAS workspace of a destroyed graph's capture stream, which graphs captured on it
-    before still use (pytorch/pytorch#193402), so two owners whose graphs come and go apart
-    must not share one. The pool hands its streams out in turn; past _STREAM_DRAWS draws (more
-    than 32 live owners) a taken one is shared."""
+def capture_stream(device: torch.device, owner: object) -> Any:
+    """A stream of the device's pool that no other live owner captures graphs on, held until
+    `owner` is collected. torch (2.11) drops the cuBLAS workspace of a destroyed graph's
+    capture stream, which graphs captured on it before still use (pytorch/pytorch#193402), so
+    two owners whose graphs come and go apart must not share one. The pool hands its streams
+    out in turn; past _STREAM_DRAWS draws (more than 32 live owners) a taken one is shared.
+    Streams are told apart by their handles (holding or comparing the stream objects
+    themselves crashed torch 2.11 once)."""
     acc = accelerator(device)
     for _ in range(_STREAM_DRAWS):
         stream = acc.Stream(device)
-        if stream not in _CAPTURE_STREAMS:
+        key = _stream_key(stream, device)
+        if key not in _CAPTURE_STREAMS:
             break
-    _CAPTURE_STREAMS.add(stream)
+    _CAPTURE_STREAMS[key] = _CAPTURE_STREAMS.get(key, 0) + 1
+    weakref.finalize(owner, _release_stream, key)
     return stream
+
+
+def _stream_key(stream: Any, device: torch.device) -> tuple[str, int]:
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None:  # (torch_npu's streams)
+        handle = getattr(stream, "npu_stream", id(stream))
+    return str(getattr(stream, "device", device)), int(handle)
+
+
+def _release_stream(key: tuple[str, int]) -> None:
+    left = _CAPTURE_STREAMS.pop(key, 1) - 1
+    if left > 0:
+        _CAPTURE_STREAMS[key] = left
 
 
 @contextlib.contextmanager

@@ -97,7 +97,7 @@ class ModelRunner:
 
     def _capture_stream(self) -> Any:
         """The stream this runner's decode and prefill graphs are captured on."""
-        return capture_stream(self.device)
+        return capture_stream(self.device, self)
 
     def _capture(self, what: str, build: Callable[[], T]) -> T | None:
         """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""

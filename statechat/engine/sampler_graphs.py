@@ -49,7 +49,7 @@ class SamplerGraphs:
         self.graphs: OrderedDict[tuple, tuple[Any, torch.Tensor, Any]] = OrderedDict()
         self.last: dict[str, tuple] = {}  # kind of work -> the key of its last eager run
         self.pool = None
-        self.stream = capture_stream(device)  # (its evictions destroy graphs captured on it)
+        self.stream = capture_stream(device, self)  # (its evictions destroy graphs captured on it)
         self.captures = self.replays = 0
         self.is_enabled = True
 

@@ -287,7 +287,7 @@ def test_graphs_are_captured_on_their_own_stream_with_collection_paused(gpu_setu
         new_graph, capture = real(device)
 
         def recording(graph, pool=None, stream=None):
-            seen.append((gc.isenabled(), stream))
+            seen.append((gc.isenabled(), None if stream is None else stream.cuda_stream))
             return capture(graph, pool=pool, stream=stream)
 
         return new_graph, recording
@@ -298,6 +298,7 @@ def test_graphs_are_captured_on_their_own_stream_with_collection_paused(gpu_setu
     assert seen and not any(enabled for enabled, _ in seen) and gc.isenabled()
     streams = {stream for _, stream in seen}
     assert len(streams) == 2 and None not in streams
-    assert first.runner.sampler_graphs.stream not in streams | {second.runner.sampler_graphs.stream}
+    samplers = {e.runner.sampler_graphs.stream.cuda_stream for e in (first, second)}
+    assert len(samplers) == 2 and not samplers & streams
     assert first.generate([[1, 2, 3]], SamplingParams(max_tokens=4)) is not None
     assert second.generate([[1, 2, 3]], SamplingParams(max_tokens=4)) is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -122,22 +121,22 @@ class PooledStream:
     handles = itertools.cycle(range(3))
 
     def __init__(self, device):
-        self.handle = next(self.handles)
+        self.cuda_stream = next(self.handles)
 
-    def __eq__(self, other):
-        return isinstance(other, PooledStream) and other.handle == self.handle
 
-    def __hash__(self):
-        return hash(self.handle)
+class Owner:
+    pass
 
 
 def test_capture_streams_are_not_shared_while_their_owners_live(monkeypatch):
     monkeypatch.setattr(devices, "accelerator", lambda device: SimpleNamespace(Stream=PooledStream))
     monkeypatch.setattr(PooledStream, "handles", itertools.cycle(range(3)))
-    monkeypatch.setattr(devices, "_CAPTURE_STREAMS", weakref.WeakSet())
-    held = [devices.capture_stream(torch.device("cuda")) for _ in range(3)]
-    assert sorted(s.handle for s in held) == [0, 1, 2]
-    assert devices.capture_stream(torch.device("cuda")).handle in {0, 1, 2}  # all taken: shared
-    held = [s for s in held if s.handle != 2]  # its owner goes; the pool's turn is at 1 now
+    monkeypatch.setattr(devices, "_CAPTURE_STREAMS", {})
+    cuda = torch.device("cuda")
+    owners = [Owner() for _ in range(4)]
+    held = [devices.capture_stream(cuda, owner).cuda_stream for owner in owners[:3]]
+    assert sorted(held) == [0, 1, 2]
+    assert devices.capture_stream(cuda, owners[3]).cuda_stream in {0, 1, 2}  # all taken: shared
+    del owners[held.index(2)]  # its owner goes; the pool's turn is at 1 now
     gc.collect()
-    assert devices.capture_stream(torch.device("cuda")).handle == 2  # (1 is taken: skipped)
+    assert devices.capture_stream(cuda, Owner()).cuda_stream == 2  # (1 is taken: skipped)
