@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter, which triton reads when a kernel
+# is decorated: set here, before any test module (an engine test that warms up, say) imports
+# one. (tests/kernels/conftest.py says more.)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.helpers import make_tiny
 

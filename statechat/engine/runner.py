@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -83,7 +83,7 @@ class ModelRunner:
         # on a stream of this runner's own, not the process-wide default capture stream: a
         # destroyed graph takes its capture stream's cuBLAS workspace with it (see
         # devices.capture_stream); unreachable engines collected before, not during, a capture
-        self.capture_stream = self._capture_stream()
+        self.capture_stream = capture_stream(self.device, self)
         gc.collect()
         self.graphs = self._capture("decode", lambda: DecodeGraphs(
             self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
@@ -94,10 +94,6 @@ class ModelRunner:
                 self.device, self.capture_stream))
         if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
             self.sampler_graphs = SamplerGraphs(self.device)
-
-    def _capture_stream(self) -> Any:
-        """The stream this runner's decode and prefill graphs are captured on."""
-        return capture_stream(self.device, self)
 
     def _capture(self, what: str, build: Callable[[], T]) -> T | None:
         """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""

@@ -1,8 +1,9 @@
 """Fixtures of the kernel tests: the device to test on, and the Triton interpreter on CPU.
 
-Without a GPU, TRITON_INTERPRET=1 is set here, at import time, before any test module imports
-triton (triton reads it when a kernel is decorated), so the same tests run the Triton kernels
-on the CPU at small shapes.
+Without a GPU, TRITON_INTERPRET=1 is set at import time (by tests/conftest.py, which every
+run loads first; again here, harmlessly), before any test module imports triton (triton reads
+it when a kernel is decorated), so the same tests run the Triton kernels on the CPU at small
+shapes.
 """
 
 from __future__ import annotations
