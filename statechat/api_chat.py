@@ -31,6 +31,7 @@ class ChatShape(Shape):
     deltas and a finish chunk each."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+    prompt_scores_per_choice = False  # (a field of the response: choice 0's, see fields)
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer

@@ -39,6 +39,7 @@ class Shape:
     object = ""  # the whole response's "object"
     chunk_object = ""  # a stream chunk's
     id_prefix = ""
+    prompt_scores_per_choice = True  # False: only choice 0's prompt_logprobs are shown
 
     def opening(self, index: int) -> list[dict]:
         return []
@@ -78,28 +79,32 @@ class Choices:
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
-               n: int, param: str, gone: Callable[[], bool] = lambda: False) -> Choices:
+               n: int, param: str, gone: Callable[[], bool] = lambda: False,
+               scores_once: bool = False) -> Choices:
         """Submit n requests per prompt. A prompt the engine refuses is an ApiError(400) naming
         `param` (code context_length_exceeded when it is too long), and nothing stays queued.
 
         With n > 1, choice 0 of each prompt goes first and the others once it has its first
         token: by then its prompt is in the prefix cache, which they resume from rather than
-        each computing it. ConnectionResetError if the client goes (`gone`) meanwhile."""
+        each computing it. A choice that asks for prompt_logprobs computes its whole prompt:
+        with `scores_once`, only choice 0 asks (the others' would not be shown). Raises
+        ConnectionResetError if the client goes (`gone`) meanwhile."""
         checked = []  # every prompt checked once, before any is queued
         for p, ids in enumerate(prompts):
             with _refused(param, p, len(prompts)):
                 checked.append(worker.engine.check_prompt(ids))
         config = worker.engine.config
+        later = dataclasses.replace(params, prompt_logprobs=None) if scores_once else params
         made: dict[tuple[int, int], RequestHandle] = {}  # (prompt, choice) -> its request
         try:
-            for wave in (range(1), range(1, n)):
+            for wave, asked in ((range(1), params), (range(1, n), later)):
                 for p, ids in enumerate(prompts):
                     for i in wave:
                         with _refused(param, p, len(prompts)):
                             made[p, i] = worker.submit(ids, choice_params(
-                                params, i, len(ids), worker.max_model_len), checked=checked[p])
+                                asked, i, len(ids), worker.max_model_len), checked=checked[p])
                 if wave.start or n == 1 or not config.enable_prefix_cache or \
-                        params.prompt_logprobs is not None:  # (each computes its prompt)
+                        later.prompt_logprobs is not None:  # (each computes its prompt)
                     continue
                 for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
                     while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):

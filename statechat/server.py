@@ -192,7 +192,8 @@ class Handler(BaseHTTPRequestHandler):
         still running when the client goes away."""
         stream, include_usage = parse_stream(body)
         try:
-            choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
+            choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone,
+                                     scores_once=not shape.prompt_scores_per_choice)
         except ConnectionResetError:
             self.close_connection = True
             return

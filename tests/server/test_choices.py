@@ -2,7 +2,8 @@
 seed the request is reproducible, its choices differ and choice 0 is the n=1 reply (choice i
 samples with seed + i); greedy choices are identical; usage counts the prompt once and every
 choice's tokens; a stream interleaves the choices, each with its own role and finish chunk, and
-matches the whole reply; the choices after the first resume from its prompt; a client that
+matches the whole reply; the choices after the first resume from its prompt (in a chat, also
+when it asks for prompt_logprobs, which choice 0 alone computes); a client that
 goes away, streamed or not, stops every choice; n and best_of out of range are 400s naming
 them."""
 
@@ -111,6 +112,21 @@ def test_the_other_choices_resume_from_the_first_ones_prompt(client, monkeypatch
     outs = [h.output for h in seen[0].handles]
     assert outs[0].num_cached_tokens == 0 and reply.usage.prompt_tokens > 128
     assert all(out.num_cached_tokens >= 128 for out in outs[1:])
+
+
+def test_a_chats_prompt_logprobs_are_computed_by_its_first_choice_alone(client, monkeypatch):
+    """A chat response shows choice 0's prompt_logprobs: the other choices do not ask for them,
+    and resume from its prompt instead of each computing it whole."""
+    seen = spy_on_choices(monkeypatch)
+    long = [{"role": "user", "content": " ".join(["prefix reuse delta gate kernel"] * 40)}]
+    ask = {**ASK, "messages": long, "extra_body": {"ignore_eos": True, "prompt_logprobs": 1}}
+    one = client.chat.completions.create(**ask, temperature=0)
+    reply = client.chat.completions.create(**ask, n=3, temperature=0)
+    assert reply.model_extra["prompt_logprobs"] == one.model_extra["prompt_logprobs"]
+    outs = [h.output for h in seen[1].handles]
+    assert outs[0].prompt_logprobs is not None and outs[0].num_cached_tokens == 0
+    assert all(out.prompt_logprobs is None and out.num_cached_tokens >= 128 for out in outs[1:])
+    assert len({c.message.content for c in reply.choices}) == 1
 
 
 def test_n_and_best_of_out_of_range_are_400s(client):
