@@ -19,10 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, pdl
+from kernels.hw import gdc_enter, num_cores, pdl
 from kernels.reference import Checkpoints
 
-PREFILL_BT = 32  # tokens per prefill program
+# Prefill tiles (tokens x channels per program; 4 warps). The channel tile is the grid's
+# fastest axis, so programs that run together read the same rows. H100, bench_e2e's 6,144
+# channels inside an 8,224-wide projection (docs/bench.md, session 18): 8,192 tokens took 104
+# us in 32 x 128 tiles and 122 us in 16 x 128 (125 us in 32 x 256 tiles walking the tokens
+# first, as before); 84 tokens took 3.0 us in 16 x 128 and 3.8 us in 32 x 128. So the larger
+# tile from PREFILL_MANY programs per core up.
+PREFILL_BT, PREFILL_FEW_BT, PREFILL_BD, PREFILL_WARPS, PREFILL_MANY = 32, 16, 128, 4, 8
 
 
 @triton.jit
@@ -59,7 +65,9 @@ def _conv_fwd_kernel(
     BT: tl.constexpr,
     BD: tl.constexpr,
 ):
-    i_t, i_d = tl.program_id(0), tl.program_id(1)
+    # one grid axis (no 65,535 limit on the token tiles), channel tiles fastest
+    i_p = tl.program_id(0)
+    i_d, i_t = i_p % tl.cdiv(D, BD), i_p // tl.cdiv(D, BD)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
     m_t = o_t < T
@@ -229,15 +237,17 @@ def causal_conv1d(
             f"conv1d: {N} sequences but {src_slots.shape[0]} src / {dst_slots.shape[0]} dst slots"
         )
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    BD = _block_d(D)
     if T > 0:
-        BT = PREFILL_BT
+        BD = min(PREFILL_BD, triton.next_power_of_2(D))
+        many = triton.cdiv(T, PREFILL_BT) * triton.cdiv(D, BD) >= PREFILL_MANY * num_cores(x.device)
+        BT = PREFILL_BT if many else PREFILL_FEW_BT
         steps = max(N - 1, 1).bit_length()
-        grid = (triton.cdiv(T, BT), triton.cdiv(D, BD))
+        grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)
         _conv_fwd_kernel[grid](
             x, weight, conv_pool, out, cu_seqlens, src_slots, x.stride(0), T, D, N, steps,
-            W=W, BT=BT, BD=BD,
+            W=W, BT=BT, BD=BD, num_warps=PREFILL_WARPS,
         )
+    BD = _block_d(D)
     num_ckpt = ckpt[0].shape[0] if ckpt else 0
     if not ckpt:
         ckpt = (dst_slots, dst_slots, dst_slots)  # never read: no program past N

@@ -52,10 +52,13 @@ BC = tl.constexpr(16)  # rows per sub-block of the WY solve (BT // BC == 4 is ha
 
 # Launch configuration per kernel; the benchmark script may override entries.
 CONFIG = {
-    "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1},
+    # "many_warps" from "many" programs per core up (H100, 16 heads: 8,192 tokens 147 against 161
+    # us on 4 warps; 1,024 tokens 40 against 21 us)
+    "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1, "many_warps": 2, "many": 8},
     "state": {"BV": 32, "num_warps": 4, "num_stages": 3, "wide_BV": 64, "wide_cost": 1.28,
               "fine_BV": 16, "fine_warps": 2},
-    "output": {"BV": 64, "num_warps": 4, "num_stages": 2, "norm_max_V": 128, "norm_warps": 4},
+    "output": {"BV": 64, "BK": 64, "num_warps": 4, "num_stages": 3, "norm_max_V": 128,
+               "norm_warps": 4},
 }
 
 
@@ -380,10 +383,16 @@ def _gdn_state_kernel(
     b_h = tl.zeros([K, BV], dtype=tl.float32)
     if i_src != 0:  # slot 0 is the null slot: zeros, never read
         b_h = tl.load(state_pool + (i_src * HV + i_hv) * (K * V) + o_kv)
+    # Each chunk's checkpoint slot is read one chunk ahead (ckpt_slots has one entry past the
+    # last chunk): a read in the chunk that uses it stalls every step (H100, 16 heads of 8,192
+    # tokens: 177 against 152 us).
+    i_ckpt_next = tl.load(ckpt_slots + i_c0).to(tl.int64)
     for i_t in range(num_chunks):
         i_c = i_c0 + i_t
         r_t = i_t * BT + o_t  # rows of this chunk inside the sequence
         m_t = r_t < seq_len
+        i_ckpt = i_ckpt_next
+        i_ckpt_next = tl.load(ckpt_slots + i_c + 1).to(tl.int64)
         tl.store(h_chunks + (i_c * HV + i_hv) * (K * V) + o_kv, b_h.to(h_chunks.dtype.element_ty))
 
         # v_new = u - w S
@@ -403,7 +412,6 @@ def _gdn_state_kernel(
         b_h *= tl.exp(b_g_last)
         b_h += tl.dot(b_kt.to(DT), b_v.to(DT), input_precision=PREC)
 
-        i_ckpt = tl.load(ckpt_slots + i_c).to(tl.int64)
         if i_ckpt != 0:  # checkpoint after this chunk
             tl.store(state_pool + (i_ckpt * HV + i_hv) * (K * V) + o_kv, b_h)
     tl.store(state_pool + (i_dst * HV + i_hv) * (K * V) + o_kv, b_h)
@@ -441,6 +449,7 @@ def _gdn_output_kernel(
     DT: tl.constexpr,
     NORM: tl.constexpr,
     PROD_DTYPE: tl.constexpr,
+    BK: tl.constexpr,
 ):
     i_c, i_vh = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunk_seq + i_c)
@@ -454,33 +463,33 @@ def _gdn_output_kernel(
     t0 = bos.to(tl.int64) + i_local * BT  # int64 base of every pointer below
     o_t = tl.arange(0, BT)
     m_t = o_t < num_rows
-    o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
 
     # raw q and k feed the dot products; their L2 norms and the scale become row/column scales
-    b_q = tl.load(
-        q + t0 * stride_qt + i_h * K + o_t[:, None] * stride_qt + o_k[None, :],
-        mask=m_t[:, None],
-        other=0.0,
-    )
-    b_kt = tl.load(
-        k + t0 * stride_kt + i_h * K + o_t[None, :] * stride_kt + o_k[:, None],
-        mask=m_t[None, :],
-        other=0.0,
-    )
     b_rq = tl.load(rstd_q + t0 * H + i_h + o_t * H, mask=m_t, other=0.0) * scale
     b_rk = tl.load(rstd_k + t0 * H + i_h + o_t * H, mask=m_t, other=0.0)
     b_g = tl.load(g_cum + t0 * HV + i_hv + o_t * HV, mask=m_t, other=0.0)
-
-    # inter-chunk: (q exp(g)) S
-    p_h = h_chunks + (i_c.to(tl.int64) * HV + i_hv) * (K * V) + o_k[:, None] * V + o_v[None, :]
-    b_h = tl.load(p_h)
-    # The two products get distinct q operands (row-scaled copies): sharing one operand between
-    # Hopper wgmmas of different N (BV != BT) hit an illegal shared-memory access in triton 3.6.
-    b_qf = b_q.to(tl.float32)
-    b_o = tl.dot((b_qf * (b_rq * tl.exp(b_g))[:, None]).to(DT), b_h.to(DT), input_precision=PREC)
-    # intra-chunk: causal (q k^T * exp(g_i - g_j)) v_new
-    b_A = tl.dot((b_qf * b_rq[:, None]).to(DT), b_kt.to(DT), input_precision=PREC) * b_rk[None, :]
+    b_so = b_rq * tl.exp(b_g)
+    p_q0 = q + t0 * stride_qt + i_h * K
+    p_k0 = k + t0 * stride_kt + i_h * K
+    p_h0 = h_chunks + (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+    # inter-chunk (q exp(g)) S and the intra-chunk scores q k^T, BK keys at a time: the loop
+    # lets the loads of the next keys overlap this step's products
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(K // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_q = tl.load(p_q0 + o_t[:, None] * stride_qt + o_k[None, :], mask=m_t[:, None], other=0.0)
+        b_kt = tl.load(p_k0 + o_t[None, :] * stride_kt + o_k[:, None], mask=m_t[None, :], other=0.0)
+        b_h = tl.load(p_h0 + o_k[:, None] * V + o_v[None, :])
+        # The two products get distinct q operands (row-scaled copies): sharing one operand
+        # between Hopper wgmmas of different N (BV != BT) hit an illegal shared-memory access
+        # in triton 3.6.
+        b_qf = b_q.to(tl.float32)
+        b_o += tl.dot((b_qf * b_so[:, None]).to(DT), b_h.to(DT), input_precision=PREC)
+        b_A += tl.dot((b_qf * b_rq[:, None]).to(DT), b_kt.to(DT), input_precision=PREC)
+    # causal (q k^T * exp(g_i - g_j)) v_new
+    b_A *= b_rk[None, :]
     m_causal = o_t[:, None] >= o_t[None, :]
     b_A = tl.where(
         m_causal, b_A * tl.exp(tl.where(m_causal, b_g[:, None] - b_g[None, :], 0.0)), 0.0
@@ -594,7 +603,8 @@ def _chunk_layout(cu_seqlens: torch.Tensor, max_chunks: int) -> tuple[torch.Tens
 class ChunkLayout(NamedTuple):
     """Chunk bookkeeping of one step (see `chunk_layout`): chunk_offsets [N+1] and chunk_seq
     [T // CHUNK + N] as `_chunk_layout` gives them, and ckpt_slots [T // CHUNK + N + 1], the
-    checkpoint slot of each global chunk's end (0: none)."""
+    checkpoint slot of each global chunk's end (0: none; the last entry is never a checkpoint:
+    the state kernel reads it ahead of the last chunk)."""
 
     chunk_offsets: torch.Tensor
     chunk_seq: torch.Tensor
@@ -705,7 +715,8 @@ def chunk_gdn(
     max_chunks = T // CHUNK + N
     if layout is None:
         layout = chunk_layout(cu_seqlens, T, checkpoints)
-    elif layout.chunk_seq.shape != (max_chunks,) or layout.chunk_offsets.shape != (N + 1,):
+    elif (layout.chunk_seq.shape != (max_chunks,) or layout.chunk_offsets.shape != (N + 1,)
+          or layout.ckpt_slots.shape != (max_chunks + 1,)):
         raise ValueError(
             f"chunk_gdn: the layout is for another step ({layout.chunk_seq.shape[0]} chunks, "
             f"want {max_chunks} for {T} tokens in {N} sequences)"
@@ -724,6 +735,7 @@ def chunk_gdn(
     o = torch.empty(T, HV, V, dtype=v.dtype, device=q.device)
 
     cfg = CONFIG["prepare"]
+    many = max_chunks * HV >= cfg["many"] * num_cores(q.device)
     if max_chunks > 0:
         _gdn_prepare_kernel[(max_chunks, HV)](
             q,
@@ -755,7 +767,7 @@ def chunk_gdn(
             BV=min(V, cfg["BV"]),
             PREC=prec,
             DT=dot_dtype,
-            num_warps=cfg["num_warps"],
+            num_warps=cfg["many_warps"] if many else cfg["num_warps"],
             num_stages=cfg["num_stages"],
         )
     cfg = CONFIG["state"]
@@ -830,6 +842,7 @@ def chunk_gdn(
             DT=dot_dtype,
             NORM=fused,
             PROD_DTYPE=TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
+            BK=min(K, cfg["BK"]),
             num_warps=num_warps,
             num_stages=cfg["num_stages"],
         )
