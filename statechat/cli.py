@@ -26,8 +26,13 @@ from statechat.cli_cache import cache_app
 from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
+    DtypeOpt,
     FrequencyPenaltyOpt,
+    MaxBatchedTokensOpt,
+    MaxModelLenOpt,
+    MaxNumSeqsOpt,
     MaxTokensOpt,
+    MemoryFractionOpt,
     MinPOpt,
     ModelOpt,
     NoCacheOpt,
@@ -56,7 +61,10 @@ def _root() -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 
-def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False):
+def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False,
+            **engine):
+    """The engine's config from the shared flags; `engine`: the engine flags, None where not
+    given (EngineConfig's default then). A bad value is a one-line ConfigError."""
     from statechat.config import EngineConfig
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.paths import default_model
@@ -64,6 +72,7 @@ def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: b
     return EngineConfig(
         model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
         cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
+        **{k: v for k, v in engine.items() if v is not None},
     )
 
 
@@ -90,6 +99,9 @@ def run(
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
     max_tokens: MaxTokensOpt = None,
+    max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
@@ -97,7 +109,9 @@ def run(
     from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
 
-    config = _config(model, cache_dir, device, no_cache)
+    config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     memory_fraction=memory_fraction, dtype=dtype)
     ModelConfig.from_hf(config.model)  # a wrong --model: one line now, before the app loads
     from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
@@ -127,6 +141,9 @@ def batch(
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
     max_tokens: MaxTokensOpt = None, seed: SeedOpt = None,
+    max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
@@ -141,7 +158,9 @@ def batch(
         raise StatechatError(f"{input} is not UTF-8 text (byte {e.start:,}); save it as UTF-8") from None
     except OSError as e:
         raise StatechatError(f"cannot read {input} ({e.strerror})") from None
-    config = _config(model, cache_dir, device, no_cache)
+    config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     memory_fraction=memory_fraction, dtype=dtype)
     sampling = compose_sampling(  # (a bad flag: one line now, not an error on every line)
         DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
@@ -238,6 +257,9 @@ def serve(
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
     max_tokens: MaxTokensOpt = None,
+    max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
@@ -248,7 +270,9 @@ def serve(
     from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
-    config = _config(model, cache_dir, device, no_cache)
+    config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     memory_fraction=memory_fraction, dtype=dtype)
     sampling = compose_sampling(
         DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

@@ -39,6 +39,23 @@ TemplateKwargsOpt = Annotated[
                  envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
 ]
 
+# Engine: how much the engine holds and computes at once (EngineConfig; None = its default).
+ENGINE = "Engine (sizes and memory)"
+MaxModelLenOpt = Annotated[int | None, typer.Option(
+    "--max-model-len", help="Context limit in tokens, prompt and reply (default: the model's, "
+    "or what the KV cache holds if less).", rich_help_panel=ENGINE)]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option(
+    "--max-num-seqs", help="Requests running at once (default 64).", rich_help_panel=ENGINE)]
+MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
+    "--max-num-batched-tokens", help="Tokens one step computes, prefill chunks and decodes "
+    "together (default 4,096).", rich_help_panel=ENGINE)]
+MemoryFractionOpt = Annotated[float | None, typer.Option(
+    "--memory-fraction", help="Share of the accelerator's free memory the KV and GDN state "
+    "caches take, in [0.05, 0.98] (default 0.85).", rich_help_panel=ENGINE)]
+DtypeOpt = Annotated[str | None, typer.Option(
+    "--dtype", help="float32 | bfloat16 | float16 (default: bfloat16 on accelerators, float32 "
+    "on the CPU).", rich_help_panel=ENGINE)]
+
 # Sampling: defaults of every request of a run, over the model's recommended sampling (its
 # generation_config.json) and under a request's (or batch line's) own fields; None = not given.
 SAMPLING = "Sampling (every request's default; a request's own fields win)"

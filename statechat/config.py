@@ -54,6 +54,8 @@ class EngineConfig:
             raise ConfigError("max_num_batched_tokens must be at least one block")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be at least 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be at least 2 tokens, got {self.max_model_len}")
         if not 0.05 <= self.memory_fraction <= 0.98:
             raise ConfigError(f"memory_fraction must be in [0.05, 0.98], got {self.memory_fraction}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):

@@ -84,7 +84,7 @@ class LLMEngine:
         mc = loaded.config
         num_blocks, num_slots = self._cache_sizes()
         bs = config.block_size
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, num_blocks * bs)
+        self.max_model_len = self._context_limit(num_blocks)
         self.eos_ids = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
@@ -156,6 +156,23 @@ class LLMEngine:
         if blocks < 2 or slots < 2:
             raise ConfigError("not enough memory for the KV and state caches; lower max_num_seqs")
         return int(blocks), int(slots)
+
+    def _context_limit(self, num_blocks: int) -> int:
+        """Tokens a sequence may hold (prompt and reply): the config's, which neither the model's
+        positions nor the KV cache may fall short of (a one-line ConfigError), else the model's,
+        capped at what the KV cache holds."""
+        cfg, positions = self.config, self.loaded.config.max_position_embeddings
+        held = num_blocks * cfg.block_size
+        if cfg.max_model_len is None:
+            return min(positions, held)
+        if cfg.max_model_len > positions:
+            raise ConfigError(f"max_model_len {cfg.max_model_len:,} exceeds the model's "
+                              f"{positions:,} positions; lower it")
+        if cfg.max_model_len > held:
+            raise ConfigError(f"the KV cache holds {held:,} tokens, fewer than max_model_len "
+                              f"{cfg.max_model_len:,}; lower it, or give the cache more memory "
+                              "(memory_fraction, num_kv_blocks)")
+        return cfg.max_model_len
 
     # --- requests -----------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:

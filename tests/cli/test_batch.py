@@ -229,3 +229,27 @@ def test_a_failed_run_keeps_the_earlier_results_and_links_are_written_through(
     with pytest.raises(SystemExit):
         cli.main()
     assert "temperature must be a finite number" in capsys.readouterr().err
+
+
+def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
+    """--max-model-len, --max-num-seqs, --max-num-batched-tokens, --memory-fraction and --dtype
+    reach the engine: a prompt over the asked context limit is that line's error."""
+    from statechat.engine.engine import LLMEngine
+
+    made = []
+    monkeypatch.setattr(cli, "_engine", lambda config: made.append(config) or LLMEngine(config, loaded=loaded))
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"id": "long", "messages": [{"role": "user", "content": words(1, 200)}]}) + "\n"
+                   + json.dumps({"id": "short", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = CliRunner().invoke(cli.app, [
+        "batch", str(src), "--output", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+        "--max-tokens", "4", "--max-model-len", "128", "--max-num-seqs", "3",
+        "--max-num-batched-tokens", "192", "--memory-fraction", "0.5", "--dtype", "float32",
+    ])
+    assert result.exit_code == 0, result.output
+    (config,) = made
+    assert (config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
+            config.memory_fraction, config.dtype) == (128, 3, 192, 0.5, "float32")
+    long, short = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "the context limit is 128" in long["error"]["message"], long
+    assert "error" not in short and short["usage"]["completion_tokens"] == 4

@@ -13,15 +13,18 @@ from statechat import cli
 runner = CliRunner()
 SAMPLING_FLAGS = ["--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty",
                   "--frequency-penalty", "--repetition-penalty", "--max-tokens"]
+ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--memory-fraction",
+                "--dtype"]
 
 
 @pytest.mark.parametrize("argv, needles", [
     ([], ["run", "batch", "serve", "cache"]),
-    (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs", *SAMPLING_FLAGS]),
+    (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs", *SAMPLING_FLAGS,
+               *ENGINE_FLAGS]),
     (["batch"], ["--output", "--no-cache", "--seed", "--model", "--chat-template-kwargs",
-                 *SAMPLING_FLAGS]),
+                 *SAMPLING_FLAGS, *ENGINE_FLAGS]),
     (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--model", "--cache-dir",
-                 "--chat-template-kwargs", *SAMPLING_FLAGS]),
+                 "--chat-template-kwargs", *SAMPLING_FLAGS, *ENGINE_FLAGS]),
     (["cache"], ["path", "stats", "ls", "verify", "gc", "clear"]),
     (["cache", "gc"], ["--max-bytes", "--cache-dir"]),
 ])
@@ -93,6 +96,11 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     (["run", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
     (["serve", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
     (["run", "--model", "/nonexistent"], "model directory /nonexistent does not exist"),
+    (["run", "--memory-fraction", "2"], "memory_fraction must be in [0.05, 0.98], got 2.0"),
+    (["serve", "--dtype", "float64"], "dtype must be float32, bfloat16 or float16, got 'float64'"),
+    (["run", "--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
+    (["serve", "--max-model-len", "1"], "max_model_len must be at least 2 tokens, got 1"),
+    (["run", "--max-num-batched-tokens", "32"], "max_num_batched_tokens must be at least one block"),
 ])
 def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch, capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread.)"""

@@ -4,6 +4,8 @@ index past the embedding table; on a GPU that is an assert that ends the process
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,27 @@ def test_a_failed_generate_leaves_nothing_queued(engine, monkeypatch):
     assert not engine.has_unfinished()
     monkeypatch.undo()
     assert engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0].num_completion_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ({"max_model_len": 10**6},
+         "max_model_len 1,000,000 exceeds the model's {positions:,} positions; lower it"),
+        ({"max_model_len": 512, "num_kv_blocks": 4},
+         ("the KV cache holds 256 tokens, fewer than max_model_len 512; lower it, or give the "
+          "cache more memory (memory_fraction, num_kv_blocks)")),
+    ],
+    ids=["past-the-positions", "past-the-kv-cache"],
+)
+def test_a_context_limit_the_engine_cannot_hold_is_one_line(tiny_dirs, engine_device, sizes, message):
+    """An asked context limit is kept or refused, never cut quietly (an unset one is the model's,
+    capped at what the KV cache holds)."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32, device=engine_device)
+    config = EngineConfig(model=path, dtype="float32", **sizes, **engine_config(engine_device))
+    with pytest.raises(ConfigError) as err:
+        LLMEngine(config, loaded=loaded)
+    assert str(err.value) == message.format(positions=loaded.config.max_position_embeddings)
+    unset = LLMEngine(dataclasses.replace(config, max_model_len=None), loaded=loaded)
+    assert unset.max_model_len == min(loaded.config.max_position_embeddings, unset._cache_sizes()[0] * 64)
