@@ -1,8 +1,8 @@
 """Causal depthwise conv1d + SiLU over varlen batches, with conv windows kept in state slots.
 
 Two ops with the contract of `kernels.reference`:
-- `causal_conv1d`: prefill. One kernel computes the outputs over a token grid (each program
-  finds the sequences of its tokens by binary search over `cu_seqlens`); a second launch then
+- `causal_conv1d`: prefill. One kernel computes the outputs in tiles of tokens x channels
+  (each program finds the sequences of its tokens by binary search over `cu_seqlens`); a second launch then
   writes the final window of each sequence to its destination slot and the windows at
   checkpoint boundaries to their slots. Two launches keep "read the source slot" strictly
   before "write the destination slot", so src == dst is safe.

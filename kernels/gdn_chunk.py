@@ -52,8 +52,10 @@ BC = tl.constexpr(16)  # rows per sub-block of the WY solve (BT // BC == 4 is ha
 
 # Launch configuration per kernel; the benchmark script may override entries.
 CONFIG = {
-    # "many_warps" from "many" programs per core up (H100, 16 heads: 8,192 tokens 147 against 161
-    # us on 4 warps; 1,024 tokens 40 against 21 us)
+    # "many_warps" from "many" full chunks per core up, counted from the tokens (so a step's
+    # largest prefill graph builds it before any eager step of as many tokens needs it). H100,
+    # 16 heads: 8,192 tokens 147 against 161 us on 4 warps; 4,096 and 2,048 tokens even (82 / 84
+    # and 43 / 44 us); 1,024 tokens 40 against 21 us.
     "prepare": {"BK": 128, "BV": 128, "num_warps": 4, "num_stages": 1, "many_warps": 2, "many": 8},
     "state": {"BV": 32, "num_warps": 4, "num_stages": 3, "wide_BV": 64, "wide_cost": 1.28,
               "fine_BV": 16, "fine_warps": 2},
@@ -384,8 +386,8 @@ def _gdn_state_kernel(
     if i_src != 0:  # slot 0 is the null slot: zeros, never read
         b_h = tl.load(state_pool + (i_src * HV + i_hv) * (K * V) + o_kv)
     # Each chunk's checkpoint slot is read one chunk ahead (ckpt_slots has one entry past the
-    # last chunk): a read in the chunk that uses it stalls every step (H100, 16 heads of 8,192
-    # tokens: 177 against 152 us).
+    # last chunk): a read in the chunk that uses it stalled every step (H100, 16 heads of 8,192
+    # tokens: 175-177 us, against 142-144 us now; docs/bench.md, session 18).
     i_ckpt_next = tl.load(ckpt_slots + i_c0).to(tl.int64)
     for i_t in range(num_chunks):
         i_c = i_c0 + i_t
@@ -735,7 +737,7 @@ def chunk_gdn(
     o = torch.empty(T, HV, V, dtype=v.dtype, device=q.device)
 
     cfg = CONFIG["prepare"]
-    many = max_chunks * HV >= cfg["many"] * num_cores(q.device)
+    many = (T // CHUNK) * HV >= cfg["many"] * num_cores(q.device)
     if max_chunks > 0:
         _gdn_prepare_kernel[(max_chunks, HV)](
             q,

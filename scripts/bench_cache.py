@@ -133,7 +133,8 @@ def measured(engine: LLMEngine, prompt: list[int]):
 
 def engine_for(path: Path, loaded, cache_dir: Path | None, n: int) -> LLMEngine:
     cfg = EngineConfig(model=path, device=str(loaded.device.type), cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
-                       memory_fraction=0.2, max_model_len=n + 2048, max_num_seqs=8,
+                       memory_fraction=0.2, max_num_seqs=8,
+                       max_model_len=min(n + 2048, loaded.config.max_position_embeddings),
                        disk_cache_bytes=64 << 30, host_cache_bytes=4 << 30)
     return LLMEngine(cfg, loaded=loaded)
 

@@ -1,6 +1,6 @@
 """What Triton compiles, and when: an engine's start, then serving, on an empty Triton cache.
 
-    TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_compiles.py [--layers 24] [--out DIR]
+    TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_compiles.py [--layers 24] [--out DIR] [--no-graphs]
 
 Builds the random-weight model of bench_e2e (Qwen3.5's shapes at about 1B parameters, bf16),
 starts an engine (graphs captured, warm-up run) and serves, in turn: 32 requests of 256-token
@@ -91,6 +91,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="steps eager, as on an NPU by default (the warm-up then runs a step of "
+                    "the most tokens itself)")
     args = ap.parse_args()
     cache = os.environ.get("TRITON_CACHE_DIR")
     if not cache or (Path(cache).exists() and any(Path(cache).iterdir())):
@@ -103,7 +106,8 @@ def main() -> None:
     torch.cuda.empty_cache()  # (before the engine sizes its caches from the free memory)
     builds = Builds()
     t = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4))
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4,
+                                    use_graphs=False if args.no_graphs else None))
     started = time.perf_counter() - t
     kinds = [
         SamplingParams(max_tokens=40),

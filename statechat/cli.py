@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from statechat.cli_options import (
     compose_sampling,
     parse_template_kwargs,
 )
-from statechat.errors import StatechatError
+from statechat.errors import ConfigError, StatechatError
 
 app = typer.Typer(
     help="statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed.",
@@ -61,25 +62,42 @@ def _root() -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 
+ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction", "dtype")
+
+
+@contextlib.contextmanager
+def _flags_named():
+    """A ConfigError's engine fields named as the flags that set them (`--memory-fraction`)."""
+    try:
+        yield
+    except ConfigError as e:
+        # (dtype only where it leads: the word has other senses)
+        message = re.sub(rf"\b({'|'.join(ENGINE_FLAGS[:-1])})\b|^(dtype)\b",
+                         lambda m: "--" + m.group(m.lastindex).replace("_", "-"), str(e))
+        raise type(e)(message) from None
+
+
 def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False,
-            **engine):
-    """The engine's config from the shared flags; `engine`: the engine flags, None where not
-    given (EngineConfig's default then). A bad value is a one-line ConfigError."""
+            **engine: float | str | None):
+    """The engine's config from the shared flags; `engine`: the ENGINE_FLAGS, None where not
+    given (EngineConfig's default then). A bad value is one line, naming its flag."""
     from statechat.config import EngineConfig
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.paths import default_model
 
-    return EngineConfig(
-        model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
-        cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
-        **{k: v for k, v in engine.items() if v is not None},
-    )
+    with _flags_named():
+        return EngineConfig(
+            model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
+            cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
+            **{k: v for k, v in engine.items() if v is not None},
+        )
 
 
 def _engine(config):
     from statechat.engine.engine import LLMEngine
 
-    return LLMEngine(config)
+    with _flags_named():
+        return LLMEngine(config)
 
 
 def _warn_if_embedded(model: Path) -> None:
@@ -106,13 +124,17 @@ def run(
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
     or the flags say otherwise."""
+    from statechat.engine.engine import check_context_limit
     from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
 
     config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      memory_fraction=memory_fraction, dtype=dtype)
-    ModelConfig.from_hf(config.model)  # a wrong --model: one line now, before the app loads
+    positions = ModelConfig.from_hf(config.model).max_position_embeddings  # a wrong --model:
+    if config.max_model_len:  # one line now, before the app loads (and so is too long a context)
+        with _flags_named():
+            check_context_limit(config.max_model_len, positions)
     from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
     sampling = compose_sampling(

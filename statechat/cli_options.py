@@ -51,7 +51,8 @@ MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
     "together (default 4,096).", rich_help_panel=ENGINE)]
 MemoryFractionOpt = Annotated[float | None, typer.Option(
     "--memory-fraction", help="Share of the accelerator's free memory the KV and GDN state "
-    "caches take, in [0.05, 0.98] (default 0.85).", rich_help_panel=ENGINE)]
+    "caches take, in [0.05, 0.98] (default 0.85; on the CPU they take 1 GiB).",
+    rich_help_panel=ENGINE)]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="float32 | bfloat16 | float16 (default: bfloat16 on accelerators, float32 "
     "on the CPU).", rich_help_panel=ENGINE)]

@@ -25,7 +25,7 @@ class EngineConfig:
     block_size: int = 64  # tokens per KV block and checkpoint granularity (a multiple of 64)
     max_num_seqs: int = 64  # sequences running at once
     max_num_batched_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: the model's positions, capped at what the KV cache holds
     num_kv_blocks: int | None = None  # None: sized from memory_fraction
     num_state_slots: int | None = None  # GDN slots incl. checkpoints; None: sized from memory
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
@@ -51,7 +51,8 @@ class EngineConfig:
         if self.block_size <= 0 or self.block_size % 64:
             raise ConfigError(f"block_size must be a positive multiple of 64, got {self.block_size}")
         if self.max_num_batched_tokens < self.block_size:
-            raise ConfigError("max_num_batched_tokens must be at least one block")
+            raise ConfigError(f"max_num_batched_tokens must be at least one block ({self.block_size} "
+                              f"tokens), got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 2:

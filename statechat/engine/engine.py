@@ -72,6 +72,13 @@ class StreamEvent:
     prompt_logprobs: list | None = None
 
 
+def check_context_limit(asked: int, positions: int) -> None:
+    """A one-line ConfigError for a context limit past the model's positions."""
+    if asked > positions:
+        raise ConfigError(f"max_model_len {asked:,} exceeds the model's {positions:,} positions; "
+                          "lower max_model_len")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
@@ -165,13 +172,13 @@ class LLMEngine:
         held = num_blocks * cfg.block_size
         if cfg.max_model_len is None:
             return min(positions, held)
-        if cfg.max_model_len > positions:
-            raise ConfigError(f"max_model_len {cfg.max_model_len:,} exceeds the model's "
-                              f"{positions:,} positions; lower it")
+        check_context_limit(cfg.max_model_len, positions)
         if cfg.max_model_len > held:
+            more = ("or raise num_kv_blocks" if cfg.num_kv_blocks else
+                    f"(the CPU's caches take cpu_cache_bytes, {cfg.cpu_cache_bytes:,})"
+                    if self.loaded.device.type == "cpu" else "or raise memory_fraction")
             raise ConfigError(f"the KV cache holds {held:,} tokens, fewer than max_model_len "
-                              f"{cfg.max_model_len:,}; lower it, or give the cache more memory "
-                              "(memory_fraction, num_kv_blocks)")
+                              f"{cfg.max_model_len:,}; lower max_model_len {more}")
         return cfg.max_model_len
 
     # --- requests -----------------------------------------------------------------------

@@ -371,7 +371,9 @@ class ModelRunner:
         the GDN slot copy (a decode step's checkpoint at a block boundary: its first call took
         0.44 s on an H100, stalling every running request); eager forwards of several
         sequences (a step that prefills more than one, or mixes prefills and decodes), one for
-        each tile the GDN state kernel takes by the number of sequences; the
+        each tile the GDN state kernel takes by the number of sequences, and without prefill
+        graphs one of a step's most tokens (the conv's and GDN prepare kernel's launch for
+        large steps; with graphs the largest one's capture builds it); the
         sampler's draws over the vocabulary and among a top-k, with and without penalties,
         first in a step or after another group (its values' pointer is then aligned otherwise:
         other builds), and among a top-k of 33-64 (another merge tile: top-k 40 is llama.cpp's
@@ -384,15 +386,18 @@ class ModelRunner:
         self.copy_slots([(0, self.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
         mc, most = self.loaded.config, min(max_seqs, max_tokens // CHUNK)
         heads, width = mc.linear_num_value_heads, mc.linear_value_head_dim
-        for n in state_tile_counts(heads, width, self.device, most):
+        shapes = [(n, CHUNK) for n in state_tile_counts(heads, width, self.device, most)]
+        if self.prefill_graphs is None:  # (else the largest graph's capture built them)
+            shapes.append((1, max_tokens // CHUNK * CHUNK))  # the tiles chosen by tokens
+        for n, length in shapes:
             try:
-                self._warm_forward(n)
+                self._warm_forward(n, length)
             except torch.OutOfMemoryError:
                 if self.device.type != "cpu":
                     accelerator(self.device).empty_cache()
                 log.warning("statechat: no memory for an eager step of %d tokens at start; "
                             "a step that large may fail while serving (EngineConfig: "
-                            "lower memory_fraction or max_num_batched_tokens)", n * CHUNK)
+                            "lower memory_fraction or max_num_batched_tokens)", n * length)
                 break
         vocab = self.loaded.config.vocab_size
         logits = torch.zeros(2, vocab, dtype=torch.float32, device=self.device)
@@ -412,24 +417,26 @@ class ModelRunner:
         logprob_table(logits, tokens, [0], 5)
         kernels.score_logits(logits.to(self.dtype), tokens, 5)  # (prompt logprobs: model dtype)
 
-    def _warm_forward(self, n: int) -> None:
-        """One eager forward over n padding sequences of CHUNK tokens, each with a checkpoint at
-        its end: states from the zero slot into the pad slot, no KV written (block 0 read).
-        (Kernels do not specialise on counts: n matters only for the GDN state tile.)"""
+    def _warm_forward(self, n: int, length: int = CHUNK) -> None:
+        """One eager forward over n padding sequences of `length` tokens (a multiple of CHUNK),
+        each with a checkpoint at its end: states from the zero slot into the pad slot, no KV
+        written (block 0 read). Kernels do not specialise on counts, but two choose their
+        launch by size: the GDN state kernel its tile by the number of sequences, the conv and
+        the GDN prepare kernel theirs by the tokens."""
         dev, i32, i64 = self.device, torch.int32, torch.int64
-        cu = torch.arange(0, n * CHUNK + 1, CHUNK, dtype=i32, device=dev)
+        cu = torch.arange(0, n * length + 1, length, dtype=i32, device=dev)
         pad = torch.full((n,), self.pad_slot, dtype=i32, device=dev)
         ctx = Context(
-            positions=torch.arange(CHUNK, dtype=i64, device=dev).repeat(n), cu_seqlens=cu,
+            positions=torch.arange(length, dtype=i64, device=dev).repeat(n), cu_seqlens=cu,
             is_decode=False, state_src=torch.zeros(n, dtype=i32, device=dev), state_dst=pad,
-            slot_mapping=torch.full((n * CHUNK,), -1, dtype=i64, device=dev),
-            block_tables=torch.zeros(n, 1, dtype=i32, device=dev),
-            context_lens=torch.full((n,), CHUNK, dtype=i32, device=dev),
+            slot_mapping=torch.full((n * length,), -1, dtype=i64, device=dev),
+            block_tables=torch.zeros(n, -(-length // self.block_size), dtype=i32, device=dev),
+            context_lens=torch.full((n,), length, dtype=i32, device=dev),
             checkpoints=kernels.Checkpoints(torch.arange(n, dtype=i32, device=dev),
-                                            torch.full((n,), CHUNK, dtype=i32, device=dev), pad),
+                                            torch.full((n,), length, dtype=i32, device=dev), pad),
             logits_indices=(cu[1:] - 1).to(i64),
         )
-        self.model(torch.zeros(n * CHUNK, dtype=i64, device=dev), ctx, self.caches)
+        self.model(torch.zeros(n * length, dtype=i64, device=dev), ctx, self.caches)
 
     def copy_slots(self, copies: list[tuple[int, int]]) -> None:
         """Copy GDN states (conv + recurrent, every GDN layer) from slot to slot."""

@@ -253,3 +253,14 @@ def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
     long, short = [json.loads(line) for line in out.read_text().splitlines()]
     assert "the context limit is 128" in long["error"]["message"], long
     assert "error" not in short and short["usage"]["completion_tokens"] == 4
+
+
+def test_an_engine_that_cannot_hold_the_asked_context_names_the_flag(tmp_path):
+    """The engine's own refusal at start (a context past the model's positions) names the flag
+    that asked for it, as a bad flag value does."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "--model", str(EMBEDDED_MODEL), "--device",
+                                          "cpu", "--max-model-len", "100000"])
+    assert str(result.exception) == ("--max-model-len 100,000 exceeds the model's 8,192 positions; "
+                                     "lower --max-model-len")

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from statechat import cli
+from statechat.paths import EMBEDDED_MODEL
 
 runner = CliRunner()
 SAMPLING_FLAGS = ["--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty",
@@ -96,11 +97,14 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     (["run", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
     (["serve", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
     (["run", "--model", "/nonexistent"], "model directory /nonexistent does not exist"),
-    (["run", "--memory-fraction", "2"], "memory_fraction must be in [0.05, 0.98], got 2.0"),
-    (["serve", "--dtype", "float64"], "dtype must be float32, bfloat16 or float16, got 'float64'"),
-    (["run", "--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
-    (["serve", "--max-model-len", "1"], "max_model_len must be at least 2 tokens, got 1"),
-    (["run", "--max-num-batched-tokens", "32"], "max_num_batched_tokens must be at least one block"),
+    (["run", "--memory-fraction", "2"], "--memory-fraction must be in [0.05, 0.98], got 2.0"),
+    (["serve", "--dtype", "float64"], "--dtype must be float32, bfloat16 or float16, got 'float64'"),
+    (["run", "--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
+    (["serve", "--max-model-len", "1"], "--max-model-len must be at least 2 tokens, got 1"),
+    (["run", "--max-num-batched-tokens", "32"],
+     "--max-num-batched-tokens must be at least one block (64 tokens), got 32"),
+    (["run", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],
+     "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
 ])
 def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch, capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread.)"""

@@ -111,10 +111,10 @@ def test_a_failed_generate_leaves_nothing_queued(engine, monkeypatch):
     ("sizes", "message"),
     [
         ({"max_model_len": 10**6},
-         "max_model_len 1,000,000 exceeds the model's {positions:,} positions; lower it"),
+         "max_model_len 1,000,000 exceeds the model's {positions:,} positions; lower max_model_len"),
         ({"max_model_len": 512, "num_kv_blocks": 4},
-         ("the KV cache holds 256 tokens, fewer than max_model_len 512; lower it, or give the "
-          "cache more memory (memory_fraction, num_kv_blocks)")),
+         ("the KV cache holds 256 tokens, fewer than max_model_len 512; lower max_model_len or "
+          "raise num_kv_blocks")),
     ],
     ids=["past-the-positions", "past-the-kv-cache"],
 )
@@ -128,4 +128,4 @@ def test_a_context_limit_the_engine_cannot_hold_is_one_line(tiny_dirs, engine_de
         LLMEngine(config, loaded=loaded)
     assert str(err.value) == message.format(positions=loaded.config.max_position_embeddings)
     unset = LLMEngine(dataclasses.replace(config, max_model_len=None), loaded=loaded)
-    assert unset.max_model_len == min(loaded.config.max_position_embeddings, unset._cache_sizes()[0] * 64)
+    assert unset.max_model_len == min(loaded.config.max_position_embeddings, unset._cache_sizes()[0] * config.block_size)

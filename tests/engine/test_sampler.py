@@ -114,16 +114,22 @@ def test_warm_up_leaves_the_caches_but_the_pad_slot(tiny_dirs):
     forwards, model = [], runner.model
 
     def counting(ids, ctx, caches):
-        forwards.append(len(ctx.state_src))
+        forwards.append((len(ctx.state_src), ids.shape[0]))
         return model(ids, ctx, caches)
 
     runner.model = counting
-    runner.warm_up(max_seqs=8, max_tokens=256)
-    assert forwards == [1]  # (on the CPU every count takes one GDN state tile: see test_gdn)
+    runner.warm_up(max_seqs=8, max_tokens=300)
+    # one forward per GDN state tile (on the CPU every count takes one: see test_gdn), then,
+    # without prefill graphs, one of a step's most tokens (the conv's and prepare's large tiles)
+    assert forwards == [(1, 64), (1, 256)]
     for was, pool in zip(before, runner.caches.conv + runner.caches.ssm):
         assert torch.equal(pool[: runner.pad_slot], was[: runner.pad_slot])
         assert not torch.equal(pool[runner.pad_slot], was[runner.pad_slot])
     assert all(torch.equal(a, b) for a, b in zip(kv, runner.caches.k + runner.caches.v))
+    forwards.clear()
+    runner.prefill_graphs = object()  # (their largest capture builds the large tiles)
+    runner.warm_up(max_seqs=8, max_tokens=300)
+    assert forwards == [(1, 64)]
 
 
 def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monkeypatch, caplog):
@@ -133,8 +139,8 @@ def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monk
     runner = ModelRunner(loaded, 8, 6, 64)
     tried = []
 
-    def forward(n):
-        tried.append(n)
+    def forward(n, length):
+        tried.append((n, length))
         if n == 3:
             raise torch.OutOfMemoryError("no room")
 
@@ -144,5 +150,5 @@ def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monk
     monkeypatch.setattr(runner_module, "sample", lambda *a, **k: drawn.append(1) or real(*a, **k))
     with caplog.at_level("WARNING", logger="statechat.engine"):
         runner.warm_up(max_seqs=8, max_tokens=512)
-    assert tried == [1, 3] and drawn
+    assert tried == [(1, 64), (3, 64)] and drawn  # (the step of 512 tokens not tried either)
     assert "no memory for an eager step of 192 tokens" in caplog.text

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import reference
+from kernels import conv1d, reference
 from kernels.conv1d import causal_conv1d, causal_conv1d_update
 from kernels.reference import Checkpoints
 
@@ -136,6 +136,25 @@ def test_row_strided_input(device):
         causal_conv1d_update, reference.causal_conv1d_update, step, weight, pool, dst, dst
     )
     assert rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("many", [0, 10**9], ids=["large-tiles", "small-tiles"])
+def test_prefill_tiles_over_many_channels(device, many, monkeypatch):
+    """Both token tiles of the prefill kernel (chosen by the grid's size: forced here), over
+    channels that take three tiles, the last one partial, of a row-strided projection."""
+    monkeypatch.setattr(conv1d, "PREFILL_MANY", many)
+    D, W = 300, 4
+    T = sum(LENGTHS)
+    wide = torch.randn(T, D + 20, device=device)
+    x = wide[:, 4 : 4 + D]
+    weight = torch.randn(D, W, device=device)
+    pool = torch.randn(12, W - 1, D, device=device)
+    cu = i32([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], device)
+    src, dst = i32([0, 3, 5, 0, 7], device), i32([1, 2, 4, 6, 8], device)
+    before = pool.clone()
+    out, ref, pool64 = run_both(causal_conv1d, reference.causal_conv1d, x, weight, pool, cu, src, dst)
+    assert rel_err(out, ref) <= 1e-5
+    check_pool(pool, pool64, before, [1, 2, 4, 6, 8])
 
 
 def test_rejects_mismatched_shapes(device):

@@ -30,7 +30,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from kernels import reference
+from kernels import gdn_chunk, reference
 from kernels.gdn_chunk import chunk_gdn
 from kernels.gdn_recurrent import recurrent_gdn
 
@@ -189,6 +189,12 @@ def test_chunk_gdn_varlen_matches_reference(shape, dtype):
     assert torch.isfinite(out).all()
     assert _rel_err(out, ref) <= tol, f"output relative error {_rel_err(out, ref):.2e}"
     _check_pool(plan.pool, before, ref_pool, set(plan.dst) | set(ckpt_slots), tol)
+
+
+def test_the_output_kernel_sums_its_key_pieces(monkeypatch):
+    """The output kernel takes the keys BK at a time (64 on Qwen3.5's 128): two pieces here."""
+    monkeypatch.setitem(gdn_chunk.CONFIG["output"], "BK", 16)
+    test_chunk_gdn_varlen_matches_reference(ODD, torch.float32)
 
 
 @pytest.mark.parametrize("fused", [True, False])
