@@ -367,6 +367,48 @@ def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> Non
             raise ValueError(f"paged_attention needs {name} as int32 with a unit-stride last dim")
 
 
+def _launch_shape(q: torch.Tensor, N: int, Hkv: int, width: int) -> tuple[int, int, int, int]:
+    """(BQ, BM, tiles, key splits) of a launch over q's tokens of N sequences (a decode step when
+    each has one) whose block tables are `width` wide."""
+    T, Hq, D = q.shape
+    G = Hq // Hkv
+    if T == N:
+        BQ, BM = 1, max(16, triton.next_power_of_2(G))
+        num_tiles = T
+        # about programs_per_core x cores programs, each split with at least two KV blocks
+        num_programs = max(1, round(CUDA_DECODE["programs_per_core"] * num_cores(q.device)))
+        return BQ, BM, num_tiles, min(triton.cdiv(num_programs, N * Hkv),
+                                      max(1, width // DECODE_MIN_SPLIT_BLOCKS))
+    BM = max(_prefill_config(q)["BM"], triton.next_power_of_2(G))
+    BQ = BM // G
+    num_tiles = T // BQ + N
+    # few tiles over long contexts (a short resume): split the keys until the device is full
+    num_programs = CUDA_PREFILL["programs_per_core"] * num_cores(q.device)
+    num_splits = min(triton.cdiv(num_programs, num_tiles * Hkv), max(1, width // MIN_SPLIT_BLOCKS))
+    if q.device.type == "cuda" and q.element_size() > 2 and D > 128:
+        # float32 tiles of wide heads spill registers; with splits the H100's driver could
+        # not find the local memory for them (launch "out of memory"): whole tiles instead
+        num_splits = 1
+    return BQ, BM, num_tiles, num_splits
+
+
+def split_widths(q: torch.Tensor, num_kv_heads: int, most: int) -> list[int]:
+    """The narrowest block-table widths (1 up to `most`) at which a step of one sequence with
+    q's tokens (one token: a decode step) takes each launch form of the attention: whole keys,
+    or split keys merged in each of `_merge_tile`'s tiles. Eager steps at these widths build
+    every form such steps can take (`ModelRunner.warm_up`); only q's shape, dtype and device
+    are read."""
+    forms, widths = set(), []
+    BD = triton.next_power_of_2(q.shape[2])
+    for width in range(1, most + 1):
+        splits = _launch_shape(q, 1, num_kv_heads, width)[3]
+        form = _merge_tile(splits, BD) if splits > 1 else None
+        if form not in forms:
+            forms.add(form)
+            widths.append(width)
+    return widths
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -401,26 +443,8 @@ def paged_attention(
         return out
     is_cuda = q.device.type == "cuda"
     is_decode = T == N
-    if is_decode:
-        BQ, BM = 1, max(16, triton.next_power_of_2(G))
-        num_tiles = T
-        # about programs_per_core x cores programs, each split with at least two KV blocks
-        num_programs = max(1, round(CUDA_DECODE["programs_per_core"] * num_cores(q.device)))
-        num_splits = min(triton.cdiv(num_programs, N * Hkv),
-                         max(1, block_tables.shape[1] // DECODE_MIN_SPLIT_BLOCKS))
-    else:
-        config = _prefill_config(q)
-        BM = max(config["BM"], triton.next_power_of_2(G))
-        BQ = BM // G
-        num_tiles = T // BQ + N
-        # few tiles over long contexts (a short resume): split the keys until the device is full
-        num_programs = CUDA_PREFILL["programs_per_core"] * num_cores(q.device)
-        num_splits = min(triton.cdiv(num_programs, num_tiles * Hkv),
-                         max(1, block_tables.shape[1] // MIN_SPLIT_BLOCKS))
-        if is_cuda and q.element_size() > 2 and D > 128:
-            # float32 tiles of wide heads spill registers; with splits the H100's driver could
-            # not find the local memory for them (launch "out of memory"): whole tiles instead
-            num_splits = 1
+    config = CUDA_DECODE if is_decode else _prefill_config(q)
+    BQ, BM, num_tiles, num_splits = _launch_shape(q, N, Hkv, block_tables.shape[1])
     is_split = num_splits > 1
     if is_split:
         part_acc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=q.device)
@@ -430,7 +454,6 @@ def paged_attention(
     BD = triton.next_power_of_2(D)
     tuning = {}
     if is_cuda:
-        config = CUDA_DECODE if is_decode else config
         tuning = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
         if q.element_size() > 2:
             tuning["num_stages"] = 1  # float32 tiles: one stage fits in shared memory

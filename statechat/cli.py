@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from statechat.cli_options import (
     compose_sampling,
     parse_template_kwargs,
 )
-from statechat.errors import ConfigError, StatechatError
+from statechat.errors import StatechatError
 
 app = typer.Typer(
     help="statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed.",
@@ -62,30 +61,15 @@ def _root() -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 
-ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction", "dtype")
-
-
-@contextlib.contextmanager
-def _flags_named():
-    """A ConfigError's engine fields named as the flags that set them (`--memory-fraction`)."""
-    try:
-        yield
-    except ConfigError as e:
-        # (dtype only where it leads: the word has other senses)
-        message = re.sub(rf"\b({'|'.join(ENGINE_FLAGS[:-1])})\b|^(dtype)\b",
-                         lambda m: "--" + m.group(m.lastindex).replace("_", "-"), str(e))
-        raise type(e)(message) from None
-
-
 def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False,
             **engine: float | str | None):
-    """The engine's config from the shared flags; `engine`: the ENGINE_FLAGS, None where not
+    """The engine's config from the shared flags; `engine`: the engine flags, None where not
     given (EngineConfig's default then). A bad value is one line, naming its flag."""
-    from statechat.config import EngineConfig
+    from statechat.config import EngineConfig, flags_named
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.paths import default_model
 
-    with _flags_named():
+    with flags_named():
         return EngineConfig(
             model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
             cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
@@ -94,9 +78,10 @@ def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: b
 
 
 def _engine(config):
+    from statechat.config import flags_named
     from statechat.engine.engine import LLMEngine
 
-    with _flags_named():
+    with flags_named():
         return LLMEngine(config)
 
 
@@ -124,6 +109,7 @@ def run(
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
     or the flags say otherwise."""
+    from statechat.config import flags_named
     from statechat.engine.engine import check_context_limit
     from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
@@ -133,7 +119,7 @@ def run(
                      memory_fraction=memory_fraction, dtype=dtype)
     positions = ModelConfig.from_hf(config.model).max_position_embeddings  # a wrong --model:
     if config.max_model_len:  # one line now, before the app loads (and so is too long a context)
-        with _flags_named():
+        with flags_named():
             check_context_limit(config.max_model_len, positions)
     from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 

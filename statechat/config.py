@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,23 @@ def check_device_name(name: str) -> None:
     there is devices.resolve_device's question)."""
     if name not in DEVICE_CHOICES:
         raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+
+
+# EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
+FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction", "dtype")
+# a field's name as a word of its own (not inside a path), dtype only where it leads
+_FIELD_WORD = re.compile(rf"(?<![\w/.-])({'|'.join(FLAG_FIELDS[:-1])})(?![\w/])|^(dtype)\b")
+
+
+@contextlib.contextmanager
+def flags_named():
+    """For the command line (and its app): a ConfigError raised inside names the flags that set
+    the fields it names (`--memory-fraction must be in ...`); its type and traceback stay."""
+    try:
+        yield
+    except ConfigError as e:
+        e.args = (_FIELD_WORD.sub(lambda m: "--" + m.group(m.lastindex).replace("_", "-"), str(e)),)
+        raise
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,8 @@ class LLMEngine:
             log.warning("statechat: this torch_npu has no graph capture (torch.npu.NPUGraph); "
                         "steps run eagerly")
         if loaded.device.type != "cpu":
-            self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)
+            self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens,
+                                -(-self.max_model_len // bs))
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),
@@ -175,7 +176,7 @@ class LLMEngine:
         check_context_limit(cfg.max_model_len, positions)
         if cfg.max_model_len > held:
             more = ("or raise num_kv_blocks" if cfg.num_kv_blocks else
-                    f"(the CPU's caches take cpu_cache_bytes, {cfg.cpu_cache_bytes:,})"
+                    f"(on the CPU the caches take {cfg.cpu_cache_bytes / 2**30:g} GiB)"
                     if self.loaded.device.type == "cpu" else "or raise memory_fraction")
             raise ConfigError(f"the KV cache holds {held:,} tokens, fewer than max_model_len "
                               f"{cfg.max_model_len:,}; lower max_model_len {more}")

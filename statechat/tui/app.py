@@ -21,7 +21,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Static
 
 from statechat.chat.tree import ChatStore, Message, open_chats
-from statechat.config import EngineConfig
+from statechat.config import EngineConfig, flags_named
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.format import one_line, reply_stats, sampling_line, status_line
@@ -102,7 +102,8 @@ class StatechatApp(App):
                 dtype = getattr(torch, self.config.dtype) if self.config.dtype else default_dtype(device)
                 self.loaded = load_model(self.config.model, dtype=dtype, device=device)
             self.call_from_thread(screen.advance, 2)
-            self.worker = EngineWorker(LLMEngine(self.config, loaded=self.loaded))
+            with flags_named():  # (its errors name the flags of `statechat run`)
+                self.worker = EngineWorker(LLMEngine(self.config, loaded=self.loaded))
             self.call_from_thread(screen.advance, 3)
             self.chats = open_chats(self.chat_dir)
             self.call_from_thread(screen.advance, 4)

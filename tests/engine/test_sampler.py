@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kernels import gdn_chunk
+from kernels.attention import split_widths
 from statechat.engine import runner as runner_module
 from statechat.engine import sampler
 from statechat.engine.runner import ModelRunner
@@ -114,22 +115,29 @@ def test_warm_up_leaves_the_caches_but_the_pad_slot(tiny_dirs):
     forwards, model = [], runner.model
 
     def counting(ids, ctx, caches):
-        forwards.append((len(ctx.state_src), ids.shape[0]))
+        forwards.append((len(ctx.state_src), ids.shape[0], ctx.block_tables.shape[1]))
         return model(ids, ctx, caches)
 
     runner.model = counting
-    runner.warm_up(max_seqs=8, max_tokens=300)
-    # one forward per GDN state tile (on the CPU every count takes one: see test_gdn), then,
-    # without prefill graphs, one of a step's most tokens (the conv's and prepare's large tiles)
-    assert forwards == [(1, 64), (1, 256)]
+    runner.warm_up(max_seqs=8, max_tokens=300, max_blocks=40)
+    cache = runner.caches.k[0]  # [blocks, block_size, Hkv, D]
+    chunk, token = (torch.empty(n, loaded.config.num_attention_heads, cache.shape[3]) for n in (64, 1))
+    chunk_widths, decode_widths = (split_widths(q, cache.shape[2], 40) for q in (chunk, token))
+    assert len(decode_widths) > 1 and len(chunk_widths) > 1  # (split forms to build)
+    # one forward per GDN state tile (on the CPU every count takes one: see test_gdn); without
+    # prefill graphs, one of a step's most tokens (the conv's and prepare's large tiles) and a
+    # chunk over a context of each width of another attention form; without decode graphs a
+    # decode step of one sequence at each width, and one of two sequences
+    assert forwards == [(1, 64, 1), (1, 256, 4), *((1, 64, w) for w in chunk_widths[1:]),
+                        *((1, 1, w) for w in decode_widths), (2, 2, 1)]
     for was, pool in zip(before, runner.caches.conv + runner.caches.ssm):
         assert torch.equal(pool[: runner.pad_slot], was[: runner.pad_slot])
         assert not torch.equal(pool[runner.pad_slot], was[runner.pad_slot])
     assert all(torch.equal(a, b) for a, b in zip(kv, runner.caches.k + runner.caches.v))
     forwards.clear()
-    runner.prefill_graphs = object()  # (their largest capture builds the large tiles)
-    runner.warm_up(max_seqs=8, max_tokens=300)
-    assert forwards == [(1, 64)]
+    runner.prefill_graphs = runner.graphs = object()  # (their captures build those)
+    runner.warm_up(max_seqs=8, max_tokens=300, max_blocks=40)
+    assert forwards == [(1, 64, 1)]
 
 
 def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monkeypatch, caplog):
@@ -139,7 +147,7 @@ def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monk
     runner = ModelRunner(loaded, 8, 6, 64)
     tried = []
 
-    def forward(n, length):
+    def forward(n, length, width):
         tried.append((n, length))
         if n == 3:
             raise torch.OutOfMemoryError("no room")

@@ -183,3 +183,15 @@ def test_rejects_heads_that_do_not_group(device):
             one[0],
             1.0,
         )
+
+
+def test_split_widths_name_the_narrowest_table_of_each_launch_form(monkeypatch):
+    """The widths at which an eager warm-up builds every form of the attention: on 132 cores a
+    decode step of one sequence (8 heads over 2 KV heads of 256) keeps its keys whole below 4
+    blocks, then merges 2-16, 17-32 and 33-50 splits in three tiles."""
+    monkeypatch.setattr(attention, "num_cores", lambda device: 132)
+    token = torch.empty(1, 8, 256, dtype=torch.bfloat16)
+    assert attention.split_widths(token, 2, 200) == [1, 4, 34, 66]
+    assert attention.split_widths(token, 2, 40) == [1, 4, 34]
+    splits = [attention._launch_shape(token, 1, 2, w)[3] for w in (3, 4, 33, 34, 65, 66)]
+    assert splits == [1, 2, 16, 17, 32, 33]
