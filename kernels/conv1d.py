@@ -2,9 +2,9 @@
 
 Two ops with the contract of `kernels.reference`:
 - `causal_conv1d`: prefill. One kernel computes the outputs in tiles of tokens x channels
-  (each program finds the sequences of its tokens by binary search over `cu_seqlens`); a second launch then
-  writes the final window of each sequence to its destination slot and the windows at
-  checkpoint boundaries to their slots. Two launches keep "read the source slot" strictly
+  (each program finds the sequences of its tokens by binary search over `cu_seqlens`); a
+  second launch then writes the final window of each sequence to its destination slot and the
+  windows at checkpoint boundaries to their slots. Two launches keep "read the source slot" strictly
   before "write the destination slot", so src == dst is safe.
 - `causal_conv1d_update`: decode, one token per sequence. Each program reads its window and
   writes the shifted window channel by channel in increasing row order, so that every element

@@ -1,6 +1,7 @@
 """What Triton compiles, and when: an engine's start, then serving, on an empty Triton cache.
 
-    TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_compiles.py [--layers 24] [--out DIR] [--no-graphs]
+    TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_compiles.py [--layers 24] [--out DIR]
+        [--no-graphs]
 
 Builds the random-weight model of bench_e2e (Qwen3.5's shapes at about 1B parameters, bf16),
 starts an engine (graphs captured, warm-up run) and serves, in turn: 32 requests of 256-token

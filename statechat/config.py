@@ -20,7 +20,8 @@ def check_device_name(name: str) -> None:
 
 
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
-FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction", "dtype")
+FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
+               "dtype")
 # a field's name as a word of its own (not inside a path), dtype only where it leads
 _FIELD_WORD = re.compile(rf"(?<![\w/.-])({'|'.join(FLAG_FIELDS[:-1])})(?![\w/])|^(dtype)\b")
 
@@ -44,7 +45,7 @@ class EngineConfig:
     block_size: int = 64  # tokens per KV block and checkpoint granularity (a multiple of 64)
     max_num_seqs: int = 64  # sequences running at once
     max_num_batched_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
-    max_model_len: int | None = None  # None: the model's positions, capped at what the KV cache holds
+    max_model_len: int | None = None  # None: the model's positions, capped at the KV cache's
     num_kv_blocks: int | None = None  # None: sized from memory_fraction
     num_state_slots: int | None = None  # GDN slots incl. checkpoints; None: sized from memory
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
@@ -70,8 +71,8 @@ class EngineConfig:
         if self.block_size <= 0 or self.block_size % 64:
             raise ConfigError(f"block_size must be a positive multiple of 64, got {self.block_size}")
         if self.max_num_batched_tokens < self.block_size:
-            raise ConfigError(f"max_num_batched_tokens must be at least one block ({self.block_size} "
-                              f"tokens), got {self.max_num_batched_tokens}")
+            raise ConfigError(f"max_num_batched_tokens must be at least one block "
+                              f"({self.block_size} tokens), got {self.max_num_batched_tokens}")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 2:

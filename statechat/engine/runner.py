@@ -448,7 +448,8 @@ class ModelRunner:
         cu = torch.arange(0, n * length + 1, length, dtype=i32, device=dev)
         pad = torch.full((n,), self.pad_slot, dtype=i32, device=dev)
         checkpoints = None if length == 1 else kernels.Checkpoints(
-            torch.arange(n, dtype=i32, device=dev), torch.full((n,), length, dtype=i32, device=dev), pad)
+            torch.arange(n, dtype=i32, device=dev), torch.full((n,), length, dtype=i32, device=dev),
+            pad)
         ctx = Context(
             positions=torch.arange(context - length, context, dtype=i64, device=dev).repeat(n),
             cu_seqlens=cu, is_decode=length == 1, state_src=torch.zeros(n, dtype=i32, device=dev),

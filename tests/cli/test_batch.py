@@ -237,10 +237,12 @@ def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
     from statechat.engine.engine import LLMEngine
 
     made = []
-    monkeypatch.setattr(cli, "_engine", lambda config: made.append(config) or LLMEngine(config, loaded=loaded))
+    monkeypatch.setattr(cli, "_engine",
+                        lambda config: made.append(config) or LLMEngine(config, loaded=loaded))
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text(json.dumps({"id": "long", "messages": [{"role": "user", "content": words(1, 200)}]}) + "\n"
-                   + json.dumps({"id": "short", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    lines = [{"id": "long", "messages": [{"role": "user", "content": words(1, 200)}]},
+             {"id": "short", "messages": [{"role": "user", "content": "hi"}]}]
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = CliRunner().invoke(cli.app, [
         "batch", str(src), "--output", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
         "--max-tokens", "4", "--max-model-len", "128", "--max-num-seqs", "3",
@@ -260,7 +262,7 @@ def test_an_engine_that_cannot_hold_the_asked_context_names_the_flag(tmp_path):
     that asked for it, as a bad flag value does."""
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    result = CliRunner().invoke(cli.app, ["batch", str(src), "--model", str(EMBEDDED_MODEL), "--device",
-                                          "cpu", "--max-model-len", "100000"])
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "--model", str(EMBEDDED_MODEL),
+                                          "--device", "cpu", "--max-model-len", "100000"])
     assert str(result.exception) == ("--max-model-len 100,000 exceeds the model's 8,192 positions; "
                                      "lower --max-model-len")

@@ -14,8 +14,8 @@ from statechat.paths import EMBEDDED_MODEL
 runner = CliRunner()
 SAMPLING_FLAGS = ["--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty",
                   "--frequency-penalty", "--repetition-penalty", "--max-tokens"]
-ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--memory-fraction",
-                "--dtype"]
+ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+                "--memory-fraction", "--dtype"]
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -98,7 +98,8 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     (["serve", "--device", "tpu"], "unknown device 'tpu'; choose one of auto, cpu, cuda, npu"),
     (["run", "--model", "/nonexistent"], "model directory /nonexistent does not exist"),
     (["run", "--memory-fraction", "2"], "--memory-fraction must be in [0.05, 0.98], got 2.0"),
-    (["serve", "--dtype", "float64"], "--dtype must be float32, bfloat16 or float16, got 'float64'"),
+    (["serve", "--dtype", "float64"],
+     "--dtype must be float32, bfloat16 or float16, got 'float64'"),
     (["run", "--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
     (["serve", "--max-model-len", "1"], "--max-model-len must be at least 2 tokens, got 1"),
     (["run", "--max-num-batched-tokens", "32"],

@@ -111,14 +111,16 @@ def test_a_failed_generate_leaves_nothing_queued(engine, monkeypatch):
     ("sizes", "message"),
     [
         ({"max_model_len": 10**6},
-         "max_model_len 1,000,000 exceeds the model's {positions:,} positions; lower max_model_len"),
+         ("max_model_len 1,000,000 exceeds the model's {positions:,} positions; lower "
+          "max_model_len")),
         ({"max_model_len": 512, "num_kv_blocks": 4},
          ("the KV cache holds 256 tokens, fewer than max_model_len 512; lower max_model_len or "
           "raise num_kv_blocks")),
     ],
     ids=["past-the-positions", "past-the-kv-cache"],
 )
-def test_a_context_limit_the_engine_cannot_hold_is_one_line(tiny_dirs, engine_device, sizes, message):
+def test_a_context_limit_the_engine_cannot_hold_is_one_line(tiny_dirs, engine_device, sizes,
+                                                            message):
     """An asked context limit is kept or refused, never cut quietly (an unset one is the model's,
     capped at what the KV cache holds)."""
     path = tiny_dirs["qwen3_5_text"]
@@ -128,4 +130,5 @@ def test_a_context_limit_the_engine_cannot_hold_is_one_line(tiny_dirs, engine_de
         LLMEngine(config, loaded=loaded)
     assert str(err.value) == message.format(positions=loaded.config.max_position_embeddings)
     unset = LLMEngine(dataclasses.replace(config, max_model_len=None), loaded=loaded)
-    assert unset.max_model_len == min(loaded.config.max_position_embeddings, unset._cache_sizes()[0] * config.block_size)
+    held = unset._cache_sizes()[0] * config.block_size
+    assert unset.max_model_len == min(loaded.config.max_position_embeddings, held)

@@ -121,7 +121,8 @@ def test_warm_up_leaves_the_caches_but_the_pad_slot(tiny_dirs):
     runner.model = counting
     runner.warm_up(max_seqs=8, max_tokens=300, max_blocks=40)
     cache = runner.caches.k[0]  # [blocks, block_size, Hkv, D]
-    chunk, token = (torch.empty(n, loaded.config.num_attention_heads, cache.shape[3]) for n in (64, 1))
+    heads = loaded.config.num_attention_heads
+    chunk, token = (torch.empty(n, heads, cache.shape[3]) for n in (64, 1))
     chunk_widths, decode_widths = (split_widths(q, cache.shape[2], 40) for q in (chunk, token))
     assert len(decode_widths) > 1 and len(chunk_widths) > 1  # (split forms to build)
     # one forward per GDN state tile (on the CPU every count takes one: see test_gdn); without

@@ -152,7 +152,16 @@ def test_prefill_tiles_over_many_channels(device, many, monkeypatch):
     cu = i32([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], device)
     src, dst = i32([0, 3, 5, 0, 7], device), i32([1, 2, 4, 6, 8], device)
     before = pool.clone()
-    out, ref, pool64 = run_both(causal_conv1d, reference.causal_conv1d, x, weight, pool, cu, src, dst)
+    tiles, kernel = [], conv1d._conv_fwd_kernel
+
+    class Spy:  # records the token tile each launch takes
+        def __getitem__(self, grid):
+            return lambda *args, **kw: tiles.append(kw["BT"]) or kernel[grid](*args, **kw)
+
+    monkeypatch.setattr(conv1d, "_conv_fwd_kernel", Spy())
+    out, ref, pool64 = run_both(causal_conv1d, reference.causal_conv1d, x, weight, pool, cu, src,
+                                dst)
+    assert tiles == [conv1d.PREFILL_BT if many == 0 else conv1d.PREFILL_FEW_BT]
     assert rel_err(out, ref) <= 1e-5
     check_pool(pool, pool64, before, [1, 2, 4, 6, 8])
 

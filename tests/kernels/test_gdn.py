@@ -418,3 +418,29 @@ def test_state_tile_counts_name_the_fewest_sequences_of_each_tile(monkeypatch):
         assert counts == [n for n in range(1, 65) if tiles[n - 1] not in tiles[: n - 1]]
     assert gdn_chunk.state_tile_counts(16, 128, device, 64) == [1, 2, 3]
     assert gdn_chunk.state_tile_counts(16, 128, device, 2) == [1, 2]
+
+
+@pytest.mark.parametrize("many", [8, 9])
+def test_the_prepare_kernel_takes_its_warps_by_tokens_not_sequences(many, monkeypatch):
+    """2 warps from `many` full chunks x heads per core up, counted from the tokens alone: a step
+    of as many tokens in more sequences takes the same kernel (which the largest prefill graph,
+    of one sequence, has built)."""
+    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 1)
+    monkeypatch.setitem(gdn_chunk.CONFIG["prepare"], "many", many)
+    warps, kernel = [], gdn_chunk._gdn_prepare_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: warps.append(kw["num_warps"]) or kernel[grid](*args, **kw)
+
+    monkeypatch.setattr(gdn_chunk, "_gdn_prepare_kernel", Spy())
+    H, HV, K, V = SMALL  # 150 tokens: 2 full chunks x 4 heads
+    inputs = _inputs(150, H, HV, K, V, torch.float32)
+    pool = torch.zeros(8, HV, K, V, device=DEVICE)
+    for cu in ([0, 150], [0, 50, 100, 150]):
+        n = len(cu) - 1
+        slots = torch.arange(1, n + 1, dtype=torch.int32, device=DEVICE)
+        chunk_gdn(**inputs, state_pool=pool, cu_seqlens=torch.tensor(cu, dtype=torch.int32,
+                  device=DEVICE), src_slots=slots, dst_slots=slots)
+    cfg = gdn_chunk.CONFIG["prepare"]
+    assert warps == [cfg["many_warps"] if many <= 8 else cfg["num_warps"]] * 2
