@@ -720,8 +720,9 @@ def chunk_gdn(
     elif (layout.chunk_seq.shape != (max_chunks,) or layout.chunk_offsets.shape != (N + 1,)
           or layout.ckpt_slots.shape != (max_chunks + 1,)):
         raise ValueError(
-            f"chunk_gdn: the layout is for another step ({layout.chunk_seq.shape[0]} chunks, "
-            f"want {max_chunks} for {T} tokens in {N} sequences)"
+            f"chunk_gdn: the layout is for another step ({layout.chunk_seq.shape[0]} chunks and "
+            f"{layout.ckpt_slots.shape[0]} checkpoint entries, want {max_chunks} and "
+            f"{max_chunks + 1} for {T} tokens in {N} sequences)"
         )
     chunk_offsets, chunk_seq, ckpt_slots, busy_seqs = layout
 

@@ -343,6 +343,12 @@ def test_a_layout_made_once_serves_every_layer():
     other = gdn_chunk.chunk_layout(cu[:2], lens[0], None)
     with pytest.raises(ValueError, match="layout is for another step"):
         gdn_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, outs[0][1], cu, src, dst, ck, other)
+    # the state kernel reads each chunk's checkpoint slot one chunk ahead: the map needs an
+    # entry past the last chunk
+    short = gdn_chunk.chunk_layout(cu, T, ck)
+    short = short._replace(ckpt_slots=short.ckpt_slots[:-1])
+    with pytest.raises(ValueError, match="checkpoint entries, want"):
+        gdn_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, outs[0][1], cu, src, dst, ck, short)
 
 
 def test_one_sequence_on_a_large_device_takes_the_fine_state_tile(monkeypatch):
