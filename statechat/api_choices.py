@@ -57,7 +57,9 @@ class Shape:
 
 
 def finish_reason(out: RequestOutput) -> str:
-    return "length" if out.finish_reason == "length" else "stop"
+    """OpenAI's finish_reason, or vLLM's "abort" for a reply the server cut (it was stopped):
+    the client can tell it from a whole one."""
+    return out.finish_reason if out.finish_reason in ("length", "abort") else "stop"
 
 
 def choice_params(params: SamplingParams, i: int, prompt_len: int,

@@ -72,7 +72,13 @@ def parse_messages(raw) -> list[dict]:
         raise ApiError(400, "messages must be a non-empty array", "messages")
     out = []
     for i, msg in enumerate(raw):
-        role = msg.get("role") if isinstance(msg, dict) else None
+        if not isinstance(msg, dict):
+            raise ApiError(400, f"messages[{i}] must be an object with a role and a content",
+                           f"messages[{i}]")
+        if msg.get("tool_calls"):  # (dropping them would answer another conversation)
+            raise ApiError(400, f"messages[{i}].tool_calls: tool calls are not supported by "
+                                "this server; leave them out", f"messages[{i}].tool_calls")
+        role = msg.get("role")
         role = "system" if role == "developer" else role
         if role not in ROLES:
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
@@ -138,8 +144,9 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
+    stop = body.get("stop")
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop  # ("" is refused
+    # as [""] is: SamplingParams takes no empty stop string)
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
         raise ApiError(400, "stop must be a string or an array of strings", "stop")
     return tuple(stop)
@@ -155,9 +162,10 @@ def _stop_token_ids(body: dict) -> tuple[int, ...]:
 
 
 def _max_tokens(body: dict, default: int, least: int) -> int:
-    """max_completion_tokens or max_tokens (the latter wins, as with OpenAI), else `default`."""
+    """max_completion_tokens or max_tokens (the former wins, as with vLLM: max_tokens is the
+    field OpenAI deprecated for it), else `default`."""
     max_tokens = default
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_tokens", "max_completion_tokens"):
         value = _number(body, key, int, None)
         if value is not None and value < least:
             raise ApiError(400, f"{key} must be >= {least}", key)
@@ -198,6 +206,7 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     logit_bias id outside `vocab_size`) or one the server cannot honour. The seed is the
     request's: choice i samples with seed + i."""
     _refuse_unsupported(body)
+    check_model(body)
     parse_n(body)
     numbers = {key: _number(body, key, kind, getattr(defaults, key))
                for key, kind in NUMBER_FIELDS.items()}
@@ -225,6 +234,15 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     except StatechatError as e:  # (its message starts with the field's name)
         field = str(e).split(maxsplit=1)[0] if str(e) else ""
         raise ApiError(400, str(e), field if field in body else None) from None
+
+
+def check_model(body: dict) -> None:
+    """The body's model, if given, must be a string. Any name is served by the one model (as
+    llama.cpp's server does: clients made for other servers send their own names)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model must be a string (any name: this server has one model)",
+                       "model")
 
 
 def parse_n(body: dict) -> int:

@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 import uuid
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from statechat.api_chat import ChatShape, chat_prompt
@@ -41,6 +42,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 
 MAX_BODY_BYTES = 32 << 20
+ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 
 
@@ -52,6 +54,9 @@ class ChatServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # connections the kernel queues before they are accepted (socketserver's 5 reset a burst of
+    # clients: 80 of 100 at once); uvicorn, which vLLM runs, asks for 2048
+    request_queue_size = 2048
 
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
@@ -85,8 +90,24 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (a malformed request line or header, a method it has no
+        handler for) in OpenAI's shape, as every other error; the connection then closes."""
+        self.close_connection = True
+        self.request_version = self.protocol_version  # (an unparsed line reads as HTTP/0.9,
+        # which gets no status line or headers)
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:  # (an unknown method)
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, self._methods_message()
+        kind = "server_error" if code >= 500 else "invalid_request_error"
+        error = "method_not_allowed" if code == HTTPStatus.METHOD_NOT_ALLOWED else None
+        self._send_json(code, ApiError(code, message or HTTPStatus(code).phrase, code=error,
+                                       kind=kind).body())
 
     def _guard(self, route) -> None:
         self._body_read = False  # per request: a keep-alive connection carries several
@@ -141,24 +162,32 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     # --- routes -------------------------------------------------------------------------
-    def do_GET(self) -> None:
+    def _route(self) -> str:
+        return self.path.split("?")[0].rstrip("/") or "/"
+
+    def do_GET(self) -> None:  # (HEAD: the same answers, without their bodies)
         routes = {"/health": self._health, "/v1/models": self._models}
-        self._guard(routes.get(self.path.split("?")[0].rstrip("/") or "/", self._not_found))
+        self._guard(routes.get(self._route(), self._unrouted))
 
     def do_POST(self) -> None:
         routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions}
-        self._guard(routes.get(self.path.split("?")[0].rstrip("/"), self._not_found))
+        self._guard(routes.get(self._route(), self._unrouted))
 
-    def _not_allowed(self) -> None:
-        raise ApiError(405, f"method {self.command} is not supported: GET /v1/models, /health; "
-                            "POST /v1/chat/completions, /v1/completions", code="method_not_allowed")
+    do_HEAD = do_GET
 
     def do_PUT(self) -> None:
-        self._guard(self._not_allowed)
+        self._guard(self._unrouted)
 
     do_DELETE = do_PATCH = do_OPTIONS = do_PUT
 
-    def _not_found(self) -> None:
+    def _methods_message(self) -> str:
+        return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
+                "/health; POST /v1/chat/completions, /v1/completions")
+
+    def _unrouted(self) -> None:
+        """A 405 for a route served to another method, else a 404."""
+        if self._route() in ROUTES:
+            raise ApiError(405, self._methods_message(), code="method_not_allowed")
         raise ApiError(404, f"no route {self.command} {self.path}", code="not_found")
 
     def _health(self) -> None:

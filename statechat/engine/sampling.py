@@ -12,6 +12,7 @@ from statechat.errors import ConfigError
 
 MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
 GREEDY_BELOW = 1e-5  # a temperature this small samples greedily (dividing by it overflows)
+TOP_P_TINY = 1.1754943508222875e-38  # float32's smallest normal number: the least top_p taken
 MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities of (vLLM's cap)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 MAX_BIAS = 100.0  # a logit bias lies in [-100, 100] (OpenAI's range)
@@ -56,6 +57,9 @@ class SamplingParams:
         put(self, "top_p", _number("top_p", self.top_p))
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        # the sampler reads top_p as float32, where a value this small would be 0 and keep no
+        # token: the smallest normal float32 keeps the likeliest one alone, as top_p 1e-30 does
+        put(self, "top_p", max(self.top_p, TOP_P_TINY))
         put(self, "min_p", _number("min_p", self.min_p))
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
@@ -84,8 +88,10 @@ class SamplingParams:
             raise ConfigError(f"stop_token_ids must be a list of integers, got {_show(ids)}")
         put(self, "stop", tuple(stop))
         put(self, "stop_token_ids", tuple(_integer("stop_token_ids", t) for t in ids))
-        if len(self.stop) > MAX_STOPS or len(self.stop_token_ids) > MAX_STOPS:
-            raise ConfigError(f"at most {MAX_STOPS} stop strings and {MAX_STOPS} stop token ids")
+        for name in ("stop", "stop_token_ids"):
+            if len(getattr(self, name)) > MAX_STOPS:
+                raise ConfigError(f"{name} may hold at most {MAX_STOPS} entries, got "
+                                  f"{len(getattr(self, name))}")
         put(self, "ignore_eos", bool(self.ignore_eos))
         put(self, "min_tokens", _integer("min_tokens", self.min_tokens))
         if not 0 <= self.min_tokens <= self.max_tokens:

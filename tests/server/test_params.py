@@ -9,9 +9,11 @@ samples with seed + i."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from statechat.api_choices import choice_params
-from statechat.api_request import parse_n, parse_stream
+from statechat.api_request import parse_messages, parse_n, parse_stream
+from statechat.engine.sampler import sample
 from statechat.engine.sampling import SamplingParams
 from statechat.server import ApiError, parse_params
 
@@ -194,3 +196,41 @@ def test_stream_options():
     assert parse_stream({"stream": True, "stream_options": {"include_usage": True}}) == (True, True)
     assert parse_stream({"stream": True}) == (True, False)
     assert parse_stream({"stream": None, "stream_options": None}) == (False, False)
+
+
+def test_max_completion_tokens_wins_and_stop_and_model_fields():
+    """vLLM's reading: max_completion_tokens over max_tokens; "" is refused as [""] is; more
+    than 64 stop strings name the field; any model name is served, a non-string one is not."""
+    assert params(max_completion_tokens=4, max_tokens=6).max_tokens == 4
+    assert params(max_tokens=6).max_tokens == 6
+    assert params(model="gpt-4", stop="x").stop == ("x",)
+    for body, field in (({"stop": ""}, "stop"), ({"stop": [str(i) for i in range(65)]}, "stop"),
+                        ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
+                        ({"model": 5}, "model"), ({"model": ["m"]}, "model")):
+        with pytest.raises(ApiError) as info:
+            params(**body)
+        assert (info.value.status, info.value.param) == (400, field), body
+
+
+def test_a_top_p_below_float32s_range_keeps_the_likeliest_token():
+    """A top_p that float32 reads as 0 kept no token, and the draw fell on id 0 (EOS)."""
+    from statechat.engine.sampling import TOP_P_TINY
+
+    assert params(top_p=1e-300).top_p == TOP_P_TINY
+    assert params(top_p=1e-20).top_p == 1e-20
+    logits = torch.full((1, 50), -3.0)
+    logits[0, 17] = 0.0
+    tokens = sample(logits, [SamplingParams(temperature=1.0, top_p=1e-300, seed=3)], [None])
+    assert tokens.tolist() == [17]
+
+
+@pytest.mark.parametrize("messages, field", [
+    (["hi"], "messages[0]"),
+    ([{"role": "user", "content": "x"}, 5], "messages[1]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]}],
+     "messages[0].tool_calls"),
+])
+def test_malformed_messages_name_the_message(messages, field):
+    with pytest.raises(ApiError) as info:
+        parse_messages(messages)
+    assert (info.value.status, info.value.param) == (400, field)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +15,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
+from statechat.engine.worker import EngineWorker
+from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
+from statechat.server import ChatServer
 from tests.server.conftest import KEY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -271,8 +277,17 @@ def test_malformed_requests_get_an_answer(server):
     chunked = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth
                + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
     assert raw_http(server, chunked)[0] == 400
-    status, body = raw_http(server, b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
-    assert status == 405 and body["error"]["code"] == "method_not_allowed"
+    for line in (b"DELETE /v1/models", b"GET /v1/chat/completions", b"POST /health",
+                 b"FOO /v1/completions"):  # (a route asked with another method)
+        status, body = raw_http(server, line + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+        assert status == 405 and body["error"]["code"] == "method_not_allowed", line
+    assert raw_http(server, b"GET /v2/nothing HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")[0] == 404
+    status, body = raw_http(server, b"garbage\r\n\r\n")  # (http.server's own error, as JSON)
+    assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
+    head = urllib.request.Request(f"{server.url}/health", method="HEAD",
+                                  headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(head, timeout=10) as resp:
+        assert resp.status == 200 and resp.read() == b"" and int(resp.headers["Content-Length"]) > 0
     user = '{"messages": [{"role": "user", "content": "x"}], '
     for raw, field in [
         ('{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
@@ -289,6 +304,48 @@ def test_malformed_requests_get_an_answer(server):
         assert resp.status == 200
 
 
+def burst(queue_size: int | None = None, clients: int = 32) -> list[bytes]:
+    """The status of each of `clients` health checks whose connections were all opened before
+    a fresh server (no engine: /health needs none) began to accept them (b"refused" where the
+    connection could not even be opened)."""
+    srv = ChatServer(None, "m", "127.0.0.1", 0, quiet=True)
+    if queue_size is not None:  # (a listen queue of another length, for the comparison)
+        srv.socket.listen(queue_size)
+    conns: list[socket.socket | None] = []
+    for _ in range(clients):
+        try:
+            conns.append(socket.create_connection(srv.server_address[:2], timeout=2))
+        except OSError:
+            conns.append(None)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    answers = []
+    try:
+        for conn in conns:
+            if conn is None:
+                answers.append(b"refused")
+                continue
+            with conn:
+                try:
+                    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    data = b""
+                    while chunk := conn.recv(65536):
+                        data += chunk
+                    answers.append(data.split(b" ", 2)[1] if data else b"closed")
+                except OSError as e:
+                    answers.append(type(e).__name__.encode())
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return answers
+
+
+def test_a_burst_of_clients_is_queued_not_reset():
+    """Connections opened while the server accepts none wait in its listen queue: with
+    socketserver's default of 5, a burst of 100 clients had 80 of them reset."""
+    assert burst() == [b"200"] * 32
+
+
 def test_the_heap_is_frozen_while_serving():
     """serve() runs its loop with the objects alive at its start out of the collector's
     walks, and hands them back after."""
@@ -300,3 +357,34 @@ def test_the_heap_is_frozen_while_serving():
     with frozen_heap():
         assert gc.get_freeze_count() > before
     assert gc.get_freeze_count() == 0
+
+
+def test_a_reply_cut_by_a_stopping_server_ends_with_abort():
+    """A stream the server cuts when it stops (SIGTERM stops the worker) ends with finish_reason
+    "abort", not the "stop" of a whole reply."""
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024),
+                       loaded=load_model(EMBEDDED_MODEL, dtype=torch.float32))
+    worker = EngineWorker(engine)
+    srv = ChatServer(worker, "m", "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 900,
+                "ignore_eos": True, "stream": True}
+        req = urllib.request.Request(f"{srv.url}/v1/chat/completions",
+                                     data=json.dumps(body).encode())
+        finishes = []
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            for line in resp:
+                if not line.startswith(b"data: {"):
+                    continue
+                choice = json.loads(line[6:])["choices"][0]
+                if choice["delta"].get("content") and not finishes:
+                    finishes.append(None)
+                    threading.Thread(target=worker.shutdown).start()  # (as serve()'s SIGTERM)
+                if choice["finish_reason"]:
+                    finishes.append(choice["finish_reason"])
+        assert finishes == [None, "abort"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        worker.shutdown()
