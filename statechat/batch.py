@@ -2,10 +2,11 @@
 
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
-with optional "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-"repetition_penalty", "seed", "stop" (a string or a list), "logprobs" (0 to 20: each generated
-token's logprob and those of that many likeliest tokens), "prompt_logprobs" (the same for each
-prompt token after the first, with its rank; such a line computes its whole prompt),
+("id": a string or a number, echoed as given; "line-N" when left out) with optional "top_p",
+"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop"
+(a string or a list), "logprobs" (0 to 20: each generated token's logprob and those of that
+many likeliest tokens), "prompt_logprobs" (the same for each prompt token after the first, with
+its rank; such a line computes its whole prompt),
 "min_tokens", "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the
 model's chat template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the
 prompt alone. A line's own fields win over
@@ -30,12 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from statechat.engine.engine import LLMEngine, RequestOutput
 from statechat.engine.sampling import SamplingParams, check_vocabulary
-from statechat.errors import StatechatError
+from statechat.errors import ConfigError, StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs",
@@ -56,15 +58,25 @@ class BatchDefaults:
         elsewhere."""
         line = {k: int(v) if k in WHOLE and isinstance(v, float) and v.is_integer() else v
                 for k, v in line.items()}
-        if line.get("top_k") == -1:
-            line["top_k"] = 0
+        if "top_k" in line:
+            line["top_k"] = top_k_off(line["top_k"], "top_k")
         return dataclasses.replace(self.sampling, **line)
+
+
+def top_k_off(top_k, name: str):
+    """top_k as SamplingParams takes it: vLLM's -1 ("off") is its 0; below -1 is a one-line
+    error naming `name` (the line's field or the flag). Other values are its to check."""
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < 0:
+        if top_k < -1:
+            raise ConfigError(f"{name} must be -1 or 0 (off), or a positive count, got {top_k}")
+        return 0
+    return top_k
 
 
 @dataclass
 class Job:
     line: int  # 1-based line number in the input
-    id: str | None
+    id: str | int | float | None  # the line's own "id", echoed as given (else "line-N")
     prompt_ids: list[int] | None = None
     params: SamplingParams | None = None
     error: str | None = None
@@ -84,7 +96,12 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
     if not isinstance(req, dict):
         return Job(line, None, error=f"line {line} must be a JSON object")
     rid = req.get("id")
-    rid = str(rid) if rid is not None else f"line-{line}"
+    if rid is None:
+        rid = f"line-{line}"
+    elif isinstance(rid, bool) or not isinstance(rid, str | int | float) \
+            or (isinstance(rid, float) and not math.isfinite(rid)):
+        return Job(line, None, error=f'line {line}: "id" must be a string or a number, got '
+                                     f"{json.dumps(rid)[:60]}")
     try:
         given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
         params = defaults.params(**given)
@@ -174,7 +191,7 @@ def run_batch(
     deferred = {j for _, members in warm for j in members}
     for i, job in enumerate(jobs):
         if job.error is None and i not in deferred:
-            running[engine.add_request(job.prompt_ids, job.params, job.id).seq_id] = i
+            running[engine.add_request(job.prompt_ids, job.params, str(job.id)).seq_id] = i
     done, written = sum(j.result is not None for j in jobs), 0
     if progress:
         progress(done, len(jobs))
@@ -185,7 +202,8 @@ def run_batch(
                 continue
             if seq.seq_id in waiting_on:
                 for j in waiting_on.pop(seq.seq_id):
-                    running[engine.add_request(jobs[j].prompt_ids, jobs[j].params, jobs[j].id).seq_id] = j
+                    job = jobs[j]
+                    running[engine.add_request(job.prompt_ids, job.params, str(job.id)).seq_id] = j
             elif seq.seq_id in running:
                 job = jobs[running.pop(seq.seq_id)]
                 job.result = _result(job, engine.output(seq), engine.tokenizer)

@@ -14,14 +14,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from statechat.cli_batch import (
+    STDIN,
+    OutputError,
+    input_name,
+    progress_bar,
+    read_requests,
+    results,
+    writes_in_place,
+)
 from statechat.cli_cache import cache_app
 from statechat.cli_options import (
     CacheDirOpt,
@@ -54,8 +61,6 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(cache_app, name="cache")
-
-
 @app.callback()
 def _root() -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
@@ -136,13 +141,17 @@ def run(
 
 @app.command()
 def batch(
-    input: Annotated[Path, typer.Argument(help="JSONL, one request a line: {\"id\", \"messages\", "
+    input: Annotated[Path, typer.Argument(help="JSONL file ('-': standard input), one request a "
+                                          "line: {\"id\" (a string or a number), \"messages\", "
                                           "optional \"max_tokens\", \"temperature\", \"top_p\", "
                                           "\"top_k\", \"min_p\", \"presence_penalty\", "
                                           "\"frequency_penalty\", \"repetition_penalty\", "
-                                          "\"seed\", \"stop\", \"chat_template_kwargs\"}.")],
+                                          "\"seed\", \"stop\", \"logprobs\", "
+                                          "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
+                                          "\"chat_template_kwargs\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
-                                                "(JSONL, input order); default stdout.")] = None,
+                                                "(JSONL, input order); default (or '-'): "
+                                                "stdout.")] = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
@@ -158,14 +167,8 @@ def batch(
     own fields say otherwise."""
     from statechat.batch import DEFAULT_SAMPLING, BatchDefaults, run_batch
 
-    if not input.is_file():
-        raise StatechatError(f"{input} is not a file; pass a JSONL file of chat requests")
-    try:
-        lines = input.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise StatechatError(f"{input} is not UTF-8 text (byte {e.start:,}); save it as UTF-8") from None
-    except OSError as e:
-        raise StatechatError(f"cannot read {input} ({e.strerror})") from None
+    output = None if output == STDIN else output
+    lines = read_requests(input)
     config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      memory_fraction=memory_fraction, dtype=dtype)
@@ -174,7 +177,11 @@ def batch(
         min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed)
     defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs))
-    direct = output is None or _writes_in_place(output, input)  # checked before the model loads
+    direct = output is None or writes_in_place(output, input)  # checked before the model loads
+    if not any(line.strip() for line in lines):  # (nothing to run: no model to load)
+        typer.echo(f"statechat: {input_name(input)} has no requests", err=True)
+        with results(output, direct):
+            return
     engine = _engine(config)
     _warn_if_embedded(engine.loaded.path)
 
@@ -183,11 +190,11 @@ def batch(
             sink.write(json.dumps(rec) + "\n")
             sink.flush()
         except OSError as e:
-            raise StatechatError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
+            raise OutputError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
-        sink = stack.enter_context(_results(output, direct))
-        progress = stack.enter_context(_progress_bar())
+        sink = stack.enter_context(results(output, direct))
+        progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
         records = run_batch(engine, lines, write, defaults,
@@ -198,56 +205,6 @@ def batch(
                    '(see their "error" records)', err=True)
         if failed == len(records):
             raise typer.Exit(1)
-
-
-@contextlib.contextmanager
-def _results(output: Path | None, direct: bool):
-    """The stream a batch writes: stdout, `output` itself, or a temporary file beside it that
-    replaces it when the run ends (an earlier file survives a failed run; none is left)."""
-    if output is None or direct:
-        with open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout) as f:
-            yield f
-        return
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yield f
-        if output.exists():
-            shutil.copymode(output, tmp)
-        else:  # (mkstemp's file is private: give it the mode a new file gets)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, output)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def _writes_in_place(output: Path, input: Path) -> bool:
-    """Whether a batch writes `output` itself (a device, a pipe, a link: /dev/stdout, say)
-    rather than a file beside it renamed over it at the end; a one-line error for a path
-    that cannot take the results."""
-    if output.is_dir():
-        raise StatechatError(f"{output} is a folder; pass a file name for the results")
-    if not output.parent.is_dir():
-        raise StatechatError(f"{output.parent} does not exist; create it or write elsewhere")
-    if output.exists() and output.resolve() == input.resolve():
-        raise StatechatError(f"{output} is the input file; write the results elsewhere")
-    if output.is_symlink() or (output.exists() and not output.is_file()) \
-            or output.resolve().parts[1:2] in (("dev",), ("proc",)):
-        return True
-    if not os.access(output.parent, os.W_OK):
-        raise StatechatError(f"cannot write in {output.parent}; write the results elsewhere")
-    return False
-
-
-def _progress_bar():
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
-                    transient=False)
 
 
 @app.command()
@@ -302,7 +259,7 @@ def main() -> None:
         if os.environ.get("STATECHAT_DEBUG") == "1":
             raise
         typer.secho(f"statechat: {e}", fg="red", err=True)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

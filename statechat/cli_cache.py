@@ -1,9 +1,12 @@
-"""`statechat cache ...`: inspect and trim the persistent prefix cache (read-only but for `gc`
-and `clear`; a cache dir that does not exist yet is not made)."""
+"""`statechat cache ...`: inspect and trim the persistent prefix cache. `path`, `stats` and `ls`
+only read (the index opened read-only: they work on a read-only cache); `verify` removes what
+fails its checks, `gc` and `clear` delete. None of them creates a cache dir or an index.db."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -15,20 +18,54 @@ from statechat.errors import StatechatError
 cache_app = typer.Typer(help="Inspect and trim the persistent prefix cache.", no_args_is_help=True)
 
 
-def _store(cache_dir: Path | None):
-    """The store of the cache dir, or None where there is no cache dir yet: the cache commands
-    only read or delete, so they do not create one (a note on stderr says so)."""
+def _root(cache_dir: Path | None) -> Path:
     from statechat.paths import cache_dir as resolve_cache_dir
 
-    root = resolve_cache_dir(cache_dir)
+    return resolve_cache_dir(cache_dir)
+
+
+def _writable(root: Path) -> bool:
+    """Whether the cache's folder and index may be changed (not on read-only media, say)."""
+    index_db = root / "index.db"
+    return os.access(root, os.W_OK) and (not index_db.exists() or os.access(index_db, os.W_OK))
+
+
+@contextlib.contextmanager
+def _store(root: Path, write: bool = False):
+    """The store of the cache dir `root`, or None where there is no cache dir yet (a note on
+    stderr says so); its index is closed at the end. The cache commands only read or delete,
+    so they create nothing: the index is opened read-only unless `write`, and a missing
+    index.db is read as empty, not made (its blob files can still be deleted)."""
     if not root.exists():
         typer.echo(f"no cache at {root} yet", err=True)
-        return None
+        yield None
+        return
+    if not root.is_dir():
+        raise StatechatError(f"{root} is a file; pass a folder")
     try:
         from statechat.cache.store import open_store
     except ImportError:
         raise StatechatError("this build has no persistent cache (statechat.cache.store is missing)") from None
-    return open_store(root)
+    store = open_store(root, read_only=not write or not (root / "index.db").exists())
+    try:
+        yield store
+    finally:  # (the last connection out removes the WAL's files)
+        store.db.conn.close()
+
+
+def _check_writable(root: Path) -> None:
+    """A one-line error, before `gc` or `clear` starts, for a cache that cannot be changed."""
+    if root.is_dir() and not _writable(root):
+        raise StatechatError(f"the cache at {root} is read-only; nothing was deleted")
+
+
+def _confirmed(question: str) -> bool:
+    """The answer to a yes/no question; no answer (end of input, Ctrl-C) is no."""
+    try:
+        return typer.confirm(question)
+    except typer.Abort:
+        typer.echo()  # (ends the question's line)
+        return False
 
 
 def _size(n: int | None) -> str:
@@ -57,11 +94,9 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
     typer.echo(str(resolve_cache_dir(cache_dir)))
 
 
-def _no_stats(cache_dir: Path | None) -> dict:
+def _no_stats(root: Path) -> dict:
     """`cache stats` of a cache dir not made yet: StateStore.stats's fields, empty."""
-    from statechat.paths import cache_dir as resolve_cache_dir
-
-    return {"path": str(resolve_cache_dir(cache_dir)), "num_checkpoints": 0, "num_blocks": 0,
+    return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
             "num_segments": 0, "bytes_total": 0, "bytes_budget": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
 
@@ -69,8 +104,9 @@ def _no_stats(cache_dir: Path | None) -> dict:
 @cache_app.command("stats")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     """Checkpoints, blocks, bytes used against the budget, and the models they belong to."""
-    store = _store(cache_dir)
-    stats = store.stats() if store else _no_stats(cache_dir)
+    root = _root(cache_dir)
+    with _store(root) as store:
+        stats = store.stats() if store else _no_stats(root)
     if as_json:
         typer.echo(json.dumps(stats, indent=2, default=str))
         return
@@ -87,8 +123,8 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
              limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.", min=1,
                                                 max=1_000_000)] = 50) -> None:
     """List checkpoints, most recently used first."""
-    store = _store(cache_dir)
-    rows = store.ls(limit=limit) if store else []
+    with _store(_root(cache_dir)) as store:
+        rows = store.ls(limit=limit) if store else []
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
@@ -102,40 +138,59 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
 
 @cache_app.command("verify")
 def cache_verify(cache_dir: CacheDirOpt = None) -> None:
-    """Check every blob against its checksum; remove entries that fail (a blob that cannot be
-    read, for its permissions say, is reported and kept)."""
-    store = _store(cache_dir)
-    report = store.verify() if store else {}
-    unreadable = report.get("unreadable") or []
+    """Check every blob against its checksum; remove entries that fail, and blob files no index
+    row points at (a blob that cannot be read, for its permissions say, is reported and kept;
+    on a read-only cache everything is reported and kept)."""
+    root = _root(cache_dir)
+    remove = root.is_dir() and _writable(root)
+    with _store(root, write=remove) as store:
+        report = store.verify(remove=remove) if store else {}
+    failed, unreadable = report.get("removed") or [], report.get("unreadable") or []
+    orphans = report.get("orphans") or []
+    done = "removed" if remove else "failed"
+    kept = " (kept: the cache is read-only)" if failed and not remove else ""
     typer.echo(f"checked {report.get('checked', 0):,}; ok {report.get('ok', 0):,}; "
-               f"removed {len(report.get('removed') or []):,}"
+               f"{done} {len(failed):,}{kept}"
                + (f"; unreadable, kept {len(unreadable):,}" if unreadable else ""))
-    for item in report.get("removed") or []:
-        typer.echo(f"  removed {item}")
+    for item in failed:
+        typer.echo(f"  {done} {item}")
     for item in unreadable:
         typer.echo(f"  unreadable (kept) {item}")
+    if orphans:
+        blobs = "orphan blob" + ("" if len(orphans) == 1 else "s")
+        typer.echo(f"removed {len(orphans):,} {blobs} ({_size(report.get('orphans_freed'))}; no "
+                   "index row points at them)" if remove else
+                   f"found {len(orphans):,} {blobs} (no index row points at them; kept: the "
+                   "cache is read-only)")
+        for item in orphans:
+            typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")
 
 
 @cache_app.command("gc")
 def cache_gc(cache_dir: CacheDirOpt = None,
              max_bytes: Annotated[int | None, typer.Option("--max-bytes", help="Evict least recently "
                                   "used entries until the cache is at most this size (default: "
-                                  "the configured budget).")] = None) -> None:
-    """Evict least recently used entries down to the byte budget."""
+                                  "the budget, 10% of the free space of the cache's file "
+                                  "system).")] = None) -> None:
+    """Evict least recently used entries down to the byte budget, and delete blob files that no
+    index row points at."""
     if max_bytes is not None and max_bytes < 0:
         raise StatechatError("--max-bytes must be >= 0")
-    store = _store(cache_dir)
-    typer.echo(f"freed {_size(store.gc(max_bytes) if store else 0)}")
+    root = _root(cache_dir)
+    _check_writable(root)
+    with _store(root, write=True) as store:
+        typer.echo(f"freed {_size(store.gc(max_bytes) if store else 0)}")
 
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: CacheDirOpt = None,
                 yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False) -> None:
-    """Delete every cached checkpoint and block (conversations are kept)."""
-    store = _store(cache_dir)
-    if store is None:
-        typer.echo(f"freed {_size(0)}")
-        return
-    if not yes and not typer.confirm(f"Delete every cache entry in {store.path}?"):
-        raise typer.Abort()
-    typer.echo(f"freed {_size(store.clear())}")
+    """Delete every cached checkpoint and block (conversations are kept). Asks first, unless
+    --yes; any answer but yes (or no terminal to answer on) deletes nothing and exits 1."""
+    root = _root(cache_dir)
+    _check_writable(root)
+    if root.is_dir() and not yes and not _confirmed(f"Delete every cache entry in {root}?"):
+        typer.echo("Aborted: nothing deleted.", err=True)
+        raise typer.Exit(1)
+    with _store(root, write=True) as store:
+        typer.echo(f"freed {_size(store.clear() if store else 0)}")

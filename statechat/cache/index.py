@@ -8,6 +8,7 @@ then blobs, so no row ever points at a partial blob.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import sqlite_utils
 from statechat.errors import ConfigError
 
 SCHEMA_VERSION = 1
+log = logging.getLogger("statechat.cache")
 
 VIEWS = {
     "cache_checkpoints": """
@@ -64,6 +66,55 @@ def connect(path: Path) -> sqlite_utils.Database:
         return db
 
     return open_sqlite(path, attempt)
+
+
+def connect_read_only(path: Path) -> sqlite_utils.Database:
+    """Open the index to read it alone: nothing is created, migrated or written (the cache
+    commands that only report). No index.db yet, or one without the schema (an empty file):
+    an empty index in memory. On read-only media, where SQLite cannot make the WAL's -wal and
+    -shm files, the file is read as immutable, and a warning says if a WAL was left unread."""
+    if not path.exists():
+        if path.parent.exists() and not path.parent.is_dir():
+            raise open_error(path, NotADirectoryError())
+        return _empty_index()
+
+    def attempt() -> sqlite_utils.Database:
+        # mode=rw (never creates the file) lets the last reader out remove the WAL files it
+        # made, as sqlite3's own shell does; query_only keeps it from writing anything else
+        for query in ("mode=rw", "mode=ro", "immutable=1"):
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True, timeout=30,
+                                   isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA query_only = 1")
+                conn.execute("PRAGMA busy_timeout = 30000")
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.OperationalError as e:
+                conn.close()
+                if "unable to open" in str(e) and query != "immutable=1":
+                    continue  # (read-only media: no -shm file can be made)
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if version < SCHEMA_VERSION:  # (a new or empty file: no tables yet)
+                conn.close()
+                return _empty_index()
+            wal = path.with_name(path.name + "-wal")
+            if query == "immutable=1" and wal.exists() and wal.stat().st_size:
+                log.warning("statechat cache: %s is read-only and its write-ahead log was not "
+                            "read; the latest writes may be missing", path)
+            return sqlite_utils.Database(conn)
+        raise AssertionError("unreachable")
+
+    return open_sqlite(path, attempt)
+
+
+def _empty_index() -> sqlite_utils.Database:
+    """An empty index in memory: the schema, no rows."""
+    db = sqlite_utils.Database(sqlite3.connect(":memory:", isolation_level=None,
+                                               check_same_thread=False))
+    migrate(db)
+    return db
 
 
 def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:

@@ -148,11 +148,12 @@ class StateStore:
     """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""
 
     def __init__(self, root: Path, budget_bytes: int | None = None, host_bytes: int = 0, queue_size: int = 64,
-                 max_pending_bytes: int = 4 << 30) -> None:
+                 max_pending_bytes: int = 4 << 30, read_only: bool = False) -> None:
         self.path = Path(root)
         self.blob_dir = self.path / BLOB_DIR
         self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
-        self.db = index.connect(self.path / INDEX_FILE)
+        self.read_only = read_only  # index opened to read alone (index.connect_read_only)
+        self.db = (index.connect_read_only if read_only else index.connect)(self.path / INDEX_FILE)
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
         self.host = HostTier(host_bytes)
@@ -408,6 +409,18 @@ class StateStore:
         self.queue.put_nowait(job)
         return True
 
+    def has_room(self, nbytes: int, wait_s: float = 0.0) -> bool:
+        """Whether `save` would take a job of `nbytes` now; with `wait_s`, wait up to that long
+        for the writer to make room (not for a job the bound can never hold)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.pending_lock:
+                if self.pending_bytes + nbytes <= self.max_pending_bytes and not self.queue.full():
+                    return True
+            if nbytes > self.max_pending_bytes or self.writer is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
     def engine_busy(self, busy: bool) -> None:
         """The engine is launching work (True) or waiting on the device or idle (False)."""
         if busy:
@@ -538,28 +551,34 @@ class StateStore:
     def gc(self, max_bytes: int | None = None) -> int:
         """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
         freed = self.evict_to(self.budget if max_bytes is None else max_bytes)
-        return freed + self._remove_orphans()
+        return freed + sum(size for _, size in self._remove_orphans())
 
-    def _remove_orphans(self, min_age_s: float = 60.0) -> int:
-        """Blob files no row points at (a crash between rename and insert), and stale temps;
-        only files named as the store names its own (BLOB_NAME): anything else is left."""
+    def _remove_orphans(self, min_age_s: float = 60.0, remove: bool = True) -> list[tuple[str, int]]:
+        """Blob files no row points at (a crash between rename and insert, a lost index), and
+        stale temps, as (name under blobs/, bytes); deleted unless `remove` is False. Only files
+        named as the store names its own (BLOB_NAME) count: anything else is left."""
         with self.db_lock:
             known = {r[0] for r in self.db.execute("SELECT blob FROM checkpoints UNION SELECT blob FROM segments")}
-        freed, now = 0, time.time()
-        for f in self.blob_dir.rglob("*") if self.blob_dir.exists() else []:
-            if not f.is_file():
-                continue
+        found, now = [], time.time()
+        for f in sorted(self.blob_dir.rglob("*")) if self.blob_dir.exists() else []:
             rel = f.relative_to(self.blob_dir).as_posix()
-            if rel in known or not BLOB_NAME.fullmatch(rel):
+            if rel in known or not BLOB_NAME.fullmatch(rel) or not f.is_file():
                 continue
-            # a concurrent writer's fresh file may not have its row yet: leave young files alone
-            if now - f.stat().st_mtime >= min_age_s:
-                freed += f.stat().st_size
-                f.unlink(missing_ok=True)
-        return freed
+            with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                st = f.stat()
+                # a concurrent writer's fresh file may not have its row yet: leave young files
+                if now - st.st_mtime >= min_age_s:
+                    if remove:
+                        f.unlink()
+                    found.append((rel, st.st_size))
+        return found
 
-    def verify(self) -> dict:
-        """Check every row's blob (present, readable, checksum, model, shapes); drop bad entries."""
+    def verify(self, remove: bool = True) -> dict:
+        """Check every row's blob (present, readable, checksum, model, shapes) and look for
+        orphan blob files. Damaged entries and orphans are deleted, or with `remove=False` (a
+        read-only cache) only reported; a blob that cannot be read is reported and kept.
+        Returns {"checked", "ok", "removed" (damaged blobs), "unreadable", "orphans" (orphan
+        blobs), "orphans_freed" (their bytes, if deleted)}."""
         with self.db_lock:
             models = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in
                       self.db.execute("SELECT id, fingerprint, shapes FROM models")}
@@ -572,7 +591,8 @@ class StateStore:
             try:
                 read_blob(self.blob_dir / blob, fp, {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}, crc)
             except BlobError as e:
-                self._discard_checkpoint(h, blob, str(e), e.damaged)
+                if remove:
+                    self._discard_checkpoint(h, blob, str(e), e.damaged)
                 (removed if e.damaged else unreadable).append(blob)
         for sid, mid, blob, crc, n in segs:
             checked += 1
@@ -580,10 +600,13 @@ class StateStore:
             try:
                 read_blob(self.blob_dir / blob, fp, {k: (n, *v) for k, v in shapes.get("block", {}).items()}, crc)
             except BlobError as e:
-                self._discard_segment(blob, str(e), e.damaged)
+                if remove:
+                    self._discard_segment(blob, str(e), e.damaged)
                 (removed if e.damaged else unreadable).append(blob)
+        orphans = self._remove_orphans(remove=remove)
         return {"checked": checked, "ok": checked - len(removed) - len(unreadable), "removed": removed,
-                "unreadable": unreadable, "orphans_freed": self._remove_orphans()}
+                "unreadable": unreadable, "orphans": [name for name, _ in orphans],
+                "orphans_freed": sum(size for _, size in orphans) if remove else 0}
 
     def stats(self) -> dict:
         # the host tier's figures first, apart: a restore holds its lock while it takes db_lock
@@ -629,11 +652,16 @@ class StateStore:
 
 
 def default_budget(root: Path) -> int:
-    """10% of the free space of the cache dir's file system."""
-    root.mkdir(parents=True, exist_ok=True)
+    """10% of the free space of the cache dir's file system (of its nearest existing folder:
+    nothing is created)."""
+    root = Path(root).absolute()
+    while not root.exists() and root != root.parent:
+        root = root.parent
     return int(shutil.disk_usage(root).free * 0.10)
 
 
-def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0) -> StateStore:
-    """The store of `cache_dir` (created if missing)."""
-    return StateStore(Path(cache_dir), budget_bytes, host_bytes)
+def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0,
+               read_only: bool = False) -> StateStore:
+    """The store of `cache_dir` (created if missing); with `read_only`, one whose index is
+    only read and never created (index.connect_read_only): for reports."""
+    return StateStore(Path(cache_dir), budget_bytes, host_bytes, read_only=read_only)

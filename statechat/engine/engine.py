@@ -50,6 +50,7 @@ class RequestOutput:
     num_computed_tokens: int  # prompt tokens computed (recomputation after preemption included)
     num_completion_tokens: int
     ttft_s: float | None
+    decode_s: float | None = None  # first token to last: the time of the other tokens' decode
     reused_from: str | None = None  # tier the reused prefix came from: device, host or disk
     reused_by_tier: dict | None = None  # reused prompt tokens by the tier their KV came from
     cache_plan: dict | None = None  # the cheapest prefix to load, its predicted load and
@@ -148,6 +149,7 @@ class LLMEngine:
         """Finish pending cache writes (call before the process exits)."""
         if self.store is not None:
             self.store.engine_busy(False)
+            self.prefix.flush_deferred()
             self.store.close()
 
     def _cache_sizes(self) -> tuple[int, int]:
@@ -253,6 +255,7 @@ class LLMEngine:
         if self.scheduler.has_work():
             raise RuntimeError("drop_device_cache needs an idle engine")
         if self.store is not None:
+            self.prefix.flush_deferred()  # (they read the pools about to be dropped)
             self.store.flush()  # queued saves still read device snapshots, not the pools
         num_blocks, num_slots = self.scheduler.blocks.num_blocks, self.scheduler.slots.num_slots
         self.scheduler.blocks = self.prefix.blocks = BlockPool(num_blocks)
@@ -308,6 +311,7 @@ class LLMEngine:
             for seq in updated:
                 if seq.first_token_time is None:
                     seq.first_token_time = now
+                seq.last_token_time = now
                 self._check_finish(seq)
             for it in [] if batch.is_decode else batch.items:  # a request for no tokens ends
                 seq = it.seq  # with its prompt (a prefill step's)
@@ -394,6 +398,8 @@ class LLMEngine:
             num_computed_tokens=seq.num_prompt_tokens - cached + seq.num_recomputed,
             num_completion_tokens=len(seq.output_ids),
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+            decode_s=None if seq.first_token_time is None
+            else seq.last_token_time - seq.first_token_time,
             reused_from=seq.reused_from if cached else None,
             reused_by_tier=dict(seq.reused_by_tier) if cached else None,
             cache_plan=seq.cache_plan,

@@ -106,6 +106,11 @@ class PrefixCache:
         self.stored_ckpts: set[bytes] = set()  # checkpoints known on disk (seen at admission)
         self.disk_checks: list[Future] = []  # blocks on disk, asked while a request computes
         self.root_hex = ""
+        # checkpoints the full write queue turned away: retried after later steps while the
+        # device tier still holds them, and saved (waiting for room) when the engine closes
+        self.deferred: dict[bytes, NewCheckpoint] = {}
+        self.root = b""
+        self.lost = 0  # deferred checkpoints the device tier gave up before the queue had room
 
     def calibrate(self) -> None:
         """Time a page-cache read of a stored checkpoint (if one is cached whole), so that the
@@ -124,6 +129,11 @@ class PrefixCache:
                 for block in seq.block_table:
                     self.blocks.release(block)
                 seq.block_table = []
+                # what this prompt was taken to have on disk may be what failed: its blocks
+                # and checkpoints are saved again once computed (the writer skips those still
+                # on disk)
+                self.stored_ckpts.difference_update(seq.block_hashes)
+                self.persisted.difference_update(seq.block_hashes)
         return 0
 
     def _reuse_once(self, seq: Sequence) -> int:
@@ -346,23 +356,62 @@ class PrefixCache:
         disk held when the request was admitted (a prefix recomputed after a restart) is neither
         copied nor queued; no lookup runs here, so a step never waits on the index (a check
         of the disk's blocks still running is applied at a later step: until then its blocks
-        may be copied again, and the writer skips those already on disk)."""
+        may be copied again, and the writer skips those already on disk). A checkpoint the
+        full queue turns away waits, as it stands in the device tier, for a later step (or the
+        engine's close) to find room; one the device tier evicts first is lost, and counted."""
         if self.store is None:
             return
         self._apply_disk_checks()
+        self.root = root
+        waiting, self.deferred = list(self.deferred.values()), {}
+        for ck in waiting:
+            if not self._resident(ck):
+                self.lost += 1
+                log.warning("statechat cache: %d checkpoint(s) left device memory before the "
+                            "write queue had room for them; not saved", self.lost)
+            elif not self._save(ck):
+                self.deferred[ck.hash] = ck
         for ck in new:
-            todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
-            has_ckpt = ck.hash in self.stored_ckpts
-            if has_ckpt and not todo:
-                continue
-            blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else root).hex(), i) for i, h in todo]
-            block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else {}
-            state = None if has_ckpt else self.runner.read_slot(ck.slot)
-            job = SaveJob(None if has_ckpt else ck.hash.hex(), ck.num_tokens, state, blocks,
-                          block_tensors, ready=self.runner.snapshot_ready())
-            if self.store.save(job):
-                self.persisted.update(h for _, h in todo)
-                self.stored_ckpts.add(ck.hash)
-            else:
-                log.warning("statechat cache: the write queue is full; the checkpoint at %d tokens "
-                            "stays in memory only (%d dropped so far)", ck.num_tokens, self.store.dropped)
+            if not self._save(ck):
+                if not self.deferred and not self.store.dropped:
+                    log.warning("statechat cache: the write queue is full; new checkpoints wait "
+                                "in device memory until it has room")
+                self.store.dropped += 1
+                self.deferred[ck.hash] = ck
+
+    def flush_deferred(self, timeout: float = 60.0) -> None:
+        """Queue the checkpoints still waiting for room, waiting for it (the engine closes)."""
+        for ck in list(self.deferred.values()) if self.store is not None else []:
+            del self.deferred[ck.hash]
+            if not (self._resident(ck) and self._save(ck, timeout)):
+                self.lost += 1
+        if self.lost:
+            log.warning("statechat cache: %d checkpoint(s) could not be saved (the write queue "
+                        "stayed full)", self.lost)
+
+    def _resident(self, ck: NewCheckpoint) -> bool:
+        """Whether the device tier still holds checkpoint `ck` and the blocks it stands on."""
+        held = self.slots.checkpoints.get(ck.hash)
+        return held is not None and held.slot == ck.slot and all(
+            self.blocks.lookup(h) == b for h, b in zip(ck.block_hashes, ck.block_ids))
+
+    def _save(self, ck: NewCheckpoint, wait_s: float = 0.0) -> bool:
+        """Queue `ck` (with its blocks not yet persisted); False, with nothing read from the
+        pools, when the queue has no room for it (within `wait_s`)."""
+        todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
+        has_ckpt = ck.hash in self.stored_ckpts
+        if has_ckpt and not todo:
+            return True
+        size = len(todo) * self.bytes_per_block + (0 if has_ckpt else self.bytes_per_slot)
+        if not self.store.has_room(size, wait_s):
+            return False
+        blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else self.root).hex(), i) for i, h in todo]
+        block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else {}
+        state = None if has_ckpt else self.runner.read_slot(ck.slot)
+        job = SaveJob(None if has_ckpt else ck.hash.hex(), ck.num_tokens, state, blocks,
+                      block_tensors, ready=self.runner.snapshot_ready())
+        if not self.store.save(job):
+            return False
+        self.persisted.update(h for _, h in todo)
+        self.stored_ckpts.add(ck.hash)
+        return True

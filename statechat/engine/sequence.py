@@ -57,6 +57,7 @@ class Sequence:
     detok_offsets: tuple[int, int] = (0, 0)  # incremental detokenizer: (context start, read end)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    last_token_time: float | None = None  # when its latest token was sampled (perf_counter)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)

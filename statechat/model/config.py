@@ -312,7 +312,7 @@ def _sampling_defaults(gen: dict, path: Path) -> tuple[tuple[str, float | int], 
 def _warn_once(message: str) -> None:
     """A warning logged once per process (a command reads the config before loading the
     model, which reads it again)."""
-    log.warning("%s", message)
+    log.warning("statechat: %s", message)
 
 
 def _finite(value) -> float | None:

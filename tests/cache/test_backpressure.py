@@ -147,3 +147,25 @@ def hold(store) -> None:
         return save(job)
 
     store.save = busy_save
+
+
+def test_checkpoints_turned_away_by_a_full_queue_are_saved_later(tiny_dirs, tmp_path, caplog):
+    """A burst of checkpoints past the queue's room waits in the device tier and is saved when
+    the queue drains (or the engine closes): none is lost while the device tier holds it, and a
+    new process resumes every prompt at its end (a batch of 200 requests once lost 40%)."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    engine.store.queue.maxsize = 1  # (room for one job at a time)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 300, (130,), generator=gen).tolist() for _ in range(6)]
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        engine.generate(prompts, params)
+        engine.close()
+    assert engine.store.dropped >= 1 and engine.prefix.lost == 0
+    assert sum("write queue is full" in r.getMessage() for r in caplog.records) == 1
+    again = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    outs = again.generate(prompts, params)
+    again.close()
+    assert [o.num_cached_tokens for o in outs] == [128] * 6

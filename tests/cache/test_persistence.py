@@ -342,3 +342,26 @@ def test_a_lookup_reads_a_small_index_ahead(plain, tmp_path, monkeypatch):
     monkeypatch.setattr(store, "PREFETCH_INDEX_BYTES", 1)
     opened.where([], ["00" * 32])
     assert advised == []
+
+
+def test_a_checkpoint_whose_blob_failed_is_saved_again_once_recomputed(plain, tmp_path):
+    """A checkpoint whose blob is gone is recomputed, and the recompute writes it back: the next
+    process resumes there again (it used to stay unsaved, taken as still on disk)."""
+    path, no_cache = plain
+    loaded = no_cache.loaded
+    prompt = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(8)).tolist()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+
+    def run() -> int:
+        engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+        out = engine.generate([prompt], params)[0]
+        engine.close()
+        return out.num_cached_tokens
+
+    assert run() == 0
+    store = open_store(tmp_path)
+    (blob,) = store.db.execute("SELECT blob FROM checkpoints WHERE num_tokens = 192").fetchone()
+    store.close()
+    (tmp_path / "blobs" / blob).unlink()
+    assert run() < 192  # (the blob is missing: a warning, and the prompt is computed)
+    assert run() == 192

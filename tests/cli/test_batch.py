@@ -5,12 +5,15 @@ gets an error record while the rest still run."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from statechat import cli
+from statechat import cli, cli_batch
 from statechat.paths import EMBEDDED_MODEL
 
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
@@ -100,14 +103,15 @@ def test_a_line_sets_its_own_sampling(tmp_path, shared_engine):
              {"id": "stop", **user, "stop": greedy[4:8]},
              {"id": "seeded", **user, "temperature": 1.0, "top_p": 0.9, "seed": 3},
              {"id": "again", **user, "temperature": 1.0, "top_p": 0.9, "seed": 3},
-             {"id": "bad", **user, "top_k": -3}]
+             {"id": "bad", **user, "top_k": -2}]
     src.write_text("\n".join(map(json.dumps, lines)) + "\n")
     assert CliRunner().invoke(cli.app, args).exit_code == 0
     top1, stop, seeded, again, bad = [json.loads(line) for line in out.read_text().splitlines()]
     assert top1["text"] == greedy
     assert stop["text"] == greedy[:4] and stop["finish_reason"] == "stop"
     assert seeded["text"] == again["text"]
-    assert "top_k must be >= 0" in bad["error"]["message"]
+    # (-1 is off, as 0 is: "must be >= 0" was wrong about it)
+    assert bad["error"]["message"] == "top_k must be -1 or 0 (off), or a positive count, got -2"
 
 
 def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
@@ -266,3 +270,95 @@ def test_an_engine_that_cannot_hold_the_asked_context_names_the_flag(tmp_path):
                                           "--device", "cpu", "--max-model-len", "100000"])
     assert str(result.exception) == ("--max-model-len 100,000 exceeds the model's 8,192 positions; "
                                      "lower --max-model-len")
+
+
+def on_a_full_disk(real_mkstemp):
+    """tempfile.mkstemp whose file takes no bytes: its descriptor writes to /dev/full."""
+    def mkstemp(*args, **kwargs):
+        fd, path = real_mkstemp(*args, **kwargs)
+        full = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(full, fd)
+        os.close(full)
+        return fd, path
+    return mkstemp
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_results_that_cannot_be_written_are_one_line_and_lose_nothing(tmp_path, shared_engine,
+                                                                       monkeypatch, capsys):
+    """A full disk (under the temporary results file) or `-o /dev/full`: one line and exit
+    status 1, not a traceback (closing the file failed again); an earlier results file stays,
+    and no temporary file is left."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    out.write_text("an earlier run's results\n")
+    args = ["statechat", "batch", str(src), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+            "--no-cache", "--max-tokens", "2"]
+    for target, full_disk in ((out, True), (Path("/dev/full"), False)):
+        with monkeypatch.context() as m:
+            if full_disk:
+                m.setattr(cli_batch.tempfile, "mkstemp", on_a_full_disk(tempfile.mkstemp))
+            m.setattr("sys.argv", [*args, "-o", str(target)])
+            with pytest.raises(SystemExit) as exit_info:
+                cli.main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1, err
+        assert err.strip().splitlines()[-1] == f"statechat: cannot write {target} (No space left on device)"
+        assert "Traceback" not in err and "OSError" not in err
+    assert out.read_text() == "an earlier run's results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
+def test_requests_from_standard_input(tmp_path, shared_engine):
+    """`batch -` reads the requests from standard input (it said "- is not a file"); `-o -`
+    writes to standard output, as no -o does."""
+    lines = [{"id": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+             {"id": "b", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}]
+    text = "\ufeff" + "".join(json.dumps(line) + "\r\n" for line in lines)
+    for out in ([], ["-o", "-"]):
+        result = CliRunner().invoke(cli.app, ["batch", "-", *out, "--model", str(EMBEDDED_MODEL),
+                                              "--device", "cpu", "--no-cache"], input=text)
+        assert result.exit_code == 0, result.output
+        records = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [r["id"] for r in records] == ["a", "b"]
+        assert all(r["usage"]["completion_tokens"] == 2 for r in records)
+    assert not (tmp_path / "-").exists()
+    bad = CliRunner().invoke(cli.app, ["batch", "-", "--model", str(EMBEDDED_MODEL)],
+                             input=b"\xff\xfe{}")
+    assert str(bad.exception) == "standard input is not UTF-8 text (byte 0); save it as UTF-8"
+
+
+def test_an_input_with_no_requests_says_so_without_loading_the_model(tmp_path, monkeypatch, capsys):
+    """An empty file (or blank lines) is one line on stderr and exit status 0, and no model
+    loads (it loaded the model and said nothing); -o FILE then holds no results."""
+    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    empty, out = tmp_path / "empty.jsonl", tmp_path / "out.jsonl"
+    empty.write_text("")
+    out.write_text("an earlier run's results\n")
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(empty), "-o", str(out),
+                                     "--model", str(EMBEDDED_MODEL), "--device", "cpu"])
+    cli.main()  # (returns: exit status 0)
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines()[-1] == f"statechat: {empty} has no requests"
+    assert captured.out == "" and out.read_text() == ""
+    result = CliRunner().invoke(cli.app, ["batch", "-", "--model", str(EMBEDDED_MODEL)], input="\n  \n")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == "statechat: standard input has no requests"
+
+
+def test_a_line_s_id_is_echoed_as_given(tmp_path, shared_engine):
+    """A string or a number comes back as it was given (a list came back as the Python text
+    "['list']"); another kind of id is that line's one-line error; no id is "line-N"."""
+    user = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    ids = ["a", 7, 2.5, None, ["list"], {"k": 1}, True]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({**user, **({} if i is None else {"id": i})}) + "\n" for i in ids))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["a", 7, 2.5, "line-4", None, None, None]
+    assert all("error" not in r for r in records[:4])
+    assert [r["error"]["message"] for r in records[4:]] == [
+        f'line {n}: "id" must be a string or a number, got {shown}'
+        for n, shown in ((5, '["list"]'), (6, '{"k": 1}'), (7, "true"))]

@@ -3,7 +3,9 @@ report on a cache dir (when the persistent store is part of this build)."""
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -114,3 +116,132 @@ def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, 
         cli.main()
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == f"statechat: {says}"
+
+
+def test_batch_help_lists_every_field_a_line_may_set():
+    """`batch --help` names every field batch reads from a line (it left four out)."""
+    from statechat.batch import LINE_FIELDS
+
+    result = runner.invoke(cli.app, ["batch", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    for field in ("id", "messages", *LINE_FIELDS, "chat_template_kwargs"):
+        assert f'"{field}"' in result.output, field
+
+
+def warm_cache(tmp_path):
+    """A cache dir with checkpoints and KV blocks, written by a batch of two long prompts."""
+    src, cache = tmp_path / "in.jsonl", tmp_path / "cache"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "cache " * (80 + i)}],
+                                       "max_tokens": 2}) + "\n" for i in range(2)))
+    result = runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"), "--model",
+                                     str(EMBEDDED_MODEL), "--device", "cpu", "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert len(list((cache / "blobs").rglob("*.safetensors"))) >= 2
+    gc.collect()  # (the engine's index connection closes, taking its WAL files with it)
+    assert sorted(p.name for p in cache.iterdir()) == ["blobs", "index.db"]
+    return cache
+
+
+def files(folder) -> dict:
+    return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+def test_stats_and_ls_create_nothing(tmp_path, shared_engine):
+    """`stats`, `ls` (and `verify` with nothing to remove) make no file: not an index.db in an
+    empty cache dir (they made a 45 KB one), not a byte in a cache that has one."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cache = warm_cache(tmp_path)
+    before = files(cache)
+    for folder in (empty, cache):
+        for argv in (["stats"], ["stats", "--json"], ["ls"], ["verify"]):
+            result = runner.invoke(cli.app, ["cache", *argv, "--cache-dir", str(folder)])
+            assert result.exit_code == 0, (argv, result.output)
+    assert list(empty.iterdir()) == []
+    assert files(cache) == before
+    stats = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(cache)]).stdout)
+    assert stats["num_checkpoints"] >= 1 and stats["num_blocks"] >= 1
+
+
+@pytest.fixture
+def read_only_view(tmp_path):
+    """A read-only bind mount of a folder (needs root and mount; skipped elsewhere)."""
+    import subprocess
+
+    view = tmp_path / "ro"
+    view.mkdir()
+    mounted = []
+
+    def mount(folder):
+        done = subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(view)],
+                              capture_output=True, check=False)
+        if done.returncode != 0:
+            pytest.skip("cannot make a read-only mount here")
+        mounted.append(view)
+        return view
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, read_only_view):
+    """stats and ls read a cache on a read-only mount (they said `cannot open .../index.db`);
+    verify checks it and reports, removing nothing; gc and clear refuse in one line."""
+    cache = warm_cache(tmp_path)
+    orphan = cache / "blobs" / "kv" / f"{'ab' * 16}.safetensors"
+    orphan.write_bytes(b"x")
+    os.utime(orphan, (1e9, 1e9))
+    want = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(cache)]).stdout)
+    listed = runner.invoke(cli.app, ["cache", "ls", "--json", "--cache-dir", str(cache)]).stdout
+    before = files(cache)
+    view = read_only_view(cache)
+    ro = ["--cache-dir", str(view)]
+    stats = runner.invoke(cli.app, ["cache", "stats", "--json", *ro])
+    assert stats.exit_code == 0, stats.output
+    got = json.loads(stats.stdout)
+    assert [got[k] for k in ("num_checkpoints", "num_blocks", "bytes_total")] == \
+        [want[k] for k in ("num_checkpoints", "num_blocks", "bytes_total")]
+    assert runner.invoke(cli.app, ["cache", "ls", "--json", *ro]).stdout == listed
+    verify = runner.invoke(cli.app, ["cache", "verify", *ro])
+    assert verify.exit_code == 0, verify.output
+    assert f"ok {want['num_checkpoints'] + want['num_segments']}" in verify.stdout
+    assert "found 1 orphan blob (no index row points at them; kept: the cache is read-only)" \
+        in verify.stdout
+    for argv in (["gc"], ["clear", "--yes"], ["clear"]):
+        result = runner.invoke(cli.app, ["cache", *argv, *ro])
+        assert result.exit_code != 0 and "is read-only; nothing was deleted" in str(result.exception)
+    assert files(cache) == before
+
+
+def test_verify_reports_the_orphan_blobs_it_removes(tmp_path, shared_engine):
+    """An index that was lost (truncated) leaves every blob an orphan: verify removes them and
+    says so, each by name (it deleted them all and printed `removed 0`)."""
+    cache = warm_cache(tmp_path)
+    blobs = sorted(p.relative_to(cache / "blobs").as_posix()
+                   for p in (cache / "blobs").rglob("*.safetensors"))
+    for name in blobs:
+        os.utime(cache / "blobs" / name, (1e9, 1e9))  # (older than a writer's grace period)
+    (cache / "index.db").write_bytes(b"")
+    result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "checked 0; ok 0; removed 0"
+    assert lines[1].startswith(f"removed {len(blobs)} orphan blobs (")
+    assert lines[1].endswith("; no index row points at them)")
+    assert lines[2:] == [f"  removed orphan {name}" for name in blobs]
+    assert list((cache / "blobs").rglob("*.safetensors")) == []
+
+
+@pytest.mark.parametrize("answer", ["n\n", "", "maybe\nno\n"])
+def test_declining_clear_deletes_nothing_and_says_so(tmp_path, shared_engine, answer):
+    """No, or no answer at all (end of input), is one line and exit status 1 (it was 130 and
+    nothing said, as if Ctrl-C had been pressed)."""
+    cache = warm_cache(tmp_path)
+    before = files(cache)
+    result = runner.invoke(cli.app, ["cache", "clear", "--cache-dir", str(cache)], input=answer)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == "Aborted: nothing deleted."
+    assert files(cache) == before
+    agreed = runner.invoke(cli.app, ["cache", "clear", "--cache-dir", str(cache)], input="y\n")
+    assert agreed.exit_code == 0 and "freed" in agreed.stdout
+    assert list((cache / "blobs").rglob("*.safetensors")) == []

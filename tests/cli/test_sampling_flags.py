@@ -117,7 +117,7 @@ def test_batch_takes_the_model_s_sampling_under_its_flags_and_lines(tmp_path, sh
 @pytest.mark.parametrize("command", ["run", "batch", "serve"])
 @pytest.mark.parametrize("flag, value, says", [
     ("--min-p", "2", "--min-p must be in [0, 1], got 2.0"),
-    ("--top-k", "-3", "--top-k must be >= 0, got -3"),
+    ("--top-k", "-2", "--top-k must be -1 or 0 (off), or a positive count, got -2"),
     ("--repetition-penalty", "0", "--repetition-penalty must be > 0, got 0.0"),
     ("--presence-penalty", "2.5", "--presence-penalty must be in [-2, 2], got 2.5"),
     ("--top-p", "inf", "--top-p must be a finite number, got inf"),
@@ -138,3 +138,25 @@ def test_a_bad_flag_is_one_line_before_any_model_loads(tmp_path, monkeypatch, ca
         cli.main()
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == f"statechat: {says}"
+
+
+def test_the_model_s_ignored_recommendations_are_said_as_statechat(tmp_path):
+    """A value of generation_config.json that is left out is warned about with `statechat: `
+    in front, as every other message (it came bare); the command goes on."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, subprocess_env
+
+    model = recommending(tmp_path, temperature="hot", top_p=2)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = subprocess.run([sys.executable, "-m", "statechat.cli", "batch", str(empty), "--model",
+                           str(model)], capture_output=True, text=True, env=subprocess_env(),
+                          cwd=ROOT, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    config = model / "generation_config.json"
+    assert done.stderr.splitlines() == [
+        f"statechat: {config}: ignoring temperature 'hot' (it must be a number >= 0)",
+        f"statechat: {config}: ignoring top_p 2 (it must be a number in (0, 1])",
+        f"statechat: {empty} has no requests"]

@@ -1,0 +1,130 @@
+"""The files of `statechat batch`: its requests (a JSONL file, or standard input for `-`) and
+its results (standard output, or a file written beside its target and renamed over it when the
+run ends, so an earlier file survives a failed run). A file that cannot be read or written is
+one line: StatechatError, or OutputError (exit status 1) once the run has begun."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from statechat.errors import StatechatError
+
+STDIN = Path("-")  # `batch -`: the requests come on standard input
+
+
+class OutputError(StatechatError):
+    """Results that could not be written (a full disk, a device that takes nothing): the run
+    failed, so the exit status is 1 (that of a run whose every request failed), not 2."""
+
+    exit_code = 1
+
+
+def input_name(input: Path) -> str:
+    return "standard input" if input == STDIN else str(input)
+
+
+def read_requests(input: Path) -> list[str]:
+    """The lines of a batch's input file, or of standard input for `-`; one line if it cannot
+    be read as UTF-8 text (a byte-order mark is read past)."""
+    try:
+        if input == STDIN:
+            if sys.stdin is None:
+                raise StatechatError("standard input is closed; pass a JSONL file of chat requests")
+            data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        elif not input.is_file():
+            raise StatechatError(f"{input} is not a file; pass a JSONL file of chat requests "
+                                 "('-' reads them from standard input)")
+        else:
+            data = input.read_bytes()
+        return (data.decode("utf-8-sig") if isinstance(data, bytes) else data).splitlines()
+    except UnicodeDecodeError as e:
+        raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); save it as "
+                             "UTF-8") from None
+    except OSError as e:
+        raise StatechatError(f"cannot read {input_name(input)} ({e.strerror})") from None
+
+
+@contextlib.contextmanager
+def results(output: Path | None, direct: bool):
+    """The stream a batch writes: stdout, `output` itself, or a temporary file beside it that
+    replaces it when the run ends (an earlier file survives a failed run; none is left). A
+    write that fails is one line (OutputError)."""
+    if output is None:
+        try:
+            yield sys.stdout
+        except OutputError:  # (what stdout still buffers would fail again as Python exits)
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise
+        return
+    if direct:
+        with closing(output_call(output, open, output, "w", encoding="utf-8"), output) as f:
+            yield f
+        return
+    fd, tmp = output_call(output, tempfile.mkstemp, prefix=f".{output.name}.", suffix=".partial",
+                           dir=output.parent)
+    try:
+        with closing(os.fdopen(fd, "w", encoding="utf-8"), output) as f:
+            yield f
+        if output.exists():
+            output_call(output, shutil.copymode, output, tmp)
+        else:  # (mkstemp's file is private: give it the mode a new file gets)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        output_call(output, os.replace, tmp, output)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def output_call(output: Path, fn, *args, **kwargs):
+    """fn(*args, **kwargs), an OSError of which is the one line `cannot write OUTPUT (why)`."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError as e:
+        raise OutputError(f"cannot write {output} ({e.strerror or e})") from None
+
+
+@contextlib.contextmanager
+def closing(f, output: Path):
+    """Close the results file `f` when the run ends. After an error (a failed write, say) it is
+    closed quietly: flushing what it buffers would fail again and hide the first error's line."""
+    try:
+        yield f
+    except BaseException:
+        with contextlib.suppress(OSError):
+            f.close()
+        raise
+    output_call(output, f.close)
+
+
+def writes_in_place(output: Path, input: Path) -> bool:
+    """Whether a batch writes `output` itself (a device, a pipe, a link: /dev/stdout, say)
+    rather than a file beside it renamed over it at the end; a one-line error for a path
+    that cannot take the results."""
+    if output.is_dir():
+        raise StatechatError(f"{output} is a folder; pass a file name for the results")
+    if not output.parent.is_dir():
+        raise StatechatError(f"{output.parent} does not exist; create it or write elsewhere")
+    if input != STDIN and output.exists() and output.resolve() == input.resolve():
+        raise StatechatError(f"{output} is the input file; write the results elsewhere")
+    if output.is_symlink() or (output.exists() and not output.is_file()) \
+            or output.resolve().parts[1:2] in (("dev",), ("proc",)):
+        return True
+    if not os.access(output.parent, os.W_OK):
+        raise StatechatError(f"cannot write in {output.parent}; write the results elsewhere")
+    return False
+
+
+def progress_bar():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                    transient=False)
