@@ -36,9 +36,15 @@ EMBEDDED_BANNER = (
     "For real answers: hf download Qwen/Qwen3.5-9B --local-dir ~/models/Qwen3.5-9B, then "
     "statechat run --model ~/models/Qwen3.5-9B"
 )
+SHORT_BANNER = "Tiny model, RANDOM weights: replies are noise (statechat run --model DIR)"
 TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
 GONE = "{} was deleted by another statechat process on this cache dir."
 COMPOSER_ROWS = 12  # the message box's most rows (app.tcss says the same)
+SIDEBAR_COLUMNS = (16, 28)  # the chat list's width: a third of the terminal, within these
+NARROW_COLUMNS = 50  # a terminal narrower shows the chat list only while it has focus (Ctrl+L)
+BANNER_ROWS = 16  # a terminal shorter hides the banner
+BANNER_COLUMNS = 128  # one narrower shows SHORT_BANNER (the long one would take 4+ rows)
+BARS_ROWS = 10  # a terminal shorter hides the header and the footer too
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 # the app's own sampling, under the model's recommended sampling and `run`'s flags (cli.py)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
@@ -66,6 +72,8 @@ class StatechatApp(App):
         self.conv_id: str | None = None
         self.handle = None  # the RequestHandle being streamed
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
+        self.streaming_reply_id: str | None = None  # the reply being streamed
+        self.is_embedded = False  # the random-weight model: its banner shows
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -119,26 +127,69 @@ class StatechatApp(App):
         self.pop_screen()
         self.sub_title = (f"{self.loaded.path.name} on {self.loaded.device.type} · "
                           f"{sampling_line(self.sampling)}")
-        self.query_one("#banner").display = is_embedded(self.loaded.path)
+        self.is_embedded = is_embedded(self.loaded.path)
+        self._fit(self.size)
         convs = self.chats.conversations()
         self.open_conversation(convs[0].id if convs else None)
-        self.query_one(Composer).focus()
+        self._focus_composer()
 
     def on_resize(self, event: events.Resize) -> None:
-        """The message box grows with its lines: to COMPOSER_ROWS, or a third of a small
-        terminal."""
-        rows = max(3, min(COMPOSER_ROWS, event.size.height // 3))
-        self.query_one(Composer).styles.max_height = rows
+        self._fit(event.size)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if isinstance(event.widget, ConversationList):  # (it fills a narrow terminal)
+            self._fit(self.size)
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
+            self._fit(self.size)
+
+    def _fit(self, size) -> None:
+        """Leave a small terminal's rows and columns to the messages and the box: the box grows
+        with its lines to COMPOSER_ROWS or a third of the rows, the chat list takes a third of
+        the columns (a narrow terminal shows either the list, while it has focus, or the chat),
+        the banner shortens or hides, and on very few rows the header and footer hide."""
+        width, height = size
+        self.query_one(Composer).styles.max_height = max(3, min(COMPOSER_ROWS, height // 3))
+        chats = self.query_one(ConversationList)
+        narrow = width < NARROW_COLUMNS
+        low, high = SIDEBAR_COLUMNS
+        chats.styles.width = "1fr" if narrow else max(low, min(high, width // 3))
+        chats.display = not narrow or chats.has_focus
+        self.query_one("#main").display = not (narrow and chats.has_focus)
+        banner = self.query_one("#banner", Static)
+        banner.display = self.is_embedded and height >= BANNER_ROWS
+        banner.update(EMBEDDED_BANNER if width >= BANNER_COLUMNS else SHORT_BANNER)
+        for bar in (self.query_one(Header), self.query_one(Footer)):
+            bar.display = height >= BARS_ROWS
 
     def on_unmount(self) -> None:
         if self.worker is not None:
-            self.worker.shutdown()
+            self.worker.shutdown()  # (it aborts a reply still streaming)
+        if self.handle is not None:
+            self._keep_stopped_reply()
         if self.chats is not None:
             self.chats.close()
 
+    def _keep_stopped_reply(self) -> None:
+        """At exit, save the reply that was streaming (the engine is shut down: its sequence
+        holds the last of it) as Esc leaves one: its text so far and a 'stopped' status. Its
+        stream's own `_finish_reply`, too late now, does nothing."""
+        handle, reply_id = self.handle, self.streaming_reply_id
+        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        if handle.seq is None:  # (the engine refused it: it never began)
+            text, stats = "", {"error": "statechat quit before the reply began"}
+        else:
+            output = self.worker.engine.output(handle.seq)
+            text = output.text
+            reason = output.finish_reason or "abort"  # (the engine did not stop in time)
+            stats = reply_stats(dataclasses.replace(output, finish_reason=reason))
+        self._save_reply(reply_id, text, stats)
+
     # --- showing ------------------------------------------------------------------------
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
-        """Show `conv_id`'s current branch (None: a new chat) and the list of chats."""
+        """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
+        `focus_id`, focus that message's view once it is built (the focused view is replaced)."""
         if conv_id is not None and not self.chats.has_conversation(conv_id):
             self.notify(GONE.format("That chat"), severity="warning")
             conv_id = None
@@ -158,13 +209,17 @@ class StatechatApp(App):
             pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
             views.append(MessageView(msg, pos, len(sibs)))
         chat = self.query_one(ChatView)
+        if focus_id and isinstance(self.focused, MessageView):  # (the box holds focus until
+            # the view is built: a key meanwhile must not reach the chat list, where Delete
+            # deletes the chat)
+            composer.focus()
         chat.show(views)
         if focus_id:
             self.call_after_refresh(lambda: (v := chat.view_of(focus_id)) and v.focus())
 
     def on_conversation_list_open(self, event: ConversationList.Open) -> None:
         self.open_conversation(event.conv_id)
-        self.query_one(Composer).focus()
+        self._focus_composer()
 
     def on_conversation_list_delete(self, event: ConversationList.Delete) -> None:
         if self.handle is not None and event.conv_id == self.streaming_conv_id:
@@ -220,12 +275,14 @@ class StatechatApp(App):
         composer.take(event.text)
         self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
 
-    def start_reply(self, parent: Message) -> None:
+    def start_reply(self, parent: Message, focus: bool = False) -> None:
         """Add a reply under `parent` and stream the model's answer into it; a prompt the engine
-        refuses gets a reply whose status line says why."""
-        # a reply that failed before any text (its status says why) was never the model's turn
+        refuses gets a reply whose status line says why. With `focus`, the reply is focused (a
+        regenerate: keys go on acting on it)."""
+        # a reply with no text (one that failed, or was stopped before its first token) was
+        # never the model's turn: an empty assistant turn would teach the model to say nothing
         history = [m.as_chat() for m in self.chats.path(parent.id)
-                   if not (m.role == "assistant" and not m.content and m.stats.get("error"))]
+                   if not (m.role == "assistant" and not m.content)]
         try:
             ids = self.worker.render(history, template_kwargs=self.template_kwargs)
             room = self.worker.max_model_len - len(ids)
@@ -233,17 +290,18 @@ class StatechatApp(App):
             handle = self.worker.submit(ids, params)
         except StatechatError as e:
             error = f"{e}; {TOO_LONG_HINT}" if isinstance(e, ContextLengthError) else str(e)
-            self.chats.add(self.conv_id, parent.id, "assistant", "", stats={"error": error})
-            self.open_conversation(self.conv_id)
+            reply = self.chats.add(self.conv_id, parent.id, "assistant", "", stats={"error": error})
+            self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
             return
-        self.handle, self.streaming_conv_id = handle, self.conv_id
         reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
-        self.open_conversation(self.conv_id)
+        self.handle, self.streaming_conv_id = handle, self.conv_id
+        self.streaming_reply_id = reply.id
+        self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
         self.stream_reply(handle, reply.id)
 
     @work(thread=True, exit_on_error=False)
     def stream_reply(self, handle, reply_id: str) -> None:
-        text, shown, start = "", 0.0, time.perf_counter()
+        text, shown = "", 0.0
         stats: dict = {}
         try:
             for event in handle:
@@ -251,7 +309,7 @@ class StatechatApp(App):
                 if time.perf_counter() - shown > STREAM_INTERVAL_S:
                     shown = time.perf_counter()
                     self.call_from_thread(self._show_text, reply_id, text)
-            stats = reply_stats(handle.output, time.perf_counter() - start)
+            stats = reply_stats(handle.output)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         self.call_from_thread(self._finish_reply, reply_id, text, stats)
@@ -262,10 +320,11 @@ class StatechatApp(App):
             view.set_text(text)
 
     def _finish_reply(self, reply_id: str, text: str, stats: dict) -> None:
-        self.handle = self.streaming_conv_id = None
-        if self.chats.find(reply_id) is None:  # deleted by another process meanwhile
+        if reply_id != self.streaming_reply_id:  # (saved at exit already)
             return
-        self.chats.update(reply_id, content=text, stats=stats)
+        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        if not self._save_reply(reply_id, text, stats):
+            return
         view = self.query_one(ChatView).view_of(reply_id)
         if view is not None:
             view.message = self.chats.message(reply_id)
@@ -273,23 +332,38 @@ class StatechatApp(App):
             view.set_status(status_line(stats))
         self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
 
+    def _save_reply(self, reply_id: str, text: str, stats: dict) -> bool:
+        """Store a reply's text and stats; False if another statechat deleted it meanwhile."""
+        if self.chats.find(reply_id) is None:
+            return False
+        self.chats.update(reply_id, content=text, stats=stats)
+        return True
+
     # --- actions ------------------------------------------------------------------------
     def action_new_chat(self) -> None:
         self.open_conversation(None)
-        self.query_one(Composer).focus()
+        self._focus_composer()
 
     def action_stop(self) -> None:
+        """Esc: cancel an edit first (its box is what the user is looking at), else stop the
+        streaming reply."""
         composer = self.query_one(Composer)
-        if self.handle is not None:
-            self.handle.abort()
-        elif composer.editing:
+        if composer.editing:
             composer.end_edit()
+        elif self.handle is not None:
+            self.handle.abort()
+
+    def _focus_composer(self) -> None:
+        self.query_one("#main").display = True  # (hidden while the list fills a narrow terminal)
+        self.query_one(Composer).focus()
 
     def action_focus_list(self) -> None:
-        self.query_one(ConversationList).focus()
+        chats = self.query_one(ConversationList)
+        chats.display = True  # (a narrow terminal hides it while it is not focused)
+        chats.focus()
 
     def action_focus_input(self) -> None:
-        self.query_one(Composer).focus()
+        self._focus_composer()
 
     def action_edit_message(self, msg_id: str | None = None) -> None:
         msg = self._target(msg_id)
@@ -305,7 +379,8 @@ class StatechatApp(App):
         if msg is None:
             self.notify("Pick a reply to regenerate.")
             return
-        self.start_reply(msg if msg.role == "user" else self.chats.message(msg.parent_id))
+        parent = msg if msg.role == "user" else self.chats.message(msg.parent_id)
+        self.start_reply(parent, focus=True)
 
     def action_prev_branch(self, msg_id: str | None = None) -> None:
         self._switch(-1, msg_id)
@@ -321,7 +396,13 @@ class StatechatApp(App):
 
     def action_delete_branch(self, msg_id: str | None = None) -> None:
         msg = None if self._busy() else self._target(msg_id)
-        if msg is not None:
-            self.chats.delete_branch(msg.id)
-            self.open_conversation(self.conv_id)
-            self.notify("Branch deleted.")
+        if msg is None:
+            return
+        # focus what takes its place: the sibling shown instead, else its parent, else the box
+        others = [m.id for m in self.chats.siblings(msg.id) if m.id != msg.id]
+        self.chats.delete_branch(msg.id)
+        focus_id = others[-1] if others else msg.parent_id
+        self.open_conversation(self.conv_id, focus_id=focus_id)
+        if focus_id is None:
+            self._focus_composer()
+        self.notify("Branch deleted.")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\ufffd]")
+# control characters (tab and line feed kept), line/paragraph separators, and the bidi marks,
+# embeddings, overrides and isolates that reorder what follows them; the zero-width (non-)joiners
+# stay, as emoji sequences and Persian or Indic words need them
+_CONTROL = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ufffd]")
 
 
 def clean(text: str) -> str:
@@ -46,10 +50,11 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def reply_stats(output, elapsed_s: float) -> dict:
-    """The numbers a reply's status line shows (persisted with the message)."""
-    decode_s = elapsed_s - (output.ttft_s or 0.0)
-    tps = (output.num_completion_tokens - 1) / decode_s if decode_s > 0 and output.num_completion_tokens > 1 else None
+def reply_stats(output) -> dict:
+    """The numbers a reply's status line shows (persisted with the message): the decode rate
+    is the engine's, over the tokens after the first, from their sampling times."""
+    decode_s, num_tokens = output.decode_s, output.num_completion_tokens
+    tps = (num_tokens - 1) / decode_s if num_tokens > 1 and decode_s else None
     return {
         "ttft_s": output.ttft_s,
         "tokens_per_s": tps,
@@ -74,7 +79,8 @@ def status_line(stats: dict) -> str:
         parts.append(f"TTFT {stats['ttft_s'] * 1000:,.0f} ms")
     if stats.get("tokens_per_s"):
         parts.append(f"{stats['tokens_per_s']:,.1f} tok/s")
-    parts.append(f"{stats.get('completion_tokens', 0):,} tokens")
+    num_tokens = stats.get("completion_tokens", 0)
+    parts.append(f"{num_tokens:,} token" + ("" if num_tokens == 1 else "s"))
     prompt, cached = stats.get("prompt_tokens", 0), stats.get("cached_tokens", 0)
     computed = stats.get("computed_tokens", prompt - cached)
     if cached:

@@ -40,6 +40,7 @@ async def wait_ready(pilot, app, timeout: float = 30) -> None:
     while app.chats is None or app.screen.id == "loading":
         assert time.monotonic() < end, "the app did not finish loading"
         await pilot.pause(0.05)
+    await pilot.pause()  # (the first chat's views, mounted as it loaded, are built)
 
 
 async def wait_idle(pilot, app, timeout: float = 30) -> None:

@@ -1,13 +1,14 @@
 """What a user can do that once crashed the app, lost their text or wrote to the wrong place:
 an edit left open while another chat is opened or its message deleted, a message past the
 context limit, a multi-line first message (the chat list's title), a pasted first line's
-indent, deleting a chat while its reply streams, and a chat deleted by another statechat on
-the same cache dir."""
+indent, deleting a chat while its reply streams, a chat deleted by another statechat on
+the same cache dir, and quitting while a reply streams."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from textual import events
 
 from statechat.chat.tree import open_chats
@@ -281,16 +282,21 @@ def test_changed_edits_and_typed_ahead_keys_stay_in_the_box(loaded, tmp_path):
     asyncio.run(run())
 
 
-def test_a_failed_reply_is_left_out_of_later_prompts(loaded, tmp_path):
-    """A reply that failed before any text was never the model's turn: the next prompt goes on
-    from the messages before it (it went in as an empty assistant turn)."""
+@pytest.mark.parametrize("stats", [
+    {"error": "the engine failed"},
+    {"finish_reason": "abort", "completion_tokens": 0},  # stopped before its first token
+    {},  # as a quit while it streamed left it, in earlier versions
+])
+def test_a_reply_with_no_text_is_left_out_of_later_prompts(loaded, tmp_path, stats):
+    """A reply that failed, or ended, before any text was never the model's turn: the next
+    prompt goes on from the messages before it (it went in as an empty assistant turn)."""
     async def run():
         app = make_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
             conv = app.chats.create(title="t")
             first = app.chats.add(conv.id, None, "user", "first")
-            app.chats.add(conv.id, first.id, "assistant", "", stats={"error": "the engine failed"})
+            app.chats.add(conv.id, first.id, "assistant", "", stats=stats)
             app.open_conversation(conv.id)
             await send(pilot, app, "second")
             prompt = app.worker.render([{"role": "user", "content": "first"},
@@ -298,3 +304,33 @@ def test_a_failed_reply_is_left_out_of_later_prompts(loaded, tmp_path):
             assert views(app)[-1].message.stats["prompt_tokens"] == len(prompt)
 
     asyncio.run(run())
+
+
+def test_quitting_while_a_reply_streams_keeps_it(loaded, tmp_path):
+    """Ctrl+Q while a reply streamed lost it (an empty reply after a restart, which went into
+    the next prompt as an empty turn): it is kept as Esc keeps it, its text so far and a
+    'stopped' status, and the chat goes on from it."""
+    async def first_run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            while not views(app)[1].text:  # (some of it shown)
+                await pilot.pause(0.05)
+            assert app.handle is not None
+            await pilot.press("ctrl+q")
+
+    async def second_run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            user, reply = views(app)
+            assert reply.message.content and reply.text == reply.message.content
+            assert "stopped" in status(reply) and reply.message.stats["completion_tokens"] < 4000
+            await send(pilot, app, "next")
+            history = [user.message.as_chat(), reply.message.as_chat(),
+                       {"role": "user", "content": "next"}]
+            assert views(app)[-1].message.stats["prompt_tokens"] == len(app.worker.render(history))
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())

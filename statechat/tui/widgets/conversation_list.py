@@ -13,7 +13,8 @@ from statechat.tui.format import clean, one_line
 
 
 class ConversationList(ListView):
-    """Enter or a click opens a conversation; Delete removes it (and its whole tree)."""
+    """Enter or a click opens a conversation; Delete removes it (and its whole tree). Focused,
+    it highlights a chat (the open one, else the first), so Enter always opens one."""
 
     BINDINGS: ClassVar[list[Binding]] = [Binding("delete", "delete_conversation", "Delete chat")]
 
@@ -27,16 +28,28 @@ class ConversationList(ListView):
             super().__init__()
             self.conv_id = conv_id
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.conv_ids: list[str] = []  # the chats listed, in order
+
     def show(self, conversations: list[Conversation], current: str | None) -> None:
         """Replace the items; highlight `current`."""
         self.conv_ids = [c.id for c in conversations]
         self.clear()
         self.extend(ListItem(Label(one_line(clean(c.title)), markup=False)) for c in conversations)
         index = self.conv_ids.index(current) if current in self.conv_ids else None
-        self.call_after_refresh(setattr, self, "index", index)
+        self.call_after_refresh(self._highlight, index)
+
+    def _highlight(self, index: int | None) -> None:
+        """Highlight the item at `index`; with none, the first while the list has focus."""
+        self.index = 0 if index is None and self.has_focus and self.conv_ids else index
+
+    def on_focus(self) -> None:
+        if self.index is None and self.conv_ids:  # (runs before has_focus is set)
+            self.index = 0
 
     def _conv_at(self, index: int | None) -> str | None:
-        ids = getattr(self, "conv_ids", [])
+        ids = self.conv_ids
         return ids[index] if index is not None and 0 <= index < len(ids) else None
 
     def on_list_view_selected(self, event: ListView.Selected) -> None:

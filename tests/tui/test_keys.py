@@ -1,0 +1,84 @@
+"""Keys go on doing what they did: after a regenerate or a deleted branch the focus stays on
+the message shown in its place (it fell to the chat list, where `r` did nothing and Delete
+deleted the whole chat), Esc cancels an edit before it stops a reply, and the chat list,
+focused, highlights a chat so that Enter opens it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from statechat.config import EngineConfig
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui.app import StatechatApp
+from statechat.tui.widgets.composer import Composer
+from tests.tui.test_app import header, make_app, send, status, views, wait_idle, wait_ready
+from tests.tui.test_edge_cases import LONG_REPLY, focus_message, start_long_reply
+
+
+def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            await pilot.press("shift+tab", "r")  # the reply, regenerated
+            await wait_idle(pilot, app)
+            assert app.focused is views(app)[1] and "2/2" in header(views(app)[1])
+            await pilot.press("r")  # again: `r r` regenerates twice
+            await wait_idle(pilot, app)
+            assert app.focused is views(app)[1] and "3/3" in header(views(app)[1])
+            await pilot.press("up")
+            assert app.focused is views(app)[0]
+            await pilot.press("down", "d")  # the sibling shown instead is focused
+            await pilot.pause(0.1)
+            assert app.focused is views(app)[1] and "2/2" in header(views(app)[1])
+            await pilot.press("delete")  # (on the chat list, it deleted the chat)
+            assert len(app.chats.conversations()) == 1
+            text = header(views(app)[1])  # a click on `regenerate` focuses the new reply too
+            link = (text.index("regenerate") + 2, 0)
+            await pilot.click(views(app)[1].query_one(".header"), offset=link)
+            await wait_idle(pilot, app)
+            assert app.focused is views(app)[1] and "3/3" in header(views(app)[1])
+            for _ in range(3):  # the last reply deleted: its message is focused
+                await pilot.press("d")
+                await pilot.pause(0.1)
+            assert len(views(app)) == 1 and app.focused is views(app)[0]
+
+    asyncio.run(run())
+
+
+def test_esc_cancels_an_edit_before_it_stops_a_reply(loaded, tmp_path):
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            composer = app.query_one(Composer)
+            composer.set_text("a draft")
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            assert composer.editing and app.handle is not None
+            await pilot.press("escape")
+            assert composer.editing is None and composer.border_title is None
+            assert composer.text == "a draft" and app.handle is not None  # still streaming
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            assert "stopped" in status(views(app)[1])
+
+    asyncio.run(run())
+
+
+def test_the_chat_list_focused_highlights_a_chat(loaded, tmp_path):
+    """Ctrl+N, Ctrl+L, Enter opened nothing: no chat was highlighted."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "chat a")
+            chat_a = app.conv_id
+            await pilot.press("ctrl+n", "ctrl+l", "enter")
+            await pilot.pause(0.1)
+            assert app.conv_id == chat_a
+            assert views(app)[0].message.content == "chat a"
+
+    asyncio.run(run())

@@ -1,0 +1,108 @@
+"""What the screen shows: a reply's decode rate is the engine's (it was timed from when the
+app began reading the stream, so it was inflated, or missing), a one-token reply says
+"1 token", zero-width joiners stay in text and titles (emoji and Persian words broke), and a
+small terminal leaves room for the messages and the box."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.worker import EngineWorker
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui.app import StatechatApp
+from statechat.tui.widgets.chat_view import ChatView
+from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
+from tests.tui.test_app import make_app, send, status, views, wait_ready
+
+
+def test_the_decode_rate_is_the_engines(loaded, tmp_path, monkeypatch):
+    """Here the app reads the stream only once the reply is done, as a busy app may."""
+    sampled: list[tuple[float, int]] = []  # (when a step returned, the reply's tokens by then)
+    real_step, real_submit = LLMEngine.step, EngineWorker.submit
+
+    def step(self):
+        updated = real_step(self)
+        sampled.extend((time.perf_counter(), len(seq.output_ids)) for seq in updated)
+        return updated
+
+    def submit_and_wait(self, *args, **kwargs):
+        handle = real_submit(self, *args, **kwargs)
+        while handle.seq is None or not handle.seq.is_finished:
+            time.sleep(0.01)
+        return handle
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    monkeypatch.setattr(EngineWorker, "submit", submit_and_wait)
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            stats = views(app)[1].message.stats
+            n = stats["completion_tokens"]
+            first, last = (next(t for t, k in sampled if k == i) for i in (1, n))
+            assert stats["tokens_per_s"] == pytest.approx((n - 1) / (last - first), rel=0.25)
+            assert f"{stats['tokens_per_s']:,.1f} tok/s" in status(views(app)[1])
+
+    asyncio.run(run())
+
+
+def test_a_one_token_reply(loaded, tmp_path):
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=SamplingParams(max_tokens=1, ignore_eos=True))
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            line = status(views(app)[1])
+            assert " · 1 token · " in line and "tok/s" not in line, line
+
+    asyncio.run(run())
+
+
+def test_joiners_stay_and_bidi_overrides_go(loaded, tmp_path):
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # man, woman, girl: joined
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # (a non-joiner inside)
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, f"{family} {persian} \u202eevil\u2066")
+            shown = str(views(app)[0].query_one(".body").render())
+            title = str(app.query_one(ConversationList).query_one("Label").render())
+            for text in (shown, title):
+                assert text == f"{family} {persian} \u00b7evil\u00b7"
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("size", [(40, 12), (18, 6)])
+def test_a_small_terminal_leaves_room_for_the_messages(loaded, tmp_path, size):
+    """The banner filled a 40x12 terminal's main column, and the chat list, 28 columns, an
+    18-column one; on a narrow terminal the list shows while focused (Ctrl+L)."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=size) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            chat, composer = app.query_one(ChatView), app.query_one(Composer)
+            assert chat.size.height >= 3 and chat.size.width >= size[0] - 4
+            assert composer.size.width >= size[0] - 4
+            reply = views(app)[-1]
+            assert chat.region.overlaps(reply.region)  # the reply is on screen
+            chats = app.query_one(ConversationList)
+            await pilot.press("ctrl+l")
+            assert chats.display and app.focused is chats
+            await pilot.press("ctrl+o")
+            assert not chats.display and app.focused is composer
+
+    asyncio.run(run())
