@@ -90,8 +90,8 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
             except sqlite3.OperationalError as e:
                 conn.close()
-                if "unable to open" in str(e) and query != "immutable=1":
-                    continue  # (read-only media: no -shm file can be made)
+                if ("unable to open" in str(e) or "readonly" in str(e)) and query != "immutable=1":
+                    continue  # (read-only media or files: no -shm file can be made)
                 raise
             except BaseException:
                 conn.close()

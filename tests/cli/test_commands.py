@@ -164,24 +164,43 @@ def test_stats_and_ls_create_nothing(tmp_path, shared_engine):
 
 @pytest.fixture
 def read_only_view(tmp_path):
-    """A read-only bind mount of a folder (needs root and mount; skipped elsewhere)."""
+    """A read-only view of a folder: the folder itself with its files and folders made
+    read-only (restored after the test), or, where file modes do not stop this user (root), a
+    read-only bind mount of it, skipped where mount is not allowed."""
     import subprocess
 
     view = tmp_path / "ro"
     view.mkdir()
-    mounted = []
+    undo = []
 
-    def mount(folder):
+    def restore():
+        for path, mode in reversed(undo):
+            if mode is None:
+                subprocess.run(["umount", str(path)], check=False)
+            else:
+                path.chmod(mode)
+        undo.clear()
+
+    def make(folder):
+        for path in reversed([folder, *folder.rglob("*")]):  # (files before their folders)
+            undo.append((path, path.stat().st_mode))
+            path.chmod(path.stat().st_mode & ~0o222)
+        try:
+            (folder / ".probe").touch()
+        except PermissionError:
+            return folder
+        (folder / ".probe").unlink()
+        restore()
         done = subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(view)],
                               capture_output=True, check=False)
         if done.returncode != 0:
-            pytest.skip("cannot make a read-only mount here")
-        mounted.append(view)
+            pytest.skip("cannot make a read-only view here (file modes do not stop this user, "
+                        "and mount is not allowed)")
+        undo.append((view, None))
         return view
 
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", str(path)], check=False)
+    yield make
+    restore()
 
 
 def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, read_only_view):
