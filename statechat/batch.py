@@ -14,7 +14,9 @@ the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recomme
 and the command's flags).
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
-     "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan"}}
+     "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan", and for a request of a group
+     sharing a prefix (below) "shared_prefix": {"tokens", "reused_tokens", "reused_from",
+     "computed_tokens"}: what the group's warm-up did with it}}
 (and, for a line that asked, "logprobs": [{"token", "logprob", "bytes", "top_logprobs"}], as
 OpenAI's chat logprobs.content, and "prompt_logprobs": [null, {id: {"logprob", "rank",
 "decoded_token"}}, ...], as vLLM's)
@@ -81,6 +83,7 @@ class Job:
     params: SamplingParams | None = None
     error: str | None = None
     result: dict | None = None
+    shared: dict | None = None  # its group's warm-up: the shared prefix and where it came from
 
 
 def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults) -> Job:
@@ -158,6 +161,8 @@ def _result(job: Job, out: RequestOutput, tokenizer) -> dict:
         "cache": {"reused_from": out.reused_from, "reused_by_tier": out.reused_by_tier or {},
                   "plan": out.cache_plan},
     }
+    if job.shared is not None:
+        record["cache"]["shared_prefix"] = job.shared
     if out.logprobs is not None:
         record["logprobs"] = logprobs_content(tokenizer, out.token_ids, out.logprobs)
     if out.prompt_logprobs is not None:
@@ -201,8 +206,10 @@ def run_batch(
             if not seq.is_finished:
                 continue
             if seq.seq_id in waiting_on:
+                shared = _shared(engine.output(seq))
                 for j in waiting_on.pop(seq.seq_id):
                     job = jobs[j]
+                    job.shared = shared
                     running[engine.add_request(job.prompt_ids, job.params, str(job.id)).seq_id] = j
             elif seq.seq_id in running:
                 job = jobs[running.pop(seq.seq_id)]
@@ -212,6 +219,14 @@ def run_batch(
                     progress(done, len(jobs))
         written = _flush(jobs, written, write)
     return [j.result for j in jobs]
+
+
+def _shared(warmup: RequestOutput) -> dict:
+    """What a group's warm-up did with the prefix its requests then reuse from the device tier:
+    its tokens, how many it reused and from which tier (a load from disk shows here, not in
+    the requests' own reused_from), and how many it computed."""
+    return {"tokens": warmup.num_prompt_tokens - 1, "reused_tokens": warmup.num_cached_tokens,
+            "reused_from": warmup.reused_from, "computed_tokens": warmup.num_computed_tokens}
 
 
 def _flush(jobs: list[Job], written: int, write: Callable[[dict], None]) -> int:

@@ -73,6 +73,20 @@ def test_batch_same_outputs_with_and_without_cache(tmp_path, shared_engine):
     assert all(r["usage"]["completion_tokens"] <= 8 for r in ok if int(r["id"][1:]) % 5 == 0)
 
 
+def test_a_group_s_results_say_where_its_shared_prefix_came_from(tmp_path, shared_engine):
+    """A group's requests reuse its prefix from the device tier, where the warm-up put it; in a
+    second run (a new engine) the warm-up loads it from disk, and the results say so (every
+    request said "device" before)."""
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    for run, tier in (("first", None), ("second", "disk")):
+        ok = [r for r in run_batch(tmp_path, run, *cache) if "error" not in r]
+        shared = [r["cache"]["shared_prefix"] for r in ok]
+        assert all(s["tokens"] % 64 == 0 and s["reused_tokens"] + s["computed_tokens"] ==
+                   s["tokens"] + 1 for s in shared), shared
+        assert all(s["reused_from"] == tier for s in shared), (run, shared)
+        assert all(s["reused_tokens"] == (s["tokens"] if tier else 0) for s in shared), shared
+
+
 def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, capsys):
     src = tmp_path / "one.jsonl"
     src.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
