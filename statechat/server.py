@@ -42,6 +42,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 
 MAX_BODY_BYTES = 32 << 20
+DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 
@@ -135,11 +136,15 @@ class Handler(BaseHTTPRequestHandler):
         return int(raw)
 
     def _drain(self) -> None:
-        """Read an unread request body so the connection stays usable."""
+        """Read an unread request body so the connection stays usable, and so that a client
+        still sending one too large reads the 413 (closed on it, it met a broken pipe). Past
+        DRAIN_BYTES the connection is closed unread."""
         if not self._body_read:
             n = self._length()
-            if n is not None and 0 < n <= MAX_BODY_BYTES:
-                self.rfile.read(n)
+            if n is not None and 0 < n <= DRAIN_BYTES:
+                while n > 0 and (chunk := self.rfile.read(min(n, 1 << 20))):
+                    n -= len(chunk)
+                self.close_connection = self.close_connection or n > 0
             elif n:
                 self.close_connection = True
             self._body_read = True

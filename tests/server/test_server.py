@@ -388,3 +388,19 @@ def test_a_reply_cut_by_a_stopping_server_ends_with_abort():
         srv.shutdown()
         srv.server_close()
         worker.shutdown()
+
+
+def test_a_body_over_the_limit_gets_its_413(server):
+    """A body past the 32 MiB limit is read and dropped, so the client, still sending it, reads
+    the 413 (the server closed on it, and the client met a broken pipe); the connection then
+    serves the next request."""
+    import http.client
+
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    conn.request("POST", "/v1/chat/completions", b" " * (33 << 20), headers)
+    resp = conn.getresponse()
+    assert resp.status == 413 and "over 32 MiB" in json.loads(resp.read())["error"]["message"]
+    conn.request("GET", "/health", headers=headers)
+    assert conn.getresponse().status == 200
+    conn.close()
