@@ -210,9 +210,6 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     parse_n(body)
     numbers = {key: _number(body, key, kind, getattr(defaults, key))
                for key, kind in NUMBER_FIELDS.items()}
-    if numbers["top_k"] is not None and numbers["top_k"] < -1:
-        raise ApiError(400, "top_k must be -1 or 0 (off), or the number of tokens to keep", "top_k")
-    numbers["top_k"] = 0 if numbers["top_k"] == -1 else numbers["top_k"]  # (vLLM's -1 is off)
     room = max(1, max_model_len - prompt_len)
     asked = _max_tokens(body, defaults.max_tokens, least_tokens)
     if numbers["min_tokens"] > asked:  # (the request's error; past the room left, a cap)

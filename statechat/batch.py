@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from statechat.engine.engine import LLMEngine, RequestOutput
 from statechat.engine.sampling import SamplingParams, check_vocabulary
-from statechat.errors import ConfigError, StatechatError
+from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs",
@@ -60,19 +60,7 @@ class BatchDefaults:
         elsewhere."""
         line = {k: int(v) if k in WHOLE and isinstance(v, float) and v.is_integer() else v
                 for k, v in line.items()}
-        if "top_k" in line:
-            line["top_k"] = top_k_off(line["top_k"], "top_k")
         return dataclasses.replace(self.sampling, **line)
-
-
-def top_k_off(top_k, name: str):
-    """top_k as SamplingParams takes it: vLLM's -1 ("off") is its 0; below -1 is a one-line
-    error naming `name` (the line's field or the flag). Other values are its to check."""
-    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < 0:
-        if top_k < -1:
-            raise ConfigError(f"{name} must be -1 or 0 (off), or a positive count, got {top_k}")
-        return 0
-    return top_k
 
 
 @dataclass

@@ -61,6 +61,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(cache_app, name="cache")
+
+
 @app.callback()
 def _root() -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""

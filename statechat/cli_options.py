@@ -90,13 +90,10 @@ def compose_sampling(base: SamplingParams, model: Path, **flags) -> SamplingPara
     sampling (generation_config.json, as vLLM's --generation-config auto) < the flags given
     (None = not given); a request's own fields win over it later. A bad flag, or a wrong
     --model, is one line now, before the model loads."""
-    from statechat.batch import top_k_off
     from statechat.model.config import ModelConfig
 
     recommended = dict(ModelConfig.from_hf(model).sampling_defaults)
     given = {key: value for key, value in flags.items() if value is not None}
-    if "top_k" in given:
-        given["top_k"] = top_k_off(given["top_k"], "--top-k")
     if given.get("max_tokens", 1) < 1:  # (a request may ask for none, to score its prompt; a
         # command's every reply may not)
         raise ConfigError(f"--max-tokens must be >= 1, got {given['max_tokens']}")

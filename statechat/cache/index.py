@@ -69,8 +69,9 @@ def connect(path: Path) -> sqlite_utils.Database:
 
 
 def connect_read_only(path: Path) -> sqlite_utils.Database:
-    """Open the index to read it alone: nothing is created, migrated or written (the cache
-    commands that only report). No index.db yet, or one without the schema (an empty file):
+    """Open the index to read it alone: nothing is created or migrated, and no row written
+    (the cache commands that only report; as the last connection to close, SQLite may still
+    fold a write-ahead log left by a crashed writer into index.db, as its own shell does). No index.db yet, or one without the schema (an empty file):
     an empty index in memory. On read-only media, where SQLite cannot make the WAL's -wal and
     -shm files, the file is read as immutable, and a warning says if a WAL was left unread."""
     if not path.exists():

@@ -395,7 +395,8 @@ class StateStore:
 
     # --- writes -----------------------------------------------------------------------
     def save(self, job: SaveJob) -> bool:
-        """Queue a job for the writer; False (and counted as dropped) when the queue is full.
+        """Queue a job for the writer; False when the queue is full (the caller counts what it
+        finally does not save in `dropped`).
         The writer copies it into the host tier (or, where it does not fit, into pageable
         memory) and writes it to disk.
         Snapshots waiting in the queue are bounded in bytes too: past the bound a job is dropped
@@ -403,7 +404,6 @@ class StateStore:
         size = job.nbytes()
         with self.pending_lock:
             if self.pending_bytes + size > self.max_pending_bytes or self.queue.full():
-                self.dropped += 1
                 return False
             self.pending_bytes += size
         self.queue.put_nowait(job)

@@ -28,6 +28,7 @@ from statechat.engine.sequence import Sequence
 log = logging.getLogger("statechat.cache")
 
 DEVICE, HOST, DISK = "device", "host", "disk"
+SAVED, NO_ROOM, GONE = "saved", "no room", "gone"  # what PrefixCache._save made of a checkpoint
 PAGE_CACHE = "page cache"  # disk reads served from the page cache: a rate of their own, not a tier
 
 
@@ -108,9 +109,9 @@ class PrefixCache:
         self.root_hex = ""
         # checkpoints the full write queue turned away: retried after later steps while the
         # device tier still holds them, and saved (waiting for room) when the engine closes
-        self.deferred: dict[bytes, NewCheckpoint] = {}
+        self.deferred: dict[bytes, NewCheckpoint] = {}  # (in the order they came)
+        self.deferrals = 0  # checkpoints that had to wait
         self.root = b""
-        self.lost = 0  # deferred checkpoints the device tier gave up before the queue had room
 
     def calibrate(self) -> None:
         """Time a page-cache read of a stored checkpoint (if one is cached whole), so that the
@@ -356,62 +357,81 @@ class PrefixCache:
         disk held when the request was admitted (a prefix recomputed after a restart) is neither
         copied nor queued; no lookup runs here, so a step never waits on the index (a check
         of the disk's blocks still running is applied at a later step: until then its blocks
-        may be copied again, and the writer skips those already on disk). A checkpoint the
-        full queue turns away waits, as it stands in the device tier, for a later step (or the
-        engine's close) to find room; one the device tier evicts first is lost, and counted."""
+        may be copied again, and the writer skips those already on disk). Checkpoints the full
+        queue turns away wait in order, as they stand in the device tier, for a later step (or
+        the engine's close) to find room; those the device tier evicts first are not saved, and
+        counted (`StateStore.dropped`)."""
         if self.store is None:
             return
         self._apply_disk_checks()
         self.root = root
-        waiting, self.deferred = list(self.deferred.values()), {}
-        for ck in waiting:
-            if not self._resident(ck):
-                self.lost += 1
-                log.warning("statechat cache: %d checkpoint(s) left device memory before the "
-                            "write queue had room for them; not saved", self.lost)
-            elif not self._save(ck):
-                self.deferred[ck.hash] = ck
+        lost = 0
+        while self.deferred:  # the oldest first; none after the first the queue turns away
+            h, ck = next(iter(self.deferred.items()))
+            outcome = self._save(ck, fresh=False)
+            if outcome == NO_ROOM:
+                break
+            del self.deferred[h]
+            lost += outcome == GONE
         for ck in new:
-            if not self._save(ck):
-                if not self.deferred and not self.store.dropped:
+            outcome = NO_ROOM if self.deferred else self._save(ck, fresh=True)
+            if outcome == NO_ROOM:
+                if not self.deferrals:
                     log.warning("statechat cache: the write queue is full; new checkpoints wait "
                                 "in device memory until it has room")
-                self.store.dropped += 1
+                self.deferrals += 1
                 self.deferred[ck.hash] = ck
+            lost += outcome == GONE
+        self._count_lost(lost, "left device memory before the write queue had room for them")
 
     def flush_deferred(self, timeout: float = 60.0) -> None:
-        """Queue the checkpoints still waiting for room, waiting for it (the engine closes)."""
+        """Queue the checkpoints still waiting for room, waiting up to `timeout` in all for it
+        (the engine closes, or drops its device tier)."""
+        deadline, lost = time.monotonic() + timeout, 0
         for ck in list(self.deferred.values()) if self.store is not None else []:
-            del self.deferred[ck.hash]
-            if not (self._resident(ck) and self._save(ck, timeout)):
-                self.lost += 1
-        if self.lost:
-            log.warning("statechat cache: %d checkpoint(s) could not be saved (the write queue "
-                        "stayed full)", self.lost)
+            wait_s = max(0.0, deadline - time.monotonic())
+            lost += self._save(ck, fresh=False, wait_s=wait_s) != SAVED
+        self.deferred.clear()
+        self._count_lost(lost, "could not be saved (the write queue stayed full, or they left "
+                               "device memory first)")
 
-    def _resident(self, ck: NewCheckpoint) -> bool:
-        """Whether the device tier still holds checkpoint `ck` and the blocks it stands on."""
-        held = self.slots.checkpoints.get(ck.hash)
-        return held is not None and held.slot == ck.slot and all(
-            self.blocks.lookup(h) == b for h, b in zip(ck.block_hashes, ck.block_ids))
+    def _count_lost(self, lost: int, why: str) -> None:
+        if lost:
+            self.store.dropped += lost
+            log.warning("statechat cache: %d checkpoint(s) %s; %d unsaved in all", lost, why,
+                        self.store.dropped)
 
-    def _save(self, ck: NewCheckpoint, wait_s: float = 0.0) -> bool:
-        """Queue `ck` (with its blocks not yet persisted); False, with nothing read from the
-        pools, when the queue has no room for it (within `wait_s`)."""
+    def _save(self, ck: NewCheckpoint, fresh: bool, wait_s: float = 0.0) -> object:
+        """Queue `ck` with its blocks not yet persisted: SAVED; NO_ROOM (nothing read from the
+        pools) when the queue has none for it within `wait_s`; GONE when the device tier no
+        longer holds what it needs, or the job is over the queue's bound in bytes. The state
+        and blocks are read where the device tier holds them now: its checkpoint's slot, and
+        a block's registered copy (the same hash, the same contents), else, for a checkpoint
+        of this very step (`fresh`), the sequence's own block."""
         todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
         has_ckpt = ck.hash in self.stored_ckpts
         if has_ckpt and not todo:
-            return True
+            return SAVED
         size = len(todo) * self.bytes_per_block + (0 if has_ckpt else self.bytes_per_slot)
+        if size > self.store.max_pending_bytes:
+            log.warning("statechat cache: the write queue is full for a checkpoint of %d bytes "
+                        "(its bound is %d); not saved", size, self.store.max_pending_bytes)
+            return GONE
         if not self.store.has_room(size, wait_s):
-            return False
+            return NO_ROOM
+        held = self.slots.checkpoints.get(ck.hash)
+        ids = [self.blocks.lookup(h) for _, h in todo]
+        if fresh:
+            ids = [b if b is not None else ck.block_ids[i] for b, (i, _) in zip(ids, todo)]
+        if (held is None and not has_ckpt) or None in ids:
+            return GONE
         blocks = [(h.hex(), (ck.block_hashes[i - 1] if i else self.root).hex(), i) for i, h in todo]
-        block_tensors = self.runner.read_blocks([ck.block_ids[i] for i, _ in todo]) if todo else {}
-        state = None if has_ckpt else self.runner.read_slot(ck.slot)
+        block_tensors = self.runner.read_blocks(ids) if todo else {}
+        state = None if has_ckpt else self.runner.read_slot(held.slot)
         job = SaveJob(None if has_ckpt else ck.hash.hex(), ck.num_tokens, state, blocks,
                       block_tensors, ready=self.runner.snapshot_ready())
         if not self.store.save(job):
-            return False
+            return NO_ROOM
         self.persisted.update(h for _, h in todo)
         self.stored_ckpts.add(ck.hash)
-        return True
+        return SAVED

@@ -71,8 +71,9 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         put(self, "top_k", _integer("top_k", self.top_k))
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_k < -1:
+            raise ConfigError(f"top_k must be -1 or 0 (off), or a positive count, got {self.top_k}")
+        put(self, "top_k", max(self.top_k, 0))  # (vLLM's -1 is off, as 0 is)
         put(self, "max_tokens", _integer("max_tokens", self.max_tokens))
         if self.max_tokens < 0:  # (0: the prompt alone is computed, for its prompt_logprobs)
             raise ConfigError(f"max_tokens must be >= 0, got {_show(self.max_tokens)}")

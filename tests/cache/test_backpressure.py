@@ -152,20 +152,25 @@ def hold(store) -> None:
 def test_checkpoints_turned_away_by_a_full_queue_are_saved_later(tiny_dirs, tmp_path, caplog):
     """A burst of checkpoints past the queue's room waits in the device tier and is saved when
     the queue drains (or the engine closes): none is lost while the device tier holds it, and a
-    new process resumes every prompt at its end (a batch of 200 requests once lost 40%)."""
+    new process resumes every prompt at its end (a batch of 200 requests once lost 40%). The
+    prompts share their first two blocks, computed at once by all: the sequences whose copies
+    were not the ones registered still have their checkpoints saved (from the registered
+    copies)."""
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32)
     engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
     engine.store.queue.maxsize = 1  # (room for one job at a time)
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 300, (130,), generator=gen).tolist() for _ in range(6)]
+    shared = torch.randint(0, 300, (128,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, 300, (70,), generator=gen).tolist() for _ in range(6)]
     params = SamplingParams(max_tokens=2, ignore_eos=True)
     with caplog.at_level(logging.WARNING, logger="statechat.cache"):
         engine.generate(prompts, params)
         engine.close()
-    assert engine.store.dropped >= 1 and engine.prefix.lost == 0
-    assert sum("write queue is full" in r.getMessage() for r in caplog.records) == 1
+    assert engine.prefix.deferrals >= 1 and engine.store.dropped == 0
+    said = [r.getMessage() for r in caplog.records if "statechat cache" in r.getMessage()]
+    assert len(said) == 1 and "write queue is full; new checkpoints wait" in said[0], said
     again = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
     outs = again.generate(prompts, params)
     again.close()
-    assert [o.num_cached_tokens for o in outs] == [128] * 6
+    assert [o.num_cached_tokens for o in outs] == [192] * 6

@@ -49,7 +49,9 @@ def test_the_decode_rate_is_the_engines(loaded, tmp_path, monkeypatch):
             stats = views(app)[1].message.stats
             n = stats["completion_tokens"]
             first, last = (next(t for t, k in sampled if k == i) for i in (1, n))
-            assert stats["tokens_per_s"] == pytest.approx((n - 1) / (last - first), rel=0.25)
+            # (loose: the steps' own timing differs from the engine's by its bookkeeping; the
+            # old figure, timed from the stream's thread, was 100s of times off here)
+            assert stats["tokens_per_s"] == pytest.approx((n - 1) / (last - first), rel=0.5)
             assert f"{stats['tokens_per_s']:,.1f} tok/s" in status(views(app)[1])
 
     asyncio.run(run())
