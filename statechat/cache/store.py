@@ -152,6 +152,7 @@ class StateStore:
         self.path = Path(root)
         self.blob_dir = self.path / BLOB_DIR
         self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
+        self._fds: dict[str, tuple] = {}  # index file -> ((dev, inode), SQLite's descriptor)
         self.read_only = read_only  # index opened to read alone (index.connect_read_only)
         self.db = (index.connect_read_only if read_only else index.connect)(self.path / INDEX_FILE)
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
@@ -225,21 +226,46 @@ class StateStore:
         """Have the kernel read the index (and its WAL) ahead, whole, if it is small: a lookup
         in an index the page cache dropped reads B-tree pages one at a time (5-10 ms for a 32k
         prompt on the H100 machine's disk), where one sequential read-ahead of a few MB takes
-        about a millisecond. Nothing happens to files the page cache holds."""
+        about a millisecond. Nothing happens to files the page cache holds. The advice goes
+        through the descriptors SQLite holds: opening and closing one of our own would drop
+        every POSIX lock this process has on the file, SQLite's too, and another process
+        closing its connection would then take the WAL for unused and delete it, with the
+        writes this one goes on making in it (sqlite.org, "How To Corrupt", 2.2)."""
         if not hasattr(os, "posix_fadvise"):
             return
         for name in (INDEX_FILE, INDEX_FILE + "-wal"):
+            fd = self._sqlite_fd(name)
             try:
-                fd = os.open(self.path / name, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                if os.fstat(fd).st_size <= PREFETCH_INDEX_BYTES:
+                if fd is not None and os.fstat(fd).st_size <= PREFETCH_INDEX_BYTES:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             except OSError:
                 pass
-            finally:
-                os.close(fd)
+
+    def _sqlite_fd(self, name: str) -> int | None:
+        """A descriptor this process holds open on the cache dir's file `name` (SQLite's), from
+        /proc/self/fd, looked up again only when the file is another (a new WAL); None where
+        there is none, or no /proc."""
+        try:
+            st = os.stat(self.path / name)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        known = self._fds.get(name)
+        if known is not None and known[0] == key:
+            fd = known[1]
+            with contextlib.suppress(OSError):
+                if fd is None or (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == key:
+                    return fd
+        fd = None
+        with contextlib.suppress(OSError):
+            for entry in os.scandir("/proc/self/fd"):
+                with contextlib.suppress(OSError, ValueError):
+                    target = os.stat(entry.path)
+                    if (target.st_dev, target.st_ino) == key:
+                        fd = int(entry.name)
+                        break
+        self._fds[name] = (key, fd)
+        return fd
 
     def read_rate_sample(self) -> tuple[int, float] | None:
         """Time the read, as a restore reads it, of a recent checkpoint of this model that the

@@ -365,3 +365,24 @@ def test_a_checkpoint_whose_blob_failed_is_saved_again_once_recomputed(plain, tm
     (tmp_path / "blobs" / blob).unlink()
     assert run() < 192  # (the blob is missing: a warning, and the prompt is computed)
     assert run() == 192
+
+
+def test_a_lookup_leaves_sqlites_locks_alone(tmp_path):
+    """The index's read-ahead advises through SQLite's own descriptors. It opened and closed
+    one of its own, which dropped this process's POSIX locks on index.db: another process
+    closing its connection then took the WAL for unused and deleted it, and every row this one
+    wrote after was lost to the others (chat turns, cache rows)."""
+    store = open_store(tmp_path)
+    store.where([], ["00" * 32])  # a lookup: the read-ahead
+    db = tmp_path / "index.db"
+    other = f"import sqlite3; c = sqlite3.connect({str(db)!r}); "
+    read = "c.execute('SELECT count(*) FROM sqlite_master').fetchall(); c.close()"
+    subprocess.run([sys.executable, "-c", other + read], check=True, timeout=60)
+    assert (tmp_path / "index.db-wal").exists()
+    with store.db_lock:
+        store.db.execute("CREATE TABLE probe (x)")
+        store.db.execute("INSERT INTO probe VALUES (1)")
+    seen = subprocess.run([sys.executable, "-c", other + "print(c.execute('SELECT x FROM probe')"
+                           ".fetchall())"], capture_output=True, text=True, timeout=60, check=False)
+    assert seen.stdout.strip() == "[(1,)]", seen.stderr[-300:]
+    store.close()
