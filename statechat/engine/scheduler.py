@@ -122,8 +122,9 @@ class Scheduler:
             if seq.params.prompt_logprobs is None:  # (one that asks scores every prompt token,
                 # so computes them all, as vLLM's does; its blocks are still shared after it)
                 reused = self.prefix.reuse(seq)
-        if seq.num_cached_tokens < 0:
-            seq.num_cached_tokens = reused
+        # the admission that runs is the one reported (an earlier one, preempted at once for
+        # want of blocks, may have restored more or less, and computed nothing)
+        seq.num_restored, seq.num_cached_tokens = reused, min(reused, seq.num_prompt_tokens)
         seq.status = Status.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
@@ -175,8 +176,8 @@ class Scheduler:
         """Give back everything `seq` holds; it will be recomputed (from cache if possible)."""
         self._release(seq)
         seq.status = Status.WAITING
-        seq.num_recomputed += seq.num_computed
-        seq.num_computed = 0
+        seq.num_recomputed += seq.num_computed - seq.num_restored  # (restored: not computed)
+        seq.num_computed = seq.num_restored = 0
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 

@@ -44,7 +44,8 @@ class Sequence:
     reused_from: str | None = None  # tier of the checkpoint resumed from
     reused_by_tier: dict[str, int] = field(default_factory=dict)  # reused tokens by KV tier
     cache_plan: dict | None = None  # predicted load vs recompute time and the choice
-    num_recomputed: int = 0  # tokens computed again after preemption
+    num_restored: int = 0  # tokens its latest admission took from the cache (not computed)
+    num_recomputed: int = 0  # tokens it computed, then gave up when preempted
     num_preemptions: int = 0
     finish_reason: str | None = None
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per
