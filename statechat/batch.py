@@ -214,7 +214,8 @@ def _shared(warmup: RequestOutput) -> dict:
     its tokens, how many it reused and from which tier (a load from disk shows here, not in
     the requests' own reused_from), and how many it computed."""
     return {"tokens": warmup.num_prompt_tokens - 1, "reused_tokens": warmup.num_cached_tokens,
-            "reused_from": warmup.reused_from, "computed_tokens": warmup.num_computed_tokens}
+            "reused_from": warmup.reused_from,  # (its prompt is the prefix and one token more)
+            "computed_tokens": warmup.num_computed_tokens - 1}
 
 
 def _flush(jobs: list[Job], written: int, write: Callable[[dict], None]) -> int:
