@@ -1,7 +1,8 @@
 """What the screen shows: a reply's decode rate is the engine's (it was timed from when the
 app began reading the stream, so it was inflated, or missing), a one-token reply says
-"1 token", zero-width joiners stay in text and titles (emoji and Persian words broke), and a
-small terminal leaves room for the messages and the box."""
+"1 token", zero-width joiners stay in text and titles (emoji and Persian words broke), a
+small terminal leaves room for the messages and the box, and no terminal size, nor any run of
+resizes, crashes the app (growing back from 30x8 did)."""
 
 from __future__ import annotations
 
@@ -106,5 +107,34 @@ def test_a_small_terminal_leaves_room_for_the_messages(loaded, tmp_path, size):
             assert chats.display and app.focused is chats
             await pilot.press("ctrl+o")
             assert not chats.display and app.focused is composer
+
+    asyncio.run(run())
+
+
+# a round trip as QA's (30x8 and back), then ever smaller terminals and back
+RESIZES = [(30, 8), (120, 40), (18, 6), (10, 4), (3, 12), (1, 1), (120, 40)]
+
+
+def test_resizing_through_tiny_terminals_keeps_the_chat(loaded, tmp_path):
+    """Growing a 30x8 terminal back crashed the app: the chat list came back 28 columns wide
+    while the screen was still 30, so the box had no column for its placeholder. Here the box
+    is empty (its placeholder shows), then holds a draft."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            composer = app.query_one(Composer)
+            for draft in ("", "a draft\nof two lines"):
+                composer.set_text(draft)
+                for _ in range(2):
+                    for size in RESIZES:
+                        await pilot.resize_terminal(*size)
+                        await pilot.pause(0.05)
+                        assert app.is_running, f"the app died at {size}"
+                chat, shown = app.query_one(ChatView), views(app)
+                assert len(shown) == 2 and shown[0].message.content == "hello"
+                assert all(chat.region.overlaps(v.region) for v in shown)
+                assert composer.text == draft and composer.size.width > 40
 
     asyncio.run(run())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual import events
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import TextArea
 
 PLACEHOLDER = "Message (Enter sends, Ctrl+J new line)"
@@ -48,6 +49,15 @@ class Composer(TextArea):
             self.replace("\n", *self.selection, maintain_selection_offset=False)
         else:
             await super()._on_key(event)
+
+    def render_line(self, y: int) -> Strip:
+        """One row of the box; blank while it has no column for text (Textual wraps the
+        placeholder to that width, and wrapping to 0 columns raises): a terminal a few columns
+        wide, or the frame between a resize and `StatechatApp._fit`, which fits the chat list
+        to the new width while the screen is still laid out at the old one."""
+        if self.content_size.width < 1:
+            return Strip.blank(0)
+        return super().render_line(y)
 
     def set_text(self, text: str) -> None:
         """Replace the whole text, the cursor at its end."""
