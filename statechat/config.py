@@ -19,6 +19,11 @@ def check_device_name(name: str) -> None:
         raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
 
 
+# GDN state slots the engine cannot run with fewer of: slot 0 (the null slot: zeros), the pad
+# slot (padding rows of graph replays write it) and one running sequence's working state
+# (checkpoints and a reply's pending boundary state take a slot only when one is free)
+MIN_STATE_SLOTS = 3
+
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
 FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
                "dtype")
@@ -47,7 +52,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
     max_model_len: int | None = None  # None: the model's positions, capped at the KV cache's
     num_kv_blocks: int | None = None  # None: sized from memory_fraction
-    num_state_slots: int | None = None  # GDN slots incl. checkpoints; None: sized from memory
+    num_state_slots: int | None = None  # GDN slots incl. checkpoints (at least 3); None: sized from memory
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
     cpu_cache_bytes: int = 1 << 30  # cache budget on the CPU backend
     enable_prefix_cache: bool = True
@@ -83,7 +88,9 @@ class EngineConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("num_kv_blocks must be at least 2")
-        if self.num_state_slots is not None and self.num_state_slots < 2:
-            raise ConfigError("num_state_slots must be at least 2 (slot 0 is the null slot)")
+        if self.num_state_slots is not None and self.num_state_slots < MIN_STATE_SLOTS:
+            raise ConfigError(f"num_state_slots must be at least {MIN_STATE_SLOTS} (the null "
+                              f"slot, the pad slot and one running sequence's state), got "
+                              f"{self.num_state_slots}")
         if self.checkpoint_interval < 0:
             raise ConfigError("checkpoint_interval must be >= 0")

@@ -10,6 +10,7 @@ computed, completion tokens and time to first token.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import logging
 import struct
@@ -47,7 +48,8 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens reused from the cache
-    num_computed_tokens: int  # prompt tokens computed (recomputation after preemption included)
+    num_computed_tokens: int  # prompt tokens computed (recomputation after preemption included;
+    # for a request aborted before its prompt was done, what was computed of it)
     num_completion_tokens: int
     ttft_s: float | None
     decode_s: float | None = None  # first token to last: the time of the other tokens' decode
@@ -185,8 +187,19 @@ class LLMEngine:
         return cfg.max_model_len
 
     # --- requests -----------------------------------------------------------------------
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+    def encode(self, prompt: str | list[int] | np.ndarray) -> list[int]:
+        """A prompt's token ids: a string is tokenized; a list, tuple or 1-D integer numpy array
+        of ids is taken as it is (check_prompt checks the ids); anything else is a one-line
+        ConfigError."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and (
+                prompt.size == 0 or np.issubdtype(prompt.dtype, np.integer)):
+            return prompt.tolist()
+        if isinstance(prompt, collections.abc.Sequence) and not isinstance(prompt, bytes | bytearray):
+            return list(prompt)
+        raise ConfigError("a prompt must be a string or a list of token ids, got "
+                          f"{_describe(prompt)}")
 
     def check_prompt(self, prompt: str | list[int]) -> tuple[list[int], bytes]:
         """The prompt's token ids and their int32 bytes (what the block hashes read), checked: a
@@ -224,7 +237,7 @@ class LLMEngine:
         request_id: str = "",
     ) -> Sequence:
         """Queue a prompt that `check_prompt` passed, with the bytes it returned."""
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
         check_vocabulary(params, self.loaded.config.vocab_size)
         seq = Sequence(ids, params, request_id=request_id)
         self.scheduler.add(seq, packed)
@@ -355,12 +368,15 @@ class LLMEngine:
     def _check_finish(self, seq: Sequence) -> None:
         p, token = seq.params, seq.token_ids[-1]
         reason = None
-        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+        stop_token = (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids
+        if stop_token:
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
         shown = len(seq.text)
-        self._detokenize(seq, final=reason is not None)
+        # the stop token's id stays in the reply, its text does not (vLLM's, as with a stop
+        # string)
+        self._detokenize(seq, final=reason is not None, drop_last=stop_token)
         if p.stop and len(seq.output_ids) > p.min_tokens:  # (also in the last token of a
             # reply that ends for another reason; not in the first min_tokens, as vLLM's)
             # a stop ending in the new text starts at most the longest stop's length - 1 before it
@@ -373,16 +389,18 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
             self.runner.forget(seq.seq_id)
 
-    def _detokenize(self, seq: Sequence, final: bool) -> None:
+    def _detokenize(self, seq: Sequence, final: bool, drop_last: bool = False) -> None:
         """Extend seq.text incrementally (a few tokens decoded per step, not the whole reply);
-        a trailing partial UTF-8 character is held back until it completes."""
+        a trailing partial UTF-8 character is held back until it completes. `drop_last` (the
+        reply's last token, a stop token) adds no text but counts as turned into text."""
         ids = seq.output_ids
+        end = len(ids) - drop_last
         start, read = seq.detok_offsets
         before = self._decode(ids[start:read])
-        after = self._decode(ids[start:])
+        after = self._decode(ids[start:end])
         if final or (len(after) > len(before) and not after.endswith("\ufffd")):
             seq.text += after[len(before) :]
-            seq.detok_offsets = (read, len(ids))
+            seq.detok_offsets = (read, end)
             seq.num_text_tokens = len(ids)
 
     def output(self, seq: Sequence) -> RequestOutput:
@@ -395,7 +413,8 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=cached,
-            num_computed_tokens=seq.num_prompt_tokens - cached + seq.num_recomputed,
+            num_computed_tokens=max(min(seq.num_computed, seq.num_prompt_tokens) - cached, 0)
+            + seq.num_recomputed,
             num_completion_tokens=len(seq.output_ids),
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             decode_s=None if seq.first_token_time is None
@@ -433,12 +452,14 @@ class LLMEngine:
         (a bad prompt or params, or a failed step) none of them stays queued."""
         if not isinstance(prompts, list | tuple):
             raise ConfigError("generate takes a list of prompts (each a string or a list of token ids)")
-        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        params = SamplingParams() if params is None else params
+        plist = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        plist = [SamplingParams() if sp is None else sp for sp in plist]
         checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
         for sp in plist:
-            check_vocabulary(sp or SamplingParams(), self.loaded.config.vocab_size)
+            check_vocabulary(sp, self.loaded.config.vocab_size)
         seqs = []
         try:
             for (ids, packed), sp in zip(checked, plist):
@@ -457,12 +478,18 @@ class LLMEngine:
         seq = self.add_request(prompt, params)
         sent_text, sent_tokens = 0, 0
         try:
-            while not seq.is_finished:
-                self.step()
+            while True:
+                # (another caller may have stepped the engine, even to this request's end,
+                # while an event was out: what it made is sent before any step of this one)
+                if seq.num_text_tokens <= sent_tokens and not seq.is_finished:
+                    self.step()
                 if seq.num_text_tokens > sent_tokens or seq.is_finished:
+                    is_last = seq.is_finished  # (its event carries the output)
                     event, sent_text, sent_tokens = self.next_event(seq, sent_text, sent_tokens)
                     if event is not None:
                         yield event
+                    if is_last:
+                        return
         finally:
             self.abort(seq)
 
@@ -496,6 +523,15 @@ def _prompt_logprobs(seq: Sequence) -> list | None:
     if seq.params.prompt_logprobs is None:
         return None
     return list(seq.prompt_logprobs) or [None] * seq.num_prompt_tokens
+
+
+def _describe(value) -> str:
+    """What a value that is not a prompt is, for an error message."""
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"a {value.ndim}-D {value.dtype} numpy array"
+    return type(value).__name__
 
 
 def _stop_hold(params: SamplingParams) -> int:

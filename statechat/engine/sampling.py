@@ -126,8 +126,12 @@ def _show(value) -> str:
 
 
 def check_vocabulary(params: SamplingParams, vocab_size: int) -> None:
-    """ConfigError for a logit_bias token id outside a model's vocabulary (one past it is, on
-    a GPU, an assert that ends the process)."""
+    """ConfigError for params that are not a SamplingParams (a dict of its fields, say), or
+    with a logit_bias token id outside a model's vocabulary (one past it is, on a GPU, an
+    assert that ends the process)."""
+    if not isinstance(params, SamplingParams):
+        raise ConfigError(f"sampling params must be a SamplingParams, got "
+                          f"{type(params).__name__}; build one with SamplingParams(**fields)")
     if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
         raise ConfigError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "
                           f"model's vocabulary (0 to {vocab_size - 1})")

@@ -1,0 +1,149 @@
+"""The Python API behaves as a vLLM user expects: a stream delivers its whole reply even when
+something else steps the engine; a stop token's id ends the reply without its text; a state
+cache too small to run is refused when the engine is configured; an aborted request reports
+what it computed; a tuple or numpy array of ids is a prompt, while other values, and params
+that are not SamplingParams, are one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.errors import ConfigError
+from statechat.model.loader import load_model
+from tests.helpers import engine_config
+
+PROMPT = [5, 6, 7]  # (the tiny model replies with letters to it)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dirs, engine_device):
+    return load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32, device=engine_device)
+
+
+@pytest.fixture(scope="module")
+def engine(loaded, engine_device):
+    """Prefill chunks of one block: a long prompt takes several steps."""
+    return LLMEngine(EngineConfig(model=loaded.path, max_model_len=256, dtype="float32",
+                                  max_num_batched_tokens=64, **engine_config(engine_device)),
+                     loaded=loaded)
+
+
+def greedy(n: int, **fields) -> SamplingParams:
+    return SamplingParams(max_tokens=n, ignore_eos=True, **fields)
+
+
+def joined(events) -> tuple[str, list[int], object]:
+    """A stream's text, token ids and final output."""
+    events = list(events)
+    return ("".join(e.text for e in events), [t for e in events for t in e.token_ids],
+            events[-1].output if events else None)
+
+
+def test_a_stream_delivers_its_tail_when_another_steps_the_engine(engine):
+    want = engine.generate([PROMPT], greedy(10))[0]
+    first = engine.stream(PROMPT, greedy(10))
+    head = next(first)
+    other = joined(engine.stream([9, 10, 11], greedy(30)))  # runs the first to its end too
+    assert other[2].num_completion_tokens == 30
+    text, ids, out = joined(first)
+    assert head.text + text == want.text and head.token_ids + ids == want.token_ids
+    assert out is not None and out.token_ids == want.token_ids and out.finish_reason == "length"
+    assert not engine.has_unfinished()
+
+
+def _stop_token(engine) -> tuple[list[int], int]:
+    """The greedy reply and the place of a token in it that decodes to letters, seen there first
+    (and before any EOS)."""
+    full = engine.generate([PROMPT], greedy(30))[0].token_ids
+    for k in range(1, len(full)):
+        if full[k - 1] in engine.eos_ids:
+            break
+        if engine.tokenizer.decode([full[k]]).strip().isalpha() and full[k] not in full[:k]:
+            return full, k
+    raise AssertionError("no letter token in the tiny model's reply")
+
+
+@pytest.mark.parametrize("how", ["stop_token_ids", "eos"])
+def test_a_stop_token_keeps_its_id_but_not_its_text(engine, how):
+    full, k = _stop_token(engine)
+    before = engine.generate([PROMPT], greedy(k))[0].text  # the text of the tokens before it
+    assert before
+    if how == "eos":
+        params, ignored = SamplingParams(max_tokens=30), SamplingParams(max_tokens=k + 1)
+        engine.eos_ids.add(full[k])  # (the runner reads the same set)
+    else:
+        params, ignored = greedy(30, stop_token_ids=[full[k]]), greedy(k + 1)
+    try:
+        out = engine.generate([PROMPT], params)[0]
+        streamed = joined(engine.stream(PROMPT, params))
+        plain = engine.generate([PROMPT], dataclasses.replace(ignored, ignore_eos=True))[0]
+    finally:
+        engine.eos_ids.discard(full[k])
+    assert (out.token_ids, out.text, out.finish_reason) == (full[: k + 1], before, "stop")
+    assert streamed[:2] == (before, full[: k + 1]) and streamed[2].text == before
+    assert plain.text.startswith(before) and len(plain.text) > len(before)  # (not a stop: kept)
+
+
+def test_too_few_state_slots_are_refused_and_the_fewest_run(loaded, engine_device):
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(model=loaded.path, num_state_slots=2)
+    assert str(err.value) == ("num_state_slots must be at least 3 (the null slot, the pad slot "
+                              "and one running sequence's state), got 2")
+    prompts, params = [list(range(3, 73)), PROMPT], greedy(64)  # (blocks end in prompt and reply)
+    base = EngineConfig(model=loaded.path, max_model_len=256, dtype="float32",
+                        **engine_config(engine_device))
+    want = [o.token_ids for o in LLMEngine(base, loaded=loaded).generate(prompts, params)]
+    for cache in (True, False):
+        fewest = dataclasses.replace(base, num_state_slots=3, enable_prefix_cache=cache)
+        engine = LLMEngine(fewest, loaded=loaded)
+        for _ in range(2):  # (the second after the first left what it could in the cache)
+            assert [o.token_ids for o in engine.generate(prompts, params)] == want
+
+
+def test_an_aborted_request_reports_what_it_computed(engine):
+    waiting = engine.add_request(PROMPT, greedy(4))
+    engine.abort(waiting)
+    out = engine.output(waiting)
+    assert (out.finish_reason, out.num_cached_tokens, out.num_computed_tokens) == ("abort", 0, 0)
+    long = engine.add_request([(7 * i) % 300 + 1 for i in range(150)], greedy(4))
+    engine.step()  # one chunk of 64 tokens
+    engine.abort(long)
+    assert engine.output(long).num_computed_tokens == 64
+
+
+@pytest.mark.parametrize("prompt", [(5, 6, 7), np.array([5, 6, 7]), np.array([5, 6, 7], dtype=np.int32),
+                                    range(5, 8)], ids=["tuple", "int64-array", "int32-array", "range"])
+def test_a_sequence_or_array_of_ids_is_a_prompt(engine, prompt):
+    want = engine.generate([[5, 6, 7]], greedy(3))[0].token_ids
+    assert engine.generate([prompt], greedy(3))[0].token_ids == want
+    assert joined(engine.stream(prompt, greedy(3)))[1] == want
+
+
+@pytest.mark.parametrize(("prompt", "got"), [
+    (None, "None"), (5, "int"), (b"abc", "bytes"), ({"ids": [5]}, "dict"),
+    (np.array([[5, 6]]), "a 2-D int64 numpy array"), (np.array([5.0, 6.0]), "a 1-D float64 numpy array"),
+], ids=["none", "int", "bytes", "dict", "2-d-array", "float-array"])
+def test_other_prompts_are_one_line(engine, prompt, got):
+    with pytest.raises(ConfigError) as err:
+        engine.generate([[5, 6], prompt], greedy(2))
+    assert str(err.value) == f"a prompt must be a string or a list of token ids, got {got}"
+    assert not engine.has_unfinished()
+
+
+def test_params_that_are_not_sampling_params_are_one_line(engine):
+    message = "sampling params must be a SamplingParams, got dict; build one with SamplingParams"
+    for call in (lambda: engine.generate([[5, 6]], {"max_tokens": 2}),
+                 lambda: engine.generate([[5, 6]], [{"max_tokens": 2}]),
+                 lambda: next(engine.stream([5, 6], {"max_tokens": 2}))):
+        with pytest.raises(ConfigError, match=message):
+            call()
+    assert not engine.has_unfinished()
+    params = (greedy(2), greedy(1))  # (a tuple of params, one each)
+    assert [o.num_completion_tokens for o in engine.generate([[5, 6], [7]], params)] == [2, 1]
