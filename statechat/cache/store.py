@@ -249,19 +249,18 @@ class StateStore:
             st = os.stat(self.path / name)
         except OSError:
             return None
-        key = (st.st_dev, st.st_ino)
+        key = _file_key(st)
         known = self._fds.get(name)
         if known is not None and known[0] == key:
             fd = known[1]
             with contextlib.suppress(OSError):
-                if fd is None or (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == key:
+                if fd is None or _file_key(os.fstat(fd)) == key:
                     return fd
         fd = None
         with contextlib.suppress(OSError):
             for entry in os.scandir("/proc/self/fd"):
                 with contextlib.suppress(OSError, ValueError):
-                    target = os.stat(entry.path)
-                    if (target.st_dev, target.st_ino) == key:
+                    if _file_key(os.stat(entry.path)) == key:
                         fd = int(entry.name)
                         break
         self._fds[name] = (key, fd)
@@ -675,6 +674,11 @@ class StateStore:
                 with contextlib.suppress(OSError):  # (a writer's new file just went in)
                     f.rmdir()
         return total
+
+
+def _file_key(st: os.stat_result) -> tuple[int, int]:
+    """What names a file whatever its path: (device, inode)."""
+    return st.st_dev, st.st_ino
 
 
 def default_budget(root: Path) -> int:

@@ -106,12 +106,11 @@ class PrefixCache:
         self.persisted: set[bytes] = set()  # blocks queued for or known on disk
         self.stored_ckpts: set[bytes] = set()  # checkpoints known on disk (seen at admission)
         self.disk_checks: list[Future] = []  # blocks on disk, asked while a request computes
-        self.root_hex = ""
         # checkpoints the full write queue turned away: retried after later steps while the
         # device tier still holds them, and saved (waiting for room) when the engine closes
         self.deferred: dict[bytes, NewCheckpoint] = {}  # (in the order they came)
         self.deferrals = 0  # checkpoints that had to wait
-        self.root = b""
+        self.root = b""  # the hash chain's root (the model's fingerprint), as persist is given it
 
     def calibrate(self) -> None:
         """Time a page-cache read of a stored checkpoint (if one is cached whole), so that the
