@@ -67,16 +67,28 @@ class BatchDefaults:
 class Job:
     line: int  # 1-based line number in the input
     id: str | int | float | None  # the line's own "id", echoed as given (else "line-N")
-    prompt_ids: list[int] | None = None
+    messages: list[dict] | None = None
+    template_kwargs: dict | None = None
+    prompt_ids: list[int] | None = None  # (set by prepare, once the model is loaded)
     params: SamplingParams | None = None
     error: str | None = None
     result: dict | None = None
     shared: dict | None = None  # its group's warm-up: the shared prefix and where it came from
 
 
-def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults) -> Job:
-    """One input line -> a Job with its prompt ids and params, or with a one-line error."""
-    from statechat.chat.template import merge_template_kwargs, render
+def parse_lines(lines: Iterable[str], defaults: BatchDefaults) -> list[Job]:
+    """The input's non-blank lines as Jobs, checked as far as they can be before the model
+    loads (JSON, id, sampling fields, messages, template variables)."""
+    return [parse_line(text, n, defaults) for n, text in enumerate(lines, start=1) if text.strip()]
+
+
+def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
+    """One input line -> a Job with its messages and params, or with a one-line error."""
+    from statechat.chat.template import (
+        check_template_kwargs,
+        merge_template_kwargs,
+        validate_messages,
+    )
 
     try:
         req = json.loads(text)
@@ -94,18 +106,39 @@ def parse_line(engine: LLMEngine, text: str, line: int, defaults: BatchDefaults)
         return Job(line, None, error=f'line {line}: "id" must be a string or a number, got '
                                      f"{json.dumps(rid)[:60]}")
     try:
-        given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
-        params = defaults.params(**given)
-        check_vocabulary(params, engine.loaded.config.vocab_size)
+        params = defaults.params(**{k: req[k] for k in LINE_FIELDS if req.get(k) is not None})
+        validate_messages(req.get("messages"))
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
-        ids = render(engine.tokenizer, req.get("messages"), template_kwargs=kwargs)
+        if kwargs is not None:
+            check_template_kwargs(None, kwargs)
+    except StatechatError as e:
+        return Job(line, rid, error=str(e))
+    return Job(line, rid, req["messages"], kwargs, params=params)
+
+
+def prepare(engine: LLMEngine, job: Job) -> None:
+    """Render a parsed job's prompt with the model's tokenizer and check it against the model
+    (vocabulary, context limit); a failure becomes the job's one-line error."""
+    from statechat.chat.template import render
+
+    if job.error is not None:
+        return
+    try:
+        check_vocabulary(job.params, engine.loaded.config.vocab_size)
+        ids = render(engine.tokenizer, job.messages, template_kwargs=job.template_kwargs)
         if len(ids) >= engine.max_model_len:
             raise StatechatError(
                 f"the prompt has {len(ids)} tokens; the context limit is {engine.max_model_len}"
             )
     except StatechatError as e:
-        return Job(line, rid, error=str(e))
-    return Job(line, rid, ids, params)
+        job.error = str(e)
+        return
+    job.prompt_ids = ids
+
+
+def error_record(job: Job) -> dict:
+    """The result line of a job that cannot run."""
+    return {"id": job.id, "line": job.line, "error": {"message": job.error}}
 
 
 def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], list[int]]]:
@@ -161,20 +194,19 @@ def _result(job: Job, out: RequestOutput, tokenizer) -> dict:
 
 def run_batch(
     engine: LLMEngine,
-    lines: Iterable[str],
+    jobs: list[Job],
     write: Callable[[dict], None],
-    defaults: BatchDefaults = BatchDefaults(),
     progress: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
-    """Run every request; call write(record) in input order as results become ready.
+    """Run every parsed job (parse_lines); call write(record) in input order as results
+    become ready.
 
     progress(done, total) is called as requests finish. Returns the records.
     """
-    jobs = [parse_line(engine, text, n, defaults)
-            for n, text in enumerate(lines, start=1) if text.strip()]
     for job in jobs:
+        prepare(engine, job)
         if job.error is not None:
-            job.result = {"id": job.id, "line": job.line, "error": {"message": job.error}}
+            job.result = error_record(job)
     warm = warmup_prefixes(jobs, engine.config.block_size) if engine.config.enable_prefix_cache else []
     waiting_on: dict[int, list[int]] = {}  # warm-up seq_id -> job indices waiting for it
     running: dict[int, int] = {}  # seq_id -> job index

@@ -167,7 +167,13 @@ def batch(
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
     own fields say otherwise."""
-    from statechat.batch import DEFAULT_SAMPLING, BatchDefaults, run_batch
+    from statechat.batch import (
+        DEFAULT_SAMPLING,
+        BatchDefaults,
+        error_record,
+        parse_lines,
+        run_batch,
+    )
 
     output = None if output == STDIN else output
     lines = read_requests(input)
@@ -177,32 +183,45 @@ def batch(
     sampling = compose_sampling(  # (a bad flag: one line now, not an error on every line)
         DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed)
-    defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs))
+        repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed, min_max_tokens=0)
+    jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
     direct = output is None or writes_in_place(output, input)  # checked before the model loads
-    if not any(line.strip() for line in lines):  # (nothing to run: no model to load)
+    if not jobs:  # (nothing to run: no model to load)
         typer.echo(f"statechat: {input_name(input)} has no requests", err=True)
-        with results(output, direct):
-            return
+    if not jobs or all(job.error is not None for job in jobs):  # (nor when none can run)
+        with results(output, direct) as sink:
+            records = [error_record(job) for job in jobs]
+            _write_records(sink, output, records)
+        return _report_failures(records)
     engine = _engine(config)
     _warn_if_embedded(engine.loaded.path)
-
-    def write(rec: dict) -> None:
-        try:
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
-        except OSError as e:
-            raise OutputError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
         sink = stack.enter_context(results(output, direct))
         progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
-        records = run_batch(engine, lines, write, defaults,
+        records = run_batch(engine, jobs, lambda rec: _write_records(sink, output, [rec]),
                             lambda done, total: progress.update(task, completed=done, total=total))
+    _report_failures(records)
+
+
+def _write_records(sink, output: Path | None, records: list[dict]) -> None:
+    """Write result records as JSON lines (flushed: a reader of the file sees each as it
+    comes); a failed write is one line (OutputError)."""
+    try:
+        for rec in records:
+            sink.write(json.dumps(rec) + "\n")
+        sink.flush()
+    except OSError as e:
+        raise OutputError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
+
+
+def _report_failures(records: list[dict]) -> None:
+    """Say how many of a batch's requests failed; a run where every one failed is itself a
+    failure (exit status 1)."""
     failed = sum("error" in r for r in records)
-    if failed:  # each has its error record; a run where every one failed is itself a failure
+    if failed:  # each has its error record
         typer.echo(f"statechat: {failed:,} of {len(records):,} requests failed "
                    '(see their "error" records)', err=True)
         if failed == len(records):

@@ -85,18 +85,19 @@ SeedOpt = Annotated[int | None, typer.Option(
     help="Seed of every request's draw (same seed, same output).", rich_help_panel=SAMPLING)]
 
 
-def compose_sampling(base: SamplingParams, model: Path, **flags) -> SamplingParams:
+def compose_sampling(base: SamplingParams, model: Path, min_max_tokens: int = 1,
+                     **flags) -> SamplingParams:
     """The sampling of every request of a command: its own `base` < the model's recommended
     sampling (generation_config.json, as vLLM's --generation-config auto) < the flags given
     (None = not given); a request's own fields win over it later. A bad flag, or a wrong
-    --model, is one line now, before the model loads."""
+    --model, is one line now, before the model loads. min_max_tokens: the least --max-tokens
+    the command takes (batch's 0 scores each prompt alone, as a line's "max_tokens": 0 does)."""
     from statechat.model.config import ModelConfig
 
     recommended = dict(ModelConfig.from_hf(model).sampling_defaults)
     given = {key: value for key, value in flags.items() if value is not None}
-    if given.get("max_tokens", 1) < 1:  # (a request may ask for none, to score its prompt; a
-        # command's every reply may not)
-        raise ConfigError(f"--max-tokens must be >= 1, got {given['max_tokens']}")
+    if given.get("max_tokens", min_max_tokens) < min_max_tokens:
+        raise ConfigError(f"--max-tokens must be >= {min_max_tokens}, got {given['max_tokens']}")
     try:
         sampling = dataclasses.replace(base, **{**recommended, **given})
     except ConfigError as e:  # (its message starts with the field's name: name the flag)

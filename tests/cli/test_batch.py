@@ -150,6 +150,16 @@ def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
     assert len(prompt) == lp["usage"]["prompt_tokens"] and prompt[0] is None
     assert "prompt_logprobs" not in plain and lp["usage"]["cached_tokens"] == 0
     assert all(1 <= len(e) <= 2 and {v["rank"] for v in e.values()} >= {1} for e in prompt[1:])
+    # --max-tokens 0 scores every prompt alone, as a line's "max_tokens": 0 does
+    src.write_text(json.dumps({"id": "lp", **user, "max_tokens": None, "prompt_logprobs": 1}) + "\n")
+    assert CliRunner().invoke(cli.app, [*args, "--max-tokens", "0"]).exit_code == 0
+    [scored] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert scored["text"] == "" and scored["usage"]["completion_tokens"] == 0
+    again = scored["prompt_logprobs"]  # (the same, to float32's rounding in another batch)
+    assert [{k: v["rank"] for k, v in e.items()} for e in again[1:]] == \
+        [{k: v["rank"] for k, v in e.items()} for e in prompt[1:]]
+    assert [e[k]["logprob"] for e in again[1:] for k in e] == \
+        pytest.approx([e[k]["logprob"] for e in prompt[1:] for k in e], abs=1e-4)
 
 
 def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_engine, loaded, monkeypatch):
@@ -176,14 +186,27 @@ def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_
     assert refused.exit_code != 0 and "must be a JSON object" in str(refused.exception or refused.output)
 
 
-def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine):
+def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine, monkeypatch):
+    """Lines that cannot run are error records and exit status 1; when the model is not
+    needed to tell (bad JSON, roles, fields), it does not load (it loaded first)."""
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text("{not json\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
-    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL),
-                                          "--device", "cpu", "--no-cache"])
+    src.write_text("{not json\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]})
+                   + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "x"}],
+                                           "top_p": 2}) + "\n")
+    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+            "--no-cache"]
+    with monkeypatch.context() as m:
+        m.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+        result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 1
-    assert "2 of 2 requests failed" in result.stderr
-    assert [r["line"] for r in map(json.loads, out.read_text().splitlines())] == [1, 2]  # written all the same
+    assert "3 of 3 requests failed" in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]  # written all the same
+    assert [r["line"] for r in records] == [1, 2, 4]
+    assert records[2]["error"]["message"] == "top_p must be in (0, 1], got 2.0"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}],
+                               "logit_bias": {"999999999": 1}}) + "\n")  # (the model tells)
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 1 and "1 of 1 requests failed" in result.stderr
 
 
 def test_odd_values_are_line_errors_and_the_output_is_replaced_only_by_a_finished_run(
