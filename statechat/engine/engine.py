@@ -23,7 +23,7 @@ import torch
 
 from statechat.cache.hashing import int32_bytes, model_fingerprint
 from statechat.cache.store import StateStore, open_store
-from statechat.config import EngineConfig
+from statechat.config import MIN_STATE_SLOTS, EngineConfig
 from statechat.devices import default_dtype, free_memory, graph_api, resolve_device
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
@@ -105,6 +105,10 @@ class LLMEngine:
         if self.store is not None:  # the store's method, not the engine's: no reference cycle
             self.runner.before_wait = self.store.engine_idle.set
         blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
+        if config.enable_prefix_cache and num_slots <= MIN_STATE_SLOTS:
+            log.warning("statechat: %d state slots leave none for checkpoints, so the prefix "
+                        "cache reuses nothing; give num_state_slots %d or more", num_slots,
+                        MIN_STATE_SLOTS + 1)
         use_graphs = loaded.device.type == "cuda" if config.use_graphs is None else config.use_graphs
         if use_graphs and graph_api(loaded.device) is not None:
             max_blocks = (self.max_model_len + bs - 1) // bs

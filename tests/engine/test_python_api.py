@@ -91,7 +91,9 @@ def test_a_stop_token_keeps_its_id_but_not_its_text(engine, how):
     assert plain.text.startswith(before) and len(plain.text) > len(before)  # (not a stop: kept)
 
 
-def test_too_few_state_slots_are_refused_and_the_fewest_run(loaded, engine_device):
+def test_too_few_state_slots_are_refused_and_the_fewest_run(loaded, engine_device, caplog):
+    """Below 3 slots is one line; 3 run (the same tokens) and say that the prefix cache can
+    then keep no checkpoint."""
     with pytest.raises(ConfigError) as err:
         EngineConfig(model=loaded.path, num_state_slots=2)
     assert str(err.value) == ("num_state_slots must be at least 3 (the null slot, the pad slot "
@@ -102,7 +104,12 @@ def test_too_few_state_slots_are_refused_and_the_fewest_run(loaded, engine_devic
     want = [o.token_ids for o in LLMEngine(base, loaded=loaded).generate(prompts, params)]
     for cache in (True, False):
         fewest = dataclasses.replace(base, num_state_slots=3, enable_prefix_cache=cache)
+        caplog.clear()
         engine = LLMEngine(fewest, loaded=loaded)
+        said = [r.getMessage() for r in caplog.records if "state slots" in r.getMessage()]
+        warning = ("statechat: 3 state slots leave none for checkpoints, so the prefix cache "
+                   "reuses nothing; give num_state_slots 4 or more")
+        assert said == ([warning] if cache else [])
         for _ in range(2):  # (the second after the first left what it could in the cache)
             assert [o.token_ids for o in engine.generate(prompts, params)] == want
 
