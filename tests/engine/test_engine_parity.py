@@ -140,10 +140,10 @@ def test_async_scheduling_survives_stops_and_aborts(setup):
 def test_fast_decode_gives_the_tokenizers_text(setup):
     """The engine's detokenizer (the Rust backend, bypassing transformers' wrapper) returns
     exactly what the tokenizer's own decode does, special tokens and broken UTF-8 included."""
-    from statechat.engine.engine import _fast_decode
+    from statechat.engine.output import fast_decode
 
     tokenizer = setup[1].tokenizer
-    decode = _fast_decode(tokenizer)
+    decode = fast_decode(tokenizer)
     g = torch.Generator().manual_seed(0)
     for n in [0, 1, 2, 3, 5, 8] * 50:
         ids = torch.randint(0, len(tokenizer), (n,), generator=g).tolist()

@@ -1,0 +1,175 @@
+"""What a request gives back: its text made from token ids as they come, stop strings cut out,
+its logprobs, and the RequestOutput and StreamEvent the engine's callers read.
+
+Plain Python over a Sequence's fields; the engine calls these as steps return tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from statechat.engine.sampler import unpack_logprobs, unpack_scores
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens reused from the cache
+    num_computed_tokens: int  # prompt tokens computed (recomputation after preemption included;
+    # for a request aborted before its prompt was done, what was computed of it)
+    num_completion_tokens: int
+    ttft_s: float | None
+    decode_s: float | None = None  # first token to last: the time of the other tokens' decode
+    reused_from: str | None = None  # tier the reused prefix came from: device, host or disk
+    reused_by_tier: dict | None = None  # reused prompt tokens by the tier their KV came from
+    cache_plan: dict | None = None  # the cheapest prefix to load, its predicted load and
+    # recompute seconds, the choice made and (when loaded) where the load's time went
+    logprobs: list | None = None  # per token, when asked: (logprob, [(id, logprob)] of the top)
+    prompt_logprobs: list | None = None  # per prompt token, when asked: None for the first,
+    # then (logprob, [(id, logprob)] of the top, rank)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """A text delta of one request, with the token ids it came from (and their logprobs, when
+    asked); `output` on the last. The first event of a request that asked for prompt_logprobs
+    carries them (its prompt is computed by then)."""
+
+    text: str
+    token_ids: list[int]
+    output: RequestOutput | None = None
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+
+
+def request_output(seq: Sequence) -> RequestOutput:
+    """What `seq` has made so far (all of it once it has finished)."""
+    cached = max(seq.num_cached_tokens, 0)
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+        token_ids=list(seq.output_ids),
+        text=seq.text,
+        finish_reason=seq.finish_reason,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_cached_tokens=cached,
+        num_computed_tokens=max(min(seq.num_computed, seq.num_prompt_tokens) - cached, 0)
+        + seq.num_recomputed,
+        num_completion_tokens=len(seq.output_ids),
+        ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+        decode_s=None if seq.first_token_time is None
+        else seq.last_token_time - seq.first_token_time,
+        reused_from=seq.reused_from if cached else None,
+        reused_by_tier=dict(seq.reused_by_tier) if cached else None,
+        cache_plan=seq.cache_plan,
+        logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+        prompt_logprobs=prompt_logprobs(seq),
+    )
+
+
+def next_event(seq: Sequence, sent_text: int, sent_tokens: int) -> tuple[StreamEvent | None, int, int]:
+    """A stream's next event for `seq` after `sent_text` characters and `sent_tokens` tokens
+    (None when there is nothing new), and the new counts. Until the request finishes, text
+    that may still begin a stop string is held back: a stop is never streamed."""
+    text = seq.text
+    if seq.params.stop and not seq.is_finished:
+        text = text[: max(len(text) - stop_hold(seq.params), sent_text)]
+    delta, ids = text[sent_text:], seq.output_ids[sent_tokens : seq.num_text_tokens]
+    out = request_output(seq) if seq.is_finished else None
+    logprobs = None
+    if seq.params.logprobs is not None:
+        logprobs = seq.logprobs[sent_tokens : seq.num_text_tokens]
+    first = sent_text == 0 and sent_tokens == 0
+    event = None
+    if delta or ids or out:
+        event = StreamEvent(delta, ids, out, logprobs, prompt_logprobs(seq) if first else None)
+    return event, len(text), seq.num_text_tokens
+
+
+def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
+               drop_last: bool = False) -> None:
+    """Extend seq.text incrementally (a few tokens decoded per step, not the whole reply);
+    a trailing partial UTF-8 character is held back until it completes. `drop_last` (the
+    reply's last token, a stop token) adds no text but counts as turned into text."""
+    ids = seq.output_ids
+    end = len(ids) - drop_last
+    start, read = seq.detok_offsets
+    before = decode(ids[start:read])
+    after = decode(ids[start:end])
+    if final or (len(after) > len(before) and not after.endswith("\ufffd")):
+        seq.text += after[len(before) :]
+        seq.detok_offsets = (read, end)
+        seq.num_text_tokens = len(ids)
+
+
+def cut_at_stop(seq: Sequence, shown: int) -> bool:
+    """Cut seq.text at the first of its stop strings, looking from where a stop could begin in
+    the text past `shown` characters; whether one was found. Not in the first min_tokens
+    tokens, as vLLM's; also in the last token of a reply that ends for another reason."""
+    p = seq.params
+    if not p.stop or len(seq.output_ids) <= p.min_tokens:
+        return False
+    # a stop ending in the new text starts at most the longest stop's length - 1 before it
+    start = max(shown - stop_hold(p), 0)
+    cut = min((i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0), default=-1)
+    if cut < 0:
+        return False
+    seq.text = seq.text[:cut]
+    return True
+
+
+def keep_logprobs(batch, table: list[list[float]]) -> None:
+    """Give each sequence that asked for logprobs its row of the step's table (rows in the
+    order of the items that sampled; one whose sequence ended meanwhile is skipped)."""
+    rows = iter(table)
+    for it in batch.items:
+        k = it.seq.params.logprobs
+        if it.needs_logits and k is not None:
+            row = next(rows)
+            if not it.seq.is_finished:
+                it.seq.logprobs.append(unpack_logprobs(row, k))
+
+
+def keep_prompt_logprobs(batch, scored: list[tuple[int, int, int]], table: np.ndarray) -> None:
+    """Give each scored item's sequence its rows of the step's prompt table, by position (a
+    preempted request that computes its prompt again writes the same entries again)."""
+    row = 0
+    for i, start, n in scored:
+        seq = batch.items[i].seq
+        if not seq.prompt_logprobs:
+            seq.prompt_logprobs = [None] * seq.num_prompt_tokens
+        entries = unpack_scores(table[row : row + n], seq.params.prompt_logprobs)
+        seq.prompt_logprobs[start + 1 : start + 1 + n] = entries
+        row += n
+
+
+def prompt_logprobs(seq: Sequence) -> list | None:
+    """A request's prompt logprobs (None for the first token), when it asked for them."""
+    if seq.params.prompt_logprobs is None:
+        return None
+    return list(seq.prompt_logprobs) or [None] * seq.num_prompt_tokens
+
+
+def stop_hold(params: SamplingParams) -> int:
+    """Characters at the end of a reply's text that may be the start of a stop string."""
+    return max(map(len, params.stop)) - 1
+
+
+def fast_decode(tokenizer) -> Callable[[list[int]], str]:
+    """ids -> text without special tokens. A fast tokenizer that cleans up no spaces decodes
+    through its Rust backend directly: the same text, without transformers' per-call Python
+    (a few decodes run every step of every request)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
