@@ -12,8 +12,7 @@ import torch
 
 from kernels import gdn_chunk
 from kernels.attention import split_widths
-from statechat.engine import runner as runner_module
-from statechat.engine import sampler
+from statechat.engine import sampler, warmup
 from statechat.engine.runner import ModelRunner
 from statechat.engine.sampler import (
     TokenCounts,
@@ -148,15 +147,15 @@ def test_warm_up_goes_on_without_the_eager_steps_that_do_not_fit(tiny_dirs, monk
     runner = ModelRunner(loaded, 8, 6, 64)
     tried = []
 
-    def forward(n, length, width):
+    def forward(runner, n, length, width):
         tried.append((n, length))
         if n == 3:
             raise torch.OutOfMemoryError("no room")
 
-    monkeypatch.setattr(runner, "_warm_forward", forward)
+    monkeypatch.setattr(warmup, "warm_forward", forward)
     monkeypatch.setattr(gdn_chunk, "state_tile_counts", lambda *a: [1, 3, 8])
-    drawn, real = [], runner_module.sample
-    monkeypatch.setattr(runner_module, "sample", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    drawn, real = [], warmup.sample
+    monkeypatch.setattr(warmup, "sample", lambda *a, **k: drawn.append(1) or real(*a, **k))
     with caplog.at_level("WARNING", logger="statechat.engine"):
         runner.warm_up(max_seqs=8, max_tokens=512)
     assert tried == [(1, 64), (3, 64)] and drawn  # (the step of 512 tokens not tried either)
