@@ -101,7 +101,7 @@ def test_disk_loads_teach_the_rate_they_saw():
     """A disk load served from the page cache teaches the page cache's rate, one from the disk
     the disk's, a mixed one the disk's from the time left after its cached part; a plan prices
     each blob by its cached fraction."""
-    from statechat.engine.prefix import DISK, PAGE_CACHE, CostModel
+    from statechat.engine.cost import DISK, PAGE_CACHE, CostModel
 
     cost = CostModel(1e-6)
     cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
@@ -122,7 +122,7 @@ def test_disk_loads_teach_the_rate_they_saw():
 def test_the_first_timed_prefill_replaces_the_guess():
     """The engine's guessed prefill rate gives way to the first measurement (bounded: a first
     run that compiled kernels is no rate); later ones move it by 30%."""
-    from statechat.engine.prefix import FIRST_PREFILL_RANGE, CostModel
+    from statechat.engine.cost import FIRST_PREFILL_RANGE, CostModel
 
     cost = CostModel(5e-6)
     cost.observe_prefill(32, 1.0)  # too short to time
