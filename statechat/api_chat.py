@@ -6,11 +6,20 @@ from __future__ import annotations
 
 from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
-from statechat.api_request import ApiError, continues_final_message, parse_messages
+from statechat.api_request import (
+    SHARED_FIELDS,
+    ApiError,
+    continues_final_message,
+    parse_messages,
+)
 from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.worker import EngineWorker
 from statechat.errors import StatechatError
+
+# the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
+CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_generation_prompt",
+                               "chat_template_kwargs"}
 
 
 def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict) -> list[int]:
@@ -31,7 +40,6 @@ class ChatShape(Shape):
     deltas and a finish chunk each."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
-    prompt_scores_per_choice = False  # (a field of the response: choice 0's, see fields)
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer

@@ -5,9 +5,10 @@ come.
 Choice index = prompt index * n + i (OpenAI's and vLLM's order). With a seed, choice i of each
 prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, its choices
 differ, and its choice 0 is the reply the same request with n=1 gets. The other choices of a
-prompt start once choice 0 has computed it, from the engine's prefix cache (unless the
-request asks for the prompt's logprobs: each choice then computes it whole, so all start at
-once). `usage` counts each prompt once and sums the completion tokens of every choice.
+prompt start once choice 0 has computed it, from the engine's prefix cache. When the request
+asks for the prompt's logprobs, choice 0 alone computes them (and its prompt whole); every
+choice of the prompt is given them. `usage` counts each prompt once (cached_tokens included)
+and sums the completion tokens of every choice.
 
 Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.CompletionShape).
 """
@@ -39,7 +40,6 @@ class Shape:
     object = ""  # the whole response's "object"
     chunk_object = ""  # a stream chunk's
     id_prefix = ""
-    prompt_scores_per_choice = True  # False: only choice 0's prompt_logprobs are shown
 
     def opening(self, index: int) -> list[dict]:
         return []
@@ -74,29 +74,29 @@ def choice_params(params: SamplingParams, i: int, prompt_len: int,
 
 
 class Choices:
-    """The engine requests of one API request: handles[k] makes choice k."""
+    """The engine requests of one API request: handles[k] makes choice k. With
+    `is_scored`, choice 0 of each prompt computes the prompt's logprobs for them all."""
 
-    def __init__(self, handles: list[RequestHandle], n: int) -> None:
-        self.handles, self.n = handles, n
+    def __init__(self, handles: list[RequestHandle], n: int, is_scored: bool = False) -> None:
+        self.handles, self.n, self.is_scored = handles, n, is_scored
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
-               n: int, param: str, gone: Callable[[], bool] = lambda: False,
-               scores_once: bool = False) -> Choices:
+               n: int, param: str, gone: Callable[[], bool] = lambda: False) -> Choices:
         """Submit n requests per prompt. A prompt the engine refuses is an ApiError(400) naming
         `param` (code context_length_exceeded when it is too long), and nothing stays queued.
 
         With n > 1, choice 0 of each prompt goes first and the others once it has its first
         token: by then its prompt is in the prefix cache, which they resume from rather than
-        each computing it. A choice that asks for prompt_logprobs computes its whole prompt:
-        with `scores_once`, only choice 0 asks (the others' would not be shown). Raises
+        each computing it. Only choice 0 asks for the prompt's logprobs (a choice that asks
+        computes its whole prompt); the others get its copy (see results and merged). Raises
         ConnectionResetError if the client goes (`gone`) meanwhile."""
         checked = []  # every prompt checked once, before any is queued
         for p, ids in enumerate(prompts):
             with _refused(param, p, len(prompts)):
                 checked.append(worker.engine.check_prompt(ids))
         config = worker.engine.config
-        later = dataclasses.replace(params, prompt_logprobs=None) if scores_once else params
+        later = dataclasses.replace(params, prompt_logprobs=None)
         made: dict[tuple[int, int], RequestHandle] = {}  # (prompt, choice) -> its request
         try:
             for wave, asked in ((range(1), params), (range(1, n), later)):
@@ -105,8 +105,7 @@ class Choices:
                         with _refused(param, p, len(prompts)):
                             made[p, i] = worker.submit(ids, choice_params(
                                 asked, i, len(ids), worker.max_model_len), checked=checked[p])
-                if wave.start or n == 1 or not config.enable_prefix_cache or \
-                        later.prompt_logprobs is not None:  # (each computes its prompt)
+                if wave.start or n == 1 or not config.enable_prefix_cache:
                     continue
                 for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
                     while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
@@ -116,7 +115,8 @@ class Choices:
             for handle in made.values():
                 handle.abort()
             raise
-        return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n)
+        return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n,
+                   params.prompt_logprobs is not None)
 
     def abort(self) -> None:
         """Stop every choice still running (a no-op for those that finished)."""
@@ -124,8 +124,9 @@ class Choices:
             handle.abort()
 
     def results(self, gone: Callable[[], bool] = lambda: False) -> list[RequestOutput]:
-        """Every choice's output, once all finished; ConnectionResetError (every choice still
-        running aborted by the caller) if the client goes (`gone`, asked every POLL_S)."""
+        """Every choice's output, once all finished, with its prompt's prompt_logprobs when
+        asked; ConnectionResetError (every choice still running aborted by the caller) if the
+        client goes (`gone`, asked every POLL_S)."""
         outputs = []
         for handle in self.handles:
             while True:
@@ -135,15 +136,23 @@ class Choices:
                 except TimeoutError:
                     if gone():
                         raise ConnectionResetError("the client went away") from None
-        return outputs
+        if not self.is_scored:
+            return outputs
+        return [dataclasses.replace(out, prompt_logprobs=outputs[k - k % self.n].prompt_logprobs)
+                for k, out in enumerate(outputs)]
 
     def outputs(self) -> list[RequestOutput]:
         """The outputs of the choices that finished so far."""
         return [handle.output for handle in self.handles if handle.output is not None]
 
     def merged(self) -> Iterator[tuple[int, StreamEvent]]:
-        """(choice index, event) of every choice as they come, each choice's in order; an
-        error of any choice is raised. A thread per choice reads its handle."""
+        """(choice index, event) of every choice as they come, each choice's in order, the
+        first with its prompt's prompt_logprobs when asked; an error of any choice is raised."""
+        events = self._pumped()
+        return self._scored(events) if self.is_scored else events
+
+    def _pumped(self) -> Iterator[tuple[int, StreamEvent]]:
+        """merged's events as the handles give them: a thread per choice reads its handle."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         for index, handle in enumerate(self.handles):
             threading.Thread(target=_pump, args=(index, handle, events), daemon=True,
@@ -157,6 +166,32 @@ class Choices:
                 raise item
             else:
                 yield index, item
+
+    def _scored(self, events: Iterator[tuple[int, StreamEvent]],
+                ) -> Iterator[tuple[int, StreamEvent]]:
+        """`events` with each choice's first carrying the prompt_logprobs of its prompt's
+        choice 0 (whose first event brings them); a later choice's events wait for those."""
+        scores: dict[int, list | None] = {}  # prompt -> its choice 0's prompt_logprobs
+        held: dict[int, list[tuple[int, StreamEvent]]] = {}  # prompt -> events waiting for them
+        given: set[int] = set()  # choices whose first event went out
+
+        def give(index: int, event: StreamEvent) -> tuple[int, StreamEvent]:
+            if index in given:
+                return index, event
+            given.add(index)
+            return index, dataclasses.replace(event, prompt_logprobs=scores[index // self.n])
+
+        for index, event in events:
+            p = index // self.n
+            if p in scores:
+                yield give(index, event)
+            elif index % self.n == 0:
+                scores[p] = event.prompt_logprobs
+                yield give(index, event)
+                for later in held.pop(p, []):
+                    yield give(*later)
+            else:
+                held.setdefault(p, []).append((index, event))
 
 
 @contextlib.contextmanager

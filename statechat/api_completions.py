@@ -10,7 +10,8 @@ puts the prompt's text before each choice's, and with logprobs the prompt's toke
 logprobs before the reply's (the first token's null), which scores a prompt (lm-eval-harness's
 loglikelihood requests ask for one token and read the entries before it; max_tokens 0, which
 only echo allows, gives the prompt alone). vLLM's
-`prompt_logprobs` gives each choice that field, in whole responses. `suffix` is refused.
+`prompt_logprobs` gives each choice that field, in whole responses. A prompt's logprobs are
+computed once (by its choice 0) for its n choices. `suffix` is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from statechat.api_logprobs import (
     echoed_logprobs,
     vllm_prompt_logprobs,
 )
-from statechat.api_request import ApiError, parse_flag, parse_n, parse_params
+from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_n, parse_params
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -35,6 +36,8 @@ MAX_CHOICES = 256  # prompts times n, per request
 # this API's own fields, taken out before the shared ones are parsed (top_logprobs, a chat
 # field, is left out with them: here `logprobs` is the count)
 OWN_FIELDS = ("prompt", "echo", "suffix", "logprobs", "top_logprobs", "add_special_tokens")
+# the fields this API reads (a body's others, top_logprobs among them, are logged as unknown)
+COMPLETION_FIELDS = (SHARED_FIELDS | set(OWN_FIELDS)) - {"top_logprobs"}
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,16 @@ def _logprobs(body: dict) -> int | None:
     return k
 
 
-def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams) -> CompletionRequest:
+def parse_completion(body: dict, worker: EngineWorker,
+                     defaults: SamplingParams) -> CompletionRequest:
     """A text-completions body, checked; ApiError(400) naming the field at fault. `defaults`
     are the server's sampling, with this API's default max_tokens (ChatServer's)."""
     if body.get("suffix") not in (None, ""):
         raise ApiError(400, "suffix is not supported by this server; leave it out", "suffix")
     echo, k = parse_flag(body, "echo"), _logprobs(body)
     n = parse_n(body)
-    given, prompts = _prompts(body.get("prompt"), worker, parse_flag(body, "add_special_tokens", True), n)
+    given, prompts = _prompts(body.get("prompt"), worker,
+                              parse_flag(body, "add_special_tokens", True), n)
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)
@@ -107,7 +112,8 @@ def parse_completion(body: dict, worker: EngineWorker, defaults: SamplingParams)
         decode = worker.engine.tokenizer.decode
         echoes = [p if isinstance(p, str) else decode(p, skip_special_tokens=False) for p in given]
         if k is not None:  # (the engine's count is the larger of the two asked for)
-            params = dataclasses.replace(params, prompt_logprobs=max(k, params.prompt_logprobs or 0))
+            params = dataclasses.replace(params,
+                                         prompt_logprobs=max(k, params.prompt_logprobs or 0))
     return CompletionRequest(prompts, params, n, echoes, k, body.get("prompt_logprobs"))
 
 
@@ -120,8 +126,12 @@ class CompletionShape(Shape):
 
     def __init__(self, tokenizer, request: CompletionRequest) -> None:
         self.tokenizer, self.echoes, self.n = tokenizer, request.echoes, request.n
-        self.prompts, self.k, self.prompt_k = request.prompts, request.logprobs, request.prompt_logprobs
+        self.prompts, self.k = request.prompts, request.logprobs
+        self.prompt_k = request.prompt_logprobs
         self.offsets: dict[int, TextOffsets] = {}  # a stream's, per choice
+        # per prompt, its logprobs objects (echoed, vLLM's), made once for its n choices
+        self.echoed: dict[int, dict] = {}
+        self.scored: dict[int, list] = {}
 
     def opening(self, index: int) -> list[dict]:
         if not self.echoes or self.k is not None:  # (with logprobs the echo waits for the
@@ -155,8 +165,11 @@ class CompletionShape(Shape):
         choice = {"index": index, "text": echo["text"] + out.text, "logprobs": logprobs,
                   "finish_reason": finish_reason(out)}
         if self.prompt_k is not None:
-            choice["prompt_logprobs"] = vllm_prompt_logprobs(
-                self.tokenizer, out.prompt_token_ids, _cut(out.prompt_logprobs, self.prompt_k))
+            p = index // self.n
+            if p not in self.scored:
+                self.scored[p] = vllm_prompt_logprobs(self.tokenizer, out.prompt_token_ids,
+                                                      _cut(out.prompt_logprobs, self.prompt_k))
+            choice["prompt_logprobs"] = self.scored[p]
         return choice
 
     def _echo(self, index: int, entries: list | None) -> tuple[dict, TextOffsets]:
@@ -164,12 +177,12 @@ class CompletionShape(Shape):
         of the reply's tokens after it."""
         if not self.echoes:
             return {"text": "", "logprobs": None}, TextOffsets(self.tokenizer)
-        text = self.echoes[index // self.n]
-        logprobs = None
-        if self.k is not None:
-            logprobs = echoed_logprobs(self.tokenizer, self.prompts[index // self.n],
-                                       _cut(entries, self.k))
-        return {"text": text, "logprobs": logprobs}, TextOffsets(self.tokenizer, start=len(text))
+        p = index // self.n
+        text = self.echoes[p]
+        if self.k is not None and p not in self.echoed:
+            self.echoed[p] = echoed_logprobs(self.tokenizer, self.prompts[p], _cut(entries, self.k))
+        return ({"text": text, "logprobs": self.echoed.get(p)},
+                TextOffsets(self.tokenizer, start=len(text)))
 
 
 def _cut(entries: list, k: int) -> list:

@@ -23,7 +23,8 @@ def _byte_of_char() -> dict[str, int]:
     """Byte-level BPE's alphabet: the character that stands for each byte, inverted. Printable
     Latin-1 bytes stand for themselves; the others take the characters from U+0100 on, in
     order (the scheme GPT-2 introduced and Qwen's tokenizers use)."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
         if b in kept:

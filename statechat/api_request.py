@@ -33,6 +33,16 @@ NOT_SUPPORTED = {
     "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
     "documents": ([],), "add_special_tokens": (False,),
 }
+# OpenAI's fields that change nothing about a reply (who asked, whether OpenAI keeps it, its
+# billing tier, how tool calls may be split when there are none): taken without a word
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
+                            "prompt_cache_key", "safety_identifier"})
+# the fields parse_params, parse_n and parse_stream read, which both APIs take
+SHARED_FIELDS = frozenset({
+    *NUMBER_FIELDS, *NOT_SUPPORTED, "model", "n", "best_of", "max_tokens", "max_completion_tokens",
+    "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "prompt_logprobs",
+    "logit_bias", "stream", "stream_options",
+})
 
 
 class ApiError(Exception):
@@ -41,7 +51,8 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.status, self.message, self.param = status, message, param
+        self.code, self.kind = code, kind
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -254,6 +265,13 @@ def parse_n(body: dict) -> int:
         raise ApiError(400, "best_of is supported only equal to n (each choice is returned); "
                             "leave it out", "best_of")
     return n
+
+
+def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
+    """The names of the body's fields that are neither `known` (those the API reads) nor
+    IGNORED_FIELDS, sorted: fields the reply is made without (a misspelt or another server's
+    one), which the server logs."""
+    return sorted(key for key in body if key not in known and key not in IGNORED_FIELDS)
 
 
 def parse_stream(body: dict) -> tuple[bool, bool]:

@@ -9,7 +9,9 @@ Each connection gets a thread; all of them submit to one EngineWorker, so concur
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
 "code"}}. With an API key, every request needs `Authorization: Bearer KEY`. A request's body is
 checked by statechat/api_request.py (and api_chat.py or api_completions.py); its choices are
-submitted, awaited and streamed by api_choices.py, which the two APIs share.
+submitted, awaited and streamed by api_choices.py, which the two APIs share. Fields of a body
+that its API does not read (bar those ignored on purpose, api_request.IGNORED_FIELDS) are named
+in one warning line of the log, and the request is served without them.
 """
 
 from __future__ import annotations
@@ -27,15 +29,21 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from statechat.api_chat import ChatShape, chat_prompt
+from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt
 from statechat.api_choices import Choices, Shape, response, stream_chunks
-from statechat.api_completions import DEFAULT_MAX_TOKENS, CompletionShape, parse_completion
+from statechat.api_completions import (
+    COMPLETION_FIELDS,
+    DEFAULT_MAX_TOKENS,
+    CompletionShape,
+    parse_completion,
+)
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
     parse_n,
     parse_params,
     parse_stream,
+    unknown_fields,
 )
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
@@ -45,6 +53,8 @@ MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
+MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
+MAX_NAME_CHARS = 40  # of each name logged
 
 
 class ChatServer(ThreadingHTTPServer):
@@ -130,7 +140,8 @@ class Handler(BaseHTTPRequestHandler):
         """The body's Content-Length; None when it is not a plain count of bytes (or the body
         comes in chunks), and the connection is then closed after the answer."""
         raw = self.headers.get("Content-Length") or "0"
-        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
+                or len(raw) > 12:
             self.close_connection = True
             return None
         return int(raw)
@@ -205,6 +216,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _chat(self) -> None:
         body = self._body()
+        self._log_unknown(body, CHAT_FIELDS)
         worker = self.server.worker
         prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
         params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
@@ -214,11 +226,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _completions(self) -> None:
         body = self._body()
+        self._log_unknown(body, COMPLETION_FIELDS)
         worker = self.server.worker
         request = parse_completion(body, worker, dataclasses.replace(
             self.server.sampling, max_tokens=self.server.completion_max_tokens))
         self._answer(body, CompletionShape(worker.engine.tokenizer, request), request.prompts,
                      request.params, request.n, "prompt")
+
+    def _log_unknown(self, body: dict, known: frozenset[str]) -> None:
+        """One log line naming the body's fields the API does not read (see unknown_fields), as
+        vLLM's server logs them; their values, which may be long or private, are left out."""
+        names = unknown_fields(body, known)
+        if names:
+            self.log_message("warning: %s %s: fields unknown to this server, ignored: %s",
+                             self.command, self._route(), named(names))
 
     def _answer(self, body: dict, shape: Shape, prompts: list[list[int]], params: SamplingParams,
                 n: int, param: str) -> None:
@@ -226,8 +247,7 @@ class Handler(BaseHTTPRequestHandler):
         still running when the client goes away."""
         stream, include_usage = parse_stream(body)
         try:
-            choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone,
-                                     scores_once=not shape.prompt_scores_per_choice)
+            choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
         except ConnectionResetError:
             self.close_connection = True
             return
@@ -287,9 +307,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _log_reuse(self, out: RequestOutput) -> None:
         plan = out.cache_plan or {}
-        choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
-                  f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
-                  f"{plan['predicted_recompute_s'] * 1e3:.1f} ms") if plan.get("candidate_tokens") else ""
+        choice = ""
+        if plan.get("candidate_tokens"):
+            choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
+                      f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
+                      f"{plan['predicted_recompute_s'] * 1e3:.1f} ms")
         if "disk_resident" in plan:
             choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
         self.log_message(
@@ -298,6 +320,17 @@ class Handler(BaseHTTPRequestHandler):
             f" from {out.reused_from}" if out.reused_from else "",
             f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
         )
+
+
+def named(names: list[str]) -> str:
+    """The first MAX_LOGGED_FIELDS names for a log line, each escaped (no control characters)
+    and cut to MAX_NAME_CHARS, then how many more there are."""
+    shown = []
+    for name in names[:MAX_LOGGED_FIELDS]:
+        name = name if name.isprintable() else repr(name)[1:-1]
+        shown.append(name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 3] + "...")
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,

@@ -3,19 +3,22 @@ seed the request is reproducible, its choices differ and choice 0 is the n=1 rep
 samples with seed + i); greedy choices are identical; usage counts the prompt once and every
 choice's tokens; a stream interleaves the choices, each with its own role and finish chunk, and
 matches the whole reply; the choices after the first resume from its prompt (in a chat, also
-when it asks for prompt_logprobs, which choice 0 alone computes); a client that
-goes away, streamed or not, stops every choice; n and best_of out of range are 400s naming
+when it asks for prompt_logprobs, which choice 0 alone computes and a stream gives every
+choice's first event, later choices' events waiting for them); a client that goes away, streamed or not, stops every choice; n and best_of out of range are 400s naming
 them."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 
 import pytest
 
 from statechat import server as server_module
+from statechat.api_choices import Choices
+from statechat.engine.engine import StreamEvent
 from tests.server.conftest import KEY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -112,6 +115,8 @@ def test_the_other_choices_resume_from_the_first_ones_prompt(client, monkeypatch
     outs = [h.output for h in seen[0].handles]
     assert outs[0].num_cached_tokens == 0 and reply.usage.prompt_tokens > 128
     assert all(out.num_cached_tokens >= 128 for out in outs[1:])
+    # the prompt counted once: its cached tokens are choice 0's, not the sum of the choices'
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_a_chats_prompt_logprobs_are_computed_by_its_first_choice_alone(client, monkeypatch):
@@ -136,3 +141,32 @@ def test_n_and_best_of_out_of_range_are_400s(client):
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(**{**ASK, "extra_body": extra}, n=n)
         assert info.value.body["param"] == param
+
+
+def test_a_stream_gives_every_choice_its_prompts_logprobs():
+    """Choice 0 of each prompt brings its prompt's logprobs in its first event; the first
+    event of every other choice of that prompt carries them too, however late choice 0 is
+    (its events are held until then), and every event comes, each choice's in order."""
+    choice_1_done = threading.Event()
+
+    def late_choice_0():
+        choice_1_done.wait(10)
+        yield StreamEvent("a", [1], prompt_logprobs=["scores of 0"])
+        yield StreamEvent("b", [2])
+
+    def choice_1():
+        yield StreamEvent("c", [3])
+        yield StreamEvent("d", [4])
+        choice_1_done.set()
+
+    other_prompt = [[StreamEvent("e", [5], prompt_logprobs=["scores of 1"])],
+                    [StreamEvent("f", [6])]]
+    events = list(Choices([late_choice_0(), choice_1(), *other_prompt], n=2,
+                          is_scored=True).merged())
+    by_choice: dict[int, list] = {}
+    for index, event in events:
+        by_choice.setdefault(index, []).append((event.text, event.prompt_logprobs))
+    assert by_choice == {0: [("a", ["scores of 0"]), ("b", None)],
+                         1: [("c", ["scores of 0"]), ("d", None)],
+                         2: [("e", ["scores of 1"])], 3: [("f", ["scores of 1"])]}
+    assert next(index for index, _ in events if index < 2) == 0  # (choice 1's waited)

@@ -6,7 +6,8 @@ first; logprobs give the legacy object (tokens that spell the reply, top_logprob
 asked size holding the chosen token, character offsets); a stream matches the whole reply;
 usage counts every prompt once; echo with logprobs scores the prompt (its tokens and their
 logprobs first, as transformers' logits give them; max_tokens 0 for the prompt alone), whole
-or streamed, and vLLM's prompt_logprobs hold the same values; over-long and malformed prompts,
+or streamed, and vLLM's prompt_logprobs hold the same values; with n > 1 a prompt's logprobs
+are computed once, by its choice 0, and shown by every choice; over-long and malformed prompts,
 suffix, and max_tokens 0 without echo are 400s naming the field."""
 
 from __future__ import annotations
@@ -201,6 +202,41 @@ def test_stream_matches_the_whole_reply(client):
     assert offsets == [c.logprobs.text_offset for c in whole.choices]
     assert finishes == ["length"] * 4
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_a_prompts_logprobs_are_computed_once_for_its_choices(client, monkeypatch, tokenizer):
+    """With n > 1, echo and logprobs (and vLLM's prompt_logprobs), choice 0 of a prompt alone
+    computes the prompt's logprobs, the others resuming from its prompt; every choice shows
+    them, whole or streamed, as a request with n=1 does."""
+    from tests.server.test_choices import spy_on_choices
+
+    seen = spy_on_choices(monkeypatch)
+    long = " ".join(["prefix reuse delta gate kernel"] * 40)
+    ask = {"model": "m", "temperature": 0, "max_tokens": 3, "echo": True, "logprobs": 2}
+    scored = {"ignore_eos": True, "prompt_logprobs": 1}
+    one = client.completions.create(**ask, prompt=long, extra_body=scored)
+    reply = client.completions.create(**ask, prompt=[long, PROMPT], n=3, extra_body=scored)
+    outs = [h.output for h in seen[1].handles]
+    assert outs[0].prompt_logprobs is not None and outs[0].num_cached_tokens == 0
+    assert all(out.prompt_logprobs is None and out.num_cached_tokens >= 128 for out in outs[1:3])
+    assert outs[3].prompt_logprobs is not None and outs[4].prompt_logprobs is None
+    num_ids = len(tokenizer.encode(long))
+    want = one.choices[0].logprobs
+    for choice in reply.choices[:3]:
+        assert choice.logprobs.tokens == want.tokens
+        assert choice.logprobs.token_logprobs[1:num_ids] == \
+            pytest.approx(want.token_logprobs[1:num_ids], abs=1e-4)
+        assert choice.model_extra["prompt_logprobs"] == reply.choices[0].model_extra["prompt_logprobs"]
+    num_ids = len(tokenizer.encode(PROMPT))  # (the other prompt's choices: the same copy)
+    other = [c.logprobs.token_logprobs[:num_ids] for c in reply.choices[3:]]
+    assert other[0][0] is None and None not in other[0][1:] and other == [other[0]] * 3
+    chunks = list(client.completions.create(**ask, prompt=[long, PROMPT], n=3, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    tokens: list[list[str]] = [[] for _ in range(6)]
+    for chunk in chunks:
+        (c,) = chunk.choices
+        tokens[c.index] += c.logprobs.tokens if c.logprobs else []
+    assert tokens == [c.logprobs.tokens for c in reply.choices]
 
 
 @pytest.mark.parametrize("prompt", ["", [], [[]], 5, [1, True], [2.5], [10**6], [-1], [[1], 7]])
