@@ -97,6 +97,7 @@ class EngineWorker:
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[int, RequestHandle] = {}  # seq_id -> handle
         self._stopping = False
+        self._submit_lock = threading.Lock()  # no request queued after the stop: none unheard
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -118,12 +119,13 @@ class EngineWorker:
         """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
         LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
         prompt submitted several times is checked once)."""
-        if self._stopping:
-            raise StatechatError("the engine is shutting down")
         ids, packed = checked or self.engine.check_prompt(prompt_ids)
         ids = list(ids) if checked else ids  # (its sequence appends to it: one list each)
         handle = RequestHandle(self, ids, packed, params or SamplingParams(), request_id)
-        self._inbox.put(("add", handle))
+        with self._submit_lock:
+            if self._stopping:
+                raise StatechatError("the engine is shutting down")
+            self._inbox.put(("add", handle))
         return handle
 
     def abort(self, handle: RequestHandle) -> None:
@@ -131,8 +133,9 @@ class EngineWorker:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort every live request, close the engine (pending cache writes), stop the thread."""
-        self._stopping = True
-        self._inbox.put(("stop", None))
+        with self._submit_lock:
+            self._stopping = True
+            self._inbox.put(("stop", None))
         self._thread.join(timeout)
 
     # --- the worker thread --------------------------------------------------------------

@@ -49,3 +49,23 @@ def test_an_aborted_request_is_started_and_ends(worker):
     handle = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=100_000, ignore_eos=True))
     handle.abort()
     assert handle.result(timeout=60).finish_reason == "abort" and handle.started.is_set()
+
+
+def test_a_request_submitted_as_the_worker_stops_is_refused_not_left_unanswered():
+    """A shutdown that comes while a request is being checked: the request is refused with
+    one line (it was queued after the stop, and its caller waited for ever)."""
+    from statechat.errors import StatechatError
+
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"),
+                       loaded=load_model(EMBEDDED_MODEL, dtype=torch.float32))
+    w = EngineWorker(engine)
+    check = engine.check_prompt
+
+    def check_then_stop(prompt):
+        checked = check(prompt)
+        w.shutdown()  # (another thread's, in the real race)
+        return checked
+
+    engine.check_prompt = check_then_stop
+    with pytest.raises(StatechatError, match="the engine is shutting down"):
+        w.submit(list(range(3, 40)), SamplingParams(max_tokens=4))
