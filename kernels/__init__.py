@@ -238,7 +238,9 @@ def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights):
 
 @_same_contract(reference.penalize_logits)
 def penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, width):
-    return _pick("penalize_logits", logits)(logits, rows, counts_rows, params, counts, in_prompt, width)
+    return _pick("penalize_logits", logits)(
+        logits, rows, counts_rows, params, counts, in_prompt, width
+    )
 
 
 @_same_contract(reference.draw_candidates)
@@ -248,12 +250,16 @@ def draw_candidates(values, cols, noise, top_k, params):
 
 @_same_contract(reference.sample_top_k)
 def sample_top_k(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise):
-    return _pick("sample_top_k", logits)(logits, rows, counts_rows, params, counts, in_prompt, top_k, noise)
+    return _pick("sample_top_k", logits)(
+        logits, rows, counts_rows, params, counts, in_prompt, top_k, noise
+    )
 
 
 @_same_contract(reference.sample_vocabulary)
 def sample_vocabulary(logits, rows, counts_rows, params, counts, in_prompt, noise):
-    return _pick("sample_vocabulary", logits)(logits, rows, counts_rows, params, counts, in_prompt, noise)
+    return _pick("sample_vocabulary", logits)(
+        logits, rows, counts_rows, params, counts, in_prompt, noise
+    )
 
 
 @_same_contract(reference.score_logits)

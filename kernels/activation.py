@@ -25,14 +25,15 @@ def _silu_mul_kernel(x, out, M, I, stride_x, BM: tl.constexpr, BI: tl.constexpr)
     b_gate = tl.load(p_gate, mask=mask, other=0.0).to(tl.float32)
     b_up = tl.load(p_gate + I, mask=mask, other=0.0).to(tl.float32)
     b_act = (b_gate * tl.sigmoid(b_gate)).to(out.dtype.element_ty).to(tl.float32)
-    tl.store(out + o_m[:, None].to(tl.int64) * I + o_i[None, :], (b_act * b_up).to(out.dtype.element_ty),
-             mask=mask)
+    tl.store(out + o_m[:, None].to(tl.int64) * I + o_i[None, :],
+             (b_act * b_up).to(out.dtype.element_ty), mask=mask)
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     """x: [T, 2I] (gate columns, then up columns; rows may be strided) -> [T, I] in x's dtype."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
-        raise ValueError(f"silu_mul needs a [T, 2I] tensor with unit column stride, got {tuple(x.shape)}")
+        raise ValueError("silu_mul needs a [T, 2I] tensor with unit column stride, "
+                         f"got {tuple(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"silu_mul: unsupported dtype {x.dtype} (float32, bfloat16, float16)")
     M, I = x.shape[0], x.shape[1] // 2
@@ -40,5 +41,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     BI = min(1024, triton.next_power_of_2(max(I, 16)))
     BM = max(1, 2048 // BI)
     if M and I:
-        _silu_mul_kernel[(triton.cdiv(M, BM), triton.cdiv(I, BI))](x, out, M, I, x.stride(0), BM=BM, BI=BI)
+        _silu_mul_kernel[(triton.cdiv(M, BM), triton.cdiv(I, BI))](x, out, M, I, x.stride(0),
+                                                                   BM=BM, BI=BI)
     return out

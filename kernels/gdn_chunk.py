@@ -114,7 +114,8 @@ def _kkt_block(
 
 @triton.jit
 def _unit_lower_inverse(b_L, PREC: tl.constexpr):
-    """(I + L)^-1 of a strictly lower [BC, BC] L (L^16 = 0) as (I - L)(I + L^2)(I + L^4)(I + L^8)."""
+    """(I + L)^-1 of a strictly lower [BC, BC] L (L^16 = 0) as
+    (I - L)(I + L^2)(I + L^4)(I + L^8)."""
     o_r = tl.arange(0, BC)
     b_X = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - b_L
     b_P = tl.dot(b_L, b_L, input_precision=PREC)
@@ -519,7 +520,8 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slot
     """Shared shape/dtype/layout checks of chunk_gdn and recurrent_gdn; returns (H, HV, K, V)."""
     if q.dim() != 3 or k.shape != q.shape:
         raise ValueError(
-            f"q and k must be [T, H, K] with equal shapes, got {tuple(q.shape)} and {tuple(k.shape)}"
+            f"q and k must be [T, H, K] with equal shapes, got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
         )
     T, H, K = q.shape
     if v.dim() != 3 or v.shape[0] != T:
@@ -556,12 +558,14 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slot
             or not x.is_contiguous()
         ):
             raise ValueError(
-                f"{name} must be a contiguous int32 [{num_seqs}] tensor, got {x.dtype} {tuple(x.shape)}"
+                f"{name} must be a contiguous int32 [{num_seqs}] tensor, "
+                f"got {x.dtype} {tuple(x.shape)}"
             )
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
             raise ValueError(
-                f"{name} must have contiguous heads (strides [*, {x.shape[2]}, 1]), got {x.stride()}"
+                f"{name} must have contiguous heads (strides [*, {x.shape[2]}, 1]), "
+                f"got {x.stride()}"
             )
     for name, x in (("a", a), ("b", b)):
         if x.stride(1) != 1:
@@ -710,8 +714,9 @@ def chunk_gdn(
     T = q.shape[0]
     if norm is not None:  # checked before any state is written, like every other input
         if norm[0].shape != (T, HV, V) or norm[0].stride(2) != 1 or norm[1].shape != (V,):
-            raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] (unit stride over V) and "
-                             f"a weight [{V}], got {tuple(norm[0].shape)} and {tuple(norm[1].shape)}")
+            raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] "
+                             f"(unit stride over V) and a weight [{V}], "
+                             f"got {tuple(norm[0].shape)} and {tuple(norm[1].shape)}")
         check_norm_inputs(v, norm[1], "chunk_gdn norm", norm[0])
     cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     max_chunks = T // CHUNK + N

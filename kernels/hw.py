@@ -28,7 +28,8 @@ def num_cores(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _pdl_ok(device: torch.device) -> bool:
-    if device.type != "cuda" or torch.version.cuda is None or os.environ.get("STATECHAT_PDL") == "0":
+    if (device.type != "cuda" or torch.version.cuda is None
+            or os.environ.get("STATECHAT_PDL") == "0"):
         return False
     if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.get_device_capability(device)[0] < 9:
         return False

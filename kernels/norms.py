@@ -47,7 +47,8 @@ def _add_rmsnorm_kernel(
     m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
     o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
     b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0)
-    b_r = tl.load(residual + o_m[:, None].to(tl.int64) * stride_r + o_d[None, :], mask=m_x, other=0.0)
+    b_r = tl.load(residual + o_m[:, None].to(tl.int64) * stride_r + o_d[None, :], mask=m_x,
+                  other=0.0)
     b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(new_residual.dtype.element_ty)
     tl.store(new_residual + o_x, b_s, mask=m_x)
     b_sf = b_s.to(tl.float32)
@@ -113,7 +114,8 @@ def check_norm_inputs(
     if weight.shape != (D,):
         raise ValueError(f"{name}: weight {tuple(weight.shape)} does not match x's last dim {D}")
     if gate is not None and gate.shape != x.shape:
-        raise ValueError(f"{name}: gate/residual {tuple(gate.shape)} must have x's shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: gate/residual {tuple(gate.shape)} must have "
+                         f"x's shape {tuple(x.shape)}")
     for t in (x, weight) if gate is None else (x, weight, gate):
         if t.dtype not in TL_DTYPES:
             raise ValueError(f"{name}: unsupported dtype {t.dtype} (float32, bfloat16, float16)")

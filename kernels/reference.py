@@ -117,8 +117,11 @@ def _chunk_scan(q, k, v, g, beta, state, targets):
         gc, bc = g[s:e].transpose(0, 1), beta[s:e].transpose(0, 1)
         L = e - s
         gcum = gc.cumsum(-1)  # [HV, L]
-        decay = (gcum[:, :, None] - gcum[:, None, :]).masked_fill(mask[:L, :L].T.logical_not(), float("-inf")).exp()
-        # Solve (I + A) u = beta * (v - exp(gcum) k S) with A strictly lower: A_ij = beta_i k_i.k_j decay_ij
+        decay = (gcum[:, :, None] - gcum[:, None, :]).masked_fill(
+            mask[:L, :L].T.logical_not(), float("-inf")
+        ).exp()
+        # Solve (I + A) u = beta * (v - exp(gcum) k S) with A strictly lower:
+        # A_ij = beta_i k_i.k_j decay_ij
         kk = (kc @ kc.transpose(-1, -2)) * decay * bc[:, :, None]
         A = kk.tril(-1) + torch.eye(L, dtype=q.dtype, device=q.device)
         rhs = bc[:, :, None] * (vc - (kc * gcum.exp()[:, :, None]) @ state)
@@ -202,7 +205,8 @@ def recurrent_gdn(
     """
     qm, km, vm, g, beta = _gdn_prepare(q, k, v, a, b, A_log, dt_bias)
     src = src_slots.long()
-    state = torch.where((src != 0)[:, None, None, None], state_pool[src].to(qm.dtype), 0.0)  # slot 0 never read
+    # slot 0 never read
+    state = torch.where((src != 0)[:, None, None, None], state_pool[src].to(qm.dtype), 0.0)
     state = state * g.exp()[:, :, None, None]
     delta = beta[:, :, None] * (vm - torch.einsum("nhkv,nhk->nhv", state, km))
     state = state + km[:, :, :, None] * delta[:, :, None, :]
@@ -260,7 +264,9 @@ def causal_conv1d_update(
     return out.to(x.dtype)
 
 
-def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rmsnorm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """RMSNorm of x over its last dim, times weight, times SiLU(gate) (transformers' order).
 
     x, gate: [..., D]; weight: [D]. The norm runs in float32, the weight multiplies in x's dtype.
@@ -381,7 +387,11 @@ def advance_decode_inputs(
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """Write new keys/values into the paged cache.
 
@@ -445,8 +455,10 @@ def paged_attention(
         n_ctx = int(context_lens[i])
         n_blocks = (n_ctx + block_size - 1) // block_size
         blocks = block_tables[i, :n_blocks].long()
-        keys = k_cache[blocks].reshape(-1, *k_cache.shape[2:])[:n_ctx].to(dt).repeat_interleave(rep, dim=1)
-        vals = v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:n_ctx].to(dt).repeat_interleave(rep, dim=1)
+        keys = (k_cache[blocks].reshape(-1, *k_cache.shape[2:])[:n_ctx].to(dt)
+                .repeat_interleave(rep, dim=1))
+        vals = (v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:n_ctx].to(dt)
+                .repeat_interleave(rep, dim=1))
         qs = q[s:e].to(dt)
         scores = torch.einsum("thd,shd->hts", qs, keys) * scale
         q_pos = torch.arange(n_ctx - (e - s), n_ctx, device=q.device)
@@ -531,7 +543,9 @@ def penalize_logits(
     return x
 
 
-def candidate_probs(values: torch.Tensor, top_k: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+def candidate_probs(
+    values: torch.Tensor, top_k: torch.Tensor, params: torch.Tensor
+) -> torch.Tensor:
     """The probabilities [R, K] each row draws from among its K likeliest tokens, whose
     (penalised, temperature-scaled) logits `values` [R, K] come largest first: the first
     top_k [R] (int64) kept, then min-p, then top-p (a token is dropped once those before it
@@ -575,7 +589,9 @@ def sample_top_k(
     return draw_candidates(values, cols, noise, top_k, params)
 
 
-def vocabulary_probs(x: torch.Tensor, params: torch.Tensor, top_p: bool | None = None) -> torch.Tensor:
+def vocabulary_probs(
+    x: torch.Tensor, params: torch.Tensor, top_p: bool | None = None
+) -> torch.Tensor:
     """The probabilities [R, V] each row of (penalised, temperature-scaled) logits x [R, V]
     draws from under its min-p and top-p (params as penalize_logits takes them), vLLM's order:
     min-p drops the tokens whose logit is below the largest + log min-p; top-p then keeps the

@@ -279,7 +279,8 @@ def sample_top_k(
     R, V = rows.shape[0], logits.shape[-1]
     K = noise.shape[-1]
     chunks = triton.cdiv(V, _CHUNK)
-    if not 1 <= K <= V or chunks * K > MAX_CANDIDATES or noise.shape[0] != R or noise.stride(-1) != 1:
+    if (not 1 <= K <= V or chunks * K > MAX_CANDIDATES or noise.shape[0] != R
+            or noise.stride(-1) != 1):
         raise ValueError(f"sample_top_k needs noise [{R}, K] with 1 <= K <= "
                          f"{min(V, MAX_CANDIDATES // chunks)} at this vocabulary")
     _check_penalize(logits, R, params, counts, in_prompt)

@@ -10,10 +10,10 @@ the edited request's time to first token is measured (a) cold, with no cache; (b
 device tier; (c) from the host tier (device tier dropped); (d) from disk after a restart with
 the page cache warm; (e) the same with the page cache dropped; and (f) a prompt the cache has
 never seen, with the cache on (the snapshots and queued writes of its first chunks overlap its
-later ones; writes still running at the first token are not counted; median of --cold-runs). The disk's own
-sequential read bandwidth (cold and warm) is measured in the same run, with the restore's read
-bandwidth. The store decides between loading and recomputing, so every row should be
-<= 1.05 x (a). Every measured request follows --warm-gpu seconds of GPU work, so none starts
+later ones; writes still running at the first token are not counted; median of --cold-runs). The
+disk's own sequential read bandwidth (cold and warm) is measured in the same run, with the
+restore's read bandwidth. The store decides between loading and recomputing, so every row should
+be <= 1.05 x (a). Every measured request follows --warm-gpu seconds of GPU work, so none starts
 from idle clocks. A markdown table is printed last.
 """
 
@@ -54,9 +54,11 @@ ROWS: list[str] = []
 def build(name: str, out: Path) -> None:
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    cfg = Qwen3_5TextConfig(vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
-                            max_position_embeddings=65536, tie_word_embeddings=False, **SHAPES[name],
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+    cfg = Qwen3_5TextConfig(vocab_size=248320, head_dim=256, linear_key_head_dim=128,
+                            linear_value_head_dim=128, max_position_embeddings=65536,
+                            tie_word_embeddings=False, **SHAPES[name],
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                                             "partial_rotary_factor": 0.25})
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
@@ -132,7 +134,8 @@ def measured(engine: LLMEngine, prompt: list[int]):
 
 
 def engine_for(path: Path, loaded, cache_dir: Path | None, n: int) -> LLMEngine:
-    cfg = EngineConfig(model=path, device=str(loaded.device.type), cache_dir=cache_dir, enable_prefix_cache=cache_dir is not None,
+    cfg = EngineConfig(model=path, device=str(loaded.device.type), cache_dir=cache_dir,
+                       enable_prefix_cache=cache_dir is not None,
                        memory_fraction=0.2, max_num_seqs=8,
                        max_model_len=min(n + 2048, loaded.config.max_position_embeddings),
                        disk_cache_bytes=64 << 30, host_cache_bytes=4 << 30)
@@ -191,18 +194,21 @@ def bench(name: str, n: int, root: Path, disk_bw: tuple[float, float], cold_runs
 
     def cell(t, out) -> str:
         plan = out.cache_plan or {}
-        return f"{t * 1e3:.1f} ({t / t_a:.2f}x; {out.reused_from or 'none'}, {plan.get('choice', '-')})"
+        return (f"{t * 1e3:.1f} ({t / t_a:.2f}x; {out.reused_from or 'none'}, "
+                f"{plan.get('choice', '-')})")
 
     def bandwidth(out) -> str:
         plan = out.cache_plan or {}
         return f"{plan['loaded_bytes'] / plan['load_s'] / 1e9:.2f}" if plan.get("load_s") else "-"
 
-    for label, (t, out) in (("b", (t_b, out_b)), ("c", (t_c, out_c)), ("d", (t_d, out_d)), ("e", (t_e, out_e))):
+    for label, (t, out) in (("b", (t_b, out_b)), ("c", (t_c, out_c)), ("d", (t_d, out_d)),
+                            ("e", (t_e, out_e))):
         print(f"{name} {n // 1024}k ({label}) {t * 1e3:.1f} ms, plan {out.cache_plan}", flush=True)
     restore_bw = f"(d) {bandwidth(out_d)} / (e) {bandwidth(out_e)} GB/s"
     t_f = sorted(fresh)[len(fresh) // 2]
-    ROWS.append(f"| {name} | {n // 1024}k | {t_a * 1e3:.1f} | {cell(t_b, out_b)} | {cell(t_c, out_c)} | "
-                f"{cell(t_d, out_d)} | {cell(t_e, out_e)} | {restore_bw} (disk {disk_bw[0] / 1e9:.2f} cold / "
+    ROWS.append(f"| {name} | {n // 1024}k | {t_a * 1e3:.1f} | {cell(t_b, out_b)} | "
+                f"{cell(t_c, out_c)} | {cell(t_d, out_d)} | {cell(t_e, out_e)} | "
+                f"{restore_bw} (disk {disk_bw[0] / 1e9:.2f} cold / "
                 f"{disk_bw[1] / 1e9:.2f} warm GB/s) | {t_f * 1e3:.1f} ({t_f / t_a:.2f}x) |")
     print(ROWS[-1], flush=True)
 
@@ -213,7 +219,8 @@ def main() -> None:
     ap.add_argument("--lengths", default="8192,32768")
     ap.add_argument("--root", default="/tmp/statechat-cache-bench")
     ap.add_argument("--cold-runs", type=int, default=1,
-                    help="(a): the median of this many first samples and one after each of (c), (d), (e)")
+                    help="(a): the median of this many first samples and one after each of "
+                         "(c), (d), (e)")
     ap.add_argument("--evict", choices=("all", "cache-dir"), default="all",
                     help="what (e) evicts from the page cache")
     ap.add_argument("--warm-gpu", type=float, default=0.2,
@@ -226,13 +233,15 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     print(torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", flush=True)
     bw = disk_bandwidth(root)
-    print(f"disk sequential read: {bw[0] / 1e9:.2f} GB/s cold, {bw[1] / 1e9:.2f} GB/s warm", flush=True)
+    print(f"disk sequential read: {bw[0] / 1e9:.2f} GB/s cold, {bw[1] / 1e9:.2f} GB/s warm",
+          flush=True)
     for name in args.models.split(","):
         for n in (int(x) for x in args.lengths.split(",")):
             try:
                 bench(name, n, root, bw, args.cold_runs, args.evict == "all")
             except Exception as e:  # noqa: BLE001 - one failing row must not hide the others
-                ROWS.append(f"| {name} | {n // 1024}k | error: {type(e).__name__}: {str(e)[:120]} |")
+                ROWS.append(f"| {name} | {n // 1024}k | error: {type(e).__name__}: "
+                            f"{str(e)[:120]} |")
                 print(ROWS[-1], flush=True)
     print("\n| model | tokens | (a) cold ms | (b) device | (c) host | (d) disk, warm page cache | "
           "(e) disk, cold page cache | restore read bandwidth | (f) fresh prompt, cache on |")

@@ -156,7 +156,8 @@ def edit_breakdown(engine: LLMEngine, edited: list[int]) -> None:
         engine.runner.collect = collect
     steps = [("add_request", start, added), ("admission", added, marks["scheduled"]),
              ("launch", marks["scheduled"], marks["launched"]),
-             ("wait for tokens", marks["launched"], marks["tokens"]), ("after the tokens", marks["tokens"], end)]
+             ("wait for tokens", marks["launched"], marks["tokens"]),
+             ("after the tokens", marks["tokens"], end)]
     parts = ", ".join(f"{name} {(b - a) * 1e3:.2f}" for name, a, b in steps)
     log(f"edit TTFT host breakdown (ms): {parts}; total {(end - start) * 1e3:.2f}")
 
@@ -193,23 +194,27 @@ def main() -> None:
     from transformers.utils import import_utils
 
     log(torch.cuda.get_device_name(), "torch", torch.__version__,
-        "fla available to transformers:", getattr(import_utils, "is_flash_linear_attention_available", lambda: "?")())
+        "fla available to transformers:",
+        getattr(import_utils, "is_flash_linear_attention_available", lambda: "?")())
     path = Path("/tmp/statechat-e2e")
     hf = build_model(path, args.layers)
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     bw = copy_bandwidth()
     floor_ms = weight_bytes / bw * 1e3
-    log(f"params {weight_bytes / 2e9:.2f} B, copy bandwidth {bw / 1e9:.0f} GB/s, floor {floor_ms:.3f} ms/token")
+    log(f"params {weight_bytes / 2e9:.2f} B, copy bandwidth {bw / 1e9:.0f} GB/s, "
+        f"floor {floor_ms:.3f} ms/token")
 
-    cold = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False, memory_fraction=0.4,
-                                  max_model_len=args.long + 1024, max_num_seqs=128, max_num_batched_tokens=8192))
+    cold = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False,
+                                  memory_fraction=0.4, max_model_len=args.long + 1024,
+                                  max_num_seqs=128, max_num_batched_tokens=8192))
     ttft(cold, ids(8192, 1))  # compile every kernel at these shapes
     results = {}
     for n in (8192, args.long):
         ours = min(ttft(cold, ids(n, 2 + i)) for i in range(2))
         theirs, out = hf_prefill(hf, torch.tensor([ids(n, 99)], device="cuda"))
         results[n] = ours
-        row(f"cold prefill {n // 1024}k (ms)", f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}", f"ratio {ours / theirs:.2f}")
+        row(f"cold prefill {n // 1024}k (ms)", f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}",
+            f"ratio {ours / theirs:.2f}")
         if n == 8192:
             hf_ms = hf_decode_ms(hf, out)
         del out
@@ -226,7 +231,8 @@ def main() -> None:
     del cold
     torch.cuda.empty_cache()
 
-    warm = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4, max_model_len=args.long + 1024))
+    warm = LLMEngine(EngineConfig(model=path, device="cuda", memory_fraction=0.4,
+                                  max_model_len=args.long + 1024))
     times = []
     for seed in (10, 12, 8, 14, 16):  # the first conversation warms up (compiles) the resume path
         convo = ids(8192, seed)
@@ -241,7 +247,8 @@ def main() -> None:
     profile_edit(warm, convo[:8192 - 40] + ids(60, 99))
     graphs = warm.runner.prefill_graphs
     row("TTFT after editing the last message, 8k, device tier (ms)", f"{t * 1e3:.1f}", "",
-        f"{t / results[8192] * 100:.1f}% of cold prefill (median of 4); reused {out.num_cached_tokens} tokens; "
+        f"{t / results[8192] * 100:.1f}% of cold prefill (median of 4); "
+        f"reused {out.num_cached_tokens} tokens; "
         f"prefill graph replays {graphs.replays if graphs else 0}")
     write_table(args.out, "bench_e2e")
 

@@ -161,7 +161,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             if name.endswith("A_log"):
                 p.copy_(torch.empty(p.shape).uniform_(0.01, 4, generator=gen).log())
             elif p.ndim == 1:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + (1.0 if "linear_attn.norm" in name else 0.0))
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1
+                        + (1.0 if "linear_attn.norm" in name else 0.0))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
 
@@ -175,7 +176,8 @@ def add_mtp_tensors(out: Path, hidden: int) -> None:
     else:
         index, shard = None, "model.safetensors"
     tensors = load_file(out / shard)
-    extra = {"mtp.fc.weight": torch.zeros(hidden, 2 * hidden), "mtp.norm.weight": torch.zeros(hidden)}
+    extra = {"mtp.fc.weight": torch.zeros(hidden, 2 * hidden),
+             "mtp.norm.weight": torch.zeros(hidden)}
     tensors.update({k: v.to(next(iter(tensors.values())).dtype) for k, v in extra.items()})
     save_file(tensors, out / shard, metadata={"format": "pt"})
     if index is not None:

@@ -1,7 +1,8 @@
 """`statechat batch`: JSONL chat requests in, JSONL results out (input order), all run together.
 
 Input, one request a line:
-    {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64, "temperature": 0}
+    {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64,
+     "temperature": 0}
 ("id": a string or a number, echoed as given; "line-N" when left out) with optional "top_p",
 "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop"
 (a string or a list), "logprobs" (0 to 20: each generated token's logprob and those of that
@@ -13,7 +14,8 @@ prompt alone. A line's own fields win over
 the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
 and the command's flags).
 Output, one line per input line, in input order:
-    {"id", "text", "finish_reason", "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
+    {"id", "text", "finish_reason",
+     "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan", and for a request of a group
      sharing a prefix (below) "shared_prefix": {"tokens", "reused_tokens", "reused_from",
      "computed_tokens"}: what the group's warm-up did with it}}
@@ -207,7 +209,8 @@ def run_batch(
         prepare(engine, job)
         if job.error is not None:
             job.result = error_record(job)
-    warm = warmup_prefixes(jobs, engine.config.block_size) if engine.config.enable_prefix_cache else []
+    warm = (warmup_prefixes(jobs, engine.config.block_size)
+            if engine.config.enable_prefix_cache else [])
     waiting_on: dict[int, list[int]] = {}  # warm-up seq_id -> job indices waiting for it
     running: dict[int, int] = {}  # seq_id -> job index
     for n, (prefix, members) in enumerate(warm):

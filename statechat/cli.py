@@ -97,7 +97,8 @@ def _warn_if_embedded(model: Path) -> None:
 
     if is_embedded(model):
         typer.secho("statechat: using the embedded tiny Qwen3.5 with RANDOM weights (replies are "
-                    "noise); pass --model DIR with a real Qwen3.5 checkpoint.", fg="yellow", err=True)
+                    "noise); pass --model DIR with a real Qwen3.5 checkpoint.",
+                    fg="yellow", err=True)
 
 
 # --- run / batch / serve -------------------------------------------------------------------
@@ -237,7 +238,8 @@ def serve(
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False,
     api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
-                                                "every request.", envvar="STATECHAT_API_KEY")] = None,
+                                                "every request.",
+                                                envvar="STATECHAT_API_KEY")] = None,
     chat_template_kwargs: TemplateKwargsOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
@@ -269,7 +271,8 @@ def serve(
         serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
                       template_kwargs, sampling, completion_max_tokens=max_tokens)
     except OSError as e:
-        raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
+        raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); "
+                             "pick another --port") from None
 
 
 def main() -> None:

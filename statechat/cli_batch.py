@@ -43,8 +43,8 @@ def read_requests(input: Path) -> list[str]:
             data = input.read_bytes()
         return (data.decode("utf-8-sig") if isinstance(data, bytes) else data).splitlines()
     except UnicodeDecodeError as e:
-        raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); save it as "
-                             "UTF-8") from None
+        raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); "
+                             "save it as UTF-8") from None
     except OSError as e:
         raise StatechatError(f"cannot read {input_name(input)} ({e.strerror})") from None
 

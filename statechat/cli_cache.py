@@ -45,7 +45,8 @@ def _store(root: Path, write: bool = False):
     try:
         from statechat.cache.store import open_store
     except ImportError:
-        raise StatechatError("this build has no persistent cache (statechat.cache.store is missing)") from None
+        raise StatechatError("this build has no persistent cache "
+                             "(statechat.cache.store is missing)") from None
     store = open_store(root, read_only=not write or not (root / "index.db").exists())
     try:
         yield store
@@ -113,7 +114,8 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     typer.echo(f"checkpoints  {stats.get('num_checkpoints', 0):,}")
     typer.echo(f"KV blocks    {stats.get('num_blocks', 0):,}")
     typer.echo(f"segments     {stats.get('num_segments', 0):,}")
-    typer.echo(f"bytes        {_size(stats.get('bytes_total'))} of {_size(stats.get('bytes_budget'))}")
+    typer.echo(f"bytes        {_size(stats.get('bytes_total'))} "
+               f"of {_size(stats.get('bytes_budget'))}")
     for m in stats.get("models") or []:
         typer.echo("model        " + ", ".join(f"{k}={v}" for k, v in m.items()))
 
@@ -130,8 +132,9 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
         return
     typer.echo(f"{'tokens':>8}  {'size':>10}  {'hits':>5}  {'created':16}  {'last used':16}  model")
     for r in rows:
-        typer.echo(f"{r.get('num_tokens', 0):>8,}  {_size(r.get('bytes')):>10}  {r.get('hits', 0):>5}  "
-                   f"{_when(r.get('created')):16}  {_when(r.get('last_used')):16}  {r.get('model', '')}")
+        typer.echo(f"{r.get('num_tokens', 0):>8,}  {_size(r.get('bytes')):>10}  "
+                   f"{r.get('hits', 0):>5}  {_when(r.get('created')):16}  "
+                   f"{_when(r.get('last_used')):16}  {r.get('model', '')}")
     if not rows:
         typer.echo("(no checkpoints yet)")
 
@@ -168,10 +171,10 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
 
 @cache_app.command("gc")
 def cache_gc(cache_dir: CacheDirOpt = None,
-             max_bytes: Annotated[int | None, typer.Option("--max-bytes", help="Evict least recently "
-                                  "used entries until the cache is at most this size (default: "
-                                  "the budget, 10% of the free space of the cache's file "
-                                  "system).")] = None) -> None:
+             max_bytes: Annotated[int | None, typer.Option(
+                 "--max-bytes", help="Evict least recently used entries until the cache is at "
+                                     "most this size (default: the budget, 10% of the free "
+                                     "space of the cache's file system).")] = None) -> None:
     """Evict least recently used entries down to the byte budget, and delete blob files that no
     index row points at."""
     if max_bytes is not None and max_bytes < 0:
@@ -184,7 +187,8 @@ def cache_gc(cache_dir: CacheDirOpt = None,
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: CacheDirOpt = None,
-                yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False) -> None:
+                yes: Annotated[bool, typer.Option("--yes", "-y",
+                                                  help="Do not ask.")] = False) -> None:
     """Delete every cached checkpoint and block (conversations are kept). Asks first, unless
     --yes; any answer but yes (or no terminal to answer on) deletes nothing and exits 1."""
     root = _root(cache_dir)

@@ -26,16 +26,18 @@ DeviceOpt = Annotated[
 CacheDirOpt = Annotated[
     Path | None,
     typer.Option("--cache-dir", help="Cache and conversation directory (default: "
-                 "$STATECHAT_CACHE_DIR, else ~/.local/share/statechat).", envvar="STATECHAT_CACHE_DIR"),
+                 "$STATECHAT_CACHE_DIR, else ~/.local/share/statechat).",
+                 envvar="STATECHAT_CACHE_DIR"),
 ]
 NoCacheOpt = Annotated[
-    bool, typer.Option("--no-cache", help="Turn the prefix cache off: compute every prompt in full.")
+    bool,
+    typer.Option("--no-cache", help="Turn the prefix cache off: compute every prompt in full."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 TemplateKwargsOpt = Annotated[
     str | None,
-    typer.Option("--chat-template-kwargs", help="Variables for the model's chat template, as a JSON "
-                 "object, e.g. '{\"enable_thinking\": false}' (a request's own win).",
+    typer.Option("--chat-template-kwargs", help="Variables for the model's chat template, as a "
+                 "JSON object, e.g. '{\"enable_thinking\": false}' (a request's own win).",
                  envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
 ]
 

@@ -52,7 +52,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
     max_model_len: int | None = None  # None: the model's positions, capped at the KV cache's
     num_kv_blocks: int | None = None  # None: sized from memory_fraction
-    num_state_slots: int | None = None  # GDN slots incl. checkpoints (at least 3); None: sized from memory
+    # GDN slots incl. checkpoints (at least 3); None: sized from memory
+    num_state_slots: int | None = None
     memory_fraction: float = 0.85  # of free accelerator memory for the caches
     cpu_cache_bytes: int = 1 << 30  # cache budget on the CPU backend
     enable_prefix_cache: bool = True
@@ -74,7 +75,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_device_name(self.device)
         if self.block_size <= 0 or self.block_size % 64:
-            raise ConfigError(f"block_size must be a positive multiple of 64, got {self.block_size}")
+            raise ConfigError("block_size must be a positive multiple of 64, "
+                              f"got {self.block_size}")
         if self.max_num_batched_tokens < self.block_size:
             raise ConfigError(f"max_num_batched_tokens must be at least one block "
                               f"({self.block_size} tokens), got {self.max_num_batched_tokens}")
@@ -83,7 +85,8 @@ class EngineConfig:
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be at least 2 tokens, got {self.max_model_len}")
         if not 0.05 <= self.memory_fraction <= 0.98:
-            raise ConfigError(f"memory_fraction must be in [0.05, 0.98], got {self.memory_fraction}")
+            raise ConfigError("memory_fraction must be in [0.05, 0.98], "
+                              f"got {self.memory_fraction}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

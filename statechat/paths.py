@@ -29,7 +29,8 @@ def cache_dir(explicit: str | Path | None = None) -> Path:
 
 def find_hf_checkpoint() -> Path | None:
     """A Qwen3.5 checkpoint in the local Hugging Face cache (newest snapshot), if any."""
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    hub = Path(os.environ.get("HF_HUB_CACHE")
+               or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
     if not hub.is_dir():
         return None
     found = []

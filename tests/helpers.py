@@ -25,7 +25,8 @@ BLOCK = 64
 
 def make_tiny(out: Path, **kwargs) -> Path:
     """scripts/make_tiny_model.py's make_tiny_model, imported from the script file."""
-    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
+    spec = importlib.util.spec_from_file_location("make_tiny_model",
+                                                  ROOT / "scripts" / "make_tiny_model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.make_tiny_model(out, **kwargs)
@@ -40,7 +41,8 @@ class OneSequence:
     def __init__(self, loaded, max_tokens: int = 1024) -> None:
         self.model, self.config = loaded.model, loaded.config
         num_blocks = (max_tokens + BLOCK - 1) // BLOCK
-        self.caches = ModelCaches.allocate(self.config, 2, num_blocks, BLOCK, loaded.dtype, loaded.device)
+        self.caches = ModelCaches.allocate(self.config, 2, num_blocks, BLOCK, loaded.dtype,
+                                           loaded.device)
         self.device = loaded.device
         self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=self.device)[None]
         self.num_tokens = 0

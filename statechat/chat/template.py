@@ -14,7 +14,11 @@ def validate_messages(messages: list[dict]) -> None:
     if not isinstance(messages, list) or not messages:
         raise ConfigError("messages must be a non-empty list")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ROLES
+            or not isinstance(m.get("content"), str)
+        ):
             raise ConfigError(
                 f"message {i} must be {{'role': one of {'/'.join(ROLES)}, 'content': a string}}"
             )

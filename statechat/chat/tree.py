@@ -1,4 +1,5 @@
-"""Conversation trees in SQLite: every message keeps its parent, so nothing an edit replaces is lost.
+"""Conversation trees in SQLite: every message keeps its parent, so nothing an edit replaces is
+lost.
 
 A conversation is a tree of messages; the branch on screen is the path from a root to the
 conversation's `current_leaf`. Editing a message adds a sibling (a new branch from its parent),
@@ -65,7 +66,8 @@ class ChatStore:
 
     def _open(self) -> sqlite_utils.Database:
         self.file.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False, timeout=30))
+        self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
+                                                        timeout=30))
         try:
             self.db.enable_wal()
             self._create_tables()
@@ -110,7 +112,8 @@ class ChatStore:
 
     def create(self, title: str = "New chat") -> Conversation:
         now = time.time()
-        row = {"id": _new_id(), "title": title, "created": now, "updated": now, "current_leaf": None}
+        row = {"id": _new_id(), "title": title, "created": now, "updated": now,
+               "current_leaf": None}
         with self._lock:
             self.db[CONVERSATIONS].insert(row)
         return Conversation(**row)
@@ -195,7 +198,8 @@ class ChatStore:
 
     def children(self, msg_id: str) -> list[Message]:
         with self._lock:
-            rows = self.db[MESSAGES].rows_where("parent_id = ?", [msg_id], order_by="created, rowid")
+            rows = self.db[MESSAGES].rows_where("parent_id = ?", [msg_id],
+                                                order_by="created, rowid")
             return [self._message(r) for r in rows]
 
     def select(self, msg_id: str) -> str:

@@ -71,7 +71,8 @@ class LLMEngine:
         self.eos_ids = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
-        self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype), bs)
+        self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype),
+                                             bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
         self.runner.eos_ids = self.eos_ids
         self.store = self._open_store()
@@ -82,7 +83,8 @@ class LLMEngine:
             log.warning("statechat: %d state slots leave none for checkpoints, so the prefix "
                         "cache reuses nothing; give num_state_slots %d or more", num_slots,
                         MIN_STATE_SLOTS + 1)
-        use_graphs = loaded.device.type == "cuda" if config.use_graphs is None else config.use_graphs
+        use_graphs = (loaded.device.type == "cuda" if config.use_graphs is None
+                      else config.use_graphs)
         if use_graphs and graph_api(loaded.device) is not None:
             max_blocks = (self.max_model_len + bs - 1) // bs
             self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks,
@@ -94,7 +96,8 @@ class LLMEngine:
             self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens,
                                 -(-self.max_model_len // bs))
         self.prefix = PrefixCache(
-            blocks, slots, self.runner, self.store, bs, ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
+            blocks, slots, self.runner, self.store, bs,
+            ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
             ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),
         )
         self.prefix.calibrate()
@@ -119,7 +122,8 @@ class LLMEngine:
         return store
 
     def _prefill_guess(self) -> float:
-        """Seconds per prefill token before any is measured: 2 FLOPs per weight at a typical rate."""
+        """Seconds per prefill token before any is measured: 2 FLOPs per weight at a typical
+        rate."""
         params = sum(p.numel() for p in self.loaded.model.parameters())
         flops_per_s = 5e10 if self.loaded.device.type == "cpu" else 3e14
         return max(2 * params / flops_per_s, 2e-5 if self.loaded.device.type == "cpu" else 2e-7)
@@ -140,7 +144,8 @@ class LLMEngine:
             budget = cfg.cpu_cache_bytes
         else:
             budget = int(free_memory(self.loaded.device) * cfg.memory_fraction)
-        slots = cfg.num_state_slots or max(2 * cfg.max_num_seqs + 1, min(4096, budget // 4 // per_slot))
+        slots = cfg.num_state_slots or max(2 * cfg.max_num_seqs + 1,
+                                           min(4096, budget // 4 // per_slot))
         blocks = cfg.num_kv_blocks or (budget - slots * per_slot) // max(per_block, 1)
         if blocks < 2 or slots < 2:
             raise ConfigError("not enough memory for the KV and state caches; lower max_num_seqs")
@@ -173,7 +178,8 @@ class LLMEngine:
         if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and (
                 prompt.size == 0 or np.issubdtype(prompt.dtype, np.integer)):
             return prompt.tolist()
-        if isinstance(prompt, collections.abc.Sequence) and not isinstance(prompt, bytes | bytearray):
+        if (isinstance(prompt, collections.abc.Sequence)
+                and not isinstance(prompt, bytes | bytearray)):
             return list(prompt)
         raise ConfigError("a prompt must be a string or a list of token ids, got "
                           f"{_describe(prompt)}")
@@ -364,18 +370,23 @@ class LLMEngine:
         """What `seq` has made so far (all of it once it has finished)."""
         return request_output(seq)
 
-    def next_event(self, seq: Sequence, sent_text: int, sent_tokens: int) -> tuple[StreamEvent | None, int, int]:
+    def next_event(
+        self, seq: Sequence, sent_text: int, sent_tokens: int
+    ) -> tuple[StreamEvent | None, int, int]:
         """A stream's next event for `seq` (see output.next_event)."""
         return next_event(seq, sent_text, sent_tokens)
 
     # --- convenience --------------------------------------------------------------------
     def generate(
-        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); outputs in input order. On an error
         (a bad prompt or params, or a failed step) none of them stays queued."""
         if not isinstance(prompts, list | tuple):
-            raise ConfigError("generate takes a list of prompts (each a string or a list of token ids)")
+            raise ConfigError("generate takes a list of prompts "
+                              "(each a string or a list of token ids)")
         params = SamplingParams() if params is None else params
         plist = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -397,7 +408,9 @@ class LLMEngine:
             raise
         return [self.output(s) for s in seqs]
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[StreamEvent]:
+    def stream(
+        self, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Iterator[StreamEvent]:
         """Generate one request, yielding text deltas as they are decoded."""
         seq = self.add_request(prompt, params)
         sent_text, sent_tokens = 0, 0

@@ -50,7 +50,8 @@ from statechat.model.context import Context, ModelCaches
 log = logging.getLogger("statechat.engine")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-PREFILL_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048)  # bucket b: chunks of <= b - 64 tokens
+# bucket b: chunks of <= b - 64 tokens
+PREFILL_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 LARGE_BUCKET_STEP = 512  # bucket spacing past PREFILL_BUCKETS
 _ALIGN32 = 4  # int32 entries in 16 bytes: where the graphs' int32 input fields start
 
@@ -221,7 +222,8 @@ class PrefillGraphs:
         sizes = prefill_buckets(max_tokens)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
         capture = _capturing(capture, stream)
-        self.B, self.C, self.max_blocks, self.pad_slot = sizes[-1], sizes[-1] // CHUNK, max_blocks, pad_slot
+        self.B, self.C, self.max_blocks, self.pad_slot = (sizes[-1], sizes[-1] // CHUNK,
+                                                          max_blocks, pad_slot)
         # int64 inputs: ids, positions, slot_mapping [B each], logits row [1]; int32 inputs:
         # cu_seqlens [3], src, dst, context_lens [2 each], checkpoint seq, boundary and slot
         # [C each] (C: one per block of the largest bucket), then the chunk's block table
@@ -241,7 +243,8 @@ class PrefillGraphs:
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
         # block tables: row 0 the chunk's (at most max_blocks wide, see bucket()); row 1, the
         # padding's, stays zeros. As wide as a whole bucket, which either sequence may span.
-        self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32, device=device)
+        self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32,
+                                  device=device)
         self.graphs: dict[int, Any] = {}  # bucket -> its CUDAGraph or NPUGraph
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
@@ -263,7 +266,8 @@ class PrefillGraphs:
                 with capture(graph, pool=pool):
                     self.logits[b], self.greedy[b] = model(ids, ctx, caches, with_argmax=True)
             except torch.OutOfMemoryError:
-                log.warning("statechat: no memory for a %d-token prefill graph; such chunks run eagerly", b)
+                log.warning("statechat: no memory for a %d-token prefill graph; "
+                            "such chunks run eagerly", b)
                 if graph is not None:  # (its pool, which holds what it took, serves the next)
                     self.failed.append(graph)
                     pool = pool or graph.pool()
@@ -271,7 +275,8 @@ class PrefillGraphs:
                 continue
             pool = graph.pool()
             self.graphs[b] = graph
-            graph.replay()  # the padding-only capture inputs: the upload is paid here, not by a request
+            # the padding-only capture inputs: the upload is paid here, not by a request
+            graph.replay()
         acc.synchronize(device)
         self.sizes = sorted(self.graphs)
 

@@ -77,7 +77,9 @@ def request_output(seq: Sequence) -> RequestOutput:
     )
 
 
-def next_event(seq: Sequence, sent_text: int, sent_tokens: int) -> tuple[StreamEvent | None, int, int]:
+def next_event(
+    seq: Sequence, sent_text: int, sent_tokens: int
+) -> tuple[StreamEvent | None, int, int]:
     """A stream's next event for `seq` after `sent_text` characters and `sent_tokens` tokens
     (None when there is nothing new), and the new counts. Until the request finishes, text
     that may still begin a stop string is held back: a stop is never streamed."""

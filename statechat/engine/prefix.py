@@ -44,7 +44,8 @@ class NewCheckpoint:
 
 class PrefixCache:
     def __init__(self, blocks: BlockPool, slots: SlotPool, runner, store: StateStore | None,
-                 block_size: int, bytes_per_block: int, bytes_per_slot: int, prefill_s_per_token: float) -> None:
+                 block_size: int, bytes_per_block: int, bytes_per_slot: int,
+                 prefill_s_per_token: float) -> None:
         self.blocks, self.slots, self.runner, self.store = blocks, slots, runner, store
         self.bs = block_size
         self.bytes_per_block, self.bytes_per_slot = bytes_per_block, bytes_per_slot
@@ -99,11 +100,13 @@ class PrefixCache:
             t = time.perf_counter()  # the checkpoints first, and the host tier's blocks
             lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
             t_lookup = time.perf_counter() - t
-            self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items() if tier == DISK)
+            self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items()
+                                     if tier == DISK)
             # a first plan prices every block past the device's that the host tier lacks at the
             # best rate a disk read could reach: when even that pays for no prefix, the disk's
             # blocks are not looked up (nor the page cache asked) before the request computes
-            k, cost, load, _, assumed = self._cheapest(len(seq), hashes, hx, num_device, lower, optimistic=True)
+            k, cost, load, _, assumed = self._cheapest(len(seq), hashes, hx, num_device, lower,
+                                                       optimistic=True)
             bound = not (k and cost <= len(seq) * rate)
         if self.store is not None and not bound:
             t = time.perf_counter()
@@ -113,7 +116,8 @@ class PrefixCache:
             lower.block_blobs.update(on_disk.block_blobs)
             lower.sample_residency(hx)
             # what is on disk now needs no saving if this request recomputes it (see persist)
-            self.persisted.update(bytes.fromhex(h) for h, tier in lower.blocks.items() if tier == DISK)
+            self.persisted.update(bytes.fromhex(h) for h, tier in lower.blocks.items()
+                                  if tier == DISK)
         elif self.store is not None and num_device < len(hashes):  # learnt while it computes
             self.disk_checks.append(self.store.blocks_on_disk_ahead(hx[num_device:]))
         tiers: list[str] = []
@@ -133,7 +137,8 @@ class PrefixCache:
         if assumed:
             seq.cache_plan["load_is_lower_bound"] = True
         cand = hx[:k] if not bound else []
-        disk = [(lower.cached("kv", h), self.bytes_per_block) for h in cand if h in lower.block_blobs]
+        disk = [(lower.cached("kv", h), self.bytes_per_block) for h in cand
+                if h in lower.block_blobs]
         if cand and cand[-1] in lower.ckpt_blobs and not self.slots.has(hashes[k - 1]):
             disk.append((lower.cached("ckpt", cand[-1]), self.bytes_per_slot))
         if disk:  # how much of the candidate's disk part (by bytes) the page cache held
@@ -143,7 +148,8 @@ class PrefixCache:
         return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
 
     def _cheapest(self, num_tokens: int, hashes: list[bytes], hx: list[str], num_device: int,
-                  lower: Lookup, optimistic: bool = False) -> tuple[int, float, float, list[str], bool]:
+                  lower: Lookup, optimistic: bool = False
+                  ) -> tuple[int, float, float, list[str], bool]:
         """The prefix (in blocks, 0 for none) whose load plus the recompute of the rest of a
         prompt of `num_tokens` costs least: (blocks, that cost, its load's seconds, the tier of
         each of its blocks, whether its price assumed anything). `optimistic`: a block in no
@@ -164,7 +170,8 @@ class PrefixCache:
                 if tier is None:  # (optimistic: its lookup holds no disk blocks)
                     tier, load_s, assumed = DISK, load_s + self.bytes_per_block / best, True
                 else:
-                    load_s += cost_model.load_s(tier, self.bytes_per_block, 0, lower.cached("kv", hx[k - 1]))
+                    load_s += cost_model.load_s(tier, self.bytes_per_block, 0,
+                                                lower.cached("kv", hx[k - 1]))
                     if tier == DISK:  # one disk latency for the blocks' segments
                         segment_latency = cost_model.latency[DISK]
             tiers.append(tier)
@@ -175,11 +182,14 @@ class PrefixCache:
                 ck_load, ck_assumed = self.bytes_per_slot / best, True
             else:
                 ck_cached = lower.cached("ckpt", hx[k - 1]) if ck_tier == DISK else 0.0
-                ck_load, ck_assumed = cost_model.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached), False
+                ck_load, ck_assumed = (
+                    cost_model.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached), False
+                )
             total_load = load_s + ck_load + segment_latency
             cost = total_load + (num_tokens - k * self.bs) * rate
             if cost <= cand_cost:
-                cand_k, cand_cost, cand_load, cand_assumed = k, cost, total_load, assumed or ck_assumed
+                cand_k, cand_cost, cand_load, cand_assumed = (k, cost, total_load,
+                                                              assumed or ck_assumed)
         return cand_k, cand_cost, cand_load, tiers, cand_assumed
 
     def _load_blocks(self, need: list[bytes], held: dict, tiers: list[str], lower: Lookup,
@@ -240,7 +250,8 @@ class PrefixCache:
             ckpt_read = self.store.read_checkpoint_ahead(last.hex())
         try:
             t_read, t_write, together = self._load_blocks(
-                need, held, tiers, lower, t_start, ckpt_read is not None and last.hex() in lower.ckpt_blobs)
+                need, held, tiers, lower, t_start,
+                ckpt_read is not None and last.hex() in lower.ckpt_blobs)
         except BaseException:
             if ckpt_read is not None and not ckpt_read.cancel():
                 wait([ckpt_read])  # no second read of its blob while this one runs (a retry)
@@ -257,7 +268,8 @@ class PrefixCache:
             # blocks, now registered, and plans again)
             read = ckpt_read.result() if ckpt_read is not None else None
             with self.store.reading():
-                ck_tier = DISK if read is not None or not self.store.host.has("ckpt", last.hex()) else HOST
+                ck_tier = (DISK if read is not None or not self.store.host.has("ckpt", last.hex())
+                           else HOST)
                 tensors = read if read is not None else self.store.load_checkpoint(last.hex())
                 slot = self.slots.allocate()
                 self.runner.write_slot(slot, tensors)
@@ -267,15 +279,18 @@ class PrefixCache:
                 total = together[0] + self.bytes_per_slot
                 share = (together[0] * together[1] + self.bytes_per_slot * resident) / total
                 self.cost.observe_load(DISK, total, time.perf_counter() - t_start, share)
-            elif (ckpt_read is None or not need) and (ck_tier == HOST or last.hex() in lower.ckpt_blobs):
+            elif ((ckpt_read is None or not need)
+                  and (ck_tier == HOST or last.hex() in lower.ckpt_blobs)):
                 # read alone (one read alongside other blocks overlapped them: no rate of its
                 # own); a checkpoint not in the plan's lookup has an unknown cached share
-                self.cost.observe_load(ck_tier, self.bytes_per_slot, time.perf_counter() - t0, resident)
+                self.cost.observe_load(ck_tier, self.bytes_per_slot, time.perf_counter() - t0,
+                                       resident)
             nbytes += self.bytes_per_slot
         # where the load's time went: reading the blocks (lower tiers), writing them into the
         # pools, and the checkpoint (read and write)
         seq.cache_plan.update(loaded_bytes=nbytes, load_s=round(time.perf_counter() - t_start, 6),
-                              blocks_read_s=round(t_read - t_start, 6), blocks_write_s=round(t_write - t_read, 6),
+                              blocks_read_s=round(t_read - t_start, 6),
+                              blocks_write_s=round(t_write - t_read, 6),
                               ckpt_s=round(time.perf_counter() - t_write, 6))
         seq.resume_slot = self.slots.acquire(last)
         seq.num_computed = len(hashes) * self.bs
@@ -290,8 +305,8 @@ class PrefixCache:
             if not check.done():
                 running.append(check)
             elif check.cancelled() or check.exception() is not None:
-                log.warning("statechat cache: could not ask the index which blocks are on disk (%s)",
-                            "cancelled" if check.cancelled() else check.exception())
+                log.warning("statechat cache: could not ask the index which blocks are on disk "
+                            "(%s)", "cancelled" if check.cancelled() else check.exception())
             else:
                 self.persisted.update(bytes.fromhex(h) for h in check.result())
         self.disk_checks = running

@@ -45,11 +45,13 @@ class Launched:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, num_blocks: int, num_slots: int, block_size: int) -> None:
+    def __init__(self, loaded: LoadedModel, num_blocks: int, num_slots: int,
+                 block_size: int) -> None:
         self.loaded = loaded
         self.model, self.device, self.dtype = loaded.model, loaded.device, loaded.dtype
         self.block_size = block_size
-        self.caches = ModelCaches.allocate(loaded.config, num_slots, num_blocks, block_size, self.dtype, self.device)
+        self.caches = ModelCaches.allocate(loaded.config, num_slots, num_blocks, block_size,
+                                           self.dtype, self.device)
         self.pad_slot = num_slots - 1  # never handed out: padding rows of graph replays write here
         self.generators: dict[int, torch.Generator] = {}
         self.counts: TokenCounts | None = None  # of the requests with penalties, once one came
@@ -64,7 +66,8 @@ class ModelRunner:
         self._out_logprobs = torch.empty(0, dtype=torch.float32)
         self._out_copied = None if self.device.type == "cpu" else self._event()
 
-    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int, max_prefill_tokens: int) -> None:
+    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int,
+                       max_prefill_tokens: int) -> None:
         """Capture graphs of the decode step for batch buckets up to `max_batch`, and of
         one-sequence prefill chunks up to `max_prefill_tokens` (0: none).
 
@@ -135,7 +138,8 @@ class ModelRunner:
         checkpoints = None
         if ck_seq:
             checkpoints = kernels.Checkpoints(
-                self._tensor(ck_seq, i32), self._tensor(ck_boundary, i32), self._tensor(ck_slot, i32)
+                self._tensor(ck_seq, i32), self._tensor(ck_boundary, i32),
+                self._tensor(ck_slot, i32),
             )
         ctx = Context(
             positions=self._tensor(positions, i64),
@@ -169,7 +173,8 @@ class ModelRunner:
         scored = [] if batch.is_decode else self.scored(batch)  # (a decode step scores nothing)
         bucket = None if scored else self._prefill_bucket(batch, width)
         greedy = prompt = None  # a replayed graph's argmax of the logits; the prompt's table
-        if batch.is_decode and self.graphs is not None and self.graphs.can_run(len(batch.items), width):
+        if (batch.is_decode and self.graphs is not None
+                and self.graphs.can_run(len(batch.items), width)):
             logits, greedy = self._replay_decode(batch, feed, follows)
             replay = self.graphs.replays
         elif bucket is not None:
@@ -320,7 +325,8 @@ class ModelRunner:
         return self.graphs.run(
             ids=[0 if feed is not None else it.seq.token_ids[it.start] for it in items],
             positions=positions,
-            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs for it, p in zip(items, positions)],
+            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs
+                          for it, p in zip(items, positions)],
             src=[it.src_slot for it in items],
             dst=[it.seq.slot for it in items],
             ctx_lens=[p + 1 for p in positions],
@@ -337,7 +343,8 @@ class ModelRunner:
     def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
         positions = np.arange(s, s + n)
-        slot_mapping = np.asarray(seq.block_table, dtype=np.int64)[positions // bs] * bs + positions % bs
+        slot_mapping = (np.asarray(seq.block_table, dtype=np.int64)[positions // bs] * bs
+                        + positions % bs)
         return self.prefill_graphs.run(
             bucket, ids=seq.token_ids[s : s + n], start=s, slot_mapping=slot_mapping,
             src=it.src_slot, dst=seq.slot, table=seq.block_table, checkpoints=it.checkpoints,
@@ -348,7 +355,9 @@ class ModelRunner:
             return None
         gen = self.generators.get(seq.seq_id)
         if gen is None:
-            gen = self.generators[seq.seq_id] = torch.Generator(self.device).manual_seed(seq.params.seed)
+            gen = self.generators[seq.seq_id] = (
+                torch.Generator(self.device).manual_seed(seq.params.seed)
+            )
         return gen
 
     def _counts(self, seqs, vocab_size: int) -> tuple[TokenCounts, list[int]]:

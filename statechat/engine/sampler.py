@@ -41,7 +41,8 @@ class TokenCounts:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size, self.device = vocab_size, device
         self.counts = torch.zeros(1, vocab_size, dtype=torch.int32, device=device)  # [rows, vocab]
-        self.in_prompt = torch.zeros(1, vocab_size, dtype=torch.bool, device=device)  # [rows, vocab]
+        # [rows, vocab]
+        self.in_prompt = torch.zeros(1, vocab_size, dtype=torch.bool, device=device)
         self.rows: dict[int, int] = {}  # seq_id -> row
         self.free: list[int] = []
 
@@ -70,7 +71,8 @@ class TokenCounts:
         n = self.counts.shape[0]
         more = max(n - 1, 4)
         self.counts = torch.cat([self.counts, self.counts.new_zeros(more, self.vocab_size)])
-        self.in_prompt = torch.cat([self.in_prompt, self.in_prompt.new_zeros(more, self.vocab_size)])
+        self.in_prompt = torch.cat([self.in_prompt,
+                                    self.in_prompt.new_zeros(more, self.vocab_size)])
         self.free += range(n + more - 1, n - 1, -1)
 
     def add(self, rows: list[int] | torch.Tensor, tokens: torch.Tensor,
@@ -97,7 +99,8 @@ class Rows:
     def of(cls, floats: list[list[float]], ints: list[list[int]], params,
            device: torch.device) -> Rows:
         """Rows from Plan.values() of `params`: two copies, which do not wait."""
-        return cls(list(params), torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True),
+        return cls(list(params),
+                   torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True),
                    torch.tensor(ints, dtype=torch.int64).to(device, non_blocking=True))
 
     def slice(self, a: int, b: int) -> Rows:
@@ -192,7 +195,8 @@ class Plan:
         floats = [[p.temperature if not p.is_greedy else 1.0, p.top_p if p.top_p < 1 else math.inf,
                    math.log(p.min_p) if p.min_p else -math.inf, p.repetition_penalty,
                    p.frequency_penalty, p.presence_penalty] for p in self.params]
-        ints = [[i, c, min(p.top_k, 2**31), int(c > 0)] for p, i, c in zip(self.params, self.todo, rows)]
+        ints = [[i, c, min(p.top_k, 2**31), int(c > 0)]
+                for p, i, c in zip(self.params, self.todo, rows)]
         return floats, ints
 
     def pick(self, logits: torch.Tensor, rows: Rows, generators: list[torch.Generator | None],

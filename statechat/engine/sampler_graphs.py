@@ -74,7 +74,8 @@ class SamplerGraphs:
         if not self.is_enabled or len(rows) > MAX_ROWS:
             return None
         key = ("logprobs", tuple(rows), k, _where(logits), _where(tokens))
-        index = None if rows == list(range(logits.shape[0])) else device_index(tuple(rows), self.device)
+        index = (None if rows == list(range(logits.shape[0]))
+                 else device_index(tuple(rows), self.device))
         # (the graph keeps the index it reads: the cache that made it may let it go)
         return self._replay(key, lambda: logprob_table(logits, tokens, rows, k, index), keep=index)
 

@@ -80,10 +80,12 @@ class SamplingParams:
         if self.seed is not None:
             put(self, "seed", _integer("seed", self.seed))
             if not -(2**63) <= self.seed < 2**64:
-                raise ConfigError(f"seed must be an integer from -2**63 to 2**64 - 1, got {_show(self.seed)}")
+                raise ConfigError("seed must be an integer from -2**63 to 2**64 - 1, "
+                                  f"got {_show(self.seed)}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, list | tuple) or not all(isinstance(x, str) and x for x in stop):
-            raise ConfigError(f"stop must be a string or a list of non-empty strings, got {_show(self.stop)}")
+            raise ConfigError("stop must be a string or a list of non-empty strings, "
+                              f"got {_show(self.stop)}")
         ids = self.stop_token_ids
         if not isinstance(ids, list | tuple):
             raise ConfigError(f"stop_token_ids must be a list of integers, got {_show(ids)}")
@@ -149,7 +151,8 @@ def _biases(value) -> tuple[tuple[int, float], ...]:
         for key, bias in pairs:
             token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
             if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
-                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {_show(key)}")
+                raise ConfigError("logit_bias keys must be token ids (integers >= 0), "
+                                  f"got {_show(key)}")
             bias = _number("logit_bias", bias)
             if abs(bias) > MAX_BIAS:
                 raise ConfigError(f"logit_bias values must be in [-100, 100], got {_show(bias)}")

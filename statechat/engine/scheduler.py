@@ -130,7 +130,8 @@ class Scheduler:
         self.running.append(seq)
         return True
 
-    def _prefill_chunk(self, seq: Sequence, budget: int, items: list[ScheduledSeq]) -> ScheduledSeq | None:
+    def _prefill_chunk(self, seq: Sequence, budget: int,
+                       items: list[ScheduledSeq]) -> ScheduledSeq | None:
         start = seq.num_computed
         end = start + min(seq.num_uncomputed, budget)
         if end < len(seq):

@@ -78,7 +78,8 @@ class Sequence:
     @property
     def is_decoding(self) -> bool:
         """Only the last sampled token is left to feed."""
-        return self.num_computed == len(self.token_ids) - 1 and len(self.token_ids) > self.num_prompt_tokens
+        return (self.num_computed == len(self.token_ids) - 1
+                and len(self.token_ids) > self.num_prompt_tokens)
 
     @property
     def is_finished(self) -> bool:

@@ -78,7 +78,8 @@ def warm_up(runner: ModelRunner, max_seqs: int, max_tokens: int, max_blocks: int
     logits = torch.zeros(2, vocab, dtype=torch.float32, device=runner.device)
     counts = TokenCounts(vocab, runner.device)
     row = counts.row(-1, [0], [])
-    top_p, top_k = SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)
+    top_p, top_k = (SamplingParams(temperature=1.0, top_p=0.9),
+                    SamplingParams(temperature=1.0, top_k=20))
     wider = SamplingParams(temperature=1.0, top_k=40)  # (llama.cpp's and Ollama's default)
     penalised = SamplingParams(presence_penalty=1.0)
     for params in (top_p, top_k, wider):

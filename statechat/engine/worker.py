@@ -34,7 +34,8 @@ class RequestHandle:
 
     def __init__(self, worker: EngineWorker, prompt_ids: list[int], packed: bytes,
                  params: SamplingParams, request_id: str) -> None:
-        self.worker, self.prompt_ids, self.params, self.request_id = worker, prompt_ids, params, request_id
+        self.worker, self.prompt_ids, self.params, self.request_id = (worker, prompt_ids, params,
+                                                                      request_id)
         self.packed = packed  # the ids' int32 bytes, from the engine's check
         self.events: queue.Queue = queue.Queue()
         self.output: RequestOutput | None = None
@@ -115,7 +116,8 @@ class EngineWorker:
         return self.engine.max_model_len
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
-               request_id: str = "", checked: tuple[list[int], bytes] | None = None) -> RequestHandle:
+               request_id: str = "",
+               checked: tuple[list[int], bytes] | None = None) -> RequestHandle:
         """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
         LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
         prompt submitted several times is checked once)."""

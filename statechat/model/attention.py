@@ -24,7 +24,8 @@ class Attention(nn.Module):
         super().__init__()
         c = config
         self.cache_index = cache_index
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (c.num_attention_heads,
+                                                            c.num_key_value_heads, c.head_dim)
         self.scale = c.head_dim**-0.5
         self.q_proj = nn.Linear(c.hidden_size, 2 * c.num_attention_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)

@@ -158,7 +158,9 @@ class ModelConfig:
         return d
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.fingerprint_fields(), sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps(self.fingerprint_fields(), sort_keys=True).encode()
+        ).hexdigest()
 
     @classmethod
     def from_hf(cls, path: str | Path) -> ModelConfig:
@@ -168,7 +170,8 @@ class ModelConfig:
         if not path.is_dir():
             raise ModelError(f"model directory {path} does not exist")
         if not cfg_file.is_file():
-            raise ModelError(f"{path} has no config.json; is it a Hugging Face checkpoint directory?")
+            raise ModelError(f"{path} has no config.json; "
+                             "is it a Hugging Face checkpoint directory?")
         try:
             raw = json.loads(cfg_file.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
@@ -188,9 +191,12 @@ class ModelConfig:
             raise ModelError(f"{cfg_file} lacks the object text_config")
         try:
             return cls._from_text_fields(model_type, text, raw, path)
-        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:  # (a field of another shape)
-            raise ModelError(f"{cfg_file} has a field of an unexpected type or value "
-                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
+            # (a field of another shape)
+            raise ModelError(
+                f"{cfg_file} has a field of an unexpected type or value "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
 
     @classmethod
     def _from_text_fields(cls, model_type: str, text: dict, raw: dict, path: Path) -> ModelConfig:
@@ -198,17 +204,20 @@ class ModelConfig:
             if key not in text:
                 raise ModelError(f"{path / 'config.json'} lacks the field {key!r}")
             value = text[key]
-            if key in POSITIVE_INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ModelError(f"{path / 'config.json'} field {key!r} must be a positive integer, got {value!r}")
+            if key in POSITIVE_INT_FIELDS and (isinstance(value, bool)
+                                               or not isinstance(value, int) or value < 1):
+                raise ModelError(f"{path / 'config.json'} field {key!r} must be a positive "
+                                 f"integer, got {value!r}")
             return value
 
         num_layers = need("num_hidden_layers")
         interval = text.get("full_attention_interval", 4)
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ModelError(f"{path / 'config.json'} field 'full_attention_interval' must be a positive "
-                             f"integer, got {interval!r}")
+            raise ModelError(f"{path / 'config.json'} field 'full_attention_interval' must be a "
+                             f"positive integer, got {interval!r}")
         layer_types = text.get("layer_types") or [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(num_layers)
         ]
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -255,7 +264,8 @@ class ModelConfig:
             linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
             eos_token_ids=_eos_ids(gen, text),
             sampling_defaults=_sampling_defaults(gen, path),
-            torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype") or "bfloat16"),
+            torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
+                            or "bfloat16"),
             **moe,
         )
 
@@ -263,7 +273,8 @@ class ModelConfig:
 POSITIVE_INT_FIELDS = frozenset({
     "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
     "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-    "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "head_dim",
+    "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "head_dim",
 })
 
 

@@ -75,7 +75,8 @@ class ModelCaches:
         """Zero-filled caches for `num_slots` GDN state slots and `num_blocks` KV blocks."""
         c = config
         conv_shape = (num_slots, c.linear_conv_kernel_dim - 1, c.conv_dim)
-        ssm_shape = (num_slots, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+        ssm_shape = (num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
+                     c.linear_value_head_dim)
         kv_shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
         n_gdn, n_attn = len(c.gdn_layers), len(c.attn_layers)
         return cls(
@@ -89,7 +90,8 @@ class ModelCaches:
     def bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
         """Bytes of one GDN state slot over all GDN layers (conv + recurrent)."""
         c = config
-        conv = (c.linear_conv_kernel_dim - 1) * c.conv_dim * torch.empty((), dtype=dtype).element_size()
+        conv = ((c.linear_conv_kernel_dim - 1) * c.conv_dim
+                * torch.empty((), dtype=dtype).element_size())
         ssm = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
         return (conv + ssm) * len(c.gdn_layers)
 

@@ -29,7 +29,8 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = c.linear_key_head_dim, c.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.eps = c.rms_norm_eps
-        self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, c.linear_conv_kernel_dim, groups=c.conv_dim, bias=False)
+        self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, c.linear_conv_kernel_dim, groups=c.conv_dim,
+                                bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = nn.Module()

@@ -88,12 +88,16 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(max_len, device=self.inv_freq.device)
         self.table = torch.cat(self._compute(positions, dtype), dim=-1)
 
-    def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compute(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [T, rotary_dim] in `dtype` for positions [T] (views of one tensor when
         a table of `dtype` was built)."""
         if self.table is None or self.table.dtype != dtype:

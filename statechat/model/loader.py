@@ -142,7 +142,8 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
             missing.append(n)
     if missing:
         prefix = "model.language_model." if config.is_multimodal_layout else "model."
-        shown = missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.") else missing[0]
+        shown = (missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.")
+                 else missing[0])
         raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
 
 
@@ -179,7 +180,8 @@ def load_model(
     try:
         load_weights(model, files, config)
     except (OSError, SafetensorError) as e:  # an unreadable, empty or truncated weights file
-        why = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
+        why = (e.strerror if isinstance(e, OSError) and e.strerror
+               else (str(e).splitlines() or [type(e).__name__])[0])
         raise ModelError(f"the weights in {path} cannot be read ({why})") from None
     model.fuse_projections()
     model.eval()

@@ -126,8 +126,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, h: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
-        ctx: Context, caches: ModelCaches,
+        self, h: torch.Tensor, residual: torch.Tensor | None,
+        cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: Context, caches: ModelCaches,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(block output, residual stream before it): the caller's next norm adds the two, so
         the residual adds cost no kernel of their own. `residual` is None for the first layer."""

@@ -16,7 +16,8 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 @pytest.fixture(scope="module")
 def tokenizer():
     tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
-    tok.chat_template = ("{%- if enable_thinking is defined and not enable_thinking %}no-think {% endif %}"
+    tok.chat_template = ("{%- if enable_thinking is defined and not enable_thinking %}"
+                         "no-think {% endif %}"
                          "{%- for m in messages %}{{ m['content'] }}{% endfor %}")
     return tok
 
@@ -31,7 +32,8 @@ def test_template_variables_reach_the_template(tokenizer):
 
 @pytest.mark.parametrize("kwargs, says", [
     ({"tokenize": False}, "chat_template_kwargs may not set tokenize"),
-    ({"messages": [], "add_generation_prompt": False}, "may not set add_generation_prompt, messages"),
+    ({"messages": [], "add_generation_prompt": False},
+     "may not set add_generation_prompt, messages"),
     ({"conversations": [], "chat_template": "{{ 1 }}"}, "may not set chat_template, conversations"),
     ({"self": 1}, "may not set self"),
     ([1, 2], "chat_template_kwargs must be an object"),
@@ -43,7 +45,8 @@ def test_names_the_renderer_uses_are_refused(tokenizer, kwargs, says):
 
 def test_a_requests_variables_win_over_the_defaults():
     defaults = {"enable_thinking": False, "x": 1}
-    assert merge_template_kwargs(defaults, {"enable_thinking": True}) == {"enable_thinking": True, "x": 1}
+    assert merge_template_kwargs(defaults, {"enable_thinking": True}) == {"enable_thinking": True,
+                                                                          "x": 1}
     assert merge_template_kwargs(defaults, None) == defaults
     assert merge_template_kwargs(None, None) is None and merge_template_kwargs({}, None) is None
     assert merge_template_kwargs(defaults, [1]) == [1]  # (render refuses it)

@@ -24,7 +24,8 @@ def contents(store, conv_id):
 def test_edit_regenerate_switch_and_reopen(tmp_path):
     store = open_chats(tmp_path)
     conv, u1, a1, u2, _ = build(store)
-    assert contents(store, conv.id) == ["first question", "first answer", "second question", "second answer"]
+    assert contents(store, conv.id) == ["first question", "first answer", "second question",
+                                        "second answer"]
     # edit the first user message: a new root, the old branch kept
     e1 = store.add(conv.id, None, "user", "first question, edited")
     store.add(conv.id, e1.id, "assistant", "answer to the edit")
@@ -45,7 +46,8 @@ def test_edit_regenerate_switch_and_reopen(tmp_path):
     again = open_chats(tmp_path)
     assert [c.title for c in again.conversations()] == ["hello"]
     branch = again.branch(conv.id)
-    assert branch[-1].content == "second answer, again" and branch[-1].stats == {"cached_tokens": 64}
+    assert (branch[-1].content == "second answer, again"
+            and branch[-1].stats == {"cached_tokens": 64})
     assert again.path(a1.id)[-1].content == "first answer"
     again.close()
 

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from statechat import cli, cli_batch
 from statechat.paths import EMBEDDED_MODEL
 
-WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel"]
 
 
 def words(seed: int, n: int) -> str:
@@ -36,7 +37,8 @@ def requests() -> list[str]:
             req["max_tokens"] = 8
         lines.append(json.dumps(req))
     lines.insert(7, "{not json")
-    lines.insert(12, json.dumps({"id": "bad-role", "messages": [{"role": "robot", "content": "x"}]}))
+    lines.insert(12, json.dumps({"id": "bad-role",
+                                 "messages": [{"role": "robot", "content": "x"}]}))
     return lines
 
 
@@ -94,7 +96,8 @@ def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, ca
                                           "--device", "cpu", "--no-cache", "--max-tokens", "4"])
     assert result.exit_code == 0
     record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "usage", "ttft_ms", "cache"}
+    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "usage",
+                                                   "ttft_ms", "cache"}
     assert record["cache"] == {"reused_from": None, "reused_by_tier": {}, "plan": None}
     monkeypatch.setattr("sys.argv", ["statechat", "batch", str(tmp_path / "missing.jsonl")])
     with pytest.raises(SystemExit) as exit_info:
@@ -109,7 +112,8 @@ def test_a_line_sets_its_own_sampling(tmp_path, shared_engine):
     user = {"messages": [{"role": "user", "content": words(7, 30)}], "max_tokens": 12}
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text(json.dumps({"id": "greedy", **user}) + "\n")
-    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"]
+    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+            "--no-cache"]
     assert CliRunner().invoke(cli.app, args).exit_code == 0
     greedy = json.loads(out.read_text())["text"]
     assert len(greedy) > 8
@@ -151,7 +155,8 @@ def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
     assert "prompt_logprobs" not in plain and lp["usage"]["cached_tokens"] == 0
     assert all(1 <= len(e) <= 2 and {v["rank"] for v in e.values()} >= {1} for e in prompt[1:])
     # --max-tokens 0 scores every prompt alone, as a line's "max_tokens": 0 does
-    src.write_text(json.dumps({"id": "lp", **user, "max_tokens": None, "prompt_logprobs": 1}) + "\n")
+    src.write_text(json.dumps({"id": "lp", **user, "max_tokens": None, "prompt_logprobs": 1})
+                   + "\n")
     assert CliRunner().invoke(cli.app, [*args, "--max-tokens", "0"]).exit_code == 0
     [scored] = [json.loads(line) for line in out.read_text().splitlines()]
     assert scored["text"] == "" and scored["usage"]["completion_tokens"] == 0
@@ -162,11 +167,13 @@ def test_a_line_asks_for_logprobs(tmp_path, shared_engine):
         pytest.approx([e[k]["logprob"] for e in prompt[1:] for k in e], abs=1e-4)
 
 
-def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_engine, loaded, monkeypatch):
+def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_engine, loaded,
+                                                               monkeypatch):
     """--chat-template-kwargs sets variables of the chat template for every line; a line's own
     chat_template_kwargs win (here a template that says whether thinking is on)."""
     monkeypatch.setattr(loaded.tokenizer, "chat_template",
-                        "{% if enable_thinking is defined and not enable_thinking %}quick {% endif %}"
+                        "{% if enable_thinking is defined and not enable_thinking %}"
+                        "quick {% endif %}"
                         "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     user = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
     lines = [{"id": "default", **user},
@@ -183,7 +190,8 @@ def test_template_variables_from_the_command_line_and_the_line(tmp_path, shared_
     assert own["usage"]["prompt_tokens"] == len(loaded.tokenizer.encode("hello there")) < quick
     assert bad["error"]["message"] == "chat_template_kwargs may not set tokenize"
     refused = CliRunner().invoke(cli.app, [*args[:-1], "[1]"])
-    assert refused.exit_code != 0 and "must be a JSON object" in str(refused.exception or refused.output)
+    assert (refused.exit_code != 0
+            and "must be a JSON object" in str(refused.exception or refused.output))
 
 
 def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine, monkeypatch):
@@ -216,7 +224,8 @@ def test_odd_values_are_line_errors_and_the_output_is_replaced_only_by_a_finishe
     are refused before the model loads."""
     user = '{"messages": [{"role": "user", "content": "hi"}], '
     lines = [user + '"max_tokens": NaN}', user + '"max_tokens": Infinity}',
-             user + '"temperature": 1' + "0" * 400 + "}", user + '"max_tokens": 1' + "0" * 5000 + "}",
+             user + '"temperature": 1' + "0" * 400 + "}",
+             user + '"max_tokens": 1' + "0" * 5000 + "}",
              '{"messages": [{"role": "user", "content": "\\ud800"}]}', user + '"max_tokens": 2.5}',
              user + '"max_tokens": 3}']
     src, out = tmp_path / "odd.jsonl", tmp_path / "out.jsonl"
@@ -246,9 +255,11 @@ def test_a_failed_run_keeps_the_earlier_results_and_links_are_written_through(
     import statechat.batch
 
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.0}) + "\n")
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.0})
+                   + "\n")
     out.write_text("an earlier run's results\n")
-    args = ["statechat", "batch", str(src), "--model", str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"]
+    args = ["statechat", "batch", str(src), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+            "--no-cache"]
 
     def fail(*a, **k):
         raise OSError(28, "No space left on device")
@@ -340,7 +351,8 @@ def test_results_that_cannot_be_written_are_one_line_and_lose_nothing(tmp_path, 
                 cli.main()
         err = capsys.readouterr().err
         assert exit_info.value.code == 1, err
-        assert err.strip().splitlines()[-1] == f"statechat: cannot write {target} (No space left on device)"
+        assert err.strip().splitlines()[-1] == (f"statechat: cannot write {target} "
+                                                "(No space left on device)")
         assert "Traceback" not in err and "OSError" not in err
     assert out.read_text() == "an earlier run's results\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
@@ -378,7 +390,8 @@ def test_an_input_with_no_requests_says_so_without_loading_the_model(tmp_path, m
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines()[-1] == f"statechat: {empty} has no requests"
     assert captured.out == "" and out.read_text() == ""
-    result = CliRunner().invoke(cli.app, ["batch", "-", "--model", str(EMBEDDED_MODEL)], input="\n  \n")
+    result = CliRunner().invoke(cli.app, ["batch", "-", "--model", str(EMBEDDED_MODEL)],
+                                input="\n  \n")
     assert result.exit_code == 0 and result.stdout == ""
     assert result.stderr.strip().splitlines()[-1] == "statechat: standard input has no requests"
 
@@ -389,7 +402,8 @@ def test_a_line_s_id_is_echoed_as_given(tmp_path, shared_engine):
     user = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     ids = ["a", 7, 2.5, None, ["list"], {"k": 1}, True]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text("".join(json.dumps({**user, **({} if i is None else {"id": i})}) + "\n" for i in ids))
+    src.write_text("".join(json.dumps({**user, **({} if i is None else {"id": i})}) + "\n"
+                           for i in ids))
     result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
                                           str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
     assert result.exit_code == 0, result.output

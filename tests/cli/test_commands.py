@@ -39,7 +39,8 @@ def test_help_explains_options(argv, needles):
 
 
 def test_cache_commands(tmp_path):
-    pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this build")
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
     cache = ["--cache-dir", str(tmp_path)]
     path = runner.invoke(cli.app, ["cache", "path", *cache])
     assert path.exit_code == 0 and path.output.strip() == str(tmp_path)
@@ -48,7 +49,8 @@ def test_cache_commands(tmp_path):
     assert {"num_checkpoints", "bytes_total", "bytes_budget"} <= set(json.loads(stats.output))
     human = runner.invoke(cli.app, ["cache", "stats", *cache])
     assert human.exit_code == 0 and "checkpoints" in human.output
-    for argv in (["ls"], ["ls", "--json"], ["verify"], ["gc", "--max-bytes", "0"], ["clear", "--yes"]):
+    for argv in (["ls"], ["ls", "--json"], ["verify"], ["gc", "--max-bytes", "0"],
+                 ["clear", "--yes"]):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
         assert result.exit_code == 0, (argv, result.output)
     assert "checked" in runner.invoke(cli.app, ["cache", "verify", *cache]).output
@@ -60,7 +62,8 @@ def test_cache_commands(tmp_path):
 def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
     """The cache commands only read or delete: on a cache dir that does not exist yet they
     report an empty cache (a note on stderr says there is none) and leave no folder behind."""
-    pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this build")
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
     missing = tmp_path / "not-yet"
     cache = ["--cache-dir", str(missing)]
     assert runner.invoke(cli.app, ["cache", "path", *cache]).output.strip() == str(missing)
@@ -69,8 +72,9 @@ def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
     made = runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(tmp_path)])
     assert json.loads(stats.stdout).keys() == json.loads(made.stdout).keys()  # the same fields
     assert f"no cache at {missing} yet" in stats.stderr
-    for argv, says in ((["stats"], "checkpoints  0"), (["ls"], "(no checkpoints yet)"), (["ls", "--json"], "[]"),
-                       (["verify"], "checked 0"), (["gc"], "freed 0 B"), (["clear"], "freed 0 B")):
+    for argv, says in ((["stats"], "checkpoints  0"), (["ls"], "(no checkpoints yet)"),
+                       (["ls", "--json"], "[]"), (["verify"], "checked 0"), (["gc"], "freed 0 B"),
+                       (["clear"], "freed 0 B")):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
         assert result.exit_code == 0 and says in result.stdout, (argv, result.output)
     assert not missing.exists()
@@ -79,15 +83,18 @@ def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
 def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capsys):
     """A file where the cache folder should be, or an index that is not a database: one line
     that says what to do, from every cache command (they were SQLite tracebacks)."""
-    pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this build")
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
     a_file = tmp_path / "file"
     a_file.write_text("x")
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "index.db").write_bytes(b"not a database at all" * 100)
-    for cache_dir, says in [(a_file, "is a file; pass a folder"), (garbage, "file is not a database")]:
+    for cache_dir, says in [(a_file, "is a file; pass a folder"),
+                            (garbage, "file is not a database")]:
         for command in ("stats", "ls", "verify"):
-            monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir", str(cache_dir)])
+            monkeypatch.setattr("sys.argv",
+                                ["statechat", "cache", command, "--cache-dir", str(cache_dir)])
             with pytest.raises(SystemExit) as exit_info:
                 cli.main()
             err = capsys.readouterr().err.strip()
@@ -109,7 +116,8 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     (["run", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
 ])
-def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch, capsys):
+def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch,
+                                                                    capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread.)"""
     monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
@@ -130,10 +138,12 @@ def test_batch_help_lists_every_field_a_line_may_set():
 def warm_cache(tmp_path):
     """A cache dir with checkpoints and KV blocks, written by a batch of two long prompts."""
     src, cache = tmp_path / "in.jsonl", tmp_path / "cache"
-    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": "cache " * (80 + i)}],
+    src.write_text("".join(json.dumps({"messages": [{"role": "user",
+                                                     "content": "cache " * (80 + i)}],
                                        "max_tokens": 2}) + "\n" for i in range(2)))
-    result = runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"), "--model",
-                                     str(EMBEDDED_MODEL), "--device", "cpu", "--cache-dir", str(cache)])
+    result = runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"),
+                                     "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+                                     "--cache-dir", str(cache)])
     assert result.exit_code == 0, result.output
     assert len(list((cache / "blobs").rglob("*.safetensors"))) >= 2
     gc.collect()  # (the engine's index connection closes, taking its WAL files with it)
@@ -158,7 +168,8 @@ def test_stats_and_ls_create_nothing(tmp_path, shared_engine):
             assert result.exit_code == 0, (argv, result.output)
     assert list(empty.iterdir()) == []
     assert files(cache) == before
-    stats = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(cache)]).stdout)
+    stats = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir",
+                                               str(cache)]).stdout)
     assert stats["num_checkpoints"] >= 1 and stats["num_blocks"] >= 1
 
 
@@ -210,7 +221,8 @@ def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, re
     orphan = cache / "blobs" / "kv" / f"{'ab' * 16}.safetensors"
     orphan.write_bytes(b"x")
     os.utime(orphan, (1e9, 1e9))
-    want = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(cache)]).stdout)
+    want = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir",
+                                              str(cache)]).stdout)
     listed = runner.invoke(cli.app, ["cache", "ls", "--json", "--cache-dir", str(cache)]).stdout
     before = files(cache)
     view = read_only_view(cache)
@@ -228,7 +240,8 @@ def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, re
         in verify.stdout
     for argv in (["gc"], ["clear", "--yes"], ["clear"]):
         result = runner.invoke(cli.app, ["cache", *argv, *ro])
-        assert result.exit_code != 0 and "is read-only; nothing was deleted" in str(result.exception)
+        assert (result.exit_code != 0
+                and "is read-only; nothing was deleted" in str(result.exception))
     assert files(cache) == before
 
 

@@ -128,7 +128,8 @@ def test_a_bad_flag_is_one_line_before_any_model_loads(tmp_path, monkeypatch, ca
     monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
     if command == "run":
         pytest.importorskip("textual")
-        monkeypatch.setattr("statechat.tui.app.StatechatApp", lambda *a, **k: pytest.fail("app made"))
+        monkeypatch.setattr("statechat.tui.app.StatechatApp",
+                            lambda *a, **k: pytest.fail("app made"))
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     argv = [command, *([str(src)] if command == "batch" else []), "--device", "cpu",

@@ -21,7 +21,8 @@ from tests.helpers import engine_config
 @pytest.fixture(scope="module")
 def engine(tiny_dirs, engine_device):
     path = tiny_dirs["qwen3_5_text"]
-    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32", **engine_config(engine_device)),
+    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32",
+                                  **engine_config(engine_device)),
                      loaded=load_model(path, dtype=torch.float32, device=engine_device))
 
 
@@ -104,7 +105,9 @@ def test_a_failed_generate_leaves_nothing_queued(engine, monkeypatch):
         engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=6, ignore_eos=True))
     assert not engine.has_unfinished()
     monkeypatch.undo()
-    assert engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0].num_completion_tokens == 3
+    assert engine.generate(
+        [[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True)
+    )[0].num_completion_tokens == 3
 
 
 @pytest.mark.parametrize(

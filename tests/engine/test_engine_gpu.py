@@ -49,7 +49,8 @@ def gpu_setup(tiny_dirs):
                                        {"use_graphs": False}, {"async_scheduling": False}])
 def test_gpu_engine_matches_transformers(gpu_setup, overrides):
     path, loaded, prompts, expected = gpu_setup
-    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", **overrides), loaded=loaded)
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", **overrides),
+                       loaded=loaded)
     seqs = run_staggered(engine, prompts)
     assert [s.output_ids for s in seqs] == expected
 
@@ -57,13 +58,16 @@ def test_gpu_engine_matches_transformers(gpu_setup, overrides):
 def test_gpu_disk_cache_matches_no_cache(gpu_setup, tmp_path):
     path, loaded, prompts, _ = gpu_setup
     params = SamplingParams(max_tokens=NEW, ignore_eos=True)
-    plain = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", enable_prefix_cache=False),
+    plain = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
+                                   enable_prefix_cache=False),
                       loaded=loaded)
     want = [o.token_ids for o in plain.generate(prompts, params)]
-    first = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", cache_dir=tmp_path), loaded=loaded)
+    first = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", cache_dir=tmp_path),
+                      loaded=loaded)
     assert [o.token_ids for o in first.generate(prompts, params)] == want
     first.close()
-    second = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", cache_dir=tmp_path), loaded=loaded)
+    second = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", cache_dir=tmp_path),
+                       loaded=loaded)
     outs = second.generate(prompts, params)
     assert [o.token_ids for o in outs] == want
     # on a GPU the tiny model recomputes faster than a disk read, so the store may rightly
@@ -84,8 +88,9 @@ def test_prefill_graphs_match_eager(gpu_setup):
     runs = {}
     for graphs in (True, False):
         for budget in (4096, 256):
-            engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_graphs=graphs,
-                                            max_num_batched_tokens=budget), loaded=loaded)
+            engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
+                                            use_graphs=graphs, max_num_batched_tokens=budget),
+                               loaded=loaded)
             outs = [engine.generate([t], params)[0] for t in turns]
             runs[graphs, budget] = [(o.token_ids, o.num_cached_tokens) for o in outs]
             if graphs:
@@ -100,9 +105,10 @@ def _graphs_and_eager(path, loaded, prompt: list[int], new: int, **config):
     and the first engine's prefill graphs."""
     tokens, prefill_graphs = [], None
     for graphs in (True, False):
-        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", use_graphs=graphs,
-                                        **config), loaded=loaded)
-        tokens.append(engine.generate([prompt], SamplingParams(max_tokens=new, ignore_eos=True))[0].token_ids)
+        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
+                                        use_graphs=graphs, **config), loaded=loaded)
+        tokens.append(engine.generate([prompt],
+                                      SamplingParams(max_tokens=new, ignore_eos=True))[0].token_ids)
         prefill_graphs = prefill_graphs or engine.runner.prefill_graphs
     return tokens, prefill_graphs
 
@@ -111,7 +117,8 @@ def test_prefill_graphs_with_a_short_max_model_len(gpu_setup):
     """Block tables narrower than the largest bucket (max_model_len 448 = 7 blocks, buckets up
     to 4160 tokens): the padding sequence's blocks still fit the graphs' table."""
     path, loaded, _, _ = gpu_setup
-    prompt = torch.randint(3, loaded.config.vocab_size, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+    prompt = torch.randint(3, loaded.config.vocab_size, (300,),
+                           generator=torch.Generator().manual_seed(9)).tolist()
     tokens, prefill_graphs = _graphs_and_eager(path, loaded, prompt, 8, max_model_len=448)
     assert prefill_graphs.replays >= 1
     assert tokens[0] == tokens[1]
@@ -123,7 +130,8 @@ def test_prefill_graphs_of_long_chunks(gpu_setup, budget):
     3000, or in budget-sized chunks of 1024 that fit the top bucket exactly) and give the
     tokens of eager steps."""
     path, loaded, _, _ = gpu_setup
-    prompt = torch.randint(3, loaded.config.vocab_size, (3000,), generator=torch.Generator().manual_seed(11)).tolist()
+    prompt = torch.randint(3, loaded.config.vocab_size, (3000,),
+                           generator=torch.Generator().manual_seed(11)).tolist()
     tokens, prefill_graphs = _graphs_and_eager(path, loaded, prompt, 6, enable_prefix_cache=False,
                                                max_num_batched_tokens=budget)
     assert prefill_graphs.sizes[-1] == budget + 64
@@ -146,13 +154,15 @@ def test_a_decode_step_synchronises_only_to_read_its_tokens(gpu_setup, use_graph
     config = EngineConfig(model=path, device="cuda", dtype="float32",
                           use_graphs=use_graphs, async_scheduling=async_scheduling)
     engine = LLMEngine(config, loaded=loaded)
-    sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=1,
+                             ignore_eos=True)
     penalised = SamplingParams(max_tokens=12, temperature=0.7, min_p=0.05, presence_penalty=1.0,
                                frequency_penalty=0.5, repetition_penalty=1.1, ignore_eos=True)
     greedy = SamplingParams(max_tokens=12, ignore_eos=True)
     wide = SamplingParams(max_tokens=12, temperature=0.9, top_k=2000, top_p=0.8, ignore_eos=True)
     # a seeded row makes its steps sample eagerly; without one, graphs replay the sampling
-    runs = [[greedy, sampled, penalised, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)],
+    runs = [[greedy, sampled, penalised,
+             SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)],
             [greedy, dataclasses.replace(sampled, seed=None), penalised, wide]]
     for params in runs:
         _decode_guarded(engine, prompts, params, async_scheduling)
@@ -235,7 +245,8 @@ def test_draws_over_the_vocabulary_obey_top_p(gpu_setup):
     graphs = engine.runner.sampler_graphs
     replays = graphs.replays
     for seed in (None, 4):
-        narrow = SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_p=1e-6, seed=seed)
+        narrow = SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_p=1e-6,
+                                seed=seed)
         outs = engine.generate(prompts[:2], narrow)
         assert [o.token_ids for o in outs] == [o.token_ids for o in greedy], seed
     assert graphs.replays > replays  # (the unseeded steps)

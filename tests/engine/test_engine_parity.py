@@ -31,7 +31,8 @@ def prompts_and_expected(path, vocab_size: int) -> tuple[list[list[int]], list[l
     expected = []
     for p in prompts:
         with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                              do_sample=False)
         expected.append(out[0, len(p):].tolist())
     return prompts, expected
 

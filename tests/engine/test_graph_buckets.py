@@ -20,4 +20,5 @@ def test_buckets_cover_every_chunk_up_to_the_budget(budget):
     # a chunk of the whole budget (the common chunk of a long prompt) pads by one block at most
     full = -(-budget // CHUNK) * CHUNK
     assert sizes[-1] == full + CHUNK
-    assert [b for b in sizes[:-1] if b <= PREFILL_BUCKETS[-1]] == [b for b in PREFILL_BUCKETS if b < sizes[-1]]
+    assert ([b for b in sizes[:-1] if b <= PREFILL_BUCKETS[-1]]
+            == [b for b in PREFILL_BUCKETS if b < sizes[-1]])

@@ -28,7 +28,8 @@ def setup(tiny_dirs, engine_device):
     path = tiny_dirs["qwen3_5_text"]
     hf = transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(31)
-    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist()
+               for n in LENGTHS]
     plain = [hf_greedy(hf, p) for p in prompts]
     loaded = load_model(path, dtype=torch.float32, device=engine_device)
     return path, loaded, prompts, hf, plain

@@ -1,5 +1,5 @@
-"""Penalties, min-p and logprobs: greedy tokens under a repetition penalty equal transformers' greedy
-`generate` with its `repetition_penalty`; under presence and frequency penalties they equal
+"""Penalties, min-p and logprobs: greedy tokens under a repetition penalty equal transformers'
+greedy `generate` with its `repetition_penalty`; under presence and frequency penalties they equal
 `generate` with a logits processor that applies OpenAI's definition. Both hold for requests
 batched with plain ones, with chunked prefill, preemption, and steps queued ahead (async),
 and on the GPU through its graphs. A min-p draw only ever picks tokens at least min_p times
@@ -35,7 +35,8 @@ def openai_penalties(prompt_len: int, presence: float, frequency: float):
     class Penalties(transformers.LogitsProcessor):
         def __call__(self, input_ids, scores):
             out = input_ids[:, prompt_len:]
-            counts = torch.zeros_like(scores).scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+            counts = torch.zeros_like(scores).scatter_add_(1, out,
+                                                           torch.ones_like(out, dtype=scores.dtype))
             return scores - frequency * counts - presence * (counts > 0).to(scores.dtype)
 
     return Penalties()
@@ -60,7 +61,8 @@ def setup(tiny_dirs, engine_device):
             extra["logits_processor"] = transformers.LogitsProcessorList(
                 [openai_penalties(len(p), pen["presence_penalty"], pen["frequency_penalty"])])
         with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+            out = hf.generate(torch.tensor([p]), max_new_tokens=NEW, min_new_tokens=NEW,
+                              do_sample=False,
                               repetition_penalty=pen.get("repetition_penalty", 1.0), **extra)
         expected.append(out[0, len(p):].tolist())
     loaded = load_model(path, dtype=torch.float32, device=engine_device)
@@ -122,8 +124,9 @@ def test_min_p_keeps_only_likely_tokens(setup, engine_device):
     hf = transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     eng = engine(setup, engine_device)
     temperature, min_p = 3.0, 0.3
-    outs = eng.generate(prompts, [SamplingParams(max_tokens=NEW, ignore_eos=True, temperature=temperature,
-                                                 min_p=min_p, seed=i) for i in range(len(prompts))])
+    outs = eng.generate(prompts, [SamplingParams(max_tokens=NEW, ignore_eos=True,
+                                                 temperature=temperature, min_p=min_p, seed=i)
+                                  for i in range(len(prompts))])
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
@@ -178,7 +181,8 @@ def test_logprobs_are_the_models(setup, engine_device, async_scheduling):
         assert continued[0] > 10
     events = list(eng.stream(prompts[0], asked[0]))  # (alone: the sums run in another order)
     streamed = [lp for e in events for lp in e.logprobs]
-    assert [[i for i, _ in top] for _, top in streamed] == [[i for i, _ in top] for _, top in outs[0].logprobs]
+    assert ([[i for i, _ in top] for _, top in streamed]
+            == [[i for i, _ in top] for _, top in outs[0].logprobs])
     assert [lp for lp, _ in streamed] == pytest.approx([lp for lp, _ in outs[0].logprobs], abs=1e-4)
     assert all(len(e.logprobs) == len(e.token_ids) for e in events)
 

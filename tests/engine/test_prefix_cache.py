@@ -19,7 +19,8 @@ from statechat.model.loader import load_model
 from tests.helpers import PolicyModel
 
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
-WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel"]
 
 
 def user_text(rng: torch.Generator, n_words: int) -> str:
@@ -32,7 +33,8 @@ def engines(tiny_dirs):
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32)
     cached = LLMEngine(EngineConfig(model=path, device="cpu", checkpoint_interval=2), loaded=loaded)
-    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
     return cached, plain
 
 
@@ -41,7 +43,8 @@ def ask(cached: LLMEngine, plain: LLMEngine, policy: PolicyModel, ids: list[int]
     got = cached.generate([ids], PARAMS)[0]
     ref = plain.generate([ids], PARAMS)[0]
     assert got.token_ids == ref.token_ids
-    assert got.num_cached_tokens == want, f"reused {got.num_cached_tokens}, nearest checkpoint {want}"
+    assert got.num_cached_tokens == want, (f"reused {got.num_cached_tokens}, "
+                                           f"nearest checkpoint {want}")
     assert got.num_computed_tokens == len(ids) - want
     assert ref.num_cached_tokens == 0
     policy.record(ids, got.token_ids)
@@ -110,7 +113,8 @@ def test_disk_loads_teach_the_rate_they_saw():
     cost.observe_load(DISK, 1 << 30, 2.0, resident=0.0)  # 0.5 GB/s from the disk
     assert cost.bandwidth[DISK] < 1e9
     cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
-    cost.observe_load(DISK, int(4e9), 2e9 / 4e9 + 2e9 / 0.5e9, resident=0.5)  # the disk half at 0.5 GB/s
+    # the disk half at 0.5 GB/s
+    cost.observe_load(DISK, int(4e9), 2e9 / 4e9 + 2e9 / 0.5e9, resident=0.5)
     assert cost.bandwidth[PAGE_CACHE] == 4e9 and cost.bandwidth[DISK] == pytest.approx(0.75e9)
     cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
     cost.latency[DISK] = 0.0

@@ -28,7 +28,8 @@ def setup(tiny_dirs, engine_device):
     path = tiny_dirs["qwen3_5_text"]
     hf = transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(23)
-    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist()
+               for n in LENGTHS]
     with torch.no_grad():
         want = [hf(torch.tensor([p])).logits[0].log_softmax(-1) for p in prompts]
     loaded = load_model(path, dtype=torch.float32, device=engine_device)
@@ -72,7 +73,8 @@ def test_prompt_logprobs_are_the_models(setup, engine_device, overrides):
         eng.step()
     outs = [eng.output(s) for s in seqs]
     for prompt, rows, out, p in zip(prompts, want, outs, asked):
-        assert_models(out.prompt_logprobs, prompt, rows, p.prompt_logprobs, tolerance(engine_device))
+        assert_models(out.prompt_logprobs, prompt, rows, p.prompt_logprobs,
+                      tolerance(engine_device))
         assert out.logprobs is None and len(out.token_ids) == NEW
     assert outs[3].prompt_logprobs is None
     if "num_kv_blocks" in overrides:

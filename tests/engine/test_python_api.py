@@ -125,8 +125,9 @@ def test_an_aborted_request_reports_what_it_computed(engine):
     assert engine.output(long).num_computed_tokens == 64
 
 
-@pytest.mark.parametrize("prompt", [(5, 6, 7), np.array([5, 6, 7]), np.array([5, 6, 7], dtype=np.int32),
-                                    range(5, 8)], ids=["tuple", "int64-array", "int32-array", "range"])
+@pytest.mark.parametrize("prompt", [(5, 6, 7), np.array([5, 6, 7]),
+                                    np.array([5, 6, 7], dtype=np.int32), range(5, 8)],
+                         ids=["tuple", "int64-array", "int32-array", "range"])
 def test_a_sequence_or_array_of_ids_is_a_prompt(engine, prompt):
     want = engine.generate([[5, 6, 7]], greedy(3))[0].token_ids
     assert engine.generate([prompt], greedy(3))[0].token_ids == want
@@ -135,7 +136,8 @@ def test_a_sequence_or_array_of_ids_is_a_prompt(engine, prompt):
 
 @pytest.mark.parametrize(("prompt", "got"), [
     (None, "None"), (5, "int"), (b"abc", "bytes"), ({"ids": [5]}, "dict"),
-    (np.array([[5, 6]]), "a 2-D int64 numpy array"), (np.array([5.0, 6.0]), "a 1-D float64 numpy array"),
+    (np.array([[5, 6]]), "a 2-D int64 numpy array"),
+    (np.array([5.0, 6.0]), "a 1-D float64 numpy array"),
 ], ids=["none", "int", "bytes", "dict", "2-d-array", "float-array"])
 def test_other_prompts_are_one_line(engine, prompt, got):
     with pytest.raises(ConfigError) as err:

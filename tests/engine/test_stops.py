@@ -19,7 +19,8 @@ PROMPT = list(range(3, 40))
 @pytest.fixture(scope="module")
 def engine(tiny_dirs, engine_device):
     path = tiny_dirs["qwen3_5_text"]
-    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32", **engine_config(engine_device)),
+    return LLMEngine(EngineConfig(model=path, max_model_len=256, dtype="float32",
+                                  **engine_config(engine_device)),
                      loaded=load_model(path, dtype=torch.float32, device=engine_device))
 
 
@@ -47,8 +48,8 @@ def test_a_stop_string_ends_the_reply_and_is_never_streamed(engine):
         raise AssertionError("no three characters across a token boundary occur once in the reply")
     cut = full.index(stop)
     assert greedy(engine, 40, stop=[stop]) == (full[:cut], "stop")
-    assert streamed(engine.stream(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop]))) \
-        == (full[:cut], "stop")
+    assert streamed(engine.stream(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True,
+                                                         stop=[stop]))) == (full[:cut], "stop")
     worker = EngineWorker(engine)  # the server's path
     try:
         handle = worker.submit(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,)))

@@ -199,7 +199,8 @@ def test_the_output_kernel_sums_its_key_pieces(monkeypatch):
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize(("shape", "dtype"), CASES[:2], ids=CASE_IDS[:2])
-def test_the_gated_norm_fused_into_the_output_matches_the_norm_after_it(shape, dtype, fused, monkeypatch):
+def test_the_gated_norm_fused_into_the_output_matches_the_norm_after_it(shape, dtype, fused,
+                                                                        monkeypatch):
     """chunk_gdn(norm=(z, w, eps)) returns gated_rmsnorm(chunk_gdn(...), z, w, eps): computed
     in the output kernel when a head fits its tile, by the norm kernel after it otherwise; the
     gate is read in place from a wider projection. Same slots written either way."""
@@ -229,7 +230,8 @@ def test_the_gated_norm_fused_into_the_output_matches_the_norm_after_it(shape, d
     close = bool(((normed.float() - want.float()).abs() <= ulp * want.float().abs() + 1e-6).all())
     same_states = _same_bits(pools[0], pools[1])
     assert close and same_states
-    with pytest.raises(ValueError, match="norm wants a gate"):  # refused before any state is written
+    # refused before any state is written
+    with pytest.raises(ValueError, match="norm wants a gate"):
         chunk_gdn(**inputs, state_pool=pools[1], cu_seqlens=cu, src_slots=src, dst_slots=slots + 10,
                   norm=(z[:, :, 1:], weight[1:], 1e-6))
 
@@ -332,7 +334,8 @@ def test_a_layout_made_once_serves_every_layer():
     v, a, b = (torch.randn(*s, device=DEVICE) for s in ((T, HV, K), (T, HV), (T, HV)))
     A_log, dt_bias = torch.rand(HV, device=DEVICE) - 1.5, torch.randn(HV, device=DEVICE)
     src, dst = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in ([1, 0], [2, 3]))
-    ck = reference.Checkpoints(*(torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in ([1, 1], [64, 128], [4, 5])))
+    ck = reference.Checkpoints(*(torch.tensor(x, dtype=torch.int32, device=DEVICE)
+                                 for x in ([1, 1], [64, 128], [4, 5])))
     outs = []
     for layout in (None, gdn_chunk.chunk_layout(cu, T, ck)):
         torch.manual_seed(0)

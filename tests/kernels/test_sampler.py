@@ -243,7 +243,8 @@ def test_sample_vocabulary_of_small_and_degenerate_rows(device):
         assert got == int(reference.sample_vocabulary(*args)) and got in (5, 4500, 8999), trial
 
 
-def draw_one_row(logits: torch.Tensor, noise: torch.Tensor, top_p: float, device) -> tuple[int, int]:
+def draw_one_row(logits: torch.Tensor, noise: torch.Tensor, top_p: float,
+                 device) -> tuple[int, int]:
     """(the kernels' token, the reference's) for one row at temperature 1 under `top_p`."""
     params = params_of([(1.0, top_p, -math.inf, 1, 0, 0)], device)
     rows = torch.zeros(1, dtype=torch.int64, device=device)

@@ -121,8 +121,10 @@ def edited(tiny_dirs, tmp_path, edit) -> str:
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
-        (lambda c, p: c.update(num_hidden_layers="8"), "'num_hidden_layers' must be a positive integer, got '8'"),
-        (lambda c, p: c.update(num_key_value_heads=0), "'num_key_value_heads' must be a positive integer"),
+        (lambda c, p: c.update(num_hidden_layers="8"),
+         "'num_hidden_layers' must be a positive integer, got '8'"),
+        (lambda c, p: c.update(num_key_value_heads=0),
+         "'num_key_value_heads' must be a positive integer"),
         (lambda c, p: c.update(rope_parameters=[1]), "a field of an unexpected type or value"),
         (lambda c, p: c.update(full_attention_interval=0, layer_types=None),
          "'full_attention_interval' must be a positive integer"),
@@ -131,8 +133,8 @@ def edited(tiny_dirs, tmp_path, edit) -> str:
         (lambda c, p: weights(p).write_bytes(b""), "cannot be read"),
         (lambda c, p: weights(p).write_bytes(weights(p).read_bytes()[:5000]), "cannot be read"),
     ],
-    ids=["layers-a-string", "no-kv-heads", "rope-a-list", "interval-0", "eos-a-string", "empty-weights",
-         "cut-weights"],
+    ids=["layers-a-string", "no-kv-heads", "rope-a-list", "interval-0", "eos-a-string",
+         "empty-weights", "cut-weights"],
 )
 def test_fields_and_files_of_the_wrong_shape_are_named(tiny_dirs, tmp_path, edit, says):
     """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error."""

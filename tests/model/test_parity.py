@@ -18,7 +18,8 @@ LAYOUTS = ["qwen3_5", "qwen3_5_text"]
 def hf_model(path, layout):
     import transformers
 
-    cls = transformers.Qwen3_5ForConditionalGeneration if layout == "qwen3_5" else transformers.Qwen3_5ForCausalLM
+    cls = (transformers.Qwen3_5ForConditionalGeneration if layout == "qwen3_5"
+           else transformers.Qwen3_5ForCausalLM)
     return cls.from_pretrained(path, dtype=torch.float32).eval()
 
 
@@ -78,8 +79,8 @@ def test_greedy_generation_matches_transformers_generate(pair):
     tok = ours.tokenizer
     prompts = ["Hello!", "The quick brown fox", "statechat keeps the state", "def main():"]
     for text in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
+        ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True, tokenize=True, return_dict=False)
         with torch.no_grad():
             out = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                               eos_token_id=None, min_new_tokens=32)
@@ -108,5 +109,6 @@ def test_a_rotary_table_gives_the_computed_cos_and_sin(dtype):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert got[0].stride() == got[1].stride()  # one layout, as the rope kernels need
     other = torch.float16
-    assert all(torch.equal(a, b) for a, b in zip(rotary.cos_sin(positions, other),
-                                                  RotaryEmbedding(16, 1e7).cos_sin(positions, other)))
+    assert all(torch.equal(a, b)
+               for a, b in zip(rotary.cos_sin(positions, other),
+                               RotaryEmbedding(16, 1e7).cos_sin(positions, other)))

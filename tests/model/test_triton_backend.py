@@ -29,7 +29,8 @@ def run(loaded, ids: list[int]) -> torch.Tensor:
 def test_triton_backend_matches_reference(tiny_dirs):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     loaded = load_model(tiny_dirs["qwen3_5"], dtype=torch.float32, device=device)
-    ids = torch.randint(0, loaded.config.vocab_size, (94,), generator=torch.Generator().manual_seed(2)).tolist()
+    ids = torch.randint(0, loaded.config.vocab_size, (94,),
+                        generator=torch.Generator().manual_seed(2)).tolist()
     previous = kernels.get_backend()
     try:
         kernels.set_backend("reference")

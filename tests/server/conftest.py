@@ -21,7 +21,8 @@ KEY = "sk-test-key"
 @pytest.fixture(scope="module")
 def server():
     loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
-    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024), loaded=loaded)
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024),
+                       loaded=loaded)
     worker = EngineWorker(engine)
     srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)

@@ -4,8 +4,8 @@ samples with seed + i); greedy choices are identical; usage counts the prompt on
 choice's tokens; a stream interleaves the choices, each with its own role and finish chunk, and
 matches the whole reply; the choices after the first resume from its prompt (in a chat, also
 when it asks for prompt_logprobs, which choice 0 alone computes and a stream gives every
-choice's first event, later choices' events waiting for them); a client that goes away, streamed or not, stops every choice; n and best_of out of range are 400s naming
-them."""
+choice's first event, later choices' events waiting for them); a client that goes away, streamed
+or not, stops every choice; n and best_of out of range are 400s naming them."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def test_greedy_choices_are_identical(client):
 def test_stream_interleaves_the_choices(client):
     whole = client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=11)
     chunks = list(client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=11,
-                                                 stream=True, stream_options={"include_usage": True}))
+                                                 stream=True,
+                                                 stream_options={"include_usage": True}))
     texts, roles, finishes = ["", "", ""], [0, 0, 0], [[], [], []]
     for chunk in chunks[:-1]:
         (choice,) = chunk.choices

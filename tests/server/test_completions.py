@@ -56,7 +56,8 @@ def test_serve_max_tokens_sets_the_default_here_too(client, server, monkeypatch)
     """`serve --max-tokens 5` is the default of a text completion as of a chat one."""
     monkeypatch.setattr(server, "completion_max_tokens", 5)
     assert client.completions.create(**GREEDY, prompt=PROMPT).usage.completion_tokens == 5
-    assert client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=7).usage.completion_tokens == 7
+    assert client.completions.create(**GREEDY, prompt=PROMPT,
+                                     max_tokens=7).usage.completion_tokens == 7
 
 
 def test_a_list_of_prompts_with_n(client, tokenizer):
@@ -133,7 +134,8 @@ def test_echo_with_logprobs_scores_the_prompt(client, tokenizer, prompt_logsoftm
         assert lp.token_logprobs[p] == pytest.approx(want[p - 1, ids[p]].item(), abs=1e-4)
         top = lp.top_logprobs[p]
         assert top[lp.tokens[p]] == lp.token_logprobs[p] and len(top) in (2, 3)
-        assert sorted(top.values())[-2:] == pytest.approx(want[p - 1].topk(2).values.tolist()[::-1], abs=1e-4)
+        assert sorted(top.values())[-2:] == pytest.approx(
+            want[p - 1].topk(2).values.tolist()[::-1], abs=1e-4)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] < len(PROMPT)
     # with a reply: the same prompt part, then the reply's tokens as logprobs alone gives them
     both = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=5, echo=True, logprobs=2)
@@ -226,7 +228,8 @@ def test_a_prompts_logprobs_are_computed_once_for_its_choices(client, monkeypatc
         assert choice.logprobs.tokens == want.tokens
         assert choice.logprobs.token_logprobs[1:num_ids] == \
             pytest.approx(want.token_logprobs[1:num_ids], abs=1e-4)
-        assert choice.model_extra["prompt_logprobs"] == reply.choices[0].model_extra["prompt_logprobs"]
+        assert (choice.model_extra["prompt_logprobs"]
+                == reply.choices[0].model_extra["prompt_logprobs"])
     num_ids = len(tokenizer.encode(PROMPT))  # (the other prompt's choices: the same copy)
     other = [c.logprobs.token_logprobs[:num_ids] for c in reply.choices[3:]]
     assert other[0][0] is None and None not in other[0][1:] and other == [other[0]] * 3
@@ -259,7 +262,8 @@ def test_refused_fields_and_long_prompts(client):
     for fields, param in (({"suffix": "end"}, "suffix"),
                           ({"logprobs": 21}, "logprobs"), ({"n": 17}, "n"),
                           ({"best_of": 3}, "best_of"), ({"max_tokens": 0}, "max_tokens"),
-                          ({"extra_body": {"prompt_logprobs": 1}, "stream": True}, "prompt_logprobs"),
+                          ({"extra_body": {"prompt_logprobs": 1}, "stream": True},
+                           "prompt_logprobs"),
                           ({"extra_body": {"logprobs": True}}, "logprobs")):
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(**{"model": "m", "prompt": PROMPT, **fields})

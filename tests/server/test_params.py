@@ -119,7 +119,8 @@ def test_logprobs_and_top_logprobs():
 
 @pytest.mark.parametrize("body, field, message", [
     ({"prompt_logprobs": False}, "prompt_logprobs", "prompt_logprobs must be an integer"),
-    ({"logit_bias": {"5": 101}}, "logit_bias", "logit_bias values must be in [-100, 100], got 101.0"),
+    ({"logit_bias": {"5": 101}}, "logit_bias",
+     "logit_bias values must be in [-100, 100], got 101.0"),
     ({"logit_bias": {"a": 1}}, "logit_bias",
      "logit_bias keys must be token ids (integers >= 0), got 'a'"),
     ({"logit_bias": [5]}, "logit_bias", "logit_bias must map token ids to numbers, got [5]"),
@@ -184,7 +185,8 @@ def test_choice_seeds_and_room():
 @pytest.mark.parametrize("body, message", [
     ({"stream_options": {"include_usage": True}}, "stream_options needs stream true"),
     ({"stream": True, "stream_options": 3}, "stream_options must be an object"),
-    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage must be true or false"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}},
+     "include_usage must be true or false"),
 ])
 def test_bad_stream_options_are_400s(body, message):
     with pytest.raises(ApiError) as info:

@@ -25,7 +25,8 @@ from statechat.server import ChatServer
 from tests.server.conftest import KEY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
-WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel"]
 
 
 def words(seed: int, n: int) -> str:
@@ -34,7 +35,8 @@ def words(seed: int, n: int) -> str:
 
 
 def chat(seed: int, n: int = 120) -> list[dict]:
-    return [{"role": "system", "content": words(1000, 100)}, {"role": "user", "content": words(seed, n)}]
+    return [{"role": "system", "content": words(1000, 100)},
+            {"role": "user", "content": words(seed, n)}]
 
 
 def test_non_streamed_reply_reports_reuse(client):
@@ -53,7 +55,8 @@ def test_non_streamed_reply_reports_reuse(client):
 
 def test_streamed_reply_matches(client):
     messages = chat(2)
-    whole = client.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(model="m", messages=messages, max_tokens=16,
+                                           temperature=0)
     stream = client.chat.completions.create(model="m", messages=messages, max_tokens=16,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True})
@@ -74,7 +77,8 @@ def test_logit_bias_and_min_tokens(client, server):
                                             extra_body={"ignore_eos": True})
     assert pushed.choices[0].message.content == server.worker.engine.tokenizer.decode([40] * 5)
     prompt = server.worker.render(ask["messages"])
-    ids = server.worker.submit(prompt, SamplingParams(max_tokens=6, ignore_eos=True)).result().token_ids
+    ids = server.worker.submit(prompt,
+                               SamplingParams(max_tokens=6, ignore_eos=True)).result().token_ids
     stopped = client.chat.completions.create(**ask, max_tokens=6, extra_body={
         "ignore_eos": True, "stop_token_ids": [ids[1]]})
     held = client.chat.completions.create(**ask, max_tokens=6, extra_body={
@@ -101,7 +105,8 @@ def test_a_reply_continues_the_last_assistant_message(client, server):
                          ({"add_generation_prompt": False}, "add_generation_prompt"),
                          ({"echo": True}, "echo")):
         with pytest.raises(openai.BadRequestError) as info:
-            client.chat.completions.create(model="m", messages=messages, max_tokens=2, extra_body=extra)
+            client.chat.completions.create(model="m", messages=messages, max_tokens=2,
+                                           extra_body=extra)
         assert info.value.body["param"] == param
 
 
@@ -110,13 +115,15 @@ def test_template_variables_of_the_server_and_the_request(client, server, monkey
     request's own chat_template_kwargs win (a template that says whether thinking is on)."""
     tokenizer = server.worker.engine.tokenizer
     monkeypatch.setattr(tokenizer, "chat_template",
-                        "{% if enable_thinking is defined and not enable_thinking %}quick {% endif %}"
+                        "{% if enable_thinking is defined and not enable_thinking %}"
+                        "quick {% endif %}"
                         "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     monkeypatch.setattr(server, "template_kwargs", {"enable_thinking": False})
     messages = [{"role": "user", "content": "hello there"}]
     default = client.chat.completions.create(model="m", messages=messages, max_tokens=1)
     own = client.chat.completions.create(model="m", messages=messages, max_tokens=1,
-                                         extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+                                         extra_body={"chat_template_kwargs":
+                                                     {"enable_thinking": True}})
     assert default.usage.prompt_tokens == len(tokenizer.encode("quick hello there"))
     assert own.usage.prompt_tokens == len(tokenizer.encode("hello there"))
 
@@ -132,9 +139,11 @@ def test_vllm_sampling_fields_and_refused_ones(client):
                                           extra_body={"top_k": 1, "ignore_eos": True})
     assert top1.choices[0].message.content == greedy.choices[0].message.content
     assert greedy.usage.completion_tokens == 12
-    reply_ids = AutoTokenizer.from_pretrained(EMBEDDED_MODEL).encode(greedy.choices[0].message.content)
+    reply_ids = AutoTokenizer.from_pretrained(EMBEDDED_MODEL).encode(
+        greedy.choices[0].message.content)
     stopped = client.chat.completions.create(**ask, temperature=0,
-                                             extra_body={"stop_token_ids": [reply_ids[3]], "ignore_eos": True})
+                                             extra_body={"stop_token_ids": [reply_ids[3]],
+                                                         "ignore_eos": True})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens < 12
     client.chat.completions.create(**ask, presence_penalty=0.5, frequency_penalty=0.5,
                                    extra_body={"min_p": 0.1, "repetition_penalty": 1.1})
@@ -164,14 +173,17 @@ def test_logprobs_streamed_and_not(client):
     whole = client.chat.completions.create(**ask)
     content = whole.choices[0].logprobs.content
     assert len(content) == whole.usage.completion_tokens
-    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")  # (cut mid-character)
+    # (cut mid-character)
+    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
     assert whole.choices[0].message.content and text.startswith(whole.choices[0].message.content)
     for e in content:
         assert len(e.top_logprobs) == 3 and e.logprob <= 0
-        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs),
+                                                             reverse=True)
         assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
     chunks = list(client.chat.completions.create(**ask, stream=True))
-    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
     assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-4)
     plain = client.chat.completions.create(**{**ask, "logprobs": False, "top_logprobs": 0})
@@ -299,7 +311,8 @@ def test_malformed_requests_get_an_answer(server):
     ]:
         status, body = raw_post(server, raw.encode())
         assert status == 400 and body["error"]["param"] == field, (raw[:80], body)
-    lower = urllib.request.Request(f"{server.url}/health", headers={"Authorization": f"bearer {KEY}"})
+    lower = urllib.request.Request(f"{server.url}/health",
+                                   headers={"Authorization": f"bearer {KEY}"})
     with urllib.request.urlopen(lower, timeout=10) as resp:  # the scheme is case-insensitive
         assert resp.status == 200
 
