@@ -36,9 +36,9 @@ def test_full_queue_drops_and_reports(tiny_dirs, tmp_path, caplog):
 def test_writer_holds_back_while_the_engine_launches(tiny_dirs, tmp_path, monkeypatch):
     """While the engine says it is launching a step, the writer starts nothing (it would take
     the GIL from the launches); once the engine waits or is idle, the queued saves land."""
-    from statechat.cache import store as store_mod
+    from statechat.cache.store import writer
 
-    monkeypatch.setattr(store_mod, "MAX_DEFER_S", 30.0)
+    monkeypatch.setattr(writer, "MAX_DEFER_S", 30.0)
     engine = cached_engine(tiny_dirs, tmp_path)
     before = saved_after(engine, seed=2)
     hold(engine.store)
@@ -55,9 +55,9 @@ def test_writer_holds_back_while_the_engine_launches(tiny_dirs, tmp_path, monkey
 def test_a_busy_engine_delays_writes_but_does_not_stop_them(tiny_dirs, tmp_path, monkeypatch):
     """An engine that stays busy (a long run of prefill chunks) delays a job by at most
     MAX_DEFER_S in all; the rows land while it is still busy."""
-    from statechat.cache import store as store_mod
+    from statechat.cache.store import writer
 
-    monkeypatch.setattr(store_mod, "MAX_DEFER_S", 0.05)
+    monkeypatch.setattr(writer, "MAX_DEFER_S", 0.05)
     engine = cached_engine(tiny_dirs, tmp_path)
     before = saved_after(engine, seed=4)
     hold(engine.store)

@@ -11,8 +11,11 @@ import zlib
 import pytest
 import torch
 
-from statechat.cache import blobs
-from statechat.cache.blobs import BlobError, BlobMeta, read_blob, write_blob
+from statechat.cache.blobs import encoding, residency
+from statechat.cache.blobs import read as blob_read
+from statechat.cache.blobs.encoding import BlobError, BlobMeta
+from statechat.cache.blobs.read import read_blob
+from statechat.cache.blobs.write import write_blob
 
 FP = "ab" * 32
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -36,7 +39,7 @@ def shapes(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 @pytest.fixture
 def small_pieces(monkeypatch):
     """Pieces of 1000 bytes, so a small blob has many (the format's are 16 MiB)."""
-    monkeypatch.setattr(blobs, "PIECE_BYTES", 1000)
+    monkeypatch.setattr(encoding, "PIECE_BYTES", 1000)
 
 
 @pytest.fixture
@@ -98,7 +101,7 @@ def test_round_trip_is_exact(blob, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_round_trip_of_a_tensor_larger_than_a_piece(tmp_path, device):
-    tensors = {"k.0": torch.arange(blobs.PIECE_BYTES // 4 + 3, dtype=torch.int32),
+    tensors = {"k.0": torch.arange(encoding.PIECE_BYTES // 4 + 3, dtype=torch.int32),
                "v.0": torch.ones(5)}
     path = tmp_path / "big.safetensors"
     _, crc = write_blob(path, tensors, BlobMeta(FP, 64, ["00"], "kv"))
@@ -113,9 +116,9 @@ def test_pieces_are_read_in_runs(blob, device, run_bytes, monkeypatch):
     larger piece alone), and each keeps its own checksum: the tensors round-trip, one read
     per run, and a byte flipped in any piece of a run is still refused."""
     path, tensors, crc = blob
-    monkeypatch.setattr(blobs, "RUN_BYTES", run_bytes)
-    reads, read_into = [], blobs._read_into
-    monkeypatch.setattr(blobs, "_read_into", lambda fd, offset, out: reads.append(len(out)) or read_into(fd, offset, out))
+    monkeypatch.setattr(blob_read, "RUN_BYTES", run_bytes)
+    reads, read_into = [], blob_read._read_into
+    monkeypatch.setattr(blob_read, "_read_into", lambda fd, offset, out: reads.append(len(out)) or read_into(fd, offset, out))
     got = read_blob(path, FP, shapes(tensors), crc, device=device)
     assert all(torch.equal(got[n].cpu(), t) for n, t in tensors.items())
     data = path.stat().st_size - data_start(path)
@@ -139,7 +142,7 @@ def test_checksum_follows_the_documented_formula(small_pieces):
     raw = a.numpy().tobytes()
     crcs = [f"{zlib.crc32(raw[o : o + 1000]):08x}" for o in (0, 1000, 2000)]
     text = "a:" + ".".join(crcs) + ",b:00000000"
-    assert blobs.checksum({"b": b, "a": a}) == f"{zlib.crc32(text.encode()):08x}"
+    assert blob_read.checksum({"b": b, "a": a}) == f"{zlib.crc32(text.encode()):08x}"
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -195,7 +198,7 @@ def test_resident_fraction_counts_the_cached_pages(tmp_path, monkeypatch):
     """Half of a file written, the other half a hole never read: half of its pages are in the
     page cache, asked of every page of a small file and of evenly spaced windows of a large
     one. A file that is not there is cold."""
-    libc, calls = blobs._libc(), []
+    libc, calls = residency._libc(), []
 
     class Counting:  # the real calls, with mincore's lengths recorded
         mmap, munmap = libc.mmap, libc.munmap
@@ -205,17 +208,18 @@ def test_resident_fraction_counts_the_cached_pages(tmp_path, monkeypatch):
             calls.append(length.value)
             return libc.mincore(addr, length, vec)
 
-    monkeypatch.setattr(blobs, "_libc", lambda: Counting)
-    page, sampled = blobs._PAGE, blobs.RESIDENT_SAMPLES * blobs.RESIDENT_WINDOW * blobs._PAGE
+    monkeypatch.setattr(residency, "_libc", lambda: Counting)
+    page = residency._PAGE
+    sampled = residency.RESIDENT_SAMPLES * residency.RESIDENT_WINDOW * page
     for size in (sampled // 2 + 100, 4 * sampled + 100):  # whole file asked; windows asked
         path = tmp_path / f"half-{size}"
         with open(path, "wb") as f:
             f.write(b"x" * (size // 2))
             f.truncate(size)
         calls.clear()
-        assert blobs.resident_fraction(path) == pytest.approx(0.5, abs=0.02), size
+        assert residency.resident_fraction(path) == pytest.approx(0.5, abs=0.02), size
         if size < sampled:
             assert calls == [size]
         else:
-            assert calls == [blobs.RESIDENT_WINDOW * page] * blobs.RESIDENT_SAMPLES
-    assert blobs.resident_fraction(tmp_path / "missing") == 0.0
+            assert calls == [residency.RESIDENT_WINDOW * page] * residency.RESIDENT_SAMPLES
+    assert residency.resident_fraction(tmp_path / "missing") == 0.0

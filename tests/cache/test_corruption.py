@@ -119,17 +119,15 @@ def test_row_without_blob(model, warm_cache, caplog):
 def test_a_blob_that_cannot_be_opened_is_kept(model, warm_cache, caplog, monkeypatch):
     """An error opening a blob (its permissions, an I/O error, no file handles left) says
     nothing of its contents: the request computes instead, and the entry and file stay."""
-    from statechat.cache import blobs
-
     blob = ckpt_blob(warm_cache, 192)
-    real_open = blobs.os.open
+    real_open = os.open
 
     def refuse(path, *args, **kwargs):
         if str(path) == str(blob):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(blobs.os, "open", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     warning = damaged(model, warm_cache, caplog, "unopenable")
     assert "cannot be opened (Permission denied); kept it" in warning
     assert blob.exists()

@@ -169,7 +169,8 @@ def test_a_plan_that_cannot_pay_asks_the_index_only_for_checkpoints(plain, tmp_p
     the index (or the page cache) about the disk's blocks before the request computes: it
     reports its load time as a lower bound, and learns which blocks are on disk on a pool
     thread (nothing already stored is queued again)."""
-    from statechat.cache import index, store
+    from statechat.cache import index
+    from statechat.cache.store import lookup, reads
 
     saved_prompt(plain, tmp_path)
     second = on_cache_dir(plain, tmp_path)
@@ -177,7 +178,8 @@ def test_a_plan_that_cannot_pay_asks_the_index_only_for_checkpoints(plain, tmp_p
     asked, present = [], index.blocks_present
     monkeypatch.setattr(index, "blocks_present", lambda db, hashes: asked.append(
         threading.current_thread() is threading.main_thread()) or present(db, hashes))
-    monkeypatch.setattr(store, "resident_fraction", lambda path: pytest.fail("asked the page cache"))
+    for module in (lookup, reads):  # a plan's shares; the start's rate sample
+        monkeypatch.setattr(module, "resident_fraction", lambda path: pytest.fail("asked the page cache"))
     ahead = second.store.blocks_on_disk_ahead
     checks = []  # finished before the request's first step (the test does not race the pool)
     monkeypatch.setattr(second.store, "blocks_on_disk_ahead",
@@ -251,7 +253,7 @@ def test_a_plan_prices_disk_reads_by_what_the_page_cache_holds(plain, tmp_path):
 
 def evict_page_cache(folder) -> bool:
     """Drop the folder's files from the page cache; whether it worked."""
-    from statechat.cache.blobs import resident_fraction
+    from statechat.cache.blobs.residency import resident_fraction
 
     if not hasattr(os, "posix_fadvise"):
         return False
@@ -301,7 +303,7 @@ def test_an_engine_starts_with_the_page_caches_rate_measured(plain, tmp_path, mo
     """At start an engine times two reads of a stored checkpoint that the page cache holds
     (as a restore reads it) and prices page-cache reads at that rate; with no such checkpoint
     it keeps its guess."""
-    from statechat.cache import store
+    from statechat.cache.store import lookup, reads
     from statechat.engine.prefix import PAGE_CACHE, CostModel
 
     guess = CostModel(1.0).bandwidth[PAGE_CACHE]
@@ -309,27 +311,29 @@ def test_an_engine_starts_with_the_page_caches_rate_measured(plain, tmp_path, mo
     empty.close()
     assert empty.prefix.cost.bandwidth[PAGE_CACHE] == guess
     saved_prompt(plain, tmp_path)
-    monkeypatch.setattr(store, "SAMPLE_MIN_BYTES", 1)  # the tiny model's checkpoints are small
-    reads, read_blob = [], store.read_blob
-    monkeypatch.setattr(store, "read_blob", lambda path, *a: reads.append(path.name) or read_blob(path, *a))
+    monkeypatch.setattr(reads, "SAMPLE_MIN_BYTES", 1)  # the tiny model's checkpoints are small
+    read_names, read_blob = [], reads.read_blob
+    monkeypatch.setattr(reads, "read_blob", lambda path, *a: read_names.append(path.name) or read_blob(path, *a))
     second = on_cache_dir(plain, tmp_path)
     second.close()
     rate = second.prefix.cost.bandwidth[PAGE_CACHE]
     last_boundary = out_hashes(second, PROMPT)[-1].hex()  # PROMPT's checkpoint, at 192
-    assert len(reads) == 2 and reads[0] == reads[1] and reads[0].startswith(last_boundary)
+    assert len(read_names) == 2 and read_names[0] == read_names[1]
+    assert read_names[0].startswith(last_boundary)
     assert rate != guess and rate > 0
-    monkeypatch.setattr(store, "resident_fraction", lambda path: 0.5)  # not cached whole: no sample
-    reads.clear()
+    for module in (lookup, reads):  # not cached whole: no sample
+        monkeypatch.setattr(module, "resident_fraction", lambda path: 0.5)
+    read_names.clear()
     third = on_cache_dir(plain, tmp_path)
     third.close()
-    assert reads == [] and third.prefix.cost.bandwidth[PAGE_CACHE] == guess
+    assert read_names == [] and third.prefix.cost.bandwidth[PAGE_CACHE] == guess
 
 
 def test_a_lookup_reads_a_small_index_ahead(plain, tmp_path, monkeypatch):
     """Every lookup asks the kernel to read the index (and its WAL) ahead, whole, unless it is
     larger than PREFETCH_INDEX_BYTES: a lookup in an index the page cache dropped would read
     its pages one at a time."""
-    from statechat.cache import store
+    from statechat.cache.store import readahead
 
     saved_prompt(plain, tmp_path)
     advised = []
@@ -339,7 +343,7 @@ def test_a_lookup_reads_a_small_index_ahead(plain, tmp_path, monkeypatch):
     opened.where([], ["00" * 32])
     assert ("index.db", os.POSIX_FADV_WILLNEED) in advised
     advised.clear()
-    monkeypatch.setattr(store, "PREFETCH_INDEX_BYTES", 1)
+    monkeypatch.setattr(readahead, "PREFETCH_INDEX_BYTES", 1)
     opened.where([], ["00" * 32])
     assert advised == []
 

@@ -61,17 +61,18 @@ def test_a_plan_asks_the_page_cache_about_a_sample_of_a_long_prefixs_blobs(monke
     """A long prefix has many blobs: the plan asks about at most RESIDENT_BLOBS of them, evenly
     spaced from the first to the deepest of each kind, and prices the rest at the mean of the
     asked ones of their kind; a short prefix's blobs are all asked."""
-    from statechat.cache import store
+    from statechat.cache.store import lookup as lookup_module
 
     asked = []
     share = {f"kv{i}": (i % 2) * 1.0 for i in range(30)} | {f"ck{i}": 0.25 for i in range(30)}
-    monkeypatch.setattr(store, "resident_fraction", lambda path: asked.append(path.name) or share[path.name])
+    monkeypatch.setattr(lookup_module, "resident_fraction",
+                        lambda path: asked.append(path.name) or share[path.name])
     hashes = [f"{i:04x}" for i in range(60)]
-    lookup = store.Lookup({h: "disk" for h in hashes}, {h: "disk" for h in hashes[1::2]},
-                          {h: f"kv{i // 2}" for i, h in enumerate(hashes)},
-                          {h: f"ck{i}" for i, h in enumerate(hashes[1::2])})
+    lookup = lookup_module.Lookup({h: "disk" for h in hashes}, {h: "disk" for h in hashes[1::2]},
+                                  {h: f"kv{i // 2}" for i, h in enumerate(hashes)},
+                                  {h: f"ck{i}" for i, h in enumerate(hashes[1::2])})
     lookup.sample_residency(hashes)
-    half = store.RESIDENT_BLOBS // 2
+    half = lookup_module.RESIDENT_BLOBS // 2
     kv = [n for n in asked if n.startswith("kv")]
     ck = [n for n in asked if n.startswith("ck")]
     assert len(kv) == len(ck) == half and len(set(asked)) == len(asked)
@@ -80,11 +81,12 @@ def test_a_plan_asks_the_page_cache_about_a_sample_of_a_long_prefixs_blobs(monke
     unasked = next(h for i, h in enumerate(hashes) if f"kv{i // 2}" not in kv)
     assert lookup.cached("kv", unasked) == mean_kv and lookup.cached("ckpt", hashes[3]) == 0.25
     assert lookup.cached("kv", hashes[58]) == share["kv29"]  # asked: its own share
-    assert len(asked) == store.RESIDENT_BLOBS  # pricing asked nothing more
+    assert len(asked) == lookup_module.RESIDENT_BLOBS  # pricing asked nothing more
 
     asked.clear()
-    short = store.Lookup({h: "disk" for h in hashes[:6]}, {hashes[5]: "disk"},
-                         {h: f"kv{i // 2}" for i, h in enumerate(hashes[:6])}, {hashes[5]: "ck0"})
+    short = lookup_module.Lookup({h: "disk" for h in hashes[:6]}, {hashes[5]: "disk"},
+                                 {h: f"kv{i // 2}" for i, h in enumerate(hashes[:6])},
+                                 {hashes[5]: "ck0"})
     short.sample_residency(hashes[:6])
     assert sorted(asked) == ["ck0", "kv0", "kv1", "kv2"]
 

@@ -1,0 +1,106 @@
+"""What a blob is, apart from any file: its names, metadata, header and checksum pieces.
+
+A blob is a plain safetensors file whose `__metadata__` holds the cache format version, the
+model fingerprint, its token count, the block hashes it covers and a checksum of its tensor
+bytes. The checksum is the crc32 of each piece of PIECE_BYTES of every tensor, folded into one
+(`fold_crcs`); the piece size is part of the cache format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from statechat.cache.hashing import CACHE_FORMAT_VERSION
+
+TMP_SUFFIX = ".tmp"
+PIECE_BYTES = 16 << 20  # the unit of the checksum (part of the cache format)
+
+
+class BlobError(Exception):
+    """A blob that must not be used (missing, truncated, corrupt, another model's, wrong shape).
+
+    `damaged` False: the file could not be read (permissions, an I/O error, no file handles
+    left), which says nothing of its contents: it is kept, and only this use of it fails."""
+
+    def __init__(self, message: str, damaged: bool = True) -> None:
+        super().__init__(message)
+        self.damaged = damaged
+
+
+# the files a store writes under its blob directory (and their temps): nothing else is removed
+BLOB_NAME = re.compile(r"(kv/[0-9a-f]{32}|ckpt/[0-9a-f]{2}/[0-9a-f]{64}-[0-9a-f]{8})\.safetensors"
+                       r"(\.[0-9a-f]{32}\.tmp)?")
+
+
+@dataclass(frozen=True)
+class BlobMeta:
+    """What a blob's metadata says of it, besides the format version and the checksum."""
+
+    fingerprint: str  # hex
+    num_tokens: int
+    hashes: list[str]  # hex block hashes the blob covers (a checkpoint: its boundary's hash)
+    kind: str  # "ckpt" or "kv"
+
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+Entries = dict[str, tuple[torch.dtype, list[int], int, int]]  # name -> dtype, shape, start, end
+
+
+def split_pieces(nbytes: int) -> list[tuple[int, int]]:
+    """(offset, length) of each piece of a tensor's bytes; an empty tensor has one empty piece."""
+    return [(o, min(PIECE_BYTES, nbytes - o)) for o in range(0, max(nbytes, 1), PIECE_BYTES)]
+
+
+def fold_crcs(pieces: list[tuple[str, int, int]], crcs) -> str:
+    """The blob checksum from the crc of each (tensor, offset, length) piece: crc32 of the text
+    "name:crc.crc...,name:crc..." (hex crcs in offset order, tensors in name order)."""
+    by_name: dict[str, list[str]] = {}
+    for (name, _, _), crc in sorted(zip(pieces, crcs)):
+        by_name.setdefault(name, []).append(f"{crc:08x}")
+    return f"{zlib.crc32(','.join(f'{n}:' + '.'.join(c) for n, c in by_name.items()).encode()):08x}"
+
+
+def encode_header(tensors: dict[str, torch.Tensor], order: list[str], meta: BlobMeta,
+                  crc: str) -> bytes:
+    """The safetensors prefix: 8-byte length, then the JSON header padded to 8 bytes."""
+    header: dict = {"__metadata__": {
+        "format_version": str(CACHE_FORMAT_VERSION),
+        "fingerprint": meta.fingerprint,
+        "num_tokens": str(meta.num_tokens),
+        "hashes": json.dumps(meta.hashes),
+        "kind": meta.kind,
+        "checksum": crc,
+    }}
+    start = 0
+    for name in order:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [start, start + size]}
+        start += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    return len(text).to_bytes(8, "little") + text
+
+
+def check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
+                 expected: dict[str, tuple[int, ...]]) -> None:
+    """Raise BlobError unless the header of `blob` is this cache format's, of the model
+    `fingerprint`, and holds exactly the `expected` tensors with their shapes."""
+    if meta.get("format_version") != str(CACHE_FORMAT_VERSION):
+        raise BlobError(f"blob {blob} has cache format {meta.get('format_version')}")
+    if meta.get("fingerprint") != fingerprint:
+        raise BlobError(f"blob {blob} belongs to another model")
+    if set(entries) != set(expected):
+        raise BlobError(f"blob {blob} holds other tensors than expected")
+    for name, shape in expected.items():
+        if tuple(entries[name][1]) != tuple(shape):
+            raise BlobError(f"blob {blob} tensor {name} has shape {list(entries[name][1])}")

@@ -1,0 +1,25 @@
+"""The host and disk tiers of the state cache (StateStore), with write-behind persistence.
+
+    store = open_store(cache_dir)                   # people's operations: stats, ls, verify, gc
+    store.attach(fingerprint, name, ...)            # an engine's model: lookups and saves
+    store.where(block_hashes, ckpt_hashes)          # which lower tier holds what (a Lookup)
+    with store.reading():                           # held until host-tier reads are launched
+        store.load_blocks(hashes)                   # verified tensors: host tier, or disk (on
+        store.load_checkpoint(h)                    # the engine's device when it is CUDA)
+    store.save(SaveJob)                             # queued; a thread writes blobs, then rows
+
+    state_store.py  StateStore (its state, `attach`) and open_store
+    reads.py        where, load_blocks, load_checkpoint; a blob failing verification is a miss
+    lookup.py       Lookup: the tier of each block and checkpoint, and page-cache shares
+    readahead.py    the index's read-ahead, through SQLite's own descriptors
+    writer.py       SaveJob, the bounded queue and the writer thread
+    maintenance.py  the disk budget (LRU eviction) and stats, ls, verify, gc, clear
+"""
+
+from __future__ import annotations
+
+from statechat.cache.store.lookup import Lookup
+from statechat.cache.store.state_store import StateStore, open_store
+from statechat.cache.store.writer import SaveJob
+
+__all__ = ["Lookup", "SaveJob", "StateStore", "open_store"]

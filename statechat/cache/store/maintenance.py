@@ -1,0 +1,173 @@
+"""The disk tier's byte budget (LRU eviction: rows first, then blobs) and people's operations
+on a cache dir: stats, ls, verify, gc and clear."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
+from statechat.cache.blobs.read import read_blob
+
+
+def default_budget(root: Path) -> int:
+    """10% of the free space of the cache dir's file system (of its nearest existing folder:
+    nothing is created)."""
+    root = Path(root).absolute()
+    while not root.exists() and root != root.parent:
+        root = root.parent
+    return int(shutil.disk_usage(root).free * 0.10)
+
+
+class StoreMaintenance:
+    """StateStore's budget and reports. Works on the store's state (state_store.py): path,
+    blob_dir, db, db_lock, host and budget; `_discard_checkpoint` and `_discard_segment`
+    come from reads.py."""
+
+    def total_bytes(self) -> int:
+        """The bytes of every blob the index has a row for (all models)."""
+        with self.db_lock:
+            row = self.db.execute(
+                "SELECT (SELECT coalesce(sum(bytes),0) FROM checkpoints) "
+                "+ (SELECT coalesce(sum(bytes),0) FROM segments)"
+            ).fetchone()
+        return int(row[0])
+
+    def evict_to(self, max_bytes: int) -> int:
+        """Delete least recently used checkpoints and segments until the total fits; bytes freed."""
+        freed, total = 0, self.total_bytes()
+        while total > max_bytes:
+            with self.db_lock, self.db.conn:
+                self.db.execute("BEGIN IMMEDIATE")
+                row = self.db.execute(
+                    "SELECT 'ckpt', hash, blob, bytes, last_used FROM checkpoints UNION ALL "
+                    "SELECT 'kv', id, blob, bytes, last_used FROM segments ORDER BY 5 LIMIT 1"
+                ).fetchone()
+                if row is None:
+                    break
+                kind, key, blob, size, _ = row
+                if kind == "ckpt":
+                    self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
+                else:
+                    self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
+                    self.db.execute("DELETE FROM segments WHERE id = ?", [key])
+            (self.blob_dir / blob).unlink(missing_ok=True)
+            freed += size
+            total -= size
+        return freed
+
+    def gc(self, max_bytes: int | None = None) -> int:
+        """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
+        freed = self.evict_to(self.budget if max_bytes is None else max_bytes)
+        return freed + sum(size for _, size in self._remove_orphans())
+
+    def _remove_orphans(self, min_age_s: float = 60.0,
+                        remove: bool = True) -> list[tuple[str, int]]:
+        """Blob files no row points at (a crash between rename and insert, a lost index), and
+        stale temps, as (name under blobs/, bytes); deleted unless `remove` is False. Only files
+        named as the store names its own (BLOB_NAME) count: anything else is left."""
+        with self.db_lock:
+            known = {r[0] for r in self.db.execute(
+                "SELECT blob FROM checkpoints UNION SELECT blob FROM segments")}
+        found, now = [], time.time()
+        for f in sorted(self.blob_dir.rglob("*")) if self.blob_dir.exists() else []:
+            rel = f.relative_to(self.blob_dir).as_posix()
+            if rel in known or not BLOB_NAME.fullmatch(rel) or not f.is_file():
+                continue
+            with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                st = f.stat()
+                # a concurrent writer's fresh file may not have its row yet: leave young files
+                if now - st.st_mtime >= min_age_s:
+                    if remove:
+                        f.unlink()
+                    found.append((rel, st.st_size))
+        return found
+
+    def verify(self, remove: bool = True) -> dict:
+        """Check every row's blob (present, readable, checksum, model, shapes) and look for
+        orphan blob files. Damaged entries and orphans are deleted, or with `remove=False` (a
+        read-only cache) only reported; a blob that cannot be read is reported and kept.
+        Returns {"checked", "ok", "removed" (damaged blobs), "unreadable", "orphans" (orphan
+        blobs), "orphans_freed" (their bytes, if deleted)}."""
+        with self.db_lock:
+            models = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in
+                      self.db.execute("SELECT id, fingerprint, shapes FROM models")}
+            ckpts = self.db.execute(
+                "SELECT hash, model_id, blob, checksum FROM checkpoints").fetchall()
+            segs = self.db.execute(
+                "SELECT id, model_id, blob, checksum, num_blocks FROM segments").fetchall()
+        checked, removed, unreadable = 0, [], []
+        for h, mid, blob, crc in ckpts:
+            checked += 1
+            fp, shapes = models.get(mid, ("", {}))
+            try:
+                expected = {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}
+                read_blob(self.blob_dir / blob, fp, expected, crc)
+            except BlobError as e:
+                if remove:
+                    self._discard_checkpoint(h, blob, str(e), e.damaged)
+                (removed if e.damaged else unreadable).append(blob)
+        for sid, mid, blob, crc, n in segs:
+            checked += 1
+            fp, shapes = models.get(mid, ("", {}))
+            try:
+                expected = {k: (n, *v) for k, v in shapes.get("block", {}).items()}
+                read_blob(self.blob_dir / blob, fp, expected, crc)
+            except BlobError as e:
+                if remove:
+                    self._discard_segment(blob, str(e), e.damaged)
+                (removed if e.damaged else unreadable).append(blob)
+        orphans = self._remove_orphans(remove=remove)
+        return {"checked": checked, "ok": checked - len(removed) - len(unreadable),
+                "removed": removed, "unreadable": unreadable,
+                "orphans": [name for name, _ in orphans],
+                "orphans_freed": sum(size for _, size in orphans) if remove else 0}
+
+    def stats(self) -> dict:
+        """What the cache dir holds: counts of checkpoints, blocks and segments, bytes against
+        the budget, this process's host tier, and a row per model (the cache_models view)."""
+        # the host tier's figures first, apart: a restore holds its lock while it takes db_lock
+        host = self.host.stats()  # this process's host tier: used, capacity, not kept
+        with self.db_lock:
+            q = self.db.execute
+            cols = ("id", "name", "dtype", "block_size", "checkpoints", "blocks", "mb")
+            models = [dict(zip(cols, r)) for r in q("SELECT * FROM cache_models")]
+            return {
+                "path": str(self.path),
+                "num_checkpoints": q("SELECT count(*) FROM checkpoints").fetchone()[0],
+                "num_blocks": q("SELECT count(*) FROM blocks").fetchone()[0],
+                "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
+                "bytes_total": self.total_bytes(),
+                "bytes_budget": self.budget,
+                **host,
+                "models": models,
+            }
+
+    def ls(self, limit: int = 50) -> list[dict]:
+        """The `limit` most recently used checkpoints, newest first, as dicts."""
+        with self.db_lock:
+            cur = self.db.execute(
+                "SELECT c.num_tokens, c.bytes, c.created, c.last_used, c.hits, m.name, c.hash "
+                "FROM checkpoints c JOIN models m ON m.id = c.model_id "
+                "ORDER BY c.last_used DESC LIMIT ?", [limit])
+            cols = ("num_tokens", "bytes", "created", "last_used", "hits", "model", "hash")
+            return [dict(zip(cols, r)) for r in cur]
+
+    def clear(self) -> int:
+        """Delete every cache row and blob (conversations kept); bytes freed."""
+        total = self.total_bytes()
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            for table in ("checkpoints", "blocks", "segments"):
+                self.db.execute(f"DELETE FROM {table}")
+        for f in sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []:
+            # the store's own files, then the folders they leave empty (another file stays)
+            if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
+                f.unlink(missing_ok=True)
+            elif f.is_dir() and not any(f.iterdir()):
+                with contextlib.suppress(OSError):  # (a writer's new file just went in)
+                    f.rmdir()
+        return total

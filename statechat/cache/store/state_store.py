@@ -1,0 +1,80 @@
+"""StateStore: the cache dir (index.db + blobs/), a host tier and a write-behind thread, bound
+to one model by `attach`. This module holds the store's state and how it is opened; its
+methods live by concern in reads.py, writer.py and maintenance.py. The host tier (arena.py) is
+a ring in memory allocated when the store is attached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from pathlib import Path
+
+import torch
+
+from statechat.cache import index
+from statechat.cache.arena import HostTier
+from statechat.cache.blobs.read import prepare_staging
+from statechat.cache.store.maintenance import StoreMaintenance, default_budget
+from statechat.cache.store.readahead import IndexReadAhead
+from statechat.cache.store.reads import StoreReads
+from statechat.cache.store.writer import SaveJob, StoreWriter
+
+INDEX_FILE = "index.db"
+BLOB_DIR = "blobs"
+
+
+class StateStore(StoreReads, StoreWriter, StoreMaintenance):
+    """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""
+
+    def __init__(self, root: Path, budget_bytes: int | None = None, host_bytes: int = 0,
+                 queue_size: int = 64, max_pending_bytes: int = 4 << 30,
+                 read_only: bool = False) -> None:
+        self.path = Path(root)
+        self.blob_dir = self.path / BLOB_DIR
+        self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
+        self.index_ahead = IndexReadAhead(self.path, INDEX_FILE)  # SQLite's descriptors, advised
+        self.read_only = read_only  # index opened to read alone (index.connect_read_only)
+        self.db = (index.connect_read_only if read_only else index.connect)(self.path / INDEX_FILE)
+        self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
+        self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
+        self.host = HostTier(host_bytes)
+        self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
+        self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies
+        self.model_id: int | None = None
+        self.fingerprint = ""
+        self.shapes: dict[str, dict[str, list[int]]] = {}
+        self.dropped = 0
+        self.max_pending_bytes = max_pending_bytes  # snapshots queued (device memory on a GPU)
+        self.pending_bytes = 0
+        self.pending_lock = threading.Lock()
+        self.errors = 0
+        self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
+        self.writer: threading.Thread | None = None
+        self.engine_idle = threading.Event()  # cleared while the engine launches work
+        self.engine_idle.set()
+        self._defer_left = 0.0  # what the writer may still wait for the engine in this job
+
+    def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
+               shapes: dict[str, dict[str, list[int]]], device: torch.device | str = "cpu") -> None:
+        """Bind the store to one model (fingerprint hex) on `device` and start the writer thread."""
+        self.fingerprint, self.shapes, self.device = fingerprint, shapes, torch.device(device)
+        self.host.reserve(self.device)  # the host tier's arena, pinned now rather than per save
+        if self.device.type == "cuda":
+            self.copy_stream = torch.cuda.Stream(self.device)
+            prepare_staging(self.device)  # the restores' pinned buffers, also pinned now
+        with self.db_lock:
+            self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype,
+                                           block_size)
+            self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
+                            [json.dumps(shapes), self.model_id])
+        self._start_writer()
+
+
+def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0,
+               read_only: bool = False) -> StateStore:
+    """The store of `cache_dir` (created if missing); with `read_only`, one whose index is
+    only read and never created (index.connect_read_only): for reports."""
+    return StateStore(Path(cache_dir), budget_bytes, host_bytes, read_only=read_only)

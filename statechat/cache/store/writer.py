@@ -1,0 +1,210 @@
+"""The store's write-behind: SaveJob, the bounded queue `save` puts jobs in, and the writer
+thread that keeps them in the host tier and persists them (blobs, then rows in one SQLite
+transaction).
+
+Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. The
+writer holds back while the engine says it is launching work (`engine_busy`), for at most
+MAX_DEFER_S per job: its Python steps would otherwise take the GIL from the kernel launches of
+a prefill. A save copies into the host tier (arena.py) and pins nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from statechat.cache import index
+from statechat.cache.blobs.encoding import BlobMeta
+from statechat.cache.blobs.write import write_blob
+
+log = logging.getLogger("statechat.cache")
+MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
+
+
+@dataclass
+class SaveJob:
+    """A checkpoint and the KV blocks before it: snapshots taken on the device after a step
+    (host copies on the CPU), moved to host memory by the writer thread.
+
+    ckpt: tensors of the GDN state at the boundary (conv.{i}, ssm.{i}) or None
+    blocks: [(hash hex, parent hex, position)], row i of block_tensors
+    block_tensors: {k.{i}, v.{i}: [len(blocks), block_size, Hkv, D]}
+    """
+
+    ckpt_hash: str | None
+    num_tokens: int
+    ckpt: dict[str, torch.Tensor] | None
+    blocks: list[tuple[str, str, int]] = field(default_factory=list)
+    block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    ready: Callable[[], None] | None = None  # waits until device snapshots are complete
+    queued_bytes: int = 0  # counted against the store's pending bound while queued
+
+    def nbytes(self) -> int:
+        """The bytes of the job's tensors, kept in `queued_bytes` too."""
+        tensors = list(self.block_tensors.values()) + list((self.ckpt or {}).values())
+        self.queued_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        return self.queued_bytes
+
+
+class StoreWriter:
+    """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
+    pending_bytes, pending_lock, max_pending_bytes, errors, engine_idle, _defer_left, and
+    host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
+    comes from maintenance.py."""
+
+    def _start_writer(self) -> None:
+        """Start the writer thread (once a model is attached)."""
+        self.writer = threading.Thread(target=self._write_loop, name="statechat-cache-writer",
+                                       daemon=True)
+        self.writer.start()
+
+    def save(self, job: SaveJob) -> bool:
+        """Queue a job for the writer; False when the queue is full (the caller counts what it
+        finally does not save in `dropped`).
+        The writer copies it into the host tier (or, where it does not fit, into pageable
+        memory) and writes it to disk.
+        Snapshots waiting in the queue are bounded in bytes too: past the bound a job is dropped
+        rather than letting them grow into the memory the engine's pools were sized from."""
+        size = job.nbytes()
+        with self.pending_lock:
+            if self.pending_bytes + size > self.max_pending_bytes or self.queue.full():
+                return False
+            self.pending_bytes += size
+        self.queue.put_nowait(job)
+        return True
+
+    def has_room(self, nbytes: int, wait_s: float = 0.0) -> bool:
+        """Whether `save` would take a job of `nbytes` now; with `wait_s`, wait up to that long
+        for the writer to make room (not for a job the bound can never hold)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.pending_lock:
+                if self.pending_bytes + nbytes <= self.max_pending_bytes and not self.queue.full():
+                    return True
+            if (nbytes > self.max_pending_bytes or self.writer is None
+                    or time.monotonic() >= deadline):
+                return False
+            time.sleep(0.005)
+
+    def engine_busy(self, busy: bool) -> None:
+        """The engine is launching work (True) or waiting on the device or idle (False)."""
+        if busy:
+            self.engine_idle.clear()
+        else:
+            self.engine_idle.set()
+
+    def _pause(self) -> None:
+        """Wait while the engine launches work, for at most MAX_DEFER_S over one job (the
+        budget is reset as a job starts): a long run of prefill chunks delays a write, it does
+        not starve it, and a blob never waits long for its row."""
+        if self.engine_idle.is_set() or self._defer_left <= 0:
+            return
+        t = time.perf_counter()
+        self.engine_idle.wait(self._defer_left)
+        self._defer_left -= time.perf_counter() - t
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every queued job is on disk (tests, shutdown)."""
+        deadline = time.time() + timeout
+        while self.queue.unfinished_tasks and time.time() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Flush the queue and stop the writer thread (the index stays open)."""
+        if self.writer is not None:
+            self.flush()
+            self.queue.put(None)
+            self.writer.join(timeout=10)
+            self.writer = None
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self.queue.get()
+            try:
+                if job is None:
+                    return
+                self._write(job)
+            except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
+                self.errors += 1
+                log.warning("statechat cache: could not persist a checkpoint (%s)", e)
+            finally:
+                if job is not None:
+                    with self.pending_lock:
+                        self.pending_bytes -= job.queued_bytes
+                self.queue.task_done()
+
+    def _write(self, job: SaveJob) -> None:
+        """Keep the job in the host tier, write the blobs of what the disk lacks, then their
+        rows in one transaction, then evict down to the budget."""
+        self._defer_left = MAX_DEFER_S
+        self._pause()
+        if job.ready is not None:
+            job.ready()
+        hashes = [b[0] for b in job.blocks]
+        job.ckpt, job.block_tensors = self.host.keep(job.ckpt_hash, job.ckpt, hashes,
+                                                     job.block_tensors, self.copy_stream)
+        with self.db_lock:
+            on_disk = index.blocks_present(self.db, hashes)
+            have_ckpt = bool(job.ckpt_hash) and bool(
+                index.checkpoints_present(self.db, [job.ckpt_hash]))
+        rows = [i for i, b in enumerate(job.blocks) if b[0] not in on_disk]
+        new_blocks = [job.blocks[i] for i in rows]
+        now = time.time()
+        seg = self._write_segment(job, rows) if new_blocks else None
+        ck = None
+        if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
+            ck = self._write_checkpoint(job)
+        self._pause()
+        self._insert_rows(job, new_blocks, seg, ck, now)
+        self.evict_to(self.budget)
+
+    def _write_segment(self, job: SaveJob, rows: list[int]) -> tuple[str, int, int, str]:
+        """Write the blocks at `rows` of the job as one segment blob: (blob, num_blocks, bytes,
+        checksum)."""
+        new_blocks = [job.blocks[i] for i in rows]
+        tensors = job.block_tensors
+        if len(rows) < len(job.blocks):
+            tensors = {n: t[torch.tensor(rows)] for n, t in tensors.items()}
+        blob = f"kv/{uuid.uuid4().hex}.safetensors"
+        block_size = next(iter(tensors.values())).shape[1]
+        hashes = [b[0] for b in new_blocks]
+        meta = BlobMeta(self.fingerprint, len(new_blocks) * block_size, hashes, "kv")
+        size, crc = write_blob(self.blob_dir / blob, tensors, meta, self._pause)
+        return blob, len(new_blocks), size, crc
+
+    def _write_checkpoint(self, job: SaveJob) -> tuple[str, int, str]:
+        """Write the job's checkpoint as a blob: (blob, bytes, checksum)."""
+        blob = f"ckpt/{job.ckpt_hash[:2]}/{job.ckpt_hash}-{uuid.uuid4().hex[:8]}.safetensors"
+        meta = BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt")
+        size, crc = write_blob(self.blob_dir / blob, job.ckpt, meta, self._pause)
+        return blob, size, crc
+
+    def _insert_rows(self, job: SaveJob, new_blocks: list[tuple[str, str, int]],
+                     seg: tuple[str, int, int, str] | None, ck: tuple[str, int, str] | None,
+                     now: float) -> None:
+        """The rows of the blobs just written, in one transaction (a row only after its blob)."""
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            if seg is not None:
+                cur = self.db.execute(
+                    "INSERT INTO segments (model_id, blob, num_blocks, bytes, checksum, created, "
+                    "last_used) VALUES (?,?,?,?,?,?,?)",
+                    [self.model_id, seg[0], seg[1], seg[2], seg[3], now, now])
+                seg_id = cur.lastrowid
+                self.db.conn.executemany(
+                    "INSERT OR IGNORE INTO blocks (hash, model_id, parent, position, segment_id, "
+                    "seg_index) VALUES (?,?,?,?,?,?)",
+                    [(h, self.model_id, parent, pos, seg_id, i)
+                     for i, (h, parent, pos) in enumerate(new_blocks)],
+                )
+            if ck is not None:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
+                    "checksum, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)",
+                    [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
