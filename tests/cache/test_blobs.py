@@ -223,3 +223,14 @@ def test_resident_fraction_counts_the_cached_pages(tmp_path, monkeypatch):
         else:
             assert calls == [residency.RESIDENT_WINDOW * page] * residency.RESIDENT_SAMPLES
     assert residency.resident_fraction(tmp_path / "missing") == 0.0
+
+
+def test_the_names_the_store_writes_are_those_its_clean_ups_know():
+    """gc, verify and clear remove only files named as BLOB_NAME says; the blobs and the temps
+    that writing makes must match it, or they would be left behind (or kept as orphans)."""
+    from statechat.cache.blobs.encoding import BLOB_NAME, ckpt_blob_name, kv_blob_name, temp_name
+
+    names = [kv_blob_name(), ckpt_blob_name("ab" * 32)]
+    for name in names + [temp_name(n) for n in names]:
+        assert BLOB_NAME.fullmatch(name), name
+    assert not BLOB_NAME.fullmatch(names[0] + ".partial")

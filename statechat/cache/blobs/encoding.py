@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -34,7 +35,23 @@ class BlobError(Exception):
 
 # the files a store writes under its blob directory (and their temps): nothing else is removed
 BLOB_NAME = re.compile(r"(kv/[0-9a-f]{32}|ckpt/[0-9a-f]{2}/[0-9a-f]{64}-[0-9a-f]{8})\.safetensors"
-                       r"(\.[0-9a-f]{32}\.tmp)?")
+                       r"(\.[0-9a-f]{32}" + re.escape(TMP_SUFFIX) + ")?")
+
+
+def kv_blob_name() -> str:
+    """A new segment blob's name under the blob directory (one of BLOB_NAME's)."""
+    return f"kv/{uuid.uuid4().hex}.safetensors"
+
+
+def ckpt_blob_name(ckpt_hash: str) -> str:
+    """A new blob's name for checkpoint `ckpt_hash` (hex; one of BLOB_NAME's): under a folder
+    of its first two digits, with a random suffix so a rewrite never replaces a file in use."""
+    return f"ckpt/{ckpt_hash[:2]}/{ckpt_hash}-{uuid.uuid4().hex[:8]}.safetensors"
+
+
+def temp_name(name: str) -> str:
+    """The name a blob is written under before it is renamed to `name` (one of BLOB_NAME's)."""
+    return f"{name}.{uuid.uuid4().hex}{TMP_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ and the folder fsynced, so a reader sees a whole blob or none."""
 from __future__ import annotations
 
 import os
-import uuid
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -13,11 +12,11 @@ import torch
 
 from statechat.cache.blobs import encoding
 from statechat.cache.blobs.encoding import (
-    TMP_SUFFIX,
     BlobMeta,
     encode_header,
     fold_crcs,
     split_pieces,
+    temp_name,
 )
 
 
@@ -36,7 +35,7 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
                           .reshape(-1).numpy()) for n in order}
     header = encode_header(tensors, order, meta, crc="0" * 8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+    tmp = path.with_name(temp_name(path.name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         # (encoding.PIECE_BYTES read here, as split_pieces reads it: one piece size for both)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from statechat.cache import index
-from statechat.cache.blobs.encoding import BlobMeta
+from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name
 from statechat.cache.blobs.write import write_blob
 
 log = logging.getLogger("statechat.cache")
@@ -171,7 +170,7 @@ class StoreWriter:
         tensors = job.block_tensors
         if len(rows) < len(job.blocks):
             tensors = {n: t[torch.tensor(rows)] for n, t in tensors.items()}
-        blob = f"kv/{uuid.uuid4().hex}.safetensors"
+        blob = kv_blob_name()
         block_size = next(iter(tensors.values())).shape[1]
         hashes = [b[0] for b in new_blocks]
         meta = BlobMeta(self.fingerprint, len(new_blocks) * block_size, hashes, "kv")
@@ -180,7 +179,7 @@ class StoreWriter:
 
     def _write_checkpoint(self, job: SaveJob) -> tuple[str, int, str]:
         """Write the job's checkpoint as a blob: (blob, bytes, checksum)."""
-        blob = f"ckpt/{job.ckpt_hash[:2]}/{job.ckpt_hash}-{uuid.uuid4().hex[:8]}.safetensors"
+        blob = ckpt_blob_name(job.ckpt_hash)
         meta = BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt")
         size, crc = write_blob(self.blob_dir / blob, job.ckpt, meta, self._pause)
         return blob, size, crc
