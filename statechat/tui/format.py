@@ -40,7 +40,8 @@ def sampling_line(params) -> str:
                              ("min-p", params.min_p, 0), ("presence", params.presence_penalty, 0),
                              ("frequency", params.frequency_penalty, 0),
                              ("repetition", params.repetition_penalty, 1)):
-        if value != off and (name in ("presence", "frequency", "repetition") or not params.is_greedy):
+        is_penalty = name in ("presence", "frequency", "repetition")
+        if value != off and (is_penalty or not params.is_greedy):
             parts.append(f"{name} {value:g}")
     return ", ".join(parts)
 
@@ -86,7 +87,8 @@ def status_line(stats: dict) -> str:
     if cached:
         tier = stats.get("reused_from")
         where = f"{tier} checkpoint" if tier else "cache checkpoint"
-        parts.append(f"reused {cached:,} of {prompt:,} prompt tokens from {where}; computed {computed:,}")
+        parts.append(f"reused {cached:,} of {prompt:,} prompt tokens from {where}; "
+                     f"computed {computed:,}")
     else:
         parts.append(f"no prefix reused; computed {computed:,} prompt tokens")
     if stats.get("finish_reason") == "abort":

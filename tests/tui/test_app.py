@@ -13,7 +13,7 @@ from textual import events
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
-from statechat.tui import app as app_module
+from statechat.tui import replies
 from statechat.tui.app import StatechatApp
 from statechat.tui.format import sampling_line
 from statechat.tui.widgets.chat_view import ChatView
@@ -80,7 +80,7 @@ async def focus_message(pilot, app, index: int) -> MessageView:
 
 def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
     shown: list[str] = []
-    monkeypatch.setattr(app_module, "STREAM_INTERVAL_S", 0.0)
+    monkeypatch.setattr(replies, "STREAM_INTERVAL_S", 0.0)
     real_show = StatechatApp._show_text
     monkeypatch.setattr(StatechatApp, "_show_text",
                         lambda self, rid, text: (shown.append(text), real_show(self, rid, text)))

@@ -28,21 +28,27 @@ class ChatView(VerticalScroll, can_focus=False):
         self.shown: list[MessageView] = []
 
     def on_mount(self) -> None:
-        self.anchor()  # stay scrolled to the bottom while a reply grows
+        """Anchor to the bottom: the view stays scrolled there while a reply grows."""
+        self.anchor()
 
     def show(self, views: list[MessageView]) -> None:
+        """Replace the views shown with `views`, scrolled to the bottom."""
         self.remove_children()
         self.mount_all(views)
         self.shown = views
         self.anchor()
 
     def views(self) -> list[MessageView]:
+        """The views shown, first to last (not those being replaced)."""
         return list(self.shown)
 
     def view_of(self, msg_id: str) -> MessageView | None:
+        """The view shown for message `msg_id`, if any."""
         return next((v for v in self.views() if v.message.id == msg_id), None)
 
     def action_move(self, step: int) -> None:
+        """Up/down: focus the message `step` away from the focused one (from the box: the
+        last), scrolled into view."""
         views = self.views()
         if not views:
             return

@@ -29,6 +29,7 @@ class Composer(TextArea):
 
         @property
         def control(self) -> Composer:
+            """The box it came from (Textual's `on` selectors match on it)."""
             return self.composer
 
     def __init__(self) -> None:
@@ -53,7 +54,7 @@ class Composer(TextArea):
     def render_line(self, y: int) -> Strip:
         """One row of the box; blank while it has no column for text (Textual wraps the
         placeholder to that width, and wrapping to 0 columns raises): a terminal a few columns
-        wide, or the frame between a resize and `StatechatApp._fit`, which fits the chat list
+        wide, or the frame between a resize and `LayoutMixin._fit`, which fits the chat list
         to the new width while the screen is still laid out at the old one."""
         if self.content_size.width < 1:
             return Strip.blank(0)

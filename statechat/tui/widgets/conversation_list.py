@@ -45,6 +45,7 @@ class ConversationList(ListView):
         self.index = 0 if index is None and self.has_focus and self.conv_ids else index
 
     def on_focus(self) -> None:
+        """Highlight the first chat if none is, so that Enter opens one."""
         if self.index is None and self.conv_ids:  # (runs before has_focus is set)
             self.index = 0
 
@@ -53,12 +54,14 @@ class ConversationList(ListView):
         return ids[index] if index is not None and 0 <= index < len(ids) else None
 
     def on_list_view_selected(self, event: ListView.Selected) -> None:
+        """Enter or a click: post Open for the highlighted chat."""
         event.stop()
         conv_id = self._conv_at(self.index)
         if conv_id is not None:
             self.post_message(self.Open(conv_id))
 
     def action_delete_conversation(self) -> None:
+        """Delete: post Delete for the highlighted chat."""
         conv_id = self._conv_at(self.index)
         if conv_id is not None:
             self.post_message(self.Delete(conv_id))

@@ -18,12 +18,14 @@ class LoadingScreen(Screen):
         self.model = model
 
     def compose(self) -> ComposeResult:
+        """The model's name, the bar and the step under way, centred."""
         with Middle(), Center():
             yield Label(f"statechat: loading {self.model}", id="loading-title", markup=False)
             yield ProgressBar(total=len(STEPS), show_eta=False, id="loading-bar")
             yield Label(STEPS[0], id="loading-step")
 
     def advance(self, step: int) -> None:
+        """Fill the bar to `step` of STEPS and name the next step."""
         self.query_one(ProgressBar).update(progress=step)
         if step < len(STEPS):
             self.query_one("#loading-step", Label).update(STEPS[step])

@@ -33,6 +33,7 @@ class MessageView(Vertical, can_focus=True):
         self.text, self.status = message.content, status_line(message.stats)
 
     def compose(self) -> ComposeResult:
+        """Its header (role, branch switcher, links), its text, its status line."""
         yield Static(self._header(), classes="header")
         yield Static(self._body(), classes="body")
         yield Static(Text(self.status), classes="status")
@@ -42,10 +43,12 @@ class MessageView(Vertical, can_focus=True):
         mid = self.message.id
         parts = [f"[b]{role}[/b]"]
         if self.num_siblings > 1:
-            parts.append(f"[@click=app.prev_branch('{mid}')]‹[/] {self.position}/{self.num_siblings} "
+            parts.append(f"[@click=app.prev_branch('{mid}')]‹[/] "
+                         f"{self.position}/{self.num_siblings} "
                          f"[@click=app.next_branch('{mid}')]›[/]")
-        action = "edit_message" if self.message.role == "user" else "regenerate"
-        parts.append(f"[@click=app.{action}('{mid}')]{'edit' if self.message.role == 'user' else 'regenerate'}[/]")
+        action, label = (("edit_message", "edit") if self.message.role == "user"
+                         else ("regenerate", "regenerate"))
+        parts.append(f"[@click=app.{action}('{mid}')]{label}[/]")
         parts.append(f"[@click=app.delete_branch('{mid}')]delete[/]")
         return "  ".join(parts)
 
@@ -67,6 +70,7 @@ class MessageView(Vertical, can_focus=True):
             body.update(self._body())
 
     def set_status(self, text: str) -> None:
+        """Show `text` as its status line (before the view is built, its build shows it)."""
         self.status = text
         for status in self.query(".status").results(Static):
             status.update(Text(text))

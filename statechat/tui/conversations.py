@@ -1,0 +1,132 @@
+"""Opening chats and acting on their messages (ConversationsMixin): the chat list's Enter and
+Delete, and a message's keys and links (e edit, r regenerate, [ ] switch branch, d delete
+branch). Nothing is overwritten: an edit or a regenerate adds a branch (chat/tree.py).
+
+Another statechat process on the same cache dir may delete a chat or a message at any time:
+each action finds its message anew and says so when it is gone (GONE).
+"""
+
+from __future__ import annotations
+
+from statechat.chat.tree import Message
+from statechat.tui.widgets.chat_view import ChatView
+from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
+from statechat.tui.widgets.message_view import MessageView
+
+GONE = "{} was deleted by another statechat process on this cache dir."
+
+
+class ConversationsMixin:
+    """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
+    (the chat shown), `handle` and `streaming_conv_id` (the reply streaming), `_busy()` and
+    `start_reply()` (replies.py), and `_focus_composer()` (layout.py)."""
+
+    def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
+        """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
+        `focus_id`, focus that message's view once it is built (the focused view is replaced)."""
+        if conv_id is not None and not self.chats.has_conversation(conv_id):
+            self.notify(GONE.format("That chat"), severity="warning")
+            conv_id = None
+        self.conv_id = conv_id
+        self.query_one(ConversationList).show(self.chats.conversations(), conv_id)
+        branch = self.chats.branch(conv_id) if conv_id else []
+        composer = self.query_one(Composer)
+        if composer.editing and composer.editing not in {m.id for m in branch}:
+            # (sent now, it would land in another chat, or nowhere); changed text stays
+            keep = composer.changed
+            composer.end_edit(keep=keep)
+            stays = "; your text stays in the box, to send as a new message" if keep else ""
+            self.notify(f"Edit ended: its message is no longer shown{stays}.")
+        views = []
+        for msg in branch:
+            sibs = self.chats.siblings(msg.id)
+            pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
+            views.append(MessageView(msg, pos, len(sibs)))
+        chat = self.query_one(ChatView)
+        if focus_id and isinstance(self.focused, MessageView):  # (the box holds focus until
+            # the view is built: a key meanwhile must not reach the chat list, where Delete
+            # deletes the chat)
+            composer.focus()
+        chat.show(views)
+        if focus_id:
+            self.call_after_refresh(lambda: (v := chat.view_of(focus_id)) and v.focus())
+
+    def on_conversation_list_open(self, event: ConversationList.Open) -> None:
+        """Enter or a click on the chat list: show that chat, the box focused."""
+        self.open_conversation(event.conv_id)
+        self._focus_composer()
+
+    def on_conversation_list_delete(self, event: ConversationList.Delete) -> None:
+        """Delete on the chat list: remove that chat, unless its reply is streaming."""
+        if self.handle is not None and event.conv_id == self.streaming_conv_id:
+            self.notify("Its reply is streaming: stop it (Esc) before deleting this chat.",
+                        severity="warning")
+            return
+        self.chats.delete_conversation(event.conv_id)
+        self.open_conversation(None if event.conv_id == self.conv_id else self.conv_id)
+
+    def _target(self, msg_id: str | None) -> Message | None:
+        """The message an action is for: the one clicked, else the focused one."""
+        if msg_id is None:
+            focused = self.focused
+            if not isinstance(focused, MessageView):
+                return None
+            msg_id = focused.message.id
+        msg = self.chats.find(msg_id)
+        if msg is None:
+            self.notify(GONE.format("That message"), severity="warning")
+            self.open_conversation(self.conv_id)
+        return msg
+
+    def action_new_chat(self) -> None:
+        """Ctrl+N: an empty chat, created when its first message is sent."""
+        self.open_conversation(None)
+        self._focus_composer()
+
+    def action_edit_message(self, msg_id: str | None = None) -> None:
+        """e, or a message's `edit`: its text into the box; Enter sends it as a new branch."""
+        msg = self._target(msg_id)
+        if msg is None or msg.role != "user":
+            self.notify("Pick one of your messages to edit (r regenerates a reply).")
+            return
+        self.query_one(Composer).start_edit(msg.id, msg.content)
+
+    def action_regenerate(self, msg_id: str | None = None) -> None:
+        """r, or a reply's `regenerate`: a new reply beside it (or under a user message)."""
+        if self._busy():
+            return
+        msg = self._target(msg_id)
+        if msg is None:
+            self.notify("Pick a reply to regenerate.")
+            return
+        parent = msg if msg.role == "user" else self.chats.message(msg.parent_id)
+        self.start_reply(parent, focus=True)
+
+    def action_prev_branch(self, msg_id: str | None = None) -> None:
+        """[ or ‹: show the message's previous sibling and the branch under it."""
+        self._switch(-1, msg_id)
+
+    def action_next_branch(self, msg_id: str | None = None) -> None:
+        """] or ›: show the message's next sibling and the branch under it."""
+        self._switch(1, msg_id)
+
+    def _switch(self, step: int, msg_id: str | None) -> None:
+        msg = None if self._busy() else self._target(msg_id)
+        if msg is not None:
+            target = self.chats.switch(msg.id, step)
+            self.open_conversation(self.conv_id, focus_id=target.id)
+
+    def action_delete_branch(self, msg_id: str | None = None) -> None:
+        """d, or a message's `delete`: remove it and everything under it."""
+        msg = None if self._busy() else self._target(msg_id)
+        if msg is None:
+            return
+        # focus what takes its place: the sibling shown instead, else its parent, else the box
+        others = [m.id for m in self.chats.siblings(msg.id) if m.id != msg.id]
+        self.chats.delete_branch(msg.id)
+        focus_id = others[-1] if others else msg.parent_id
+        self.open_conversation(self.conv_id, focus_id=focus_id)
+        if focus_id is None:
+            self._focus_composer()
+        self.notify("Branch deleted.")

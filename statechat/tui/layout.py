@@ -1,0 +1,78 @@
+"""Fitting the app to the terminal, and moving focus between its parts (LayoutMixin).
+
+A small terminal leaves its rows and columns to the messages and the message box: the box, the
+chat list, the banner, the header and the footer shrink or hide (sizes below, and app.tcss).
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.widgets import Footer, Header, Static
+
+from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
+
+EMBEDDED_BANNER = (
+    "Embedded tiny Qwen3.5 with RANDOM weights: replies are noise, the cache at work is real. "
+    "For real answers: hf download Qwen/Qwen3.5-9B --local-dir ~/models/Qwen3.5-9B, then "
+    "statechat run --model ~/models/Qwen3.5-9B"
+)
+SHORT_BANNER = "Tiny model, RANDOM weights: replies are noise (statechat run --model DIR)"
+COMPOSER_ROWS = 12  # the message box's most rows (app.tcss says the same)
+SIDEBAR_COLUMNS = (16, 28)  # the chat list's width: a third of the terminal, within these
+NARROW_COLUMNS = 50  # a terminal narrower shows the chat list only while it has focus (Ctrl+L)
+BANNER_ROWS = 16  # a terminal shorter hides the banner
+BANNER_COLUMNS = 128  # one narrower shows SHORT_BANNER (the long one would take 4+ rows)
+BARS_ROWS = 10  # a terminal shorter hides the header and the footer too
+
+
+class LayoutMixin:
+    """StatechatApp's sizing and focus moves. The app has `is_embedded` (the banner shows) and
+    the widgets of `StatechatApp.compose` (#main, #banner, the chat list, the box)."""
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Fit the parts to the terminal's new size."""
+        self._fit(event.size)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The chat list focused: on a narrow terminal it shows, in place of the chat."""
+        if isinstance(event.widget, ConversationList):  # (it fills a narrow terminal)
+            self._fit(self.size)
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        """The chat list left: on a narrow terminal the chat shows again."""
+        if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
+            self._fit(self.size)
+
+    def _fit(self, size) -> None:
+        """Leave a small terminal's rows and columns to the messages and the box: the box grows
+        with its lines to COMPOSER_ROWS or a third of the rows, the chat list takes a third of
+        the columns (a narrow terminal shows either the list, while it has focus, or the chat),
+        the banner shortens or hides, and on very few rows the header and footer hide."""
+        width, height = size
+        self.query_one(Composer).styles.max_height = max(3, min(COMPOSER_ROWS, height // 3))
+        chats = self.query_one(ConversationList)
+        narrow = width < NARROW_COLUMNS
+        low, high = SIDEBAR_COLUMNS
+        chats.styles.width = "1fr" if narrow else max(low, min(high, width // 3))
+        chats.display = not narrow or chats.has_focus
+        self.query_one("#main").display = not (narrow and chats.has_focus)
+        banner = self.query_one("#banner", Static)
+        banner.display = self.is_embedded and height >= BANNER_ROWS
+        banner.update(EMBEDDED_BANNER if width >= BANNER_COLUMNS else SHORT_BANNER)
+        for bar in (self.query_one(Header), self.query_one(Footer)):
+            bar.display = height >= BARS_ROWS
+
+    def _focus_composer(self) -> None:
+        self.query_one("#main").display = True  # (hidden while the list fills a narrow terminal)
+        self.query_one(Composer).focus()
+
+    def action_focus_list(self) -> None:
+        """Ctrl+L: focus the chat list (shown, even on a narrow terminal)."""
+        chats = self.query_one(ConversationList)
+        chats.display = True  # (a narrow terminal hides it while it is not focused)
+        chats.focus()
+
+    def action_focus_input(self) -> None:
+        """Ctrl+O: focus the message box."""
+        self._focus_composer()

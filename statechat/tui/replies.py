@@ -1,0 +1,157 @@
+"""Sending a message and streaming the model's reply into it (RepliesMixin).
+
+A reply streams from a `@work(thread=True)` worker that reads an EngineWorker handle and
+updates the screen with `call_from_thread`, at most every STREAM_INTERVAL_S; it is saved with
+its stats (TTFT, decode rate, prefix reused) when it ends. Esc stops it; a reply streaming when
+the app quits is kept as Esc keeps it (`_keep_stopped_reply`). One reply streams at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+
+from textual import work
+
+from statechat.chat.tree import Message
+from statechat.errors import ContextLengthError, StatechatError
+from statechat.tui.conversations import GONE
+from statechat.tui.format import one_line, reply_stats, status_line
+from statechat.tui.widgets.chat_view import ChatView
+from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
+
+TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
+STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
+
+
+class RepliesMixin:
+    """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
+    `conv_id`, `sampling`, `template_kwargs`, the streaming reply's `handle`,
+    `streaming_conv_id` and `streaming_reply_id` (None while none streams), and
+    `open_conversation()` (conversations.py)."""
+
+    def on_composer_submitted(self, event: Composer.Submitted) -> None:
+        """Enter in the box: send its text (an edit's as a new branch beside the edited
+        message) and stream the reply; nothing while a reply streams."""
+        composer = self.query_one(Composer)
+        if not event.text.strip():
+            return
+        # blank lines around the text go, the first line's indent stays (pasted code)
+        text = re.sub(r"^\s*\n", "", event.text.rstrip())
+        if self._busy():
+            return
+        edited = self.chats.find(composer.editing) if composer.editing else None
+        gone = self.conv_id is not None and not self.chats.has_conversation(self.conv_id)
+        if gone or (composer.editing and edited is None):  # deleted by another statechat
+            composer.end_edit(keep=True)  # (the text stays; Enter again sends it anew)
+            if not gone:
+                self.notify(GONE.format("The message being edited"), severity="warning")
+            self.open_conversation(self.conv_id)  # (it says so of a chat gone)
+            return
+        if composer.editing:
+            parent = edited.parent_id
+        else:
+            branch = self.chats.branch(self.conv_id) if self.conv_id else []
+            parent = branch[-1].id if branch else None
+        if self.conv_id is None:
+            self.conv_id = self.chats.create(title=one_line(text)[:48]).id
+        composer.take(event.text)
+        self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
+
+    def start_reply(self, parent: Message, focus: bool = False) -> None:
+        """Add a reply under `parent` and stream the model's answer into it; a prompt the engine
+        refuses gets a reply whose status line says why. With `focus`, the reply is focused (a
+        regenerate: keys go on acting on it)."""
+        # a reply with no text (one that failed, or was stopped before its first token) was
+        # never the model's turn: an empty assistant turn would teach the model to say nothing
+        history = [m.as_chat() for m in self.chats.path(parent.id)
+                   if not (m.role == "assistant" and not m.content)]
+        try:
+            ids = self.worker.render(history, template_kwargs=self.template_kwargs)
+            room = self.worker.max_model_len - len(ids)
+            max_tokens = max(1, min(self.sampling.max_tokens, room))
+            params = dataclasses.replace(self.sampling, max_tokens=max_tokens)
+            handle = self.worker.submit(ids, params)
+        except StatechatError as e:
+            error = f"{e}; {TOO_LONG_HINT}" if isinstance(e, ContextLengthError) else str(e)
+            reply = self.chats.add(self.conv_id, parent.id, "assistant", "", stats={"error": error})
+            self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
+            return
+        reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
+        self.handle, self.streaming_conv_id = handle, self.conv_id
+        self.streaming_reply_id = reply.id
+        self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
+        self.stream_reply(handle, reply.id)
+
+    @work(thread=True, exit_on_error=False)
+    def stream_reply(self, handle, reply_id: str) -> None:
+        """(A worker thread) show `handle`'s text as it grows, then save the reply."""
+        text, shown = "", 0.0
+        stats: dict = {}
+        try:
+            for event in handle:
+                text += event.text
+                if time.perf_counter() - shown > STREAM_INTERVAL_S:
+                    shown = time.perf_counter()
+                    self.call_from_thread(self._show_text, reply_id, text)
+            stats = reply_stats(handle.output)
+        except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
+            stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        self.call_from_thread(self._finish_reply, reply_id, text, stats)
+
+    def _show_text(self, reply_id: str, text: str) -> None:
+        view = self.query_one(ChatView).view_of(reply_id)
+        if view is not None:
+            view.set_text(text)
+
+    def _finish_reply(self, reply_id: str, text: str, stats: dict) -> None:
+        if reply_id != self.streaming_reply_id:  # (saved at exit already)
+            return
+        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        if not self._save_reply(reply_id, text, stats):
+            return
+        view = self.query_one(ChatView).view_of(reply_id)
+        if view is not None:
+            view.message = self.chats.message(reply_id)
+            view.set_text(text)
+            view.set_status(status_line(stats))
+        self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
+
+    def _save_reply(self, reply_id: str, text: str, stats: dict) -> bool:
+        """Store a reply's text and stats; False if another statechat deleted it meanwhile."""
+        if self.chats.find(reply_id) is None:
+            return False
+        self.chats.update(reply_id, content=text, stats=stats)
+        return True
+
+    def _keep_stopped_reply(self) -> None:
+        """At exit, save the reply that was streaming (the engine is shut down: its sequence
+        holds the last of it) as Esc leaves one: its text so far and a 'stopped' status. Its
+        stream's own `_finish_reply`, too late now, does nothing."""
+        handle, reply_id = self.handle, self.streaming_reply_id
+        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        if handle.seq is None:  # (the engine refused it: it never began)
+            text, stats = "", {"error": "statechat quit before the reply began"}
+        else:
+            output = self.worker.engine.output(handle.seq)
+            text = output.text
+            reason = output.finish_reason or "abort"  # (the engine did not stop in time)
+            stats = reply_stats(dataclasses.replace(output, finish_reason=reason))
+        self._save_reply(reply_id, text, stats)
+
+    def action_stop(self) -> None:
+        """Esc: cancel an edit first (its box is what the user is looking at), else stop the
+        streaming reply."""
+        composer = self.query_one(Composer)
+        if composer.editing:
+            composer.end_edit()
+        elif self.handle is not None:
+            self.handle.abort()
+
+    def _busy(self) -> bool:
+        """Whether a reply streams (the user is told): sending and changing branches wait."""
+        if self.handle is not None:
+            self.notify("A reply is streaming; press Esc to stop it first.", severity="warning")
+        return self.handle is not None

@@ -1,0 +1,93 @@
+"""Quitting is prompt and loses nothing: Ctrl+Q on the loading screen stops the load after the
+step under way (it went on to build the engine, on a GPU its graph capture, and the process
+waited for all of it), and the app's close, a reply streaming, waits on no fixed interval (its
+time is the engine's stop) while the reply is still kept."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from statechat.chat.tree import open_chats
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.model import loader
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui.app import StatechatApp
+from tests.tui.test_app import views
+from tests.tui.test_edge_cases import LONG_REPLY, start_long_reply
+
+
+def test_quitting_while_the_model_loads_builds_no_engine(loaded, tmp_path, monkeypatch):
+    apps: list[StatechatApp] = []
+    built: list[LLMEngine] = []
+    real_init = LLMEngine.__init__
+
+    def load_model(*args, **kwargs):  # (a load that ends once the app is quitting)
+        end = time.monotonic() + 30
+        while not apps[0].is_closing and time.monotonic() < end:
+            time.sleep(0.01)
+        return loaded
+
+    def init(self, *args, **kwargs):
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_model", load_model)
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+
+    async def run() -> None:
+        apps.append(StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path))
+        async with apps[0].run_test() as pilot:
+            await pilot.pause(0.1)
+            assert apps[0].screen.id == "loading"
+            await pilot.press("ctrl+q")
+
+    asyncio.run(run())  # (returns once the load's thread has ended)
+    assert apps[0].is_closing and not built
+    assert apps[0].worker is None and apps[0].chats is None
+
+
+def test_closing_waits_on_no_fixed_interval(loaded, tmp_path, monkeypatch):
+    """(QA timed about 2 s from Ctrl+Q to the shell's prompt: 0.2 s of it Textual's input
+    thread, 1 s and more Python's teardown after the app returned, the app's own close a few
+    milliseconds.)"""
+    slept: list[float] = []
+    real_sleep, real_unmount = time.sleep, StatechatApp.on_unmount
+
+    def on_unmount(self) -> None:
+        app_thread = threading.get_ident()
+
+        def sleep(seconds: float) -> None:
+            if threading.get_ident() == app_thread:
+                slept.append(seconds)
+            real_sleep(seconds)
+
+        monkeypatch.setattr(time, "sleep", sleep)
+        try:
+            real_unmount(self)
+        finally:
+            monkeypatch.setattr(time, "sleep", real_sleep)
+
+    monkeypatch.setattr(StatechatApp, "on_unmount", on_unmount)
+
+    async def run() -> None:
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            while not views(app)[1].text:  # (some of it shown)
+                await pilot.pause(0.05)
+            assert app.handle is not None
+            await pilot.press("ctrl+q")
+
+    asyncio.run(run())
+    assert slept == []
+    chats = open_chats(tmp_path)
+    try:
+        (conv,) = chats.conversations()
+        reply = chats.branch(conv.id)[-1]
+        assert reply.content and reply.stats["finish_reason"] == "abort"
+    finally:
+        chats.close()
