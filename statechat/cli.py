@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -138,6 +139,8 @@ def run(
     chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
                             template_kwargs=parse_template_kwargs(chat_template_kwargs))
     chat_app.run()
+    global _app_closed
+    _app_closed = True
     if chat_app.return_code:
         raise typer.Exit(chat_app.return_code)
 
@@ -275,26 +278,46 @@ def serve(
                              "pick another --port") from None
 
 
+# `run`'s app closed everything it opened (the engine stopped, the cache written, the chats
+# closed): the process may then end without the interpreter's teardown, 1-2 s of garbage
+# collection over torch's, transformers' and Textual's objects after the screen is gone
+_app_closed = False
+
+
 def main() -> None:
     """Entry point: run the Typer app, turning known errors into one line."""
+    global _app_closed
+    _app_closed = False  # (set by this call's own `run` alone)
     try:
         code = app(standalone_mode=False)  # a raised typer.Exit comes back as its exit code
     except StatechatError as e:
         if os.environ.get("STATECHAT_DEBUG") == "1":
             raise
         typer.secho(f"statechat: {e}", fg="red", err=True)
-        sys.exit(getattr(e, "exit_code", 2))
+        _exit(getattr(e, "exit_code", 2))
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        _exit(e.exit_code)
     except typer.Abort:
-        sys.exit(130)
+        _exit(130)
     except Exception as e:
         # usage errors of Typer's click: they know how to show themselves
         if callable(getattr(e, "show", None)) and hasattr(e, "exit_code"):
             e.show()
-            sys.exit(e.exit_code)
+            _exit(e.exit_code)
         raise
-    if isinstance(code, int) and code:
+    _exit(code if isinstance(code, int) else 0)
+
+
+def _exit(code: int) -> None:
+    """End the process with `code`: at once after `run`'s app closed (what Python still
+    buffers flushed first), else as sys.exit does (returning for 0)."""
+    if _app_closed:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        logging.shutdown()
+        os._exit(code)
+    if code:
         sys.exit(code)
 
 

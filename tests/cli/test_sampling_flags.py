@@ -162,3 +162,26 @@ def test_the_model_s_ignored_recommendations_are_said_as_statechat(tmp_path):
         f"statechat: {config}: ignoring temperature 'hot' (it must be a number >= 0)",
         f"statechat: {config}: ignoring top_p 2 (it must be a number in (0, 1])",
         f"statechat: {empty} has no requests"]
+
+
+def test_run_ends_the_process_at_once_after_its_app_closed(monkeypatch, started, capsys):
+    """Once `run`'s app has closed everything, the process ends without the interpreter's
+    teardown (1-2 s after the screen is gone), with the app's exit status and what was
+    printed flushed; another command ends as sys.exit does."""
+    pytest.importorskip("textual")
+    ended = []
+
+    def exit_now(code):
+        ended.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    monkeypatch.setattr("sys.argv", ["statechat", "run", "--device", "cpu", "--no-cache",
+                                     "--model", str(EMBEDDED_MODEL)])
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert ended == [0] and "run" in started
+    monkeypatch.setattr("sys.argv", ["statechat", "run", "--device", "tpu"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2 and ended == [0]  # (a refused run: no app, sys.exit)
