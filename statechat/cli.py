@@ -12,7 +12,6 @@ options shared by several commands, and their checks, are in cli_options.py.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -23,11 +22,12 @@ import typer
 
 from statechat.cli_batch import (
     STDIN,
-    OutputError,
     input_name,
     progress_bar,
     read_requests,
+    report_failures,
     results,
+    write_records,
     writes_in_place,
 )
 from statechat.cli_cache import cache_app
@@ -195,8 +195,8 @@ def batch(
     if not jobs or all(job.error is not None for job in jobs):  # (nor when none can run)
         with results(output, direct) as sink:
             records = [error_record(job) for job in jobs]
-            _write_records(sink, output, records)
-        return _report_failures(records)
+            write_records(sink, output, records)
+        return report_failures(records)
     engine = _engine(config)
     _warn_if_embedded(engine.loaded.path)
 
@@ -205,31 +205,9 @@ def batch(
         progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
-        records = run_batch(engine, jobs, lambda rec: _write_records(sink, output, [rec]),
+        records = run_batch(engine, jobs, lambda rec: write_records(sink, output, [rec]),
                             lambda done, total: progress.update(task, completed=done, total=total))
-    _report_failures(records)
-
-
-def _write_records(sink, output: Path | None, records: list[dict]) -> None:
-    """Write result records as JSON lines (flushed: a reader of the file sees each as it
-    comes); a failed write is one line (OutputError)."""
-    try:
-        for rec in records:
-            sink.write(json.dumps(rec) + "\n")
-        sink.flush()
-    except OSError as e:
-        raise OutputError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
-
-
-def _report_failures(records: list[dict]) -> None:
-    """Say how many of a batch's requests failed; a run where every one failed is itself a
-    failure (exit status 1)."""
-    failed = sum("error" in r for r in records)
-    if failed:  # each has its error record
-        typer.echo(f"statechat: {failed:,} of {len(records):,} requests failed "
-                   '(see their "error" records)', err=True)
-        if failed == len(records):
-            raise typer.Exit(1)
+    report_failures(records)
 
 
 @app.command()

@@ -6,11 +6,14 @@ one line: StatechatError, or OutputError (exit status 1) once the run has begun.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+import typer
 
 from statechat.errors import StatechatError
 
@@ -128,3 +131,25 @@ def progress_bar():
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
                     transient=False)
+
+
+def write_records(sink, output: Path | None, records: list[dict]) -> None:
+    """Write result records as JSON lines (flushed: a reader of the file sees each as it
+    comes); a failed write is one line (OutputError)."""
+    try:
+        for rec in records:
+            sink.write(json.dumps(rec) + "\n")
+        sink.flush()
+    except OSError as e:
+        raise OutputError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
+
+
+def report_failures(records: list[dict]) -> None:
+    """Say how many of a batch's requests failed; a run where every one failed is itself a
+    failure (exit status 1)."""
+    failed = sum("error" in r for r in records)
+    if failed:  # each has its error record
+        typer.echo(f"statechat: {failed:,} of {len(records):,} requests failed "
+                   '(see their "error" records)', err=True)
+        if failed == len(records):
+            raise typer.Exit(1)
