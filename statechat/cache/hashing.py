@@ -12,7 +12,9 @@ import struct
 CACHE_FORMAT_VERSION = 2
 
 
-def model_fingerprint(config_digest: str, weights_digest: str, dtype: str, block_size: int) -> bytes:
+def model_fingerprint(
+    config_digest: str, weights_digest: str, dtype: str, block_size: int,
+) -> bytes:
     """sha256 of what changes the cached numbers: config, weights, dtype, format, block size."""
     h = hashlib.sha256()
     for part in (config_digest, weights_digest, dtype, str(CACHE_FORMAT_VERSION), str(block_size)):

@@ -28,14 +28,14 @@ VIEWS = {
                datetime(c.created, 'unixepoch') AS created, datetime(c.last_used, 'unixepoch') AS last_used,
                c.blob
         FROM checkpoints c JOIN models m ON m.id = c.model_id
-        ORDER BY c.last_used DESC""",
+        ORDER BY c.last_used DESC""",  # noqa: E501 - the view's text, as index.db stores it
     "cache_models": """
         SELECT m.id, m.name, m.dtype, m.block_size,
                (SELECT count(*) FROM checkpoints c WHERE c.model_id = m.id) AS checkpoints,
                (SELECT count(*) FROM blocks b WHERE b.model_id = m.id) AS blocks,
                round(((SELECT coalesce(sum(bytes), 0) FROM checkpoints c WHERE c.model_id = m.id)
                     + (SELECT coalesce(sum(bytes), 0) FROM segments s WHERE s.model_id = m.id)) / 1e6, 3) AS mb
-        FROM models m""",
+        FROM models m""",  # noqa: E501 - the view's text, as index.db stores it
     "cache_top_checkpoints": """
         SELECT m.name AS model, c.num_tokens, c.hits, round(c.bytes / 1e6, 3) AS mb,
                datetime(c.last_used, 'unixepoch') AS last_used, c.hash
@@ -71,9 +71,10 @@ def connect(path: Path) -> sqlite_utils.Database:
 def connect_read_only(path: Path) -> sqlite_utils.Database:
     """Open the index to read it alone: nothing is created or migrated, and no row written
     (the cache commands that only report; as the last connection to close, SQLite may still
-    fold a write-ahead log left by a crashed writer into index.db, as its own shell does). No index.db yet, or one without the schema (an empty file):
-    an empty index in memory. On read-only media, where SQLite cannot make the WAL's -wal and
-    -shm files, the file is read as immutable, and a warning says if a WAL was left unread."""
+    fold a write-ahead log left by a crashed writer into index.db, as its own shell does).
+    No index.db yet, or one without the schema (an empty file): an empty index in memory.
+    On read-only media, where SQLite cannot make the WAL's -wal and -shm files, the file is
+    read as immutable, and a warning says if a WAL was left unread."""
     if not path.exists():
         if path.parent.exists() and not path.parent.is_dir():
             raise open_error(path, NotADirectoryError())
@@ -129,7 +130,8 @@ def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
             if "locked" not in str(e) or n == OPEN_ATTEMPTS - 1:
                 raise open_error(path, e) from None
             time.sleep(0.05 * (n + 1))
-        except (sqlite3.DatabaseError, OSError) as e:  # a damaged file, a folder in its place, no access
+        except (sqlite3.DatabaseError, OSError) as e:
+            # a damaged file, a folder in its place, no access
             raise open_error(path, e) from None
     raise AssertionError("unreachable")
 
@@ -138,7 +140,8 @@ def open_error(path: Path, e: Exception) -> ConfigError:
     """The one-line error for a SQLite file (cache index, chats) that cannot be opened."""
     if path.parent.exists() and not path.parent.is_dir():
         return ConfigError(f"{path.parent} is a file; pass a folder")
-    why = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
+    why = (e.strerror if isinstance(e, OSError) and e.strerror
+           else (str(e).splitlines() or [type(e).__name__])[0])
     return ConfigError(f"cannot open {path} ({why}); check the folder's permissions, or move the "
                        "file away to start afresh")
 
@@ -167,7 +170,8 @@ def migrate(db: sqlite_utils.Database) -> None:
         db["blocks"].create(
             {"hash": str, "model_id": int, "parent": str, "position": int, "segment_id": int,
              "seg_index": int},
-            pk="hash", foreign_keys=[("model_id", "models", "id"), ("segment_id", "segments", "id")],
+            pk="hash",
+            foreign_keys=[("model_id", "models", "id"), ("segment_id", "segments", "id")],
             if_not_exists=True,
         )
         db["blocks"].create_index(["segment_id"], if_not_exists=True)
@@ -183,14 +187,17 @@ def migrate(db: sqlite_utils.Database) -> None:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def model_id(db: sqlite_utils.Database, fingerprint: str, name: str, path: str, dtype: str, block_size: int) -> int:
+def model_id(
+    db: sqlite_utils.Database, fingerprint: str, name: str, path: str, dtype: str, block_size: int,
+) -> int:
     """Id of the model row for `fingerprint`, inserting it if new."""
     row = db.execute("SELECT id FROM models WHERE fingerprint = ?", [fingerprint]).fetchone()
     if row:
         return row[0]
     with db.conn:
         db.execute(
-            "INSERT OR IGNORE INTO models (fingerprint, name, path, dtype, block_size, created) VALUES (?,?,?,?,?,?)",
+            "INSERT OR IGNORE INTO models (fingerprint, name, path, dtype, block_size, created) "
+            "VALUES (?,?,?,?,?,?)",
             [fingerprint, name, path, dtype, block_size, time.time()],
         )
     return db.execute("SELECT id FROM models WHERE fingerprint = ?", [fingerprint]).fetchone()[0]
@@ -221,7 +228,8 @@ def checkpoints_present(db: sqlite_utils.Database, hashes: list[str]) -> dict[st
     for part in chunked(hashes):
         marks = ",".join("?" * len(part))
         rows = db.execute(
-            f"SELECT hash, blob, num_tokens, checksum FROM checkpoints WHERE hash IN ({marks})", part
+            f"SELECT hash, blob, num_tokens, checksum FROM checkpoints WHERE hash IN ({marks})",
+            part,
         ).fetchall()
         found.update({r[0]: r[1:] for r in rows})
     return found

@@ -21,7 +21,8 @@ def test_full_queue_drops_and_reports(tiny_dirs, tmp_path, caplog):
     loaded = load_model(path, dtype=torch.float32)
     prompt = torch.randint(0, 300, (200,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
     engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
     engine.store.max_pending_bytes = 0  # nothing fits: every save is refused
     with caplog.at_level(logging.WARNING, logger="statechat.cache"):

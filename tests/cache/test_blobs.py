@@ -118,7 +118,10 @@ def test_pieces_are_read_in_runs(blob, device, run_bytes, monkeypatch):
     path, tensors, crc = blob
     monkeypatch.setattr(blob_read, "RUN_BYTES", run_bytes)
     reads, read_into = [], blob_read._read_into
-    monkeypatch.setattr(blob_read, "_read_into", lambda fd, offset, out: reads.append(len(out)) or read_into(fd, offset, out))
+    monkeypatch.setattr(
+        blob_read, "_read_into",
+        lambda fd, offset, out: reads.append(len(out)) or read_into(fd, offset, out),
+    )
     got = read_blob(path, FP, shapes(tensors), crc, device=device)
     assert all(torch.equal(got[n].cpu(), t) for n, t in tensors.items())
     data = path.stat().st_size - data_start(path)
@@ -133,7 +136,8 @@ def test_pieces_are_read_in_runs(blob, device, run_bytes, monkeypatch):
     raw = bytearray(path.read_bytes())
     raw[data_start(path) + data // 2] ^= 0x10
     path.write_bytes(bytes(raw))
-    assert "fails its checksum" in refused(path, shapes(tensors), checksum_in_index=crc, device=device)
+    assert "fails its checksum" in refused(path, shapes(tensors), checksum_in_index=crc,
+                                           device=device)
 
 
 def test_checksum_follows_the_documented_formula(small_pieces):

@@ -20,7 +20,8 @@ def test_two_processes_share_one_cache_dir(tiny_dirs, tmp_path):
     path = tiny_dirs["qwen3_5_text"]
     gen = torch.Generator().manual_seed(8)
     shared = torch.randint(0, 300, (260,), generator=gen).tolist()
-    prompts = [shared[: 150 + 20 * i] + torch.randint(0, 300, (30,), generator=gen).tolist() for i in range(6)]
+    prompts = [shared[: 150 + 20 * i] + torch.randint(0, 300, (30,), generator=gen).tolist()
+               for i in range(6)]
     results: dict[int, list[dict]] = {}
 
     def worker(n: int) -> None:
@@ -34,7 +35,8 @@ def test_two_processes_share_one_cache_dir(tiny_dirs, tmp_path):
         t.join()
 
     loaded = load_model(path, dtype=torch.float32)
-    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     want = [o.token_ids for o in plain.generate(prompts, params)]
     assert [r["tokens"] for r in results[0]] == want

@@ -27,14 +27,17 @@ PROMPT_LEN = 200  # checkpoints at 128 (interval) and 192 (prompt end)
 def model(tiny_dirs):
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32)
-    prompt = torch.randint(0, 300, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
-    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    prompt = torch.randint(0, 300, (PROMPT_LEN,),
+                           generator=torch.Generator().manual_seed(4)).tolist()
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
     return path, loaded, prompt, plain.generate([prompt], PARAMS)[0].token_ids
 
 
 def engine(path, loaded, cache_dir) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir, checkpoint_interval=2,
-                                  num_kv_blocks=64, num_state_slots=32), loaded=loaded)
+    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir,
+                                  checkpoint_interval=2, num_kv_blocks=64, num_state_slots=32),
+                     loaded=loaded)
 
 
 @pytest.fixture
@@ -49,7 +52,8 @@ def warm_cache(model, tmp_path):
 
 def ckpt_blob(cache_dir, num_tokens: int):
     db = sqlite3.connect(cache_dir / "index.db")
-    (blob,) = db.execute("SELECT blob FROM checkpoints WHERE num_tokens = ?", [num_tokens]).fetchone()
+    (blob,) = db.execute("SELECT blob FROM checkpoints WHERE num_tokens = ?",
+                         [num_tokens]).fetchone()
     return cache_dir / "blobs" / blob
 
 
@@ -94,7 +98,8 @@ def test_flipped_byte(model, warm_cache, caplog):
 
 def test_blob_of_another_model(model, warm_cache, caplog, tmp_path_factory):
     prompt = model[2]
-    other_path = make_tiny(tmp_path_factory.mktemp("other"), layout="qwen3_5_text", dtype="float32", seed=5)
+    other_path = make_tiny(tmp_path_factory.mktemp("other"), layout="qwen3_5_text",
+                           dtype="float32", seed=5)
     other_dir = tmp_path_factory.mktemp("other_cache")
     other = engine(other_path, load_model(other_path, dtype=torch.float32), other_dir)
     other.generate([prompt], PARAMS)
@@ -111,7 +116,8 @@ def test_deleted_blob(model, warm_cache, caplog):
 def test_row_without_blob(model, warm_cache, caplog):
     db = sqlite3.connect(warm_cache / "index.db")
     with db:
-        db.execute("UPDATE checkpoints SET blob = 'ckpt/00/never-written.safetensors' WHERE num_tokens = 192")
+        db.execute("UPDATE checkpoints SET blob = 'ckpt/00/never-written.safetensors' "
+                   "WHERE num_tokens = 192")
     assert "missing" in damaged(model, warm_cache, caplog, "row without blob")
     assert open_store(warm_cache).verify()["removed"] == []  # the bad row is gone already
 
@@ -132,7 +138,8 @@ def test_a_blob_that_cannot_be_opened_is_kept(model, warm_cache, caplog, monkeyp
     assert "cannot be opened (Permission denied); kept it" in warning
     assert blob.exists()
     report = open_store(warm_cache).verify()
-    assert report["removed"] == [] and report["unreadable"] == [blob.relative_to(warm_cache / "blobs").as_posix()]
+    assert (report["removed"] == []
+            and report["unreadable"] == [blob.relative_to(warm_cache / "blobs").as_posix()])
     monkeypatch.undo()
     assert rerun(model, warm_cache, caplog)[0].num_cached_tokens == 192  # readable again: used
 

@@ -20,7 +20,8 @@ from tests.helpers import ROOT, subprocess_env
 def test_sigkill_while_writing_leaves_a_clean_cache(tiny_dirs, tmp_path):
     path = tiny_dirs["qwen3_5_text"]
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (150, 260, 330, 200, 420)]
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist()
+               for n in (150, 260, 330, 200, 420)]
     req = json.dumps({"prompts": prompts, "max_tokens": 70, "kill_trials": 20})
     env = subprocess_env()
     out = subprocess.run([sys.executable, "-m", "tests.cache.worker", str(path), str(tmp_path)],
@@ -37,7 +38,8 @@ def test_sigkill_while_writing_leaves_a_clean_cache(tiny_dirs, tmp_path):
     loaded = load_model(path, dtype=torch.float32)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     cached = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
-    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
     got = cached.generate(prompts, params)
     want = plain.generate(prompts, params)
     cached.close()

@@ -32,7 +32,8 @@ from statechat.model.loader import load_model
 from tests.helpers import ROOT, PolicyModel, subprocess_env
 
 MAX_TOKENS = 16
-WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel", "disk"]
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel", "disk"]
 
 
 def run_worker(model, cache_dir, prompts: list[list[int]]) -> list[dict]:
@@ -50,7 +51,8 @@ def run_worker(model, cache_dir, prompts: list[list[int]]) -> list[dict]:
 def plain(tiny_dirs):
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32)
-    return path, LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    return path, LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                           loaded=loaded)
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -113,7 +115,8 @@ def test_random_forks_across_restarts_match_no_cache(plain, tmp_path):
                 prompts.append(render(tok, tree[: turn + 1]))
             else:
                 end = min(turn + 2, len(tree))
-                prompts.append(render(tok, tree[:end], add_generation_prompt=tree[end - 1]["role"] == "user"))
+                prompts.append(render(tok, tree[:end],
+                                      add_generation_prompt=tree[end - 1]["role"] == "user"))
         results = run_worker(path, tmp_path, prompts)
         want = no_cache_tokens(engine, prompts)
         for p, r, w in zip(prompts, results, want):
@@ -132,7 +135,8 @@ PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 def on_cache_dir(plain, cache_dir) -> LLMEngine:
     """An engine of the plain fixture's model on cache_dir (a new one per process start)."""
     path, engine = plain
-    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir), loaded=engine.loaded)
+    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir),
+                     loaded=engine.loaded)
 
 
 def saved_prompt(plain, cache_dir) -> LLMEngine:
@@ -179,7 +183,8 @@ def test_a_plan_that_cannot_pay_asks_the_index_only_for_checkpoints(plain, tmp_p
     monkeypatch.setattr(index, "blocks_present", lambda db, hashes: asked.append(
         threading.current_thread() is threading.main_thread()) or present(db, hashes))
     for module in (lookup, reads):  # a plan's shares; the start's rate sample
-        monkeypatch.setattr(module, "resident_fraction", lambda path: pytest.fail("asked the page cache"))
+        monkeypatch.setattr(module, "resident_fraction",
+                            lambda path: pytest.fail("asked the page cache"))
     ahead = second.store.blocks_on_disk_ahead
     checks = []  # finished before the request's first step (the test does not race the pool)
     monkeypatch.setattr(second.store, "blocks_on_disk_ahead",
@@ -212,11 +217,14 @@ def test_persisting_never_waits_for_a_check_of_the_disk(plain, tmp_path):
     assert second.prefix.disk_checks == []
     assert set(out_hashes(second, PROMPT + [7, 8, 9])) <= second.prefix.persisted
     second.close()
-    assert out.num_cached_tokens == 0 and out.token_ids == no_cache_tokens(plain[1], [PROMPT + [7, 8, 9]])[0][:4]
+    assert (out.num_cached_tokens == 0
+            and out.token_ids == no_cache_tokens(plain[1], [PROMPT + [7, 8, 9]])[0][:4])
 
 
 def out_hashes(engine, prompt: list[int]) -> list[bytes]:
-    return chain_hashes(engine.scheduler.root, prompt, engine.config.block_size, [])[: len(prompt) // 64]
+    return chain_hashes(
+        engine.scheduler.root, prompt, engine.config.block_size, []
+    )[: len(prompt) // 64]
 
 
 def test_a_plan_prices_disk_reads_by_what_the_page_cache_holds(plain, tmp_path):
@@ -313,7 +321,8 @@ def test_an_engine_starts_with_the_page_caches_rate_measured(plain, tmp_path, mo
     saved_prompt(plain, tmp_path)
     monkeypatch.setattr(reads, "SAMPLE_MIN_BYTES", 1)  # the tiny model's checkpoints are small
     read_names, read_blob = [], reads.read_blob
-    monkeypatch.setattr(reads, "read_blob", lambda path, *a: read_names.append(path.name) or read_blob(path, *a))
+    monkeypatch.setattr(reads, "read_blob",
+                        lambda path, *a: read_names.append(path.name) or read_blob(path, *a))
     second = on_cache_dir(plain, tmp_path)
     second.close()
     rate = second.prefix.cost.bandwidth[PAGE_CACHE]
@@ -357,7 +366,8 @@ def test_a_checkpoint_whose_blob_failed_is_saved_again_once_recomputed(plain, tm
     params = SamplingParams(max_tokens=4, ignore_eos=True)
 
     def run() -> int:
-        engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+        engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                           loaded=loaded)
         out = engine.generate([prompt], params)[0]
         engine.close()
         return out.num_cached_tokens

@@ -19,7 +19,8 @@ def test_device_then_host_then_disk(tiny_dirs, tmp_path):
     gen = torch.Generator().manual_seed(6)
     prompt = torch.randint(0, 300, (300,), generator=gen).tolist()
     edited = prompt[:280] + torch.randint(0, 300, (15,), generator=gen).tolist()
-    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded)
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
     want = plain.generate([edited], PARAMS)[0].token_ids
 
     config = EngineConfig(model=path, device="cpu", cache_dir=tmp_path, checkpoint_interval=2)
@@ -53,7 +54,8 @@ def test_a_checkpoint_read_from_disk_never_hands_out_the_host_tier(tiny_dirs, tm
     assert in_host.keys() == from_disk.keys()
     for name, t in from_disk.items():
         assert torch.equal(t, in_host[name])
-        disk_ptr, host_ptr = t.untyped_storage().data_ptr(), in_host[name].untyped_storage().data_ptr()
+        disk_ptr, host_ptr = (t.untyped_storage().data_ptr(),
+                              in_host[name].untyped_storage().data_ptr())
         assert disk_ptr != host_ptr, f"{name} is the host tier's memory"
 
 
@@ -119,7 +121,8 @@ def test_the_plan_bound_is_a_lower_bound_of_every_plan():
         ckpt_tier = {h: rng.choice(["host", "disk", None, None]) for h in hx}
         on_device = {h for h in hashes if rng.random() < 0.15}
         blob_of = {h: f"seg{i // rng.randint(1, 4)}" for i, h in enumerate(hx)}
-        resident = {f"seg{i}": rng.random() for i in range(n)} | {f"ck{h}": rng.random() for h in hx}
+        resident = ({f"seg{i}": rng.random() for i in range(n)}
+                    | {f"ck{h}": rng.random() for h in hx})
         real = Lookup({h: t for h, t in block_tier.items() if t},
                       {h: t for h, t in ckpt_tier.items() if t},
                       {h: blob_of[h] for h, t in block_tier.items() if t == "disk"},
@@ -127,8 +130,10 @@ def test_the_plan_bound_is_a_lower_bound_of_every_plan():
         first = Lookup({h: t for h, t in block_tier.items() if t == "host"}, dict(real.ckpts),
                        ckpt_blobs=dict(real.ckpt_blobs), resident=resident)
         rate = 10 ** rng.uniform(-8, -4)
-        pc = PrefixCache(None, Slots(on_device), None, None, bs, rng.randint(1, 1 << 22), rng.randint(1, 1 << 26), rate)
-        pc.cost.bandwidth.update({t: 10 ** rng.uniform(8, 10.5) for t in ("host", "disk", "page cache")})
+        pc = PrefixCache(None, Slots(on_device), None, None, bs, rng.randint(1, 1 << 22),
+                         rng.randint(1, 1 << 26), rate)
+        pc.cost.bandwidth.update({t: 10 ** rng.uniform(8, 10.5)
+                                  for t in ("host", "disk", "page cache")})
         pc.cost.latency.update({"host": rng.choice([0.0, 1e-5]), "disk": rng.uniform(0, 1e-3)})
         num_tokens = n * bs + rng.randint(1, 100)
         k0, bound, *_ = pc._cheapest(num_tokens, hashes, hx, num_device, first, optimistic=True)

@@ -22,7 +22,8 @@ from statechat.tui.widgets.conversation_list import ConversationList
 from statechat.tui.widgets.message_view import MessageView
 
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
-WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel"]
 
 
 def long_text(seed: int, n: int = 120) -> str:
@@ -110,7 +111,8 @@ def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
             msgs = views(app)
             assert len(msgs) == 4 and "2/2" in header(msgs[2])
             assert msgs[2].message.content == long_text(4)
-            assert "reused" in status(msgs[3]) and "no prefix reused" not in status(msgs[3]), status(msgs[3])
+            assert ("reused" in status(msgs[3])
+                    and "no prefix reused" not in status(msgs[3])), status(msgs[3])
             # 3. regenerate the last reply: a sibling reply
             await focus_message(pilot, app, 3)
             await pilot.press("r")
@@ -145,8 +147,8 @@ def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
 
 def test_stop_generation(loaded, tmp_path):
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path, loaded=loaded,
-                           sampling=SamplingParams(max_tokens=4000, ignore_eos=True))
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=SamplingParams(max_tokens=4000, ignore_eos=True))
         async with app.run_test() as pilot:
             await wait_ready(pilot, app)
             app.query_one(Composer).set_text("hello")
@@ -204,17 +206,20 @@ def test_template_variables_reach_the_prompt(loaded, tmp_path, monkeypatch):
     """`run --chat-template-kwargs` sets variables of the chat template (Qwen's enable_thinking)
     for every reply; here a template that says whether thinking is on."""
     monkeypatch.setattr(loaded.tokenizer, "chat_template",
-                        "{% if enable_thinking is defined and not enable_thinking %}quick {% endif %}"
+                        "{% if enable_thinking is defined and not enable_thinking %}"
+                        "quick {% endif %}"
                         "{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path, loaded=loaded,
-                           sampling=PARAMS, template_kwargs={"enable_thinking": False})
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=PARAMS,
+                           template_kwargs={"enable_thinking": False})
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
             await send(pilot, app, "hello there")
             stats = views(app)[1].message.stats
             assert stats["prompt_tokens"] == len(loaded.tokenizer.encode("quick hello there"))
-            assert app.sub_title.endswith(f" on cpu · {sampling_line(PARAMS)}")  # the sampling shown
+            # the sampling shown
+            assert app.sub_title.endswith(f" on cpu · {sampling_line(PARAMS)}")
 
     asyncio.run(run())

@@ -69,7 +69,8 @@ def test_edit_ends_with_its_message_on_screen_and_the_draft_comes_back(loaded, t
             await wait_idle(pilot, app)
             assert [m.content for m in app.chats.branch(conv_b)][:1] == ["chat b"]
             assert len(app.chats.siblings(app.chats.branch(conv_b)[0].id)) == 1
-            assert [m.content for m in app.chats.branch(conv_a) if m.role == "user"] == ["chat a", "a draft"]
+            assert ([m.content for m in app.chats.branch(conv_a) if m.role == "user"]
+                    == ["chat a", "a draft"])
             # an edit whose message is deleted: Enter no longer crashes, the draft is back
             composer.set_text("second draft")
             await focus_message(pilot, app, 2)
@@ -153,7 +154,8 @@ def test_titles_are_one_line_and_a_paste_keeps_its_first_indent(loaded, tmp_path
             assert views(app)[0].message.content == "    indented()\n        more()"
             new, _ = app.chats.conversations()
             assert new.title == "indented() more()"
-            labels = [str(label.render()) for label in app.query_one(ConversationList).query("Label")]
+            labels = [str(label.render())
+                      for label in app.query_one(ConversationList).query("Label")]
             assert labels == ["indented() more()", "an old title"]
 
     asyncio.run(run())
@@ -265,7 +267,8 @@ def test_changed_edits_and_typed_ahead_keys_stay_in_the_box(loaded, tmp_path):
             assert any("message being edited was deleted" in n for n in notices(app))
             await pilot.press("enter")  # sent anew, as a message of its own
             await wait_idle(pilot, app)
-            assert [m.content for m in app.chats.branch(conv) if m.role == "user"] == ["edited again"]
+            assert ([m.content for m in app.chats.branch(conv) if m.role == "user"]
+                    == ["edited again"])
             composer.set_text("hello")
             composer.post_message(events.Key("enter", None))
             composer.post_message(events.Key("x", "x"))  # (handled before the Submitted message)

@@ -15,7 +15,8 @@ from statechat.tui.widgets.message_view import MessageView
 @pytest.mark.parametrize("text, parts", [
     ("<think>\nLet me see.\n\nTwo steps.\n</think>\n\nThe answer is 4.",
      ("Let me see.\n\nTwo steps.", "The answer is 4.")),
-    ("Let me see.\n</think>\n\nThe answer is 4.", ("Let me see.", "The answer is 4.")),  # opened by the prompt
+    ("Let me see.\n</think>\n\nThe answer is 4.",
+     ("Let me see.", "The answer is 4.")),  # opened by the prompt
     ("<think>\nstill going", ("still going", "")),  # streaming
     ("The answer is 4.", ("", "The answer is 4.")),
     ("", ("", "")),
@@ -32,8 +33,10 @@ def shown(text: str) -> str:
 
 
 def test_reasoning_is_shown_before_the_answer():
-    screen = shown("<think>\nLet me think about **this**.\n\nStep two.\n</think>\n\nThe answer is 4.")
-    assert screen.index("thinking: Let me think") < screen.index("Step two.") < screen.index("The answer is 4.")
+    screen = shown("<think>\nLet me think about **this**.\n\nStep two.\n</think>\n\n"
+                   "The answer is 4.")
+    assert (screen.index("thinking: Let me think") < screen.index("Step two.")
+            < screen.index("The answer is 4."))
     assert "still going" in shown("<think>\nstill going")  # (was empty while the model thought)
     assert "<think>" not in screen and "</think>" not in screen
 
@@ -42,6 +45,8 @@ def test_sampling_line():
     from statechat.engine.sampling import SamplingParams
     from statechat.tui.format import sampling_line
 
-    assert sampling_line(SamplingParams(temperature=0.6, top_k=20, top_p=0.95, presence_penalty=1.5)) \
-        == "temperature 0.6, top-p 0.95, top-k 20, presence 1.5"
-    assert sampling_line(SamplingParams(top_k=20, repetition_penalty=1.1)) == "greedy, repetition 1.1"
+    assert sampling_line(
+        SamplingParams(temperature=0.6, top_k=20, top_p=0.95, presence_penalty=1.5)
+    ) == "temperature 0.6, top-p 0.95, top-k 20, presence 1.5"
+    assert (sampling_line(SamplingParams(top_k=20, repetition_penalty=1.1))
+            == "greedy, repetition 1.1")

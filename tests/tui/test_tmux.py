@@ -17,7 +17,8 @@ import torch
 from statechat.chat.tree import open_chats
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta", "gate", "kernel"]
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel"]
 
 
 def unwrap(screen: str) -> str:
@@ -36,7 +37,8 @@ class Tmux:
         self.name = f"statechat-test-{uuid.uuid4().hex[:8]}"
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60",
                         command], check=True)
-        subprocess.run(["tmux", "resize-window", "-t", self.name, "-x", "200", "-y", "60"], check=False)
+        subprocess.run(["tmux", "resize-window", "-t", self.name, "-x", "200", "-y", "60"],
+                       check=False)
 
     def keys(self, *keys: str, literal: bool = False) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, *(["-l"] if literal else []), *keys],
