@@ -25,7 +25,7 @@ from statechat.api_request import ApiError
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker, RequestHandle
-from statechat.errors import ContextLengthError, StatechatError
+from statechat.errors import ContextLengthError, ShuttingDownError, StatechatError
 
 SEEDS = 2**64  # seeds run to 2**64 - 1: seed + i past that wraps to 0
 POLL_S = 0.5  # how often a wait asks whether the client is still there
@@ -192,6 +192,10 @@ class Choices:
                     yield give(*later)
             else:
                 held.setdefault(p, []).append((index, event))
+        for p, waiting in held.items():  # (a choice 0 that ended with no event: not lost)
+            scores.setdefault(p, None)
+            for later in waiting:
+                yield give(*later)
 
 
 @contextlib.contextmanager
@@ -201,6 +205,8 @@ def _refused(param: str, p: int, num_prompts: int):
     where = f"{param}[{p}]: " if num_prompts > 1 else ""
     try:
         yield
+    except ShuttingDownError:
+        raise
     except ContextLengthError as e:
         shorten = "conversation" if param == "messages" else "prompt"
         raise ApiError(400, f"{where}{e}; shorten the {shorten}", param,

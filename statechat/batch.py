@@ -135,7 +135,7 @@ def prepare(engine: LLMEngine, job: Job) -> None:
     except StatechatError as e:
         job.error = str(e)
         return
-    job.prompt_ids = ids
+    job.prompt_ids, job.messages = ids, None  # (rendered: the messages are not kept)
 
 
 def error_record(job: Job) -> dict:

@@ -72,17 +72,24 @@ def _root() -> None:
 def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False,
             **engine: float | str | None):
     """The engine's config from the shared flags; `engine`: the engine flags, None where not
-    given (EngineConfig's default then). A bad value is one line, naming its flag."""
+    given (EngineConfig's default then). A bad value, a wrong --model or a --max-model-len past
+    the model's positions is one line (naming its flag) now, before the model loads."""
     from statechat.config import EngineConfig, flags_named
+    from statechat.engine.engine import check_context_limit
+    from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.paths import default_model
 
     with flags_named():
-        return EngineConfig(
+        config = EngineConfig(
             model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
             cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
             **{k: v for k, v in engine.items() if v is not None},
         )
+        positions = ModelConfig.from_hf(config.model).max_position_embeddings
+        if config.max_model_len:
+            check_context_limit(config.max_model_len, positions)
+    return config
 
 
 def _engine(config):
@@ -118,18 +125,11 @@ def run(
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
     or the flags say otherwise."""
-    from statechat.config import flags_named
-    from statechat.engine.engine import check_context_limit
-    from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
 
     config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      memory_fraction=memory_fraction, dtype=dtype)
-    positions = ModelConfig.from_hf(config.model).max_position_embeddings  # a wrong --model:
-    if config.max_model_len:  # one line now, before the app loads (and so is too long a context)
-        with flags_named():
-            check_context_limit(config.max_model_len, positions)
     from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
     sampling = compose_sampling(
@@ -140,7 +140,7 @@ def run(
                             template_kwargs=parse_template_kwargs(chat_template_kwargs))
     chat_app.run()
     global _app_closed
-    _app_closed = True
+    _app_closed = chat_app.is_closed  # (the engine stopped in time: its cache writes are done)
     if chat_app.return_code:
         raise typer.Exit(chat_app.return_code)
 
@@ -272,17 +272,17 @@ def main() -> None:
         if os.environ.get("STATECHAT_DEBUG") == "1":
             raise
         typer.secho(f"statechat: {e}", fg="red", err=True)
-        _exit(getattr(e, "exit_code", 2))
+        code = getattr(e, "exit_code", 2)
     except typer.Exit as e:
-        _exit(e.exit_code)
+        code = e.exit_code
     except typer.Abort:
-        _exit(130)
+        code = 130
     except Exception as e:
         # usage errors of Typer's click: they know how to show themselves
-        if callable(getattr(e, "show", None)) and hasattr(e, "exit_code"):
-            e.show()
-            _exit(e.exit_code)
-        raise
+        if not (callable(getattr(e, "show", None)) and hasattr(e, "exit_code")):
+            raise
+        e.show()
+        code = e.exit_code
     _exit(code if isinstance(code, int) else 0)
 
 

@@ -20,3 +20,7 @@ class ConfigError(StatechatError):
 
 class ContextLengthError(ConfigError):
     """A prompt that leaves no room in the context (the server's `context_length_exceeded`)."""
+
+
+class ShuttingDownError(StatechatError):
+    """A request that came as the engine stops (the server answers 503: not the client's fault)."""

@@ -48,6 +48,7 @@ from statechat.api_request import (
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
+from statechat.errors import ShuttingDownError
 
 MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
@@ -251,6 +252,8 @@ class Handler(BaseHTTPRequestHandler):
         except ConnectionResetError:
             self.close_connection = True
             return
+        except ShuttingDownError as e:  # (the server stops: not the request's fault)
+            raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
         head = {"id": f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": self.server.model_id}
         try:

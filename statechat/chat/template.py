@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from statechat.errors import ConfigError
@@ -36,13 +37,20 @@ def check_template_kwargs(tokenizer, kwargs) -> dict:
         raise ConfigError("chat_template_kwargs must be an object of template variables")
     if tokenizer is None:  # (checked before a model loads: the base class's parameters)
         from transformers import PreTrainedTokenizerBase as tokenizer
-    own = inspect.signature(tokenizer.apply_chat_template).parameters
-    reserved = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD}
-    reserved |= {"self", "messages", "conversations"}  # (the method's and the renderer's own)
-    taken = sorted(reserved & kwargs.keys())
+    cls = tokenizer if isinstance(tokenizer, type) else type(tokenizer)
+    taken = sorted(_reserved(cls) & kwargs.keys())
     if taken:
         raise ConfigError(f"chat_template_kwargs may not set {', '.join(taken)}")
     return kwargs
+
+
+@functools.lru_cache(maxsize=8)
+def _reserved(cls: type) -> frozenset[str]:
+    """The names apply_chat_template of tokenizer class `cls` and its renderer take themselves
+    (asked once per class: a batch checks every line)."""
+    own = inspect.signature(cls.apply_chat_template).parameters
+    names = {n for n, p in own.items() if p.kind is not p.VAR_KEYWORD}
+    return frozenset(names | {"self", "messages", "conversations"})  # (the renderer's own)
 
 
 def merge_template_kwargs(defaults: dict | None, own) -> dict | None:

@@ -144,7 +144,7 @@ class LLMEngine:
             budget = cfg.cpu_cache_bytes
         else:
             budget = int(free_memory(self.loaded.device) * cfg.memory_fraction)
-        slots = cfg.num_state_slots or max(2 * cfg.max_num_seqs + 1,
+        slots = cfg.num_state_slots or max(2 * cfg.max_num_seqs + 2,
                                            min(4096, budget // 4 // per_slot))
         blocks = cfg.num_kv_blocks or (budget - slots * per_slot) // max(per_block, 1)
         if blocks < 2 or slots < 2:

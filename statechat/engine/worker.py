@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from statechat.engine.engine import LLMEngine, RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence
-from statechat.errors import StatechatError
+from statechat.errors import ShuttingDownError
 
 _DONE = object()
 
@@ -126,19 +126,21 @@ class EngineWorker:
         handle = RequestHandle(self, ids, packed, params or SamplingParams(), request_id)
         with self._submit_lock:
             if self._stopping:
-                raise StatechatError("the engine is shutting down")
+                raise ShuttingDownError("the engine is shutting down; try again once it is back")
             self._inbox.put(("add", handle))
         return handle
 
     def abort(self, handle: RequestHandle) -> None:
         self._inbox.put(("abort", handle))
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort every live request, close the engine (pending cache writes), stop the thread."""
+    def shutdown(self, timeout: float | None = 30.0) -> bool:
+        """Abort every live request, close the engine (pending cache writes), stop the thread;
+        whether it stopped within `timeout` seconds (None: wait as long as it takes)."""
         with self._submit_lock:
             self._stopping = True
             self._inbox.put(("stop", None))
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # --- the worker thread --------------------------------------------------------------
     def _loop(self) -> None:

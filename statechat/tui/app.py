@@ -33,6 +33,7 @@ from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from statechat.tui.widgets.loading_screen import LoadingScreen
 
+SHUTDOWN_S = 90  # the most a quit waits for the engine (its step, then the cache's writes)
 # the app's own sampling, under the model's recommended sampling and `run`'s flags (cli.py)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
 
@@ -70,6 +71,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.streaming_reply_id: str | None = None  # the reply being streamed
         self.is_embedded = False  # the random-weight model: its banner shows
         self.is_closing = False  # set as the app quits: the load stops, late callbacks return
+        self.is_closed = False  # everything the app opened is closed (the engine stopped)
         self._close_lock = threading.Lock()  # (orders the load's hand-over and the close)
 
     def compose(self) -> ComposeResult:
@@ -100,13 +102,12 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         waits for that step, not for the rest (on a GPU, the engine's graph capture)."""
         try:
             self._build(screen)
+            self.call_from_thread(self._engine_ready)
         except Exception as e:  # noqa: BLE001 - one line for the user, like the CLI
             if self.is_closing:  # (AppClosed, or an error with nobody left to tell)
                 return
             what = str(e) if isinstance(e, StatechatError) else f"{type(e).__name__}: {e}"
             self.call_from_thread(self.exit, None, 2, f"statechat: {what}")
-            return
-        self.call_from_thread(self._engine_ready)
 
     def _build(self, screen: LoadingScreen) -> None:
         from statechat.engine.engine import LLMEngine
@@ -180,9 +181,12 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         the cache's pending writes finish), then close the chats. Nothing here waits on a
         fixed interval: the time is the engine's (the step under way, the cache writes)."""
         self._begin_closing()
-        if self.worker is not None:
-            self.worker.shutdown()  # (it aborts a reply still streaming)
-        if self.handle is not None:
+        stopped = True
+        if self.worker is not None:  # (it aborts a reply still streaming; the cache's writes
+            # may take the store's 60 s and its writer's 10 s)
+            stopped = self.worker.shutdown(timeout=SHUTDOWN_S)
+        if self.handle is not None and stopped:  # (else the engine still runs: not read)
             self._keep_stopped_reply()
         if self.chats is not None:
             self.chats.close()
+        self.is_closed = stopped

@@ -115,10 +115,14 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
      "--max-num-batched-tokens must be at least one block (64 tokens), got 32"),
     (["run", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
+    (["serve", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],
+     "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
 ])
 def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch,
                                                                     capsys):
-    """(`run` showed its loading screen first, and took the error from its worker thread.)"""
+    """(`run` showed its loading screen first, and took the error from its worker thread;
+    `serve` and `batch` loaded the model before a --max-model-len past its positions.)"""
+    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()

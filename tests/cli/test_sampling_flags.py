@@ -34,6 +34,7 @@ def started(monkeypatch, shared_engine):
 
     class App:
         return_code = 0
+        is_closed = True
 
         def __init__(self, config, chat_dir, sampling=None, template_kwargs=None) -> None:
             got["run"] = sampling
@@ -164,24 +165,43 @@ def test_the_model_s_ignored_recommendations_are_said_as_statechat(tmp_path):
         f"statechat: {empty} has no requests"]
 
 
-def test_run_ends_the_process_at_once_after_its_app_closed(monkeypatch, started, capsys):
+STUB_RUN = """
+import sys
+import statechat.tui.app
+from statechat import cli
+
+
+class App:  # stands for the TUI: prints, closes (or not) and ends with status 3
+    return_code, is_closed = 3, sys.argv[1] == "closed"
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def run(self) -> None:
+        print("the app's last words")  # (a pipe's buffer: lost unless flushed)
+
+
+statechat.tui.app.StatechatApp = App
+cli.os._exit = lambda code, real=cli.os._exit: (print("fast exit", file=sys.stderr), real(code))
+sys.argv = ["statechat", "run", "--device", "cpu", "--no-cache", "--model", sys.argv[2]]
+cli.main()
+"""
+
+
+def test_run_ends_the_process_at_once_after_its_app_closed():
     """Once `run`'s app has closed everything, the process ends without the interpreter's
-    teardown (1-2 s after the screen is gone), with the app's exit status and what was
-    printed flushed; another command ends as sys.exit does."""
+    teardown (1-2 s after the screen is gone), with the app's exit status and its output to a
+    pipe flushed; an app whose engine did not stop in time ends as sys.exit does."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, subprocess_env
+
     pytest.importorskip("textual")
-    ended = []
-
-    def exit_now(code):
-        ended.append(code)
-        raise SystemExit(code)
-
-    monkeypatch.setattr(cli.os, "_exit", exit_now)
-    monkeypatch.setattr("sys.argv", ["statechat", "run", "--device", "cpu", "--no-cache",
-                                     "--model", str(EMBEDDED_MODEL)])
-    with pytest.raises(SystemExit):
-        cli.main()
-    assert ended == [0] and "run" in started
-    monkeypatch.setattr("sys.argv", ["statechat", "run", "--device", "tpu"])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    assert exit_info.value.code == 2 and ended == [0]  # (a refused run: no app, sys.exit)
+    for state, fast in (("closed", True), ("open", False)):
+        done = subprocess.run([sys.executable, "-c", STUB_RUN, state, str(EMBEDDED_MODEL)],
+                              capture_output=True, text=True, env=subprocess_env(), cwd=ROOT,
+                              timeout=300, check=False)
+        assert done.returncode == 3, done.stderr
+        assert done.stdout == "the app's last words\n"
+        assert ("fast exit" in done.stderr) == fast

@@ -54,7 +54,7 @@ def test_an_aborted_request_is_started_and_ends(worker):
 def test_a_request_submitted_as_the_worker_stops_is_refused_not_left_unanswered():
     """A shutdown that comes while a request is being checked: the request is refused with
     one line (it was queued after the stop, and its caller waited for ever)."""
-    from statechat.errors import StatechatError
+    from statechat.errors import ShuttingDownError
 
     engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"),
                        loaded=load_model(EMBEDDED_MODEL, dtype=torch.float32))
@@ -67,5 +67,5 @@ def test_a_request_submitted_as_the_worker_stops_is_refused_not_left_unanswered(
         return checked
 
     engine.check_prompt = check_then_stop
-    with pytest.raises(StatechatError, match="the engine is shutting down"):
+    with pytest.raises(ShuttingDownError, match="the engine is shutting down"):
         w.submit(list(range(3, 40)), SamplingParams(max_tokens=4))

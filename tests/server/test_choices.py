@@ -171,3 +171,7 @@ def test_a_stream_gives_every_choice_its_prompts_logprobs():
                          1: [("c", ["scores of 0"]), ("d", None)],
                          2: [("e", ["scores of 1"])], 3: [("f", ["scores of 1"])]}
     assert next(index for index, _ in events if index < 2) == 0  # (choice 1's waited)
+    # a choice 0 that ends with no event at all loses none of the others' (they come last)
+    events = list(Choices([[], [StreamEvent("g", [7])]], n=2, is_scored=True).merged())
+    assert [(index, event.text, event.prompt_logprobs) for index, event in events] == \
+        [(1, "g", None)]

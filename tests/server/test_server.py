@@ -418,3 +418,23 @@ def test_a_body_over_the_limit_gets_its_413(server):
     conn.request("GET", "/health", headers=headers)
     assert conn.getresponse().status == 200
     conn.close()
+
+
+def test_a_request_that_comes_as_the_engine_stops_is_a_503():
+    """A request a keep-alive connection sends while the engine shuts down is the server's
+    503 (shutting_down), not a 400 blaming the prompt."""
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"),
+                                    loaded=loaded))
+    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert worker.shutdown()
+        status, body = raw_post(srv, b'{"messages": [{"role": "user", "content": "hi"}]}')
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+    assert body["error"]["type"] == "server_error" and body["error"]["param"] is None

@@ -49,6 +49,44 @@ def test_quitting_while_the_model_loads_builds_no_engine(loaded, tmp_path, monke
     assert apps[0].worker is None and apps[0].chats is None
 
 
+def test_an_engine_built_as_the_app_quits_is_stopped_by_the_load(loaded, tmp_path,
+                                                                  monkeypatch):
+    """The other order: the engine is being built when Ctrl+Q comes, so the app has none to
+    stop; the load's thread stops the worker it made and opens no chats, and nothing is left
+    running."""
+    apps: list[StatechatApp] = []
+    workers = []
+    real_init = LLMEngine.__init__
+
+    def init(self, *args, **kwargs):  # (a build that ends once the app is quitting)
+        real_init(self, *args, **kwargs)
+        end = time.monotonic() + 30
+        while not apps[0].is_closing and time.monotonic() < end:
+            time.sleep(0.01)
+
+    from statechat.engine import worker as worker_module
+
+    real_worker = worker_module.EngineWorker
+
+    def worker(engine):
+        workers.append(real_worker(engine))
+        return workers[-1]
+
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+    monkeypatch.setattr(worker_module, "EngineWorker", worker)
+
+    async def run() -> None:
+        apps.append(StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                                 loaded=loaded))
+        async with apps[0].run_test() as pilot:
+            await pilot.pause(0.1)
+            await pilot.press("ctrl+q")
+
+    asyncio.run(run())
+    assert len(workers) == 1 and not workers[0]._thread.is_alive()  # (stopped by the load)
+    assert apps[0].worker is None and apps[0].chats is None
+
+
 def test_closing_waits_on_no_fixed_interval(loaded, tmp_path, monkeypatch):
     """(QA timed about 2 s from Ctrl+Q to the shell's prompt: 0.2 s of it Textual's input
     thread, 1 s and more Python's teardown after the app returned, the app's own close a few
