@@ -309,20 +309,22 @@ def test_a_reply_with_no_text_is_left_out_of_later_prompts(loaded, tmp_path, sta
     asyncio.run(run())
 
 
+async def quit_while_streaming(loaded, chat_dir) -> None:
+    """Start a long reply in a new app on `chat_dir`, and press Ctrl+Q once some is shown."""
+    app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), chat_dir,
+                       loaded=loaded, sampling=LONG_REPLY)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await start_long_reply(pilot, app)
+        while not views(app)[1].text:  # (some of it shown)
+            await pilot.pause(0.05)
+        assert app.handle is not None
+        await pilot.press("ctrl+q")
+
+
 def test_quitting_while_a_reply_streams_keeps_it(loaded, tmp_path):
     """Ctrl+Q while a reply streamed lost it (an empty reply after a restart, which went into
     the next prompt as an empty turn): it is kept as Esc keeps it, its text so far and a
     'stopped' status, and the chat goes on from it."""
-    async def first_run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
-        async with app.run_test(size=(120, 50)) as pilot:
-            await start_long_reply(pilot, app)
-            while not views(app)[1].text:  # (some of it shown)
-                await pilot.pause(0.05)
-            assert app.handle is not None
-            await pilot.press("ctrl+q")
-
     async def second_run():
         app = make_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
@@ -335,5 +337,5 @@ def test_quitting_while_a_reply_streams_keeps_it(loaded, tmp_path):
                        {"role": "user", "content": "next"}]
             assert views(app)[-1].message.stats["prompt_tokens"] == len(app.worker.render(history))
 
-    asyncio.run(first_run())
+    asyncio.run(quit_while_streaming(loaded, tmp_path))
     asyncio.run(second_run())

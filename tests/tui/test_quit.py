@@ -15,8 +15,7 @@ from statechat.engine.engine import LLMEngine
 from statechat.model import loader
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
-from tests.tui.test_app import views
-from tests.tui.test_edge_cases import LONG_REPLY, start_long_reply
+from tests.tui.test_edge_cases import quit_while_streaming
 
 
 def test_quitting_while_the_model_loads_builds_no_engine(loaded, tmp_path, monkeypatch):
@@ -110,17 +109,7 @@ def test_closing_waits_on_no_fixed_interval(loaded, tmp_path, monkeypatch):
 
     monkeypatch.setattr(StatechatApp, "on_unmount", on_unmount)
 
-    async def run() -> None:
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
-        async with app.run_test(size=(120, 50)) as pilot:
-            await start_long_reply(pilot, app)
-            while not views(app)[1].text:  # (some of it shown)
-                await pilot.pause(0.05)
-            assert app.handle is not None
-            await pilot.press("ctrl+q")
-
-    asyncio.run(run())
+    asyncio.run(quit_while_streaming(loaded, tmp_path))
     assert slept == []
     chats = open_chats(tmp_path)
     try:
