@@ -82,8 +82,7 @@ RepetitionPenaltyOpt = Annotated[float | None, typer.Option(
     help="Divides the logits of tokens of the prompt and the reply, > 0 (1 = off; above 1 "
     "discourages repeats).", rich_help_panel=SAMPLING)]
 MaxTokensOpt = Annotated[int | None, typer.Option(
-    help="Most new tokens of a reply (batch takes 0: each prompt computed alone, to score it).",
-    rich_help_panel=SAMPLING)]
+    help="Most new tokens of a reply.", rich_help_panel=SAMPLING)]
 SeedOpt = Annotated[int | None, typer.Option(
     help="Seed of every request's draw (same seed, same output).", rich_help_panel=SAMPLING)]
 

@@ -24,6 +24,7 @@ import json
 import selectors
 import socket
 import sys
+import threading
 import time
 import uuid
 from http import HTTPStatus
@@ -54,6 +55,7 @@ MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
+STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
 MAX_NAME_CHARS = 40  # of each name logged
 
@@ -80,6 +82,40 @@ class ChatServer(ThreadingHTTPServer):
         self.sampling = sampling or DEFAULT_SAMPLING
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
         self.created = int(time.time())
+        self.is_stopping = False  # set by stop(): connections close after their request
+        self._connections = threading.Condition()  # guards the two sets below
+        self._idle: set[Handler] = set()  # connections waiting for their next request
+        self._busy: set[Handler] = set()  # connections answering one
+
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        """Stop as uvicorn does: accept no connection, stop the worker (replies under way end
+        with "abort"; a request that comes meanwhile is a 503), then close the idle keep-alive
+        connections (a client sees them closed, not hung) and wait up to `wait_s` for the
+        answers still being written."""
+        self.server_close()
+        self.worker.shutdown()
+        with self._connections:
+            self.is_stopping = True
+            idle = list(self._idle)
+        for handler in idle:
+            with contextlib.suppress(OSError):
+                handler.connection.shutdown(socket.SHUT_RDWR)
+        with self._connections:
+            self._connections.wait_for(lambda: not self._busy, wait_s)
+
+    def connection_state(self, handler: Handler, busy: bool | None) -> None:
+        """Track a connection: busy (answering), idle (waiting for a request) or None (gone).
+        Once stopping, a connection is closed after its answer."""
+        with self._connections:
+            self._idle.discard(handler)
+            self._busy.discard(handler)
+            if busy:
+                self._busy.add(handler)
+            elif busy is not None and self.is_stopping:
+                handler.close_connection = True
+            elif busy is not None:
+                self._idle.add(handler)
+            self._connections.notify_all()
 
     @property
     def url(self) -> str:
@@ -93,6 +129,24 @@ class Handler(BaseHTTPRequestHandler):
     server: ChatServer
 
     # --- plumbing -----------------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        self.server.connection_state(self, busy=False)
+
+    def parse_request(self) -> bool:
+        self.server.connection_state(self, busy=True)  # (its request line has come)
+        return super().parse_request()
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.connection_state(self, busy=False)
+
+    def finish(self) -> None:
+        self.server.connection_state(self, busy=None)
+        super().finish()
+
     def log_message(self, format: str, *args) -> None:
         if not self.server.quiet:
             sys.stderr.write(f"{self.address_string()} {format % args}\n")
@@ -358,8 +412,7 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
-        worker.shutdown()
+        server.stop()
 
 
 @contextlib.contextmanager
