@@ -3,16 +3,16 @@
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64,
      "temperature": 0}
-("id": a string or a number, echoed as given; "line-N" when left out) with optional "top_p",
-"top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop"
-(a string or a list), "logprobs" (0 to 20: each generated token's logprob and those of that
-many likeliest tokens), "prompt_logprobs" (the same for each prompt token after the first, with
-its rank; such a line computes its whole prompt),
-"min_tokens", "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the
-model's chat template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the
-prompt alone. A line's own fields win over
-the run's defaults (BatchDefaults: greedy, 256 tokens, under the model's recommended sampling
-and the command's flags).
+("id": a string or a number, echoed as given; "line-N" when left out) with optional
+"max_completion_tokens" (over "max_tokens"), "top_p", "top_k", "min_p", "presence_penalty",
+"frequency_penalty", "repetition_penalty", "seed", "stop" (a string or a list),
+"stop_token_ids", "ignore_eos", "n" (1 only), "logprobs" (0 to 20: each generated token's
+logprob and those of that many likeliest tokens), "prompt_logprobs" (the same for each prompt
+token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
+"logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
+template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. A
+line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
+model's recommended sampling and the command's flags); other fields are named on stderr.
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason",
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
@@ -44,8 +44,10 @@ from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-               "frequency_penalty", "repetition_penalty", "seed", "stop", "logprobs",
-               "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
+               "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
+               "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
+# the other fields a line may have; any more are named on stderr, as ignored
+OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n")
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
 # which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
@@ -74,6 +76,7 @@ class Job:
     prompt_ids: list[int] | None = None  # (set by prepare, once the model is loaded)
     params: SamplingParams | None = None
     error: str | None = None
+    unknown: tuple[str, ...] = ()  # the line's fields batch does not read (ignored)
     result: dict | None = None
     shared: dict | None = None  # its group's warm-up: the shared prefix and where it came from
 
@@ -107,15 +110,44 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
             or (isinstance(rid, float) and not math.isfinite(rid)):
         return Job(line, None, error=f'line {line}: "id" must be a string or a number, got '
                                      f"{json.dumps(rid)[:60]}")
+    unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS))
     try:
-        params = defaults.params(**{k: req[k] for k in LINE_FIELDS if req.get(k) is not None})
+        given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
+        if req.get("max_completion_tokens") is not None:  # (OpenAI's newer name wins, as in serve)
+            given["max_tokens"] = req["max_completion_tokens"]
+        if not isinstance(given.get("ignore_eos", False), bool):
+            raise StatechatError(f"ignore_eos must be true or false, got "
+                                 f"{json.dumps(given['ignore_eos'])[:60]}")
+        if req.get("n", 1) != 1:
+            raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
+                                 "own, with its own seed")
+        params = defaults.params(**given)
         validate_messages(req.get("messages"))
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
         if kwargs is not None:
             check_template_kwargs(None, kwargs)
     except StatechatError as e:
-        return Job(line, rid, error=str(e))
-    return Job(line, rid, req["messages"], kwargs, params=params)
+        return Job(line, rid, error=str(e), unknown=unknown)
+    return Job(line, rid, req["messages"], kwargs, params=params, unknown=unknown)
+
+
+def ignored_fields(jobs: list[Job], most: int = 8) -> str | None:
+    """One line naming the fields of the input that batch does not read (each with the lines
+    that have it, the first 8 fields and 5 lines each), or None when there are none."""
+    where: dict[str, list[int]] = {}
+    for job in jobs:
+        for name in job.unknown:
+            where.setdefault(name, []).append(job.line)
+    if not where:
+        return None
+    parts = []
+    for name in sorted(where)[:most]:
+        lines = where[name]
+        shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if
+                                                   len(lines) > 5 else "")
+        parts.append(f"{json.dumps(name)[:42]} (line{'s' if len(lines) > 1 else ''} {shown})")
+    more = f" and {len(where) - most} more" if len(where) > most else ""
+    return f"fields batch does not read were ignored: {'; '.join(parts)}{more}"
 
 
 def prepare(engine: LLMEngine, job: Job) -> None:

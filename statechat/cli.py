@@ -149,10 +149,12 @@ def run(
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL file ('-': standard input), one request a "
                                           "line: {\"id\" (a string or a number), \"messages\", "
-                                          "optional \"max_tokens\", \"temperature\", \"top_p\", "
+                                          "optional \"max_tokens\" (or "
+                                          "\"max_completion_tokens\"), \"temperature\", \"top_p\", "
                                           "\"top_k\", \"min_p\", \"presence_penalty\", "
                                           "\"frequency_penalty\", \"repetition_penalty\", "
-                                          "\"seed\", \"stop\", \"logprobs\", "
+                                          "\"seed\", \"stop\", \"stop_token_ids\", "
+                                          "\"ignore_eos\", \"logprobs\", "
                                           "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
                                           "\"chat_template_kwargs\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
@@ -175,6 +177,7 @@ def batch(
         DEFAULT_SAMPLING,
         BatchDefaults,
         error_record,
+        ignored_fields,
         parse_lines,
         run_batch,
     )
@@ -189,6 +192,8 @@ def batch(
         min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed, min_max_tokens=0)
     jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
+    if (ignored := ignored_fields(jobs)) is not None:
+        typer.echo(f"statechat: {ignored}", err=True)
     direct = output is None or writes_in_place(output, input)  # checked before the model loads
     if not jobs:  # (nothing to run: no model to load)
         typer.echo(f"statechat: {input_name(input)} has no requests", err=True)

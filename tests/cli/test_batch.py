@@ -413,3 +413,27 @@ def test_a_line_s_id_is_echoed_as_given(tmp_path, shared_engine):
     assert [r["error"]["message"] for r in records[4:]] == [
         f'line {n}: "id" must be a string or a number, got {shown}'
         for n, shown in ((5, '["list"]'), (6, '{"k": 1}'), (7, "true"))]
+
+
+def test_a_line_s_openai_fields_and_unknown_ones(tmp_path, shared_engine):
+    """OpenAI's max_completion_tokens (over max_tokens), stop_token_ids and ignore_eos are
+    read (they were dropped without a word); n other than 1 and a non-boolean ignore_eos are
+    the line's errors; fields batch does not read are named on stderr, with their lines."""
+    user = {"messages": [{"role": "user", "content": words(8, 30)}]}
+    lines = [{**user, "max_tokens": 9, "max_completion_tokens": 3, "max_token": 5},
+             {**user, "max_tokens": 4, "ignore_eos": True, "stop_token_ids": [1, 2]},
+             {**user, "n": 3}, {**user, "ignore_eos": "no"}, {**user, "max_token": 1, "x": 2}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    newest, eos, n, flag, typo = [json.loads(line) for line in out.read_text().splitlines()]
+    assert newest["usage"]["completion_tokens"] <= 3
+    assert eos["usage"]["completion_tokens"] <= 4 and "error" not in eos
+    assert n["error"]["message"] == ("n must be 1 in a batch line; give each sample a line of "
+                                     "its own, with its own seed")
+    assert flag["error"]["message"] == 'ignore_eos must be true or false, got "no"'
+    assert "error" not in typo
+    assert ('statechat: fields batch does not read were ignored: "max_token" (lines 1, 5); '
+            '"x" (line 5)') in result.stderr
