@@ -235,7 +235,9 @@ class LLMEngine:
             seq.finish_reason = "abort"
             seq.status = Status.FINISHED
         else:
-            self.scheduler.finish(seq, "abort")
+            self.scheduler.finish(seq, "abort")  # (its reply-end checkpoint published: saved
+            # now, since no step may follow)
+            self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         self.runner.forget(seq.seq_id)
         self._prefill_run = None  # its unsynchronised chunks must not time the next request
         self._busy(False)

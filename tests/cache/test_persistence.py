@@ -400,3 +400,17 @@ def test_a_lookup_leaves_sqlites_locks_alone(tmp_path):
                            ".fetchall())"], capture_output=True, text=True, timeout=60, check=False)
     assert seen.stdout.strip() == "[(1,)]", seen.stderr[-300:]
     store.close()
+
+
+def test_a_stopped_reply_leaves_its_reply_end_checkpoint_on_disk(plain, tmp_path):
+    """A reply stopped mid-way (Esc, a client gone, Ctrl+Q) publishes the checkpoint at its last
+    block boundary, as a finished one does; it reached the disk only if another step ran after
+    the stop (after Esc then Ctrl+Q, never), so the next turn recomputed the whole reply."""
+    engine = on_cache_dir(plain, tmp_path)
+    seq = engine.add_request(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True))
+    while len(seq.output_ids) < 130:  # (past the boundaries at 256 and 320)
+        engine.step()
+    engine.abort(seq)
+    engine.close()
+    saved = {r["num_tokens"] for r in engine.store.db.query("SELECT num_tokens FROM checkpoints")}
+    assert 320 in saved, saved
