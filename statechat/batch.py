@@ -176,13 +176,15 @@ def error_record(job: Job) -> dict:
 
 
 def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], list[int]]]:
-    """Groups of jobs sharing a first block: (common block-aligned prefix + 1 token, members).
+    """Groups of jobs sharing a first block that can reuse it (not those scoring their prompt,
+    which compute it whole): (common block-aligned prefix + 1 token, members).
 
     The extra token makes the warm-up's prompt-end checkpoint fall exactly on the boundary.
     """
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, job in enumerate(jobs):
-        if job.error is None and len(job.prompt_ids) > block_size:
+        if job.error is None and len(job.prompt_ids) > block_size \
+                and job.params.prompt_logprobs is None:  # (one that scores computes it all)
             groups.setdefault(tuple(job.prompt_ids[:block_size]), []).append(i)
     warm = []
     for members in groups.values():

@@ -437,3 +437,18 @@ def test_a_line_s_openai_fields_and_unknown_ones(tmp_path, shared_engine):
     assert "error" not in typo
     assert ('statechat: fields batch does not read were ignored: "max_token" (lines 1, 5); '
             '"x" (line 5)') in result.stderr
+
+
+def test_a_line_that_scores_its_prompt_is_left_out_of_its_group_s_warm_up():
+    """A line asking for prompt_logprobs computes its whole prompt, so it reuses no shared
+    prefix: it neither joins a group's warm-up nor reports one (it showed a shared_prefix it
+    had not used)."""
+    from statechat.batch import Job, warmup_prefixes
+    from statechat.engine.sampling import SamplingParams
+
+    prompt = list(range(3, 200))
+    jobs = [Job(n, f"j{n}", prompt_ids=prompt + [n], params=SamplingParams(**scored))
+            for n, scored in enumerate([{}, {}, {"prompt_logprobs": 1}])]
+    assert [members for _, members in warmup_prefixes(jobs, 64)] == [[0, 1]]
+    jobs[1].params = SamplingParams(prompt_logprobs=0)
+    assert warmup_prefixes(jobs, 64) == []  # (one left: no group)
