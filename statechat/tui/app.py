@@ -4,12 +4,15 @@ The app is put together from one mixin per concern: layout.py (fitting the termi
 focus), conversations.py (opening chats; editing, regenerating, switching and deleting
 branches) and replies.py (sending a message, streaming its reply). This module builds the
 screen, loads the engine in a thread behind a progress screen, and closes everything when the
-app quits. Conversations live in `<cache_dir>/index.db` (chat/tree.py): editing or
-regenerating adds a branch, nothing is overwritten.
+app quits (Ctrl+Q; SIGTERM and SIGHUP quit as it does). Conversations live in
+`<cache_dir>/index.db` (chat/tree.py): editing or regenerating adds a branch, nothing is
+overwritten.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -36,6 +39,9 @@ from statechat.tui.widgets.loading_screen import LoadingScreen
 SHUTDOWN_S = 90  # the most a quit waits for the engine (its step, then the cache's writes)
 # the app's own sampling, under the model's recommended sampling and `run`'s flags (cli.py)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
+# signals that quit as Ctrl+Q does, the exit status 128 + their number: `kill`, a closed terminal
+QUIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 
 
 class AppClosed(Exception):
@@ -73,6 +79,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.is_closing = False  # set as the app quits: the load stops, late callbacks return
         self.is_closed = False  # everything the app opened is closed (the engine stopped)
         self._close_lock = threading.Lock()  # (orders the load's hand-over and the close)
+        self.quit_signals: tuple[int, ...] = ()  # QUIT_SIGNALS, while the app handles them
 
     def compose(self) -> ComposeResult:
         """The chat list | the banner, the branch shown and the message box."""
@@ -89,7 +96,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
 
     # --- start-up -----------------------------------------------------------------------
     def on_mount(self) -> None:
-        """Show the loading screen and start the load behind it."""
+        """Handle QUIT_SIGNALS, show the loading screen and start the load behind it."""
+        self._handle_quit_signals()
         screen = LoadingScreen(str(self.config.model))
         self.push_screen(screen)
         self.load(screen)
@@ -166,6 +174,22 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self._focus_composer()
 
     # --- closing ------------------------------------------------------------------------
+    def _handle_quit_signals(self) -> None:
+        """Quit on QUIT_SIGNALS as on Ctrl+Q (Python's default ended the process: the reply
+        streaming lost, the terminal left in the alternate screen). Only in the main thread:
+        asyncio takes signals nowhere else, and the app then leaves them as they are."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for signum in QUIT_SIGNALS:
+            loop.add_signal_handler(signum, self.quit_on_signal, signum)
+        self.quit_signals = QUIT_SIGNALS
+
+    def quit_on_signal(self, signum: int) -> None:
+        """Quit as Ctrl+Q does, with exit status 128 + `signum`; nothing once quitting."""
+        if not self.is_closing:
+            self.exit(return_code=128 + signum)
+
     def exit(self, *args, **kwargs) -> None:
         """Textual's `exit` (Ctrl+Q, an error), telling a load under way to stop at once: the
         app closes from here, and the load's thread would hold the process until it ends."""
@@ -190,3 +214,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         if self.chats is not None:
             self.chats.close()
         self.is_closed = stopped
+        loop = asyncio.get_running_loop()  # (a signal during the close waited for its end)
+        for signum in self.quit_signals:
+            loop.remove_signal_handler(signum)
+        self.quit_signals = ()

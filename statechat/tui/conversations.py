@@ -3,7 +3,8 @@ Delete, and a message's keys and links (e edit, r regenerate, [ ] switch branch,
 branch). Nothing is overwritten: an edit or a regenerate adds a branch (chat/tree.py).
 
 Another statechat process on the same cache dir may delete a chat or a message at any time:
-each action finds its message anew and says so when it is gone (GONE).
+each action finds its message anew and says so when it is gone (GONE). Once the app is
+quitting (`is_closing`), the actions do nothing: the widgets they would fill are going.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ GONE = "{} was deleted by another statechat process on this cache dir."
 
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
-    (the chat shown), `handle` and `streaming_conv_id` (the reply streaming), `_busy()` and
-    `start_reply()` (replies.py), and `_focus_composer()` (layout.py)."""
+    (the chat shown), `handle` and `streaming_conv_id` (the reply streaming), `is_closing`
+    (the app is quitting), `_busy()` and `start_reply()` (replies.py), and `_focus_composer()`
+    (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
@@ -54,11 +56,15 @@ class ConversationsMixin:
 
     def on_conversation_list_open(self, event: ConversationList.Open) -> None:
         """Enter or a click on the chat list: show that chat, the box focused."""
+        if self.is_closing:
+            return
         self.open_conversation(event.conv_id)
         self._focus_composer()
 
     def on_conversation_list_delete(self, event: ConversationList.Delete) -> None:
         """Delete on the chat list: remove that chat, unless its reply is streaming."""
+        if self.is_closing:
+            return
         if self.handle is not None and event.conv_id == self.streaming_conv_id:
             self.notify("Its reply is streaming: stop it (Esc) before deleting this chat.",
                         severity="warning")
@@ -81,11 +87,15 @@ class ConversationsMixin:
 
     def action_new_chat(self) -> None:
         """Ctrl+N: an empty chat, created when its first message is sent."""
+        if self.is_closing:
+            return
         self.open_conversation(None)
         self._focus_composer()
 
     def action_edit_message(self, msg_id: str | None = None) -> None:
         """e, or a message's `edit`: its text into the box; Enter sends it as a new branch."""
+        if self.is_closing:
+            return
         msg = self._target(msg_id)
         if msg is None or msg.role != "user":
             self.notify("Pick one of your messages to edit (r regenerates a reply).")
@@ -94,7 +104,7 @@ class ConversationsMixin:
 
     def action_regenerate(self, msg_id: str | None = None) -> None:
         """r, or a reply's `regenerate`: a new reply beside it (or under a user message)."""
-        if self._busy():
+        if self.is_closing or self._busy():
             return
         msg = self._target(msg_id)
         if msg is None:
@@ -112,14 +122,14 @@ class ConversationsMixin:
         self._switch(1, msg_id)
 
     def _switch(self, step: int, msg_id: str | None) -> None:
-        msg = None if self._busy() else self._target(msg_id)
+        msg = None if self.is_closing or self._busy() else self._target(msg_id)
         if msg is not None:
             target = self.chats.switch(msg.id, step)
             self.open_conversation(self.conv_id, focus_id=target.id)
 
     def action_delete_branch(self, msg_id: str | None = None) -> None:
         """d, or a message's `delete`: remove it and everything under it."""
-        msg = None if self._busy() else self._target(msg_id)
+        msg = None if self.is_closing or self._busy() else self._target(msg_id)
         if msg is None:
             return
         # focus what takes its place: the sibling shown instead, else its parent, else the box

@@ -4,6 +4,7 @@ A reply streams from a `@work(thread=True)` worker that reads an EngineWorker ha
 updates the screen with `call_from_thread`, at most every STREAM_INTERVAL_S; it is saved with
 its stats (TTFT, decode rate, prefix reused) when it ends. Esc stops it; a reply streaming when
 the app quits is kept as Esc keeps it (`_keep_stopped_reply`). One reply streams at a time.
+Once the app is quitting (`is_closing`), Enter sends nothing and the screen is left alone.
 """
 
 from __future__ import annotations
@@ -29,15 +30,16 @@ STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 class RepliesMixin:
     """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
     `conv_id`, `sampling`, `template_kwargs`, the streaming reply's `handle`,
-    `streaming_conv_id` and `streaming_reply_id` (None while none streams), and
+    `streaming_conv_id` and `streaming_reply_id` (None while none streams), `is_closing`, and
     `open_conversation()` (conversations.py)."""
 
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         """Enter in the box: send its text (an edit's as a new branch beside the edited
-        message) and stream the reply; nothing while a reply streams."""
-        composer = self.query_one(Composer)
-        if not event.text.strip():
+        message) and stream the reply; nothing while a reply streams, or once quitting (Enter
+        and Ctrl+Q queued together: the exit is removing the widgets)."""
+        if self.is_closing or not event.text.strip():
             return
+        composer = self.query_one(Composer)
         # blank lines around the text go, the first line's indent stays (pasted code)
         text = re.sub(r"^\s*\n", "", event.text.rstrip())
         if self._busy():
@@ -102,6 +104,8 @@ class RepliesMixin:
         self.call_from_thread(self._finish_reply, reply_id, text, stats)
 
     def _show_text(self, reply_id: str, text: str) -> None:
+        if self.is_closing:
+            return
         view = self.query_one(ChatView).view_of(reply_id)
         if view is not None:
             view.set_text(text)
@@ -110,7 +114,8 @@ class RepliesMixin:
         if reply_id != self.streaming_reply_id:  # (saved at exit already)
             return
         self.handle = self.streaming_conv_id = self.streaming_reply_id = None
-        if not self._save_reply(reply_id, text, stats):
+        # (quitting: it is saved, with its stats, and the screen is left to the exit)
+        if not self._save_reply(reply_id, text, stats) or self.is_closing:
             return
         view = self.query_one(ChatView).view_of(reply_id)
         if view is not None:
