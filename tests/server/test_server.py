@@ -420,6 +420,17 @@ def test_a_body_over_the_limit_gets_its_413(server):
     conn.close()
 
 
+def own_server() -> tuple[ChatServer, EngineWorker, threading.Thread]:
+    """A server of its own (a test that stops it), serving from a thread."""
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"),
+                                    loaded=loaded))
+    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    return srv, worker, thread
+
+
 def test_a_stop_closes_idle_keep_alive_connections():
     """Stopping (serve's SIGTERM or Ctrl-C) closes a client's idle keep-alive connection, so its
     next request fails at once (it hung until the process ended, then was reset), as uvicorn
@@ -427,18 +438,13 @@ def test_a_stop_closes_idle_keep_alive_connections():
     import http.client
     import time
 
-    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
-    worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"),
-                                    loaded=loaded))
-    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
+    srv, worker, thread = own_server()
     host, port = srv.server_address[:2]
     conn = http.client.HTTPConnection(host, port, timeout=30)
     auth = {"Authorization": f"Bearer {KEY}"}
     try:
         conn.request("GET", "/health", headers=auth)
-        assert conn.getresponse().read() and not conn.sock is None  # (kept alive)
+        assert conn.getresponse().read() and conn.sock is not None  # (kept alive)
         srv.shutdown()
         srv.stop()
         start = time.monotonic()
@@ -454,12 +460,7 @@ def test_a_stop_closes_idle_keep_alive_connections():
 def test_a_request_that_comes_as_the_engine_stops_is_a_503():
     """A request a keep-alive connection sends while the engine shuts down is the server's
     503 (shutting_down), not a 400 blaming the prompt."""
-    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
-    worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"),
-                                    loaded=loaded))
-    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
+    srv, worker, thread = own_server()
     try:
         assert worker.shutdown()
         status, body = raw_post(srv, b'{"messages": [{"role": "user", "content": "hi"}]}')

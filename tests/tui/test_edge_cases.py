@@ -309,8 +309,9 @@ def test_a_reply_with_no_text_is_left_out_of_later_prompts(loaded, tmp_path, sta
     asyncio.run(run())
 
 
-async def quit_while_streaming(loaded, chat_dir) -> None:
-    """Start a long reply in a new app on `chat_dir`, and press Ctrl+Q once some is shown."""
+async def quit_while_streaming(loaded, chat_dir, quit=None) -> StatechatApp:
+    """Start a long reply in a new app on `chat_dir`, and once some is shown quit: press
+    Ctrl+Q, or await `quit(app)`. The app, closed."""
     app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), chat_dir,
                        loaded=loaded, sampling=LONG_REPLY)
     async with app.run_test(size=(120, 50)) as pilot:
@@ -318,7 +319,17 @@ async def quit_while_streaming(loaded, chat_dir) -> None:
         while not views(app)[1].text:  # (some of it shown)
             await pilot.pause(0.05)
         assert app.handle is not None
-        await pilot.press("ctrl+q")
+        await (pilot.press("ctrl+q") if quit is None else quit(app))
+    return app
+
+
+def reply_kept_stopped(app) -> tuple:
+    """(An app reopened after a quit while its reply streamed) the branch's user message and
+    reply views, the reply checked to be kept as Esc keeps one: its text and 'stopped'."""
+    user, reply = views(app)
+    assert reply.message.content and reply.text == reply.message.content
+    assert "stopped" in status(reply) and reply.message.stats["completion_tokens"] < 4000
+    return user, reply
 
 
 def test_quitting_while_a_reply_streams_keeps_it(loaded, tmp_path):
@@ -329,9 +340,7 @@ def test_quitting_while_a_reply_streams_keeps_it(loaded, tmp_path):
         app = make_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
-            user, reply = views(app)
-            assert reply.message.content and reply.text == reply.message.content
-            assert "stopped" in status(reply) and reply.message.stats["completion_tokens"] < 4000
+            user, reply = reply_kept_stopped(app)
             await send(pilot, app, "next")
             history = [user.message.as_chat(), reply.message.as_chat(),
                        {"role": "user", "content": "next"}]

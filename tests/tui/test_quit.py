@@ -24,8 +24,8 @@ from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import focus_message, make_app, send, status, views, wait_ready
-from tests.tui.test_edge_cases import LONG_REPLY, quit_while_streaming, start_long_reply
+from tests.tui.test_app import focus_message, make_app, send, wait_ready
+from tests.tui.test_edge_cases import quit_while_streaming, reply_kept_stopped
 
 
 def test_quitting_while_the_model_loads_builds_no_engine(loaded, tmp_path, monkeypatch):
@@ -210,29 +210,20 @@ def test_a_signal_quits_as_ctrl_q_does(loaded, tmp_path, signum):
     if signum is None:
         pytest.skip("no SIGHUP on this platform")
 
-    async def first_run() -> StatechatApp:
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
-        async with app.run_test(size=(120, 50)) as pilot:
-            await start_long_reply(pilot, app)
-            while not views(app)[1].text:  # (some of it shown)
-                await pilot.pause(0.05)
-            assert app.handle is not None and signum in app.quit_signals
-            os.kill(os.getpid(), signum)
-            end = time.monotonic() + 5
-            while not app.is_closing:  # (the handler runs on one of the loop's next turns)
-                assert time.monotonic() < end, "the signal did not reach the app"
-                await asyncio.sleep(0.01)
-        return app
+    async def signal_it(app) -> None:
+        assert signum in app.quit_signals
+        os.kill(os.getpid(), signum)
+        end = time.monotonic() + 5
+        while not app.is_closing:  # (the handler runs on one of the loop's next turns)
+            assert time.monotonic() < end, "the signal did not reach the app"
+            await asyncio.sleep(0.01)
 
     async def second_run() -> None:
         app = make_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
-            _, reply = views(app)
-            assert reply.message.content and reply.text == reply.message.content
-            assert "stopped" in status(reply) and reply.message.stats["completion_tokens"] < 4000
+            reply_kept_stopped(app)
 
-    app = asyncio.run(first_run())
+    app = asyncio.run(quit_while_streaming(loaded, tmp_path, signal_it))
     assert app.return_code == 128 + signum and app.is_closed
     asyncio.run(second_run())
