@@ -75,7 +75,7 @@ def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: b
     given (EngineConfig's default then). A bad value, a wrong --model or a --max-model-len past
     the model's positions is one line (naming its flag) now, before the model loads."""
     from statechat.config import EngineConfig, flags_named
-    from statechat.engine.engine import check_context_limit
+    from statechat.engine.sizing import check_context_limit
     from statechat.model.config import ModelConfig
     from statechat.paths import cache_dir as resolve_cache_dir
     from statechat.paths import default_model

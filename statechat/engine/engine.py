@@ -10,20 +10,18 @@ computed, completion tokens and time to first token.
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 import logging
-import struct
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from statechat.cache.hashing import int32_bytes, model_fingerprint
+from statechat.cache.hashing import model_fingerprint
 from statechat.cache.store import StateStore, open_store
 from statechat.config import MIN_STATE_SLOTS, EngineConfig
-from statechat.devices import default_dtype, free_memory, graph_api, resolve_device
+from statechat.devices import default_dtype, graph_api, resolve_device
 from statechat.engine.output import (
     RequestOutput,
     StreamEvent,
@@ -37,22 +35,17 @@ from statechat.engine.output import (
 )
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
+from statechat.engine.prompts import check_prompt, encode
 from statechat.engine.runner import Launched, ModelRunner
 from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
-from statechat.errors import ConfigError, ContextLengthError
+from statechat.engine.sizing import cache_sizes, context_limit, prefill_guess
+from statechat.errors import ConfigError
 from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
 
 log = logging.getLogger("statechat.engine")
-
-
-def check_context_limit(asked: int, positions: int) -> None:
-    """A one-line ConfigError for a context limit past the model's positions."""
-    if asked > positions:
-        raise ConfigError(f"max_model_len {asked:,} exceeds the model's {positions:,} positions; "
-                          "lower max_model_len")
 
 
 class LLMEngine:
@@ -65,9 +58,9 @@ class LLMEngine:
         self.loaded, self.tokenizer = loaded, loaded.tokenizer
         self._decode = fast_decode(loaded.tokenizer)
         mc = loaded.config
-        num_blocks, num_slots = self._cache_sizes()
+        num_blocks, num_slots = cache_sizes(config, loaded)
         bs = config.block_size
-        self.max_model_len = self._context_limit(num_blocks)
+        self.max_model_len = context_limit(config, loaded, num_blocks)
         self.eos_ids = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_ids.add(self.tokenizer.eos_token_id)
@@ -98,7 +91,7 @@ class LLMEngine:
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs,
             ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
-            ModelCaches.bytes_per_slot(mc, loaded.dtype), self._prefill_guess(),
+            ModelCaches.bytes_per_slot(mc, loaded.dtype), prefill_guess(loaded),
         )
         self.prefix.calibrate()
         self.scheduler = Scheduler(
@@ -121,13 +114,6 @@ class LLMEngine:
                      device=self.loaded.device)
         return store
 
-    def _prefill_guess(self) -> float:
-        """Seconds per prefill token before any is measured: 2 FLOPs per weight at a typical
-        rate."""
-        params = sum(p.numel() for p in self.loaded.model.parameters())
-        flops_per_s = 5e10 if self.loaded.device.type == "cpu" else 3e14
-        return max(2 * params / flops_per_s, 2e-5 if self.loaded.device.type == "cpu" else 2e-7)
-
     def close(self) -> None:
         """Finish pending cache writes (call before the process exits)."""
         if self.store is not None:
@@ -135,80 +121,16 @@ class LLMEngine:
             self.prefix.flush_deferred()
             self.store.close()
 
-    def _cache_sizes(self) -> tuple[int, int]:
-        """KV blocks and GDN slots: explicit counts, else a share of the memory budget."""
-        cfg, mc, dtype = self.config, self.loaded.config, self.loaded.dtype
-        per_slot = ModelCaches.bytes_per_slot(mc, dtype)
-        per_block = ModelCaches.bytes_per_block(mc, dtype, cfg.block_size)
-        if self.loaded.device.type == "cpu":
-            budget = cfg.cpu_cache_bytes
-        else:
-            budget = int(free_memory(self.loaded.device) * cfg.memory_fraction)
-        slots = cfg.num_state_slots or max(2 * cfg.max_num_seqs + 2,
-                                           min(4096, budget // 4 // per_slot))
-        blocks = cfg.num_kv_blocks or (budget - slots * per_slot) // max(per_block, 1)
-        if blocks < 2 or slots < 2:
-            raise ConfigError("not enough memory for the KV and state caches; lower max_num_seqs")
-        return int(blocks), int(slots)
-
-    def _context_limit(self, num_blocks: int) -> int:
-        """Tokens a sequence may hold (prompt and reply): the config's, which neither the model's
-        positions nor the KV cache may fall short of (a one-line ConfigError), else the model's,
-        capped at what the KV cache holds."""
-        cfg, positions = self.config, self.loaded.config.max_position_embeddings
-        held = num_blocks * cfg.block_size
-        if cfg.max_model_len is None:
-            return min(positions, held)
-        check_context_limit(cfg.max_model_len, positions)
-        if cfg.max_model_len > held:
-            more = ("or raise num_kv_blocks" if cfg.num_kv_blocks else
-                    f"(on the CPU the caches take {cfg.cpu_cache_bytes / 2**30:g} GiB)"
-                    if self.loaded.device.type == "cpu" else "or raise memory_fraction")
-            raise ConfigError(f"the KV cache holds {held:,} tokens, fewer than max_model_len "
-                              f"{cfg.max_model_len:,}; lower max_model_len {more}")
-        return cfg.max_model_len
-
     # --- requests -----------------------------------------------------------------------
     def encode(self, prompt: str | list[int] | np.ndarray) -> list[int]:
-        """A prompt's token ids: a string is tokenized; a list, tuple or 1-D integer numpy array
-        of ids is taken as it is (check_prompt checks the ids); anything else is a one-line
-        ConfigError."""
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and (
-                prompt.size == 0 or np.issubdtype(prompt.dtype, np.integer)):
-            return prompt.tolist()
-        if (isinstance(prompt, collections.abc.Sequence)
-                and not isinstance(prompt, bytes | bytearray)):
-            return list(prompt)
-        raise ConfigError("a prompt must be a string or a list of token ids, got "
-                          f"{_describe(prompt)}")
+        """A prompt's token ids (see prompts.encode)."""
+        return encode(self.tokenizer, prompt)
 
     def check_prompt(self, prompt: str | list[int]) -> tuple[list[int], bytes]:
-        """The prompt's token ids and their int32 bytes (what the block hashes read), checked: a
-        one-line ConfigError for an empty prompt, one that leaves no room in the context, or an
-        id that is not an integer of the model's vocabulary (one past the embedding table is,
-        on a GPU, an assert that ends the process). Reads no state that requests change: any
-        thread may call it."""
-        ids = self.encode(prompt)
-        if not ids:
-            raise ConfigError("the prompt is empty")
-        if len(ids) >= self.max_model_len:
-            raise ContextLengthError(
-                f"the prompt has {len(ids)} tokens; the context limit is {self.max_model_len}"
-            )
-        vocab = self.loaded.config.vocab_size
-        try:
-            packed = int32_bytes(ids)
-        except struct.error:
-            raise ConfigError(f"token ids must be integers from 0 to {vocab - 1}") from None
-        as_array = np.frombuffer(packed, dtype=np.int32)
-        if as_array.min() < 0 or as_array.max() >= vocab:
-            bad = next(t for t in ids if not 0 <= t < vocab)
-            raise ConfigError(
-                f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})"
-            )
-        return ids, packed
+        """The prompt's ids and int32 bytes, checked (see prompts.check_prompt); any thread may
+        call it."""
+        return check_prompt(self.tokenizer, prompt, self.loaded.config.vocab_size,
+                            self.max_model_len)
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
@@ -432,11 +354,3 @@ class LLMEngine:
         finally:
             self.abort(seq)
 
-
-def _describe(value) -> str:
-    """What a value that is not a prompt is, for an error message."""
-    if value is None:
-        return "None"
-    if isinstance(value, np.ndarray):
-        return f"a {value.ndim}-D {value.dtype} numpy array"
-    return type(value).__name__

@@ -133,5 +133,5 @@ def test_a_context_limit_the_engine_cannot_hold_is_one_line(tiny_dirs, engine_de
         LLMEngine(config, loaded=loaded)
     assert str(err.value) == message.format(positions=loaded.config.max_position_embeddings)
     unset = LLMEngine(dataclasses.replace(config, max_model_len=None), loaded=loaded)
-    held = unset._cache_sizes()[0] * config.block_size
+    held = unset.scheduler.blocks.num_blocks * config.block_size
     assert unset.max_model_len == min(loaded.config.max_position_embeddings, held)
