@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from statechat.engine.sampler import unpack_logprobs, unpack_scores
+from statechat.engine.logprobs import unpack_logprobs, unpack_scores
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence
 

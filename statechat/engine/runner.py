@@ -18,9 +18,11 @@ import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator, capture_stream
 from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
-from statechat.engine.sampler import TokenCounts, logprob_table, sample
+from statechat.engine.logprobs import logprob_table
+from statechat.engine.sampler import sample
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.scheduler import Batch
+from statechat.engine.token_counts import TokenCounts
 from statechat.engine.transfer import StateTransfer
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel

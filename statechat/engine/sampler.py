@@ -1,7 +1,8 @@
-"""The sampler: a step's logits to one token per row, on the device (and its logprob table).
+"""The sampler: a step's logits to one token per row, on the device (its logprob table is
+statechat.engine.logprobs', its penalty counts statechat.engine.token_counts').
 
 Rows that pick alike are processed together (statechat.engine.sampling.SamplingParams says how
-each picks): the penalties read a device table of token counts; a draw among at most
+each picks): the penalties read the device table of token counts; a draw among at most
 FUSED_TOP_K candidates runs kernels.sample_top_k (logits to token in two kernels), a wider
 top-k kernels.draw_candidates after torch's top-k, a draw over the vocabulary without a top-k
 kernels.sample_vocabulary (four kernels, no sort), one under a top-k above CANDIDATES torch's
@@ -16,7 +17,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 import kernels
@@ -24,65 +24,12 @@ from statechat.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from statechat.engine.sampler_graphs import SamplerGraphs
+    from statechat.engine.token_counts import TokenCounts
 
 CANDIDATES = 1024  # a draw whose top-k is at most this samples among its top-k tokens only
 TOPK_CHUNK = 4096  # a long row's top-k is taken per chunk of this many columns first
 FUSED_TOP_K = 64  # a draw whose top-k are all at most this runs kernels.sample_top_k: logits
 FUSED_VOCAB = 2**19  # to token in two kernels (which hold 8192 candidates per row)
-
-
-class TokenCounts:
-    """The generated-token counts (presence and frequency penalties) and prompt-token marks
-    (repetition penalty) of the requests with penalties, on the device: one row each, row 0
-    all zeros for the rows of a step that have none. Each sampled token is counted on the
-    device as it is drawn, so a step queued before the host has read the step before's token
-    still sees it. Rows grow by doubling and are reused once their request ends."""
-
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
-        self.vocab_size, self.device = vocab_size, device
-        self.counts = torch.zeros(1, vocab_size, dtype=torch.int32, device=device)  # [rows, vocab]
-        # [rows, vocab]
-        self.in_prompt = torch.zeros(1, vocab_size, dtype=torch.bool, device=device)
-        self.rows: dict[int, int] = {}  # seq_id -> row
-        self.free: list[int] = []
-
-    def row(self, seq_id: int, prompt_ids: list[int], output_ids: list[int]) -> int:
-        """The request's row, made at its first sampling from the tokens the host holds (a
-        prefill step's: a step fed on the device only continues a decode step)."""
-        row = self.rows.get(seq_id)
-        if row is not None:
-            return row
-        if not self.free:
-            self._grow()
-        row = self.rows[seq_id] = self.free.pop()
-        self.counts[row].zero_()
-        self.in_prompt[row].zero_()
-        self.in_prompt[row, _ids(prompt_ids, self.device)] = True
-        if output_ids:
-            self.add([row] * len(output_ids), _ids(output_ids, self.device))
-        return row
-
-    def release(self, seq_id: int) -> None:
-        row = self.rows.pop(seq_id, None)
-        if row is not None:
-            self.free.append(row)
-
-    def _grow(self) -> None:
-        n = self.counts.shape[0]
-        more = max(n - 1, 4)
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(more, self.vocab_size)])
-        self.in_prompt = torch.cat([self.in_prompt,
-                                    self.in_prompt.new_zeros(more, self.vocab_size)])
-        self.free += range(n + more - 1, n - 1, -1)
-
-    def add(self, rows: list[int] | torch.Tensor, tokens: torch.Tensor,
-            weight: torch.Tensor | None = None) -> None:
-        """Count sampled tokens ([R] int64, on the device) in their rows (`weight` [R] int32:
-        how much each counts, 0 for a row that keeps no counts)."""
-        rows = _ids(rows, self.device) if isinstance(rows, list) else rows
-        if weight is None:
-            weight = torch.ones(len(tokens), dtype=torch.int32, device=self.device)
-        self.counts.view(-1).index_add_(0, rows * self.vocab_size + tokens, weight)
 
 
 @dataclass
@@ -334,47 +281,3 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache  # (never evicted: a captured graph may read it; few n occur)
 def _arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
-
-
-@functools.lru_cache(maxsize=64)
-def device_index(rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """Row indices on the device, kept: a graph that reads them reads the same tensor."""
-    return _ids(list(rows), device)
-
-
-def _ids(values: list[int], device: torch.device) -> torch.Tensor:
-    """int64 indices on the device (a copy that does not wait)."""
-    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
-
-def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int,
-                  index: torch.Tensor | None = None) -> torch.Tensor:
-    """For the given rows of logits [M, vocab]: [R, 1 + 2k] float32 of each row's sampled
-    token's log-probability, then the k largest log-probabilities, then their token ids (exact
-    in float32: ids stay below 2**24), so that one copy brings them all to the host: the
-    first columns of kernels.score_logits' table (-inf, of a token the model rules out, is
-    not JSON: vLLM's -9999 stands for it). `index`: `rows` on the device, if made already
-    (none is needed when they are every row)."""
-    if rows != list(range(logits.shape[0])):
-        index = _ids(rows, logits.device) if index is None else index
-        logits, tokens = logits.index_select(0, index), tokens.index_select(0, index)
-    return kernels.score_logits(logits, tokens, k)[:, : 1 + 2 * k]
-
-
-def unpack_logprobs(row: list[float], k: int) -> tuple[float, list[tuple[int, float]]]:
-    """One row of logprob_table, as (the sampled token's log-probability, [(id, logprob)] of
-    the k likeliest, likeliest first)."""
-    width = (len(row) - 1) // 2  # the table's k, of the request that asked for the most
-    values, ids = row[1 : 1 + width], row[1 + width :]
-    return row[0], [(int(i), v) for v, i in zip(values[:k], ids[:k])]
-
-
-def unpack_scores(table: np.ndarray, k: int) -> list[tuple[float, list[tuple[int, float]], int]]:
-    """The rows of kernels.score_logits' table (logprob_table's columns, then the rank), each as
-    unpack_logprobs' pair and the token's rank; the top lists cut to k. Column by column: a
-    prompt has thousands of rows."""
-    width = (table.shape[1] - 2) // 2
-    values = table[:, 1 : 1 + k].tolist()
-    ids = table[:, 1 + width : 1 + width + k].astype(np.int64).tolist()
-    return [(chosen, list(zip(i, v)), rank) for chosen, v, i, rank in
-            zip(table[:, 0].tolist(), values, ids, table[:, -1].astype(np.int64).tolist())]

@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from statechat.devices import capture_stream, no_collection
-from statechat.engine.sampler import Plan, Rows, TokenCounts, device_index, logprob_table
+from statechat.engine.logprobs import logprob_table
+from statechat.engine.sampler import Plan, Rows
+from statechat.engine.token_counts import TokenCounts, device_index
 
 log = logging.getLogger("statechat.engine")
 

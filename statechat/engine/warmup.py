@@ -14,8 +14,10 @@ import torch
 import kernels
 from kernels import CHUNK
 from statechat.devices import accelerator
-from statechat.engine.sampler import TokenCounts, logprob_table, sample
+from statechat.engine.logprobs import logprob_table
+from statechat.engine.sampler import sample
 from statechat.engine.sampling import SamplingParams
+from statechat.engine.token_counts import TokenCounts
 from statechat.model.context import Context
 
 if TYPE_CHECKING:

@@ -12,9 +12,10 @@ import torch
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
-from statechat.engine.sampler import device_index, logprob_table
+from statechat.engine.logprobs import logprob_table
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.sampling import SamplingParams
+from statechat.engine.token_counts import device_index
 from statechat.model.loader import load_model
 from tests.engine.test_engine_parity import (
     NEW,

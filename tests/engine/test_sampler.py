@@ -13,16 +13,11 @@ import torch
 from kernels import gdn_chunk
 from kernels.attention import split_widths
 from statechat.engine import sampler, warmup
+from statechat.engine.logprobs import logprob_table, unpack_logprobs
 from statechat.engine.runner import ModelRunner
-from statechat.engine.sampler import (
-    TokenCounts,
-    distribution,
-    logprob_table,
-    sample,
-    top_k,
-    unpack_logprobs,
-)
+from statechat.engine.sampler import distribution, sample, top_k
 from statechat.engine.sampling import SamplingParams
+from statechat.engine.token_counts import TokenCounts
 from statechat.model.loader import load_model
 
 VOCAB = 248320  # Qwen3.5's (not a multiple of the chunk)
