@@ -14,8 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from statechat.cache.hashing import chain_hashes
+from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
-from statechat.engine.prefix import NewCheckpoint, PrefixCache
+from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
 
