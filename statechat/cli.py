@@ -27,6 +27,7 @@ from statechat.cli_batch import (
     read_requests,
     report_failures,
     results,
+    sigterm_interrupts,
     write_records,
     writes_in_place,
 )
@@ -206,6 +207,7 @@ def batch(
     _warn_if_embedded(engine.loaded.path)
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
+        stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
         sink = stack.enter_context(results(output, direct))
         progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
@@ -280,8 +282,8 @@ def main() -> None:
         code = getattr(e, "exit_code", 2)
     except typer.Exit as e:
         code = e.exit_code
-    except typer.Abort:
-        code = 130
+    except typer.Abort as e:  # (Ctrl+C; SIGTERM in a batch is 143)
+        code = getattr(e.__cause__, "exit_code", 130)
     except Exception as e:
         # usage errors of Typer's click: they know how to show themselves
         if not (callable(getattr(e, "show", None)) and hasattr(e, "exit_code")):
