@@ -65,8 +65,19 @@ app = typer.Typer(
 app.add_typer(cache_app, name="cache")
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from statechat import __version__
+
+        typer.echo(f"statechat {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Show the version and exit.",
+                                          callback=_show_version, is_eager=True)] = False,
+) -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 

@@ -38,6 +38,13 @@ def test_help_explains_options(argv, needles):
         assert needle in result.output, f"{needle} missing from `statechat {' '.join(argv)} --help`"
 
 
+def test_version():
+    from statechat import __version__
+
+    result = runner.invoke(cli.app, ["--version"])
+    assert (result.exit_code, result.output) == (0, f"statechat {__version__}\n")
+
+
 def test_cache_commands(tmp_path):
     pytest.importorskip("statechat.cache.store",
                         reason="the persistent cache store is not in this build")
