@@ -89,11 +89,7 @@ def parse_lines(lines: Iterable[str], defaults: BatchDefaults) -> list[Job]:
 
 def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     """One input line -> a Job with its messages and params, or with a one-line error."""
-    from statechat.chat.template import (
-        check_template_kwargs,
-        merge_template_kwargs,
-        validate_messages,
-    )
+    from statechat.chat.template import check_template_kwargs, merge_template_kwargs
 
     try:
         req = json.loads(text)
@@ -118,17 +114,29 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         if not isinstance(given.get("ignore_eos", False), bool):
             raise StatechatError(f"ignore_eos must be true or false, got "
                                  f"{json.dumps(given['ignore_eos'])[:60]}")
-        if req.get("n", 1) != 1:
+        if req.get("n") not in (None, 1):  # (null: left out, as OpenAI's schema allows)
             raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
                                  "own, with its own seed")
         params = defaults.params(**given)
-        validate_messages(req.get("messages"))
+        messages = chat_messages(req.get("messages"))
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
         if kwargs is not None:
             check_template_kwargs(None, kwargs)
     except StatechatError as e:
         return Job(line, rid, error=str(e), unknown=unknown)
-    return Job(line, rid, req["messages"], kwargs, params=params, unknown=unknown)
+    return Job(line, rid, messages, kwargs, params=params, unknown=unknown)
+
+
+def chat_messages(raw) -> list[dict]:
+    """A line's messages as the server takes a request's (OpenAI's: a "developer" is a system
+    message, a content may be a list of text parts, an assistant's may be null), as
+    [{"role", "content"}]; a one-line StatechatError otherwise."""
+    from statechat.api_request import ApiError, parse_messages
+
+    try:
+        return parse_messages(raw)
+    except ApiError as e:
+        raise StatechatError(e.message) from None
 
 
 def ignored_fields(jobs: list[Job], most: int = 8) -> str | None:

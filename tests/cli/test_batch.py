@@ -452,3 +452,27 @@ def test_a_line_that_scores_its_prompt_is_left_out_of_its_group_s_warm_up():
     assert [members for _, members in warmup_prefixes(jobs, 64)] == [[0, 1]]
     jobs[1].params = SamplingParams(prompt_logprobs=0)
     assert warmup_prefixes(jobs, 64) == []  # (one left: no group)
+
+
+def test_a_line_s_messages_are_taken_as_the_server_takes_them(tmp_path, shared_engine):
+    """OpenAI's message shapes that the server takes (a "developer" message, a content of text
+    parts, an assistant's null content) and "n": null give the reply of the plain line (they
+    were line errors)."""
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"},
+             {"role": "assistant", "content": ""}, {"role": "user", "content": "again"}]
+    openai = [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+              {"role": "user", "content": [{"type": "text", "text": "hi "},
+                                           {"type": "text", "text": "there"}]},
+              {"role": "assistant", "content": None}, {"role": "user", "content": "again"}]
+    lines = [{"messages": plain}, {"messages": openai, "n": None},
+             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({**line, "max_tokens": 4}) + "\n" for line in lines))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    first, second, image = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "error" not in second and second["text"] == first["text"]
+    assert second["usage"] == first["usage"]
+    assert image["error"]["message"] == ("messages[0].content must be a string or a list of text "
+                                         "parts")
