@@ -7,7 +7,8 @@ Input, one request a line:
 "max_completion_tokens" (over "max_tokens"), "top_p", "top_k", "min_p", "presence_penalty",
 "frequency_penalty", "repetition_penalty", "seed", "stop" (a string or a list),
 "stop_token_ids", "ignore_eos", "n" (1 only), "logprobs" (0 to 20: each generated token's
-logprob and those of that many likeliest tokens), "prompt_logprobs" (the same for each prompt
+logprob and those of that many likeliest tokens; or OpenAI's chat form, true with
+"top_logprobs" as that count), "prompt_logprobs" (the same for each prompt
 token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
 "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
 template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. A
@@ -47,7 +48,8 @@ LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence
                "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
                "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
 # the other fields a line may have; any more are named on stderr, as ignored
-OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n")
+OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
+                "top_logprobs")
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
 # which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
@@ -111,6 +113,7 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
         if req.get("max_completion_tokens") is not None:  # (OpenAI's newer name wins, as in serve)
             given["max_tokens"] = req["max_completion_tokens"]
+        chat_logprobs(given, req.get("top_logprobs"))
         if not isinstance(given.get("ignore_eos", False), bool):
             raise StatechatError(f"ignore_eos must be true or false, got "
                                  f"{json.dumps(given['ignore_eos'])[:60]}")
@@ -125,6 +128,21 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     except StatechatError as e:
         return Job(line, rid, error=str(e), unknown=unknown)
     return Job(line, rid, messages, kwargs, params=params, unknown=unknown)
+
+
+def chat_logprobs(given: dict, top) -> None:
+    """OpenAI's chat form of a line's logprobs ("logprobs": true, with "top_logprobs": k) as
+    the count that batch's own form gives ("logprobs": k), in `given`."""
+    flag = given.get("logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)):
+        raise StatechatError(f"top_logprobs must be an integer, got {json.dumps(top)[:60]}")
+    if flag is True:
+        given["logprobs"] = top or 0
+    elif top:
+        raise StatechatError('top_logprobs needs "logprobs": true (or give the count as '
+                             '"logprobs" alone)')
+    elif flag is False:
+        del given["logprobs"]
 
 
 def chat_messages(raw) -> list[dict]:

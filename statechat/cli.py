@@ -166,7 +166,8 @@ def batch(
                                           "\"top_k\", \"min_p\", \"presence_penalty\", "
                                           "\"frequency_penalty\", \"repetition_penalty\", "
                                           "\"seed\", \"stop\", \"stop_token_ids\", "
-                                          "\"ignore_eos\", \"logprobs\", "
+                                          "\"ignore_eos\", \"logprobs\" (a count, or "
+                                          "true with \"top_logprobs\"), "
                                           "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
                                           "\"chat_template_kwargs\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "

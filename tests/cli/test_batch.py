@@ -476,3 +476,23 @@ def test_a_line_s_messages_are_taken_as_the_server_takes_them(tmp_path, shared_e
     assert second["usage"] == first["usage"]
     assert image["error"]["message"] == ("messages[0].content must be a string or a list of text "
                                          "parts")
+
+
+def test_a_line_asks_for_logprobs_in_openai_s_chat_form(tmp_path, shared_engine):
+    """"logprobs": true with "top_logprobs": k (OpenAI's chat form) gives what "logprobs": k
+    gives, and "logprobs": false none (the first was a line error, top_logprobs ignored)."""
+    user = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    lines = [{**user, "logprobs": 2}, {**user, "logprobs": True, "top_logprobs": 2},
+             {**user, "logprobs": True}, {**user, "logprobs": False, "top_logprobs": 0},
+             {**user, "top_logprobs": 2}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    count, chat, chat0, off, alone = [json.loads(line) for line in out.read_text().splitlines()]
+    assert chat["logprobs"] == count["logprobs"] and len(chat["logprobs"]) == 3
+    assert all(e["top_logprobs"] == [] for e in chat0["logprobs"])
+    assert "logprobs" not in off and "error" not in off
+    assert alone["error"]["message"].startswith('top_logprobs needs "logprobs": true')
+    assert "ignored" not in result.stderr
