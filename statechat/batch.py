@@ -3,7 +3,9 @@
 Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64,
      "temperature": 0}
-("id": a string or a number, echoed as given; "line-N" when left out) with optional
+("id": a string or a number, echoed as given; "line-N" when left out; a line of OpenAI's batch
+format, {"custom_id", "url": "/v1/chat/completions", "body"}, as vLLM's run-batch reads, is its
+body with the custom_id as "id") with optional
 "max_completion_tokens" (over "max_tokens"), "top_p", "top_k", "min_p", "presence_penalty",
 "frequency_penalty", "repetition_penalty", "seed", "stop" (a string or a list),
 "stop_token_ids", "ignore_eos", "n" (1 only), "logprobs" (0 to 20: each generated token's
@@ -101,6 +103,12 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         return Job(line, None, error=f"line {line} is not valid JSON ({str(e)[:200]})")
     if not isinstance(req, dict):
         return Job(line, None, error=f"line {line} must be a JSON object")
+    if isinstance(req.get("body"), dict) and "messages" not in req:  # (OpenAI's batch format)
+        if req.get("url") != "/v1/chat/completions":
+            return Job(line, None, error=f'line {line}: "url" must be "/v1/chat/completions" '
+                                         f"(batch runs chat requests), got "
+                                         f"{json.dumps(req.get('url'))[:60]}")
+        req = {**req["body"], "id": req.get("custom_id")}
     rid = req.get("id")
     if rid is None:
         rid = f"line-{line}"

@@ -160,7 +160,10 @@ def run(
 @app.command()
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL file ('-': standard input), one request a "
-                                          "line: {\"id\" (a string or a number), \"messages\", "
+                                          "line (or OpenAI's batch format: {\"custom_id\", "
+                                          "\"url\", \"body\"}): {\"id\" (a string or a "
+                                          "number), "
+                                          "\"messages\", "
                                           "optional \"max_tokens\" (or "
                                           "\"max_completion_tokens\"), \"temperature\", \"top_p\", "
                                           "\"top_k\", \"min_p\", \"presence_penalty\", "

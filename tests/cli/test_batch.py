@@ -496,3 +496,23 @@ def test_a_line_asks_for_logprobs_in_openai_s_chat_form(tmp_path, shared_engine)
     assert "logprobs" not in off and "error" not in off
     assert alone["error"]["message"].startswith('top_logprobs needs "logprobs": true')
     assert "ignored" not in result.stderr
+
+
+def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
+    """A line of OpenAI's batch file format (vLLM's run-batch reads it) runs its body, with its
+    custom_id as the id (every such line failed: "messages must be a non-empty list"); another
+    url is that line's error."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    lines = [{"id": "own", **body},
+             {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": body},
+             {"custom_id": "req-2", "method": "POST", "url": "/v1/embeddings", "body": body}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    own, wrapped, other = [json.loads(line) for line in out.read_text().splitlines()]
+    assert wrapped["id"] == "req-1" and wrapped["text"] == own["text"]
+    assert wrapped["usage"]["completion_tokens"] == 3
+    assert other["error"]["message"] == ('line 3: "url" must be "/v1/chat/completions" (batch '
+                                         'runs chat requests), got "/v1/embeddings"')
