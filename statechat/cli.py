@@ -122,7 +122,8 @@ def _warn_if_embedded(model: Path) -> None:
 
 
 # --- run / batch / serve -------------------------------------------------------------------
-@app.command()
+@app.command(short_help="Chat in the terminal app: branching conversations, each reply "
+                         "reporting cache reuse.")
 def run(
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
@@ -157,7 +158,8 @@ def run(
         raise typer.Exit(chat_app.return_code)
 
 
-@app.command()
+@app.command(short_help="Run chat requests from a JSONL file together; one JSON result per "
+                         "line, in order.")
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL file ('-': standard input), one request a "
                                           "line (or OpenAI's batch format: {\"custom_id\", "
@@ -232,7 +234,7 @@ def batch(
     report_failures(records)
 
 
-@app.command()
+@app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).",
                                       envvar="STATECHAT_HOST")] = "127.0.0.1",
