@@ -27,6 +27,7 @@ from statechat.cli_batch import (
     read_requests,
     report_failures,
     results,
+    sigterm_interrupts,
     write_records,
     writes_in_place,
 )
@@ -64,8 +65,19 @@ app = typer.Typer(
 app.add_typer(cache_app, name="cache")
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from statechat import __version__
+
+        typer.echo(f"statechat {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Show the version and exit.",
+                                          callback=_show_version, is_eager=True)] = False,
+) -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 
@@ -110,7 +122,8 @@ def _warn_if_embedded(model: Path) -> None:
 
 
 # --- run / batch / serve -------------------------------------------------------------------
-@app.command()
+@app.command(short_help="Chat in the terminal app: branching conversations, each reply "
+                         "reporting cache reuse.")
 def run(
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
@@ -145,16 +158,21 @@ def run(
         raise typer.Exit(chat_app.return_code)
 
 
-@app.command()
+@app.command(short_help="Run chat requests from a JSONL file together; one JSON result per "
+                         "line, in order.")
 def batch(
     input: Annotated[Path, typer.Argument(help="JSONL file ('-': standard input), one request a "
-                                          "line: {\"id\" (a string or a number), \"messages\", "
+                                          "line (or OpenAI's batch format: {\"custom_id\", "
+                                          "\"url\", \"body\"}): {\"id\" (a string or a "
+                                          "number), "
+                                          "\"messages\", "
                                           "optional \"max_tokens\" (or "
                                           "\"max_completion_tokens\"), \"temperature\", \"top_p\", "
                                           "\"top_k\", \"min_p\", \"presence_penalty\", "
                                           "\"frequency_penalty\", \"repetition_penalty\", "
                                           "\"seed\", \"stop\", \"stop_token_ids\", "
-                                          "\"ignore_eos\", \"logprobs\", "
+                                          "\"ignore_eos\", \"logprobs\" (a count, or "
+                                          "true with \"top_logprobs\"), "
                                           "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
                                           "\"chat_template_kwargs\"}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
@@ -206,6 +224,7 @@ def batch(
     _warn_if_embedded(engine.loaded.path)
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
+        stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
         sink = stack.enter_context(results(output, direct))
         progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
@@ -215,7 +234,7 @@ def batch(
     report_failures(records)
 
 
-@app.command()
+@app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).",
                                       envvar="STATECHAT_HOST")] = "127.0.0.1",
@@ -280,8 +299,8 @@ def main() -> None:
         code = getattr(e, "exit_code", 2)
     except typer.Exit as e:
         code = e.exit_code
-    except typer.Abort:
-        code = 130
+    except typer.Abort as e:  # (Ctrl+C; SIGTERM in a batch is 143)
+        code = getattr(e.__cause__, "exit_code", 130)
     except Exception as e:
         # usage errors of Typer's click: they know how to show themselves
         if not (callable(getattr(e, "show", None)) and hasattr(e, "exit_code")):

@@ -1,14 +1,17 @@
 """The files of `statechat batch`: its requests (a JSONL file, or standard input for `-`) and
 its results (standard output, or a file written beside its target and renamed over it when the
-run ends, so an earlier file survives a failed run). A file that cannot be read or written is
-one line: StatechatError, or OutputError (exit status 1) once the run has begun."""
+run ends, so an earlier file survives a failed run; a run stopped early, by Ctrl+C or SIGTERM,
+keeps its finished results in FILE.partial). A file that cannot be read or written is one
+line: StatechatError, or OutputError (exit status 1) once the run has begun."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +28,38 @@ class OutputError(StatechatError):
     failed, so the exit status is 1 (that of a run whose every request failed), not 2."""
 
     exit_code = 1
+
+
+class Interrupted(StatechatError):
+    """A batch stopped by Ctrl+C (exit status 130) or SIGTERM (143) once its results were
+    being written: the message says where the finished ones are."""
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a batch, raised as Ctrl+C is so that the finished results are kept."""
+
+    exit_code = 143
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While the block runs (in the main thread), SIGTERM raises Terminated."""
+    def terminate(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # (not the main thread: SIGTERM stays as it was)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def input_name(input: Path) -> str:
@@ -74,15 +109,46 @@ def results(output: Path | None, direct: bool):
     try:
         with closing(os.fdopen(fd, "w", encoding="utf-8"), output) as f:
             yield f
-        if output.exists():
-            output_call(output, shutil.copymode, output, tmp)
-        else:  # (mkstemp's file is private: give it the mode a new file gets)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+        output_call(output, give_mode, Path(tmp), output)
         output_call(output, os.replace, tmp, output)
+    except OutputError:
+        raise
+    except BaseException as e:  # (Ctrl+C, SIGTERM, a crash: the finished results are kept)
+        kept = keep_partial(Path(tmp), output)
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(f"interrupted; {kept}", getattr(e, "exit_code", 130)) from None
+        typer.echo(f"statechat: {kept}", err=True)
+        raise
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def give_mode(tmp: Path, output: Path) -> None:
+    """Give the results file `tmp` the mode of the `output` it replaces, else the mode a new
+    file gets (mkstemp's file is private)."""
+    if output.exists():
+        shutil.copymode(output, tmp)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+
+
+def keep_partial(tmp: Path, output: Path) -> str:
+    """Keep the results that a run ending early wrote to `tmp` in a visible file beside
+    `output` (OUTPUT.partial, or OUTPUT.partial.N when that is taken), leaving `output` as it
+    was; what became of them, in words."""
+    try:
+        count = tmp.read_bytes().count(b"\n")
+        if not count:
+            return f"no request had finished; {output} is left as it was"
+        kept = next(path for n in itertools.count(1) if not (path := output.with_name(
+            f"{output.name}.partial" + (f".{n}" if n > 1 else ""))).exists())
+        give_mode(tmp, kept)
+        os.replace(tmp, kept)
+    except OSError as e:
+        return f"the finished results could not be kept ({e.strerror}); {output} is left as it was"
+    return f"the first {count:,} results (input order) are in {kept}; {output} is left as it was"
 
 
 def output_call(output: Path, fn, *args, **kwargs):

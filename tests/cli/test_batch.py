@@ -452,3 +452,67 @@ def test_a_line_that_scores_its_prompt_is_left_out_of_its_group_s_warm_up():
     assert [members for _, members in warmup_prefixes(jobs, 64)] == [[0, 1]]
     jobs[1].params = SamplingParams(prompt_logprobs=0)
     assert warmup_prefixes(jobs, 64) == []  # (one left: no group)
+
+
+def test_a_line_s_messages_are_taken_as_the_server_takes_them(tmp_path, shared_engine):
+    """OpenAI's message shapes that the server takes (a "developer" message, a content of text
+    parts, an assistant's null content) and "n": null give the reply of the plain line (they
+    were line errors)."""
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"},
+             {"role": "assistant", "content": ""}, {"role": "user", "content": "again"}]
+    openai = [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+              {"role": "user", "content": [{"type": "text", "text": "hi "},
+                                           {"type": "text", "text": "there"}]},
+              {"role": "assistant", "content": None}, {"role": "user", "content": "again"}]
+    lines = [{"messages": plain}, {"messages": openai, "n": None},
+             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({**line, "max_tokens": 4}) + "\n" for line in lines))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    first, second, image = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "error" not in second and second["text"] == first["text"]
+    assert second["usage"] == first["usage"]
+    assert image["error"]["message"] == ("messages[0].content must be a string or a list of text "
+                                         "parts")
+
+
+def test_a_line_asks_for_logprobs_in_openai_s_chat_form(tmp_path, shared_engine):
+    """"logprobs": true with "top_logprobs": k (OpenAI's chat form) gives what "logprobs": k
+    gives, and "logprobs": false none (the first was a line error, top_logprobs ignored)."""
+    user = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    lines = [{**user, "logprobs": 2}, {**user, "logprobs": True, "top_logprobs": 2},
+             {**user, "logprobs": True}, {**user, "logprobs": False, "top_logprobs": 0},
+             {**user, "top_logprobs": 2}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    count, chat, chat0, off, alone = [json.loads(line) for line in out.read_text().splitlines()]
+    assert chat["logprobs"] == count["logprobs"] and len(chat["logprobs"]) == 3
+    assert all(e["top_logprobs"] == [] for e in chat0["logprobs"])
+    assert "logprobs" not in off and "error" not in off
+    assert alone["error"]["message"].startswith('top_logprobs needs "logprobs": true')
+    assert "ignored" not in result.stderr
+
+
+def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
+    """A line of OpenAI's batch file format (vLLM's run-batch reads it) runs its body, with its
+    custom_id as the id (every such line failed: "messages must be a non-empty list"); another
+    url is that line's error."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    lines = [{"id": "own", **body},
+             {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": body},
+             {"custom_id": "req-2", "method": "POST", "url": "/v1/embeddings", "body": body}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    own, wrapped, other = [json.loads(line) for line in out.read_text().splitlines()]
+    assert wrapped["id"] == "req-1" and wrapped["text"] == own["text"]
+    assert wrapped["usage"]["completion_tokens"] == 3
+    assert other["error"]["message"] == ('line 3: "url" must be "/v1/chat/completions" (batch '
+                                         'runs chat requests), got "/v1/embeddings"')

@@ -38,6 +38,13 @@ def test_help_explains_options(argv, needles):
         assert needle in result.output, f"{needle} missing from `statechat {' '.join(argv)} --help`"
 
 
+def test_version():
+    from statechat import __version__
+
+    result = runner.invoke(cli.app, ["--version"])
+    assert (result.exit_code, result.output) == (0, f"statechat {__version__}\n")
+
+
 def test_cache_commands(tmp_path):
     pytest.importorskip("statechat.cache.store",
                         reason="the persistent cache store is not in this build")
@@ -281,3 +288,13 @@ def test_declining_clear_deletes_nothing_and_says_so(tmp_path, shared_engine, an
     agreed = runner.invoke(cli.app, ["cache", "clear", "--cache-dir", str(cache)], input="y\n")
     assert agreed.exit_code == 0 and "freed" in agreed.stdout
     assert list((cache / "blobs").rglob("*.safetensors")) == []
+
+
+def test_the_command_list_shows_each_command_s_summary_alone():
+    """`statechat --help` lists each command with its one-sentence summary (it showed whole
+    docstrings, broken mid-sentence where their source lines end)."""
+    result = runner.invoke(cli.app, ["--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0
+    assert "Sampling" not in result.output
+    assert "Run chat requests from a JSONL file together; one JSON result per line, in order." \
+        in result.output

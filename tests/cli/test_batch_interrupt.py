@@ -1,0 +1,64 @@
+"""`statechat batch -o FILE` stopped early (Ctrl+C, SIGTERM) keeps the results that finished
+before it in FILE.partial and says so in one line, leaving an earlier FILE as it was (the
+finished results were deleted with the temporary file)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from statechat import cli
+from statechat.paths import EMBEDDED_MODEL
+
+
+def stop_after(monkeypatch, records: int, stop) -> None:
+    """Make the batch call stop() once it has written `records` results."""
+    write, written = cli.write_records, []
+
+    def write_then_stop(sink, output, recs):
+        write(sink, output, recs)
+        written.extend(recs)
+        if len(written) == records:
+            stop()
+
+    monkeypatch.setattr(cli, "write_records", write_then_stop)
+
+
+def ctrl_c():
+    raise KeyboardInterrupt
+
+
+def sigterm():
+    handler = signal.getsignal(signal.SIGTERM)  # (called, not sent: no handler must not end pytest)
+    if not callable(handler):
+        pytest.fail("SIGTERM would end the batch and lose its finished results")
+    handler(signal.SIGTERM, None)
+
+
+@pytest.mark.parametrize(("stop", "code"), [(ctrl_c, 130), (sigterm, 143)])
+def test_a_stopped_batch_keeps_its_finished_results(tmp_path, shared_engine, monkeypatch, capsys,
+                                                    stop, code):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 2 + 3 * i}) + "\n" for i in range(4)))
+    out.write_text("an earlier run's results\n")
+    (tmp_path / "out.jsonl.partial").write_text("an earlier stop's results\n")
+    stop_after(monkeypatch, 2, stop)
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "-o", str(out), "--model",
+                                     str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == code
+    assert signal.getsignal(signal.SIGTERM) == before  # (the batch's handler is gone)
+    kept = tmp_path / "out.jsonl.partial.2"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"statechat: interrupted; the first 2 results (input order) are in {kept}; {out} is "
+        "left as it was")
+    assert [json.loads(line)["id"] for line in kept.read_text().splitlines()] == [0, 1]
+    assert out.read_text() == "an earlier run's results\n"
+    assert (tmp_path / "out.jsonl.partial").read_text() == "an earlier stop's results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.jsonl", "out.jsonl", "out.jsonl.partial", "out.jsonl.partial.2"]  # no temp left
