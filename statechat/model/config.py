@@ -167,6 +167,9 @@ class ModelConfig:
         """Read `path/config.json` (a checkpoint directory) into a ModelConfig."""
         path = Path(path)
         cfg_file = path / "config.json"
+        if path.exists() and not path.is_dir():
+            raise ModelError(f"{path} is a file, not a model directory (a Hugging Face "
+                             "checkpoint directory with config.json)")
         if not path.is_dir():
             raise ModelError(f"model directory {path} does not exist")
         if not cfg_file.is_file():

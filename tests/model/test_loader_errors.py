@@ -30,6 +30,14 @@ def test_missing_directory(tmp_path):
     assert "does not exist" in error_of(tmp_path / "nope")
 
 
+def test_a_file_given_as_the_model_is_named_a_file(tmp_path):
+    """`--model requests.jsonl` (a file that exists) is not reported as missing."""
+    given = tmp_path / "requests.jsonl"
+    given.write_text("{}\n")
+    assert error_of(given) == (f"{given} is a file, not a model directory (a Hugging Face "
+                               "checkpoint directory with config.json)")
+
+
 def test_no_config_json(tmp_path):
     assert "no config.json" in error_of(tmp_path)
 
