@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from statechat.api_request import ApiError
@@ -79,6 +80,7 @@ class Choices:
 
     def __init__(self, handles: list[RequestHandle], n: int, is_scored: bool = False) -> None:
         self.handles, self.n, self.is_scored = handles, n, is_scored
+        self._pumps: dict[int, threading.Thread] = {}  # choice -> the thread reading its handle
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
@@ -141,8 +143,19 @@ class Choices:
         return [dataclasses.replace(out, prompt_logprobs=outputs[k - k % self.n].prompt_logprobs)
                 for k, out in enumerate(outputs)]
 
-    def outputs(self) -> list[RequestOutput]:
-        """The outputs of the choices that finished so far."""
+    def ended(self, timeout: float) -> list[RequestOutput]:
+        """The output of every choice once it has ended, finished or aborted (call abort first:
+        an abort ends a choice at the engine's next step), waiting up to `timeout` seconds in
+        all; a choice still running then, or one that failed, is left out."""
+        deadline = time.monotonic() + timeout
+        for index, handle in enumerate(self.handles):
+            left = max(deadline - time.monotonic(), 0)
+            pump = self._pumps.get(index)
+            if pump is not None:  # (its thread reads the handle: a second reader would race it)
+                pump.join(left)
+                continue
+            with contextlib.suppress(Exception):
+                handle.result(timeout=left)
         return [handle.output for handle in self.handles if handle.output is not None]
 
     def merged(self) -> Iterator[tuple[int, StreamEvent]]:
@@ -155,8 +168,9 @@ class Choices:
         """merged's events as the handles give them: a thread per choice reads its handle."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         for index, handle in enumerate(self.handles):
-            threading.Thread(target=_pump, args=(index, handle, events), daemon=True,
-                             name=f"statechat-choice-{index}").start()
+            self._pumps[index] = threading.Thread(target=_pump, args=(index, handle, events),
+                                                  daemon=True, name=f"statechat-choice-{index}")
+            self._pumps[index].start()
         live = len(self.handles)
         while live:
             index, item = events.get()

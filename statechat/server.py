@@ -56,6 +56,7 @@ DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the cli
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
+ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
 MAX_NAME_CHARS = 40  # of each name logged
 
@@ -324,7 +325,7 @@ class Handler(BaseHTTPRequestHandler):
                            kind="server_error") from None
         finally:
             choices.abort()  # no-op for the choices that finished
-            for out in choices.outputs():
+            for out in choices.ended(ABORT_WAIT_S):  # (an aborted one's too, marked so)
                 self._log_reuse(out)
 
     def _gone(self) -> bool:
@@ -372,10 +373,11 @@ class Handler(BaseHTTPRequestHandler):
         if "disk_resident" in plan:
             choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
         self.log_message(
-            "reused %s of %s prompt tokens%s; computed %s; %s new%s",
+            "reused %s of %s prompt tokens%s; computed %s; %s new%s%s",
             f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",
             f" from {out.reused_from}" if out.reused_from else "",
             f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
+            "; aborted" if out.finish_reason == "abort" else "",
         )
 
 
