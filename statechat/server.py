@@ -141,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         try:
             super().handle_one_request()
+        except (ConnectionError, TimeoutError):  # the client went (or stalled) mid-request:
+            self.close_connection = True  # no one to answer, and no traceback for the log
         finally:
             self.server.connection_state(self, busy=False)
 
