@@ -74,6 +74,15 @@ def choice_params(params: SamplingParams, i: int, prompt_len: int,
                                min_tokens=min(params.min_tokens, max_tokens))
 
 
+class ClientGone(ConnectionResetError):
+    """The client went away while its choices were submitted; `choices`: those submitted by
+    then (aborted), so that their ends can still be logged."""
+
+    def __init__(self, choices: Choices | None = None) -> None:
+        super().__init__("the client went away")
+        self.choices = choices
+
+
 class Choices:
     """The engine requests of one API request: handles[k] makes choice k. With
     `is_scored`, choice 0 of each prompt computes the prompt's logprobs for them all."""
@@ -92,7 +101,7 @@ class Choices:
         token: by then its prompt is in the prefix cache, which they resume from rather than
         each computing it. Only choice 0 asks for the prompt's logprobs (a choice that asks
         computes its whole prompt); the others get its copy (see results and merged). Raises
-        ConnectionResetError if the client goes (`gone`) meanwhile."""
+        ClientGone (a ConnectionResetError) if the client goes (`gone`) meanwhile."""
         checked = []  # every prompt checked once, before any is queued
         for p, ids in enumerate(prompts):
             with _refused(param, p, len(prompts)):
@@ -112,10 +121,12 @@ class Choices:
                 for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
                     while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
                         if gone():
-                            raise ConnectionResetError("the client went away")
-        except BaseException:
+                            raise ClientGone
+        except BaseException as e:
             for handle in made.values():
                 handle.abort()
+            if isinstance(e, ClientGone):
+                e.choices = cls(list(made.values()), n)
             raise
         return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n,
                    params.prompt_logprobs is not None)

@@ -31,7 +31,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt
-from statechat.api_choices import Choices, Shape, response, stream_chunks
+from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
@@ -306,8 +306,9 @@ class Handler(BaseHTTPRequestHandler):
         stream, include_usage = parse_stream(body)
         try:
             choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
-        except ConnectionResetError:
+        except ClientGone as e:
             self.close_connection = True
+            self._log_ended(e.choices)
             return
         except ShuttingDownError as e:  # (the server stops: not the request's fault)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
@@ -326,9 +327,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
                            kind="server_error") from None
         finally:
-            choices.abort()  # no-op for the choices that finished
-            for out in choices.ended(ABORT_WAIT_S):  # (an aborted one's too, marked so)
-                self._log_reuse(out)
+            self._log_ended(choices)
 
     def _gone(self) -> bool:
         """Whether the client closed its connection while it waits for the answer (it sends
@@ -364,6 +363,14 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(err.body())}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _log_ended(self, choices: Choices | None) -> None:
+        """Abort the choices still running (a no-op for those that finished), then log the
+        reuse of each once it has ended (an aborted one's marked so)."""
+        if choices is not None:
+            choices.abort()
+            for out in choices.ended(ABORT_WAIT_S):
+                self._log_reuse(out)
 
     def _log_reuse(self, out: RequestOutput) -> None:
         plan = out.cache_plan or {}

@@ -146,6 +146,32 @@ def test_a_request_whose_client_left_logs_its_reuse(server, monkeypatch, capsys,
     assert len(lines) == 2 and all(line.endswith("; aborted") for line in lines)
 
 
+def test_a_client_that_leaves_before_the_first_choice_starts_gets_it_logged(server, monkeypatch,
+                                                                           capsys):
+    """With n > 1 the later choices wait for choice 0's first token; a client that leaves
+    meanwhile gets choice 0 aborted and its reuse logged, marked aborted."""
+    monkeypatch.setattr(server, "quiet", False)
+    messages = [{"role": "user", "content": " ".join(["leave before it starts"] * 40)}]
+    num_prompt_tokens = len(server.worker.render(messages))
+    engine, worker, gate = server.worker.engine, server.worker, threading.Event()
+    step, abort = engine.step, worker.abort
+
+    def gated_step():  # the engine's step waits until the request is aborted
+        assert gate.wait(30)
+        return step()
+
+    def aborted(handle) -> None:
+        abort(handle)
+        gate.set()
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    monkeypatch.setattr(worker, "abort", aborted)
+    capsys.readouterr()
+    post(server, {"messages": messages, "n": 3, "max_tokens": 5}).close()
+    (line,) = reuse_lines(capsys, num_prompt_tokens, 1)
+    assert line.endswith("; aborted")
+
+
 def test_the_other_choices_resume_from_the_first_ones_prompt(client, monkeypatch):
     """Choice 0 computes the prompt; the others start once it has, from the prefix cache."""
     seen = spy_on_choices(monkeypatch)
