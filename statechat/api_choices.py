@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from statechat.api_request import ApiError
@@ -73,12 +74,22 @@ def choice_params(params: SamplingParams, i: int, prompt_len: int,
                                min_tokens=min(params.min_tokens, max_tokens))
 
 
+class ClientGone(ConnectionResetError):
+    """The client went away while its choices were submitted; `choices`: those submitted by
+    then (aborted), so that their ends can still be logged."""
+
+    def __init__(self, choices: Choices | None = None) -> None:
+        super().__init__("the client went away")
+        self.choices = choices
+
+
 class Choices:
     """The engine requests of one API request: handles[k] makes choice k. With
     `is_scored`, choice 0 of each prompt computes the prompt's logprobs for them all."""
 
     def __init__(self, handles: list[RequestHandle], n: int, is_scored: bool = False) -> None:
         self.handles, self.n, self.is_scored = handles, n, is_scored
+        self._pumps: dict[int, threading.Thread] = {}  # choice -> the thread reading its handle
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
@@ -90,7 +101,7 @@ class Choices:
         token: by then its prompt is in the prefix cache, which they resume from rather than
         each computing it. Only choice 0 asks for the prompt's logprobs (a choice that asks
         computes its whole prompt); the others get its copy (see results and merged). Raises
-        ConnectionResetError if the client goes (`gone`) meanwhile."""
+        ClientGone (a ConnectionResetError) if the client goes (`gone`) meanwhile."""
         checked = []  # every prompt checked once, before any is queued
         for p, ids in enumerate(prompts):
             with _refused(param, p, len(prompts)):
@@ -110,10 +121,12 @@ class Choices:
                 for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
                     while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
                         if gone():
-                            raise ConnectionResetError("the client went away")
-        except BaseException:
+                            raise ClientGone
+        except BaseException as e:
             for handle in made.values():
                 handle.abort()
+            if isinstance(e, ClientGone):
+                e.choices = cls(list(made.values()), n)
             raise
         return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n,
                    params.prompt_logprobs is not None)
@@ -141,8 +154,19 @@ class Choices:
         return [dataclasses.replace(out, prompt_logprobs=outputs[k - k % self.n].prompt_logprobs)
                 for k, out in enumerate(outputs)]
 
-    def outputs(self) -> list[RequestOutput]:
-        """The outputs of the choices that finished so far."""
+    def ended(self, timeout: float) -> list[RequestOutput]:
+        """The output of every choice once it has ended, finished or aborted (call abort first:
+        an abort ends a choice at the engine's next step), waiting up to `timeout` seconds in
+        all; a choice still running then, or one that failed, is left out."""
+        deadline = time.monotonic() + timeout
+        for index, handle in enumerate(self.handles):
+            left = max(deadline - time.monotonic(), 0)
+            pump = self._pumps.get(index)
+            if pump is not None:  # (its thread reads the handle: a second reader would race it)
+                pump.join(left)
+                continue
+            with contextlib.suppress(Exception):
+                handle.result(timeout=left)
         return [handle.output for handle in self.handles if handle.output is not None]
 
     def merged(self) -> Iterator[tuple[int, StreamEvent]]:
@@ -155,8 +179,9 @@ class Choices:
         """merged's events as the handles give them: a thread per choice reads its handle."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         for index, handle in enumerate(self.handles):
-            threading.Thread(target=_pump, args=(index, handle, events), daemon=True,
-                             name=f"statechat-choice-{index}").start()
+            self._pumps[index] = threading.Thread(target=_pump, args=(index, handle, events),
+                                                  daemon=True, name=f"statechat-choice-{index}")
+            self._pumps[index].start()
         live = len(self.handles)
         while live:
             index, item = events.get()

@@ -31,7 +31,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt
-from statechat.api_choices import Choices, Shape, response, stream_chunks
+from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
@@ -56,6 +56,7 @@ DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the cli
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
+ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
 MAX_NAME_CHARS = 40  # of each name logged
 
@@ -140,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         try:
             super().handle_one_request()
+        except (ConnectionError, TimeoutError):  # the client went (or stalled) mid-request:
+            self.close_connection = True  # no one to answer, and no traceback for the log
         finally:
             self.server.connection_state(self, busy=False)
 
@@ -303,8 +306,9 @@ class Handler(BaseHTTPRequestHandler):
         stream, include_usage = parse_stream(body)
         try:
             choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
-        except ConnectionResetError:
+        except ClientGone as e:
             self.close_connection = True
+            self._log_ended(e.choices)
             return
         except ShuttingDownError as e:  # (the server stops: not the request's fault)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
@@ -323,9 +327,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
                            kind="server_error") from None
         finally:
-            choices.abort()  # no-op for the choices that finished
-            for out in choices.outputs():
-                self._log_reuse(out)
+            self._log_ended(choices)
 
     def _gone(self) -> bool:
         """Whether the client closed its connection while it waits for the answer (it sends
@@ -362,6 +364,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
+    def _log_ended(self, choices: Choices | None) -> None:
+        """Abort the choices still running (a no-op for those that finished), then log the
+        reuse of each once it has ended (an aborted one's marked so)."""
+        if choices is not None:
+            choices.abort()
+            for out in choices.ended(ABORT_WAIT_S):
+                self._log_reuse(out)
+
     def _log_reuse(self, out: RequestOutput) -> None:
         plan = out.cache_plan or {}
         choice = ""
@@ -372,10 +382,11 @@ class Handler(BaseHTTPRequestHandler):
         if "disk_resident" in plan:
             choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
         self.log_message(
-            "reused %s of %s prompt tokens%s; computed %s; %s new%s",
+            "reused %s of %s prompt tokens%s; computed %s; %s new%s%s",
             f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",
             f" from {out.reused_from}" if out.reused_from else "",
             f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
+            "; aborted" if out.finish_reason == "abort" else "",
         )
 
 

@@ -5,7 +5,8 @@ choice's tokens; a stream interleaves the choices, each with its own role and fi
 matches the whole reply; the choices after the first resume from its prompt (in a chat, also
 when it asks for prompt_logprobs, which choice 0 alone computes and a stream gives every
 choice's first event, later choices' events waiting for them); a client that goes away, streamed
-or not, stops every choice; n and best_of out of range are 400s naming them."""
+or not, stops every choice, whose reuse lines are logged marked aborted; n and best_of out of
+range are 400s naming them."""
 
 from __future__ import annotations
 
@@ -106,6 +107,69 @@ def test_a_client_that_leaves_stops_every_choice(server, monkeypatch, stream):
             time.sleep(0.05)
     conn.close()  # gone after the first chunk, or while the whole reply is made
     assert all_aborted(seen[0].handles)
+
+
+def reuse_lines(capsys, num_prompt_tokens: int, count: int) -> list[str]:
+    """The server's next `count` reuse log lines of requests with that many prompt tokens."""
+    lines, deadline = [], time.monotonic() + 20
+    while len(lines) < count:
+        assert time.monotonic() < deadline, f"{len(lines)} of {count} reuse lines logged"
+        lines += [line for line in capsys.readouterr().err.splitlines()
+                  if f"of {num_prompt_tokens:,} prompt tokens" in line]
+        time.sleep(0.05)
+    return lines
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_request_whose_client_left_logs_its_reuse(server, monkeypatch, capsys, stream):
+    """Each choice of a request whose client went away logs its reuse line, as a finished
+    one does, marked aborted."""
+    monkeypatch.setattr(server, "quiet", False)
+    messages = [{"role": "user", "content": f"leave and log {stream}"}]
+    num_prompt_tokens = len(server.worker.render(messages))
+    capsys.readouterr()
+    post(server, {"messages": messages, "max_tokens": 2}).getresponse().read()
+    (line,) = reuse_lines(capsys, num_prompt_tokens, 1)
+    assert "; 2 new" in line and "aborted" not in line
+    seen = spy_on_choices(monkeypatch)
+    conn = post(server, {"messages": messages, "n": 2, "max_tokens": 900, "ignore_eos": True,
+                         "stream": stream})
+    if stream:
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        resp.close()
+    else:
+        while not seen:
+            time.sleep(0.05)
+    conn.close()
+    lines = reuse_lines(capsys, num_prompt_tokens, 2)
+    assert len(lines) == 2 and all(line.endswith("; aborted") for line in lines)
+
+
+def test_a_client_that_leaves_before_the_first_choice_starts_gets_it_logged(server, monkeypatch,
+                                                                           capsys):
+    """With n > 1 the later choices wait for choice 0's first token; a client that leaves
+    meanwhile gets choice 0 aborted and its reuse logged, marked aborted."""
+    monkeypatch.setattr(server, "quiet", False)
+    messages = [{"role": "user", "content": " ".join(["leave before it starts"] * 40)}]
+    num_prompt_tokens = len(server.worker.render(messages))
+    engine, worker, gate = server.worker.engine, server.worker, threading.Event()
+    step, abort = engine.step, worker.abort
+
+    def gated_step():  # the engine's step waits until the request is aborted
+        assert gate.wait(30)
+        return step()
+
+    def aborted(handle) -> None:
+        abort(handle)
+        gate.set()
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    monkeypatch.setattr(worker, "abort", aborted)
+    capsys.readouterr()
+    post(server, {"messages": messages, "n": 3, "max_tokens": 5}).close()
+    (line,) = reuse_lines(capsys, num_prompt_tokens, 1)
+    assert line.endswith("; aborted")
 
 
 def test_the_other_choices_resume_from_the_first_ones_prompt(client, monkeypatch):
