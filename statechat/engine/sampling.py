@@ -119,9 +119,10 @@ class SamplingParams:
 
 
 def _show(value) -> str:
-    """A value for an error message: short, and never a number too long to print."""
+    """A value for an error message: short, and never a number too long to print; a tuple
+    shows as the list a request gave (the server passes a JSON array on as a tuple)."""
     try:
-        text = repr(value)
+        text = repr(list(value) if isinstance(value, tuple) else value)
     except ValueError:  # an int past Python's digit limit
         return "a number too large to print"
     return text if len(text) <= 40 else text[:37] + "..."

@@ -124,6 +124,7 @@ def test_logprobs_and_top_logprobs():
     ({"logit_bias": {"a": 1}}, "logit_bias",
      "logit_bias keys must be token ids (integers >= 0), got 'a'"),
     ({"logit_bias": [5]}, "logit_bias", "logit_bias must map token ids to numbers, got [5]"),
+    ({"stop": [""]}, "stop", "stop must be a string or a list of non-empty strings, got ['']"),
     ({"logit_bias": {"500": 1}}, "logit_bias",
      "logit_bias token id 500 is outside the model's vocabulary (0 to 299)"),
     ({"min_tokens": 50, "max_tokens": 20}, "min_tokens",
