@@ -1,21 +1,6 @@
 """`statechat batch`: JSONL chat requests in, JSONL results out (input order), all run together.
 
-Input, one request a line:
-    {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64,
-     "temperature": 0}
-("id": a string or a number, echoed as given; "line-N" when left out; a line of OpenAI's batch
-format, {"custom_id", "url": "/v1/chat/completions", "body"}, as vLLM's run-batch reads, is its
-body with the custom_id as "id") with optional
-"max_completion_tokens" (over "max_tokens"), "top_p", "top_k", "min_p", "presence_penalty",
-"frequency_penalty", "repetition_penalty", "seed", "stop" (a string or a list),
-"stop_token_ids", "ignore_eos", "n" (1 only), "logprobs" (0 to 20: each generated token's
-logprob and those of that many likeliest tokens; or OpenAI's chat form, true with
-"top_logprobs" as that count), "prompt_logprobs" (the same for each prompt
-token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
-"logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
-template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. A
-line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
-model's recommended sampling and the command's flags); other fields are named on stderr.
+Input: see batch_lines (one JSON request a line).
 Output, one line per input line, in input order:
     {"id", "text", "finish_reason",
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
@@ -36,152 +21,12 @@ request, not reported) and the group's requests then reuse it.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 
+from statechat.batch_lines import Job, error_record
 from statechat.engine.engine import LLMEngine, RequestOutput
 from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
-
-LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-               "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
-               "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
-# the other fields a line may have; any more are named on stderr, as ignored
-OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
-                "top_logprobs")
-WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
-# which a whole-number float may give
-DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
-
-
-@dataclass(frozen=True)
-class BatchDefaults:
-    sampling: SamplingParams = DEFAULT_SAMPLING  # every line's; its own fields win
-    template_kwargs: dict | None = None  # chat-template variables; a line's own win
-
-    def params(self, **line) -> SamplingParams:
-        """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
-        whole-number float counts as an integer; top_k -1 is off, as 0 is), these defaults
-        elsewhere."""
-        line = {k: int(v) if k in WHOLE and isinstance(v, float) and v.is_integer() else v
-                for k, v in line.items()}
-        return dataclasses.replace(self.sampling, **line)
-
-
-@dataclass
-class Job:
-    line: int  # 1-based line number in the input
-    id: str | int | float | None  # the line's own "id", echoed as given (else "line-N")
-    messages: list[dict] | None = None
-    template_kwargs: dict | None = None
-    prompt_ids: list[int] | None = None  # (set by prepare, once the model is loaded)
-    params: SamplingParams | None = None
-    error: str | None = None
-    unknown: tuple[str, ...] = ()  # the line's fields batch does not read (ignored)
-    result: dict | None = None
-    shared: dict | None = None  # its group's warm-up: the shared prefix and where it came from
-
-
-def parse_lines(lines: Iterable[str], defaults: BatchDefaults) -> list[Job]:
-    """The input's non-blank lines as Jobs, checked as far as they can be before the model
-    loads (JSON, id, sampling fields, messages, template variables)."""
-    return [parse_line(text, n, defaults) for n, text in enumerate(lines, start=1) if text.strip()]
-
-
-def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
-    """One input line -> a Job with its messages and params, or with a one-line error."""
-    from statechat.chat.template import check_template_kwargs, merge_template_kwargs
-
-    try:
-        req = json.loads(text)
-    except json.JSONDecodeError as e:
-        return Job(line, None, error=f"line {line} is not valid JSON ({e.msg})")
-    except (ValueError, RecursionError) as e:  # an int of over 4300 digits; nesting too deep
-        return Job(line, None, error=f"line {line} is not valid JSON ({str(e)[:200]})")
-    if not isinstance(req, dict):
-        return Job(line, None, error=f"line {line} must be a JSON object")
-    if isinstance(req.get("body"), dict) and "messages" not in req:  # (OpenAI's batch format)
-        if req.get("url") != "/v1/chat/completions":
-            return Job(line, None, error=f'line {line}: "url" must be "/v1/chat/completions" '
-                                         f"(batch runs chat requests), got "
-                                         f"{json.dumps(req.get('url'))[:60]}")
-        req = {**req["body"], "id": req.get("custom_id")}
-    rid = req.get("id")
-    if rid is None:
-        rid = f"line-{line}"
-    elif isinstance(rid, bool) or not isinstance(rid, str | int | float) \
-            or (isinstance(rid, float) and not math.isfinite(rid)):
-        return Job(line, None, error=f'line {line}: "id" must be a string or a number, got '
-                                     f"{json.dumps(rid)[:60]}")
-    unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS))
-    try:
-        given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
-        if req.get("max_completion_tokens") is not None:  # (OpenAI's newer name wins, as in serve)
-            given["max_tokens"] = req["max_completion_tokens"]
-        chat_logprobs(given, req.get("top_logprobs"))
-        if not isinstance(given.get("ignore_eos", False), bool):
-            raise StatechatError(f"ignore_eos must be true or false, got "
-                                 f"{json.dumps(given['ignore_eos'])[:60]}")
-        if req.get("n") not in (None, 1):  # (null: left out, as OpenAI's schema allows)
-            raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
-                                 "own, with its own seed")
-        params = defaults.params(**given)
-        messages = chat_messages(req.get("messages"))
-        kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
-        if kwargs is not None:
-            check_template_kwargs(None, kwargs)
-    except StatechatError as e:
-        return Job(line, rid, error=str(e), unknown=unknown)
-    return Job(line, rid, messages, kwargs, params=params, unknown=unknown)
-
-
-def chat_logprobs(given: dict, top) -> None:
-    """OpenAI's chat form of a line's logprobs ("logprobs": true, with "top_logprobs": k) as
-    the count that batch's own form gives ("logprobs": k), in `given`."""
-    flag = given.get("logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int)):
-        raise StatechatError(f"top_logprobs must be an integer, got {json.dumps(top)[:60]}")
-    if flag is True:
-        given["logprobs"] = top or 0
-    elif top:
-        raise StatechatError('top_logprobs needs "logprobs": true (or give the count as '
-                             '"logprobs" alone)')
-    elif flag is False:
-        del given["logprobs"]
-
-
-def chat_messages(raw) -> list[dict]:
-    """A line's messages as the server takes a request's (OpenAI's: a "developer" is a system
-    message, a content may be a list of text parts, an assistant's may be null), as
-    [{"role", "content"}]; a one-line StatechatError otherwise."""
-    from statechat.api_request import ApiError, parse_messages
-
-    try:
-        return parse_messages(raw)
-    except ApiError as e:
-        raise StatechatError(e.message) from None
-
-
-def ignored_fields(jobs: list[Job], most: int = 8) -> str | None:
-    """One line naming the fields of the input that batch does not read (each with the lines
-    that have it, the first 8 fields and 5 lines each), or None when there are none."""
-    where: dict[str, list[int]] = {}
-    for job in jobs:
-        for name in job.unknown:
-            where.setdefault(name, []).append(job.line)
-    if not where:
-        return None
-    parts = []
-    for name in sorted(where)[:most]:
-        lines = where[name]
-        shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if
-                                                   len(lines) > 5 else "")
-        parts.append(f"{json.dumps(name)[:42]} (line{'s' if len(lines) > 1 else ''} {shown})")
-    more = f" and {len(where) - most} more" if len(where) > most else ""
-    return f"fields batch does not read were ignored: {'; '.join(parts)}{more}"
 
 
 def prepare(engine: LLMEngine, job: Job) -> None:
@@ -202,11 +47,6 @@ def prepare(engine: LLMEngine, job: Job) -> None:
         job.error = str(e)
         return
     job.prompt_ids, job.messages = ids, None  # (rendered: the messages are not kept)
-
-
-def error_record(job: Job) -> dict:
-    """The result line of a job that cannot run."""
-    return {"id": job.id, "line": job.line, "error": {"message": job.error}}
 
 
 def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], list[int]]]:

@@ -191,17 +191,18 @@ def batch(
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
     own fields say otherwise."""
-    from statechat.batch import (
+    from statechat.batch import run_batch
+    from statechat.batch_lines import (
         DEFAULT_SAMPLING,
         BatchDefaults,
         error_record,
         ignored_fields,
         parse_lines,
-        run_batch,
     )
 
     output = None if output == STDIN else output
     lines = read_requests(input)
+    direct = output is None or writes_in_place(output, input)  # (a bad output: one line, first)
     config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      memory_fraction=memory_fraction, dtype=dtype)
@@ -212,7 +213,6 @@ def batch(
     jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
     if (ignored := ignored_fields(jobs)) is not None:
         typer.echo(f"statechat: {ignored}", err=True)
-    direct = output is None or writes_in_place(output, input)  # checked before the model loads
     if not jobs:  # (nothing to run: no model to load)
         typer.echo(f"statechat: {input_name(input)} has no requests", err=True)
     if not jobs or all(job.error is not None for job in jobs):  # (nor when none can run)

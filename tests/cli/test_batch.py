@@ -443,7 +443,8 @@ def test_a_line_that_scores_its_prompt_is_left_out_of_its_group_s_warm_up():
     """A line asking for prompt_logprobs computes its whole prompt, so it reuses no shared
     prefix: it neither joins a group's warm-up nor reports one (it showed a shared_prefix it
     had not used)."""
-    from statechat.batch import Job, warmup_prefixes
+    from statechat.batch import warmup_prefixes
+    from statechat.batch_lines import Job
     from statechat.engine.sampling import SamplingParams
 
     prompt = list(range(3, 200))
@@ -516,3 +517,29 @@ def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
     assert wrapped["usage"]["completion_tokens"] == 3
     assert other["error"]["message"] == ('line 3: "url" must be "/v1/chat/completions" (batch '
                                          'runs chat requests), got "/v1/embeddings"')
+
+
+def test_a_bad_output_is_the_one_error_before_the_flags_and_fields_are_read(
+        tmp_path, monkeypatch, capsys):
+    """`-o FOLDER` with a bad flag and an unknown field says only what is wrong with the output:
+    fixing it does not meet the next error after a model config was read."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "hi"}], "max_token": 3}\n')
+    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "--model", str(EMBEDDED_MODEL),
+                                     "--temperature", "-1", "-o", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert "is a folder" in err and "\n" not in err
+
+
+def test_a_completions_line_is_told_that_batch_runs_chat_requests():
+    """A line with "prompt" and no "messages" says why it cannot run (it read "messages must be
+    a non-empty array", naming a field the line never had)."""
+    from statechat.batch_lines import DEFAULT_SAMPLING, BatchDefaults, parse_line
+
+    job = parse_line('{"id": "c", "prompt": "Once upon a time"}', 3,
+                     BatchDefaults(DEFAULT_SAMPLING, None))
+    assert job.error == ('batch runs chat requests: give "messages", not "prompt" '
+                         "(the completions form)")
