@@ -93,10 +93,11 @@ def all_aborted(handles) -> bool:
     return [h.seq.finish_reason for h in handles] == ["abort"] * len(handles)
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-def test_a_client_that_leaves_stops_every_choice(server, monkeypatch, stream):
+def leave_mid_reply(server, monkeypatch, messages, n: int, stream: bool) -> list:
+    """Post a long request and leave after its first chunk, or while its whole reply is made;
+    the Choices it made (spied on)."""
     seen = spy_on_choices(monkeypatch)
-    conn = post(server, {"messages": MESSAGES, "n": 3, "max_tokens": 900, "ignore_eos": True,
+    conn = post(server, {"messages": messages, "n": n, "max_tokens": 900, "ignore_eos": True,
                          "stream": stream})
     if stream:
         resp = conn.getresponse()
@@ -105,7 +106,13 @@ def test_a_client_that_leaves_stops_every_choice(server, monkeypatch, stream):
     else:
         while not seen:
             time.sleep(0.05)
-    conn.close()  # gone after the first chunk, or while the whole reply is made
+    conn.close()
+    return seen
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_client_that_leaves_stops_every_choice(server, monkeypatch, stream):
+    seen = leave_mid_reply(server, monkeypatch, MESSAGES, 3, stream)
     assert all_aborted(seen[0].handles)
 
 
@@ -131,17 +138,7 @@ def test_a_request_whose_client_left_logs_its_reuse(server, monkeypatch, capsys,
     post(server, {"messages": messages, "max_tokens": 2}).getresponse().read()
     (line,) = reuse_lines(capsys, num_prompt_tokens, 1)
     assert "; 2 new" in line and "aborted" not in line
-    seen = spy_on_choices(monkeypatch)
-    conn = post(server, {"messages": messages, "n": 2, "max_tokens": 900, "ignore_eos": True,
-                         "stream": stream})
-    if stream:
-        resp = conn.getresponse()
-        assert resp.status == 200 and resp.readline().startswith(b"data: ")
-        resp.close()
-    else:
-        while not seen:
-            time.sleep(0.05)
-    conn.close()
+    leave_mid_reply(server, monkeypatch, messages, 2, stream)
     lines = reuse_lines(capsys, num_prompt_tokens, 2)
     assert len(lines) == 2 and all(line.endswith("; aborted") for line in lines)
 
