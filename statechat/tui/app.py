@@ -39,6 +39,8 @@ from statechat.tui.widgets.loading_screen import LoadingScreen
 SHUTDOWN_S = 90  # the most a quit waits for the engine (its step, then the cache's writes)
 # the app's own sampling, under the model's recommended sampling and `run`'s flags (cli.py)
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=1024)
+# the app's actions that run on the loading screen (Ctrl+Q, and Ctrl+C's hint to press it)
+LOADING_ACTIONS = frozenset({"quit", "help_quit"})
 # signals that quit as Ctrl+Q does, the exit status 128 + their number: `kill`, a closed terminal
 QUIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
@@ -76,6 +78,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
         self.streaming_reply_id: str | None = None  # the reply being streamed
         self.is_embedded = False  # the random-weight model: its banner shows
+        self.is_ready = False  # the engine and the chats are up, the chat shown
         self.is_closing = False  # set as the app quits: the load stops, late callbacks return
         self.is_closed = False  # everything the app opened is closed (the engine stopped)
         self._close_lock = threading.Lock()  # (orders the load's hand-over and the close)
@@ -95,6 +98,12 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         yield Footer()
 
     # --- start-up -----------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """On the loading screen only quitting runs: the other keys' actions need the chats
+        (Ctrl+N crashed the app), and a screen opened over it (Ctrl+P's command palette) was
+        closed in its place when the load ended, leaving the app on the loading screen."""
+        return self.is_ready or action in LOADING_ACTIONS
+
     def on_mount(self) -> None:
         """Handle QUIT_SIGNALS, show the loading screen and start the load behind it."""
         self._handle_quit_signals()
@@ -165,6 +174,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         if self.is_closing:  # (the app quit as the load ended)
             return
         self.pop_screen()
+        self.is_ready = True
+        self.refresh_bindings()  # (the footer shows the keys that now run)
         self.sub_title = (f"{self.loaded.path.name} on {self.loaded.device.type} · "
                           f"{sampling_line(self.sampling)}")
         self.is_embedded = is_embedded(self.loaded.path)

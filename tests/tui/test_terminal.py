@@ -1,0 +1,63 @@
+"""Keys typed while `statechat run` starts reach the app: in a terminal's cooked mode, before
+Textual takes it, Ctrl+Q was eaten by XON/XOFF flow control (the app never saw it and kept
+running) and echoed `^Q` over the shell; within `typeahead()` it waits, unechoed, for the app,
+and the terminal's settings come back as they were."""
+
+from __future__ import annotations
+
+import os
+import select
+
+import pytest
+
+from statechat.tui.terminal import typeahead
+
+termios = pytest.importorskip("termios")
+
+
+def readable(fd: int, timeout: float = 0.2) -> bytes:
+    """What `fd` has to read now (b"" if nothing comes within `timeout`)."""
+    ready, _, _ = select.select([fd], [], [], timeout)
+    return os.read(fd, 1024) if ready else b""
+
+
+@pytest.fixture
+def pty():
+    master, slave = os.openpty()
+    yield master, slave
+    os.close(master)
+    os.close(slave)
+
+
+def test_cooked_mode_eats_ctrl_q(pty):
+    """(Why typeahead exists: a new terminal's default settings drop it.)"""
+    master, slave = pty
+    os.write(master, b"\x11x\n")
+    assert readable(slave) == b"x\n"
+
+
+def test_ctrl_q_typed_early_waits_for_the_app(pty):
+    master, slave = pty
+    before = termios.tcgetattr(slave)
+    with typeahead(slave):
+        os.write(master, b"\x11")
+        assert readable(slave) == b"\x11"  # (at once: no Enter needed)
+        assert readable(master) == b""  # (not echoed over the shell)
+    assert termios.tcgetattr(slave) == before
+
+
+def test_settings_come_back_after_the_app_changed_them(pty):
+    """Textual restores what it found (typeahead's settings); the terminal gets its own."""
+    _, slave = pty
+    before = termios.tcgetattr(slave)
+    with pytest.raises(KeyboardInterrupt), typeahead(slave):
+        attrs = termios.tcgetattr(slave)
+        attrs[3] &= ~termios.ISIG
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        raise KeyboardInterrupt  # (Ctrl+C while torch imports)
+    assert termios.tcgetattr(slave) == before
+
+
+def test_no_terminal_is_left_alone(tmp_path):
+    with open(tmp_path / "f", "w") as f, typeahead(f.fileno()):
+        pass
