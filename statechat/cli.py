@@ -139,19 +139,21 @@ def run(
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
     or the flags say otherwise."""
     from statechat.paths import cache_dir as resolve_cache_dir
+    from statechat.tui.terminal import typeahead
 
-    config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
-                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     memory_fraction=memory_fraction, dtype=dtype)
-    from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
+    with typeahead():  # (keys typed while torch imports wait for the app: an early Ctrl+Q)
+        config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
+                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         memory_fraction=memory_fraction, dtype=dtype)
+        from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
-    sampling = compose_sampling(
-        DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        repetition_penalty=repetition_penalty, max_tokens=max_tokens)
-    chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
-                            template_kwargs=parse_template_kwargs(chat_template_kwargs))
-    chat_app.run()
+        sampling = compose_sampling(
+            DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            repetition_penalty=repetition_penalty, max_tokens=max_tokens)
+        chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
+                                template_kwargs=parse_template_kwargs(chat_template_kwargs))
+        chat_app.run()
     global _app_closed
     _app_closed = chat_app.is_closed  # (the engine stopped in time: its cache writes are done)
     if chat_app.return_code:

@@ -61,3 +61,33 @@ def test_settings_come_back_after_the_app_changed_them(pty):
 def test_no_terminal_is_left_alone(tmp_path):
     with open(tmp_path / "f", "w") as f, typeahead(f.fileno()):
         pass
+
+
+def test_run_reads_its_config_and_runs_the_app_inside_typeahead(monkeypatch, tmp_path):
+    """`statechat run` enters typeahead before its slow start (torch's import in _config) and
+    leaves it only after the app ends."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    import statechat.tui.terminal
+    from statechat import cli
+
+    seen = []
+
+    @contextlib.contextmanager
+    def spy():
+        seen.append("enter")
+        try:
+            yield
+        finally:
+            seen.append("exit")
+
+    def config(*args, **kwargs):
+        seen.append("config")
+        raise cli.StatechatError("stop here")
+
+    monkeypatch.setattr(statechat.tui.terminal, "typeahead", spy)
+    monkeypatch.setattr(cli, "_config", config)
+    result = CliRunner().invoke(cli.app, ["run", "--cache-dir", str(tmp_path)])
+    assert result.exit_code != 0 and seen == ["enter", "config", "exit"]
