@@ -243,14 +243,24 @@ class ChatStore:
                 self._set_leaf(msg.conversation_id, msg.parent_id)
 
     def _set_leaf(self, conv_id: str, leaf: str | None) -> None:
-        """Make `leaf` current and point every ancestor's active_child along its path."""
-        child = leaf
-        while child is not None:
-            parent = self.db[MESSAGES].get(child)["parent_id"]
-            if parent is not None:
-                self.db[MESSAGES].update(parent, {"active_child": child})
-            child = parent
-        self.db[CONVERSATIONS].update(conv_id, {"current_leaf": leaf, "updated": time.time()})
+        """Make `leaf` current and point every ancestor's active_child along its path, in one
+        transaction (one statement for the path: a long chat's path is hundreds of messages)."""
+        with self.db.conn:
+            if leaf is not None:
+                self.db.execute(
+                    f"""WITH RECURSIVE up(id, child) AS (
+                          SELECT parent_id, id FROM {MESSAGES} WHERE id = :leaf
+                          UNION ALL
+                          SELECT m.parent_id, m.id FROM {MESSAGES} m JOIN up ON m.id = up.id)
+                        UPDATE {MESSAGES}
+                        SET active_child = (SELECT child FROM up WHERE up.id = {MESSAGES}.id)
+                        WHERE id IN (SELECT id FROM up WHERE id IS NOT NULL)""",
+                    {"leaf": leaf},
+                )
+            self.db.execute(
+                f"UPDATE {CONVERSATIONS} SET current_leaf = ?, updated = ? WHERE id = ?",
+                [leaf, time.time(), conv_id],
+            )
 
 
 def open_chats(cache_dir: Path) -> ChatStore:

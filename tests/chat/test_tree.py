@@ -1,5 +1,6 @@
 """Conversation trees: edits and regenerations add branches, switching comes back to where a
-branch was left, deleting removes only a subtree, and everything survives reopening the file."""
+branch was left, deleting removes only a subtree, everything survives reopening the file, and a
+message added to a long chat costs a few writes, not one per message above it."""
 
 from __future__ import annotations
 
@@ -89,4 +90,26 @@ def test_what_another_process_deleted_is_gone(tmp_path):
     other.delete_conversation(conv.id)
     assert not store.has_conversation(conv.id) and store.find(u1.id) is None
     other.close()
+    store.close()
+
+
+def test_a_long_chats_new_message_is_a_few_statements(tmp_path):
+    store = open_chats(tmp_path)
+    conv = store.create("long")
+    parent = None
+    for i in range(100):
+        parent = store.add(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"m{i}").id
+    statements = []
+    store.db.conn.set_trace_callback(statements.append)
+    reply = store.add(conv.id, parent, "assistant", "one more")
+    store.switch(reply.id, 0)
+    store.db.conn.set_trace_callback(None)
+    writes = [s for s in statements if s.split()[0].upper() in {"INSERT", "UPDATE", "COMMIT"}]
+    assert len(writes) < 10, writes  # (it was an update and a commit per ancestor)
+    assert [m.content for m in store.branch(conv.id)][-2:] == ["m99", "one more"]
+    # every ancestor points at the path: a switch at the top comes back down it
+    other = store.add(conv.id, None, "user", "another root")
+    assert contents(store, conv.id) == ["another root"]
+    store.switch(other.id, -1)
+    assert contents(store, conv.id)[-1] == "one more"
     store.close()
