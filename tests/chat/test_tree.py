@@ -1,12 +1,15 @@
 """Conversation trees: edits and regenerations add branches, switching comes back to where a
-branch was left, deleting removes only a subtree, everything survives reopening the file, and a
-message added to a long chat costs a few writes, not one per message above it."""
+branch was left, deleting removes only a subtree, everything survives reopening the file, a
+message added to a long chat costs a few writes, not one per message above it, and a message
+added under one another process deleted is a clear error that leaves nothing behind."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from statechat.chat.tree import open_chats
+import pytest
+
+from statechat.chat.tree import GoneError, open_chats
 
 
 def build(store):
@@ -79,6 +82,21 @@ def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
     assert all(n.startswith("chat_") for n in names - {"blocks"})
     assert store.db.execute("SELECT hash FROM blocks").fetchall() == [("abc",)]
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+
+def test_adding_under_what_another_process_deleted_adds_nothing(tmp_path):
+    store, other = open_chats(tmp_path), open_chats(tmp_path)
+    conv, _, _, u2, _ = build(store)
+    other.delete_branch(u2.id)
+    with pytest.raises(GoneError, match="the message it answers or follows was deleted"):
+        store.add(conv.id, u2.id, "assistant", "a reply to a deleted question")
+    other.delete_conversation(conv.id)
+    with pytest.raises(GoneError, match="the chat was deleted"):
+        store.add(conv.id, None, "user", "a new root in a deleted chat")
+    count = "SELECT count(*) FROM chat_messages"
+    assert store.db.execute(count).fetchone() == (0,)  # (no row left half-added)
+    other.close()
     store.close()
 
 
