@@ -171,16 +171,18 @@ class ChatStore:
             self._point_path(conv_id, row["id"])
         return self._message(row)
 
-    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> None:
-        """Replace a message's content and/or stats (a streamed reply being filled in)."""
+    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> bool:
+        """Replace a message's content and/or stats (a streamed reply being filled in); False
+        (and nothing changed) once the message is deleted, here or by another process."""
         changes: dict = {}
         if content is not None:
             changes["content"] = content
         if stats is not None:
             changes["stats"] = json.dumps(stats)
-        if changes:
-            with self._lock:
-                self.db[MESSAGES].update(msg_id, changes)
+        sets = ", ".join(f"{k} = :{k}" for k in changes) or "id = id"
+        with self._lock, self.db.conn:
+            sql = f"UPDATE {MESSAGES} SET {sets} WHERE id = :msg_id"
+            return self.db.execute(sql, {**changes, "msg_id": msg_id}).rowcount > 0
 
     def branch(self, conv_id: str) -> list[Message]:
         """The messages from the root to the current leaf, in order."""

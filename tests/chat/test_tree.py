@@ -1,7 +1,8 @@
 """Conversation trees: edits and regenerations add branches, switching comes back to where a
 branch was left, deleting removes only a subtree, everything survives reopening the file, a
 message added to a long chat costs a few writes, not one per message above it, and a message
-added under one another process deleted is a clear error that leaves nothing behind."""
+added under (or a reply saved into) one another process deleted is a clear error (or False) that
+leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -85,15 +86,17 @@ def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
     store.close()
 
 
-def test_adding_under_what_another_process_deleted_adds_nothing(tmp_path):
+def test_changing_what_another_process_deleted_changes_nothing(tmp_path):
     store, other = open_chats(tmp_path), open_chats(tmp_path)
-    conv, _, _, u2, _ = build(store)
+    conv, _, a1, u2, _ = build(store)
+    assert store.update(a1.id, stats={"cached_tokens": 64})
     other.delete_branch(u2.id)
     with pytest.raises(GoneError, match="the message it answers or follows was deleted"):
         store.add(conv.id, u2.id, "assistant", "a reply to a deleted question")
     other.delete_conversation(conv.id)
     with pytest.raises(GoneError, match="the chat was deleted"):
         store.add(conv.id, None, "user", "a new root in a deleted chat")
+    assert not store.update(a1.id, content="a reply finished after its chat was deleted")
     count = "SELECT count(*) FROM chat_messages"
     assert store.db.execute(count).fetchone() == (0,)  # (no row left half-added)
     other.close()
