@@ -25,8 +25,13 @@ from pathlib import Path
 import sqlite_utils
 
 from statechat.cache.index import open_sqlite
+from statechat.errors import StatechatError
 
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+
+
+class GoneError(StatechatError):
+    """What a change was for (a chat, a message) was deleted, by another statechat process."""
 
 
 @dataclass(frozen=True)
@@ -149,21 +154,35 @@ class ChatStore:
         row = {"id": _new_id(), "conversation_id": conv_id, "parent_id": parent_id, "role": role,
                "content": content, "created": time.time(), "active_child": None,
                "stats": json.dumps(stats) if stats else None}
-        with self._lock:
-            self.db[MESSAGES].insert(row)
-            self._set_leaf(conv_id, row["id"])
+        with self._lock, self.db.conn:  # (one transaction: all of it, or nothing)
+            self.db.execute("BEGIN IMMEDIATE")
+            added = self.db.execute(
+                f"""INSERT INTO {MESSAGES} ({', '.join(row)})
+                    SELECT {', '.join(':' + k for k in row)}
+                    WHERE EXISTS (SELECT 1 FROM {CONVERSATIONS} WHERE id = :conversation_id)
+                      AND (:parent_id IS NULL OR EXISTS (SELECT 1 FROM {MESSAGES}
+                           WHERE id = :parent_id AND conversation_id = :conversation_id))""",
+                row,
+            ).rowcount
+            if not added:  # (deleted by another statechat process meanwhile)
+                what = "the chat" if parent_id is None else "the message it answers or follows"
+                raise GoneError(f"{what} was deleted (by another statechat process on this "
+                                "cache dir); nothing was added")
+            self._point_path(conv_id, row["id"])
         return self._message(row)
 
-    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> None:
-        """Replace a message's content and/or stats (a streamed reply being filled in)."""
+    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> bool:
+        """Replace a message's content and/or stats (a streamed reply being filled in); False
+        (and nothing changed) once the message is deleted, here or by another process."""
         changes: dict = {}
         if content is not None:
             changes["content"] = content
         if stats is not None:
             changes["stats"] = json.dumps(stats)
-        if changes:
-            with self._lock:
-                self.db[MESSAGES].update(msg_id, changes)
+        sets = ", ".join(f"{k} = :{k}" for k in changes) or "id = id"
+        with self._lock, self.db.conn:
+            sql = f"UPDATE {MESSAGES} SET {sets} WHERE id = :msg_id"
+            return self.db.execute(sql, {**changes, "msg_id": msg_id}).rowcount > 0
 
     def branch(self, conv_id: str) -> list[Message]:
         """The messages from the root to the current leaf, in order."""
@@ -243,14 +262,28 @@ class ChatStore:
                 self._set_leaf(msg.conversation_id, msg.parent_id)
 
     def _set_leaf(self, conv_id: str, leaf: str | None) -> None:
-        """Make `leaf` current and point every ancestor's active_child along its path."""
-        child = leaf
-        while child is not None:
-            parent = self.db[MESSAGES].get(child)["parent_id"]
-            if parent is not None:
-                self.db[MESSAGES].update(parent, {"active_child": child})
-            child = parent
-        self.db[CONVERSATIONS].update(conv_id, {"current_leaf": leaf, "updated": time.time()})
+        """Make `leaf` current and point every ancestor's active_child along its path, in one
+        transaction (one statement for the path: a long chat's path is hundreds of messages)."""
+        with self.db.conn:
+            self._point_path(conv_id, leaf)
+
+    def _point_path(self, conv_id: str, leaf: str | None) -> None:
+        """_set_leaf's writes, in the caller's transaction."""
+        if leaf is not None:
+            self.db.execute(
+                f"""WITH RECURSIVE up(id, child) AS (
+                      SELECT parent_id, id FROM {MESSAGES} WHERE id = :leaf
+                      UNION ALL
+                      SELECT m.parent_id, m.id FROM {MESSAGES} m JOIN up ON m.id = up.id)
+                    UPDATE {MESSAGES}
+                    SET active_child = (SELECT child FROM up WHERE up.id = {MESSAGES}.id)
+                    WHERE id IN (SELECT id FROM up WHERE id IS NOT NULL)""",
+                {"leaf": leaf},
+            )
+        self.db.execute(
+            f"UPDATE {CONVERSATIONS} SET current_leaf = ?, updated = ? WHERE id = ?",
+            [leaf, time.time(), conv_id],
+        )
 
 
 def open_chats(cache_dir: Path) -> ChatStore:

@@ -1,7 +1,11 @@
 """Chat-template rendering: extra template variables (chat_template_kwargs, e.g. Qwen's
-enable_thinking) reach the template, and names the renderer uses itself are refused."""
+enable_thinking) reach the template, names the renderer uses itself are refused, and the ids are
+transformers' apply_chat_template's, token for token, with a template that drops earlier
+reasoning as Qwen3.5's does (so a reply's thinking is not a prefix of the next turn's prompt)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from transformers import AutoTokenizer
@@ -50,3 +54,48 @@ def test_a_requests_variables_win_over_the_defaults():
     assert merge_template_kwargs(defaults, None) == defaults
     assert merge_template_kwargs(None, None) is None and merge_template_kwargs({}, None) is None
     assert merge_template_kwargs(defaults, [1]) == [1]  # (render refuses it)
+
+
+# Qwen3.5's shape, in brief: contents trimmed, an earlier reply's reasoning (up to </think>)
+# dropped, a generation prompt that opens <think> (or closes it at once without thinking)
+THINKING = (
+    "{%- for m in messages %}{%- set c = m['content'] | trim %}"
+    "{%- if m['role'] == 'assistant' and '</think>' in c %}"
+    "{%- set r = c.split('</think>')[0].split('<think>')[-1] | trim %}"
+    "{%- set c = c.split('</think>')[-1] | trim %}"
+    "{%- if loop.last %}{%- set c = '<think>\\n' + r + '\\n</think>\\n\\n' + c %}{%- endif %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+TURNS = [{"role": "system", "content": " be brief "}, {"role": "user", "content": "q1"},
+         {"role": "assistant", "content": "why\n</think>\n\nsure é🎉"},
+         {"role": "user", "content": "q2 <|im_end|>"}]
+
+
+@pytest.mark.parametrize("n, add_generation_prompt, kwargs", [
+    (4, True, None), (4, True, {"enable_thinking": False}), (3, False, None), (2, False, None),
+    (3, True, {"not_a_variable": 1}),
+])
+def test_ids_are_apply_chat_templates(tokenizer, n, add_generation_prompt, kwargs):
+    tok = copy.copy(tokenizer)
+    tok.chat_template = THINKING
+    messages = TURNS[:n]
+    expected = tok.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
+        continue_final_message=not add_generation_prompt and messages[-1]["role"] == "assistant",
+        **(kwargs or {}))
+    assert render(tok, messages, add_generation_prompt, kwargs) == list(expected)
+
+
+def test_an_earlier_replys_thinking_leaves_the_next_prompt(tokenizer):
+    tok = copy.copy(tokenizer)
+    tok.chat_template = THINKING
+    first = render(tok, TURNS[:2])
+    reply = tok.encode(TURNS[2]["content"], add_special_tokens=False)
+    second = render(tok, TURNS)
+    assert tok.decode(second).count("why") == 0  # (the template drops it from history)
+    same = next(i for i, (a, b) in enumerate(zip(first + reply, second)) if a != b)
+    assert tok.decode(second[:same]).endswith("<|im_start|>assistant\n")  # (what a cache reuses)

@@ -1,11 +1,16 @@
 """Conversation trees: edits and regenerations add branches, switching comes back to where a
-branch was left, deleting removes only a subtree, and everything survives reopening the file."""
+branch was left, deleting removes only a subtree, everything survives reopening the file, a
+message added to a long chat costs a few writes, not one per message above it, and a message
+added under (or a reply saved into) one another process deleted is a clear error (or False) that
+leaves nothing behind."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from statechat.chat.tree import open_chats
+import pytest
+
+from statechat.chat.tree import GoneError, open_chats
 
 
 def build(store):
@@ -81,6 +86,23 @@ def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
     store.close()
 
 
+def test_changing_what_another_process_deleted_changes_nothing(tmp_path):
+    store, other = open_chats(tmp_path), open_chats(tmp_path)
+    conv, _, a1, u2, _ = build(store)
+    assert store.update(a1.id, stats={"cached_tokens": 64})
+    other.delete_branch(u2.id)
+    with pytest.raises(GoneError, match="the message it answers or follows was deleted"):
+        store.add(conv.id, u2.id, "assistant", "a reply to a deleted question")
+    other.delete_conversation(conv.id)
+    with pytest.raises(GoneError, match="the chat was deleted"):
+        store.add(conv.id, None, "user", "a new root in a deleted chat")
+    assert not store.update(a1.id, content="a reply finished after its chat was deleted")
+    count = "SELECT count(*) FROM chat_messages"
+    assert store.db.execute(count).fetchone() == (0,)  # (no row left half-added)
+    other.close()
+    store.close()
+
+
 def test_what_another_process_deleted_is_gone(tmp_path):
     store, other = open_chats(tmp_path), open_chats(tmp_path)
     conv, u1, _, u2, _ = build(store)
@@ -89,4 +111,26 @@ def test_what_another_process_deleted_is_gone(tmp_path):
     other.delete_conversation(conv.id)
     assert not store.has_conversation(conv.id) and store.find(u1.id) is None
     other.close()
+    store.close()
+
+
+def test_a_long_chats_new_message_is_a_few_statements(tmp_path):
+    store = open_chats(tmp_path)
+    conv = store.create("long")
+    parent = None
+    for i in range(100):
+        parent = store.add(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"m{i}").id
+    statements = []
+    store.db.conn.set_trace_callback(statements.append)
+    reply = store.add(conv.id, parent, "assistant", "one more")
+    store.switch(reply.id, 0)
+    store.db.conn.set_trace_callback(None)
+    writes = [s for s in statements if s.split()[0].upper() in {"INSERT", "UPDATE", "COMMIT"}]
+    assert len(writes) < 10, writes  # (it was an update and a commit per ancestor)
+    assert [m.content for m in store.branch(conv.id)][-2:] == ["m99", "one more"]
+    # every ancestor points at the path: a switch at the top comes back down it
+    other = store.add(conv.id, None, "user", "another root")
+    assert contents(store, conv.id) == ["another root"]
+    store.switch(other.id, -1)
+    assert contents(store, conv.id)[-1] == "one more"
     store.close()
