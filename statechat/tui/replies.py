@@ -15,7 +15,7 @@ import time
 
 from textual import work
 
-from statechat.chat.tree import Message
+from statechat.chat.tree import GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
 from statechat.tui.format import one_line, reply_stats, status_line
@@ -59,8 +59,10 @@ class RepliesMixin:
             parent = branch[-1].id if branch else None
         if self.conv_id is None:
             self.conv_id = self.chats.create(title=one_line(text)[:48]).id
-        composer.take(event.text)
-        self.start_reply(self.chats.add(self.conv_id, parent, "user", text))
+        user = self._add(parent, "user", text)
+        if user is not None:  # (else the text stays in the box: Enter again sends it anew)
+            composer.take(event.text)
+            self.start_reply(user)
 
     def start_reply(self, parent: Message, focus: bool = False) -> None:
         """Add a reply under `parent` and stream the model's answer into it; a prompt the engine
@@ -78,14 +80,30 @@ class RepliesMixin:
             handle = self.worker.submit(ids, params)
         except StatechatError as e:
             error = f"{e}; {TOO_LONG_HINT}" if isinstance(e, ContextLengthError) else str(e)
-            reply = self.chats.add(self.conv_id, parent.id, "assistant", "", stats={"error": error})
-            self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
+            reply = self._add(parent.id, "assistant", "", stats={"error": error})
+            if reply is not None:
+                self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
             return
-        reply = self.chats.add(self.conv_id, parent.id, "assistant", "")
+        reply = self._add(parent.id, "assistant", "")
+        if reply is None:
+            handle.abort()
+            return
         self.handle, self.streaming_conv_id = handle, self.conv_id
         self.streaming_reply_id = reply.id
         self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
         self.stream_reply(handle, reply.id)
+
+    def _add(self, parent_id: str | None, role: str, content: str,
+             stats: dict | None = None) -> Message | None:
+        """Add a message to the open chat; None, said in a notice, when another statechat
+        process deleted the chat or the message it answers meanwhile."""
+        try:
+            return self.chats.add(self.conv_id, parent_id, role, content, stats=stats)
+        except GoneError:
+            if self.chats.has_conversation(self.conv_id):
+                self.notify(GONE.format("The message it follows"), severity="warning")
+            self.open_conversation(self.conv_id)  # (it says so of a chat gone)
+            return None
 
     @work(thread=True, exit_on_error=False)
     def stream_reply(self, handle, reply_id: str) -> None:
@@ -126,10 +144,7 @@ class RepliesMixin:
 
     def _save_reply(self, reply_id: str, text: str, stats: dict) -> bool:
         """Store a reply's text and stats; False if another statechat deleted it meanwhile."""
-        if self.chats.find(reply_id) is None:
-            return False
-        self.chats.update(reply_id, content=text, stats=stats)
-        return True
+        return self.chats.update(reply_id, content=text, stats=stats)
 
     def _keep_stopped_reply(self) -> None:
         """At exit, save the reply that was streaming (the engine is shut down: its sequence

@@ -217,6 +217,38 @@ def test_a_chat_deleted_by_another_process(loaded, tmp_path):
     asyncio.run(run())
 
 
+def test_a_message_deleted_by_another_process_as_the_new_one_is_added(loaded, tmp_path,
+                                                                      monkeypatch):
+    """The message a new one follows is deleted by another statechat between the app's read
+    of the chat and its write (the add raised GoneError, which ended the app): a notice, the
+    text stays in the box, and Enter again sends it."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first")
+            other, add = open_chats(tmp_path), app.chats.add
+
+            def raced(conv_id, parent_id, *args, **kwargs):
+                other.delete_branch(parent_id)  # (just before the write)
+                monkeypatch.setattr(app.chats, "add", add)
+                return add(conv_id, parent_id, *args, **kwargs)
+
+            monkeypatch.setattr(app.chats, "add", raced)
+            app.query_one(Composer).set_text("second")
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert app.is_running and app.query_one(Composer).text == "second"
+            assert any("deleted by another" in n for n in notices(app))
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            other.close()
+            assert [m.content for m in app.chats.branch(app.conv_id)][:1] == ["first"]
+            assert "second" in [m.content for m in app.chats.branch(app.conv_id)]
+
+    asyncio.run(run())
+
+
 def test_the_message_box_leaves_a_small_terminal_room_for_the_chat(loaded, tmp_path):
     """The box grows with its lines up to 12 rows, and to a third of a small terminal."""
     async def run(size, rows):
