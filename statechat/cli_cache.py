@@ -50,8 +50,8 @@ def _store(root: Path, write: bool = False):
     store = open_store(root, read_only=not write or not (root / "index.db").exists())
     try:
         yield store
-    finally:  # (the last connection out removes the WAL's files)
-        store.db.conn.close()
+    finally:
+        store.close()
 
 
 def _check_writable(root: Path) -> None:

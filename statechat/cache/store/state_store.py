@@ -6,9 +6,11 @@ a ring in memory allocated when the store is attached.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -71,6 +73,18 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
             self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
                             [json.dumps(shapes), self.model_id])
         self._start_writer()
+
+    def close(self) -> None:
+        """Finish the queued writes, stop the writer thread and close the index. Its
+        write-ahead log is folded into index.db, and where no other connection has the file
+        open (the chats, another process), SQLite removes index.db-wal and -shm. Nothing of the
+        store is used after this; a second call does nothing."""
+        self.stop_writer()
+        with self.db_lock:
+            if not self.read_only:
+                with contextlib.suppress(sqlite3.Error):  # (PASSIVE: never waits for others)
+                    self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.db.conn.close()
 
 
 def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0,
