@@ -54,6 +54,13 @@ def _store(root: Path, write: bool = False):
         store.close()
 
 
+def _has_cache(root: Path) -> bool:
+    """Whether the cache dir `root` holds a cache: an index.db or a blobs/ folder."""
+    if root.exists() and not root.is_dir():
+        raise StatechatError(f"{root} is a file; pass a folder")
+    return (root / "index.db").exists() or (root / "blobs").exists()
+
+
 def _check_writable(root: Path) -> None:
     """A one-line error, before `gc` or `clear` starts, for a cache that cannot be changed."""
     if root.is_dir() and not _writable(root):
@@ -191,10 +198,14 @@ def cache_clear(cache_dir: CacheDirOpt = None,
                                                   help="Do not ask.")] = False) -> None:
     """Delete every cached checkpoint and block (conversations are kept). Asks first, unless
     --yes; any answer but yes (or no terminal to answer on) deletes nothing and exits 1."""
+    # (the bytes said are those of the blob files deleted; a folder with no cache is said so)
     root = _root(cache_dir)
+    if not _has_cache(root):
+        typer.echo(f"no cache at {root}; nothing to delete")
+        return
     _check_writable(root)
-    if root.is_dir() and not yes and not _confirmed(f"Delete every cache entry in {root}?"):
+    if not yes and not _confirmed(f"Delete every cache entry in {root}?"):
         typer.echo("Aborted: nothing deleted.", err=True)
         raise typer.Exit(1)
     with _store(root, write=True) as store:
-        typer.echo(f"freed {_size(store.clear() if store else 0)}")
+        typer.echo(f"freed {_size(store.clear())}")

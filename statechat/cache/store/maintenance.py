@@ -157,17 +157,21 @@ class StoreMaintenance:
             return [dict(zip(cols, r)) for r in cur]
 
     def clear(self) -> int:
-        """Delete every cache row and blob (conversations kept); bytes freed."""
-        total = self.total_bytes()
+        """Delete every cache row and blob (conversations kept), orphan blobs too; the bytes of
+        the blob files deleted."""
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             for table in ("checkpoints", "blocks", "segments"):
                 self.db.execute(f"DELETE FROM {table}")
+        freed = 0
         for f in sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []:
             # the store's own files, then the folders they leave empty (another file stays)
             if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
-                f.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                    size = f.stat().st_size
+                    f.unlink()
+                    freed += size
             elif f.is_dir() and not any(f.iterdir()):
                 with contextlib.suppress(OSError):  # (a writer's new file just went in)
                     f.rmdir()
-        return total
+        return freed
