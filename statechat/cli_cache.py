@@ -167,10 +167,11 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     for item in unreadable:
         typer.echo(f"  unreadable (kept) {item}")
     if orphans:
-        blobs = "orphan blob" + ("" if len(orphans) == 1 else "s")
+        one = len(orphans) == 1
+        blobs, them = ("orphan blob", "it") if one else ("orphan blobs", "them")
         typer.echo(f"removed {len(orphans):,} {blobs} ({_size(report.get('orphans_freed'))}; no "
-                   "index row points at them)" if remove else
-                   f"found {len(orphans):,} {blobs} (no index row points at them; kept: the "
+                   f"index row points at {them})" if remove else
+                   f"found {len(orphans):,} {blobs} (no index row points at {them}; kept: the "
                    "cache is read-only)")
         for item in orphans:
             typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")

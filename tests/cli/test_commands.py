@@ -237,7 +237,7 @@ def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, re
     verify = runner.invoke(cli.app, ["cache", "verify", *ro])
     assert verify.exit_code == 0, verify.output
     assert f"ok {want['num_checkpoints'] + want['num_segments']}" in verify.stdout
-    assert "found 1 orphan blob (no index row points at them; kept: the cache is read-only)" \
+    assert "found 1 orphan blob (no index row points at it; kept: the cache is read-only)" \
         in verify.stdout
     for argv in (["gc"], ["clear", "--yes"], ["clear"]):
         result = runner.invoke(cli.app, ["cache", *argv, *ro])
@@ -295,3 +295,20 @@ def test_clear_counts_the_blob_files_it_deletes(tmp_path):
     assert result.exit_code == 0 and result.stdout == "freed 2.9 KiB\n", result.output
     assert [p.name for p in (tmp_path / "blobs").rglob("*")] == ["notes.txt"]
     assert not (tmp_path / "index.db").exists()
+
+
+@pytest.mark.parametrize("count, says", [
+    (1, "removed 1 orphan blob (10 B; no index row points at it)"),
+    (2, "removed 2 orphan blobs (20 B; no index row points at them)"),
+])
+def test_verify_names_one_orphan_blob_in_the_singular(tmp_path, count, says):
+    """(One orphan was `no index row points at them`.)"""
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
+    for i in range(count):
+        blob = tmp_path / "blobs" / "kv" / f"{i:032x}.safetensors"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(b"x" * 10)
+        os.utime(blob, (1e9, 1e9))  # (older than a writer's grace period)
+    result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 0 and result.stdout.splitlines()[1] == says, result.output
