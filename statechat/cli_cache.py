@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,7 @@ def _store(root: Path, write: bool = False):
     if not root.is_dir():
         raise StatechatError(f"{root} is a file; pass a folder")
     try:
+        from statechat.cache.index import open_error
         from statechat.cache.store import open_store
     except ImportError:
         raise StatechatError("this build has no persistent cache "
@@ -50,6 +52,8 @@ def _store(root: Path, write: bool = False):
     store = open_store(root, read_only=not write or not (root / "index.db").exists())
     try:
         yield store
+    except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
+        raise open_error(root / "index.db", e) from None
     finally:
         store.close()
 

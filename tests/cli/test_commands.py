@@ -312,3 +312,35 @@ def test_verify_names_one_orphan_blob_in_the_singular(tmp_path, count, says):
         os.utime(blob, (1e9, 1e9))  # (older than a writer's grace period)
     result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 0 and result.stdout.splitlines()[1] == says, result.output
+
+
+def damage_table(index_db, table: str) -> None:
+    """Overwrite the first bytes of `table`'s root page in index_db."""
+    import sqlite3
+
+    conn = sqlite3.connect(index_db)
+    page, = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", [table]).fetchone()
+    size, = conn.execute("PRAGMA page_size").fetchone()
+    conn.close()
+    with open(index_db, "r+b") as f:
+        f.seek((page - 1) * size)
+        f.write(b"\xab" * 200)
+
+
+def test_a_damaged_index_is_one_line(tmp_path, shared_engine, monkeypatch, capsys):
+    """A damaged page in index.db: `verify` and an engine starting on the cache dir (here
+    `batch`) say so in one line, exit 2 (they printed a DatabaseError traceback, or verify
+    said every entry was ok while the next lookup crashed)."""
+    cache = warm_cache(tmp_path)
+    damage_table(cache / "index.db", "blocks")
+    src = tmp_path / "in.jsonl"
+    for argv in (["cache", "verify"], ["cache", "stats"], ["batch", str(src), "-o",
+                                                            str(tmp_path / "out.jsonl")]):
+        monkeypatch.setattr("sys.argv", ["statechat", *argv, "--cache-dir", str(cache)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err, (argv, err)
+        assert err == (f"statechat: cannot open {cache / 'index.db'} (database disk image is "
+                       "malformed); check the folder's permissions, or move the file away to "
+                       "start afresh"), argv

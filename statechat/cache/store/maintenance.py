@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
 
@@ -91,8 +92,10 @@ class StoreMaintenance:
         orphan blob files. Damaged entries and orphans are deleted, or with `remove=False` (a
         read-only cache) only reported; a blob that cannot be read is reported and kept.
         Returns {"checked", "ok", "removed" (damaged blobs), "unreadable", "orphans" (orphan
-        blobs), "orphans_freed" (their bytes, if deleted)}."""
+        blobs), "orphans_freed" (their bytes, if deleted)}. sqlite3.DatabaseError if the index
+        itself is damaged."""
         with self.db_lock:
+            index.check_integrity(self.db)
             models = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in
                       self.db.execute("SELECT id, fingerprint, shapes FROM models")}
             ckpts = self.db.execute(

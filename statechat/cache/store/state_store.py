@@ -68,10 +68,14 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
             self.copy_stream = torch.cuda.Stream(self.device)
             prepare_staging(self.device)  # the restores' pinned buffers, also pinned now
         with self.db_lock:
-            self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype,
-                                           block_size)
-            self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
-                            [json.dumps(shapes), self.model_id])
+            try:
+                index.check_integrity(self.db)  # (not the first lookup that reads a bad page)
+                self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype,
+                                               block_size)
+                self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
+                                [json.dumps(shapes), self.model_id])
+            except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
+                raise index.open_error(self.path / INDEX_FILE, e) from None
         self._start_writer()
 
     def close(self) -> None:
