@@ -344,3 +344,20 @@ def test_a_damaged_index_is_one_line(tmp_path, shared_engine, monkeypatch, capsy
         assert err == (f"statechat: cannot open {cache / 'index.db'} (database disk image is "
                        "malformed); check the folder's permissions, or move the file away to "
                        "start afresh"), argv
+
+
+def test_a_file_in_place_of_the_blobs_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    """(verify ended in a NotADirectoryError traceback.)"""
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
+    (tmp_path / "blobs").write_text("x")
+    for command in ("stats", "verify", "gc"):
+        monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir",
+                                         str(tmp_path)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and err == (
+            f"statechat: {tmp_path / 'blobs'} is a file; move it away (the cache keeps its "
+            "blobs in that folder)"), (command, err)
+    assert (tmp_path / "blobs").read_text() == "x"

@@ -23,6 +23,7 @@ from statechat.cache.store.maintenance import StoreMaintenance, default_budget
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
 from statechat.cache.store.writer import SaveJob, StoreWriter
+from statechat.errors import ConfigError
 
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
@@ -36,6 +37,9 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                  read_only: bool = False) -> None:
         self.path = Path(root)
         self.blob_dir = self.path / BLOB_DIR
+        if self.blob_dir.exists() and not self.blob_dir.is_dir():
+            raise ConfigError(f"{self.blob_dir} is a file; move it away (the cache keeps its "
+                              "blobs in that folder)")
         self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
         self.index_ahead = IndexReadAhead(self.path, INDEX_FILE)  # SQLite's descriptors, advised
         self.read_only = read_only  # index opened to read alone (index.connect_read_only)
