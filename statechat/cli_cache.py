@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,7 @@ def _store(root: Path, write: bool = False):
     if not root.is_dir():
         raise StatechatError(f"{root} is a file; pass a folder")
     try:
+        from statechat.cache.index import open_error
         from statechat.cache.store import open_store
     except ImportError:
         raise StatechatError("this build has no persistent cache "
@@ -50,8 +52,17 @@ def _store(root: Path, write: bool = False):
     store = open_store(root, read_only=not write or not (root / "index.db").exists())
     try:
         yield store
-    finally:  # (the last connection out removes the WAL's files)
-        store.db.conn.close()
+    except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
+        raise open_error(root / "index.db", e) from None
+    finally:
+        store.close()
+
+
+def _has_cache(root: Path) -> bool:
+    """Whether the cache dir `root` holds a cache: an index.db or a blobs/ folder."""
+    if root.exists() and not root.is_dir():
+        raise StatechatError(f"{root} is a file; pass a folder")
+    return (root / "index.db").exists() or (root / "blobs").exists()
 
 
 def _check_writable(root: Path) -> None:
@@ -160,10 +171,11 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     for item in unreadable:
         typer.echo(f"  unreadable (kept) {item}")
     if orphans:
-        blobs = "orphan blob" + ("" if len(orphans) == 1 else "s")
+        one = len(orphans) == 1
+        blobs, them = ("orphan blob", "it") if one else ("orphan blobs", "them")
         typer.echo(f"removed {len(orphans):,} {blobs} ({_size(report.get('orphans_freed'))}; no "
-                   "index row points at them)" if remove else
-                   f"found {len(orphans):,} {blobs} (no index row points at them; kept: the "
+                   f"index row points at {them})" if remove else
+                   f"found {len(orphans):,} {blobs} (no index row points at {them}; kept: the "
                    "cache is read-only)")
         for item in orphans:
             typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")
@@ -191,10 +203,14 @@ def cache_clear(cache_dir: CacheDirOpt = None,
                                                   help="Do not ask.")] = False) -> None:
     """Delete every cached checkpoint and block (conversations are kept). Asks first, unless
     --yes; any answer but yes (or no terminal to answer on) deletes nothing and exits 1."""
+    # (the bytes said are those of the blob files deleted; a folder with no cache is said so)
     root = _root(cache_dir)
+    if not _has_cache(root):
+        typer.echo(f"no cache at {root}; nothing to delete")
+        return
     _check_writable(root)
-    if root.is_dir() and not yes and not _confirmed(f"Delete every cache entry in {root}?"):
+    if not yes and not _confirmed(f"Delete every cache entry in {root}?"):
         typer.echo("Aborted: nothing deleted.", err=True)
         raise typer.Exit(1)
     with _store(root, write=True) as store:
-        typer.echo(f"freed {_size(store.clear() if store else 0)}")
+        typer.echo(f"freed {_size(store.clear())}")

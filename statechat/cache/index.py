@@ -146,6 +146,14 @@ def open_error(path: Path, e: Exception) -> ConfigError:
                        "file away to start afresh")
 
 
+def check_integrity(db: sqlite_utils.Database) -> None:
+    """sqlite3.DatabaseError if SQLite's quick_check finds the file damaged (a page that no
+    query has read yet would otherwise fail the first lookup that reads it)."""
+    found = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
+    if found != ["ok"]:
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+
 def migrate(db: sqlite_utils.Database) -> None:
     """Create the tables, indices and views of SCHEMA_VERSION if they are not there yet."""
     version = db.execute("PRAGMA user_version").fetchone()[0]

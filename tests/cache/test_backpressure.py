@@ -10,6 +10,7 @@ import weakref
 
 import torch
 
+from statechat.cache.store import open_store
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
@@ -31,7 +32,7 @@ def test_full_queue_drops_and_reports(tiny_dirs, tmp_path, caplog):
     assert out.token_ids == plain.generate([prompt], params)[0].token_ids
     assert engine.store.dropped >= 1
     assert any("write queue is full" in r.getMessage() for r in caplog.records)
-    assert engine.store.stats()["num_checkpoints"] == 0
+    assert open_store(tmp_path, read_only=True).stats()["num_checkpoints"] == 0
 
 
 def test_writer_holds_back_while_the_engine_launches(tiny_dirs, tmp_path, monkeypatch):

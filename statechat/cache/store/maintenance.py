@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
 
@@ -91,8 +92,10 @@ class StoreMaintenance:
         orphan blob files. Damaged entries and orphans are deleted, or with `remove=False` (a
         read-only cache) only reported; a blob that cannot be read is reported and kept.
         Returns {"checked", "ok", "removed" (damaged blobs), "unreadable", "orphans" (orphan
-        blobs), "orphans_freed" (their bytes, if deleted)}."""
+        blobs), "orphans_freed" (their bytes, if deleted)}. sqlite3.DatabaseError if the index
+        itself is damaged."""
         with self.db_lock:
+            index.check_integrity(self.db)
             models = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in
                       self.db.execute("SELECT id, fingerprint, shapes FROM models")}
             ckpts = self.db.execute(
@@ -157,17 +160,21 @@ class StoreMaintenance:
             return [dict(zip(cols, r)) for r in cur]
 
     def clear(self) -> int:
-        """Delete every cache row and blob (conversations kept); bytes freed."""
-        total = self.total_bytes()
+        """Delete every cache row and blob (conversations kept), orphan blobs too; the bytes of
+        the blob files deleted."""
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             for table in ("checkpoints", "blocks", "segments"):
                 self.db.execute(f"DELETE FROM {table}")
+        freed = 0
         for f in sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []:
             # the store's own files, then the folders they leave empty (another file stays)
             if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
-                f.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                    size = f.stat().st_size
+                    f.unlink()
+                    freed += size
             elif f.is_dir() and not any(f.iterdir()):
                 with contextlib.suppress(OSError):  # (a writer's new file just went in)
                     f.rmdir()
-        return total
+        return freed

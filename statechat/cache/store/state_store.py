@@ -6,9 +6,11 @@ a ring in memory allocated when the store is attached.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from statechat.cache.store.maintenance import StoreMaintenance, default_budget
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
 from statechat.cache.store.writer import SaveJob, StoreWriter
+from statechat.errors import ConfigError
 
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
@@ -34,6 +37,9 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                  read_only: bool = False) -> None:
         self.path = Path(root)
         self.blob_dir = self.path / BLOB_DIR
+        if self.blob_dir.exists() and not self.blob_dir.is_dir():
+            raise ConfigError(f"{self.blob_dir} is a file; move it away (the cache keeps its "
+                              "blobs in that folder)")
         self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
         self.index_ahead = IndexReadAhead(self.path, INDEX_FILE)  # SQLite's descriptors, advised
         self.read_only = read_only  # index opened to read alone (index.connect_read_only)
@@ -66,11 +72,27 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
             self.copy_stream = torch.cuda.Stream(self.device)
             prepare_staging(self.device)  # the restores' pinned buffers, also pinned now
         with self.db_lock:
-            self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype,
-                                           block_size)
-            self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
-                            [json.dumps(shapes), self.model_id])
+            try:
+                index.check_integrity(self.db)  # (not the first lookup that reads a bad page)
+                self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype,
+                                               block_size)
+                self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
+                                [json.dumps(shapes), self.model_id])
+            except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
+                raise index.open_error(self.path / INDEX_FILE, e) from None
         self._start_writer()
+
+    def close(self) -> None:
+        """Finish the queued writes, stop the writer thread and close the index. Its
+        write-ahead log is folded into index.db, and where no other connection has the file
+        open (the chats, another process), SQLite removes index.db-wal and -shm. Nothing of the
+        store is used after this; a second call does nothing."""
+        self.stop_writer()
+        with self.db_lock:
+            if not self.read_only:
+                with contextlib.suppress(sqlite3.Error):  # (PASSIVE: never waits for others)
+                    self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self.db.conn.close()
 
 
 def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0,

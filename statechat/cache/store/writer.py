@@ -114,7 +114,7 @@ class StoreWriter:
         while self.queue.unfinished_tasks and time.time() < deadline:
             time.sleep(0.005)
 
-    def close(self) -> None:
+    def stop_writer(self) -> None:
         """Flush the queue and stop the writer thread (the index stays open)."""
         if self.writer is not None:
             self.flush()

@@ -1,0 +1,54 @@
+"""Closing a store closes its index: once an engine is closed, the cache dir holds only
+index.db and blobs/ (the write-ahead log folded in, its -wal and -shm files gone) while the
+process goes on, as after `run`, which ends with os._exit; every row is still there."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import torch
+
+from statechat.cache.store import open_store
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+
+
+def rows(cache_dir) -> tuple[int, int]:
+    """(checkpoints, blocks) as another program (sqlite3) reads them from index.db."""
+    conn = sqlite3.connect(cache_dir / "index.db")
+    try:
+        return tuple(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                     for t in ("checkpoints", "blocks"))
+    finally:
+        conn.close()
+
+
+def test_a_closed_engine_leaves_no_write_ahead_log(tiny_dirs, tmp_path):
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                       loaded=load_model(path, dtype=torch.float32))
+    engine.generate([list(range(3, 203))], SamplingParams(max_tokens=70, ignore_eos=True))
+    engine.store.flush()
+    saved = engine.store.stats()
+    engine.close()
+    engine.close()  # (a second close does nothing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blobs", "index.db"]
+    assert saved["num_checkpoints"] >= 2
+    assert rows(tmp_path) == (saved["num_checkpoints"], saved["num_blocks"])
+
+
+def test_closing_beside_another_connection_keeps_its_rows(tmp_path):
+    """Another connection on index.db (the chats, another process) keeps the log it reads;
+    what the store wrote is in index.db and stays readable there."""
+    store = open_store(tmp_path)
+    other = sqlite3.connect(tmp_path / "index.db")
+    other.execute("SELECT count(*) FROM models").fetchone()
+    with store.db_lock:
+        store.db.execute("INSERT INTO models (fingerprint, name) VALUES ('ab', 'probe')")
+    store.close()
+    assert other.execute("SELECT name FROM models").fetchall() == [("probe",)]
+    other.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.db"]
+    assert open_store(tmp_path, read_only=True).stats()["models"][0]["name"] == "probe"
