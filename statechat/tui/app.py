@@ -77,6 +77,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.handle = None  # the RequestHandle being streamed
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
         self.streaming_reply_id: str | None = None  # the reply being streamed
+        self.next_turn = None  # the engine request computing the next turn's prefix, if any
+        # (next_turn.py)
         self.is_embedded = False  # the random-weight model: its banner shows
         self.is_ready = False  # the engine and the chats are up, the chat shown
         self.is_closing = False  # set as the app quits: the load stops, late callbacks return

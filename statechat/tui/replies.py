@@ -9,6 +9,7 @@ Once the app is quitting (`is_closing`), Enter sends nothing and the screen is l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -19,6 +20,7 @@ from statechat.chat.tree import GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
 from statechat.tui.format import one_line, reply_stats, status_line
+from statechat.tui.next_turn import warm_next_turn
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -29,7 +31,7 @@ STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 
 class RepliesMixin:
     """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
-    `conv_id`, `sampling`, `template_kwargs`, the streaming reply's `handle`,
+    `conv_id`, `sampling`, `template_kwargs`, `next_turn`, the streaming reply's `handle`,
     `streaming_conv_id` and `streaming_reply_id` (None while none streams), `is_closing`, and
     `open_conversation()` (conversations.py)."""
 
@@ -91,7 +93,7 @@ class RepliesMixin:
         self.handle, self.streaming_conv_id = handle, self.conv_id
         self.streaming_reply_id = reply.id
         self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
-        self.stream_reply(handle, reply.id)
+        self.stream_reply(handle, reply.id, history)
 
     def _add(self, parent_id: str | None, role: str, content: str,
              stats: dict | None = None) -> Message | None:
@@ -106,8 +108,10 @@ class RepliesMixin:
             return None
 
     @work(thread=True, exit_on_error=False)
-    def stream_reply(self, handle, reply_id: str) -> None:
-        """(A worker thread) show `handle`'s text as it grows, then save the reply."""
+    def stream_reply(self, handle, reply_id: str, history: list[dict]) -> None:
+        """(A worker thread) show `handle`'s text as it grows, then save the reply; then have
+        the engine compute the next turn's prefix where the reply's checkpoints do not hold it
+        (next_turn.py)."""
         text, shown = "", 0.0
         stats: dict = {}
         try:
@@ -120,6 +124,10 @@ class RepliesMixin:
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         self.call_from_thread(self._finish_reply, reply_id, text, stats)
+        if not self.is_closing and "error" not in stats:
+            with contextlib.suppress(StatechatError):  # (a quit under way, a refused prompt)
+                self.next_turn = warm_next_turn(self.worker, history, text, handle.output,
+                                                self.template_kwargs)
 
     def _show_text(self, reply_id: str, text: str) -> None:
         if self.is_closing:

@@ -1,0 +1,61 @@
+"""Computing the next turn's prefix while the user types (`warm_next_turn`).
+
+A reply's own checkpoints (prompt end, reply end) serve the next turn only as far as the next
+prompt repeats the tokens they were made from. Templates of thinking models do not: Qwen3.5's
+renders an earlier reply without its reasoning (and without the `<think>` that opened it), so
+the next prompt leaves the last one right after the reply's `<|im_start|>assistant\\n`, and the
+next turn would compute the whole answer again. So once a reply ends, the app renders the
+conversation as the next turn's prompt will start (the template applied with a user message
+after the reply, cut where that message's text begins) and, when that reaches at least a block
+past every checkpoint the reply left, has the engine compute it (a request for no tokens: its
+prompt-end checkpoint is saved, as any prompt's). The next message then resumes from there.
+With a template that repeats the reply as it was made (plain ChatML), nothing is computed.
+"""
+
+from __future__ import annotations
+
+from statechat.engine.output import RequestOutput
+from statechat.engine.sampling import SamplingParams
+
+PROBES = ("a", "b")  # two user messages whose rendered tokens differ from their text on
+
+
+def next_turn_prefix(render, history: list[dict]) -> list[int]:
+    """The tokens every next turn's prompt starts with: `history` (ending in the reply) with a
+    user message after it, up to that message's text. `render(messages)`: the template's ids,
+    with no generation prompt."""
+    a, b = (render([*history, {"role": "user", "content": probe}]) for probe in PROBES)
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[:n]
+
+
+def worth_warming(prefix: list[int], out: RequestOutput, block_size: int) -> bool:
+    """Whether computing `prefix` leaves a checkpoint at least a block past the last one of
+    `out`'s (its prompt end, its reply end: the last block boundary at or before each) that
+    `prefix` repeats."""
+    made = out.prompt_token_ids + out.token_ids
+    same = next((i for i, (x, y) in enumerate(zip(prefix, made)) if x != y),
+                min(len(prefix), len(made)))
+    # (the reply's last token was sampled, never fed through the model: its state is not kept)
+    ends = (len(out.prompt_token_ids), len(made) - 1)
+    have = max((e // block_size * block_size for e in ends if e // block_size * block_size
+                <= same), default=0)
+    return len(prefix) // block_size * block_size >= have + block_size
+
+
+def warm_next_turn(worker, history: list[dict], text: str, out: RequestOutput | None,
+                   template_kwargs: dict | None):
+    """(A worker thread, once a reply's stream ended) have the engine compute the next turn's
+    prefix when that saves the next message work; the request's handle, else None (nothing
+    to do: no cache, no reply text, a prefix the reply's checkpoints already cover, or one
+    past the context limit)."""
+    config = worker.engine.config
+    if out is None or not text or not config.enable_prefix_cache:
+        return None
+    history = [*history, {"role": "assistant", "content": text}]
+    prefix = next_turn_prefix(
+        lambda messages: worker.render(messages, add_generation_prompt=False,
+                                       template_kwargs=template_kwargs), history)
+    if len(prefix) >= worker.max_model_len or not worth_warming(prefix, out, config.block_size):
+        return None
+    return worker.submit(prefix, SamplingParams(max_tokens=0), request_id="next-turn")
