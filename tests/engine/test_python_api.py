@@ -8,6 +8,7 @@ type, and a CPU cache budget too small names its field."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,12 @@ def test_a_sequence_or_array_of_ids_is_a_prompt(engine, prompt):
     want = engine.generate([[5, 6, 7]], greedy(3))[0].token_ids
     assert engine.generate([prompt], greedy(3))[0].token_ids == want
     assert joined(engine.stream(prompt, greedy(3)))[1] == want
+
+
+def test_ids_of_numpy_integers_come_back_as_ints(engine):
+    """(They once stayed numpy integers in prompt_token_ids, which json.dumps refuses.)"""
+    out = engine.generate([[np.int64(5), np.int32(6), True]], greedy(2))[0]
+    assert json.dumps(out.prompt_token_ids) == "[5, 6, 1]"
 
 
 @pytest.mark.parametrize(("prompt", "got"), [
