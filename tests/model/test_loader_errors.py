@@ -140,12 +140,17 @@ def edited(tiny_dirs, tmp_path, edit) -> str:
          "eos_token_id must be an integer or a list of integers"),
         (lambda c, p: weights(p).write_bytes(b""), "cannot be read"),
         (lambda c, p: weights(p).write_bytes(weights(p).read_bytes()[:5000]), "cannot be read"),
+        (lambda c, p: c.update(max_position_embeddings=0),
+         "'max_position_embeddings' must be a positive integer, got 0"),
+        (lambda c, p: c.update(linear_conv_kernel_dim="4"),
+         "'linear_conv_kernel_dim' must be a positive integer, got '4'"),
     ],
     ids=["layers-a-string", "no-kv-heads", "rope-a-list", "interval-0", "eos-a-string",
-         "empty-weights", "cut-weights"],
+         "empty-weights", "cut-weights", "no-positions", "conv-a-string"],
 )
 def test_fields_and_files_of_the_wrong_shape_are_named(tiny_dirs, tmp_path, edit, says):
-    """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error."""
+    """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error, or
+    were taken (no positions: every prompt refused; a string: the tokenizer's error)."""
     assert says in edited(tiny_dirs, tmp_path, edit)
 
 
