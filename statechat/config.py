@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +75,7 @@ class EngineConfig:
     checkpoint_interval: int = 32  # blocks between checkpoints inside long prefills (0 = off)
 
     def __post_init__(self) -> None:
+        self._check_types()
         check_device_name(self.device)
         if self.block_size <= 0 or self.block_size % 64:
             raise ConfigError("block_size must be a positive multiple of 64, "
@@ -97,3 +100,42 @@ class EngineConfig:
                               f"{self.num_state_slots}")
         if self.checkpoint_interval < 0:
             raise ConfigError("checkpoint_interval must be >= 0")
+        for name in ("cpu_cache_bytes", "host_cache_bytes", "disk_cache_bytes"):
+            if (getattr(self, name) or 0) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+
+    def _check_types(self) -> None:
+        """A one-line ConfigError for a field of the wrong type (a string, a float count, a
+        bool for a number), which would otherwise fail later with a TypeError or be taken;
+        numpy integers and floats become Python's, a str path a Path."""
+        put = object.__setattr__  # (frozen)
+        for name in ("model", "cache_dir"):
+            value = getattr(self, name)
+            if isinstance(value, str | os.PathLike):
+                put(self, name, Path(value))
+            elif value is not None or name == "model":
+                raise ConfigError(f"{name} must be a path, got {type(value).__name__}")
+        for name, optional in _COUNT_FIELDS.items():
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(f"{name} must be an integer, got {value!r:.40}")
+            put(self, name, int(value))
+        value = self.memory_fraction
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigError(f"memory_fraction must be a number, got {value!r:.40}")
+        put(self, "memory_fraction", float(value))
+        for name in ("enable_prefix_cache", "use_graphs", "async_scheduling"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and (value is not None or name == "enable_prefix_cache"):
+                raise ConfigError(f"{name} must be True or False, got {value!r:.40}")
+
+
+# EngineConfig's integer fields, each with whether it may be None
+_COUNT_FIELDS = {
+    "block_size": False, "max_num_seqs": False, "max_num_batched_tokens": False,
+    "max_model_len": True, "num_kv_blocks": True, "num_state_slots": True,
+    "cpu_cache_bytes": False, "disk_cache_bytes": True, "host_cache_bytes": False,
+    "checkpoint_interval": False,
+}

@@ -121,9 +121,11 @@ def cut_at_stop(seq: Sequence, shown: int) -> bool:
     p = seq.params
     if not p.stop or len(seq.output_ids) <= p.min_tokens:
         return False
-    # a stop ending in the new text starts at most the longest stop's length - 1 before it
-    start = max(shown - stop_hold(p), 0)
-    cut = min((i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0), default=-1)
+    # a stop ending in the new text starts at most its length - 1 before it (each stop its
+    # own: a shorter one found further back lay in text already checked, or in the first
+    # min_tokens tokens, which are not)
+    found = (seq.text.find(s, max(shown - len(s) + 1, 0)) for s in p.stop)
+    cut = min((i for i in found if i >= 0), default=-1)
     if cut < 0:
         return False
     seq.text = seq.text[:cut]

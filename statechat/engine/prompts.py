@@ -47,6 +47,9 @@ def check_prompt(
         packed = int32_bytes(ids)
     except struct.error:
         raise ConfigError(f"token ids must be integers from 0 to {vocab - 1}") from None
+    if not all(type(t) is int for t in ids):  # (numpy integers and bools, as ints: they would
+        # stay in the request's outputs, where JSON cannot write a numpy integer)
+        ids = [int(t) for t in ids]
     as_array = np.frombuffer(packed, dtype=np.int32)
     if as_array.min() < 0 or as_array.max() >= vocab:
         bad = next(t for t in ids if not 0 <= t < vocab)

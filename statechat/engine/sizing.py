@@ -32,7 +32,10 @@ def cache_sizes(cfg: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
                                        min(4096, budget // 4 // per_slot))
     blocks = cfg.num_kv_blocks or (budget - slots * per_slot) // max(per_block, 1)
     if blocks < 2 or slots < 2:
-        raise ConfigError("not enough memory for the KV and state caches; lower max_num_seqs")
+        more = (f"raise cpu_cache_bytes ({cfg.cpu_cache_bytes:,}) or "
+                if loaded.device.type == "cpu" and not cfg.num_kv_blocks else "")
+        raise ConfigError(f"not enough memory for the KV and state caches; {more}lower "
+                          "max_num_seqs")
     return int(blocks), int(slots)
 
 

@@ -203,7 +203,10 @@ class ModelConfig:
 
     @classmethod
     def _from_text_fields(cls, model_type: str, text: dict, raw: dict, path: Path) -> ModelConfig:
-        def need(key: str):
+        def need(key: str, default=None):
+            """text[key], checked; `default` for a key that may be missing (or null)."""
+            if default is not None and text.get(key) is None:
+                return default
             if key not in text:
                 raise ModelError(f"{path / 'config.json'} lacks the field {key!r}")
             value = text[key]
@@ -259,12 +262,12 @@ class ModelConfig:
             partial_rotary_factor=float(
                 rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
             ),
-            max_position_embeddings=text.get("max_position_embeddings", 32768),
+            max_position_embeddings=need("max_position_embeddings", 32768),
             linear_num_key_heads=need("linear_num_key_heads"),
             linear_num_value_heads=need("linear_num_value_heads"),
             linear_key_head_dim=need("linear_key_head_dim"),
             linear_value_head_dim=need("linear_value_head_dim"),
-            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
+            linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
             eos_token_ids=_eos_ids(gen, text),
             sampling_defaults=_sampling_defaults(gen, path),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
@@ -277,7 +280,7 @@ POSITIVE_INT_FIELDS = frozenset({
     "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
     "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
     "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "head_dim",
+    "head_dim", "max_position_embeddings", "linear_conv_kernel_dim",
 })
 
 

@@ -2,9 +2,11 @@
 
 Weights load by name: the multimodal layout keeps the text model under `model.language_model.`
 (mapped to our `model.`); `model.visual.*` and `mtp.*` are ignored. One file or shards with
-`model.safetensors.index.json`; tied or untied embeddings; any stored float dtype is converted
-to the requested one. MoE experts come fused (`mlp.experts.gate_up_proj` [E, 2I, H] and
-`mlp.experts.down_proj` [E, H, I], as transformers saves them) or one tensor per expert
+`model.safetensors.index.json`; tied or untied embeddings; weights stored in a float dtype of
+16 bits or more are converted to the requested one. A tensor of another dtype (integers, float8:
+a quantized checkpoint) or one the model has no place for is refused with a one-line error.
+MoE experts come fused (`mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj`
+[E, H, I], as transformers saves them) or one tensor per expert
 (`mlp.experts.{e}.gate_proj.weight` [I, H], `up_proj` [I, H], `down_proj` [H, I], as the
 published checkpoints carry), which are copied into their rows of the fused parameters.
 """
@@ -26,6 +28,8 @@ from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+# names of no weight: the lm_head a tied checkpoint may still store, rotary buffers
+TOLERATED_SUFFIXES = ("lm_head.weight", "rotary_emb.inv_freq")
 PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -57,7 +61,8 @@ def weight_files(path: Path) -> list[Path]:
         raise ModelError(f"{path} holds no *.safetensors weights")
     for f in files:
         if not f.is_file():
-            raise ModelError(f"weight shard {f.name} named in the index is missing from {path}")
+            where = "named in the index is missing from" if index.is_file() else "is not a file in"
+            raise ModelError(f"weight shard {f.name} {where} {path}")
     return files
 
 
@@ -101,9 +106,11 @@ def headers_digest(files: list[Path]) -> str:
 
 
 def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConfig) -> None:
-    """Copy every checkpoint tensor into `model`; name the first missing or misshapen tensor."""
+    """Copy every checkpoint tensor into `model`; name the first missing, misshapen, unknown or
+    non-float tensor."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    unknown: list[str] = []  # checkpoint tensors the model has no place for
     parts: dict[str, set[str]] = {}  # fused expert parameter -> per-expert tensors copied into it
     for f in files:
         with safe_open(f, framework="pt", device="cpu") as st:
@@ -118,8 +125,15 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
                     fused, target = place
                     parts.setdefault(fused, set()).add(ours)
                 else:
+                    if not name.endswith(TOLERATED_SUFFIXES):
+                        unknown.append(name)
                     continue
                 tensor = st.get_tensor(name)
+                if not tensor.is_floating_point() or tensor.element_size() < 2:
+                    raise ModelError(
+                        f"tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; "
+                        "statechat loads float32, bfloat16 or float16 weights (not quantized ones)"
+                    )
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise ModelError(
                         f"tensor {name} has shape {list(tensor.shape)} in the checkpoint but the "
@@ -145,6 +159,9 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
         shown = (missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.")
                  else missing[0])
         raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
+    if unknown:  # (a weight the model would silently go without: a bias, a quantization scale)
+        raise ModelError(f"checkpoint has tensor {unknown[0]}, which a {config.model_type} model "
+                         f"of this config.json does not have ({len(unknown)} unknown in all)")
 
 
 def load_tokenizer(path: Path):

@@ -2,11 +2,14 @@
 something else steps the engine; a stop token's id ends the reply without its text; a state
 cache too small to run is refused when the engine is configured; an aborted request reports
 what it computed; a tuple or numpy array of ids is a prompt, while other values, and params
-that are not SamplingParams, are one-line errors."""
+that are not SamplingParams, are one-line errors; so are EngineConfig fields of the wrong
+type, and a CPU cache budget too small names its field."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,6 +137,12 @@ def test_a_sequence_or_array_of_ids_is_a_prompt(engine, prompt):
     assert joined(engine.stream(prompt, greedy(3)))[1] == want
 
 
+def test_ids_of_numpy_integers_come_back_as_ints(engine):
+    """(They once stayed numpy integers in prompt_token_ids, which json.dumps refuses.)"""
+    out = engine.generate([[np.int64(5), np.int32(6), True]], greedy(2))[0]
+    assert json.dumps(out.prompt_token_ids) == "[5, 6, 1]"
+
+
 @pytest.mark.parametrize(("prompt", "got"), [
     (None, "None"), (5, "int"), (b"abc", "bytes"), ({"ids": [5]}, "dict"),
     (np.array([[5, 6]]), "a 2-D int64 numpy array"),
@@ -156,3 +165,38 @@ def test_params_that_are_not_sampling_params_are_one_line(engine):
     assert not engine.has_unfinished()
     params = (greedy(2), greedy(1))  # (a tuple of params, one each)
     assert [o.num_completion_tokens for o in engine.generate([[5, 6], [7]], params)] == [2, 1]
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"block_size": "64"}, "block_size must be an integer, got '64'"),
+        ({"max_num_seqs": 1.5}, "max_num_seqs must be an integer, got 1.5"),
+        ({"max_model_len": "100"}, "max_model_len must be an integer, got '100'"),
+        ({"num_kv_blocks": True}, "num_kv_blocks must be an integer, got True"),
+        ({"memory_fraction": "0.5"}, "memory_fraction must be a number, got '0.5'"),
+        ({"enable_prefix_cache": "no"}, "enable_prefix_cache must be True or False, got 'no'"),
+        ({"host_cache_bytes": -5}, "host_cache_bytes must be 0 or more, got -5"),
+        ({"model": None}, "model must be a path, got NoneType"),
+    ],
+)
+def test_config_fields_of_the_wrong_type_are_one_line(fields, says):
+    """They once raised a TypeError in the checks, failed inside the caches' allocation, or
+    were taken ("no" turning the cache on, 1.5 sequences)."""
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(**{"model": "m", **fields})
+    assert str(err.value) == says
+
+
+def test_config_takes_numpy_counts_and_a_str_path():
+    config = EngineConfig(model="m", max_model_len=np.int64(256), memory_fraction=np.float32(0.5))
+    assert (config.model, config.max_model_len, type(config.max_model_len)) == (Path("m"), 256, int)
+
+
+def test_a_cpu_cache_too_small_names_its_field(loaded):
+    if loaded.device.type != "cpu":
+        pytest.skip("the CPU's cache budget")
+    with pytest.raises(ConfigError) as err:
+        LLMEngine(EngineConfig(model=loaded.path, device="cpu", cpu_cache_bytes=0), loaded=loaded)
+    assert str(err.value) == ("not enough memory for the KV and state caches; raise "
+                              "cpu_cache_bytes (0) or lower max_num_seqs")

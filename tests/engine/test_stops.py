@@ -77,3 +77,20 @@ def test_a_tiny_temperature_samples_greedily(engine):
     params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1e-40, seed=1)
     assert params.is_greedy
     assert engine.generate([PROMPT], params)[0].text == greedy(engine, 8)[0]
+
+
+def test_a_stop_string_in_the_first_min_tokens_is_not_found_later(engine):
+    """Stop strings are looked for only past min_tokens: a short stop inside the first
+    min_tokens tokens' text does not end the reply at the next token (it once did when
+    another stop was longer, whose length set how far back every stop was looked for)."""
+    full, _ = greedy(engine, 40)
+    for m in range(3, 20):
+        shown = len(greedy(engine, m)[0])
+        c = full[shown - 1] if shown else ""
+        if c and c != "\ufffd":
+            break
+    else:
+        raise AssertionError("no reply of 3-19 tokens ends with a whole character")
+    cut = full.find(c, shown)
+    want = (full[:cut], "stop") if cut >= 0 else (full, "length")
+    assert greedy(engine, 40, stop=[c, "\x00never\x00"], min_tokens=m) == want

@@ -140,12 +140,17 @@ def edited(tiny_dirs, tmp_path, edit) -> str:
          "eos_token_id must be an integer or a list of integers"),
         (lambda c, p: weights(p).write_bytes(b""), "cannot be read"),
         (lambda c, p: weights(p).write_bytes(weights(p).read_bytes()[:5000]), "cannot be read"),
+        (lambda c, p: c.update(max_position_embeddings=0),
+         "'max_position_embeddings' must be a positive integer, got 0"),
+        (lambda c, p: c.update(linear_conv_kernel_dim="4"),
+         "'linear_conv_kernel_dim' must be a positive integer, got '4'"),
     ],
     ids=["layers-a-string", "no-kv-heads", "rope-a-list", "interval-0", "eos-a-string",
-         "empty-weights", "cut-weights"],
+         "empty-weights", "cut-weights", "no-positions", "conv-a-string"],
 )
 def test_fields_and_files_of_the_wrong_shape_are_named(tiny_dirs, tmp_path, edit, says):
-    """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error."""
+    """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error, or
+    were taken (no positions: every prompt refused; a string: the tokenizer's error)."""
     assert says in edited(tiny_dirs, tmp_path, edit)
 
 
@@ -154,3 +159,50 @@ def test_config_that_is_not_an_object(tmp_path):
     assert "must hold a JSON object" in error_of(tmp_path)
     (tmp_path / "config.json").write_bytes(b"\xff\xfe{")
     assert "cannot be read" in error_of(tmp_path)
+
+
+def edited_weights(tiny_dirs, tmp_path, edit) -> str:
+    """The error of the multimodal tiny checkpoint with `edit(tensors)` applied to its weights."""
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return error_of(path)
+
+
+NORM = "model.language_model.norm.weight"
+DOWN = "model.language_model.layers.0.mlp.down_proj.weight"
+BIAS = "model.language_model.layers.3.self_attn.q_proj.bias"
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda t: t.update({NORM: t[NORM].to(torch.int32)}), f"tensor {NORM} is stored as int32"),
+        (lambda t: t.update({DOWN: t[DOWN].to(torch.float8_e4m3fn)}),
+         f"tensor {DOWN} is stored as float8_e4m3fn"),
+        (lambda t: t.update({DOWN + "_scale_inv": torch.ones(1)}),
+         f"checkpoint has tensor {DOWN}_scale_inv, which a qwen3_5 model"),
+        (lambda t: t.update({BIAS: torch.zeros(4)}), f"checkpoint has tensor {BIAS}"),
+    ],
+    ids=["int32", "float8", "quantization-scale", "unknown-bias"],
+)
+def test_tensors_the_model_cannot_use_are_named(tiny_dirs, tmp_path, edit, says):
+    """Once converted or skipped without a word: the model ran with garbage or without them."""
+    assert says in edited_weights(tiny_dirs, tmp_path, edit)
+
+
+def test_a_tied_checkpoint_may_still_store_its_lm_head(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")  # (untied: it stores lm_head.weight)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (path / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(path, dtype=torch.float32)
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+
+
+def test_a_directory_named_like_weights_is_not_a_file(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    (path / "model.safetensors").mkdir()
+    assert "weight shard model.safetensors is not a file in" in error_of(path)
