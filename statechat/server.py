@@ -11,7 +11,8 @@ share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "typ
 checked by statechat/api_request.py (and api_chat.py or api_completions.py); its choices are
 submitted, awaited and streamed by api_choices.py, which the two APIs share. Fields of a body
 that its API does not read (bar those ignored on purpose, api_request.IGNORED_FIELDS) are named
-in one warning line of the log, and the request is served without them.
+in one warning line of the log, and the request is served without them. Reading bodies,
+answering JSON and the errors' shape are api_http.py's (JsonHandler).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import hmac
 import json
 import selectors
 import socket
@@ -27,8 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt
 from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
@@ -38,6 +37,7 @@ from statechat.api_completions import (
     CompletionShape,
     parse_completion,
 )
+from statechat.api_http import JsonHandler
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
@@ -51,10 +51,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.errors import ShuttingDownError
 
-MAX_BODY_BYTES = 32 << 20
-DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
-SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
@@ -124,116 +121,10 @@ class ChatServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT_S
+class Handler(JsonHandler):
+    """The API's routes, on JsonHandler's transport."""
+
     server: ChatServer
-
-    # --- plumbing -----------------------------------------------------------------------
-    def setup(self) -> None:
-        super().setup()
-        self.server.connection_state(self, busy=False)
-
-    def parse_request(self) -> bool:
-        self.server.connection_state(self, busy=True)  # (its request line has come)
-        return super().parse_request()
-
-    def handle_one_request(self) -> None:
-        try:
-            super().handle_one_request()
-        except (ConnectionError, TimeoutError):  # the client went (or stalled) mid-request:
-            self.close_connection = True  # no one to answer, and no traceback for the log
-        finally:
-            self.server.connection_state(self, busy=False)
-
-    def finish(self) -> None:
-        self.server.connection_state(self, busy=None)
-        super().finish()
-
-    def log_message(self, format: str, *args) -> None:
-        if not self.server.quiet:
-            sys.stderr.write(f"{self.address_string()} {format % args}\n")
-
-    def _send_json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server's own errors (a malformed request line or header, a method it has no
-        handler for) in OpenAI's shape, as every other error; the connection then closes."""
-        self.close_connection = True
-        self.request_version = self.protocol_version  # (an unparsed line reads as HTTP/0.9,
-        # which gets no status line or headers)
-        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:  # (an unknown method)
-            code, message = HTTPStatus.METHOD_NOT_ALLOWED, self._methods_message()
-        kind = "server_error" if code >= 500 else "invalid_request_error"
-        error = "method_not_allowed" if code == HTTPStatus.METHOD_NOT_ALLOWED else None
-        self._send_json(code, ApiError(code, message or HTTPStatus(code).phrase, code=error,
-                                       kind=kind).body())
-
-    def _guard(self, route) -> None:
-        self._body_read = False  # per request: a keep-alive connection carries several
-        try:
-            if self.server.api_key and not self._authorized():
-                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                               code="invalid_api_key", kind="authentication_error")
-            route()
-        except ApiError as e:
-            self._drain()
-            self._send_json(e.status, e.body())
-
-    def _authorized(self) -> bool:
-        scheme, _, key = self.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(),
-                                                                  self.server.api_key.encode())
-
-    def _length(self) -> int | None:
-        """The body's Content-Length; None when it is not a plain count of bytes (or the body
-        comes in chunks), and the connection is then closed after the answer."""
-        raw = self.headers.get("Content-Length") or "0"
-        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
-                or len(raw) > 12:
-            self.close_connection = True
-            return None
-        return int(raw)
-
-    def _drain(self) -> None:
-        """Read an unread request body so the connection stays usable, and so that a client
-        still sending one too large reads the 413 (closed on it, it met a broken pipe). Past
-        DRAIN_BYTES the connection is closed unread."""
-        if not self._body_read:
-            n = self._length()
-            if n is not None and 0 < n <= DRAIN_BYTES:
-                while n > 0 and (chunk := self.rfile.read(min(n, 1 << 20))):
-                    n -= len(chunk)
-                self.close_connection = self.close_connection or n > 0
-            elif n:
-                self.close_connection = True
-            self._body_read = True
-
-    def _body(self) -> dict:
-        n = self._length()
-        if n is None:
-            self._body_read = True  # (not read: the connection closes)
-            raise ApiError(400, "send the request body with a Content-Length of its bytes")
-        if n > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
-        raw = self.rfile.read(n)
-        self._body_read = True
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:  # (an int of over 4300 digits is a ValueError)
-            raise ApiError(400, f"the request body is not valid JSON ({str(e)[:200]})") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return body
 
     # --- routes -------------------------------------------------------------------------
     def _route(self) -> str:

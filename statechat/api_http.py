@@ -1,0 +1,135 @@
+"""The HTTP side of the API server (server.py): requests on keep-alive connections, bodies
+read with a bound (a refused one drained, so the client reads the answer), JSON answers, and
+every error in OpenAI's shape, http.server's own included. The server tracks which connections
+are idle (`connection_state`), so that a stop can close them."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import sys
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+
+from statechat.api_request import ApiError
+
+MAX_BODY_BYTES = 32 << 20
+DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
+SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A handler whose routes raise ApiError for their errors (`_guard` answers them). Its
+    server has `api_key`, `quiet` and `connection_state(handler, busy)`; a subclass says which
+    methods it serves in `_methods_message`."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.connection_state(self, busy=False)
+
+    def parse_request(self) -> bool:
+        self.server.connection_state(self, busy=True)  # (its request line has come)
+        return super().parse_request()
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError):  # the client went (or stalled) mid-request:
+            self.close_connection = True  # no one to answer, and no traceback for the log
+        finally:
+            self.server.connection_state(self, busy=False)
+
+    def finish(self) -> None:
+        self.server.connection_state(self, busy=None)
+        super().finish()
+
+    def log_message(self, format: str, *args) -> None:
+        if not self.server.quiet:
+            sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+    def _send_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (a malformed request line or header, a method it has no
+        handler for) in OpenAI's shape, as every other error; the connection then closes."""
+        self.close_connection = True
+        self.request_version = self.protocol_version  # (an unparsed line reads as HTTP/0.9,
+        # which gets no status line or headers)
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:  # (an unknown method)
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, self._methods_message()
+        kind = "server_error" if code >= 500 else "invalid_request_error"
+        error = "method_not_allowed" if code == HTTPStatus.METHOD_NOT_ALLOWED else None
+        self._send_json(code, ApiError(code, message or HTTPStatus(code).phrase, code=error,
+                                       kind=kind).body())
+
+    def _guard(self, route) -> None:
+        self._body_read = False  # per request: a keep-alive connection carries several
+        try:
+            if self.server.api_key and not self._authorized():
+                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                               code="invalid_api_key", kind="authentication_error")
+            route()
+        except ApiError as e:
+            self._drain()
+            self._send_json(e.status, e.body())
+
+    def _authorized(self) -> bool:
+        scheme, _, key = self.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(),
+                                                                  self.server.api_key.encode())
+
+    def _length(self) -> int | None:
+        """The body's Content-Length; None when it is not a plain count of bytes (or the body
+        comes in chunks), and the connection is then closed after the answer."""
+        raw = self.headers.get("Content-Length") or "0"
+        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
+                or len(raw) > 12:
+            self.close_connection = True
+            return None
+        return int(raw)
+
+    def _drain(self) -> None:
+        """Read an unread request body so the connection stays usable, and so that a client
+        still sending one too large reads the 413 (closed on it, it met a broken pipe). Past
+        DRAIN_BYTES the connection is closed unread."""
+        if not self._body_read:
+            n = self._length()
+            if n is not None and 0 < n <= DRAIN_BYTES:
+                while n > 0 and (chunk := self.rfile.read(min(n, 1 << 20))):
+                    n -= len(chunk)
+                self.close_connection = self.close_connection or n > 0
+            elif n:
+                self.close_connection = True
+            self._body_read = True
+
+    def _body(self) -> dict:
+        n = self._length()
+        if n is None:
+            self._body_read = True  # (not read: the connection closes)
+            raise ApiError(400, "send the request body with a Content-Length of its bytes")
+        if n > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+        raw = self.rfile.read(n)
+        self._body_read = True
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # (an int of over 4300 digits is a ValueError)
+            raise ApiError(400, f"the request body is not valid JSON ({str(e)[:200]})") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    def _methods_message(self) -> str:
+        return f"method {self.command} is not supported here"
