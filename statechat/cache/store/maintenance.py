@@ -38,8 +38,7 @@ class StoreMaintenance:
         return int(row[0])
 
     def evict_to(self, max_bytes: int) -> int:
-        """Delete least recently used checkpoints and segments until the total fits; bytes freed.
-        A segment goes with what its blocks' loss leaves unusable (_drop_segment)."""
+        """Delete least recently used checkpoints and segments until the total fits; bytes freed."""
         freed, total = 0, self.total_bytes()
         while total > max_bytes:
             with self.db_lock, self.db.conn:
@@ -53,42 +52,13 @@ class StoreMaintenance:
                 kind, key, blob, size, _ = row
                 if kind == "ckpt":
                     self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
-                    gone = [(blob, size)]
                 else:
-                    gone = self._drop_segment(key)
-            for name, size in gone:  # (rows first, then files)
-                (self.blob_dir / name).unlink(missing_ok=True)
-                freed += size
-                total -= size
+                    self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
+                    self.db.execute("DELETE FROM segments WHERE id = ?", [key])
+            (self.blob_dir / blob).unlink(missing_ok=True)
+            freed += size
+            total -= size
         return freed
-
-    def _drop_segment(self, seg_id: int) -> list[tuple[str, int]]:
-        """(In the caller's transaction) delete a segment's rows and what the loss of its blocks
-        leaves unusable, since a prefix is resumed only with every block of its chain: the
-        blocks after them in any chain, the checkpoints at those blocks, and the segments left
-        with no block. Each used to stay, counted against the budget, until its own turn came.
-        The (blob, bytes) of the rows deleted."""
-        db = self.db
-        db.execute("DROP TABLE IF EXISTS temp.dead_blocks")
-        db.execute("""CREATE TEMP TABLE dead_blocks AS
-                      WITH RECURSIVE dead(hash) AS (
-                        SELECT hash FROM blocks WHERE segment_id = ?
-                        UNION SELECT b.hash FROM blocks b JOIN dead ON b.parent = dead.hash)
-                      SELECT hash FROM dead""", [seg_id])
-        dead = "(SELECT hash FROM temp.dead_blocks)"
-        gone = db.execute(f"SELECT blob, bytes FROM checkpoints WHERE hash IN {dead}").fetchall()
-        db.execute(f"DELETE FROM checkpoints WHERE hash IN {dead}")
-        touched = [r[0] for r in db.execute(
-            f"SELECT DISTINCT segment_id FROM blocks WHERE hash IN {dead}")]
-        db.execute(f"DELETE FROM blocks WHERE hash IN {dead}")
-        db.execute("DROP TABLE temp.dead_blocks")
-        for sid in {seg_id, *touched}:
-            row = db.execute("SELECT blob, bytes FROM segments WHERE id = ? AND NOT EXISTS "
-                             "(SELECT 1 FROM blocks WHERE segment_id = ?)", [sid, sid]).fetchone()
-            if row is not None:
-                db.execute("DELETE FROM segments WHERE id = ?", [sid])
-                gone.append(tuple(row))
-        return gone
 
     def gc(self, max_bytes: int | None = None) -> int:
         """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
