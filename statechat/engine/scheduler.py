@@ -145,7 +145,10 @@ class Scheduler:
     def _checkpoint_targets(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
         if not self.use_cache:
             return []
-        prompt_mark = (seq.num_prompt_tokens - 1) // self.bs * self.bs
+        # the prompt's last boundary short of its end, which a regenerate computes again; a
+        # request for no tokens (a prefix computed ahead of a longer prompt) keeps its very end
+        n = seq.num_prompt_tokens
+        prompt_mark = (n if seq.params.max_tokens == 0 else n - 1) // self.bs * self.bs
         targets = []
         first = (start // self.bs + 1) * self.bs
         for b in range(first, end + 1, self.bs):

@@ -36,8 +36,9 @@ def worth_warming(prefix: list[int], out: RequestOutput, block_size: int) -> boo
     made = out.prompt_token_ids + out.token_ids
     same = next((i for i, (x, y) in enumerate(zip(prefix, made)) if x != y),
                 min(len(prefix), len(made)))
-    # (the reply's last token was sampled, never fed through the model: its state is not kept)
-    ends = (len(out.prompt_token_ids), len(made) - 1)
+    # (the prompt's checkpoint lies short of its end, which a regenerate computes again; the
+    # reply's last token was sampled, never fed through the model)
+    ends = (len(out.prompt_token_ids) - 1, len(made) - 1)
     have = max((e // block_size * block_size for e in ends if e // block_size * block_size
                 <= same), default=0)
     return len(prefix) // block_size * block_size >= have + block_size

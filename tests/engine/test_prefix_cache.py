@@ -8,6 +8,8 @@ the checkpoint policy (DESIGN.md) left from earlier requests.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -72,6 +74,19 @@ def test_forks_at_every_turn_match_no_cache(engines):
         # continue this turn's reply
         outs.append(ask(cached, plain, policy, render(tok, branch, add_generation_prompt=False)))
     assert sum(o.num_cached_tokens > 0 for o in outs) >= 8
+
+
+@pytest.mark.parametrize("n", [127, 128, 129])
+def test_a_prefix_computed_ahead_serves_its_last_block_boundary(engines, n):
+    """A request for no tokens (the app's next-turn warm-up) leaves its checkpoint at its last
+    block boundary, its very end included: a 128-token prefix served 64 tokens, not 128."""
+    _, plain = engines
+    cached = LLMEngine(dataclasses.replace(plain.config, enable_prefix_cache=True,
+                                           checkpoint_interval=0), loaded=plain.loaded)
+    ids = torch.randint(0, 300, (n + 40,), generator=torch.Generator().manual_seed(n)).tolist()
+    cached.generate([ids[:n]], SamplingParams(max_tokens=0))
+    got, ref = cached.generate([ids], PARAMS)[0], plain.generate([ids], PARAMS)[0]
+    assert got.num_cached_tokens == n // 64 * 64 and got.token_ids == ref.token_ids
 
 
 def test_long_prompt_resumes_near_an_edit(engines):
