@@ -6,13 +6,15 @@ eats Ctrl+Q and Ctrl+S (XON/XOFF flow control: a Ctrl+Q pressed then never reach
 which kept running) and echoes what is typed over the shell (`^Q` left on it after the app).
 `typeahead()`, entered first thing, turns flow control, echo and line editing off, so every
 key waits for the app (Textual reads it as the app starts), and puts the terminal back as it
-was once the app is done. Ctrl+C and Ctrl+Z still signal until the app takes the terminal.
+was once the app is done, also when SIGTERM, SIGHUP or SIGQUIT end the start (they exit with
+status 128 + their number). Ctrl+C and Ctrl+Z still signal until the app takes the terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -20,6 +22,10 @@ try:
     import termios
 except ImportError:  # (no termios on Windows: its console has no such line discipline)
     termios = None
+
+# signals that end the process while `run` starts (`kill`, a closed terminal, Ctrl-backslash)
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT")
+                       if hasattr(signal, name))
 
 
 def _stdin_fd() -> int | None:
@@ -50,7 +56,29 @@ def typeahead(fd: int | None = None) -> Iterator[None]:
     with contextlib.suppress(termios.error):
         termios.tcsetattr(fd, termios.TCSANOW, attrs)
     try:
-        yield
+        with _exit_on(ENDING_SIGNALS):  # (a signal's default action would skip the `finally`)
+            yield
     finally:
         with contextlib.suppress(termios.error):
             termios.tcsetattr(fd, termios.TCSANOW, before)
+
+
+@contextlib.contextmanager
+def _exit_on(signums: tuple[int, ...]) -> Iterator[None]:
+    """Within it (in the main thread), each of `signums` whose action is the default raises
+    SystemExit(128 + its number), so that the blocks being left run their clean-up; the
+    handlers before come back at the end (the app installs its own while it runs)."""
+    before = {}
+    with contextlib.suppress(ValueError):  # (not the main thread: signals stay as they were)
+        for signum in signums:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                before[signum] = signal.signal(signum, _raise_exit)
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _raise_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)

@@ -91,3 +91,19 @@ def test_run_reads_its_config_and_runs_the_app_inside_typeahead(monkeypatch, tmp
     monkeypatch.setattr(cli, "_config", config)
     result = CliRunner().invoke(cli.app, ["run", "--cache-dir", str(tmp_path)])
     assert result.exit_code != 0 and seen == ["enter", "config", "exit"]
+
+
+def test_a_kill_while_run_starts_gives_the_terminal_back(pty):
+    """SIGTERM's default action ended the process inside typeahead, leaving the terminal with
+    no echo, no line editing and no flow control; it now leaves as an exit with status 143."""
+    import signal
+
+    _, slave = pty
+    before, handler = termios.tcgetattr(slave), signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as ended, typeahead(slave):
+            os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs before the next line)
+        assert ended.value.code == 143 and termios.tcgetattr(slave) == before
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, handler)
