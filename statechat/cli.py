@@ -22,6 +22,7 @@ import typer
 
 from statechat.cli_batch import (
     STDIN,
+    Terminated,
     input_name,
     progress_bar,
     read_requests,
@@ -227,6 +228,7 @@ def batch(
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
         stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
+        stack.enter_context(_exit_status_of(Terminated))  # (Typer's is 130, Ctrl+C's)
         sink = stack.enter_context(results(output, direct))
         progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
@@ -234,6 +236,15 @@ def batch(
         records = run_batch(engine, jobs, lambda rec: write_records(sink, output, [rec]),
                             lambda done, total: progress.update(task, completed=done, total=total))
     report_failures(records)
+
+
+@contextlib.contextmanager
+def _exit_status_of(kind: type[BaseException]):
+    """An exception of `kind` (with an `exit_code`) ends the command with its own status."""
+    try:
+        yield
+    except kind as e:
+        raise typer.Exit(e.exit_code) from None
 
 
 @app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")

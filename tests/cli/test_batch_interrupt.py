@@ -62,3 +62,18 @@ def test_a_stopped_batch_keeps_its_finished_results(tmp_path, shared_engine, mon
     assert (tmp_path / "out.jsonl.partial").read_text() == "an earlier stop's results\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "in.jsonl", "out.jsonl", "out.jsonl.partial", "out.jsonl.partial.2"]  # no temp left
+
+
+def test_sigterm_with_results_on_standard_output_exits_143(tmp_path, shared_engine,
+                                                            monkeypatch):
+    """(To standard output there is no file to keep: the exit status still says SIGTERM; it
+    said 130, Ctrl+C's.)"""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 2 + 3 * i}) + "\n" for i in range(4)))
+    stop_after(monkeypatch, 2, sigterm)
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "--model",
+                                     str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 143
