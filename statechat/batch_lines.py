@@ -33,8 +33,9 @@ LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence
                "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
                "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
 # the other fields a line may have; any more are named on stderr, as ignored
+# ("model": the loaded model answers whatever a line names, as serve's does)
 OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
-                "top_logprobs")
+                "top_logprobs", "model")
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
 # which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy

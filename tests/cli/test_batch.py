@@ -517,6 +517,8 @@ def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
     assert wrapped["usage"]["completion_tokens"] == 3
     assert other["error"]["message"] == ('line 3: "url" must be "/v1/chat/completions" (batch '
                                          'runs chat requests), got "/v1/embeddings"')
+    assert "ignored" not in result.stderr  # (every such line names a model: the loaded one
+    # answers, as in serve, without a warning on every run)
 
 
 def test_a_bad_output_is_the_one_error_before_the_flags_and_fields_are_read(
