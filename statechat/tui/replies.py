@@ -124,7 +124,8 @@ class RepliesMixin:
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         self.call_from_thread(self._finish_reply, reply_id, text, stats)
-        if not self.is_closing and "error" not in stats:
+        # (not once another reply began: it computes the same prefix itself)
+        if not self.is_closing and self.handle is None and "error" not in stats:
             with contextlib.suppress(StatechatError):  # (a quit under way, a refused prompt)
                 self.next_turn = warm_next_turn(self.worker, history, text, handle.output,
                                                 self.template_kwargs)
