@@ -52,3 +52,32 @@ def test_closing_beside_another_connection_keeps_its_rows(tmp_path):
     other.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.db"]
     assert open_store(tmp_path, read_only=True).stats()["models"][0]["name"] == "probe"
+
+
+def test_a_write_still_under_way_keeps_the_index_open_for_its_row(tiny_dirs, tmp_path,
+                                                                  monkeypatch):
+    """A close whose waits end before the writer's last job (a slow disk) leaves the index open:
+    the job's row still lands (closing it under the writer lost the row and left its blob an
+    orphan)."""
+    import threading
+
+    from statechat.cache.store import writer
+
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                       loaded=load_model(path, dtype=torch.float32))
+    store, release = engine.store, threading.Event()
+    write = store._write
+
+    def slow_write(job):
+        assert release.wait(30)
+        write(job)
+
+    monkeypatch.setattr(store, "_write", slow_write)
+    monkeypatch.setattr(store, "flush", lambda timeout=60.0: None)
+    monkeypatch.setattr(writer, "WRITER_JOIN_S", 0.2)
+    engine.generate([list(range(3, 203))], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.close()
+    release.set()
+    store.writer.join(30)
+    assert rows(tmp_path)[0] >= 1

@@ -86,8 +86,10 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         """Finish the queued writes, stop the writer thread and close the index. Its
         write-ahead log is folded into index.db, and where no other connection has the file
         open (the chats, another process), SQLite removes index.db-wal and -shm. Nothing of the
-        store is used after this; a second call does nothing."""
-        self.stop_writer()
+        store is used after this; a second call does nothing. A write still under way after the
+        waits keeps the index open for its row (its thread ends with the process)."""
+        if not self.stop_writer():  # (a write still under way keeps the index it needs)
+            return
         with self.db_lock:
             if not self.read_only:
                 with contextlib.suppress(sqlite3.Error):  # (PASSIVE: never waits for others)

@@ -24,6 +24,7 @@ from statechat.cache.blobs.write import write_blob
 
 log = logging.getLogger("statechat.cache")
 MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
+WRITER_JOIN_S = 10  # how long a stop waits for the writer's last job, once the queue is flushed
 
 
 @dataclass
@@ -114,13 +115,17 @@ class StoreWriter:
         while self.queue.unfinished_tasks and time.time() < deadline:
             time.sleep(0.005)
 
-    def stop_writer(self) -> None:
-        """Flush the queue and stop the writer thread (the index stays open)."""
+    def stop_writer(self) -> bool:
+        """Flush the queue and stop the writer thread (the index stays open); whether it stopped
+        (False: a write still under way after the waits, its thread left to finish it)."""
         if self.writer is not None:
             self.flush()
             self.queue.put(None)
-            self.writer.join(timeout=10)
+            self.writer.join(timeout=WRITER_JOIN_S)
+            if self.writer.is_alive():
+                return False
             self.writer = None
+        return True
 
     def _write_loop(self) -> None:
         while True:
