@@ -115,11 +115,13 @@ class LLMEngine:
         return store
 
     def close(self) -> None:
-        """Finish pending cache writes (call before the process exits)."""
+        """Finish pending cache writes and close the disk tier (call before the process exits).
+        An engine used after it goes on from device memory alone."""
         if self.store is not None:
             self.store.engine_busy(False)
             self.prefix.flush_deferred()
             self.store.close()
+            self.store = self.prefix.store = None
 
     # --- requests -----------------------------------------------------------------------
     def encode(self, prompt: str | list[int] | np.ndarray) -> list[int]:

@@ -34,6 +34,8 @@ def test_a_closed_engine_leaves_no_write_ahead_log(tiny_dirs, tmp_path):
     saved = engine.store.stats()
     engine.close()
     engine.close()  # (a second close does nothing)
+    again = engine.generate([list(range(3, 203))], SamplingParams(max_tokens=2))[0]
+    assert again.num_cached_tokens == 192  # (an engine used after its close: device memory)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blobs", "index.db"]
     assert saved["num_checkpoints"] >= 2
     assert rows(tmp_path) == (saved["num_checkpoints"], saved["num_blocks"])
