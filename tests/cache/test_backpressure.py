@@ -25,12 +25,13 @@ def test_full_queue_drops_and_reports(tiny_dirs, tmp_path, caplog):
     plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
                       loaded=loaded)
     engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
-    engine.store.max_pending_bytes = 0  # nothing fits: every save is refused
+    store = engine.store
+    store.max_pending_bytes = 0  # nothing fits: every save is refused
     with caplog.at_level(logging.WARNING, logger="statechat.cache"):
         out = engine.generate([prompt], params)[0]
     engine.close()
     assert out.token_ids == plain.generate([prompt], params)[0].token_ids
-    assert engine.store.dropped >= 1
+    assert store.dropped >= 1
     assert any("write queue is full" in r.getMessage() for r in caplog.records)
     assert open_store(tmp_path, read_only=True).stats()["num_checkpoints"] == 0
 
@@ -161,7 +162,8 @@ def test_checkpoints_turned_away_by_a_full_queue_are_saved_later(tiny_dirs, tmp_
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32)
     engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
-    engine.store.queue.maxsize = 1  # (room for one job at a time)
+    store = engine.store
+    store.queue.maxsize = 1  # (room for one job at a time)
     gen = torch.Generator().manual_seed(3)
     shared = torch.randint(0, 300, (128,), generator=gen).tolist()
     prompts = [shared + torch.randint(0, 300, (70,), generator=gen).tolist() for _ in range(6)]
@@ -169,7 +171,7 @@ def test_checkpoints_turned_away_by_a_full_queue_are_saved_later(tiny_dirs, tmp_
     with caplog.at_level(logging.WARNING, logger="statechat.cache"):
         engine.generate(prompts, params)
         engine.close()
-    assert engine.prefix.deferrals >= 1 and engine.store.dropped == 0
+    assert engine.prefix.deferrals >= 1 and store.dropped == 0
     said = [r.getMessage() for r in caplog.records if "statechat cache" in r.getMessage()]
     assert len(said) == 1 and "write queue is full; new checkpoints wait" in said[0], said
     again = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
