@@ -113,6 +113,22 @@ def _engine(config):
         return LLMEngine(config)
 
 
+ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
+                "dtype")
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty", "max_tokens")
+
+
+def _setup(defaults, flags: dict, **sampling):
+    """A command's engine config and sampling, from `flags` (its arguments by name: its
+    `locals()`) over `defaults`; `sampling`: compose_sampling's other arguments. A bad value is
+    one line, before the model loads."""
+    config = _config(flags["model"], flags["cache_dir"], flags["device"], flags["no_cache"],
+                     **{name: flags[name] for name in ENGINE_FLAGS})
+    return config, compose_sampling(defaults, config.model, **sampling,
+                                    **{name: flags[name] for name in SAMPLING_FLAGS})
+
+
 def _warn_if_embedded(model: Path) -> None:
     from statechat.paths import is_embedded
 
@@ -143,15 +159,9 @@ def run(
     from statechat.tui.terminal import typeahead
 
     with typeahead():  # (keys typed while torch imports wait for the app: an early Ctrl+Q)
-        config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
-                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                         memory_fraction=memory_fraction, dtype=dtype)
         from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
-        sampling = compose_sampling(
-            DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-            repetition_penalty=repetition_penalty, max_tokens=max_tokens)
+        config, sampling = _setup(DEFAULT_SAMPLING, locals())
         chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
                                 template_kwargs=parse_template_kwargs(chat_template_kwargs))
         chat_app.run()
@@ -206,13 +216,8 @@ def batch(
     output = None if output == STDIN else output
     lines = read_requests(input)
     direct = output is None or writes_in_place(output, input)  # (a bad output: one line, first)
-    config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
-                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     memory_fraction=memory_fraction, dtype=dtype)
-    sampling = compose_sampling(  # (a bad flag: one line now, not an error on every line)
-        DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed, min_max_tokens=0)
+    # (a bad flag: one line now, not an error on every line)
+    config, sampling = _setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
     jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
     if (ignored := ignored_fields(jobs)) is not None:
         typer.echo(f"statechat: {ignored}", err=True)
@@ -276,13 +281,7 @@ def serve(
     from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
-    config = _config(model, cache_dir, device, no_cache, max_model_len=max_model_len,
-                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     memory_fraction=memory_fraction, dtype=dtype)
-    sampling = compose_sampling(
-        DEFAULT_SAMPLING, config.model, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        repetition_penalty=repetition_penalty, max_tokens=max_tokens)
+    config, sampling = _setup(DEFAULT_SAMPLING, locals())
     engine = _engine(config)
     _warn_if_embedded(engine.loaded.path)
     try:
