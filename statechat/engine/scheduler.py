@@ -145,14 +145,17 @@ class Scheduler:
     def _checkpoint_targets(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
         if not self.use_cache:
             return []
-        # the prompt's last boundary short of its end, which a regenerate computes again; a
-        # request for no tokens (a prefix computed ahead of a longer prompt) keeps its very end
+        # the prompt's last boundary short of its end, which the same prompt again resumes
+        # from (it computes at least its last token); a request for no tokens (a prefix
+        # computed ahead of a longer prompt) keeps its very end as well
         n = seq.num_prompt_tokens
-        prompt_mark = (n if seq.params.max_tokens == 0 else n - 1) // self.bs * self.bs
+        marks = {(n - 1) // self.bs * self.bs}
+        if seq.params.max_tokens == 0:
+            marks.add(n // self.bs * self.bs)
         targets = []
         first = (start // self.bs + 1) * self.bs
         for b in range(first, end + 1, self.bs):
-            wanted = b == prompt_mark or (self.interval and b % (self.interval * self.bs) == 0)
+            wanted = b in marks or (self.interval and b % (self.interval * self.bs) == 0)
             if not wanted or self.slots.has(seq.block_hashes[b // self.bs - 1]):
                 continue
             slot = self.slots.allocate()

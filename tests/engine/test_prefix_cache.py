@@ -85,6 +85,8 @@ def test_a_prefix_computed_ahead_serves_its_last_block_boundary(engines, n):
                                            checkpoint_interval=0), loaded=plain.loaded)
     ids = torch.randint(0, 300, (n + 40,), generator=torch.Generator().manual_seed(n)).tolist()
     cached.generate([ids[:n]], SamplingParams(max_tokens=0))
+    again = cached.generate([ids[:n]], SamplingParams(max_tokens=0))[0]  # (a prompt scored anew)
+    assert again.num_cached_tokens == (n - 1) // 64 * 64
     got, ref = cached.generate([ids], PARAMS)[0], plain.generate([ids], PARAMS)[0]
     assert got.num_cached_tokens == n // 64 * 64 and got.token_ids == ref.token_ids
 

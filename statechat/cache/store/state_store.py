@@ -87,7 +87,8 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         write-ahead log is folded into index.db, and where no other connection has the file
         open (the chats, another process), SQLite removes index.db-wal and -shm. Nothing of the
         store is used after this; a second call does nothing. A write still under way after the
-        waits keeps the index open for its row (its thread ends with the process)."""
+        waits keeps the index open for its row (until the process ends; a later call waits
+        again)."""
         if not self.stop_writer():  # (a write still under way keeps the index it needs)
             return
         with self.db_lock:
