@@ -154,6 +154,18 @@ def check_integrity(db: sqlite_utils.Database) -> None:
         raise sqlite3.DatabaseError("database disk image is malformed")
 
 
+def touch_chain(db: sqlite_utils.Database, tail: str, now: float) -> None:
+    """Mark the segments holding the blocks of `tail`'s chain (it and every block before it)
+    as used at `now`. A prefix reused from device or host memory reads no disk row, yet it is
+    what every new checkpoint of a conversation stands on: without this, a conversation's first
+    blocks (a shared system prompt's) kept the oldest `last_used` and were evicted first."""
+    db.execute("""WITH RECURSIVE up(hash) AS (
+                    SELECT ? UNION SELECT b.parent FROM blocks b JOIN up ON b.hash = up.hash)
+                  UPDATE segments SET last_used = max(last_used, ?) WHERE id IN
+                    (SELECT segment_id FROM blocks WHERE hash IN (SELECT hash FROM up))""",
+               [tail, now])
+
+
 def migrate(db: sqlite_utils.Database) -> None:
     """Create the tables, indices and views of SCHEMA_VERSION if they are not there yet."""
     version = db.execute("PRAGMA user_version").fetchone()[0]

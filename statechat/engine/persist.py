@@ -120,7 +120,7 @@ class CheckpointWriter:
         block_tensors = self.runner.read_blocks(ids) if todo else {}
         state = None if has_ckpt else self.runner.read_slot(held.slot)
         job = SaveJob(None if has_ckpt else ck.hash.hex(), ck.num_tokens, state, blocks,
-                      block_tensors, ready=self.runner.snapshot_ready())
+                      block_tensors, ready=self.runner.snapshot_ready(), chain=ck.hash.hex())
         if not self.store.save(job):
             return NO_ROOM
         self.persisted.update(h for _, h in todo)

@@ -44,6 +44,8 @@ class SaveJob:
     block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     ready: Callable[[], None] | None = None  # waits until device snapshots are complete
     queued_bytes: int = 0  # counted against the store's pending bound while queued
+    chain: str | None = None  # the boundary's last block hash (hex): the segments of its chain
+    # on disk count as used now (index.touch_chain)
 
     def nbytes(self) -> int:
         """The bytes of the job's tensors, kept in `queued_bytes` too."""
@@ -212,3 +214,5 @@ class StoreWriter:
                     "INSERT OR IGNORE INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
                     "checksum, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)",
                     [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
+            if job.chain:
+                index.touch_chain(self.db, job.chain, now)
