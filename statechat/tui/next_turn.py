@@ -25,8 +25,7 @@ def next_turn_prefix(render, history: list[dict]) -> list[int]:
     user message after it, up to that message's text. `render(messages)`: the template's ids,
     with no generation prompt."""
     a, b = (render([*history, {"role": "user", "content": probe}]) for probe in PROBES)
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return a[:n]
+    return a[:_shared_len(a, b)]
 
 
 def worth_warming(prefix: list[int], out: RequestOutput, block_size: int) -> bool:
@@ -34,14 +33,18 @@ def worth_warming(prefix: list[int], out: RequestOutput, block_size: int) -> boo
     `out`'s (its prompt end, its reply end: the last block boundary at or before each) that
     `prefix` repeats."""
     made = out.prompt_token_ids + out.token_ids
-    same = next((i for i, (x, y) in enumerate(zip(prefix, made)) if x != y),
-                min(len(prefix), len(made)))
+    same = _shared_len(prefix, made)
     # (the prompt's checkpoint lies short of its end, which a regenerate computes again; the
     # reply's last token was sampled, never fed through the model)
     ends = (len(out.prompt_token_ids) - 1, len(made) - 1)
-    have = max((e // block_size * block_size for e in ends if e // block_size * block_size
-                <= same), default=0)
+    marks = [end // block_size * block_size for end in ends]
+    have = max((mark for mark in marks if mark <= same), default=0)
     return len(prefix) // block_size * block_size >= have + block_size
+
+
+def _shared_len(a: list[int], b: list[int]) -> int:
+    """How many tokens `a` and `b` start with alike."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def warm_next_turn(worker, history: list[dict], text: str, out: RequestOutput | None,
