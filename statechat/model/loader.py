@@ -17,7 +17,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -52,9 +52,10 @@ def weight_files(path: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = [path / name for name in sorted(set(weight_map.values()))]
+            names = sorted(set(weight_map.values()), key=repr)
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ModelError(f"{index} is not a valid safetensors index (no weight_map)") from None
+        files = [path / _shard_name(index, name) for name in names]
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -64,6 +65,18 @@ def weight_files(path: Path) -> list[Path]:
             where = "named in the index is missing from" if index.is_file() else "is not a file in"
             raise ModelError(f"weight shard {f.name} {where} {path}")
     return files
+
+
+def _shard_name(index: Path, name: object) -> str:
+    """A shard name of the index, which must name a file inside the checkpoint's directory: a
+    relative path with no `..` (an index could otherwise have us read any file we can open).
+    The file itself may be a link elsewhere, as in the Hugging Face cache's snapshots."""
+    if not isinstance(name, str) or not name:
+        raise ModelError(f"{index} names a weight shard that is not a file name: {name!r}")
+    parts = PurePosixPath(name.replace("\\", "/"))
+    if parts.is_absolute() or PureWindowsPath(name).anchor or ".." in parts.parts:
+        raise ModelError(f"{index} names a weight shard outside its directory: {name!r}")
+    return name
 
 
 def map_name(name: str, config: ModelConfig) -> str | None:

@@ -206,3 +206,26 @@ def test_a_directory_named_like_weights_is_not_a_file(tiny_dirs, tmp_path):
     (path / "model.safetensors").unlink()
     (path / "model.safetensors").mkdir()
     assert "weight shard model.safetensors is not a file in" in error_of(path)
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/hostname", "a/../../b", 7])
+def test_an_index_cannot_name_a_shard_outside_the_checkpoint(tiny_dirs, tmp_path, name):
+    path = copy_ckpt(tiny_dirs["qwen3_5_text"], tmp_path / "m")
+    index = path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = name
+    index.write_text(json.dumps(data))
+    msg = error_of(path)
+    assert "weight shard" in msg and repr(name) in msg
+
+
+def test_a_shard_may_be_a_link_to_a_file_elsewhere(tiny_dirs, tmp_path):
+    # the Hugging Face cache's snapshot folders hold links into its blobs folder
+    path = copy_ckpt(tiny_dirs["qwen3_5_text"], tmp_path / "m")
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    shard = path / "model-00002-of-00009.safetensors"
+    shard.rename(blobs / "abc")
+    shard.symlink_to(blobs / "abc")
+    load_model(path, dtype=torch.float32)
