@@ -125,8 +125,8 @@ class Choices:
         except BaseException as e:
             for handle in made.values():
                 handle.abort()
-            if isinstance(e, ClientGone):
-                e.choices = cls(list(made.values()), n)
+            if isinstance(e, (ClientGone, ShuttingDownError)):
+                e.choices = cls(list(made.values()), n)  # (their ends are still logged)
             raise
         return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n,
                    params.prompt_logprobs is not None)

@@ -202,6 +202,7 @@ class Handler(JsonHandler):
             self._log_ended(e.choices)
             return
         except ShuttingDownError as e:  # (the server stops: not the request's fault)
+            self._log_ended(getattr(e, "choices", None))  # (n > 1: choice 0 may have run)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
         head = {"id": f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": self.server.model_id}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -436,7 +437,6 @@ def test_a_stop_closes_idle_keep_alive_connections():
     next request fails at once (it hung until the process ended, then was reset), as uvicorn
     closes them."""
     import http.client
-    import time
 
     srv, worker, thread = own_server()
     host, port = srv.server_address[:2]
@@ -470,3 +470,47 @@ def test_a_request_that_comes_as_the_engine_stops_is_a_503():
         thread.join(10)
     assert status == 503 and body["error"]["code"] == "shutting_down"
     assert body["error"]["type"] == "server_error" and body["error"]["param"] is None
+
+
+def wait_for(ready, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_a_503_after_the_first_choice_started_logs_that_choices_reuse(capsys):
+    """With n > 1, choice 0 is queued first and the others once it has started; when the engine
+    stops in between, the request is a 503 and choice 0's reuse line is still logged, marked
+    aborted (it ran, so its line is due, as for a client that leaves)."""
+    srv, worker, thread = own_server()
+    srv.quiet = False
+    engine, gate = worker.engine, threading.Event()
+    step = engine.step
+
+    def gated_step():  # choice 0 waits in the engine until the stop is under way
+        assert gate.wait(30)
+        return step()
+
+    engine.step = gated_step
+    content = " ".join(["stop while the first choice runs"] * 30)
+    body = json.dumps({"messages": [{"role": "user", "content": content}], "n": 3,
+                       "max_tokens": 5}).encode()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(raw_post, srv, body)
+            wait_for(lambda: engine.has_unfinished() or answer.done())  # choice 0 is queued
+            stopping = threading.Thread(target=worker.shutdown)
+            stopping.start()
+            wait_for(lambda: worker._stopping)
+            gate.set()
+            status, reply = answer.result(30)
+            stopping.join(30)
+    finally:
+        gate.set()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+    assert status == 503 and reply["error"]["code"] == "shutting_down"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "prompt tokens" in line]
+    assert len(lines) == 1 and lines[0].endswith("; aborted")
