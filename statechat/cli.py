@@ -6,7 +6,8 @@
     statechat cache stats|ls|...  inspect and trim the persistent prefix cache
 
 Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. The
-options shared by several commands, and their checks, are in cli_options.py.
+options shared by several commands, and their checks, are in cli_options.py; a command's engine
+config and sampling are made from them in cli_setup.py.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ from statechat.cli_options import (
     TemplateKwargsOpt,
     TopKOpt,
     TopPOpt,
-    compose_sampling,
     parse_template_kwargs,
 )
+from statechat.cli_setup import command_setup, warn_if_embedded
 from statechat.errors import StatechatError
 
 app = typer.Typer(
@@ -82,60 +83,12 @@ def _root(
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
 
 
-def _config(model: Path | None, cache_dir: Path | None, device: str, no_cache: bool = False,
-            **engine: float | str | None):
-    """The engine's config from the shared flags; `engine`: the engine flags, None where not
-    given (EngineConfig's default then). A bad value, a wrong --model or a --max-model-len past
-    the model's positions is one line (naming its flag) now, before the model loads."""
-    from statechat.config import EngineConfig, flags_named
-    from statechat.engine.sizing import check_context_limit
-    from statechat.model.config import ModelConfig
-    from statechat.paths import cache_dir as resolve_cache_dir
-    from statechat.paths import default_model
-
-    with flags_named():
-        config = EngineConfig(
-            model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
-            cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
-            **{k: v for k, v in engine.items() if v is not None},
-        )
-        positions = ModelConfig.from_hf(config.model).max_position_embeddings
-        if config.max_model_len:
-            check_context_limit(config.max_model_len, positions)
-    return config
-
-
 def _engine(config):
     from statechat.config import flags_named
     from statechat.engine.engine import LLMEngine
 
     with flags_named():
         return LLMEngine(config)
-
-
-ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-                "dtype")
-SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                  "frequency_penalty", "repetition_penalty", "max_tokens")
-
-
-def _setup(defaults, flags: dict, **sampling):
-    """A command's engine config and sampling, from `flags` (its arguments by name: its
-    `locals()`) over `defaults`; `sampling`: compose_sampling's other arguments. A bad value is
-    one line, before the model loads."""
-    config = _config(flags["model"], flags["cache_dir"], flags["device"], flags["no_cache"],
-                     **{name: flags[name] for name in ENGINE_FLAGS})
-    return config, compose_sampling(defaults, config.model, **sampling,
-                                    **{name: flags[name] for name in SAMPLING_FLAGS})
-
-
-def _warn_if_embedded(model: Path) -> None:
-    from statechat.paths import is_embedded
-
-    if is_embedded(model):
-        typer.secho("statechat: using the embedded tiny Qwen3.5 with RANDOM weights (replies are "
-                    "noise); pass --model DIR with a real Qwen3.5 checkpoint.",
-                    fg="yellow", err=True)
 
 
 # --- run / batch / serve -------------------------------------------------------------------
@@ -161,7 +114,7 @@ def run(
     with typeahead():  # (keys typed while torch imports wait for the app: an early Ctrl+Q)
         from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
-        config, sampling = _setup(DEFAULT_SAMPLING, locals())
+        config, sampling = command_setup(DEFAULT_SAMPLING, locals())
         chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
                                 template_kwargs=parse_template_kwargs(chat_template_kwargs))
         chat_app.run()
@@ -217,7 +170,7 @@ def batch(
     lines = read_requests(input)
     direct = output is None or writes_in_place(output, input)  # (a bad output: one line, first)
     # (a bad flag: one line now, not an error on every line)
-    config, sampling = _setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
+    config, sampling = command_setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
     jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
     if (ignored := ignored_fields(jobs)) is not None:
         typer.echo(f"statechat: {ignored}", err=True)
@@ -229,7 +182,7 @@ def batch(
             write_records(sink, output, records)
         return report_failures(records)
     engine = _engine(config)
-    _warn_if_embedded(engine.loaded.path)
+    warn_if_embedded(engine.loaded.path)
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
         stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
@@ -281,9 +234,9 @@ def serve(
     from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
-    config, sampling = _setup(DEFAULT_SAMPLING, locals())
+    config, sampling = command_setup(DEFAULT_SAMPLING, locals())
     engine = _engine(config)
-    _warn_if_embedded(engine.loaded.path)
+    warn_if_embedded(engine.loaded.path)
     try:
         serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
                       template_kwargs, sampling, completion_max_tokens=max_tokens)

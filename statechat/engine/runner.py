@@ -1,35 +1,29 @@
 """ModelRunner: owns the device tensors (caches), turns a scheduled batch into a Context, runs
-the model and samples. The only engine module that does tensor work.
+the model and samples. The only engine module that does tensor work; its graphs' capture and
+replay are in engine/replay.py, its prompt scoring in engine/scoring.py and its transfers for
+the lower cache tiers in engine/transfer.py (mixins of ModelRunner).
 """
 
 from __future__ import annotations
 
-import gc
-import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 import torch
 
 import kernels
-from kernels import CHUNK
-from statechat.devices import accelerator, capture_stream
-from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
+from statechat.engine.graphs import DecodeGraphs, PrefillGraphs
 from statechat.engine.logprobs import logprob_table
+from statechat.engine.replay import GraphReplay
 from statechat.engine.sampler import sample
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.scheduler import Batch
+from statechat.engine.scoring import PromptScoring
 from statechat.engine.token_counts import TokenCounts
 from statechat.engine.transfer import StateTransfer
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
-
-log = logging.getLogger("statechat.engine")
-T = TypeVar("T")
-SCORE_BYTES = 2**28  # logits of the prompt rows scored at a time (see _score)
 
 
 @dataclass
@@ -47,7 +41,7 @@ class Launched:
     # (see ModelRunner.scored), in their order
 
 
-class ModelRunner(StateTransfer):
+class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
     def __init__(self, loaded: LoadedModel, num_blocks: int, num_slots: int,
                  block_size: int) -> None:
         self.loaded = loaded
@@ -68,50 +62,6 @@ class ModelRunner(StateTransfer):
         self._out = torch.empty(0, dtype=torch.int64)
         self._out_logprobs = torch.empty(0, dtype=torch.float32)
         self._out_copied = None if self.device.type == "cpu" else self._event()
-
-    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int,
-                       max_prefill_tokens: int) -> None:
-        """Capture graphs of the decode step for batch buckets up to `max_batch`, and of
-        one-sequence prefill chunks up to `max_prefill_tokens` (0: none).
-
-        On an NPU (opted into: torch_npu's graph capture has not run with these kernels), a
-        capture that raises leaves its steps eager, with a warning; on CUDA it raises."""
-        # cos/sin gathered from a table: one kernel per step instead of several. It covers the
-        # longest sequence and the positions the prefill graphs are captured with (a bucket of
-        # the whole budget, which may exceed a short max_model_len)
-        longest = max_blocks_per_seq * self.block_size
-        with_prefill = max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK
-        if with_prefill:
-            longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
-        self.model.model.rotary.build_table(longest, self.dtype)
-        # on a stream of this runner's own, not the process-wide default capture stream: a
-        # destroyed graph takes its capture stream's cuBLAS workspace with it (see
-        # devices.capture_stream); unreachable engines collected before, not during, a capture
-        self.capture_stream = capture_stream(self.device, self)
-        gc.collect()
-        self.graphs = self._capture("decode", lambda: DecodeGraphs(
-            self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
-            self.capture_stream))
-        if with_prefill:
-            self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
-                self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
-                self.device, self.capture_stream))
-        if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
-            self.sampler_graphs = SamplerGraphs(self.device)
-
-    def _capture(self, what: str, build: Callable[[], T]) -> T | None:
-        """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""
-        if self.device.type != "npu":
-            return build()
-        acc = accelerator(self.device)
-        stream = acc.current_stream(self.device)
-        try:
-            return build()
-        except RuntimeError:
-            acc.set_stream(stream)  # a capture that failed on its way out may leave its own
-            log.warning("statechat: NPU graph capture of the %s steps failed; they run eagerly",
-                        what, exc_info=True)
-            return None
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
@@ -247,41 +197,6 @@ class ModelRunner(StateTransfer):
         index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
         return out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
 
-    @staticmethod
-    def scored(batch: Batch) -> list[tuple[int, int, int]]:
-        """(item, first position, rows) of each item whose request asks for prompt_logprobs
-        and that feeds prompt tokens followed by a prompt token: the row of position p scores
-        token p + 1."""
-        out = []
-        for i, it in enumerate(batch.items):
-            end = min(it.start + it.num_tokens, it.seq.num_prompt_tokens - 1)
-            if it.seq.params.prompt_logprobs is not None and it.start < end:
-                out.append((i, it.start, end - it.start))
-        return out
-
-    def _score_rows(self, batch: Batch,
-                    scored: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scored rows of the packed batch and their target tokens, on the device."""
-        first_row = np.cumsum([0] + [it.num_tokens for it in batch.items])
-        rows, targets = [], []
-        for i, start, n in scored:
-            it = batch.items[i]
-            rows += range(first_row[i] + start - it.start, first_row[i] + start - it.start + n)
-            targets += it.seq.token_ids[start + 1 : start + 1 + n]
-        return self._tensor(rows, torch.int64), self._tensor(targets, torch.int64)
-
-    def _score(self, h: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor,
-               targets: torch.Tensor, k: int) -> torch.Tensor:
-        """kernels.score_logits' table of the given rows of the packed hidden states h and
-        residual, some hundreds of rows' logits at a time (a whole chunk's would take
-        gigabytes)."""
-        step = max(1, SCORE_BYTES // (self.loaded.config.vocab_size * self.dtype.itemsize))
-        tables = []
-        for a in range(0, rows.shape[0], step):
-            logits = self.model.logits(h, residual, rows[a : a + step], raw=True)
-            tables.append(kernels.score_logits(logits, targets[a : a + step], k))
-        return torch.cat(tables)
-
     def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None,
                                                    np.ndarray | None]:
         """The sampled tokens of a launched step, one per item that needs logits, in item order,
@@ -320,38 +235,6 @@ class ModelRunner(StateTransfer):
             launched.host_logprobs = host.copy_(table, non_blocking=True).numpy()
         self._out_copied.record()
         launched.host, launched.copied = self._out[:n].numpy(), self._out_copied
-
-    def _replay_decode(self, batch: Batch, feed: torch.Tensor | None,
-                       follows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        bs, items = self.block_size, batch.items
-        positions = [it.start for it in items]
-        return self.graphs.run(
-            ids=[0 if feed is not None else it.seq.token_ids[it.start] for it in items],
-            positions=positions,
-            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs
-                          for it, p in zip(items, positions)],
-            src=[it.src_slot for it in items],
-            dst=[it.seq.slot for it in items],
-            ctx_lens=[p + 1 for p in positions],
-            tables=[it.seq.block_table for it in items],
-            feed=feed,
-            follows=follows,
-        )
-
-    def _prefill_bucket(self, batch: Batch, width: int) -> int | None:
-        if batch.is_decode or self.prefill_graphs is None or len(batch.items) != 1:
-            return None
-        return self.prefill_graphs.bucket(batch.items[0].num_tokens, width)
-
-    def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
-        positions = np.arange(s, s + n)
-        slot_mapping = (np.asarray(seq.block_table, dtype=np.int64)[positions // bs] * bs
-                        + positions % bs)
-        return self.prefill_graphs.run(
-            bucket, ids=seq.token_ids[s : s + n], start=s, slot_mapping=slot_mapping,
-            src=it.src_slot, dst=seq.slot, table=seq.block_table, checkpoints=it.checkpoints,
-        )
 
     def _generator(self, seq) -> torch.Generator | None:
         if seq.params.is_greedy or seq.params.seed is None:

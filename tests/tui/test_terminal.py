@@ -64,14 +64,14 @@ def test_no_terminal_is_left_alone(tmp_path):
 
 
 def test_run_reads_its_config_and_runs_the_app_inside_typeahead(monkeypatch, tmp_path):
-    """`statechat run` enters typeahead before its slow start (torch's import in _config) and
-    leaves it only after the app ends."""
+    """`statechat run` enters typeahead before its slow start (torch's import in engine_config)
+    and leaves it only after the app ends."""
     import contextlib
 
     from typer.testing import CliRunner
 
     import statechat.tui.terminal
-    from statechat import cli
+    from statechat import cli, cli_setup
 
     seen = []
 
@@ -88,7 +88,7 @@ def test_run_reads_its_config_and_runs_the_app_inside_typeahead(monkeypatch, tmp
         raise cli.StatechatError("stop here")
 
     monkeypatch.setattr(statechat.tui.terminal, "typeahead", spy)
-    monkeypatch.setattr(cli, "_config", config)
+    monkeypatch.setattr(cli_setup, "engine_config", config)
     result = CliRunner().invoke(cli.app, ["run", "--cache-dir", str(tmp_path)])
     assert result.exit_code != 0 and seen == ["enter", "config", "exit"]
 

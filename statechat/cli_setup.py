@@ -1,0 +1,60 @@
+"""A command's setup from its flags, before the model loads: the engine config (model, cache dir
+and device resolved; a bad value, a wrong --model or a --max-model-len past the model's positions
+is one line naming its flag) and the sampling its requests start from; and the warning that the
+embedded random-weight model is in use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from statechat.cli_options import compose_sampling
+
+ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
+                "dtype")
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty", "max_tokens")
+
+
+def engine_config(model: Path | None, cache_dir: Path | None, device: str,
+                  no_cache: bool = False, **engine: float | str | None):
+    """The engine's config from the shared flags; `engine`: the engine flags, None where not
+    given (EngineConfig's default then). A bad value, a wrong --model or a --max-model-len past
+    the model's positions is one line (naming its flag) now, before the model loads."""
+    from statechat.config import EngineConfig, flags_named
+    from statechat.engine.sizing import check_context_limit
+    from statechat.model.config import ModelConfig
+    from statechat.paths import cache_dir as resolve_cache_dir
+    from statechat.paths import default_model
+
+    with flags_named():
+        config = EngineConfig(
+            model=model or default_model(), device=device, enable_prefix_cache=not no_cache,
+            cache_dir=None if no_cache else resolve_cache_dir(cache_dir),
+            **{k: v for k, v in engine.items() if v is not None},
+        )
+        positions = ModelConfig.from_hf(config.model).max_position_embeddings
+        if config.max_model_len:
+            check_context_limit(config.max_model_len, positions)
+    return config
+
+
+def command_setup(defaults, flags: dict, **sampling):
+    """A command's engine config and sampling, from `flags` (its arguments by name: its
+    `locals()`) over `defaults`; `sampling`: compose_sampling's other arguments. A bad value is
+    one line, before the model loads."""
+    config = engine_config(flags["model"], flags["cache_dir"], flags["device"], flags["no_cache"],
+                           **{name: flags[name] for name in ENGINE_FLAGS})
+    return config, compose_sampling(defaults, config.model, **sampling,
+                                    **{name: flags[name] for name in SAMPLING_FLAGS})
+
+
+def warn_if_embedded(model: Path) -> None:
+    """A warning on stderr when `model` is the embedded tiny model (random weights)."""
+    from statechat.paths import is_embedded
+
+    if is_embedded(model):
+        typer.secho("statechat: using the embedded tiny Qwen3.5 with RANDOM weights (replies are "
+                    "noise); pass --model DIR with a real Qwen3.5 checkpoint.",
+                    fg="yellow", err=True)

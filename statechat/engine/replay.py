@@ -1,0 +1,108 @@
+"""The runner's graphs (CUDA graphs; NPU graphs through torch_npu, opted into): their capture at
+start (decode steps by batch bucket, one-sequence prefill chunks by length bucket; the sampler's
+are captured while serving) and the replay of a step on them.
+
+A mixin of ModelRunner (engine/runner.py), which owns the tensors they read and write and
+chooses, per step, between a replay and an eager forward.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from kernels import CHUNK
+from statechat.devices import accelerator, capture_stream
+from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
+from statechat.engine.sampler_graphs import SamplerGraphs
+from statechat.engine.scheduler import Batch
+
+log = logging.getLogger("statechat.engine")
+T = TypeVar("T")
+
+
+class GraphReplay:
+    """Capture and replay of ModelRunner's graphs (`self.graphs`, `self.prefill_graphs`,
+    `self.sampler_graphs`) on its model and caches (`self.model`, `self.caches`, `self.device`,
+    `self.block_size`, `self.pad_slot`)."""
+
+    def capture_graphs(self, max_batch: int, max_blocks_per_seq: int,
+                       max_prefill_tokens: int) -> None:
+        """Capture graphs of the decode step for batch buckets up to `max_batch`, and of
+        one-sequence prefill chunks up to `max_prefill_tokens` (0: none).
+
+        On an NPU (opted into: torch_npu's graph capture has not run with these kernels), a
+        capture that raises leaves its steps eager, with a warning; on CUDA it raises."""
+        # cos/sin gathered from a table: one kernel per step instead of several. It covers the
+        # longest sequence and the positions the prefill graphs are captured with (a bucket of
+        # the whole budget, which may exceed a short max_model_len)
+        longest = max_blocks_per_seq * self.block_size
+        with_prefill = max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK
+        if with_prefill:
+            longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
+        self.model.model.rotary.build_table(longest, self.dtype)
+        # on a stream of this runner's own, not the process-wide default capture stream: a
+        # destroyed graph takes its capture stream's cuBLAS workspace with it (see
+        # devices.capture_stream); unreachable engines collected before, not during, a capture
+        self.capture_stream = capture_stream(self.device, self)
+        gc.collect()
+        self.graphs = self._capture("decode", lambda: DecodeGraphs(
+            self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
+            self.capture_stream))
+        if with_prefill:
+            self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
+                self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
+                self.device, self.capture_stream))
+        if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
+            self.sampler_graphs = SamplerGraphs(self.device)
+
+    def _capture(self, what: str, build: Callable[[], T]) -> T | None:
+        """build(), or on an NPU None if its capture raised (the stream it ran on restored)."""
+        if self.device.type != "npu":
+            return build()
+        acc = accelerator(self.device)
+        stream = acc.current_stream(self.device)
+        try:
+            return build()
+        except RuntimeError:
+            acc.set_stream(stream)  # a capture that failed on its way out may leave its own
+            log.warning("statechat: NPU graph capture of the %s steps failed; they run eagerly",
+                        what, exc_info=True)
+            return None
+
+    def _replay_decode(self, batch: Batch, feed: torch.Tensor | None,
+                       follows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        bs, items = self.block_size, batch.items
+        positions = [it.start for it in items]
+        return self.graphs.run(
+            ids=[0 if feed is not None else it.seq.token_ids[it.start] for it in items],
+            positions=positions,
+            slot_mapping=[it.seq.block_table[p // bs] * bs + p % bs
+                          for it, p in zip(items, positions)],
+            src=[it.src_slot for it in items],
+            dst=[it.seq.slot for it in items],
+            ctx_lens=[p + 1 for p in positions],
+            tables=[it.seq.block_table for it in items],
+            feed=feed,
+            follows=follows,
+        )
+
+    def _prefill_bucket(self, batch: Batch, width: int) -> int | None:
+        if batch.is_decode or self.prefill_graphs is None or len(batch.items) != 1:
+            return None
+        return self.prefill_graphs.bucket(batch.items[0].num_tokens, width)
+
+    def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
+        positions = np.arange(s, s + n)
+        slot_mapping = (np.asarray(seq.block_table, dtype=np.int64)[positions // bs] * bs
+                        + positions % bs)
+        return self.prefill_graphs.run(
+            bucket, ids=seq.token_ids[s : s + n], start=s, slot_mapping=slot_mapping,
+            src=it.src_slot, dst=seq.slot, table=seq.block_table, checkpoints=it.checkpoints,
+        )
