@@ -11,6 +11,7 @@ a prefill. A save copies into the host tier (arena.py) and pins nothing.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -56,9 +57,9 @@ class SaveJob:
 
 class StoreWriter:
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
-    pending_bytes, pending_lock, max_pending_bytes, errors, engine_idle, _defer_left, and
-    host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
-    comes from maintenance.py."""
+    pending_bytes, pending_lock, max_pending_bytes, errors, failed, engine_idle, _defer_left,
+    and host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
+    comes from maintenance.py, `give_up` from state_store.py."""
 
     def _start_writer(self) -> None:
         """Start the writer thread (once a model is attached)."""
@@ -135,7 +136,12 @@ class StoreWriter:
             try:
                 if job is None:
                     return
-                self._write(job)
+                if self.failed is None:
+                    self._write(job)
+                elif job.ready is not None:  # (the disk tier is off: dropped, once its
+                    job.ready()  # snapshots are complete)
+            except sqlite3.DatabaseError as e:  # the index failed: the disk tier is off
+                self.give_up(e)
             except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
                 self.errors += 1
                 log.warning("statechat cache: could not persist a checkpoint (%s)", e)
