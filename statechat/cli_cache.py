@@ -107,7 +107,7 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
 
 
 def _no_stats(root: Path) -> dict:
-    """`cache stats` of a cache dir not made yet: StateStore.stats's fields, empty."""
+    """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty."""
     return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
             "num_segments": 0, "bytes_total": 0, "bytes_budget": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
@@ -115,8 +115,13 @@ def _no_stats(root: Path) -> dict:
 
 @cache_app.command("stats")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Checkpoints, blocks, bytes used against the budget, and the models they belong to."""
+    """Checkpoints, blocks, bytes used against the budget, and the models they belong to. A
+    folder with no cache (no index.db, no blobs/) is one line saying so (with --json: the
+    figures, empty)."""
     root = _root(cache_dir)
+    if not as_json and not _has_cache(root):
+        typer.echo(f"no cache at {root}")
+        return
     with _store(root) as store:
         stats = store.stats() if store else _no_stats(root)
     if as_json:

@@ -54,7 +54,7 @@ def test_cache_commands(tmp_path):
     assert stats.exit_code == 0, stats.output
     assert {"num_checkpoints", "bytes_total", "bytes_budget"} <= set(json.loads(stats.output))
     human = runner.invoke(cli.app, ["cache", "stats", *cache])
-    assert human.exit_code == 0 and "checkpoints" in human.output
+    assert (human.exit_code, human.output) == (0, f"no cache at {tmp_path}\n")
     for argv in (["ls"], ["ls", "--json"], ["verify"], ["gc", "--max-bytes", "0"],
                  ["clear", "--yes"]):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
@@ -77,12 +77,26 @@ def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
     made = runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(tmp_path)])
     assert json.loads(stats.stdout).keys() == json.loads(made.stdout).keys()  # the same fields
     assert f"no cache at {missing} yet" in stats.stderr
-    for argv, says in ((["stats"], "checkpoints  0"), (["ls"], "(no checkpoints yet)"),
+    for argv, says in ((["stats"], f"no cache at {missing}"), (["ls"], "(no checkpoints yet)"),
                        (["ls", "--json"], "[]"), (["verify"], "checked 0"), (["gc"], "freed 0 B"),
                        (["clear"], f"no cache at {missing}; nothing to delete")):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
         assert result.exit_code == 0 and says in result.stdout, (argv, result.output)
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_stats_of_a_folder_with_no_cache_says_so_in_one_line(tmp_path, made):
+    """`stats` where there is no cache (no folder, or one with no index.db and no blobs/) is
+    one line, as `clear` says it (it printed a table of zeros ending `0 B of -`)."""
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
+    folder = tmp_path / "cache"
+    if made:
+        folder.mkdir()
+    result = runner.invoke(cli.app, ["cache", "stats", "--cache-dir", str(folder)])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"no cache at {folder}\n", "")
+    assert folder.exists() == made and (not made or list(folder.iterdir()) == [])
 
 
 def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capsys):
