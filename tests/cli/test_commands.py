@@ -256,7 +256,7 @@ def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, re
         [want[k] for k in ("num_checkpoints", "num_blocks", "bytes_total")]
     assert runner.invoke(cli.app, ["cache", "ls", "--json", *ro]).stdout == listed
     verify = runner.invoke(cli.app, ["cache", "verify", *ro])
-    assert verify.exit_code == 0, verify.output
+    assert verify.exit_code == 4, verify.output  # (found, and left: the cache is read-only)
     assert f"ok {want['num_checkpoints'] + want['num_segments']}" in verify.stdout
     assert "found 1 orphan blob (no index row points at it; kept: the cache is read-only)" \
         in verify.stdout
@@ -277,7 +277,7 @@ def test_verify_reports_the_orphan_blobs_it_removes(tmp_path, shared_engine):
         os.utime(cache / "blobs" / name, (1e9, 1e9))  # (older than a writer's grace period)
     (cache / "index.db").write_bytes(b"")
     result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(cache)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # (it removed them)
     lines = result.stdout.splitlines()
     assert lines[0] == "checked 0; ok 0; removed 0"
     assert lines[1].startswith(f"removed {len(blobs)} orphan blobs (")
@@ -342,7 +342,44 @@ def test_verify_names_one_orphan_blob_in_the_singular(tmp_path, count, says):
         blob.write_bytes(b"x" * 10)
         os.utime(blob, (1e9, 1e9))  # (older than a writer's grace period)
     result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(tmp_path)])
-    assert result.exit_code == 0 and result.stdout.splitlines()[1] == says, result.output
+    assert result.exit_code == 1 and result.stdout.splitlines()[1] == says, result.output
+
+
+def test_verify_s_exit_status_tells_a_sound_cache_from_a_repaired_one(tmp_path, shared_engine,
+                                                                      monkeypatch):
+    """0: all was fine; 1: it removed what failed (fsck's "errors corrected"); 4: it found
+    what it left (a blob it could not read); 5: both. (It exited 0 after removing entries.)"""
+    from statechat.cache.blobs import BlobError
+    from statechat.cache.store import maintenance
+
+    cache = warm_cache(tmp_path)
+    verify = ["cache", "verify", "--cache-dir", str(cache)]
+    assert runner.invoke(cli.app, verify).exit_code == 0
+    blob = min((cache / "blobs").rglob("*.safetensors"))
+    raw = bytearray(blob.read_bytes())
+    raw[-1] ^= 0xFF  # (a flipped byte of its tensors)
+    blob.write_bytes(bytes(raw))
+    damaged = runner.invoke(cli.app, verify)
+    assert damaged.exit_code == 1 and "removed 1" in damaged.stdout, damaged.output
+    assert not blob.exists()
+    assert runner.invoke(cli.app, verify).exit_code == 0  # (sound again)
+    unreadable = min((cache / "blobs").rglob("*.safetensors"))
+    read_blob = maintenance.read_blob
+
+    def refused(path, *args):
+        if path == unreadable:
+            raise BlobError(f"cannot read {path} (Permission denied)", damaged=False)
+        return read_blob(path, *args)
+
+    monkeypatch.setattr(maintenance, "read_blob", refused)
+    left = runner.invoke(cli.app, verify)
+    assert left.exit_code == 4 and "unreadable, kept 1" in left.stdout, left.output
+    orphan = cache / "blobs" / "kv" / f"{'cd' * 16}.safetensors"
+    orphan.write_bytes(b"x")
+    os.utime(orphan, (1e9, 1e9))  # (older than a writer's grace period)
+    both = runner.invoke(cli.app, verify)
+    assert both.exit_code == 5 and "removed 1 orphan blob" in both.stdout, both.output
+    assert unreadable.exists() and not orphan.exists()
 
 
 def damage_table(index_db, table: str) -> None:
