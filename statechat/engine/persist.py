@@ -104,7 +104,8 @@ class CheckpointWriter:
         of this very step (`fresh`), the sequence's own block."""
         todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
         has_ckpt = ck.hash in self.stored_ckpts
-        if has_ckpt and not todo:
+        if has_ckpt and not todo:  # (computed again: its rows on disk count as used)
+            self.store.touch(ck.hash.hex())
             return SAVED
         size = len(todo) * self.bytes_per_block + (0 if has_ckpt else self.bytes_per_slot)
         if size > self.store.max_pending_bytes:

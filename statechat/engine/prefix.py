@@ -63,9 +63,8 @@ class PrefixCache(CheckpointWriter):
 
     # --- admission ----------------------------------------------------------------------
     def reuse(self, seq: Sequence) -> int:
-        """Restore the cheapest usable prefix of `seq` into its block table and resume slot.
-        An index that fails meanwhile turns the disk tier off (`index_failed`), and the plan is
-        made again from device memory."""
+        """Restore the cheapest usable prefix of `seq` into its block table and resume slot (an
+        index that fails meanwhile turns the disk tier off: planned again from device memory)."""
         self.disk_tier_on()
         for _ in range(3):  # a blob failing verification (or unreadable) drops out; plan again
             try:
@@ -299,6 +298,8 @@ class PrefixCache(CheckpointWriter):
                               blocks_write_s=round(t_write - t_read, 6),
                               ckpt_s=round(time.perf_counter() - t_write, 6))
         seq.resume_slot = self.slots.acquire(last)
+        if self.store is not None:  # (its rows on disk count as used: the writer marks them)
+            self.store.touch(last.hex())
         seq.num_computed = len(hashes) * self.bs
         seq.reused_from = ck_tier
         seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
