@@ -17,6 +17,9 @@ from statechat.cli_options import CacheDirOpt, JsonOpt
 from statechat.errors import StatechatError
 
 cache_app = typer.Typer(help="Inspect and trim the persistent prefix cache.", no_args_is_help=True)
+# `cache verify`'s exit status, as fsck's: bits that say what it did (0: all was fine)
+VERIFY_REPAIRED = 1  # it removed damaged entries or orphan blobs
+VERIFY_LEFT = 4  # it found problems it left as they are (unreadable blobs, a read-only cache)
 
 
 def _root(cache_dir: Path | None) -> Path:
@@ -107,7 +110,7 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
 
 
 def _no_stats(root: Path) -> dict:
-    """`cache stats` of a cache dir not made yet: StateStore.stats's fields, empty."""
+    """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty."""
     return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
             "num_segments": 0, "bytes_total": 0, "bytes_budget": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
@@ -115,8 +118,13 @@ def _no_stats(root: Path) -> dict:
 
 @cache_app.command("stats")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Checkpoints, blocks, bytes used against the budget, and the models they belong to."""
+    """Checkpoints, blocks, bytes used against the budget, and the models they belong to. A
+    folder with no cache (no index.db, no blobs/) is one line saying so (with --json: the
+    figures, empty)."""
     root = _root(cache_dir)
+    if not as_json and not _has_cache(root):
+        typer.echo(f"no cache at {root}")
+        return
     with _store(root) as store:
         stats = store.stats() if store else _no_stats(root)
     if as_json:
@@ -154,7 +162,11 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
 def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     """Check every blob against its checksum; remove entries that fail, and blob files no index
     row points at (a blob that cannot be read, for its permissions say, is reported and kept;
-    on a read-only cache everything is reported and kept)."""
+    on a read-only cache everything is reported and kept).
+
+    Exit status, as fsck's: 0 all was fine; 1 it removed damaged entries or orphan blobs (the
+    cache is sound now); 4 it found problems it left (unreadable blobs, a read-only cache); 5
+    both; 2 the index could not be opened or is damaged."""
     root = _root(cache_dir)
     remove = root.is_dir() and _writable(root)
     with _store(root, write=remove) as store:
@@ -179,6 +191,11 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
                    "cache is read-only)")
         for item in orphans:
             typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")
+    found = bool(failed or orphans)
+    status = ((VERIFY_REPAIRED if remove and found else 0)
+              | (VERIFY_LEFT if unreadable or (found and not remove) else 0))
+    if status:
+        raise typer.Exit(status)
 
 
 @cache_app.command("gc")

@@ -155,15 +155,19 @@ def check_integrity(db: sqlite_utils.Database) -> None:
 
 
 def touch_chain(db: sqlite_utils.Database, tail: str, now: float) -> None:
-    """Mark the segments holding the blocks of `tail`'s chain (it and every block before it)
-    as used at `now`. A prefix reused from device or host memory reads no disk row, yet it is
-    what every new checkpoint of a conversation stands on: without this, a conversation's first
-    blocks (a shared system prompt's) kept the oldest `last_used` and were evicted first."""
+    """Mark as used at `now` the checkpoint at `tail` (a block hash) and the segments holding
+    the blocks of its chain (it and every block before it); the caller holds the transaction
+    that makes the two updates one. A prefix reused from device or host memory reads no disk
+    row, yet it is what a conversation resumes from and what its new checkpoints stand on:
+    without this, a conversation's first blocks (a shared system prompt's) and the checkpoint
+    a regenerate resumes from kept the `last_used` of their first save and were evicted
+    first."""
     db.execute("""WITH RECURSIVE up(hash) AS (
                     SELECT ? UNION SELECT b.parent FROM blocks b JOIN up ON b.hash = up.hash)
                   UPDATE segments SET last_used = max(last_used, ?) WHERE id IN
                     (SELECT segment_id FROM blocks WHERE hash IN (SELECT hash FROM up))""",
                [tail, now])
+    db.execute("UPDATE checkpoints SET last_used = max(last_used, ?) WHERE hash = ?", [now, tail])
 
 
 def migrate(db: sqlite_utils.Database) -> None:

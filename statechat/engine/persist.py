@@ -1,12 +1,13 @@
 """CheckpointWriter: PrefixCache's saving half. After each step, new checkpoints (with the KV
 blocks before them that the disk does not hold yet) are copied to the host and queued on the
 store's write-behind queue; those a full queue turns away wait in device memory, in order,
-for a later step or the engine's close.
+for a later step or the engine's close. It also lets the store go when its index fails.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -52,9 +53,11 @@ class CheckpointWriter:
         queue turns away wait in order, as they stand in the device tier, for a later step (or
         the engine's close) to find room; those the device tier evicts first are not saved, and
         counted (`StateStore.dropped`)."""
-        if self.store is None:
+        if not self.disk_tier_on():
             return
         self._apply_disk_checks()
+        if self.store is None:  # (a check met a failed index)
+            return
         self.root = root
         lost = 0
         while self.deferred:  # the oldest first; none after the first the queue turns away
@@ -101,7 +104,8 @@ class CheckpointWriter:
         of this very step (`fresh`), the sequence's own block."""
         todo = [(i, h) for i, h in enumerate(ck.block_hashes) if h not in self.persisted]
         has_ckpt = ck.hash in self.stored_ckpts
-        if has_ckpt and not todo:
+        if has_ckpt and not todo:  # (computed again: its rows on disk count as used)
+            self.store.touch(ck.hash.hex())
             return SAVED
         size = len(todo) * self.bytes_per_block + (0 if has_ckpt else self.bytes_per_slot)
         if size > self.store.max_pending_bytes:
@@ -127,12 +131,34 @@ class CheckpointWriter:
         self.stored_ckpts.add(ck.hash)
         return SAVED
 
+    def disk_tier_on(self) -> bool:
+        """Whether the lower tiers are in use: not with no store, nor once the store's index
+        has failed (in this engine or in the store's writer thread): the store is let go then."""
+        if self.store is not None and self.store.failed is not None:
+            self.index_failed(None)
+        return self.store is not None
+
+    def index_failed(self, error: sqlite3.DatabaseError | None) -> None:
+        """The store's index failed (`error`, where this engine met it): the disk tier is off
+        for the rest of the process (StateStore.give_up logs it once), and the engine goes on
+        from device memory as if it had no store (its owner, the engine, still closes it)."""
+        if error is not None:
+            self.store.give_up(error)
+        self.store = None
+        self.deferred.clear()
+        for check in self.disk_checks:
+            check.cancel()
+        self.disk_checks = []
+
     def _apply_disk_checks(self) -> None:
         """Mark as persisted the blocks that finished checks (`blocks_on_disk_ahead`) found."""
         running = []
         for check in self.disk_checks:
             if not check.done():
                 running.append(check)
+            elif isinstance(check.exception(), sqlite3.DatabaseError):
+                self.index_failed(check.exception())
+                return
             elif check.cancelled() or check.exception() is not None:
                 log.warning("statechat cache: could not ask the index which blocks are on disk "
                             "(%s)", "cancelled" if check.cancelled() else check.exception())

@@ -16,6 +16,7 @@ KV blocks before them, through the store's write-behind queue (CheckpointWriter,
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from concurrent.futures import Future, wait
 
@@ -52,26 +53,40 @@ class PrefixCache(CheckpointWriter):
     def calibrate(self) -> None:
         """Time a page-cache read of a stored checkpoint (if one is cached whole), so that the
         first plan after a start prices disk reads at this machine's rate."""
-        sample = self.store.read_rate_sample() if self.store is not None else None
+        try:
+            sample = self.store.read_rate_sample() if self.store is not None else None
+        except sqlite3.DatabaseError as e:
+            self.index_failed(e)
+            return
         if sample is not None:
             self.cost.calibrate(PAGE_CACHE, *sample)
 
     # --- admission ----------------------------------------------------------------------
     def reuse(self, seq: Sequence) -> int:
-        """Restore the cheapest usable prefix of `seq` into its block table and resume slot."""
+        """Restore the cheapest usable prefix of `seq` into its block table and resume slot (an
+        index that fails meanwhile turns the disk tier off: planned again from device memory)."""
+        self.disk_tier_on()
         for _ in range(3):  # a blob failing verification (or unreadable) drops out; plan again
             try:
                 return self._reuse_once(seq)
+            except sqlite3.DatabaseError as e:
+                self._give_back(seq)
+                self.index_failed(e)
+                return self._reuse_once(seq)  # (device memory alone: no store left to fail)
             except BlobError:
-                for block in seq.block_table:
-                    self.blocks.release(block)
-                seq.block_table = []
+                self._give_back(seq)
                 # what this prompt was taken to have on disk may be what failed: its blocks
                 # and checkpoints are saved again once computed (the writer skips those still
                 # on disk)
                 self.stored_ckpts.difference_update(seq.block_hashes)
                 self.persisted.difference_update(seq.block_hashes)
         return 0
+
+    def _give_back(self, seq: Sequence) -> None:
+        """Release the blocks a failed restore left in `seq`'s block table."""
+        for block in seq.block_table:
+            self.blocks.release(block)
+        seq.block_table = []
 
     def _reuse_once(self, seq: Sequence) -> int:
         hashes = seq.block_hashes[: (len(seq) - 1) // self.bs]  # leave one token to compute
@@ -193,7 +208,7 @@ class PrefixCache(CheckpointWriter):
             with self.store.reading():
                 try:
                     groups = self.store.load_blocks([h.hex() for h in need])
-                except BlobError:
+                except BaseException:  # (an unusable blob, a failed index: a plan again)
                     for block in held.values():
                         self.blocks.release(block)
                     raise
@@ -283,6 +298,8 @@ class PrefixCache(CheckpointWriter):
                               blocks_write_s=round(t_write - t_read, 6),
                               ckpt_s=round(time.perf_counter() - t_write, 6))
         seq.resume_slot = self.slots.acquire(last)
+        if self.store is not None:  # (its rows on disk count as used: the writer marks them)
+            self.store.touch(last.hex())
         seq.num_computed = len(hashes) * self.bs
         seq.reused_from = ck_tier
         seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}

@@ -178,3 +178,26 @@ def test_checkpoints_turned_away_by_a_full_queue_are_saved_later(tiny_dirs, tmp_
     outs = again.generate(prompts, params)
     again.close()
     assert [o.num_cached_tokens for o in outs] == [192] * 6
+
+
+def test_a_reuse_s_mark_never_waits_for_a_full_queue(tmp_path):
+    """A reuse marks its rows as used through the writer's queue (`touch`); with the queue
+    full the mark is left out, at once, rather than holding up the step that admits it."""
+    import threading
+
+    from statechat.cache.store import StateStore
+
+    store = StateStore(tmp_path, queue_size=1)  # (no writer thread: nothing empties it)
+    done, took = threading.Event(), []
+
+    def admit_twice():
+        store.touch("ab" * 32)
+        t = time.perf_counter()
+        store.touch("cd" * 32)  # (the queue is full now)
+        took.append(time.perf_counter() - t)
+        done.set()
+
+    threading.Thread(target=admit_twice, daemon=True).start()
+    assert done.wait(5) and took[0] < 0.1
+    assert store.queue.qsize() == 1
+    store.db.conn.close()

@@ -1,6 +1,7 @@
 """The disk budget's LRU sees a prefix reused from memory: each save marks the segments of the
-chain it stands on as used. A conversation's first blocks (a shared system prompt's) are read
-back from device memory on every turn, never from disk, so their rows kept the oldest
+chain it stands on as used, and so does each reuse (from any tier) and each checkpoint computed
+again, for the checkpoint too. A conversation's first blocks (a shared system prompt's) are
+read back from device memory on every turn, never from disk, so their rows kept the oldest
 `last_used` and were the first a full disk evicted, under the chats still growing on them."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
+import pytest
 import torch
 
 from statechat.config import EngineConfig
@@ -48,3 +50,84 @@ def test_a_conversation_s_first_blocks_stay_recent_while_it_grows(tiny_dirs, tmp
     order = oldest_segment_first_block(tmp_path)
     engine.close()
     assert order[0] != first and first in order  # the other chat's is the LRU victim now
+
+
+def rows(cache_dir) -> set[tuple[str, str]]:
+    """Every checkpoint and segment row, as the budget's eviction names them."""
+    db = sqlite3.connect(cache_dir / "index.db")
+    found = db.execute("SELECT 'ckpt', hash FROM checkpoints UNION ALL "
+                       "SELECT 'kv', CAST(id AS TEXT) FROM segments").fetchall()
+    db.close()
+    return set(found)
+
+
+@pytest.mark.parametrize("tier", ["device", "host"])
+def test_a_prefix_reused_without_a_save_outlives_one_not_used_since(tiny_dirs, tmp_path, tier):
+    """A regenerate served from device memory (or, once device memory was dropped, from the
+    host tier) saves nothing new: its checkpoint and the segments under it are marked used
+    all the same, so the budget evicts the other chat's rows, not this one's. (They kept the
+    `last_used` of their first save, and the chat in use was the first victim: its
+    checkpoint, which no save ever touched again, or a segment under it.)"""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    gen = torch.Generator().manual_seed(9)
+    chat, other = (torch.randint(0, 300, (200,), generator=gen).tolist() for _ in range(2))
+    engine.generate([chat], PARAMS)
+    engine.store.flush()
+    chat_rows = rows(tmp_path)
+    time.sleep(0.05)
+    engine.generate([other], PARAMS)
+    engine.store.flush()
+    other_rows = rows(tmp_path) - chat_rows
+    time.sleep(0.05)
+    if tier == "host":
+        engine.drop_device_cache()
+    again = engine.generate([chat], PARAMS)[0]  # a regenerate: every checkpoint already stored
+    engine.store.flush()
+    assert again.reused_from == tier and again.num_cached_tokens == 192
+    assert rows(tmp_path) == chat_rows | other_rows  # (nothing new saved)
+    store = engine.store
+    with store.db_lock:
+        other_bytes = store.db.execute(
+            "SELECT (SELECT sum(bytes) FROM checkpoints WHERE hash IN ({0})) + (SELECT sum(bytes) "
+            "FROM segments WHERE CAST(id AS TEXT) IN ({0}))".format(
+                ",".join(f"'{key}'" for _, key in other_rows))).fetchone()[0]
+    store.evict_to(store.total_bytes() - other_bytes)
+    assert rows(tmp_path) == chat_rows  # the LRU victims: the other chat's rows, all of them
+    engine.close()
+    fresh = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    out = fresh.generate([chat], PARAMS)[0]
+    fresh.close()
+    assert out.reused_from == "disk" and out.num_cached_tokens == 192
+
+
+def test_a_stored_checkpoint_computed_again_counts_as_used(tiny_dirs, tmp_path):
+    """A request that scores its prompt computes every token, and with it checkpoints the disk
+    holds already (device memory gave them up meanwhile): nothing is saved, and the disk's
+    copies count as used all the same (they kept the `last_used` of their first save)."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path,
+                                    num_state_slots=4), loaded=loaded)
+    gen = torch.Generator().manual_seed(10)
+    chat, other = (torch.randint(0, 300, (200,), generator=gen).tolist() for _ in range(2))
+    engine.generate([chat], PARAMS)
+    engine.store.flush()
+    chat_rows = rows(tmp_path)
+    time.sleep(0.05)
+    engine.generate([other], PARAMS)  # (its checkpoint takes the chat's place in device memory)
+    engine.store.flush()
+    other_rows = rows(tmp_path) - chat_rows
+    time.sleep(0.05)
+    scored = SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=0)
+    out = engine.generate([chat], scored)[0]
+    engine.store.flush()
+    assert out.num_cached_tokens == 0 and rows(tmp_path) == chat_rows | other_rows
+    db = sqlite3.connect(tmp_path / "index.db")
+    order = [(kind, key) for kind, key, _ in db.execute(
+        "SELECT 'ckpt', hash, last_used FROM checkpoints UNION ALL "
+        "SELECT 'kv', CAST(id AS TEXT), last_used FROM segments ORDER BY 3")]
+    db.close()
+    engine.close()
+    assert set(order[:len(other_rows)]) == other_rows  # the LRU victims: the other chat's rows

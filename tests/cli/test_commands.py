@@ -54,7 +54,7 @@ def test_cache_commands(tmp_path):
     assert stats.exit_code == 0, stats.output
     assert {"num_checkpoints", "bytes_total", "bytes_budget"} <= set(json.loads(stats.output))
     human = runner.invoke(cli.app, ["cache", "stats", *cache])
-    assert human.exit_code == 0 and "checkpoints" in human.output
+    assert (human.exit_code, human.output) == (0, f"no cache at {tmp_path}\n")
     for argv in (["ls"], ["ls", "--json"], ["verify"], ["gc", "--max-bytes", "0"],
                  ["clear", "--yes"]):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
@@ -77,12 +77,26 @@ def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
     made = runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(tmp_path)])
     assert json.loads(stats.stdout).keys() == json.loads(made.stdout).keys()  # the same fields
     assert f"no cache at {missing} yet" in stats.stderr
-    for argv, says in ((["stats"], "checkpoints  0"), (["ls"], "(no checkpoints yet)"),
+    for argv, says in ((["stats"], f"no cache at {missing}"), (["ls"], "(no checkpoints yet)"),
                        (["ls", "--json"], "[]"), (["verify"], "checked 0"), (["gc"], "freed 0 B"),
                        (["clear"], f"no cache at {missing}; nothing to delete")):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
         assert result.exit_code == 0 and says in result.stdout, (argv, result.output)
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_stats_of_a_folder_with_no_cache_says_so_in_one_line(tmp_path, made):
+    """`stats` where there is no cache (no folder, or one with no index.db and no blobs/) is
+    one line, as `clear` says it (it printed a table of zeros ending `0 B of -`)."""
+    pytest.importorskip("statechat.cache.store",
+                        reason="the persistent cache store is not in this build")
+    folder = tmp_path / "cache"
+    if made:
+        folder.mkdir()
+    result = runner.invoke(cli.app, ["cache", "stats", "--cache-dir", str(folder)])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"no cache at {folder}\n", "")
+    assert folder.exists() == made and (not made or list(folder.iterdir()) == [])
 
 
 def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capsys):
@@ -242,7 +256,7 @@ def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, re
         [want[k] for k in ("num_checkpoints", "num_blocks", "bytes_total")]
     assert runner.invoke(cli.app, ["cache", "ls", "--json", *ro]).stdout == listed
     verify = runner.invoke(cli.app, ["cache", "verify", *ro])
-    assert verify.exit_code == 0, verify.output
+    assert verify.exit_code == 4, verify.output  # (found, and left: the cache is read-only)
     assert f"ok {want['num_checkpoints'] + want['num_segments']}" in verify.stdout
     assert "found 1 orphan blob (no index row points at it; kept: the cache is read-only)" \
         in verify.stdout
@@ -263,7 +277,7 @@ def test_verify_reports_the_orphan_blobs_it_removes(tmp_path, shared_engine):
         os.utime(cache / "blobs" / name, (1e9, 1e9))  # (older than a writer's grace period)
     (cache / "index.db").write_bytes(b"")
     result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(cache)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # (it removed them)
     lines = result.stdout.splitlines()
     assert lines[0] == "checked 0; ok 0; removed 0"
     assert lines[1].startswith(f"removed {len(blobs)} orphan blobs (")
@@ -328,7 +342,44 @@ def test_verify_names_one_orphan_blob_in_the_singular(tmp_path, count, says):
         blob.write_bytes(b"x" * 10)
         os.utime(blob, (1e9, 1e9))  # (older than a writer's grace period)
     result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(tmp_path)])
-    assert result.exit_code == 0 and result.stdout.splitlines()[1] == says, result.output
+    assert result.exit_code == 1 and result.stdout.splitlines()[1] == says, result.output
+
+
+def test_verify_s_exit_status_tells_a_sound_cache_from_a_repaired_one(tmp_path, shared_engine,
+                                                                      monkeypatch):
+    """0: all was fine; 1: it removed what failed (fsck's "errors corrected"); 4: it found
+    what it left (a blob it could not read); 5: both. (It exited 0 after removing entries.)"""
+    from statechat.cache.blobs import BlobError
+    from statechat.cache.store import maintenance
+
+    cache = warm_cache(tmp_path)
+    verify = ["cache", "verify", "--cache-dir", str(cache)]
+    assert runner.invoke(cli.app, verify).exit_code == 0
+    blob = min((cache / "blobs").rglob("*.safetensors"))
+    raw = bytearray(blob.read_bytes())
+    raw[-1] ^= 0xFF  # (a flipped byte of its tensors)
+    blob.write_bytes(bytes(raw))
+    damaged = runner.invoke(cli.app, verify)
+    assert damaged.exit_code == 1 and "removed 1" in damaged.stdout, damaged.output
+    assert not blob.exists()
+    assert runner.invoke(cli.app, verify).exit_code == 0  # (sound again)
+    unreadable = min((cache / "blobs").rglob("*.safetensors"))
+    read_blob = maintenance.read_blob
+
+    def refused(path, *args):
+        if path == unreadable:
+            raise BlobError(f"cannot read {path} (Permission denied)", damaged=False)
+        return read_blob(path, *args)
+
+    monkeypatch.setattr(maintenance, "read_blob", refused)
+    left = runner.invoke(cli.app, verify)
+    assert left.exit_code == 4 and "unreadable, kept 1" in left.stdout, left.output
+    orphan = cache / "blobs" / "kv" / f"{'cd' * 16}.safetensors"
+    orphan.write_bytes(b"x")
+    os.utime(orphan, (1e9, 1e9))  # (older than a writer's grace period)
+    both = runner.invoke(cli.app, verify)
+    assert both.exit_code == 5 and "removed 1 orphan blob" in both.stdout, both.output
+    assert unreadable.exists() and not orphan.exists()
 
 
 def damage_table(index_db, table: str) -> None:

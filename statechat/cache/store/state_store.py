@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import sqlite3
@@ -27,6 +28,7 @@ from statechat.errors import ConfigError
 
 INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
+log = logging.getLogger("statechat.cache")
 
 
 class StateStore(StoreReads, StoreWriter, StoreMaintenance):
@@ -57,6 +59,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.pending_bytes = 0
         self.pending_lock = threading.Lock()
         self.errors = 0
+        self.failed: str | None = None  # why the index failed (`give_up`): the disk tier is off
         self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
         self.writer: threading.Thread | None = None
         self.engine_idle = threading.Event()  # cleared while the engine launches work
@@ -82,6 +85,20 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                 raise index.open_error(self.path / INDEX_FILE, e) from None
         self._start_writer()
 
+    def give_up(self, error: sqlite3.DatabaseError) -> None:
+        """The index failed under a running engine (a damaged index.db, a disk I/O error): turn
+        the disk tier off for the rest of the process rather than fail again on every request.
+        The first call logs one warning naming the cache dir and the error; from then on the
+        writer drops what is queued, and the engine stops asking (`failed` is set). Any thread
+        may call it; index.db is left as it is, for its owner to check."""
+        with self.pending_lock:
+            if self.failed is not None:
+                return
+            self.failed = (str(error).splitlines() or [type(error).__name__])[0]
+        log.warning("statechat cache: the index of %s failed (%s); the disk cache is off until "
+                    "statechat restarts (requests go on from memory), and `statechat cache "
+                    "verify` checks it then", self.path, self.failed)
+
     def close(self) -> None:
         """Finish the queued writes, stop the writer thread and close the index. Its
         write-ahead log is folded into index.db, and where no other connection has the file
@@ -92,7 +109,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         if not self.stop_writer():  # (a write still under way keeps the index it needs)
             return
         with self.db_lock:
-            if not self.read_only:
+            if not self.read_only and self.failed is None:  # (a failed index: left as it is)
                 with contextlib.suppress(sqlite3.Error):  # (PASSIVE: never waits for others)
                     self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             self.db.conn.close()

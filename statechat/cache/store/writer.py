@@ -10,7 +10,10 @@ a prefill. A save copies into the host tier (arena.py) and pins nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -44,8 +47,9 @@ class SaveJob:
     block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     ready: Callable[[], None] | None = None  # waits until device snapshots are complete
     queued_bytes: int = 0  # counted against the store's pending bound while queued
-    chain: str | None = None  # the boundary's last block hash (hex): the segments of its chain
-    # on disk count as used now (index.touch_chain)
+    chain: str | None = None  # the boundary's last block hash (hex): its checkpoint and the
+    # segments of its chain on disk count as used now (index.touch_chain); a job of nothing
+    # else is a reuse's (`touch`)
 
     def nbytes(self) -> int:
         """The bytes of the job's tensors, kept in `queued_bytes` too."""
@@ -56,9 +60,9 @@ class SaveJob:
 
 class StoreWriter:
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
-    pending_bytes, pending_lock, max_pending_bytes, errors, engine_idle, _defer_left, and
-    host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
-    comes from maintenance.py."""
+    pending_bytes, pending_lock, max_pending_bytes, errors, failed, engine_idle, _defer_left,
+    and host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
+    comes from maintenance.py, `give_up` from state_store.py."""
 
     def _start_writer(self) -> None:
         """Start the writer thread (once a model is attached)."""
@@ -80,6 +84,14 @@ class StoreWriter:
             self.pending_bytes += size
         self.queue.put_nowait(job)
         return True
+
+    def touch(self, chain: str) -> None:
+        """Mark the checkpoint at the block hash `chain` and the segments of its chain as used
+        (index.touch_chain), from the writer thread: a prefix reused from any tier, or a
+        checkpoint computed again that the disk holds already, reads no row and saves none, yet
+        it is in use. Never waits: with the queue full, the mark is left out."""
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(SaveJob(None, 0, None, chain=chain))
 
     def has_room(self, nbytes: int, wait_s: float = 0.0) -> bool:
         """Whether `save` would take a job of `nbytes` now; with `wait_s`, wait up to that long
@@ -135,7 +147,12 @@ class StoreWriter:
             try:
                 if job is None:
                     return
-                self._write(job)
+                if self.failed is None:
+                    self._write(job)
+                elif job.ready is not None:  # (the disk tier is off: dropped, once its
+                    job.ready()  # snapshots are complete)
+            except sqlite3.DatabaseError as e:  # the index failed: the disk tier is off
+                self.give_up(e)
             except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
                 self.errors += 1
                 log.warning("statechat cache: could not persist a checkpoint (%s)", e)
@@ -150,6 +167,11 @@ class StoreWriter:
         rows in one transaction, then evict down to the budget."""
         self._defer_left = MAX_DEFER_S
         self._pause()
+        if job.ckpt is None and not job.blocks:  # a reuse's mark (`touch`): no blob, no budget
+            with self.db_lock, self.db.conn:
+                self.db.execute("BEGIN IMMEDIATE")
+                index.touch_chain(self.db, job.chain, time.time())
+            return
         if job.ready is not None:
             job.ready()
         hashes = [b[0] for b in job.blocks]

@@ -1,0 +1,120 @@
+"""An index that fails under a running engine (a damaged index.db, a disk I/O error) costs the
+disk tier, never a request: the lookup or save that met it counts as no disk hit, one warning
+names the cache dir and the error, and the engine goes on from device memory with the disk tier
+off for the rest of the process (it raised out of the engine step, and with it out of the
+server or the app)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+import torch
+
+from statechat.cache import index
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+
+PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dirs):
+    """(path, loaded model, two prompts, each one's tokens with no cache)."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (200, 300)]
+    plain = LLMEngine(
+        EngineConfig(model=path, device="cpu", enable_prefix_cache=False), loaded=loaded
+    )
+    return path, loaded, prompts, [o.token_ids for o in plain.generate(prompts, PARAMS)]
+
+
+def cached_engine(model, cache_dir) -> LLMEngine:
+    path, loaded, _, _ = model
+    return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=cache_dir), loaded=loaded)
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def damage_index(engine: LLMEngine) -> bytes:
+    """Overwrite every page of index.db but the first under the running engine (its write-ahead
+    log folded in first, and its page cache let go, so that its next query reads the disk);
+    the damaged file's bytes."""
+    store = engine.store
+    with store.db_lock:
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        store.db.execute("PRAGMA shrink_memory")
+    path = store.path / "index.db"
+    raw = bytearray(path.read_bytes())
+    raw[4096:] = b"\xa5" * (len(raw) - 4096)
+    path.write_bytes(bytes(raw))
+    return bytes(raw)
+
+
+def test_a_damaged_index_under_a_running_engine_turns_the_disk_tier_off(model, tmp_path, caplog):
+    _, _, (first, second), want = model
+    engine = cached_engine(model, tmp_path)
+    engine.generate([first], PARAMS)
+    engine.store.flush()
+    damaged = damage_index(engine)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        outs = engine.generate([second, first], PARAMS)  # (it raised: disk image malformed)
+        once = warnings_of(caplog)
+        again = engine.generate([first, second], PARAMS)
+        engine.close()
+    assert [o.token_ids for o in outs + again] == want[::-1] + want
+    assert outs[1].reused_from == again[0].reused_from == "device"  # (device memory goes on)
+    assert len(once) == 1 and str(tmp_path) in once[0] and "malformed" in once[0], once
+    assert warnings_of(caplog) == once  # the tier is off: no lookup fails again
+    assert (tmp_path / "index.db").read_bytes() == damaged  # left for the user to look at
+
+
+def test_an_index_error_while_saving_turns_the_disk_tier_off(model, tmp_path, caplog, monkeypatch):
+    _, _, (first, second), want = model
+    engine = cached_engine(model, tmp_path)
+    calls = []
+
+    def failing_touch(*args):
+        calls.append(args)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(index, "touch_chain", failing_touch)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        out = engine.generate([first], PARAMS)[0]  # its saves fail in the writer thread
+        engine.store.flush()
+        later = engine.generate([second, first], PARAMS)
+        engine.store.flush()
+        engine.close()
+    assert [o.token_ids for o in [out, *later]] == [want[0], *want[::-1]]
+    assert later[1].reused_from == "device"
+    said = warnings_of(caplog)
+    assert len(said) == 1 and str(tmp_path) in said[0] and "disk I/O error" in said[0], said
+    assert len(calls) == 1  # nothing was written after the first failure
+    assert engine.prefix.store is None
+
+
+def test_an_index_error_in_a_lookup_is_no_disk_hit(model, tmp_path, caplog, monkeypatch):
+    """The lookup that met the error plans from device memory alone (not a request lost)."""
+    _, _, (first, _), want = model
+    engine = cached_engine(model, tmp_path)
+    engine.generate([first], PARAMS)
+    engine.store.flush()
+
+    def failing(*args):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(index, "checkpoints_present", failing)
+    monkeypatch.setattr(index, "blocks_present", failing)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        out = engine.generate([first], PARAMS)[0]
+        engine.close()
+    assert out.token_ids == want[0] and out.reused_from == "device"
+    assert out.num_cached_tokens == 192
+    assert len(warnings_of(caplog)) == 1
