@@ -116,7 +116,8 @@ def _no_stats(root: Path) -> dict:
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
 
 
-@cache_app.command("stats")
+@cache_app.command(
+    "stats", short_help="Checkpoints, blocks, bytes used against the budget, and their models.")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
     """Checkpoints, blocks, bytes used against the budget, and the models they belong to. A
     folder with no cache (no index.db, no blobs/) is one line saying so (with --json: the
@@ -158,7 +159,8 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
         typer.echo("(no checkpoints yet)")
 
 
-@cache_app.command("verify")
+@cache_app.command(
+    "verify", short_help="Check every blob against its checksum; remove what fails, and orphans.")
 def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     """Check every blob against its checksum; remove entries that fail, and blob files no index
     row points at (a blob that cannot be read, for its permissions say, is reported and kept;
@@ -198,7 +200,8 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
         raise typer.Exit(status)
 
 
-@cache_app.command("gc")
+@cache_app.command(
+    "gc", short_help="Evict least recently used entries down to the byte budget, and orphans.")
 def cache_gc(cache_dir: CacheDirOpt = None,
              max_bytes: Annotated[int | None, typer.Option(
                  "--max-bytes", help="Evict least recently used entries until the cache is at "
@@ -214,7 +217,8 @@ def cache_gc(cache_dir: CacheDirOpt = None,
         typer.echo(f"freed {_size(store.gc(max_bytes) if store else 0)}")
 
 
-@cache_app.command("clear")
+@cache_app.command(
+    "clear", short_help="Delete every cached checkpoint and block (conversations are kept).")
 def cache_clear(cache_dir: CacheDirOpt = None,
                 yes: Annotated[bool, typer.Option("--yes", "-y",
                                                   help="Do not ask.")] = False) -> None:

@@ -429,3 +429,14 @@ def test_a_file_in_place_of_the_blobs_folder_is_one_line(tmp_path, monkeypatch, 
             f"statechat: {tmp_path / 'blobs'} is a file; move it away (the cache keeps its "
             "blobs in that folder)"), (command, err)
     assert (tmp_path / "blobs").read_text() == "x"
+
+
+def test_the_cache_command_list_shows_each_summary_alone():
+    """`statechat cache --help` lists each command with a one-line summary (it showed whole
+    docstrings, broken mid-sentence where their source lines end)."""
+    result = runner.invoke(cli.app, ["cache", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0
+    rows = [line.strip("│ ").split(None, 1) for line in result.output.splitlines()
+            if line.startswith("│ ") and "--help" not in line]
+    assert [row[0] for row in rows] == ["path", "stats", "ls", "verify", "gc", "clear"]
+    assert all(row[1].rstrip().endswith(".") for row in rows), rows
