@@ -11,6 +11,7 @@ from textual.widgets import Footer, Header, Static
 
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
+from statechat.tui.widgets.message_view import MessageView
 
 EMBEDDED_BANNER = (
     "Embedded tiny Qwen3.5 with RANDOM weights: replies are noise, the cache at work is real. "
@@ -24,6 +25,7 @@ NARROW_COLUMNS = 50  # a terminal narrower shows the chat list only while it has
 BANNER_ROWS = 16  # a terminal shorter hides the banner
 BANNER_COLUMNS = 128  # one narrower shows SHORT_BANNER (the long one would take 4+ rows)
 BARS_ROWS = 10  # a terminal shorter hides the header and the footer too
+TAKES_NO_TEXT = (MessageView, ConversationList)  # focused, a paste goes to the box instead
 
 
 class LayoutMixin:
@@ -43,6 +45,17 @@ class LayoutMixin:
         """The chat list left: on a narrow terminal the chat shows again."""
         if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
             self._fit(self.size)
+
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste made while a message or the chat list has focus (Textual gives it to the
+        focused widget, and these take no text: it was lost) goes into the box at its cursor,
+        the box focused, as after Ctrl+O. A paste into the box bubbles here too: left alone."""
+        if self.is_closing or not isinstance(self.focused, TAKES_NO_TEXT):
+            return
+        event.stop()
+        composer = self.query_one(Composer)
+        self._focus_composer()
+        composer.replace(event.text, *composer.selection, maintain_selection_offset=False)
 
     def _fit(self, size) -> None:
         """Leave a small terminal's rows and columns to the messages and the box: the box grows
