@@ -68,13 +68,33 @@ class LayoutMixin:
         narrow = width < NARROW_COLUMNS
         low, high = SIDEBAR_COLUMNS
         chats.styles.width = "1fr" if narrow else max(low, min(high, width // 3))
-        chats.display = not narrow or chats.has_focus
-        self.query_one("#main").display = not (narrow and chats.has_focus)
+        listing = chats is self.default_screen.focused  # (has_focus lags a focus move)
+        chats.display = not narrow or listing
+        self.query_one("#main").display = not (narrow and listing)
         banner = self.query_one("#banner", Static)
         banner.display = self.is_embedded and height >= BANNER_ROWS
         banner.update(EMBEDDED_BANNER if width >= BANNER_COLUMNS else SHORT_BANNER)
         for bar in (self.query_one(Header), self.query_one(Footer)):
             bar.display = height >= BARS_ROWS
+
+    def action_focus_next(self) -> None:
+        """Tab: focus the next part, in the same order at every width (the chat list, the
+        messages, the box)."""
+        self._move_focus(super().action_focus_next)
+
+    def action_focus_previous(self) -> None:
+        """Shift+Tab: focus the previous part, in the same order at every width."""
+        self._move_focus(super().action_focus_previous)
+
+    def _move_focus(self, move) -> None:
+        """Run Textual's focus move `move` over every part: a narrow terminal hides the chat
+        list or the chat (#main), and Textual skips what is hidden, so Tab from the list, which
+        then filled the terminal, found nothing else and the focus stayed there. Then show the
+        part now focused (and hide the other) as `_fit` does."""
+        self.query_one(ConversationList).display = True
+        self.query_one("#main").display = True
+        move()
+        self._fit(self.size)
 
     def _focus_composer(self) -> None:
         self.query_one("#main").display = True  # (hidden while the list fills a narrow terminal)
