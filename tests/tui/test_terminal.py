@@ -107,3 +107,37 @@ def test_a_kill_while_run_starts_gives_the_terminal_back(pty):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_kill_after_the_app_ended_gives_the_terminal_back(pty, loaded, tmp_path, name):
+    """The app takes SIGTERM and SIGHUP while it runs, and giving them back as it closed left
+    them at their default action, not typeahead's: a kill between the app's close and the end
+    of typeahead ended the process with the terminal still without echo or line editing."""
+    import asyncio
+    import signal
+
+    from tests.tui.test_app import make_app, wait_ready
+
+    if not hasattr(signal, name):
+        pytest.skip(f"no {name} on this platform")
+    signum = getattr(signal, name)
+
+    async def run_app() -> None:
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_ready(pilot, app)
+            assert signum in app.quit_signals
+
+    _, slave = pty
+    before, handler = termios.tcgetattr(slave), signal.signal(signum, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as ended, typeahead(slave):
+            asyncio.run(run_app())
+            # (checked first: the default action would end pytest itself)
+            assert signal.getsignal(signum) is not signal.SIG_DFL
+            os.kill(os.getpid(), signum)
+        assert ended.value.code == 128 + signum and termios.tcgetattr(slave) == before
+        assert signal.getsignal(signum) is signal.SIG_DFL
+    finally:
+        signal.signal(signum, handler)
