@@ -141,3 +141,36 @@ def test_a_kill_after_the_app_ended_gives_the_terminal_back(pty, loaded, tmp_pat
         assert signal.getsignal(signum) is signal.SIG_DFL
     finally:
         signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("moment", ["right after the change", "as the restore begins"])
+def test_a_kill_at_either_end_of_typeahead_gives_the_terminal_back(pty, monkeypatch, moment):
+    """typeahead() took the signals only after it changed the terminal and gave them back
+    before it restored it, so SIGTERM's default action at either moment left the terminal
+    changed; and a signal as the restore began raised before it ran. Here SIGTERM comes
+    right after the terminal is changed, or as its restore begins."""
+    import signal
+
+    _, slave = pty
+    before, handler = termios.tcgetattr(slave), signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    real, seen = termios.tcsetattr, []
+
+    def tcsetattr(fd, when, attrs):
+        is_restore = attrs == before
+        if not is_restore:
+            real(fd, when, attrs)
+        if is_restore == (moment == "as the restore begins") and not seen:
+            seen.append(signal.getsignal(signal.SIGTERM))
+            assert seen[0] is not signal.SIG_DFL  # (checked first: it would end pytest)
+            os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs before the next line)
+        if is_restore:
+            real(fd, when, attrs)
+
+    monkeypatch.setattr(termios, "tcsetattr", tcsetattr)
+    try:
+        with pytest.raises(SystemExit) as ended, typeahead(slave):
+            pass
+        assert seen and ended.value.code == 143 and termios.tcgetattr(slave) == before
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, handler)
