@@ -85,6 +85,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.is_closed = False  # everything the app opened is closed (the engine stopped)
         self._close_lock = threading.Lock()  # (orders the load's hand-over and the close)
         self.quit_signals: tuple[int, ...] = ()  # QUIT_SIGNALS, while the app handles them
+        self._handlers_before: dict[int, object] = {}  # (theirs before the app took them)
 
     def compose(self) -> ComposeResult:
         """The chat list | the banner, the branch shown and the message box."""
@@ -190,13 +191,28 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
     def _handle_quit_signals(self) -> None:
         """Quit on QUIT_SIGNALS as on Ctrl+Q (Python's default ended the process: the reply
         streaming lost, the terminal left in the alternate screen). Only in the main thread:
-        asyncio takes signals nowhere else, and the app then leaves them as they are."""
+        asyncio takes signals nowhere else, and the app then leaves them as they are. The
+        handlers found are put back as the app closes (`_release_quit_signals`)."""
         if threading.current_thread() is not threading.main_thread():
             return
         loop = asyncio.get_running_loop()
         for signum in QUIT_SIGNALS:
+            self._handlers_before[signum] = signal.getsignal(signum)
             loop.add_signal_handler(signum, self.quit_on_signal, signum)
         self.quit_signals = QUIT_SIGNALS
+
+    def _release_quit_signals(self) -> None:
+        """Give QUIT_SIGNALS back to the handlers they had before the app. asyncio's removal
+        leaves a signal's default action, which ended the process without the clean-up of
+        whoever ran the app: `run`'s typeahead(), whose handler restores the terminal, lost
+        its SIGTERM and SIGHUP from here until it ended (no echo, no line editing left)."""
+        loop = asyncio.get_running_loop()
+        for signum in self.quit_signals:
+            loop.remove_signal_handler(signum)
+            before = self._handlers_before.pop(signum, None)
+            if before is not None:  # (None: set outside Python, it cannot be put back)
+                signal.signal(signum, before)
+        self.quit_signals = ()
 
     def quit_on_signal(self, signum: int) -> None:
         """Quit as Ctrl+Q does, with exit status 128 + `signum`; nothing once quitting."""
@@ -227,7 +243,4 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         if self.chats is not None:
             self.chats.close()
         self.is_closed = stopped
-        loop = asyncio.get_running_loop()  # (a signal during the close waited for its end)
-        for signum in self.quit_signals:
-            loop.remove_signal_handler(signum)
-        self.quit_signals = ()
+        self._release_quit_signals()  # (a signal during the close waited for its end)

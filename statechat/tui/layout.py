@@ -11,6 +11,7 @@ from textual.widgets import Footer, Header, Static
 
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
+from statechat.tui.widgets.message_view import MessageView
 
 EMBEDDED_BANNER = (
     "Embedded tiny Qwen3.5 with RANDOM weights: replies are noise, the cache at work is real. "
@@ -24,6 +25,7 @@ NARROW_COLUMNS = 50  # a terminal narrower shows the chat list only while it has
 BANNER_ROWS = 16  # a terminal shorter hides the banner
 BANNER_COLUMNS = 128  # one narrower shows SHORT_BANNER (the long one would take 4+ rows)
 BARS_ROWS = 10  # a terminal shorter hides the header and the footer too
+TAKES_NO_TEXT = (MessageView, ConversationList)  # focused, a paste goes to the box instead
 
 
 class LayoutMixin:
@@ -44,6 +46,17 @@ class LayoutMixin:
         if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
             self._fit(self.size)
 
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste made while a message or the chat list has focus (Textual gives it to the
+        focused widget, and these take no text: it was lost) goes into the box at its cursor,
+        the box focused, as after Ctrl+O. A paste into the box bubbles here too: left alone."""
+        if self.is_closing or not isinstance(self.focused, TAKES_NO_TEXT):
+            return
+        event.stop()
+        composer = self.query_one(Composer)
+        self._focus_composer()
+        composer.replace(event.text, *composer.selection, maintain_selection_offset=False)
+
     def _fit(self, size) -> None:
         """Leave a small terminal's rows and columns to the messages and the box: the box grows
         with its lines to COMPOSER_ROWS or a third of the rows, the chat list takes a third of
@@ -55,13 +68,33 @@ class LayoutMixin:
         narrow = width < NARROW_COLUMNS
         low, high = SIDEBAR_COLUMNS
         chats.styles.width = "1fr" if narrow else max(low, min(high, width // 3))
-        chats.display = not narrow or chats.has_focus
-        self.query_one("#main").display = not (narrow and chats.has_focus)
+        listing = chats is self.default_screen.focused  # (has_focus lags a focus move)
+        chats.display = not narrow or listing
+        self.query_one("#main").display = not (narrow and listing)
         banner = self.query_one("#banner", Static)
         banner.display = self.is_embedded and height >= BANNER_ROWS
         banner.update(EMBEDDED_BANNER if width >= BANNER_COLUMNS else SHORT_BANNER)
         for bar in (self.query_one(Header), self.query_one(Footer)):
             bar.display = height >= BARS_ROWS
+
+    def action_focus_next(self) -> None:
+        """Tab: focus the next part, in the same order at every width (the chat list, the
+        messages, the box)."""
+        self._move_focus(super().action_focus_next)
+
+    def action_focus_previous(self) -> None:
+        """Shift+Tab: focus the previous part, in the same order at every width."""
+        self._move_focus(super().action_focus_previous)
+
+    def _move_focus(self, move) -> None:
+        """Run Textual's focus move `move` over every part: a narrow terminal hides the chat
+        list or the chat (#main), and Textual skips what is hidden, so Tab from the list, which
+        then filled the terminal, found nothing else and the focus stayed there. Then show the
+        part now focused (and hide the other) as `_fit` does."""
+        self.query_one(ConversationList).display = True
+        self.query_one("#main").display = True
+        move()
+        self._fit(self.size)
 
     def _focus_composer(self) -> None:
         self.query_one("#main").display = True  # (hidden while the list fills a narrow terminal)

@@ -6,8 +6,10 @@ eats Ctrl+Q and Ctrl+S (XON/XOFF flow control: a Ctrl+Q pressed then never reach
 which kept running) and echoes what is typed over the shell (`^Q` left on it after the app).
 `typeahead()`, entered first thing, turns flow control, echo and line editing off, so every
 key waits for the app (Textual reads it as the app starts), and puts the terminal back as it
-was once the app is done, also when SIGTERM, SIGHUP or SIGQUIT end the start (they exit with
-status 128 + their number). Ctrl+C and Ctrl+Z still signal until the app takes the terminal.
+was once the app is done, also when SIGTERM, SIGHUP or SIGQUIT come while it starts or after
+the app has given them back (they exit with status 128 + their number; the app quits on SIGTERM
+and SIGHUP itself while it runs). Ctrl+C and Ctrl+Z still signal until the app takes the
+terminal.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 try:
     import termios
@@ -53,32 +55,41 @@ def typeahead(fd: int | None = None) -> Iterator[None]:
     attrs[0] &= ~(termios.IXON | termios.IXOFF)  # iflag
     attrs[3] &= ~(termios.ECHO | termios.ICANON)  # lflag
     attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 1, 0  # cc: (each key readable at once)
-    with contextlib.suppress(termios.error):
-        termios.tcsetattr(fd, termios.TCSANOW, attrs)
-    try:
-        with _exit_on(ENDING_SIGNALS):  # (a signal's default action would skip the `finally`)
-            yield
-    finally:
+
+    def restore() -> None:
         with contextlib.suppress(termios.error):
             termios.tcsetattr(fd, termios.TCSANOW, before)
 
+    # (the signals are taken before the terminal changes and given back once it is restored:
+    # a default action in between would leave it changed)
+    with _exit_on(ENDING_SIGNALS, restore):
+        try:
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(fd, termios.TCSANOW, attrs)
+            yield
+        finally:
+            restore()
+
 
 @contextlib.contextmanager
-def _exit_on(signums: tuple[int, ...]) -> Iterator[None]:
-    """Within it (in the main thread), each of `signums` whose action is the default raises
-    SystemExit(128 + its number), so that the blocks being left run their clean-up; the
-    handlers before come back at the end (the app installs its own while it runs)."""
+def _exit_on(signums: tuple[int, ...], clean_up: Callable[[], None]) -> Iterator[None]:
+    """Within it (in the main thread), each of `signums` whose action is the default runs
+    `clean_up` and raises SystemExit(128 + its number), so that the blocks being left run
+    their clean-up too (`clean_up` runs first, as a signal may come in the middle of theirs);
+    the handlers before come back at the end (the app installs its own while it runs, and
+    gives these back as it closes)."""
+
+    def raise_exit(signum, frame) -> None:
+        clean_up()
+        raise SystemExit(128 + signum)
+
     before = {}
     with contextlib.suppress(ValueError):  # (not the main thread: signals stay as they were)
         for signum in signums:
             if signal.getsignal(signum) is signal.SIG_DFL:
-                before[signum] = signal.signal(signum, _raise_exit)
+                before[signum] = signal.signal(signum, raise_exit)
     try:
         yield
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
-
-
-def _raise_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)

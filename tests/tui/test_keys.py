@@ -1,16 +1,20 @@
 """Keys go on doing what they did: after a regenerate or a deleted branch the focus stays on
 the message shown in its place (it fell to the chat list, where `r` did nothing and Delete
-deleted the whole chat), Esc cancels an edit before it stops a reply, and the chat list,
-focused, highlights a chat so that Enter opens it."""
+deleted the whole chat), Esc cancels an edit before it stops a reply, the chat list,
+focused, highlights a chat so that Enter opens it, and a paste made with a message or the chat
+list focused lands in the message box (it was dropped)."""
 
 from __future__ import annotations
 
 import asyncio
 
+from textual import events
+
 from statechat.config import EngineConfig
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.composer import Composer
+from statechat.tui.widgets.conversation_list import ConversationList
 from tests.tui.test_app import header, make_app, send, status, views, wait_idle, wait_ready
 from tests.tui.test_edge_cases import LONG_REPLY, focus_message, start_long_reply
 
@@ -82,3 +86,29 @@ def test_the_chat_list_focused_highlights_a_chat(loaded, tmp_path):
             assert views(app)[0].message.content == "chat a"
 
     asyncio.run(run())
+
+
+def test_a_paste_lands_in_the_box_from_wherever_the_focus_is(loaded, tmp_path):
+    """A message and the chat list take no text, so a paste made while one of them had focus
+    was lost. It now goes into the box at its cursor, the box focused, as Ctrl+O then the
+    paste would (test_app's paste into the box shows it is not doubled)."""
+
+    async def run(size):
+        app = make_app(loaded, tmp_path / f"{size[0]}")
+        async with app.run_test(size=size) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            composer, chats = app.query_one(Composer), app.query_one(ConversationList)
+            composer.set_text("draft ")
+            await focus_message(pilot, app, 1)
+            app.post_message(events.Paste("one\ntwo"))  # (as the terminal driver delivers it)
+            await pilot.pause()
+            assert app.focused is composer and composer.text == "draft one\ntwo"
+            await pilot.press("ctrl+l")
+            app.post_message(events.Paste(" three"))
+            await pilot.pause()
+            assert app.focused is composer and composer.text == "draft one\ntwo three"
+            assert app.query_one("#main").display and chats.display == (size[0] >= 50)
+
+    for size in ((120, 50), (40, 12)):  # (the narrow one shows the chat list in the chat's place)
+        asyncio.run(run(size))

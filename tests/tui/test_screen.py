@@ -1,8 +1,9 @@
 """What the screen shows: a reply's decode rate is the engine's (it was timed from when the
 app began reading the stream, so it was inflated, or missing), a one-token reply says
 "1 token", zero-width joiners stay in text and titles (emoji and Persian words broke), a
-small terminal leaves room for the messages and the box, and no terminal size, nor any run of
-resizes, crashes the app (growing back from 30x8 did)."""
+small terminal leaves room for the messages and the box, Tab and Shift+Tab move through the
+same parts at every width (a narrow terminal's chat list kept the focus), and no terminal size,
+nor any run of resizes, crashes the app (growing back from 30x8 did)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,44 @@ def test_a_small_terminal_leaves_room_for_the_messages(loaded, tmp_path, size):
             assert chats.display and app.focused is chats
             await pilot.press("ctrl+o")
             assert not chats.display and app.focused is composer
+
+    asyncio.run(run())
+
+
+def focus_name(app) -> str:
+    """What has focus, and that it shows: 'list', 'box' or a message's role."""
+    focused = app.focused
+    assert all(node.display for node in focused.ancestors_with_self), f"{focused} is hidden"
+    if isinstance(focused, ConversationList):
+        return "list"
+    return "box" if isinstance(focused, Composer) else focused.message.role
+
+
+@pytest.mark.parametrize("size", [(120, 40), (49, 20), (40, 12)])
+def test_tab_leaves_the_chat_list_on_a_narrow_terminal(loaded, tmp_path, size):
+    """Below 50 columns the chat list, focused, fills the terminal and the chat is hidden, so
+    Tab and Shift+Tab found nothing else to focus: only Enter or Ctrl+O left the list. They
+    now go round the list, the messages and the box as on a wide terminal, each part shown
+    as soon as it has focus."""
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=size) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            for key, order in (
+                ("tab", ["user", "assistant", "box", "list"]),
+                ("shift+tab", ["box", "assistant", "user", "list"]),
+            ):
+                await pilot.press("ctrl+l")
+                seen = []
+                for _ in order:
+                    await pilot.press(key)
+                    seen.append(focus_name(app))
+                assert seen == order, key
+            await pilot.press("ctrl+l")
+            app.action_focus_next()  # (shown at once, before the list's blur is handled)
+            assert focus_name(app) == "user"
 
     asyncio.run(run())
 

@@ -107,3 +107,70 @@ def test_a_kill_while_run_starts_gives_the_terminal_back(pty):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_kill_after_the_app_ended_gives_the_terminal_back(pty, loaded, tmp_path, name):
+    """The app takes SIGTERM and SIGHUP while it runs, and giving them back as it closed left
+    them at their default action, not typeahead's: a kill between the app's close and the end
+    of typeahead ended the process with the terminal still without echo or line editing."""
+    import asyncio
+    import signal
+
+    from tests.tui.test_app import make_app, wait_ready
+
+    if not hasattr(signal, name):
+        pytest.skip(f"no {name} on this platform")
+    signum = getattr(signal, name)
+
+    async def run_app() -> None:
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_ready(pilot, app)
+            assert signum in app.quit_signals
+
+    _, slave = pty
+    before, handler = termios.tcgetattr(slave), signal.signal(signum, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as ended, typeahead(slave):
+            asyncio.run(run_app())
+            # (checked first: the default action would end pytest itself)
+            assert signal.getsignal(signum) is not signal.SIG_DFL
+            os.kill(os.getpid(), signum)
+        assert ended.value.code == 128 + signum and termios.tcgetattr(slave) == before
+        assert signal.getsignal(signum) is signal.SIG_DFL
+    finally:
+        signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("moment", ["right after the change", "as the restore begins"])
+def test_a_kill_at_either_end_of_typeahead_gives_the_terminal_back(pty, monkeypatch, moment):
+    """typeahead() took the signals only after it changed the terminal and gave them back
+    before it restored it, so SIGTERM's default action at either moment left the terminal
+    changed; and a signal as the restore began raised before it ran. Here SIGTERM comes
+    right after the terminal is changed, or as its restore begins."""
+    import signal
+
+    _, slave = pty
+    before, handler = termios.tcgetattr(slave), signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    real, seen = termios.tcsetattr, []
+
+    def tcsetattr(fd, when, attrs):
+        is_restore = attrs == before
+        if not is_restore:
+            real(fd, when, attrs)
+        if is_restore == (moment == "as the restore begins") and not seen:
+            seen.append(signal.getsignal(signal.SIGTERM))
+            assert seen[0] is not signal.SIG_DFL  # (checked first: it would end pytest)
+            os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs before the next line)
+        if is_restore:
+            real(fd, when, attrs)
+
+    monkeypatch.setattr(termios, "tcsetattr", tcsetattr)
+    try:
+        with pytest.raises(SystemExit) as ended, typeahead(slave):
+            pass
+        assert seen and ended.value.code == 143 and termios.tcgetattr(slave) == before
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, handler)
