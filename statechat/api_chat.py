@@ -1,6 +1,8 @@
 """POST /v1/chat/completions: a body's prompt (its messages through the model's chat template)
 and the shape of its choices (`message`, a stream's `delta`s, `logprobs.content`); vLLM's
-`prompt_logprobs`, when asked, is a field of the whole response (the rendered prompt's)."""
+`prompt_logprobs`, when asked, is a field of the whole response (the rendered prompt's). Once a
+reply is sent, the prefix its conversation's next request will start with is computed while
+the engine has nothing else to do (`warm_after_reply`)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from statechat.api_request import (
     continues_final_message,
     parse_messages,
 )
+from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput, StreamEvent
-from statechat.engine.worker import EngineWorker
+from statechat.engine.worker import EngineWorker, RequestHandle
 from statechat.errors import StatechatError
 
 # the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
@@ -33,6 +36,27 @@ def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict) -> list
     except StatechatError as e:
         kwargs = str(e).startswith("chat_template_kwargs")
         raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
+
+
+def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
+                     outputs: list[RequestOutput]) -> RequestHandle | None:
+    """(Once a chat completion is sent) have the engine compute the prefix the conversation's
+    next request starts with: its messages, the reply, and a user message's header
+    (chat/next_turn.py). A thinking template renders an earlier reply without its reasoning,
+    so without this each turn computes the last answer again. Only for a reply of one choice
+    that ended of itself (not aborted), and only while the engine serves no other request: a
+    busy server spends no work on a turn that may not come. The warm-up's handle, or None."""
+    if len(outputs) != 1 or outputs[0].finish_reason == "abort" or not worker.idle():
+        return None
+    out, messages = outputs[0], parse_messages(body.get("messages"))
+    kwargs = merge_template_kwargs(template_kwargs, body.get("chat_template_kwargs"))
+    text = out.text
+    if continues_final_message(body, messages):  # (the reply goes on the last message)
+        text = messages.pop()["content"] + text
+    try:
+        return warm_next_turn(worker, messages, text, out, kwargs)
+    except StatechatError:  # (the engine stopping, a prefix past the context)
+        return None
 
 
 class ChatShape(Shape):

@@ -1,12 +1,15 @@
 """The HTTP side of the API server (server.py): requests on keep-alive connections, bodies
 read with a bound (a refused one drained, so the client reads the answer), JSON answers, and
-every error in OpenAI's shape, http.server's own included. The server tracks which connections
-are idle (`connection_state`), so that a stop can close them."""
+every error in OpenAI's shape, http.server's own included, a closed connection noticed while
+its answer is made (`_gone`), and field names fit for a log line (`named`). The server tracks
+which connections are idle (`connection_state`), so that a stop can close them."""
 
 from __future__ import annotations
 
 import hmac
 import json
+import selectors
+import socket
 import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -16,6 +19,8 @@ from statechat.api_request import ApiError
 MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
+MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
+MAX_NAME_CHARS = 40  # of each name logged
 
 
 class JsonHandler(BaseHTTPRequestHandler):
@@ -133,3 +138,28 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def _methods_message(self) -> str:
         return f"method {self.command} is not supported here"
+
+    def _gone(self) -> bool:
+        """Whether the client closed its connection while it waits for the answer (it sends
+        nothing more then, so a readable socket with no data is a closed one)."""
+        try:
+            with selectors.DefaultSelector() as ready:  # (select.select stops at fd 1024)
+                ready.register(self.connection, selectors.EVENT_READ)
+                if not ready.select(0):
+                    return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except ConnectionError:
+            return True
+        except (OSError, ValueError):  # (not a sign the client left)
+            return False
+
+
+def named(names: list[str]) -> str:
+    """The first MAX_LOGGED_FIELDS names for a log line, each escaped (no control characters)
+    and cut to MAX_NAME_CHARS, then how many more there are."""
+    shown = []
+    for name in names[:MAX_LOGGED_FIELDS]:
+        name = name if name.isprintable() else repr(name)[1:-1]
+        shown.append(name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 3] + "...")
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")

@@ -224,6 +224,10 @@ def serve(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None,
+    warm_next_turn: Annotated[bool, typer.Option(help=(
+        "While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
+        "thinking template drops the reply's reasoning from it, so it is not cached yet)."
+    ))] = True,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
@@ -239,7 +243,8 @@ def serve(
     warn_if_embedded(engine.loaded.path)
     try:
         serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
-                      template_kwargs, sampling, completion_max_tokens=max_tokens)
+                      template_kwargs, sampling, completion_max_tokens=max_tokens,
+                      warm_next_turn=warm_next_turn)
     except OSError as e:
         raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); "
                              "pick another --port") from None

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import gc
 import json
-import selectors
 import socket
 import sys
 import threading
@@ -29,7 +28,7 @@ import time
 import uuid
 from http.server import ThreadingHTTPServer
 
-from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt
+from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt, warm_after_reply
 from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
 from statechat.api_completions import (
     COMPLETION_FIELDS,
@@ -37,7 +36,7 @@ from statechat.api_completions import (
     CompletionShape,
     parse_completion,
 )
-from statechat.api_http import JsonHandler
+from statechat.api_http import JsonHandler, named
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
@@ -54,8 +53,6 @@ from statechat.errors import ShuttingDownError
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
-MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
-MAX_NAME_CHARS = 40  # of each name logged
 
 
 class ChatServer(ThreadingHTTPServer):
@@ -73,9 +70,10 @@ class ChatServer(ThreadingHTTPServer):
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
-                 completion_max_tokens: int | None = None) -> None:
+                 completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
+        self.warm_next_turn = warm_next_turn  # (api_chat.warm_after_reply)
         self.template_kwargs = template_kwargs or {}
         self.sampling = sampling or DEFAULT_SAMPLING
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
@@ -170,8 +168,10 @@ class Handler(JsonHandler):
         prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
         params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
                               vocab_size=worker.engine.loaded.config.vocab_size)
-        self._answer(body, ChatShape(worker.engine.tokenizer), [prompt_ids], params,
-                     parse_n(body), "messages")
+        outputs = self._answer(body, ChatShape(worker.engine.tokenizer), [prompt_ids], params,
+                               parse_n(body), "messages")
+        if outputs and self.server.warm_next_turn:
+            warm_after_reply(worker, body, self.server.template_kwargs, outputs)
 
     def _completions(self) -> None:
         body = self._body()
@@ -191,16 +191,16 @@ class Handler(JsonHandler):
                              self.command, self._route(), named(names))
 
     def _answer(self, body: dict, shape: Shape, prompts: list[list[int]], params: SamplingParams,
-                n: int, param: str) -> None:
+                n: int, param: str) -> list[RequestOutput] | None:
         """Submit n choices per prompt and send them, whole or streamed; abort every choice
-        still running when the client goes away."""
+        still running when the client goes away. The outputs once all were sent, else None."""
         stream, include_usage = parse_stream(body)
         try:
             choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
         except ClientGone as e:
             self.close_connection = True
             self._log_ended(e.choices)
-            return
+            return None
         except ShuttingDownError as e:  # (the server stops: not the request's fault)
             self._log_ended(getattr(e, "choices", None))  # (n > 1: choice 0 may have run)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
@@ -213,6 +213,7 @@ class Handler(JsonHandler):
                 self._send_json(200, response(shape, head, choices.results(self._gone), n))
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
+            return None
         except Exception as e:
             if stream:
                 raise
@@ -220,20 +221,8 @@ class Handler(JsonHandler):
                            kind="server_error") from None
         finally:
             self._log_ended(choices)
-
-    def _gone(self) -> bool:
-        """Whether the client closed its connection while it waits for the answer (it sends
-        nothing more then, so a readable socket with no data is a closed one)."""
-        try:
-            with selectors.DefaultSelector() as ready:  # (select.select stops at fd 1024)
-                ready.register(self.connection, selectors.EVENT_READ)
-                if not ready.select(0):
-                    return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
-        except ConnectionError:
-            return True
-        except (OSError, ValueError):  # (not a sign the client left)
-            return False
+        outputs = [handle.output for handle in choices.handles]
+        return outputs if None not in outputs else None  # (None: a choice ended in an error)
 
     def _stream(self, shape: Shape, choices: Choices, head: dict, include_usage: bool) -> None:
         self.send_response(200)
@@ -282,23 +271,12 @@ class Handler(JsonHandler):
         )
 
 
-def named(names: list[str]) -> str:
-    """The first MAX_LOGGED_FIELDS names for a log line, each escaped (no control characters)
-    and cut to MAX_NAME_CHARS, then how many more there are."""
-    shown = []
-    for name in names[:MAX_LOGGED_FIELDS]:
-        name = name if name.isprintable() else repr(name)[1:-1]
-        shown.append(name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 3] + "...")
-    more = len(names) - len(shown)
-    return ", ".join(shown) + (f" and {more} more" if more else "")
-
-
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
           template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
-          completion_max_tokens: int | None = None) -> None:
+          completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
     `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
-    request (ChatServer's)."""
+    request, and `warm_next_turn` whether replies' next turns are computed (ChatServer's)."""
     import signal
 
     def _stop(signum, frame):
@@ -306,7 +284,8 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
 
     signal.signal(signal.SIGTERM, _stop)
     server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
-                        sampling=sampling, completion_max_tokens=completion_max_tokens)
+                        sampling=sampling, completion_max_tokens=completion_max_tokens,
+                        warm_next_turn=warm_next_turn)
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -96,3 +98,21 @@ def engine_config(device: str) -> dict[str, object]:
     """EngineConfig fields for a module's tiny engine on `device`: on a GPU a small share of
     its memory, so the engine tests that follow size their caches as usual."""
     return {"device": device, "memory_fraction": 0.05} if device != "cpu" else {"device": device}
+
+
+# Qwen3.5's shape, in brief: an earlier reply's reasoning dropped, a generation prompt that
+# opens <think>
+THINKING = (
+    "{%- for m in messages %}{%- set c = m['content'] | trim %}"
+    "{%- if m['role'] == 'assistant' and '</think>' in c %}"
+    "{%- set c = c.split('</think>')[-1] | trim %}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
+
+def with_template(loaded, template: str):
+    """`loaded` (a LoadedModel) with its tokenizer rendering chats by `template`."""
+    tokenizer = copy.copy(loaded.tokenizer)
+    tokenizer.chat_template = template
+    return dataclasses.replace(loaded, tokenizer=tokenizer)

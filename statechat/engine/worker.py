@@ -86,7 +86,9 @@ class RequestHandle:
                 yield item
 
     def abort(self) -> None:
-        self.worker.abort(self)
+        """Stop the request (a no-op once its end was read: nothing is left to stop)."""
+        if not self.ended:
+            self.worker.abort(self)
 
 
 class EngineWorker:
@@ -110,6 +112,11 @@ class EngineWorker:
 
         with self.tokenizer_lock:
             return render(self.engine.tokenizer, messages, add_generation_prompt, template_kwargs)
+
+    def idle(self) -> bool:
+        """Whether no request is queued or running (seen from another thread: the state of a
+        moment, which the next submit changes)."""
+        return not self._live and self._inbox.empty()
 
     @property
     def max_model_len(self) -> int:

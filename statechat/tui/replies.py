@@ -16,11 +16,11 @@ import time
 
 from textual import work
 
+from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.tree import GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
 from statechat.tui.format import one_line, reply_stats, status_line
-from statechat.tui.next_turn import warm_next_turn
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList

@@ -43,10 +43,11 @@ def started(monkeypatch, shared_engine):
             pass
 
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
-              completion_max_tokens=None):
+              completion_max_tokens=None, warm_next_turn=True):
         worker.shutdown()
         got["serve"] = sampling
         got["completion_max_tokens"] = completion_max_tokens
+        got["warm_next_turn"] = warm_next_turn
 
     if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
         monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
@@ -205,3 +206,11 @@ def test_run_ends_the_process_at_once_after_its_app_closed():
         assert done.returncode == 3, done.stderr
         assert done.stdout == "the app's last words\n"
         assert ("fast exit" in done.stderr) == fast
+
+
+@pytest.mark.parametrize("flag, warm", [([], True), (["--no-warm-next-turn"], False)])
+def test_serve_warms_the_next_turn_unless_told_not_to(started, flag, warm):
+    result = CliRunner().invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
+                                          str(EMBEDDED_MODEL), *flag])
+    assert result.exit_code == 0, result.output
+    assert started["warm_next_turn"] is warm

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 from statechat.api_chat import CHAT_FIELDS, chat_prompt
 from statechat.api_completions import COMPLETION_FIELDS, parse_completion
+from statechat.api_http import named
 from statechat.api_request import DEFAULT_SAMPLING, SHARED_FIELDS, parse_params, parse_stream
-from statechat.server import named
 from tests.server.conftest import KEY
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "temperature": 0}

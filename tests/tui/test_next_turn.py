@@ -7,31 +7,15 @@ checkpoints hold it, it computes nothing."""
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
 import time
 
+from statechat.chat.next_turn import next_turn_prefix, worth_warming
 from statechat.engine.output import RequestOutput
 from statechat.engine.sampling import SamplingParams
-from statechat.tui.next_turn import next_turn_prefix, worth_warming
+from tests.helpers import THINKING, with_template
 from tests.tui.test_app import make_app, send, views, wait_ready
 
-# Qwen3.5's shape, in brief: an earlier reply's reasoning dropped, a generation prompt that
-# opens <think>
-THINKING = (
-    "{%- for m in messages %}{%- set c = m['content'] | trim %}"
-    "{%- if m['role'] == 'assistant' and '</think>' in c %}"
-    "{%- set c = c.split('</think>')[-1] | trim %}{%- endif %}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
-)
 LONG = SamplingParams(max_tokens=150, ignore_eos=True)
-
-
-def with_template(loaded, template: str):
-    tokenizer = copy.copy(loaded.tokenizer)
-    tokenizer.chat_template = template
-    return dataclasses.replace(loaded, tokenizer=tokenizer)
 
 
 def two_turns(loaded, tmp_path, template: str) -> tuple[object, dict, list[int]]:

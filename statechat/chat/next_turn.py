@@ -1,14 +1,16 @@
-"""Computing the next turn's prefix while the user types (`warm_next_turn`).
+"""Computing the next turn's prefix while the user types (`warm_next_turn`), for the app and,
+once a reply is sent, for the server (`api_chat.warm_after_reply`).
 
 A reply's own checkpoints (prompt end, reply end) serve the next turn only as far as the next
 prompt repeats the tokens they were made from. Templates of thinking models do not: Qwen3.5's
 renders an earlier reply without its reasoning (and without the `<think>` that opened it), so
 the next prompt leaves the last one right after the reply's `<|im_start|>assistant\\n`, and the
-next turn would compute the whole answer again. So once a reply ends, the app renders the
-conversation as the next turn's prompt will start (the template applied with a user message
-after the reply, cut where that message's text begins) and, when that reaches at least a block
-past every checkpoint the reply left, has the engine compute it (a request for no tokens: its
-prompt-end checkpoint is saved, as any prompt's). The next message then resumes from there.
+next turn would compute the whole answer again. So once a reply ends, the app (or the server)
+renders the conversation as the next turn's prompt will start (the template applied with a
+user message after the reply, cut where that message's text begins) and, when that reaches at
+least a block past every checkpoint the reply left, has the engine compute it (a request for
+no tokens: its prompt-end checkpoint is saved, as any prompt's). The next message then
+resumes from there.
 With a template that repeats the reply as it was made (plain ChatML), nothing is computed.
 """
 
