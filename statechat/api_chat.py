@@ -6,6 +6,9 @@ the engine has nothing else to do (`warm_after_reply`)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_request import (
@@ -19,6 +22,8 @@ from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.worker import EngineWorker, RequestHandle
 from statechat.errors import StatechatError
+
+log = logging.getLogger("statechat.server")
 
 # the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_generation_prompt",
@@ -44,8 +49,10 @@ def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
     next request starts with: its messages, the reply, and a user message's header
     (chat/next_turn.py). A thinking template renders an earlier reply without its reasoning,
     so without this each turn computes the last answer again. Only for a reply of one choice
-    that ended of itself (not aborted), and only while the engine serves no other request: a
-    busy server spends no work on a turn that may not come. The warm-up's handle, or None."""
+    that ended of itself (not aborted), and only while the engine serves no other request,
+    before the renders and again after them: a busy server spends no work on a turn that may
+    not come, and the warm-up, speculative, yields to any request that comes while it runs.
+    The warm-up's handle, or None."""
     if len(outputs) != 1 or outputs[0].finish_reason == "abort" or not worker.idle():
         return None
     out, messages = outputs[0], parse_messages(body.get("messages"))
@@ -54,9 +61,44 @@ def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
     if continues_final_message(body, messages):  # (the reply goes on the last message)
         text = messages.pop()["content"] + text
     try:
-        return warm_next_turn(worker, messages, text, out, kwargs)
+        return warm_next_turn(worker, messages, text, out, kwargs, still=worker.idle)
     except StatechatError:  # (the engine stopping, a prefix past the context)
         return None
+
+
+class NextTurns:
+    """The server's warm-ups (`warm_after_reply`), made by a thread of their own so that a
+    request's thread is free once its answer is sent; only the latest reply's is made (an
+    older one waiting is dropped: a newer reply means the engine was not idle for it)."""
+
+    def __init__(self, worker: EngineWorker, template_kwargs: dict) -> None:
+        self.worker, self.template_kwargs = worker, template_kwargs
+        self._latest: tuple[dict, list[RequestOutput]] | None = None
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.last: RequestHandle | None = None  # the last warm-up submitted
+        self.considered = 0  # replies taken from `after_reply` so far (made or not)
+
+    def after_reply(self, body: dict, outputs: list[RequestOutput]) -> None:
+        with self._ready:
+            self._latest = (body, outputs)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="statechat-next-turn",
+                                                daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._latest is not None)
+                (body, outputs), self._latest = self._latest, None
+            try:
+                self.last = warm_after_reply(self.worker, body, self.template_kwargs,
+                                             outputs) or self.last
+            except Exception:  # (a warm-up never takes the server down)
+                log.exception("statechat: the next turn's warm-up failed")
+            self.considered += 1
 
 
 class ChatShape(Shape):

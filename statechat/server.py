@@ -28,7 +28,7 @@ import time
 import uuid
 from http.server import ThreadingHTTPServer
 
-from statechat.api_chat import CHAT_FIELDS, ChatShape, chat_prompt, warm_after_reply
+from statechat.api_chat import CHAT_FIELDS, ChatShape, NextTurns, chat_prompt
 from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
 from statechat.api_completions import (
     COMPLETION_FIELDS,
@@ -73,8 +73,8 @@ class ChatServer(ThreadingHTTPServer):
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
-        self.warm_next_turn = warm_next_turn  # (api_chat.warm_after_reply)
         self.template_kwargs = template_kwargs or {}
+        self.next_turns = NextTurns(worker, self.template_kwargs) if warm_next_turn else None
         self.sampling = sampling or DEFAULT_SAMPLING
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
         self.created = int(time.time())
@@ -170,8 +170,8 @@ class Handler(JsonHandler):
                               vocab_size=worker.engine.loaded.config.vocab_size)
         outputs = self._answer(body, ChatShape(worker.engine.tokenizer), [prompt_ids], params,
                                parse_n(body), "messages")
-        if outputs and self.server.warm_next_turn:
-            warm_after_reply(worker, body, self.server.template_kwargs, outputs)
+        if outputs and self.server.next_turns is not None:
+            self.server.next_turns.after_reply(body, outputs)
 
     def _completions(self) -> None:
         body = self._body()

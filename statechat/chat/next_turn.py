@@ -16,6 +16,8 @@ With a template that repeats the reply as it was made (plain ChatML), nothing is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from statechat.engine.output import RequestOutput
 from statechat.engine.sampling import SamplingParams
 
@@ -50,11 +52,12 @@ def _shared_len(a: list[int], b: list[int]) -> int:
 
 
 def warm_next_turn(worker, history: list[dict], text: str, out: RequestOutput | None,
-                   template_kwargs: dict | None):
+                   template_kwargs: dict | None, still: Callable[[], bool] = lambda: True):
     """(A worker thread, once a reply's stream ended) have the engine compute the next turn's
-    prefix when that saves the next message work; the request's handle, else None (nothing
-    to do: no cache, no reply text, a prefix the reply's checkpoints already cover, or one
-    past the context limit)."""
+    prefix when that saves the next message work, as a speculative request (it yields to any
+    other); the request's handle, else None (nothing to do: no cache, no reply text, a prefix
+    the reply's checkpoints already cover, one past the context limit, or `still()` false
+    once the prefix is rendered)."""
     config = worker.engine.config
     if out is None or not text or not config.enable_prefix_cache:
         return None
@@ -64,4 +67,7 @@ def warm_next_turn(worker, history: list[dict], text: str, out: RequestOutput | 
                                        template_kwargs=template_kwargs), history)
     if len(prefix) >= worker.max_model_len or not worth_warming(prefix, out, config.block_size):
         return None
-    return worker.submit(prefix, SamplingParams(max_tokens=0), request_id="next-turn")
+    if not still():
+        return None
+    return worker.submit(prefix, SamplingParams(max_tokens=0), request_id="next-turn",
+                         speculative=True)

@@ -43,6 +43,7 @@ class RequestHandle:
         self.sent_text = 0
         self.sent_tokens = 0
         self.started = threading.Event()  # set with its first event (its prompt is computed)
+        self.speculative = False  # (see EngineWorker.submit)
         self.ended = False  # its end mark was read
         self.error: BaseException | None = None  # the error it ended with, once read
 
@@ -124,13 +125,17 @@ class EngineWorker:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
                request_id: str = "",
-               checked: tuple[list[int], bytes] | None = None) -> RequestHandle:
+               checked: tuple[list[int], bytes] | None = None,
+               speculative: bool = False) -> RequestHandle:
         """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
         LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
-        prompt submitted several times is checked once)."""
+        prompt submitted several times is checked once). A `speculative` request (work done
+        ahead, such as a next turn's prefix) yields to every other: it is aborted as soon as
+        another request is added, so that it never delays one nor computes its prefix twice."""
         ids, packed = checked or self.engine.check_prompt(prompt_ids)
         ids = list(ids) if checked else ids  # (its sequence appends to it: one list each)
         handle = RequestHandle(self, ids, packed, params or SamplingParams(), request_id)
+        handle.speculative = speculative
         with self._submit_lock:
             if self._stopping:
                 raise ShuttingDownError("the engine is shutting down; try again once it is back")
@@ -182,6 +187,10 @@ class EngineWorker:
                 handle.put(e)
                 handle.put(_DONE)
                 return
+            if not handle.speculative:  # (work done ahead yields: see submit)
+                for ahead in [h for h in self._live.values() if h.speculative]:
+                    self.engine.abort(ahead.seq)
+                    self._publish(ahead)
             self._live[handle.seq.seq_id] = handle
         elif kind == "abort" and handle.seq is not None and handle.seq.seq_id in self._live:
             self.engine.abort(handle.seq)

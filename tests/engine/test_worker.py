@@ -69,3 +69,27 @@ def test_a_request_submitted_as_the_worker_stops_is_refused_not_left_unanswered(
     engine.check_prompt = check_then_stop
     with pytest.raises(ShuttingDownError, match="the engine is shutting down"):
         w.submit(list(range(3, 40)), SamplingParams(max_tokens=4))
+
+
+def test_a_speculative_request_yields_to_the_next_one():
+    """Work done ahead (a next turn's prefix) is aborted as soon as another request is added,
+    so that it never delays a request nor computes its prefix twice; a speculative request
+    does not make another speculative one yield."""
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu",
+                                                 max_num_batched_tokens=64), loaded=loaded))
+    ahead = worker.submit([3 + i % 300 for i in range(2000)], SamplingParams(max_tokens=0), speculative=True)
+    also = worker.submit([5 + i % 300 for i in range(2000)], SamplingParams(max_tokens=0), speculative=True)
+    real = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=2, ignore_eos=True))
+    assert real.result(timeout=60).finish_reason == "length"
+    assert ahead.result(timeout=60).finish_reason == "abort"
+    assert also.result(timeout=60).finish_reason == "abort"
+    assert worker.idle()
+    worker.shutdown()
+
+
+def test_a_finished_request_s_abort_queues_nothing(worker):
+    handle = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=2, ignore_eos=True))
+    handle.result(timeout=60)
+    handle.abort()
+    assert worker.idle()

@@ -60,22 +60,28 @@ def chat(srv, messages, stream: bool = False, **fields) -> tuple[str, dict]:
     return text, chunks[-1]["usage"]
 
 
-def settle(worker) -> None:
+def settle(srv, replies: int) -> None:
+    """Wait until the server has considered `replies` replies for a warm-up, and the warm-up
+    it made, if any, has ended."""
     deadline = time.monotonic() + 60
-    while not worker.idle():
+    while srv.next_turns is not None and srv.next_turns.considered < replies:
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    if srv.next_turns is not None and srv.next_turns.last is not None:
+        srv.next_turns.last.result(timeout=60)
 
 
-def two_turns(loaded, warm: bool, **fields) -> tuple[int, int, int]:
+def two_turns(loaded, warm: bool, busy: bool = False, **fields) -> tuple[int, int, int]:
     """Two requests of one conversation, the first reply long: (the second request's cached
     tokens, the first prompt's length, the next-turn prefix's length after the first reply)."""
     srv, thread = serving(loaded, warm)
+    if busy:  # (as if another client's request were running)
+        srv.worker.idle = lambda: False
     try:
         first = [{"role": "user", "content": "first"}]
         text, usage = chat(srv, first, max_tokens=150, **fields)
         history = [*first, {"role": "assistant", "content": text}]
-        settle(srv.worker)
+        settle(srv, 1)
         _, second = chat(srv, [*history, {"role": "user", "content": "second"}], max_tokens=1)
         prefix = next_turn_prefix(lambda ms: srv.worker.render(ms, False), history)
         return second["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"], len(prefix)
@@ -100,4 +106,9 @@ def test_without_it_the_reply_is_computed_again(loaded):
 
 def test_a_reply_of_several_choices_warms_nothing(loaded):
     cached, first, _ = two_turns(loaded, warm=True, n=2)
+    assert cached == (first - 1) // BLOCK * BLOCK
+
+
+def test_a_busy_engine_warms_nothing(loaded):
+    cached, first, _ = two_turns(loaded, warm=True, busy=True)
     assert cached == (first - 1) // BLOCK * BLOCK
