@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -151,16 +150,23 @@ class StoreWriter:
                     self._write(job)
                 elif job.ready is not None:  # (the disk tier is off: dropped, once its
                     job.ready()  # snapshots are complete)
-            except sqlite3.DatabaseError as e:  # the index failed: the disk tier is off
-                self.give_up(e)
             except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
-                self.errors += 1
-                log.warning("statechat cache: could not persist a checkpoint (%s)", e)
+                self._write_failed(e)
             finally:
                 if job is not None:
                     with self.pending_lock:
                         self.pending_bytes -= job.queued_bytes
                 self.queue.task_done()
+
+    def _write_failed(self, error: Exception) -> None:
+        """A job failed: an unusable index turns the disk tier off (`give_up`); anything else
+        (a lock another process held past the busy timeout, a full disk) costs that job alone,
+        counted in `errors` and logged."""
+        if index.is_unusable(error):
+            self.give_up(error)
+            return
+        self.errors += 1
+        log.warning("statechat cache: could not persist a checkpoint (%s)", error)
 
     def _write(self, job: SaveJob) -> None:
         """Keep the job in the host tier, write the blobs of what the disk lacks, then their
