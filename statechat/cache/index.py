@@ -146,6 +146,23 @@ def open_error(path: Path, e: Exception) -> ConfigError:
                        "file away to start afresh")
 
 
+UNUSABLE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_IOERR}
+
+
+def is_unusable(error: BaseException) -> bool:
+    """Whether `error` says the index file itself is unusable (damaged, not a database, a disk
+    I/O error): the disk tier is turned off then. A transient one (another process holds a lock
+    past the busy timeout, a full disk) is not: it costs the one save or lookup that met it.
+    SQLite's extended codes (SQLITE_IOERR_READ, ...) count by their primary code; an error
+    without a code (check_integrity's) counts unless it is an OperationalError."""
+    if not isinstance(error, sqlite3.DatabaseError):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in UNUSABLE_CODES
+    return not isinstance(error, sqlite3.OperationalError)
+
+
 def check_integrity(db: sqlite_utils.Database) -> None:
     """sqlite3.DatabaseError if SQLite's quick_check finds the file damaged (a page that no
     query has read yet would otherwise fail the first lookup that reads it)."""

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from statechat.cache import index
 from statechat.cache.store import SaveJob, StateStore
 from statechat.engine.pool import BlockPool, SlotPool
 
@@ -156,10 +157,10 @@ class CheckpointWriter:
         for check in self.disk_checks:
             if not check.done():
                 running.append(check)
-            elif isinstance(check.exception(), sqlite3.DatabaseError):
+            elif not check.cancelled() and index.is_unusable(check.exception()):
                 self.index_failed(check.exception())
                 return
-            elif check.cancelled() or check.exception() is not None:
+            elif check.cancelled() or check.exception() is not None:  # (a lock held elsewhere)
                 log.warning("statechat cache: could not ask the index which blocks are on disk "
                             "(%s)", "cancelled" if check.cancelled() else check.exception())
             else:

@@ -20,6 +20,7 @@ import sqlite3
 import time
 from concurrent.futures import Future, wait
 
+from statechat.cache import index
 from statechat.cache.blobs import BlobError
 from statechat.cache.store import Lookup, StateStore
 from statechat.engine.cost import DEVICE, DISK, HOST, PAGE_CACHE, CostModel
@@ -55,24 +56,31 @@ class PrefixCache(CheckpointWriter):
         first plan after a start prices disk reads at this machine's rate."""
         try:
             sample = self.store.read_rate_sample() if self.store is not None else None
-        except sqlite3.DatabaseError as e:
-            self.index_failed(e)
+        except sqlite3.DatabaseError as e:  # (a lock held elsewhere: no sample this time)
+            if index.is_unusable(e):
+                self.index_failed(e)
             return
         if sample is not None:
             self.cost.calibrate(PAGE_CACHE, *sample)
 
     # --- admission ----------------------------------------------------------------------
     def reuse(self, seq: Sequence) -> int:
-        """Restore the cheapest usable prefix of `seq` into its block table and resume slot (an
-        index that fails meanwhile turns the disk tier off: planned again from device memory)."""
+        """Restore the cheapest usable prefix of `seq` into its block table and resume slot. An
+        index error meanwhile plans it again from device memory alone; one that says the index
+        is unusable (index.is_unusable) turns the disk tier off too, while a transient one (a
+        lock another process held past the busy timeout) costs this request's disk hit alone."""
         self.disk_tier_on()
         for _ in range(3):  # a blob failing verification (or unreadable) drops out; plan again
             try:
                 return self._reuse_once(seq)
             except sqlite3.DatabaseError as e:
                 self._give_back(seq)
-                self.index_failed(e)
-                return self._reuse_once(seq)  # (device memory alone: no store left to fail)
+                if index.is_unusable(e):
+                    self.index_failed(e)
+                    return self._reuse_once(seq)  # (device memory alone: no store left to fail)
+                log.warning("statechat cache: the index could not be read (%s); this request "
+                            "goes on from memory", e)
+                return self._reuse_from_memory(seq)
             except BlobError:
                 self._give_back(seq)
                 # what this prompt was taken to have on disk may be what failed: its blocks
@@ -81,6 +89,14 @@ class PrefixCache(CheckpointWriter):
                 self.stored_ckpts.difference_update(seq.block_hashes)
                 self.persisted.difference_update(seq.block_hashes)
         return 0
+
+    def _reuse_from_memory(self, seq: Sequence) -> int:
+        """`_reuse_once` from device memory alone, the store kept for later requests."""
+        store, self.store = self.store, None
+        try:
+            return self._reuse_once(seq)
+        finally:
+            self.store = store
 
     def _give_back(self, seq: Sequence) -> None:
         """Release the blocks a failed restore left in `seq`'s block table."""

@@ -181,23 +181,50 @@ def test_checkpoints_turned_away_by_a_full_queue_are_saved_later(tiny_dirs, tmp_
 
 
 def test_a_reuse_s_mark_never_waits_for_a_full_queue(tmp_path):
-    """A reuse marks its rows as used through the writer's queue (`touch`); with the queue
-    full the mark is left out, at once, rather than holding up the step that admits it."""
+    """A reuse marks its rows as used (`touch`) at once, with the write queue full: the mark
+    is kept apart for the writer, never waits for room, and takes none."""
     import threading
 
     from statechat.cache.store import StateStore
 
     store = StateStore(tmp_path, queue_size=1)  # (no writer thread: nothing empties it)
+    store.queue.put_nowait(None)  # (full)
     done, took = threading.Event(), []
 
     def admit_twice():
         store.touch("ab" * 32)
         t = time.perf_counter()
-        store.touch("cd" * 32)  # (the queue is full now)
+        store.touch("cd" * 32)
         took.append(time.perf_counter() - t)
         done.set()
 
     threading.Thread(target=admit_twice, daemon=True).start()
     assert done.wait(5) and took[0] < 0.1
-    assert store.queue.qsize() == 1
+    assert store.queue.qsize() == 1 and set(store.touched) == {"ab" * 32, "cd" * 32}
     store.db.conn.close()
+
+
+def test_reuses_marked_while_the_engine_is_busy_leave_saves_their_room(tiny_dirs, tmp_path,
+                                                                       monkeypatch):
+    """A burst of reuses (each marks its rows as used) while the engine launches work takes no
+    room in the write queue from saves, and the marks land once the writer gets to them."""
+    from statechat.cache.store import writer
+
+    monkeypatch.setattr(writer, "MAX_DEFER_S", 30.0)
+    engine = cached_engine(tiny_dirs, tmp_path)
+    saved_after(engine, seed=6)
+    store = engine.store
+    with store.db_lock:
+        before = dict(store.db.execute("SELECT hash, last_used FROM checkpoints").fetchall())
+    time.sleep(0.05)
+    store.engine_busy(True)
+    for _ in range(100):
+        for h in before:
+            store.touch(h)
+    assert store.has_room(1)  # (the marks filled the queue: saves were turned away)
+    store.engine_busy(False)
+    store.flush()
+    with store.db_lock:
+        after = dict(store.db.execute("SELECT hash, last_used FROM checkpoints").fetchall())
+    engine.close()
+    assert all(after[h] > before[h] for h in before)

@@ -163,3 +163,32 @@ def test_verify_and_gc_remove_only_files_named_as_blobs(warm_cache):
     store.clear()
     assert notes.read_text() == "mine"
     assert sorted(p.relative_to(blobs_dir).as_posix() for p in blobs_dir.rglob("*")) == ["notes.md"]
+
+
+def test_verify_passes_over_what_an_engine_evicts_while_it_reads(warm_cache, monkeypatch):
+    """A live engine deletes a row, then its blob, between verify's list of rows and its read
+    of the blob: no damage to report (the cache was sound), nothing removed."""
+    from statechat.cache.store import maintenance
+
+    read, evicted = maintenance.read_blob, []
+
+    def evict_first(path, *args):
+        if not evicted:  # (another process's eviction: the row first, then the blob)
+            db = sqlite3.connect(warm_cache / "index.db")
+            rel = path.relative_to(warm_cache / "blobs").as_posix()
+            with db:
+                db.execute("DELETE FROM checkpoints WHERE blob = ?", [rel])
+                db.execute("DELETE FROM blocks WHERE segment_id IN "
+                           "(SELECT id FROM segments WHERE blob = ?)", [rel])
+                db.execute("DELETE FROM segments WHERE blob = ?", [rel])
+            db.close()
+            path.unlink()
+            evicted.append(rel)
+        return read(path, *args)
+
+    monkeypatch.setattr(maintenance, "read_blob", evict_first)
+    store = open_store(warm_cache)
+    report = store.verify()
+    store.close()
+    assert evicted and report["removed"] == [] and report["unreadable"] == []
+    assert report["ok"] == report["checked"]

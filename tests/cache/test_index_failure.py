@@ -2,12 +2,14 @@
 disk tier, never a request: the lookup or save that met it counts as no disk hit, one warning
 names the cache dir and the error, and the engine goes on from device memory with the disk tier
 off for the rest of the process (it raised out of the engine step, and with it out of the
-server or the app)."""
+server or the app). A lock another process holds past the busy timeout costs only the save or
+lookup that met it: the disk tier stays on."""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -83,7 +85,9 @@ def test_an_index_error_while_saving_turns_the_disk_tier_off(model, tmp_path, ca
 
     def failing_touch(*args):
         calls.append(args)
-        raise sqlite3.OperationalError("disk I/O error")
+        error = sqlite3.OperationalError("disk I/O error")
+        error.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE  # (an extended code, as SQLite's)
+        raise error
 
     monkeypatch.setattr(index, "touch_chain", failing_touch)
     with caplog.at_level(logging.WARNING, logger="statechat.cache"):
@@ -118,3 +122,68 @@ def test_an_index_error_in_a_lookup_is_no_disk_hit(model, tmp_path, caplog, monk
     assert out.token_ids == want[0] and out.reused_from == "device"
     assert out.num_cached_tokens == 192
     assert len(warnings_of(caplog)) == 1
+
+
+def locked(*args):
+    error = sqlite3.OperationalError("database is locked")
+    error.sqlite_errorcode = sqlite3.SQLITE_BUSY
+    raise error
+
+
+def num_checkpoints(cache_dir) -> int:
+    db = sqlite3.connect(cache_dir / "index.db")
+    try:
+        return db.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_a_lock_held_elsewhere_costs_a_save_not_the_disk_tier(model, tmp_path, caplog):
+    """Another connection inside BEGIN IMMEDIATE (a user's `sqlite3 index.db`) past the busy
+    timeout: the save that met it is lost, and once the lock goes saves land again."""
+    _, _, (first, second), want = model
+    engine = cached_engine(model, tmp_path)
+    store = engine.store
+    with store.db_lock:
+        store.db.execute("PRAGMA busy_timeout = 200")  # (not SQLite's 30 s)
+    other = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        out = engine.generate([first], PARAMS)[0]
+        store.flush()
+        assert store.errors >= 1 and num_checkpoints(tmp_path) == 0
+        other.execute("ROLLBACK")
+        other.close()
+        again = engine.generate([second], PARAMS)[0]
+        store.flush()
+    assert [out.token_ids, again.token_ids] == want
+    assert store.failed is None and engine.prefix.store is store
+    assert num_checkpoints(tmp_path) >= 1  # written again
+    assert not any("disk cache is off" in m for m in warnings_of(caplog))
+    engine.close()
+
+
+def test_a_locked_index_in_a_lookup_is_a_miss_for_that_request(model, tmp_path, monkeypatch):
+    _, _, (first, _), want = model
+    engine = cached_engine(model, tmp_path)
+    engine.generate([first], PARAMS)
+    engine.store.flush()
+    with monkeypatch.context() as patch:
+        patch.setattr(index, "checkpoints_present", locked)
+        patch.setattr(index, "blocks_present", locked)
+        out = engine.generate([first], PARAMS)[0]
+    assert out.token_ids == want[0] and out.reused_from == "device"
+    assert engine.store.failed is None and engine.prefix.store is engine.store
+    engine.store.flush()
+    engine.close()
+
+
+def test_a_cancelled_check_of_the_disk_is_passed_over(model, tmp_path):
+    _, _, (first, _), want = model
+    engine = cached_engine(model, tmp_path)
+    check = Future()
+    check.cancel()
+    engine.prefix.disk_checks.append(check)
+    out = engine.generate([first], PARAMS)[0]  # (it raised CancelledError)
+    assert out.token_ids == want[0] and engine.prefix.store is engine.store
+    engine.close()

@@ -110,6 +110,9 @@ class StoreMaintenance:
                 expected = {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}
                 read_blob(self.blob_dir / blob, fp, expected, crc)
             except BlobError as e:
+                if not self._still_indexed("checkpoints", "hash", h, blob):
+                    checked -= 1  # (evicted meanwhile, by a running engine: not damage)
+                    continue
                 if remove:
                     self._discard_checkpoint(h, blob, str(e), e.damaged)
                 (removed if e.damaged else unreadable).append(blob)
@@ -120,6 +123,9 @@ class StoreMaintenance:
                 expected = {k: (n, *v) for k, v in shapes.get("block", {}).items()}
                 read_blob(self.blob_dir / blob, fp, expected, crc)
             except BlobError as e:
+                if not self._still_indexed("segments", "id", sid, blob):
+                    checked -= 1
+                    continue
                 if remove:
                     self._discard_segment(blob, str(e), e.damaged)
                 (removed if e.damaged else unreadable).append(blob)
@@ -128,6 +134,13 @@ class StoreMaintenance:
                 "removed": removed, "unreadable": unreadable,
                 "orphans": [name for name, _ in orphans],
                 "orphans_freed": sum(size for _, size in orphans) if remove else 0}
+
+    def _still_indexed(self, table: str, key: str, value: object, blob: str) -> bool:
+        """Whether the row of `blob` (`key` = `value` in `table`) is still in the index: another
+        process's engine evicts rows, then their blobs, while `verify` reads."""
+        with self.db_lock:
+            return self.db.execute(f"SELECT 1 FROM {table} WHERE {key} = ? AND blob = ?",
+                                   [value, blob]).fetchone() is not None
 
     def stats(self) -> dict:
         """What the cache dir holds: counts of checkpoints, blocks and segments, bytes against

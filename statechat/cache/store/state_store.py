@@ -58,6 +58,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.max_pending_bytes = max_pending_bytes  # snapshots queued (device memory on a GPU)
         self.pending_bytes = 0
         self.pending_lock = threading.Lock()
+        self.touched: dict[str, float] = {}  # chain -> when a reuse last used it (`touch`)
         self.errors = 0
         self.failed: str | None = None  # why the index failed (`give_up`): the disk tier is off
         self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)

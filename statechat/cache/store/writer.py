@@ -2,7 +2,9 @@
 thread that keeps them in the host tier and persists them (blobs, then rows in one SQLite
 transaction).
 
-Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. The
+Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. A
+reuse's mark of its rows as used (`touch`) takes no room in it: the marks are kept apart, the
+latest per checkpoint, and written all at once in the writer's next transaction. The
 writer holds back while the engine says it is launching work (`engine_busy`), for at most
 MAX_DEFER_S per job: its Python steps would otherwise take the GIL from the kernel launches of
 a prefill. A save copies into the host tier (arena.py) and pins nothing.
@@ -10,10 +12,8 @@ a prefill. A save copies into the host tier (arena.py) and pins nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +28,7 @@ from statechat.cache.blobs.write import write_blob
 log = logging.getLogger("statechat.cache")
 MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
 WRITER_JOIN_S = 10  # how long a stop waits for the writer's last job, once the queue is flushed
+TOUCH_WAIT_S = 0.1  # the longest an idle writer leaves reuses' marks (`touch`) unwritten
 
 
 @dataclass
@@ -48,8 +49,7 @@ class SaveJob:
     ready: Callable[[], None] | None = None  # waits until device snapshots are complete
     queued_bytes: int = 0  # counted against the store's pending bound while queued
     chain: str | None = None  # the boundary's last block hash (hex): its checkpoint and the
-    # segments of its chain on disk count as used now (index.touch_chain); a job of nothing
-    # else is a reuse's (`touch`)
+    # segments of its chain on disk count as used now (index.touch_chain)
 
     def nbytes(self) -> int:
         """The bytes of the job's tensors, kept in `queued_bytes` too."""
@@ -60,7 +60,8 @@ class SaveJob:
 
 class StoreWriter:
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
-    pending_bytes, pending_lock, max_pending_bytes, errors, failed, engine_idle, _defer_left,
+    pending_bytes, pending_lock, max_pending_bytes, touched, errors, failed, engine_idle,
+    _defer_left,
     and host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
     comes from maintenance.py, `give_up` from state_store.py."""
 
@@ -89,9 +90,11 @@ class StoreWriter:
         """Mark the checkpoint at the block hash `chain` and the segments of its chain as used
         (index.touch_chain), from the writer thread: a prefix reused from any tier, or a
         checkpoint computed again that the disk holds already, reads no row and saves none, yet
-        it is in use. Never waits: with the queue full, the mark is left out."""
-        with contextlib.suppress(queue.Full):
-            self.queue.put_nowait(SaveJob(None, 0, None, chain=chain))
+        it is in use. Never waits, and takes no room in the queue from saves: the mark is kept
+        (the latest per `chain`) and written with the others in the writer's next transaction,
+        within TOUCH_WAIT_S when no save comes."""
+        with self.pending_lock:
+            self.touched[chain] = time.time()
 
     def has_room(self, nbytes: int, wait_s: float = 0.0) -> bool:
         """Whether `save` would take a job of `nbytes` now; with `wait_s`, wait up to that long
@@ -124,9 +127,12 @@ class StoreWriter:
         self._defer_left -= time.perf_counter() - t
 
     def flush(self, timeout: float = 60.0) -> None:
-        """Wait until every queued job is on disk (tests, shutdown)."""
+        """Wait until every queued job, and every reuse's mark (`touch`), is on disk (tests,
+        shutdown)."""
         deadline = time.time() + timeout
-        while self.queue.unfinished_tasks and time.time() < deadline:
+        while ((self.queue.unfinished_tasks or (self.touched and self.writer is not None
+                                                and self.failed is None))
+               and time.time() < deadline):
             time.sleep(0.005)
 
     def stop_writer(self) -> bool:
@@ -143,35 +149,77 @@ class StoreWriter:
 
     def _write_loop(self) -> None:
         while True:
-            job = self.queue.get()
+            try:
+                job = self.queue.get(timeout=TOUCH_WAIT_S)
+            except queue.Empty:  # (idle: the marks of reuses meanwhile)
+                self._write_touches()
+                continue
             try:
                 if job is None:
+                    self._write_touches()
                     return
                 if self.failed is None:
                     self._write(job)
                 elif job.ready is not None:  # (the disk tier is off: dropped, once its
                     job.ready()  # snapshots are complete)
-            except sqlite3.DatabaseError as e:  # the index failed: the disk tier is off
-                self.give_up(e)
             except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
-                self.errors += 1
-                log.warning("statechat cache: could not persist a checkpoint (%s)", e)
+                self._write_failed(e)
             finally:
                 if job is not None:
                     with self.pending_lock:
                         self.pending_bytes -= job.queued_bytes
                 self.queue.task_done()
 
+    def _write_failed(self, error: Exception) -> None:
+        """A job failed: an unusable index turns the disk tier off (`give_up`); anything else
+        (a lock another process held past the busy timeout, a full disk) costs that job alone,
+        counted in `errors` and logged."""
+        if index.is_unusable(error):
+            self.give_up(error)
+            return
+        self.errors += 1
+        log.warning("statechat cache: could not persist a checkpoint (%s)", error)
+
+    def _write_touches(self) -> None:
+        """Write the pending marks of reuses in one transaction; dropped when it fails (they
+        are best effort), or when the disk tier is off."""
+        if not self.touched:
+            return
+        marks = self._take_touches()
+        try:
+            if self.failed is None:
+                self._defer_left = MAX_DEFER_S
+                self._pause()
+                with self.db_lock, self.db.conn:
+                    self.db.execute("BEGIN IMMEDIATE")
+                    self._mark_used(marks)
+        except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
+            self._write_failed(e)
+        finally:
+            self._forget_touches(marks)
+
+    def _take_touches(self) -> dict[str, float]:
+        """The pending marks of reuses (kept pending until `_forget_touches`)."""
+        with self.pending_lock:
+            return dict(self.touched)
+
+    def _mark_used(self, marks: dict[str, float]) -> None:
+        """Mark each chain of `marks` as used at its time, inside the caller's transaction."""
+        for chain, when in marks.items():
+            index.touch_chain(self.db, chain, when)
+
+    def _forget_touches(self, marks: dict[str, float]) -> None:
+        """Drop the marks written (or given up): those not touched again meanwhile."""
+        with self.pending_lock:
+            for chain, when in marks.items():
+                if self.touched.get(chain) == when:
+                    del self.touched[chain]
+
     def _write(self, job: SaveJob) -> None:
         """Keep the job in the host tier, write the blobs of what the disk lacks, then their
         rows in one transaction, then evict down to the budget."""
         self._defer_left = MAX_DEFER_S
         self._pause()
-        if job.ckpt is None and not job.blocks:  # a reuse's mark (`touch`): no blob, no budget
-            with self.db_lock, self.db.conn:
-                self.db.execute("BEGIN IMMEDIATE")
-                index.touch_chain(self.db, job.chain, time.time())
-            return
         if job.ready is not None:
             job.ready()
         hashes = [b[0] for b in job.blocks]
@@ -216,7 +264,9 @@ class StoreWriter:
     def _insert_rows(self, job: SaveJob, new_blocks: list[tuple[str, str, int]],
                      seg: tuple[str, int, int, str] | None, ck: tuple[str, int, str] | None,
                      now: float) -> None:
-        """The rows of the blobs just written, in one transaction (a row only after its blob)."""
+        """The rows of the blobs just written, in one transaction (a row only after its blob),
+        with the marks of reuses pending (`touch`)."""
+        marks = self._take_touches()
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             if seg is not None:
@@ -238,3 +288,5 @@ class StoreWriter:
                     [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
+            self._mark_used(marks)
+        self._forget_touches(marks)
