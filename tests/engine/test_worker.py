@@ -78,8 +78,9 @@ def test_a_speculative_request_yields_to_the_next_one():
     loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
     worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu",
                                                  max_num_batched_tokens=64), loaded=loaded))
-    ahead = worker.submit([3 + i % 300 for i in range(2000)], SamplingParams(max_tokens=0), speculative=True)
-    also = worker.submit([5 + i % 300 for i in range(2000)], SamplingParams(max_tokens=0), speculative=True)
+    none = SamplingParams(max_tokens=0)
+    ahead = worker.submit([3 + i % 300 for i in range(2000)], none, speculative=True)
+    also = worker.submit([5 + i % 300 for i in range(2000)], none, speculative=True)
     real = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=2, ignore_eos=True))
     assert real.result(timeout=60).finish_reason == "length"
     assert ahead.result(timeout=60).finish_reason == "abort"
