@@ -61,6 +61,22 @@ def rows(cache_dir) -> set[tuple[str, str]]:
     return set(found)
 
 
+def two_chats(engine, cache_dir, seed: int) -> tuple[list[int], set, set]:
+    """Run a chat, then another one a moment later, each saved: (the first chat's prompt, its
+    rows, the other's rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    chat, other = (torch.randint(0, 300, (200,), generator=gen).tolist() for _ in range(2))
+    engine.generate([chat], PARAMS)
+    engine.store.flush()
+    chat_rows = rows(cache_dir)
+    time.sleep(0.05)
+    engine.generate([other], PARAMS)  # (its checkpoint may take the chat's place in memory)
+    engine.store.flush()
+    other_rows = rows(cache_dir) - chat_rows
+    time.sleep(0.05)
+    return chat, chat_rows, other_rows
+
+
 @pytest.mark.parametrize("tier", ["device", "host"])
 def test_a_prefix_reused_without_a_save_outlives_one_not_used_since(tiny_dirs, tmp_path, tier):
     """A regenerate served from device memory (or, once device memory was dropped, from the
@@ -71,16 +87,7 @@ def test_a_prefix_reused_without_a_save_outlives_one_not_used_since(tiny_dirs, t
     path = tiny_dirs["qwen3_5_text"]
     loaded = load_model(path, dtype=torch.float32)
     engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
-    gen = torch.Generator().manual_seed(9)
-    chat, other = (torch.randint(0, 300, (200,), generator=gen).tolist() for _ in range(2))
-    engine.generate([chat], PARAMS)
-    engine.store.flush()
-    chat_rows = rows(tmp_path)
-    time.sleep(0.05)
-    engine.generate([other], PARAMS)
-    engine.store.flush()
-    other_rows = rows(tmp_path) - chat_rows
-    time.sleep(0.05)
+    chat, chat_rows, other_rows = two_chats(engine, tmp_path, 9)
     if tier == "host":
         engine.drop_device_cache()
     again = engine.generate([chat], PARAMS)[0]  # a regenerate: every checkpoint already stored
@@ -110,16 +117,7 @@ def test_a_stored_checkpoint_computed_again_counts_as_used(tiny_dirs, tmp_path):
     loaded = load_model(path, dtype=torch.float32)
     engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path,
                                     num_state_slots=4), loaded=loaded)
-    gen = torch.Generator().manual_seed(10)
-    chat, other = (torch.randint(0, 300, (200,), generator=gen).tolist() for _ in range(2))
-    engine.generate([chat], PARAMS)
-    engine.store.flush()
-    chat_rows = rows(tmp_path)
-    time.sleep(0.05)
-    engine.generate([other], PARAMS)  # (its checkpoint takes the chat's place in device memory)
-    engine.store.flush()
-    other_rows = rows(tmp_path) - chat_rows
-    time.sleep(0.05)
+    chat, chat_rows, other_rows = two_chats(engine, tmp_path, 10)
     scored = SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=0)
     out = engine.generate([chat], scored)[0]
     engine.store.flush()
