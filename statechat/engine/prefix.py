@@ -76,10 +76,10 @@ class PrefixCache(CheckpointWriter):
             except sqlite3.DatabaseError as e:
                 self._give_back(seq)
                 if index.is_unusable(e):
-                    self.index_failed(e)
-                    return self._reuse_once(seq)  # (device memory alone: no store left to fail)
-                log.warning("statechat cache: the index could not be read (%s); this request "
-                            "goes on from memory", e)
+                    self.index_failed(e)  # (logged once by the store)
+                else:
+                    log.warning("statechat cache: the index could not be read (%s); this "
+                                "request goes on from memory", e)
                 return self._reuse_from_memory(seq)
             except BlobError:
                 self._give_back(seq)
