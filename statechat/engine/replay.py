@@ -18,7 +18,8 @@ import torch
 
 from kernels import CHUNK
 from statechat.devices import accelerator, capture_stream
-from statechat.engine.graphs import PREFILL_BUCKETS, DecodeGraphs, PrefillGraphs, prefill_buckets
+from statechat.engine.graphs import DecodeGraphs
+from statechat.engine.prefill_graphs import PREFILL_BUCKETS, PrefillGraphs, prefill_buckets
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.scheduler import Batch
 

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 import kernels
-from statechat.engine.graphs import DecodeGraphs, PrefillGraphs
+from statechat.engine.graphs import DecodeGraphs
 from statechat.engine.logprobs import logprob_table
+from statechat.engine.prefill_graphs import PrefillGraphs
 from statechat.engine.replay import GraphReplay
 from statechat.engine.sampler import sample
 from statechat.engine.sampler_graphs import SamplerGraphs

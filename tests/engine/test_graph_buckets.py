@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernels import CHUNK
-from statechat.engine.graphs import LARGE_BUCKET_STEP, PREFILL_BUCKETS, prefill_buckets
+from statechat.engine.prefill_graphs import LARGE_BUCKET_STEP, PREFILL_BUCKETS, prefill_buckets
 
 
 @pytest.mark.parametrize("budget", [64, 100, 1984, 2048, 4096, 5000, 8192, 16384])
