@@ -169,13 +169,17 @@ class Choices:
                 handle.result(timeout=left)
         return [handle.output for handle in self.handles if handle.output is not None]
 
-    def merged(self) -> Iterator[tuple[int, StreamEvent]]:
+    def merged(self, gone: Callable[[], bool] = lambda: False,
+               ) -> Iterator[tuple[int, StreamEvent]]:
         """(choice index, event) of every choice as they come, each choice's in order, the
-        first with its prompt's prompt_logprobs when asked; an error of any choice is raised."""
-        events = self._pumped()
+        first with its prompt's prompt_logprobs when asked; an error of any choice is raised,
+        and ConnectionResetError (every choice still running aborted by the caller) if the
+        client goes (`gone`, asked every POLL_S while no event comes: a long prompt's chunks
+        give none, and were all computed for a client that left)."""
+        events = self._pumped(gone)
         return self._scored(events) if self.is_scored else events
 
-    def _pumped(self) -> Iterator[tuple[int, StreamEvent]]:
+    def _pumped(self, gone: Callable[[], bool]) -> Iterator[tuple[int, StreamEvent]]:
         """merged's events as the handles give them: a thread per choice reads its handle."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         for index, handle in enumerate(self.handles):
@@ -184,7 +188,12 @@ class Choices:
             self._pumps[index].start()
         live = len(self.handles)
         while live:
-            index, item = events.get()
+            try:
+                index, item = events.get(timeout=POLL_S)
+            except queue.Empty:
+                if gone():
+                    raise ConnectionResetError("the client went away") from None
+                continue
             if item is _END:
                 live -= 1
             elif isinstance(item, BaseException):
@@ -271,14 +280,16 @@ def response(shape: Shape, head: dict, outputs: list[RequestOutput], n: int) -> 
             "usage": usage(outputs, n), **shape.fields(outputs)}
 
 
-def stream_chunks(shape: Shape, choices: Choices, include_usage: bool) -> Iterator[dict]:
+def stream_chunks(shape: Shape, choices: Choices, include_usage: bool,
+                  gone: Callable[[], bool] = lambda: False) -> Iterator[dict]:
     """A stream's chunks, less their head (id, object, created, model): every choice's opening,
-    then each event's deltas as they come, then (include_usage) one usage chunk."""
+    then each event's deltas as they come, then (include_usage) one usage chunk;
+    ConnectionResetError if the client goes (`gone`) while they wait (see Choices.merged)."""
     for index in range(len(choices.handles)):
         for choice in shape.opening(index):
             yield {"choices": [choice]}
     outputs: list[RequestOutput | None] = [None] * len(choices.handles)
-    for index, event in choices.merged():
+    for index, event in choices.merged(gone):
         for choice in shape.deltas(index, event):
             yield {"choices": [choice]}
         if event.output is not None:

@@ -235,6 +235,7 @@ def serve(
     request's own fields say otherwise."""
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
+    from statechat.paths import served_name
     from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
@@ -242,7 +243,7 @@ def serve(
     engine = _engine(config)
     warn_if_embedded(engine.loaded.path)
     try:
-        serve_forever(EngineWorker(engine), engine.loaded.path.name, host, port, api_key,
+        serve_forever(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
                       template_kwargs, sampling, completion_max_tokens=max_tokens,
                       warm_next_turn=warm_next_turn)
     except OSError as e:

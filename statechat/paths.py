@@ -45,6 +45,17 @@ def find_hf_checkpoint() -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+def served_name(model: Path) -> str:
+    """The name `serve` gives a checkpoint (/v1/models, every response's `model`): a Hugging
+    Face cache snapshot (hub/models--ORG--NAME/snapshots/SHA) its repo id, ORG/NAME, as vLLM
+    names what it serves; any other directory its own name."""
+    model = Path(model)
+    repo = model.parent.parent.name
+    if model.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/")
+    return model.name
+
+
 def default_model() -> Path:
     """No --model: a Qwen3.5 checkpoint from the HF cache, else the embedded tiny model."""
     return find_hf_checkpoint() or EMBEDDED_MODEL

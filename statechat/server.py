@@ -233,7 +233,7 @@ class Handler(JsonHandler):
         self.close_connection = True
         head = {**head, "object": shape.chunk_object}
         try:
-            for chunk in stream_chunks(shape, choices, include_usage):
+            for chunk in stream_chunks(shape, choices, include_usage, self._gone):
                 self.wfile.write(f"data: {json.dumps({**head, **chunk})}\n\n".encode())
                 self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone

@@ -1,10 +1,12 @@
 """The sampling flags of `run`, `batch` and `serve` (--temperature, --top-p, --top-k, --min-p,
 the three penalties, --max-tokens) set the sampling of every request of that run: over the
 command's own defaults and the model's recommended sampling (generation_config.json), under a
-request's or a batch line's own fields. A bad flag is one line before any model loads."""
+request's or a batch line's own fields. A bad flag is one line before any model loads. `serve`
+names a checkpoint of the Hugging Face cache by its repo id, as vLLM does."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -13,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from statechat import cli
+from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 
@@ -45,7 +48,7 @@ def started(monkeypatch, shared_engine):
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
               completion_max_tokens=None, warm_next_turn=True):
         worker.shutdown()
-        got["serve"] = sampling
+        got["serve"], got["model_id"] = sampling, model_id
         got["completion_max_tokens"] = completion_max_tokens
         got["warm_next_turn"] = warm_next_turn
 
@@ -170,6 +173,7 @@ STUB_RUN = """
 import sys
 import statechat.tui.app
 from statechat import cli
+from statechat.engine.engine import LLMEngine
 
 
 class App:  # stands for the TUI: prints, closes (or not) and ends with status 3
@@ -214,3 +218,17 @@ def test_serve_warms_the_next_turn_unless_told_not_to(started, flag, warm):
                                           str(EMBEDDED_MODEL), *flag])
     assert result.exit_code == 0, result.output
     assert started["warm_next_turn"] is warm
+
+
+def test_serve_names_a_hugging_face_cache_snapshot_by_its_repo_id(tmp_path, started, loaded,
+                                                                  monkeypatch):
+    """(It was named by the snapshot's commit hash, in /v1/models and in every response.)"""
+    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(
+        config, loaded=dataclasses.replace(loaded, path=config.model)))  # (loaded from there)
+    hub = tmp_path / "hub" / "models--Qwen--Qwen3.5-0.8B" / "snapshots"
+    snapshot = shutil.copytree(EMBEDDED_MODEL, hub / "9c3f1b2e4d5a67b8c9d0e1f2a3b4c5d6e7f8a9b0")
+    for model, name in ((snapshot, "Qwen/Qwen3.5-0.8B"), (EMBEDDED_MODEL, EMBEDDED_MODEL.name)):
+        result = CliRunner().invoke(cli.app, ["serve", "--device", "cpu", "--no-cache",
+                                              "--model", str(model)])
+        assert result.exit_code == 0, result.output
+        assert started["model_id"] == name

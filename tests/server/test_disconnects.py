@@ -1,9 +1,12 @@
 """Clients that go away at awkward moments: one that resets its connection before its request
 body is whole (or while a refused body is drained) costs the server no traceback in its log,
-and the server goes on serving."""
+and the server goes on serving; one that leaves a stream before its first token (its prompt
+still being computed) gets its request aborted then, not once the prompt is done."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
 import struct
 import threading
@@ -44,3 +47,33 @@ def test_a_client_that_resets_leaves_no_traceback(server, monkeypatch, length):
     req = urllib.request.Request(f"{server.url}/health", headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
+
+
+def test_a_stream_left_before_its_first_token_is_aborted(server, monkeypatch):
+    """The engine's steps wait (a long prompt's chunks, which give the stream no event) until
+    the request is aborted: the server notices the client left without a token to write."""
+    engine, worker, aborted = server.worker.engine, server.worker, threading.Event()
+    step, abort = engine.step, worker.abort
+
+    def gated_step():
+        aborted.wait(30)
+        return step()
+
+    def spied_abort(handle) -> None:
+        abort(handle)
+        aborted.set()
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    monkeypatch.setattr(worker, "abort", spied_abort)
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    body = {"messages": [{"role": "user", "content": "leave during the prompt"}], "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data: ")  # (the role chunk)
+    resp.close()
+    conn.close()
+    try:
+        assert aborted.wait(10)
+    finally:
+        aborted.set()
