@@ -107,12 +107,13 @@ class EngineConfig:
     def _check_types(self) -> None:
         """A one-line ConfigError for a field of the wrong type (a string, a float count, a
         bool for a number), which would otherwise fail later with a TypeError or be taken;
-        numpy integers and floats become Python's, a str path a Path."""
+        numpy integers and floats become Python's, a str path a Path (`~` expanded, as the
+        command line's are: a cache dir "~/x" was a folder named `~` in the working one)."""
         put = object.__setattr__  # (frozen)
         for name in ("model", "cache_dir"):
             value = getattr(self, name)
             if isinstance(value, str | os.PathLike):
-                put(self, name, Path(value))
+                put(self, name, Path(value).expanduser())
             elif value is not None or name == "model":
                 raise ConfigError(f"{name} must be a path, got {type(value).__name__}")
         for name, optional in _COUNT_FIELDS.items():

@@ -141,12 +141,15 @@ class LLMEngine:
 
     def add_checked(
         self, ids: list[int], packed: bytes, params: SamplingParams | None = None,
-        request_id: str = "",
+        request_id: str = "", arrival_time: float | None = None,
     ) -> Sequence:
-        """Queue a prompt that `check_prompt` passed, with the bytes it returned."""
+        """Queue a prompt that `check_prompt` passed, with the bytes it returned; its time to
+        first token counts from `arrival_time` (a perf_counter reading) when given, else now."""
         params = SamplingParams() if params is None else params
         check_vocabulary(params, self.loaded.config.vocab_size)
         seq = Sequence(ids, params, request_id=request_id)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
         self.scheduler.add(seq, packed)
         return seq
 

@@ -8,6 +8,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from statechat.errors import ConfigError
 
 MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
@@ -95,6 +97,8 @@ class SamplingParams:
             if len(getattr(self, name)) > MAX_STOPS:
                 raise ConfigError(f"{name} may hold at most {MAX_STOPS} entries, got "
                                   f"{len(getattr(self, name))}")
+        if not isinstance(self.ignore_eos, bool | np.bool_):  # ("false" would be true)
+            raise ConfigError(f"ignore_eos must be True or False, got {_show(self.ignore_eos)}")
         put(self, "ignore_eos", bool(self.ignore_eos))
         put(self, "min_tokens", _integer("min_tokens", self.min_tokens))
         if not 0 <= self.min_tokens <= self.max_tokens:

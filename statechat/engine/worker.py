@@ -37,6 +37,8 @@ class RequestHandle:
         self.worker, self.prompt_ids, self.params, self.request_id = (worker, prompt_ids, params,
                                                                       request_id)
         self.packed = packed  # the ids' int32 bytes, from the engine's check
+        self.submitted = time.perf_counter()  # (its TTFT counts from here: the worker may be
+        # in the middle of a long step when it is submitted)
         self.events: queue.Queue = queue.Queue()
         self.output: RequestOutput | None = None
         self.seq: Sequence | None = None  # set by the worker thread
@@ -182,7 +184,8 @@ class EngineWorker:
         if kind == "add":
             try:
                 handle.seq = self.engine.add_checked(handle.prompt_ids, handle.packed,
-                                                     handle.params, handle.request_id)
+                                                     handle.params, handle.request_id,
+                                                     handle.submitted)
             except Exception as e:  # noqa: BLE001 - delivered to the submitter
                 handle.put(e)
                 handle.put(_DONE)

@@ -181,10 +181,17 @@ def load_tokenizer(path: Path):
     """The tokenizer and chat template stored beside the weights."""
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ModelError(f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except StrictDataclassError as e:  # transformers checks every field of config.json (ours
+        # checked those statechat reads): the field is named on the error's first line, the
+        # reason on the next
+        why = " ".join(line.strip() for line in str(e).splitlines())
+        raise ModelError(f"{path / 'config.json'} has a value transformers refuses "
+                         f"({why})") from None
     except Exception as e:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint for the user
         raise ModelError(f"cannot load the tokenizer in {path}: {str(e).splitlines()[0]}") from None
     if not getattr(tok, "chat_template", None):

@@ -68,18 +68,22 @@ def test_params_must_match_the_prompts(engine):
         ({"temperature": float("inf")}, "temperature must be a finite number"),
         ({"temperature": 10**400}, "temperature must be a finite number"),
         ({"seed": 1.5}, "seed must be an integer"),
+        ({"ignore_eos": "false"}, "ignore_eos must be True or False, got 'false'"),
+        ({"ignore_eos": None}, "ignore_eos must be True or False, got None"),
     ],
     ids=["seed-too-large", "seed-too-small", "temperature-nan", "temperature-inf",
-         "temperature-huge", "seed-float"],
+         "temperature-huge", "seed-float", "ignore-eos-a-string", "ignore-eos-none"],
 )
 def test_sampling_params_a_step_could_not_run_are_refused(fields, message):
     """A seed torch cannot take would fail only when its step ran, and with it every other
-    request of that step: it is refused where the params are made."""
+    request of that step: it is refused where the params are made. So is an ignore_eos that
+    is not a bool (the string "false" was once taken as true: the reply ran past EOS)."""
     with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
         SamplingParams(**fields)
     SamplingParams(seed=2**64 - 1)
     SamplingParams(seed=-(2**63))
     SamplingParams(seed=np.int64(3))
+    assert SamplingParams(ignore_eos=np.bool_(True)).ignore_eos is True
 
 
 def test_ids_of_other_integer_types_are_taken(engine):

@@ -3,7 +3,7 @@ something else steps the engine; a stop token's id ends the reply without its te
 cache too small to run is refused when the engine is configured; an aborted request reports
 what it computed; a tuple or numpy array of ids is a prompt, while other values, and params
 that are not SamplingParams, are one-line errors; so are EngineConfig fields of the wrong
-type, and a CPU cache budget too small names its field."""
+type, and a CPU cache budget too small names its field; `~` in a path is the home folder."""
 
 from __future__ import annotations
 
@@ -191,6 +191,20 @@ def test_config_fields_of_the_wrong_type_are_one_line(fields, says):
 def test_config_takes_numpy_counts_and_a_str_path():
     config = EngineConfig(model="m", max_model_len=np.int64(256), memory_fraction=np.float32(0.5))
     assert (config.model, config.max_model_len, type(config.max_model_len)) == (Path("m"), 256, int)
+
+
+def test_a_cache_dir_under_home_is_there_not_in_a_folder_named_tilde(loaded, engine_device,
+                                                                      tmp_path, monkeypatch):
+    """As the command line's --cache-dir: `~` is the home folder, for the model and the cache."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    config = EngineConfig(model="~/m", cache_dir="~/cache", max_model_len=256,
+                          **engine_config(engine_device))
+    assert (config.model, config.cache_dir) == (home / "m", home / "cache")
+    LLMEngine(dataclasses.replace(config, model=loaded.path), loaded=loaded).close()
+    assert (home / "cache" / "index.db").is_file()
+    assert not (tmp_path / "~").exists()
 
 
 def test_a_cpu_cache_too_small_names_its_field(loaded):

@@ -1,9 +1,13 @@
 """EngineWorker's request handles, as the server waits on them: result(timeout) gives up with
 TimeoutError while the request runs and returns its output once it ends (and at once on every
 later call, as an iteration after it ends at once); a request that failed raises its error on
-every call; `started` is set by the first event, by a failure and by an abort."""
+every call; `started` is set by the first event, by a failure and by an abort; a request's
+time to first token counts from its submission, also when the worker was inside a step."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 import torch
@@ -94,3 +98,22 @@ def test_a_finished_request_s_abort_queues_nothing(worker):
     handle.result(timeout=60)
     handle.abort()
     assert worker.idle()
+
+
+def test_time_to_first_token_counts_from_the_submission(worker, monkeypatch):
+    """(It once counted from when the worker took the request up after the step under way: a
+    request that came during a long prefill reported a few ms for a wait of seconds.)"""
+    release, step = threading.Event(), worker.engine.step
+
+    def held_step():
+        release.wait()
+        return step()
+
+    monkeypatch.setattr(worker.engine, "step", held_step)
+    first = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=2))
+    time.sleep(0.2)  # (the worker is inside its first step)
+    second = worker.submit([5, 6, 7], SamplingParams(max_tokens=2))
+    time.sleep(1.0)
+    release.set()
+    first.result(timeout=60)
+    assert second.result(timeout=60).ttft_s >= 1.0

@@ -154,6 +154,14 @@ def test_fields_and_files_of_the_wrong_shape_are_named(tiny_dirs, tmp_path, edit
     assert says in edited(tiny_dirs, tmp_path, edit)
 
 
+def test_a_field_statechat_does_not_read_is_named_with_its_reason(tiny_dirs, tmp_path):
+    """transformers refuses it while picking the tokenizer: the error once blamed the tokenizer
+    and ended at "Validation error for field 'attention_dropout':", without the reason."""
+    says = edited(tiny_dirs, tmp_path, lambda c, p: c.update(attention_dropout="x"))
+    assert says.startswith(f"{tmp_path / 'm' / 'config.json'} has a value transformers refuses")
+    assert "'attention_dropout' with value 'x'" in says and "tokenizer" not in says
+
+
 def test_config_that_is_not_an_object(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     assert "must hold a JSON object" in error_of(tmp_path)
