@@ -10,10 +10,8 @@ computed, completion tokens and time to first token.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -21,7 +19,7 @@ import torch
 from statechat.cache.hashing import model_fingerprint
 from statechat.cache.store import StateStore, open_store
 from statechat.config import MIN_STATE_SLOTS, EngineConfig
-from statechat.devices import default_dtype, graph_api, resolve_device
+from statechat.devices import default_dtype, resolve_device
 from statechat.engine.output import (
     RequestOutput,
     StreamEvent,
@@ -36,19 +34,22 @@ from statechat.engine.output import (
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.prompts import check_prompt, encode
+from statechat.engine.requests import Requests
 from statechat.engine.runner import Launched, ModelRunner
 from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
 from statechat.engine.sizing import cache_sizes, context_limit, prefill_guess
-from statechat.errors import ConfigError
 from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
 
 log = logging.getLogger("statechat.engine")
 
 
-class LLMEngine:
+class LLMEngine(Requests):
+    """The engine: requests in (`add_request`, or `generate` and `stream`), one step at a time
+    (`step`), outputs out (`output`, `next_event`)."""
+
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         if loaded is None:
@@ -76,18 +77,8 @@ class LLMEngine:
             log.warning("statechat: %d state slots leave none for checkpoints, so the prefix "
                         "cache reuses nothing; give num_state_slots %d or more", num_slots,
                         MIN_STATE_SLOTS + 1)
-        use_graphs = (loaded.device.type == "cuda" if config.use_graphs is None
-                      else config.use_graphs)
-        if use_graphs and graph_api(loaded.device) is not None:
-            max_blocks = (self.max_model_len + bs - 1) // bs
-            self.runner.capture_graphs(min(config.max_num_seqs, 512), max_blocks,
-                                       config.max_num_batched_tokens)
-        elif use_graphs and loaded.device.type == "npu":
-            log.warning("statechat: this torch_npu has no graph capture (torch.npu.NPUGraph); "
-                        "steps run eagerly")
-        if loaded.device.type != "cpu":
-            self.runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens,
-                                -(-self.max_model_len // bs))
+        self.runner.prepare_steps(config.use_graphs, config.max_num_seqs, self.max_model_len,
+                                  config.max_num_batched_tokens)
         self.prefix = PrefixCache(
             blocks, slots, self.runner, self.store, bs,
             ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
@@ -304,58 +295,3 @@ class LLMEngine:
     ) -> tuple[StreamEvent | None, int, int]:
         """A stream's next event for `seq` (see output.next_event)."""
         return next_event(seq, sent_text, sent_tokens)
-
-    # --- convenience --------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: list[str | list[int]],
-        params: SamplingParams | list[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run all prompts together (continuous batching); outputs in input order. On an error
-        (a bad prompt or params, or a failed step) none of them stays queued."""
-        if not isinstance(prompts, list | tuple):
-            raise ConfigError("generate takes a list of prompts "
-                              "(each a string or a list of token ids)")
-        params = SamplingParams() if params is None else params
-        plist = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
-        plist = [SamplingParams() if sp is None else sp for sp in plist]
-        checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
-        for sp in plist:
-            check_vocabulary(sp, self.loaded.config.vocab_size)
-        seqs = []
-        try:
-            for (ids, packed), sp in zip(checked, plist):
-                seqs.append(self.add_checked(ids, packed, sp))
-            while self.has_unfinished():
-                self.step()
-        except BaseException:
-            for seq in seqs:
-                with contextlib.suppress(Exception):  # (the first error is the one to report)
-                    self.abort(seq)
-            raise
-        return [self.output(s) for s in seqs]
-
-    def stream(
-        self, prompt: str | list[int], params: SamplingParams | None = None
-    ) -> Iterator[StreamEvent]:
-        """Generate one request, yielding text deltas as they are decoded."""
-        seq = self.add_request(prompt, params)
-        sent_text, sent_tokens = 0, 0
-        try:
-            while True:
-                # (another caller may have stepped the engine, even to this request's end,
-                # while an event was out: what it made is sent before any step of this one)
-                if seq.num_text_tokens <= sent_tokens and not seq.is_finished:
-                    self.step()
-                if seq.num_text_tokens > sent_tokens or seq.is_finished:
-                    is_last = seq.is_finished  # (its event carries the output)
-                    event, sent_text, sent_tokens = self.next_event(seq, sent_text, sent_tokens)
-                    if event is not None:
-                        yield event
-                    if is_last:
-                        return
-        finally:
-            self.abort(seq)
-

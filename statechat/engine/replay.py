@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from kernels import CHUNK
-from statechat.devices import accelerator, capture_stream
+from statechat.devices import accelerator, capture_stream, graph_api
 from statechat.engine.graphs import DecodeGraphs
 from statechat.engine.prefill_graphs import PREFILL_BUCKETS, PrefillGraphs, prefill_buckets
 from statechat.engine.sampler_graphs import SamplerGraphs
@@ -31,6 +31,22 @@ class GraphReplay:
     """Capture and replay of ModelRunner's graphs (`self.graphs`, `self.prefill_graphs`,
     `self.sampler_graphs`) on its model and caches (`self.model`, `self.caches`, `self.device`,
     `self.block_size`, `self.pad_slot`)."""
+
+    def prepare_steps(self, use_graphs: bool | None, max_num_seqs: int, max_model_len: int,
+                      max_prefill_tokens: int) -> None:
+        """Before any request: capture the graphs (`use_graphs`; None: on CUDA) and, on an
+        accelerator, compile what a step can first need (`warm_up`), so that serving builds
+        nothing."""
+        device = self.device
+        use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        max_blocks = -(-max_model_len // self.block_size)
+        if use_graphs and graph_api(device) is not None:
+            self.capture_graphs(min(max_num_seqs, 512), max_blocks, max_prefill_tokens)
+        elif use_graphs and device.type == "npu":
+            log.warning("statechat: this torch_npu has no graph capture (torch.npu.NPUGraph); "
+                        "steps run eagerly")
+        if device.type != "cpu":
+            self.warm_up(max_num_seqs, max_prefill_tokens, max_blocks)
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int,
                        max_prefill_tokens: int) -> None:
