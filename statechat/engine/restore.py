@@ -1,0 +1,137 @@
+"""PrefixRestore: PrefixCache's loading half. The prefix that `reuse` chose is put in place:
+its blocks on the device taken, the rest read from the host tier or disk into new device blocks,
+and its checkpoint pinned or read into a state slot; each load teaches the cost model its tier's
+rate, and the request's `cache_plan` says where the load's time went.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import wait
+
+from statechat.cache.store import Lookup, StateStore
+from statechat.engine.cost import DEVICE, DISK, HOST, CostModel
+from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.sequence import Sequence
+
+
+class PrefixRestore:
+    """The loading of PrefixCache (whose `__init__` sets what these read): `store`, `blocks`,
+    `slots`, `runner`, `cost`, `persisted`, `bs` and the per-block and per-slot byte counts."""
+
+    store: StateStore | None
+    blocks: BlockPool
+    slots: SlotPool
+    cost: CostModel
+    persisted: set[bytes]
+    bs: int
+    bytes_per_block: int
+    bytes_per_slot: int
+
+    def _load_blocks(self, need: list[bytes], held: dict, tiers: list[str], lower: Lookup,
+                     t_start: float, with_ckpt: bool) -> tuple[float, float, tuple | None]:
+        """Read the lower-tier blocks `need` into their device blocks `held[h]` (all of `held`
+        released if one is unusable). A load from one tier teaches its rate, unless its disk
+        blocks are read alongside the checkpoint (`with_ckpt`): then (bytes, cached share) is
+        returned for one observation of both. Returns (read done, written, that pair)."""
+        t_read = t_start
+        if need:  # host-tier tensors are the store's arena: held still until copies are launched
+            with self.store.reading():
+                try:
+                    groups = self.store.load_blocks([h.hex() for h in need])
+                except BaseException:  # (an unusable blob, a failed index: a plan again)
+                    for block in held.values():
+                        self.blocks.release(block)
+                    raise
+                t_read = time.perf_counter()
+                for group_hashes, tensors in groups:
+                    block_ids = [held[bytes.fromhex(h)] for h in group_hashes]
+                    self.runner.write_blocks(block_ids, tensors)
+        t_write = time.perf_counter()
+        need_tiers = {t for t in tiers if t != DEVICE}
+        if need and len(need_tiers) == 1:
+            nbytes = len(need) * self.bytes_per_block
+            resident = sum(lower.cached("kv", h.hex()) for h in need) / len(need)
+            tier = need_tiers.pop()
+            if tier == DISK and not lower.known("kv", [h.hex() for h in need]):
+                return t_read, t_write, None  # a share estimated from a sample teaches no rate
+            if with_ckpt and tier == DISK:
+                return t_read, t_write, (nbytes, resident)
+            self.cost.observe_load(tier, nbytes, time.perf_counter() - t_start, resident)
+        return t_read, t_write, None
+
+    def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str], lower: Lookup) -> int:
+        """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
+        need = [h for h, t in zip(hashes, tiers) if t != DEVICE]
+        ckpt_on_device = self.slots.has(hashes[-1])
+        if not ckpt_on_device and not self.slots.num_available:
+            return 0  # no room to promote into: compute instead
+        held = {}  # take the device blocks first, so allocating below cannot evict them
+        for h, t in zip(hashes, tiers):
+            if t == DEVICE:
+                held[h] = self.blocks.lookup(h)
+                self.blocks.acquire(held[h])
+        if len(need) > self.blocks.num_available:
+            for block in held.values():
+                self.blocks.release(block)
+            return 0
+        held.update((h, self.blocks.allocate()) for h in need)
+        t_start, nbytes = time.perf_counter(), 0
+        last = hashes[-1]
+        # a checkpoint on disk alone is read while the blocks are (one in the host tier is read
+        # below, inside reading())
+        ckpt_read = None
+        if not ckpt_on_device and not self.store.host.has("ckpt", last.hex()):
+            lower.ask("ckpt", last.hex())  # its share exactly (the plan may have estimated it)
+            ckpt_read = self.store.read_checkpoint_ahead(last.hex())
+        try:
+            t_read, t_write, together = self._load_blocks(
+                need, held, tiers, lower, t_start,
+                ckpt_read is not None and last.hex() in lower.ckpt_blobs)
+        except BaseException:
+            if ckpt_read is not None and not ckpt_read.cancel():
+                wait([ckpt_read])  # no second read of its blob while this one runs (a retry)
+            raise
+        nbytes = len(need) * self.bytes_per_block
+        for h in need:
+            self.blocks.register(held[h], h)
+            self.persisted.add(h)
+        seq.block_table = [held[h] for h in hashes]
+        ck_tier = DEVICE
+        if not ckpt_on_device:
+            t0 = time.perf_counter()
+            # (a failed read raises here, as load_checkpoint would: the caller releases the
+            # blocks, now registered, and plans again)
+            read = ckpt_read.result() if ckpt_read is not None else None
+            with self.store.reading():
+                ck_tier = (DISK if read is not None or not self.store.host.has("ckpt", last.hex())
+                           else HOST)
+                tensors = read if read is not None else self.store.load_checkpoint(last.hex())
+                slot = self.slots.allocate()
+                self.runner.write_slot(slot, tensors)
+            self.slots.register(last, slot, len(hashes) * self.bs)
+            resident = lower.cached("ckpt", last.hex())
+            if together is not None:  # blocks and checkpoint, both from disk, as one load
+                total = together[0] + self.bytes_per_slot
+                share = (together[0] * together[1] + self.bytes_per_slot * resident) / total
+                self.cost.observe_load(DISK, total, time.perf_counter() - t_start, share)
+            elif ((ckpt_read is None or not need)
+                  and (ck_tier == HOST or last.hex() in lower.ckpt_blobs)):
+                # read alone (one read alongside other blocks overlapped them: no rate of its
+                # own); a checkpoint not in the plan's lookup has an unknown cached share
+                self.cost.observe_load(ck_tier, self.bytes_per_slot, time.perf_counter() - t0,
+                                       resident)
+            nbytes += self.bytes_per_slot
+        # where the load's time went: reading the blocks (lower tiers), writing them into the
+        # pools, and the checkpoint (read and write)
+        seq.cache_plan.update(loaded_bytes=nbytes, load_s=round(time.perf_counter() - t_start, 6),
+                              blocks_read_s=round(t_read - t_start, 6),
+                              blocks_write_s=round(t_write - t_read, 6),
+                              ckpt_s=round(time.perf_counter() - t_write, 6))
+        seq.resume_slot = self.slots.acquire(last)
+        if self.store is not None:  # (its rows on disk count as used: the writer marks them)
+            self.store.touch(last.hex())
+        seq.num_computed = len(hashes) * self.bs
+        seq.reused_from = ck_tier
+        seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
+        return seq.num_computed
