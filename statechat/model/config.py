@@ -7,17 +7,13 @@ never look at the raw dict.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import logging
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from statechat.errors import ModelError
-
-log = logging.getLogger("statechat.model")
+from statechat.model.generation_config import eos_ids, read_generation_config, sampling_defaults
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 MULTIMODAL_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")  # text model under `text_config`
@@ -30,17 +26,6 @@ MOE_FIELDS = (
     "decoder_sparse_step",
     "mlp_only_layers",
 )
-# generation_config.json's sampling keys that become the defaults of requests (vLLM's
-# --generation-config auto), each with the test its value must pass and that test in words
-GENERATION_SAMPLING = {
-    "temperature": (lambda v: v >= 0, "a number >= 0"),
-    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
-    "top_k": (lambda v: v >= -1 and v.is_integer(), "a whole number >= -1"),  # -1 = off, as 0
-    "min_p": (lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-    "repetition_penalty": (lambda v: v > 0, "a number > 0"),
-}
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """Flattened Qwen3.5 text-model configuration (dense or mixture-of-experts)."""
@@ -67,8 +52,8 @@ class ModelConfig:
     linear_value_head_dim: int
     linear_conv_kernel_dim: int
     eos_token_ids: tuple[int, ...] = field(default=())
-    # the checkpoint's recommended sampling, (key, value) pairs of GENERATION_SAMPLING's keys:
-    # the defaults of requests that leave those fields out
+    # the checkpoint's recommended sampling, (key, value) pairs of the keys of
+    # generation_config.GENERATION_SAMPLING: the defaults of requests that leave those fields out
     sampling_defaults: tuple[tuple[str, float | int], ...] = field(default=())
     torch_dtype: str = "bfloat16"  # dtype the weights are stored in
     # mixture of experts (num_experts == 0: a dense model)
@@ -230,7 +215,7 @@ class ModelConfig:
         if rope_type != "default":
             raise ModelError(f"rope_type {rope_type!r} is not supported (only 'default')")
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        gen = _generation_config(path)
+        gen = read_generation_config(path)
         is_moe = "moe" in model_type
         # an MoE model may have no dense MLP at all (Qwen3.5-MoE: every layer is sparse)
         dense_width = (text.get("intermediate_size") or 0) if is_moe else need("intermediate_size")
@@ -268,8 +253,8 @@ class ModelConfig:
             linear_key_head_dim=need("linear_key_head_dim"),
             linear_value_head_dim=need("linear_value_head_dim"),
             linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
-            eos_token_ids=_eos_ids(gen, text),
-            sampling_defaults=_sampling_defaults(gen, path),
+            eos_token_ids=eos_ids(gen, text),
+            sampling_defaults=sampling_defaults(gen, path),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
                             or "bfloat16"),
             **moe,
@@ -282,62 +267,3 @@ POSITIVE_INT_FIELDS = frozenset({
     "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "head_dim", "max_position_embeddings", "linear_conv_kernel_dim",
 })
-
-
-def _generation_config(path: Path) -> dict:
-    """`path/generation_config.json` as a dict; {} when it is missing or damaged (it only
-    refines what config.json gives)."""
-    gen_file = path / "generation_config.json"
-    if not gen_file.is_file():
-        return {}
-    try:
-        gen = json.loads(gen_file.read_text(encoding="utf-8"))
-    except (ValueError, OSError, RecursionError):
-        return {}
-    return gen if isinstance(gen, dict) else {}
-
-
-def _eos_ids(gen: dict, text: dict) -> tuple[int, ...]:
-    """End-of-sequence ids: generation_config.json's when present, else config.json's."""
-    eos = gen.get("eos_token_id", text.get("eos_token_id"))
-    if eos is None:
-        return ()
-    ids = eos if isinstance(eos, list) else [eos]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ModelError(f"eos_token_id must be an integer or a list of integers, got {eos!r}")
-    return tuple(ids)
-
-
-def _sampling_defaults(gen: dict, path: Path) -> tuple[tuple[str, float | int], ...]:
-    """generation_config.json's recommended sampling (GENERATION_SAMPLING's keys; do_sample is
-    ignored, as vLLM does). A value of the wrong type or range is left out with a warning: it
-    only sets defaults, so it should not stop the model from loading."""
-    out = []
-    for key, (is_ok, rule) in GENERATION_SAMPLING.items():
-        if gen.get(key) is None:
-            continue
-        value = _finite(gen[key])
-        if value is None or not is_ok(value):
-            _warn_once(f"{path / 'generation_config.json'}: ignoring {key} {gen[key]!r:.40} "
-                       f"(it must be {rule})")
-            continue
-        out.append((key, max(int(value), 0) if key == "top_k" else value))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=64)
-def _warn_once(message: str) -> None:
-    """A warning logged once per process (a command reads the config before loading the
-    model, which reads it again)."""
-    log.warning("statechat: %s", message)
-
-
-def _finite(value) -> float | None:
-    """A JSON number as a finite float; None for anything else (a bool, a string, NaN)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer past float's range
-        return None
-    return number if math.isfinite(number) else None
