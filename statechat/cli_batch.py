@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -68,7 +69,8 @@ def input_name(input: Path) -> str:
 
 def read_requests(input: Path) -> list[str]:
     """The lines of a batch's input file, or of standard input for `-`; one line if it cannot
-    be read as UTF-8 text (a byte-order mark is read past)."""
+    be read as UTF-8 text (a byte-order mark is read past). Lines end at LF, CRLF or CR alone:
+    not at U+2028, U+0085 and the like, which a JSON string may hold as they are."""
     try:
         if input == STDIN:
             if sys.stdin is None:
@@ -79,7 +81,8 @@ def read_requests(input: Path) -> list[str]:
                                  "('-' reads them from standard input)")
         else:
             data = input.read_bytes()
-        return (data.decode("utf-8-sig") if isinstance(data, bytes) else data).splitlines()
+        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
+        return re.split("\r\n|\r|\n", text)
     except UnicodeDecodeError as e:
         raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); "
                              "save it as UTF-8") from None

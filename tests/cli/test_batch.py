@@ -545,3 +545,21 @@ def test_a_completions_line_is_told_that_batch_runs_chat_requests():
                      BatchDefaults(DEFAULT_SAMPLING, None))
     assert job.error == ('batch runs chat requests: give "messages", not "prompt" '
                          "(the completions form)")
+
+
+def test_a_line_separator_inside_a_json_string_does_not_split_the_line(tmp_path, shared_engine):
+    """U+2028, U+2029 and U+0085 may stand unescaped in a JSON string (json.dumps with
+    ensure_ascii=False writes them so): such a line is one request (it was cut there into
+    three lines of bad JSON, and the lines after it were numbered wrong)."""
+    text = "para\u2028graph\u2029next\x85line"
+    lines = [{"id": "a", "messages": [{"role": "user", "content": text}], "max_tokens": 1},
+             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
+                   encoding="utf-8")
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["a", "line-2"]
+    assert all("error" not in r for r in records)
