@@ -563,3 +563,26 @@ def test_a_line_separator_inside_a_json_string_does_not_split_the_line(tmp_path,
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["a", "line-2"]
     assert all("error" not in r for r in records)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_requests_from_a_pipe_and_an_input_that_is_no_file(tmp_path, shared_engine):
+    """A named pipe (what bash's `batch <(make_requests)` passes) is read as a file is (it was
+    refused as "not a file"); a missing input and a folder are one line that says which."""
+    import threading
+
+    fifo = tmp_path / "requests.fifo"
+    os.mkfifo(fifo)
+    line = {"id": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    writer = threading.Thread(target=lambda: fifo.write_text(json.dumps(line) + "\n"),
+                              daemon=True)  # (blocked for good if the pipe is never read)
+    writer.start()
+    result = CliRunner().invoke(cli.app, ["batch", str(fifo), "--model", str(EMBEDDED_MODEL),
+                                          "--device", "cpu", "--no-cache"])
+    writer.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["id"] for x in result.stdout.splitlines()] == ["p"]
+    for path, why in ((tmp_path / "missing.jsonl", "does not exist"), (tmp_path, "is a folder")):
+        bad = CliRunner().invoke(cli.app, ["batch", str(path), "--model", str(EMBEDDED_MODEL)])
+        assert str(bad.exception) == (f"{path} {why}; pass a JSONL file of chat requests "
+                                      "('-' reads them from standard input)")
