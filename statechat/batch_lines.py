@@ -87,11 +87,9 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         return Job(line, None, error=f"line {line} is not valid JSON ({str(e)[:200]})")
     if not isinstance(req, dict):
         return Job(line, None, error=f"line {line} must be a JSON object")
+    url = "/v1/chat/completions"
     if isinstance(req.get("body"), dict) and "messages" not in req:  # (OpenAI's batch format)
-        if req.get("url") != "/v1/chat/completions":
-            return Job(line, None, error=f'line {line}: "url" must be "/v1/chat/completions" '
-                                         f"(batch runs chat requests), got "
-                                         f"{json.dumps(req.get('url'))[:60]}")
+        url = req.get("url")
         req = {**req["body"], "id": req.get("custom_id")}
     rid = req.get("id")
     if rid is None:
@@ -100,6 +98,9 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
             or (isinstance(rid, float) and not math.isfinite(rid)):
         return Job(line, None, error=f'line {line}: "id" must be a string or a number, got '
                                      f"{json.dumps(rid)[:60]}")
+    if url != "/v1/chat/completions":  # (its custom_id still names its error record)
+        return Job(line, rid, error=f'line {line}: "url" must be "/v1/chat/completions" (batch '
+                                    f"runs chat requests), got {json.dumps(url)[:60]}")
     unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS))
     try:
         given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}

@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -67,19 +68,23 @@ def input_name(input: Path) -> str:
 
 
 def read_requests(input: Path) -> list[str]:
-    """The lines of a batch's input file, or of standard input for `-`; one line if it cannot
-    be read as UTF-8 text (a byte-order mark is read past)."""
+    """The lines of a batch's input file (or pipe: bash's `<(...)`), or of standard input for
+    `-`; one line if it cannot be read as UTF-8 text (a byte-order mark is read past). Lines
+    end at LF, CRLF or CR alone: not at U+2028, U+0085 and the like, which a JSON string may
+    hold as they are."""
     try:
         if input == STDIN:
             if sys.stdin is None:
                 raise StatechatError("standard input is closed; pass a JSONL file of chat requests")
             data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
-        elif not input.is_file():
-            raise StatechatError(f"{input} is not a file; pass a JSONL file of chat requests "
+        elif not input.exists() or input.is_dir():
+            why = "is a folder" if input.is_dir() else "does not exist"
+            raise StatechatError(f"{input} {why}; pass a JSONL file of chat requests "
                                  "('-' reads them from standard input)")
         else:
             data = input.read_bytes()
-        return (data.decode("utf-8-sig") if isinstance(data, bytes) else data).splitlines()
+        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
+        return re.split("\r\n|\r|\n", text)
     except UnicodeDecodeError as e:
         raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); "
                              "save it as UTF-8") from None

@@ -44,6 +44,7 @@ VIEWS = {
 }
 
 
+BUSY_TIMEOUT_S = 30  # how long a statement waits for a lock that another process holds
 OPEN_ATTEMPTS = 20  # tries to open a SQLite file another process holds locked (about 10 s in all)
 T = TypeVar("T")
 
@@ -53,9 +54,10 @@ def connect(path: Path) -> sqlite_utils.Database:
 
     def attempt() -> sqlite_utils.Database:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
         try:
-            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             db = sqlite_utils.Database(conn)
@@ -84,11 +86,12 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
         # mode=rw (never creates the file) lets the last reader out remove the WAL files it
         # made, as sqlite3's own shell does; query_only keeps it from writing anything else
         for query in ("mode=rw", "mode=ro", "immutable=1"):
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True, timeout=30,
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True,
+                                   timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
             try:
                 conn.execute("PRAGMA query_only = 1")
-                conn.execute("PRAGMA busy_timeout = 30000")
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
             except sqlite3.OperationalError as e:
                 conn.close()
@@ -142,8 +145,22 @@ def open_error(path: Path, e: Exception) -> ConfigError:
         return ConfigError(f"{path.parent} is a file; pass a folder")
     why = (e.strerror if isinstance(e, OSError) and e.strerror
            else (str(e).splitlines() or [type(e).__name__])[0])
+    if is_locked(e):  # (moving a sound index away would lose the cache and the chats)
+        return ConfigError(f"{path} is locked by another process ({why}): a `sqlite3` shell "
+                           "inside a transaction, say; try again once it is done")
     return ConfigError(f"cannot open {path} ({why}); check the folder's permissions, or move the "
                        "file away to start afresh")
+
+
+def is_locked(error: BaseException) -> bool:
+    """Whether `error` is SQLite's "database is locked" (SQLITE_BUSY or SQLITE_LOCKED): another
+    process holds the file past the busy timeout, which says nothing of the file itself."""
+    if not isinstance(error, sqlite3.OperationalError):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(error)
 
 
 UNUSABLE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_IOERR}

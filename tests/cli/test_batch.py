@@ -502,7 +502,7 @@ def test_a_line_asks_for_logprobs_in_openai_s_chat_form(tmp_path, shared_engine)
 def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
     """A line of OpenAI's batch file format (vLLM's run-batch reads it) runs its body, with its
     custom_id as the id (every such line failed: "messages must be a non-empty list"); another
-    url is that line's error."""
+    url is that line's error, named by its custom_id (its error record's id was null)."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     lines = [{"id": "own", **body},
              {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": body},
@@ -517,6 +517,7 @@ def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
     assert wrapped["usage"]["completion_tokens"] == 3
     assert other["error"]["message"] == ('line 3: "url" must be "/v1/chat/completions" (batch '
                                          'runs chat requests), got "/v1/embeddings"')
+    assert other["id"] == "req-2" and other["line"] == 3
     assert "ignored" not in result.stderr  # (every such line names a model: the loaded one
     # answers, as in serve, without a warning on every run)
 
@@ -545,3 +546,44 @@ def test_a_completions_line_is_told_that_batch_runs_chat_requests():
                      BatchDefaults(DEFAULT_SAMPLING, None))
     assert job.error == ('batch runs chat requests: give "messages", not "prompt" '
                          "(the completions form)")
+
+
+def test_a_line_separator_inside_a_json_string_does_not_split_the_line(tmp_path, shared_engine):
+    """U+2028, U+2029 and U+0085 may stand unescaped in a JSON string (json.dumps with
+    ensure_ascii=False writes them so): such a line is one request (it was cut there into
+    three lines of bad JSON, and the lines after it were numbered wrong)."""
+    text = "para\u2028graph\u2029next\x85line"
+    lines = [{"id": "a", "messages": [{"role": "user", "content": text}], "max_tokens": 1},
+             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
+                   encoding="utf-8")
+    result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
+                                          str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["a", "line-2"]
+    assert all("error" not in r for r in records)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_requests_from_a_pipe_and_an_input_that_is_no_file(tmp_path, shared_engine):
+    """A named pipe (what bash's `batch <(make_requests)` passes) is read as a file is (it was
+    refused as "not a file"); a missing input and a folder are one line that says which."""
+    import threading
+
+    fifo = tmp_path / "requests.fifo"
+    os.mkfifo(fifo)
+    line = {"id": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    writer = threading.Thread(target=lambda: fifo.write_text(json.dumps(line) + "\n"),
+                              daemon=True)  # (blocked for good if the pipe is never read)
+    writer.start()
+    result = CliRunner().invoke(cli.app, ["batch", str(fifo), "--model", str(EMBEDDED_MODEL),
+                                          "--device", "cpu", "--no-cache"])
+    writer.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["id"] for x in result.stdout.splitlines()] == ["p"]
+    for path, why in ((tmp_path / "missing.jsonl", "does not exist"), (tmp_path, "is a folder")):
+        bad = CliRunner().invoke(cli.app, ["batch", str(path), "--model", str(EMBEDDED_MODEL)])
+        assert str(bad.exception) == (f"{path} {why}; pass a JSONL file of chat requests "
+                                      "('-' reads them from standard input)")

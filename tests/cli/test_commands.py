@@ -440,3 +440,34 @@ def test_the_cache_command_list_shows_each_summary_alone():
             if line.startswith("│ ") and "--help" not in line]
     assert [row[0] for row in rows] == ["path", "stats", "ls", "verify", "gc", "clear"]
     assert all(row[1].rstrip().endswith(".") for row in rows), rows
+
+
+def test_an_index_another_process_holds_locked_is_not_called_damaged(tmp_path, shared_engine,
+                                                                     monkeypatch, capsys):
+    """`clear` and `gc` while another process holds index.db in a transaction (a
+    `sqlite3` shell inside BEGIN) say that it is locked, and to try again: they said to move
+    the index away to start afresh, which loses a sound cache and the chats it holds."""
+    import sqlite3
+
+    from statechat.cache import index
+
+    cache = warm_cache(tmp_path)
+    before = cache.joinpath("index.db").read_bytes()
+    monkeypatch.setattr(index, "BUSY_TIMEOUT_S", 0.1, raising=False)
+    holder = sqlite3.connect(cache / "index.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for command in (["clear", "--yes"], ["gc", "--max-bytes", "0"]):
+            monkeypatch.setattr("sys.argv",
+                                ["statechat", "cache", *command, "--cache-dir", str(cache)])
+            with pytest.raises(SystemExit) as exit_info:
+                cli.main()
+            err = capsys.readouterr().err.strip()
+            assert exit_info.value.code == 2, (command, err)
+            assert err == (f"statechat: {cache / 'index.db'} is locked by another process "
+                           "(database is locked): a `sqlite3` shell inside a transaction, say; "
+                           "try again once it is done"), command
+    finally:
+        holder.rollback()
+        holder.close()
+    assert cache.joinpath("index.db").read_bytes() == before
