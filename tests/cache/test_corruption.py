@@ -96,6 +96,21 @@ def test_flipped_byte(model, warm_cache, caplog):
     assert "checksum" in damaged(model, warm_cache, caplog, "flipped byte")
 
 
+def test_flipped_byte_found_by_verify_is_dropped_in_its_own_words(warm_cache, caplog):
+    """`cache verify` says what it did with a damaged blob; it recomputes nothing, so its
+    warning does not say it recomputes (a lookup's does)."""
+    blob = ckpt_blob(warm_cache, 192)
+    data = bytearray(blob.read_bytes())
+    data[-100] ^= 0x40
+    blob.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        report = open_store(warm_cache).verify()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert report["removed"] == [blob.relative_to(warm_cache / "blobs").as_posix()]
+    assert len(warnings) == 1 and "checksum" in warnings[0], warnings
+    assert warnings[0].endswith("dropped it"), warnings
+
+
 def test_blob_of_another_model(model, warm_cache, caplog, tmp_path_factory):
     prompt = model[2]
     other_path = make_tiny(tmp_path_factory.mktemp("other"), layout="qwen3_5_text",

@@ -114,7 +114,7 @@ class StoreMaintenance:
                     checked -= 1  # (evicted meanwhile, by a running engine: not damage)
                     continue
                 if remove:
-                    self._discard_checkpoint(h, blob, str(e), e.damaged)
+                    self._discard_checkpoint(h, blob, str(e), e.damaged, then="")
                 (removed if e.damaged else unreadable).append(blob)
         for sid, mid, blob, crc, n in segs:
             checked += 1
@@ -127,7 +127,7 @@ class StoreMaintenance:
                     checked -= 1
                     continue
                 if remove:
-                    self._discard_segment(blob, str(e), e.damaged)
+                    self._discard_segment(blob, str(e), e.damaged, then="")
                 (removed if e.damaged else unreadable).append(blob)
         orphans = self._remove_orphans(remove=remove)
         return {"checked": checked, "ok": checked - len(removed) - len(unreadable),

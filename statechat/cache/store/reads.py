@@ -23,6 +23,7 @@ from statechat.cache.store.lookup import Lookup
 
 log = logging.getLogger("statechat.cache")
 UNREADABLE_S = 60.0  # a blob that could not be opened or read is left out of plans this long
+RECOMPUTING = " (recomputing instead)"  # how a lookup's warning of a bad blob ends
 _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 SAMPLE_MIN_BYTES = 4 << 20  # the smallest blob that times the page cache's rate at start
 
@@ -214,26 +215,30 @@ class StoreReads:
             self.db.execute(f"UPDATE {table} SET last_used = ?{extra} WHERE {key} = ?",
                             [time.time(), value])
 
-    def _discard_checkpoint(self, h: str, blob: str, why: str, damaged: bool = True) -> None:
+    def _discard_checkpoint(self, h: str, blob: str, why: str, damaged: bool = True,
+                            then: str = RECOMPUTING) -> None:
+        """Drop a damaged checkpoint's row and blob (one warning: `why`, and `then`, what
+        follows for the caller: a lookup recomputes, `verify` goes on)."""
         if not damaged:  # (its contents may be fine: kept, and left out of plans for a while)
-            self._set_aside(blob, why)
+            self._set_aside(blob, why, then)
             return
-        log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
+        log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
         (self.blob_dir / blob).unlink(missing_ok=True)
 
-    def _set_aside(self, blob: str, why: str) -> None:
-        log.warning("statechat cache: %s; kept it, unused for %d s (recomputing instead)",
-                    why, UNREADABLE_S)
+    def _set_aside(self, blob: str, why: str, then: str = RECOMPUTING) -> None:
+        log.warning("statechat cache: %s; kept it, unused for %d s%s", why, UNREADABLE_S, then)
         with self.db_lock:
             self.unreadable[blob] = time.monotonic()
 
-    def _discard_segment(self, blob: str, why: str, damaged: bool = True) -> None:
+    def _discard_segment(self, blob: str, why: str, damaged: bool = True,
+                         then: str = RECOMPUTING) -> None:
+        """Drop a damaged segment's rows and blob (see _discard_checkpoint)."""
         if not damaged:
-            self._set_aside(blob, why)
+            self._set_aside(blob, why, then)
             return
-        log.warning("statechat cache: %s; dropped it (recomputing instead)", why)
+        log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
             seg = self.db.execute("SELECT id FROM segments WHERE blob = ?", [blob]).fetchone()
             if seg:
