@@ -1,8 +1,8 @@
 """What a user can do that once crashed the app, lost their text or wrote to the wrong place:
 an edit left open while another chat is opened or its message deleted, a message past the
 context limit, a multi-line first message (the chat list's title), a pasted first line's
-indent, deleting a chat while its reply streams, a chat deleted by another statechat on
-the same cache dir, and quitting while a reply streams."""
+indent, deleting a chat while its reply streams, a chat deleted or gone on with by another
+statechat on the same cache dir, and quitting while a reply streams."""
 
 from __future__ import annotations
 
@@ -245,6 +245,26 @@ def test_a_message_deleted_by_another_process_as_the_new_one_is_added(loaded, tm
             other.close()
             assert [m.content for m in app.chats.branch(app.conv_id)][:1] == ["first"]
             assert "second" in [m.content for m in app.chats.branch(app.conv_id)]
+
+    asyncio.run(run())
+
+
+def test_a_message_follows_what_is_shown_not_what_another_process_added(loaded, tmp_path):
+    """Another statechat went on with the open chat: a message sent followed its messages,
+    never shown here, so the reply answered a conversation the user had not read. It now
+    follows the last message on screen (a branch beside the other's)."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first")
+            other = open_chats(tmp_path)
+            user = other.add(app.conv_id, views(app)[1].message.id, "user", "not shown here")
+            other.add(app.conv_id, user.id, "assistant", "nor this")
+            other.close()
+            await send(pilot, app, "second")
+            assert [v.message.content for v in views(app)][::2] == ["first", "second"]
+            assert "2/2" in str(views(app)[2].query_one(".header").render())
 
     asyncio.run(run())
 
