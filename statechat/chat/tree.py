@@ -14,6 +14,7 @@ Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.index import open_sqlite
+from statechat.cache.index import is_unusable, open_sqlite
 from statechat.errors import StatechatError
 
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
@@ -32,6 +33,11 @@ CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
 
 class GoneError(StatechatError):
     """What a change was for (a chat, a message) was deleted, by another statechat process."""
+
+
+class DamagedError(StatechatError):
+    """SQLite found the chats' file damaged (corrupt, not a database, an I/O error) as it read
+    or wrote it."""
 
 
 @dataclass(frozen=True)
@@ -99,36 +105,51 @@ class ChatStore:
     def close(self) -> None:
         self.db.conn.close()
 
+    @contextlib.contextmanager
+    def _locked(self):
+        """The lock, around a use of the file; DamagedError if SQLite finds it damaged."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.DatabaseError as e:
+                if not is_unusable(e):
+                    raise
+                why = (str(e).splitlines() or [type(e).__name__])[0]
+                raise DamagedError(
+                    f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
+                    ".recover` saves what is left of them, or move the file away to start "
+                    "afresh") from None
+
     # --- conversations ------------------------------------------------------------------
     def conversations(self) -> list[Conversation]:
         """All conversations, most recently updated first."""
-        with self._lock:
+        with self._locked():
             rows = self.db[CONVERSATIONS].rows_where(order_by="updated desc")
             return [Conversation(**r) for r in rows]
 
     def has_conversation(self, conv_id: str) -> bool:
         """False once it is deleted (here, or by another process on the same file)."""
-        with self._lock:
+        with self._locked():
             return self.db[CONVERSATIONS].count_where("id = ?", [conv_id]) > 0
 
     def conversation(self, conv_id: str) -> Conversation:
-        with self._lock:
+        with self._locked():
             return Conversation(**self.db[CONVERSATIONS].get(conv_id))
 
     def create(self, title: str = "New chat") -> Conversation:
         now = time.time()
         row = {"id": _new_id(), "title": title, "created": now, "updated": now,
                "current_leaf": None}
-        with self._lock:
+        with self._locked():
             self.db[CONVERSATIONS].insert(row)
         return Conversation(**row)
 
     def rename(self, conv_id: str, title: str) -> None:
-        with self._lock:
+        with self._locked():
             self.db[CONVERSATIONS].update(conv_id, {"title": title})
 
     def delete_conversation(self, conv_id: str) -> None:
-        with self._lock, self.db.conn:
+        with self._locked(), self.db.conn:
             self.db.execute(f"DELETE FROM {MESSAGES} WHERE conversation_id = ?", [conv_id])
             self.db.execute(f"DELETE FROM {CONVERSATIONS} WHERE id = ?", [conv_id])
 
@@ -139,12 +160,12 @@ class ChatStore:
                        row["content"], row["created"], stats)
 
     def message(self, msg_id: str) -> Message:
-        with self._lock:
+        with self._locked():
             return self._message(self.db[MESSAGES].get(msg_id))
 
     def find(self, msg_id: str) -> Message | None:
         """The message, or None once it is deleted (here, or by another process)."""
-        with self._lock:
+        with self._locked():
             rows = list(self.db[MESSAGES].rows_where("id = ?", [msg_id]))
             return self._message(rows[0]) if rows else None
 
@@ -154,7 +175,7 @@ class ChatStore:
         row = {"id": _new_id(), "conversation_id": conv_id, "parent_id": parent_id, "role": role,
                "content": content, "created": time.time(), "active_child": None,
                "stats": json.dumps(stats) if stats else None}
-        with self._lock, self.db.conn:  # (one transaction: all of it, or nothing)
+        with self._locked(), self.db.conn:  # (one transaction: all of it, or nothing)
             self.db.execute("BEGIN IMMEDIATE")
             added = self.db.execute(
                 f"""INSERT INTO {MESSAGES} ({', '.join(row)})
@@ -180,19 +201,19 @@ class ChatStore:
         if stats is not None:
             changes["stats"] = json.dumps(stats)
         sets = ", ".join(f"{k} = :{k}" for k in changes) or "id = id"
-        with self._lock, self.db.conn:
+        with self._locked(), self.db.conn:
             sql = f"UPDATE {MESSAGES} SET {sets} WHERE id = :msg_id"
             return self.db.execute(sql, {**changes, "msg_id": msg_id}).rowcount > 0
 
     def branch(self, conv_id: str) -> list[Message]:
         """The messages from the root to the current leaf, in order."""
-        with self._lock:
+        with self._locked():
             leaf = self.conversation(conv_id).current_leaf
             return self.path(leaf) if leaf else []
 
     def path(self, msg_id: str) -> list[Message]:
         """The messages from the root down to `msg_id` (included), in order."""
-        with self._lock:
+        with self._locked():
             rows = self.db.execute(
                 f"""WITH RECURSIVE up(id, depth) AS (
                       SELECT ?, 0 UNION ALL
@@ -206,7 +227,7 @@ class ChatStore:
 
     def siblings(self, msg_id: str) -> list[Message]:
         """The message and its siblings (same parent), oldest first."""
-        with self._lock:
+        with self._locked():
             msg = self.message(msg_id)
             if msg.parent_id is None:
                 where, args = "conversation_id = ? AND parent_id IS NULL", [msg.conversation_id]
@@ -216,14 +237,14 @@ class ChatStore:
             return [self._message(r) for r in rows]
 
     def children(self, msg_id: str) -> list[Message]:
-        with self._lock:
+        with self._locked():
             rows = self.db[MESSAGES].rows_where("parent_id = ?", [msg_id],
                                                 order_by="created, rowid")
             return [self._message(r) for r in rows]
 
     def select(self, msg_id: str) -> str:
         """Show the branch through `msg_id`: follow active children down; return the new leaf."""
-        with self._lock:
+        with self._locked():
             leaf = msg_id
             while True:
                 row = self.db[MESSAGES].get(leaf)
@@ -245,7 +266,7 @@ class ChatStore:
 
     def delete_branch(self, msg_id: str) -> None:
         """Delete a message and everything under it; show a sibling's branch, else the parent's."""
-        with self._lock:
+        with self._locked():
             msg = self.message(msg_id)
             others = [m for m in self.siblings(msg_id) if m.id != msg_id]
             with self.db.conn:

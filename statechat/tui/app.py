@@ -225,6 +225,15 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self._begin_closing()
         super().exit(*args, **kwargs)
 
+    def _handle_exception(self, error: Exception) -> None:
+        """(Textual's, for an error no handler caught: it ends the app with a traceback) a
+        StatechatError, such as the chats' file found damaged, ends it in its one line, as a
+        load's error does."""
+        if isinstance(error, StatechatError) and not self.is_closing:
+            self.exit(None, 2, f"statechat: {error}")
+        else:
+            super()._handle_exception(error)
+
     def _begin_closing(self) -> None:
         with self._close_lock:  # (from now on the load closes what it builds)
             self.is_closing = True

@@ -56,9 +56,9 @@ class RepliesMixin:
             return
         if composer.editing:
             parent = edited.parent_id
-        else:
-            branch = self.chats.branch(self.conv_id) if self.conv_id else []
-            parent = branch[-1].id if branch else None
+        else:  # (the last message shown: another statechat may have gone on with this chat)
+            shown = self.query_one(ChatView).views()
+            parent = shown[-1].message.id if shown else None
         if self.conv_id is None:
             self.conv_id = self.chats.create(title=one_line(text)[:48]).id
         user = self._add(parent, "user", text)

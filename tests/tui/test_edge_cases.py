@@ -1,8 +1,9 @@
 """What a user can do that once crashed the app, lost their text or wrote to the wrong place:
 an edit left open while another chat is opened or its message deleted, a message past the
 context limit, a multi-line first message (the chat list's title), a pasted first line's
-indent, deleting a chat while its reply streams, a chat deleted by another statechat on
-the same cache dir, and quitting while a reply streams."""
+indent, deleting a chat while its reply streams, a chat deleted or gone on with by another
+statechat on the same cache dir, a chat on damaged pages of the file, and quitting while a reply
+streams."""
 
 from __future__ import annotations
 
@@ -249,6 +250,26 @@ def test_a_message_deleted_by_another_process_as_the_new_one_is_added(loaded, tm
     asyncio.run(run())
 
 
+def test_a_message_follows_what_is_shown_not_what_another_process_added(loaded, tmp_path):
+    """Another statechat went on with the open chat: a message sent followed its messages,
+    never shown here, so the reply answered a conversation the user had not read. It now
+    follows the last message on screen (a branch beside the other's)."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first")
+            other = open_chats(tmp_path)
+            user = other.add(app.conv_id, views(app)[1].message.id, "user", "not shown here")
+            other.add(app.conv_id, user.id, "assistant", "nor this")
+            other.close()
+            await send(pilot, app, "second")
+            assert [v.message.content for v in views(app)][::2] == ["first", "second"]
+            assert "2/2" in str(views(app)[2].query_one(".header").render())
+
+    asyncio.run(run())
+
+
 def test_the_message_box_leaves_a_small_terminal_room_for_the_chat(loaded, tmp_path):
     """The box grows with its lines up to 12 rows, and to a third of a small terminal."""
     async def run(size, rows):
@@ -380,3 +401,37 @@ def test_quitting_while_a_reply_streams_keeps_it(loaded, tmp_path):
 
     asyncio.run(quit_while_streaming(loaded, tmp_path))
     asyncio.run(second_run())
+
+
+def test_a_chat_on_damaged_pages_ends_the_app_in_one_line(loaded, tmp_path, capsys):
+    """A chat whose pages of index.db are damaged (a disk fault): opening it ended the app in
+    Textual's traceback. It ends in one line that names the file and says what to do."""
+    chats = open_chats(tmp_path)
+    damaged = chats.create("damaged")
+    parent = None
+    for i in range(12):  # (pages of its own)
+        parent = chats.add(damaged.id, parent, "user", f"DAMAGED{i} " + "z" * 900).id
+    chats.add(chats.create("sound").id, None, "user", "sound")
+    chats.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    chats.close()
+    data = bytearray((tmp_path / "index.db").read_bytes())
+    page = data.index(b"DAMAGED5") // 4096 * 4096
+    data[page:page + 4096] = b"\xff" * 4096
+    (tmp_path / "index.db").write_bytes(bytes(data))
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            assert views(app)[0].message.content == "sound"
+            chat_list = app.query_one(ConversationList)
+            chat_list.post_message(ConversationList.Open(damaged.id))  # (Enter on it; a
+            # pilot's key would wait for an app that has ended)
+            while app.is_running:
+                await asyncio.sleep(0.05)
+        return app
+
+    assert asyncio.run(run()).return_code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"statechat: the chats in {tmp_path / 'index.db'} are damaged")
+    assert "move the file away" in err and "Traceback" not in err

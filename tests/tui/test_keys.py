@@ -1,7 +1,8 @@
 """Keys go on doing what they did: after a regenerate or a deleted branch the focus stays on
 the message shown in its place (it fell to the chat list, where `r` did nothing and Delete
 deleted the whole chat), Esc cancels an edit before it stops a reply, the chat list,
-focused, highlights a chat so that Enter opens it, and a paste made with a message or the chat
+focused, highlights a chat so that Enter opens it (and keeps the one the user highlighted when a
+reply ends), and a paste made with a message or the chat
 list focused lands in the message box (it was dropped)."""
 
 from __future__ import annotations
@@ -112,3 +113,31 @@ def test_a_paste_lands_in_the_box_from_wherever_the_focus_is(loaded, tmp_path):
 
     for size in ((120, 50), (40, 12)):  # (the narrow one shows the chat list in the chat's place)
         asyncio.run(run(size))
+
+
+def test_a_reply_ending_leaves_the_chat_list_s_highlight_alone(loaded, tmp_path):
+    """Browsing the chat list while a reply streams: its end moved the highlight to its own
+    chat, and the Delete meant for the chat highlighted deleted that one instead."""
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            first = app.conv_id
+            app.handle.abort()
+            await wait_idle(pilot, app)
+            await pilot.press("ctrl+n")
+            await start_long_reply(pilot, app)  # a second chat, its reply streaming
+            await pilot.press("ctrl+l")
+            await pilot.pause(0.1)
+            await pilot.press("down")  # the first chat highlighted
+            await pilot.pause(0.1)
+            app.handle.abort()  # the reply ends while the user is in the list
+            await wait_idle(pilot, app)
+            await pilot.pause(0.1)
+            await pilot.press("delete")
+            await pilot.pause(0.1)
+            assert [c.id for c in app.chats.conversations()] == [app.conv_id]
+            assert app.conv_id != first
+
+    asyncio.run(run())

@@ -33,11 +33,15 @@ class ConversationList(ListView):
         self.conv_ids: list[str] = []  # the chats listed, in order
 
     def show(self, conversations: list[Conversation], current: str | None) -> None:
-        """Replace the items; highlight `current`."""
+        """Replace the items; highlight `current`, or, while the list has focus, the chat the
+        user highlighted (a reply ending meanwhile moved the highlight to its chat, which the
+        next Delete then deleted)."""
+        chosen = self._conv_at(self.index) if self.has_focus else None
         self.conv_ids = [c.id for c in conversations]
         self.clear()
         self.extend(ListItem(Label(one_line(clean(c.title)), markup=False)) for c in conversations)
-        index = self.conv_ids.index(current) if current in self.conv_ids else None
+        keep = chosen if chosen in self.conv_ids else current
+        index = self.conv_ids.index(keep) if keep in self.conv_ids else None
         self.call_after_refresh(self._highlight, index)
 
     def _highlight(self, index: int | None) -> None:
