@@ -144,10 +144,6 @@ class ChatStore:
             self.db[CONVERSATIONS].insert(row)
         return Conversation(**row)
 
-    def rename(self, conv_id: str, title: str) -> None:
-        with self._locked():
-            self.db[CONVERSATIONS].update(conv_id, {"title": title})
-
     def delete_conversation(self, conv_id: str) -> None:
         with self._locked(), self.db.conn:
             self.db.execute(f"DELETE FROM {MESSAGES} WHERE conversation_id = ?", [conv_id])
@@ -155,7 +151,13 @@ class ChatStore:
 
     # --- messages -----------------------------------------------------------------------
     def _message(self, row: dict) -> Message:
-        stats = json.loads(row["stats"]) if row.get("stats") else {}
+        """A row as a Message; stats that are no JSON object (a hand-edited row) read as none:
+        they are shown, never computed with, and the chat stays usable."""
+        try:
+            stats = json.loads(row["stats"]) if row.get("stats") else {}
+        except (ValueError, RecursionError):
+            stats = {}
+        stats = stats if isinstance(stats, dict) else {}
         return Message(row["id"], row["conversation_id"], row["parent_id"], row["role"],
                        row["content"], row["created"], stats)
 

@@ -134,3 +134,22 @@ def test_a_long_chats_new_message_is_a_few_statements(tmp_path):
     store.switch(other.id, -1)
     assert contents(store, conv.id)[-1] == "one more"
     store.close()
+
+
+def test_a_message_whose_stats_were_edited_into_bad_json_still_reads(tmp_path):
+    """Stats are only shown: a row edited by hand (sqlite3, sqlite-utils) into something that
+    is no JSON object reads as no stats, and the chat opens."""
+    store = open_chats(tmp_path)
+    conv = store.create("hello")
+    u1 = store.add(conv.id, None, "user", "question")
+    a1 = store.add(conv.id, u1.id, "assistant", "answer", stats={"reused": 64})
+    u2 = store.add(conv.id, a1.id, "user", "again", stats={"reused": 0})
+    store.close()
+    db = sqlite3.connect(tmp_path / "index.db")
+    with db:
+        db.execute("UPDATE chat_messages SET stats = '{oops' WHERE id = ?", [a1.id])
+        db.execute("UPDATE chat_messages SET stats = '[1, 2]' WHERE id = ?", [u2.id])
+    db.close()
+    store = open_chats(tmp_path)
+    assert [(m.content, m.stats) for m in store.branch(conv.id)] == [
+        ("question", {}), ("answer", {}), ("again", {})]
