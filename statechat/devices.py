@@ -31,9 +31,11 @@ def resolve_device(name: str = "auto") -> torch.device:
             return torch.device("npu")
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for but torch sees no CUDA GPU")
+        raise ConfigError("device cuda was asked for but torch sees no CUDA GPU; use --device "
+                          "cpu (device=\"cpu\" from Python) or auto")
     if name == "npu" and not npu_available():
-        raise ConfigError("--device npu was asked for but torch_npu is missing or sees no NPU")
+        raise ConfigError("device npu was asked for but torch_npu is missing or sees no NPU; use "
+                          "--device cpu (device=\"cpu\" from Python) or auto")
     return torch.device(name)
 
 

@@ -207,6 +207,17 @@ def test_a_cache_dir_under_home_is_there_not_in_a_folder_named_tilde(loaded, eng
     assert not (tmp_path / "~").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_a_missing_gpu_is_named_for_python_as_for_the_command_line():
+    """EngineConfig(device="cuda") with no GPU: one line that says what to pass instead, from
+    Python as well as on the command line."""
+    from statechat.devices import resolve_device
+
+    with pytest.raises(ConfigError, match=r'^device cuda .* --device cpu \(device="cpu" from '
+                                          r"Python\) or auto$"):
+        resolve_device("cuda")
+
+
 def test_a_cpu_cache_too_small_names_its_field(loaded):
     if loaded.device.type != "cpu":
         pytest.skip("the CPU's cache budget")
