@@ -270,8 +270,13 @@ def parse_n(body: dict) -> int:
 def unknown_fields(body: dict, known: frozenset[str]) -> list[str]:
     """The names of the body's fields that are neither `known` (those the API reads) nor
     IGNORED_FIELDS, sorted: fields the reply is made without (a misspelt or another server's
-    one), which the server logs."""
-    return sorted(key for key in body if key not in known and key not in IGNORED_FIELDS)
+    one), which the server logs; stream_options' other than include_usage (vLLM's
+    continuous_usage_stats, say) as `stream_options.NAME`."""
+    names = [key for key in body if key not in known and key not in IGNORED_FIELDS]
+    options = body.get("stream_options")
+    if isinstance(options, dict):
+        names += [f"stream_options.{key}" for key in options if key != "include_usage"]
+    return sorted(names)
 
 
 def parse_stream(body: dict) -> tuple[bool, bool]:

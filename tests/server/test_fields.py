@@ -14,7 +14,13 @@ from types import SimpleNamespace
 from statechat.api_chat import CHAT_FIELDS, chat_prompt
 from statechat.api_completions import COMPLETION_FIELDS, parse_completion
 from statechat.api_http import named
-from statechat.api_request import DEFAULT_SAMPLING, SHARED_FIELDS, parse_params, parse_stream
+from statechat.api_request import (
+    DEFAULT_SAMPLING,
+    SHARED_FIELDS,
+    parse_params,
+    parse_stream,
+    unknown_fields,
+)
 from tests.server.conftest import KEY
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "temperature": 0}
@@ -58,6 +64,17 @@ def test_unknown_completion_fields_are_named(server, capsys, monkeypatch):
             "top_logprobs": 3, "messages": [], "user": "someone"}
     (line,) = warnings_of(server, capsys, monkeypatch, "/v1/completions", body)
     assert line.endswith(f"POST /v1/completions: {WARNING}: messages, top_logprobs")
+
+
+def test_stream_options_the_server_does_not_read_are_named():
+    """stream_options holds fields too: vLLM's continuous_usage_stats gets no usage in each
+    chunk here, so it is named with the rest (include_usage, which the server reads, is not)."""
+    body = {**CHAT, "stream": True, "zeta_field": 1,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert unknown_fields(body, CHAT_FIELDS) == [
+        "stream_options.continuous_usage_stats", "zeta_field"]
+    assert unknown_fields({**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+                          CHAT_FIELDS) == []
 
 
 def test_a_long_list_is_cut():
