@@ -10,6 +10,7 @@ Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefi
   chat_conversations(id, title, created, updated, current_leaf)
   chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats)
 `stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
+The records and errors it gives are in records.py.
 """
 
 from __future__ import annotations
@@ -20,47 +21,20 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlite_utils
 
 from statechat.cache.index import is_unusable, open_sqlite
-from statechat.errors import StatechatError
+from statechat.chat.records import (
+    UNFINISHED,
+    Conversation,
+    DamagedError,
+    GoneError,
+    Message,
+)
 
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
-
-
-class GoneError(StatechatError):
-    """What a change was for (a chat, a message) was deleted, by another statechat process."""
-
-
-class DamagedError(StatechatError):
-    """SQLite found the chats' file damaged (corrupt, not a database, an I/O error) as it read
-    or wrote it."""
-
-
-@dataclass(frozen=True)
-class Message:
-    id: str
-    conversation_id: str
-    parent_id: str | None
-    role: str  # system | user | assistant
-    content: str
-    created: float
-    stats: dict = field(default_factory=dict)
-
-    def as_chat(self) -> dict:
-        return {"role": self.role, "content": self.content}
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str
-    title: str
-    created: float
-    updated: float
-    current_leaf: str | None
 
 
 def _new_id() -> str:
@@ -206,6 +180,16 @@ class ChatStore:
         with self._locked(), self.db.conn:
             sql = f"UPDATE {MESSAGES} SET {sets} WHERE id = :msg_id"
             return self.db.execute(sql, {**changes, "msg_id": msg_id}).rowcount > 0
+
+    def save_unfinished(self, msg_id: str, content: str) -> bool:
+        """A streaming reply's text so far, with the UNFINISHED stats (a crash then keeps it),
+        unless the reply was saved whole meanwhile (its own stats are never overwritten)."""
+        unfinished = json.dumps(UNFINISHED)
+        with self._locked(), self.db.conn:
+            return self.db.execute(
+                f"UPDATE {MESSAGES} SET content = ?, stats = ? WHERE id = ? "
+                "AND (stats IS NULL OR stats = ?)", [content, unfinished, msg_id, unfinished]
+            ).rowcount > 0
 
     def branch(self, conv_id: str) -> list[Message]:
         """The messages from the root to the current leaf, in order."""

@@ -75,6 +75,8 @@ def status_line(stats: dict) -> str:
         return ""
     if stats.get("error"):
         return f"error: {stats['error']}"
+    if stats.get("unfinished"):  # (saved as it streamed: see ChatStore.save_unfinished)
+        return "unfinished: still streaming, or cut off (saved as it came)"
     parts = []
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {stats['ttft_s'] * 1000:,.0f} ms")

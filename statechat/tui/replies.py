@@ -2,7 +2,8 @@
 
 A reply streams from a `@work(thread=True)` worker that reads an EngineWorker handle and
 updates the screen with `call_from_thread`, at most every STREAM_INTERVAL_S; it is saved with
-its stats (TTFT, decode rate, prefix reused) when it ends. Esc stops it; a reply streaming when
+its stats (TTFT, decode rate, prefix reused) when it ends, and every SAVE_INTERVAL_S before, as
+unfinished (so that a crash keeps what was shown). Esc stops it; a reply streaming when
 the app quits is kept as Esc keeps it (`_keep_stopped_reply`). One reply streams at a time.
 Once the app is quitting (`is_closing`), Enter sends nothing and the screen is left alone.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import sqlite3
 import time
 
 from textual import work
@@ -27,6 +29,7 @@ from statechat.tui.widgets.conversation_list import ConversationList
 
 TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
+SAVE_INTERVAL_S = 2.0  # a streaming reply's text saved this often (a crash keeps it)
 
 
 class RepliesMixin:
@@ -113,6 +116,7 @@ class RepliesMixin:
         the engine compute the next turn's prefix where the reply's checkpoints do not hold it
         (next_turn.py)."""
         text, shown = "", 0.0
+        saved = time.perf_counter()
         stats: dict = {}
         try:
             for event in handle:
@@ -120,6 +124,9 @@ class RepliesMixin:
                 if time.perf_counter() - shown > STREAM_INTERVAL_S:
                     shown = time.perf_counter()
                     self.call_from_thread(self._show_text, reply_id, text)
+                if time.perf_counter() - saved > SAVE_INTERVAL_S:
+                    saved = time.perf_counter()
+                    self._save_unfinished(reply_id, text)
             stats = reply_stats(handle.output)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
@@ -129,6 +136,14 @@ class RepliesMixin:
             with contextlib.suppress(StatechatError):  # (a quit under way, a refused prompt)
                 self.next_turn = warm_next_turn(self.worker, history, text, handle.output,
                                                 self.template_kwargs)
+
+    def _save_unfinished(self, reply_id: str, text: str) -> None:
+        """(The stream's thread) the reply so far, kept should the app die before it ends (a
+        kill -9, a power cut); best effort: a save that fails leaves the stream alone."""
+        chats = self.chats
+        if chats is not None and not self.is_closing:
+            with contextlib.suppress(StatechatError, sqlite3.Error):
+                chats.save_unfinished(reply_id, text)
 
     def _show_text(self, reply_id: str, text: str) -> None:
         if self.is_closing:

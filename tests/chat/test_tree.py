@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from statechat.chat.tree import GoneError, open_chats
+from statechat.chat.tree import UNFINISHED, GoneError, open_chats
 
 
 def build(store):
@@ -153,3 +153,21 @@ def test_a_message_whose_stats_were_edited_into_bad_json_still_reads(tmp_path):
     store = open_chats(tmp_path)
     assert [(m.content, m.stats) for m in store.branch(conv.id)] == [
         ("question", {}), ("answer", {}), ("again", {})]
+
+
+def test_a_reply_saved_as_it_streams_never_overwrites_its_end(tmp_path):
+    """A streaming reply's text is saved as unfinished (a crash keeps it, and says so); once
+    the reply is saved whole, a late save of its text so far changes nothing."""
+    store = open_chats(tmp_path)
+    conv = store.create("hello")
+    user = store.add(conv.id, None, "user", "question")
+    reply = store.add(conv.id, user.id, "assistant", "")
+    assert store.save_unfinished(reply.id, "the start")
+    assert store.save_unfinished(reply.id, "the start of it")
+    reopened = open_chats(tmp_path)  # (another process, or the app after a crash)
+    assert (reopened.message(reply.id).content, reopened.message(reply.id).stats) == (
+        "the start of it", UNFINISHED)
+    assert store.update(reply.id, content="the start of it, whole", stats={"ttft_s": 0.1})
+    assert not store.save_unfinished(reply.id, "the start")
+    assert (store.message(reply.id).content, store.message(reply.id).stats) == (
+        "the start of it, whole", {"ttft_s": 0.1})

@@ -17,6 +17,7 @@ from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
+from statechat.tui.format import status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -435,3 +436,34 @@ def test_a_chat_on_damaged_pages_ends_the_app_in_one_line(loaded, tmp_path, caps
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith(f"statechat: the chats in {tmp_path / 'index.db'} are damaged")
     assert "move the file away" in err and "Traceback" not in err
+
+
+def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypatch):
+    """A reply was saved only when it ended: after a kill -9 or a power cut it came back
+    empty, with no status, for good. Its text is saved as it streams (unfinished, and the
+    status says so, to another statechat or after a restart); its end, a stop here, then
+    replaces that."""
+    from statechat.tui import replies
+
+    monkeypatch.setattr(replies, "SAVE_INTERVAL_S", 0.05)
+
+    async def run():
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
+                           loaded=loaded, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            reply_id, other = app.streaming_reply_id, open_chats(tmp_path)
+            for _ in range(200):  # (what another process, or a restart, reads)
+                if other.message(reply_id).content:
+                    break
+                await pilot.pause(0.05)
+            saved = other.message(reply_id)
+            assert app.handle is not None and saved.content and saved.stats == {"unfinished": True}
+            assert status_line(saved.stats).startswith("unfinished")
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            await pilot.pause(0.2)
+            kept = other.message(reply_id)
+            assert "stopped" in status_line(kept.stats) and kept.content == views(app)[1].text
+
+    asyncio.run(run())
