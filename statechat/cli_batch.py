@@ -69,8 +69,8 @@ def input_name(input: Path) -> str:
 
 def read_requests(input: Path) -> list[str]:
     """The lines of a batch's input file (or pipe: bash's `<(...)`), or of standard input for
-    `-`; one line if it cannot be read as UTF-8 text (a byte-order mark is read past). Lines
-    end at LF, CRLF or CR alone: not at U+2028, U+0085 and the like, which a JSON string may
+    `-` (a byte-order mark is read past); a StatechatError if it cannot be read as UTF-8 text.
+    Lines end at LF, CRLF or CR alone: not at U+2028, U+0085 and the like, which a JSON string may
     hold as they are."""
     try:
         if input == STDIN:

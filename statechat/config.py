@@ -113,7 +113,10 @@ class EngineConfig:
         for name in ("model", "cache_dir"):
             value = getattr(self, name)
             if isinstance(value, str | os.PathLike):
-                put(self, name, Path(value).expanduser())
+                try:
+                    put(self, name, Path(value).expanduser())
+                except RuntimeError:  # (~user of no such user)
+                    raise ConfigError(f"{name} {value}: no home folder for its ~") from None
             elif value is not None or name == "model":
                 raise ConfigError(f"{name} must be a path, got {type(value).__name__}")
         for name, optional in _COUNT_FIELDS.items():

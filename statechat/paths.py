@@ -49,7 +49,7 @@ def served_name(model: Path) -> str:
     """The name `serve` gives a checkpoint (/v1/models, every response's `model`): a Hugging
     Face cache snapshot (hub/models--ORG--NAME/snapshots/SHA) its repo id, ORG/NAME, as vLLM
     names what it serves; any other directory its own name."""
-    model = Path(model)
+    model = Path(os.path.abspath(model))  # (`--model .` inside a snapshot; links kept as given)
     repo = model.parent.parent.name
     if model.parent.name == "snapshots" and repo.startswith("models--"):
         return repo.removeprefix("models--").replace("--", "/")

@@ -171,8 +171,9 @@ def is_unusable(error: BaseException) -> bool:
     I/O error): the disk tier is turned off then. A transient one (another process holds a lock
     past the busy timeout, a full disk) is not: it costs the one save or lookup that met it.
     SQLite's extended codes (SQLITE_IOERR_READ, ...) count by their primary code; an error
-    without a code (check_integrity's) counts unless it is an OperationalError."""
-    if not isinstance(error, sqlite3.DatabaseError):
+    without a code (check_integrity's) counts unless it is an OperationalError, or a
+    ProgrammingError (a closed connection, wrong bindings: the caller's, not the file's)."""
+    if not isinstance(error, sqlite3.DatabaseError) or isinstance(error, sqlite3.ProgrammingError):
         return False
     code = getattr(error, "sqlite_errorcode", None)
     if code is not None:

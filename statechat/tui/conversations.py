@@ -9,6 +9,8 @@ quitting (`is_closing`), the actions do nothing: the widgets they would fill are
 
 from __future__ import annotations
 
+import dataclasses
+
 from statechat.chat.tree import Message
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
@@ -20,9 +22,9 @@ GONE = "{} was deleted by another statechat process on this cache dir."
 
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
-    (the chat shown), `handle` and `streaming_conv_id` (the reply streaming), `is_closing`
-    (the app is quitting), `_busy()` and `start_reply()` (replies.py), and `_focus_composer()`
-    (layout.py)."""
+    (the chat shown), `handle`, `streaming_conv_id` and `streaming_reply_id` (the reply
+    streaming), `is_closing` (the app is quitting), `_busy()` and `start_reply()`
+    (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
@@ -42,6 +44,8 @@ class ConversationsMixin:
             self.notify(f"Edit ended: its message is no longer shown{stays}.")
         views = []
         for msg in branch:
+            if msg.id == self.streaming_reply_id:  # (streaming here: no status until it ends)
+                msg = dataclasses.replace(msg, stats={})
             sibs = self.chats.siblings(msg.id)
             pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
             views.append(MessageView(msg, pos, len(sibs)))

@@ -70,7 +70,14 @@ def reply_stats(output) -> dict:
 
 def status_line(stats: dict) -> str:
     """E.g. 'TTFT 12 ms · 85.3 tok/s · 40 tokens · reused 8,192 of 8,240 prompt tokens from
-    disk checkpoint; computed 48'."""
+    disk checkpoint; computed 48'; '' for stats of the wrong types (a row edited by hand)."""
+    try:
+        return _status_line(stats)
+    except (TypeError, ValueError):
+        return ""
+
+
+def _status_line(stats: dict) -> str:
     if not stats:
         return ""
     if stats.get("error"):

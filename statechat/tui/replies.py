@@ -19,7 +19,7 @@ import time
 from textual import work
 
 from statechat.chat.next_turn import warm_next_turn
-from statechat.chat.tree import GoneError, Message
+from statechat.chat.tree import UNFINISHED, DamagedError, GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
 from statechat.tui.format import one_line, reply_stats, status_line
@@ -89,7 +89,7 @@ class RepliesMixin:
             if reply is not None:
                 self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
             return
-        reply = self._add(parent.id, "assistant", "")
+        reply = self._add(parent.id, "assistant", "", stats=UNFINISHED)  # (until it ends)
         if reply is None:
             handle.abort()
             return
@@ -130,7 +130,11 @@ class RepliesMixin:
             stats = reply_stats(handle.output)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
-        self.call_from_thread(self._finish_reply, reply_id, text, stats)
+        try:
+            self.call_from_thread(self._finish_reply, reply_id, text, stats)
+        except DamagedError as e:  # (raised back into this thread, whose worker would drop it
+            self.call_from_thread(self._handle_exception, e)  # unsaid: the app ends in its line)
+            return
         # (not once another reply began: it computes the same prefix itself)
         if not self.is_closing and self.handle is None and "error" not in stats:
             with contextlib.suppress(StatechatError):  # (a quit under way, a refused prompt)
@@ -183,7 +187,8 @@ class RepliesMixin:
             text = output.text
             reason = output.finish_reason or "abort"  # (the engine did not stop in time)
             stats = reply_stats(dataclasses.replace(output, finish_reason=reason))
-        self._save_reply(reply_id, text, stats)
+        with contextlib.suppress(DamagedError):  # (what ended the app, said in its line already)
+            self._save_reply(reply_id, text, stats)
 
     def action_stop(self) -> None:
         """Esc: cancel an edit first (its box is what the user is looking at), else stop the

@@ -171,3 +171,13 @@ def test_a_reply_saved_as_it_streams_never_overwrites_its_end(tmp_path):
     assert not store.save_unfinished(reply.id, "the start")
     assert (store.message(reply.id).content, store.message(reply.id).stats) == (
         "the start of it, whole", {"ttft_s": 0.1})
+
+
+def test_a_call_after_close_is_not_called_damage(tmp_path):
+    """A use of the chats after their close (a programming error, Python's ProgrammingError) is
+    not a damaged file: telling the user to move sound chats away would lose them."""
+    store = open_chats(tmp_path)
+    store.create("hello")
+    store.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.conversations()

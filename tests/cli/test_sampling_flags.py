@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -232,3 +233,16 @@ def test_serve_names_a_hugging_face_cache_snapshot_by_its_repo_id(tmp_path, star
                                               "--model", str(model)])
         assert result.exit_code == 0, result.output
         assert started["model_id"] == name
+
+
+def test_a_snapshot_given_as_a_relative_path_is_named_by_its_repo_id(tmp_path, monkeypatch):
+    """`serve --model .` inside a snapshot served the model as '' (the name of '.')."""
+    from statechat.paths import served_name
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3.5-0.8B" / "snapshots" / ("ab" * 20)
+    snapshot.mkdir(parents=True)
+    monkeypatch.chdir(snapshot)
+    assert [served_name(Path(p)) for p in (".", "./", f"../{'ab' * 20}")] == [
+        "Qwen/Qwen3.5-0.8B"] * 3
+    monkeypatch.chdir(tmp_path)
+    assert served_name(Path(".")) == tmp_path.name

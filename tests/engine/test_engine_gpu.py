@@ -5,6 +5,7 @@ CUDA; runs on the lent GPU with the rest of the suite."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 
 import pytest
@@ -289,26 +290,28 @@ def test_graphs_are_captured_on_their_own_stream_with_collection_paused(gpu_setu
     and graphs are freed), and torch drops the cuBLAS workspace of a destroyed graph's capture
     stream: so an engine's decode and prefill graphs are captured with collection paused, on
     a stream no other live engine captures on."""
-    from statechat.engine import graphs
+    from statechat.engine import graphs, prefill_graphs
 
     path, loaded = gpu_setup[:2]
     seen = []
     real = graphs.graph_api
 
-    def recording_api(device):
+    def recording_api(device, kind):
         new_graph, capture = real(device)
 
         def recording(graph, pool=None, stream=None):
-            seen.append((gc.isenabled(), None if stream is None else stream.cuda_stream))
+            seen.append((kind, gc.isenabled(), None if stream is None else stream.cuda_stream))
             return capture(graph, pool=pool, stream=stream)
 
         return new_graph, recording
 
-    monkeypatch.setattr(graphs, "graph_api", recording_api)
+    for kind, module in (("decode", graphs), ("prefill", prefill_graphs)):
+        monkeypatch.setattr(module, "graph_api", functools.partial(recording_api, kind=kind))
     config = EngineConfig(model=path, device="cuda", dtype="float32")
     first, second = LLMEngine(config, loaded=loaded), LLMEngine(config, loaded=loaded)
-    assert seen and not any(enabled for enabled, _ in seen) and gc.isenabled()
-    streams = {stream for _, stream in seen}
+    assert {kind for kind, _, _ in seen} == {"decode", "prefill"}
+    assert not any(enabled for _, enabled, _ in seen) and gc.isenabled()
+    streams = {stream for _, _, stream in seen}
     assert len(streams) == 2 and None not in streams
     samplers = {e.runner.sampler_graphs.stream.cuda_stream for e in (first, second)}
     assert len(samplers) == 2 and not samplers & streams

@@ -225,3 +225,9 @@ def test_a_cpu_cache_too_small_names_its_field(loaded):
         LLMEngine(EngineConfig(model=loaded.path, device="cpu", cpu_cache_bytes=0), loaded=loaded)
     assert str(err.value) == ("not enough memory for the KV and state caches; raise "
                               "cpu_cache_bytes (0) or lower max_num_seqs")
+
+
+def test_a_home_of_no_such_user_is_one_line():
+    """`~user` of a user this machine does not have: one line, not a RuntimeError."""
+    with pytest.raises(ConfigError, match=r"^cache_dir ~no-such-user-statechat/x: no home"):
+        EngineConfig(model="/tmp", cache_dir="~no-such-user-statechat/x")

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from textual import events
 
-from statechat.chat.tree import open_chats
+from statechat.chat.tree import DamagedError, open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
@@ -438,11 +438,40 @@ def test_a_chat_on_damaged_pages_ends_the_app_in_one_line(loaded, tmp_path, caps
     assert "move the file away" in err and "Traceback" not in err
 
 
+def test_a_reply_s_save_on_damaged_pages_ends_the_app_in_one_line(loaded, tmp_path, capsys,
+                                                                 monkeypatch):
+    """The chats' file found damaged as a reply is saved at its end (in the stream's worker
+    thread, which dropped the error unsaid: the app went on with the reply unsaved) ends the
+    app in its one line, as anywhere else."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+
+            def damaged(*args, **kwargs):
+                raise DamagedError(f"the chats in {tmp_path / 'index.db'} are damaged (disk I/O "
+                                   "error); move the file away")
+
+            monkeypatch.setattr(app.chats, "update", damaged)
+            app.query_one(Composer).set_text("hello")
+            await pilot.press("enter")
+            for _ in range(600):
+                if not app.is_running:
+                    break
+                await asyncio.sleep(0.05)
+        return app
+
+    assert asyncio.run(run()).return_code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"statechat: the chats in {tmp_path / 'index.db'} are damaged")
+    assert "Traceback" not in err
+
+
 def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypatch):
     """A reply was saved only when it ended: after a kill -9 or a power cut it came back
     empty, with no status, for good. Its text is saved as it streams (unfinished, and the
-    status says so, to another statechat or after a restart); its end, a stop here, then
-    replaces that."""
+    status says so, to another statechat or after a restart, not in the app it streams in);
+    its end, a stop here, then replaces that."""
     from statechat.tui import replies
 
     monkeypatch.setattr(replies, "SAVE_INTERVAL_S", 0.05)
@@ -453,6 +482,7 @@ def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypat
         async with app.run_test(size=(120, 50)) as pilot:
             await start_long_reply(pilot, app)
             reply_id, other = app.streaming_reply_id, open_chats(tmp_path)
+            assert other.message(reply_id).stats == {"unfinished": True}  # (from its start)
             for _ in range(200):  # (what another process, or a restart, reads)
                 if other.message(reply_id).content:
                     break
@@ -460,6 +490,9 @@ def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypat
             saved = other.message(reply_id)
             assert app.handle is not None and saved.content and saved.stats == {"unfinished": True}
             assert status_line(saved.stats).startswith("unfinished")
+            app.open_conversation(app.conv_id)  # (this app knows it streams: no such status)
+            await pilot.pause(0.1)
+            assert app.handle is not None and status(views(app)[1]) == ""
             await pilot.press("escape")
             await wait_idle(pilot, app)
             await pilot.pause(0.2)

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from statechat.chat.tree import Message
-from statechat.tui.format import split_thinking
+from statechat.tui.format import split_thinking, status_line
 from statechat.tui.widgets.message_view import MessageView
 
 
@@ -50,3 +50,13 @@ def test_sampling_line():
     ) == "temperature 0.6, top-p 0.95, top-k 20, presence 1.5"
     assert (sampling_line(SamplingParams(top_k=20, repetition_penalty=1.1))
             == "greedy, repetition 1.1")
+
+
+@pytest.mark.parametrize("stats", [{"ttft_s": "1"}, {"tokens_per_s": "x"},
+                                   {"completion_tokens": "3"}, {"prompt_tokens": None,
+                                                                "cached_tokens": 2}])
+def test_stats_of_the_wrong_types_show_no_status(stats):
+    """Stats are only shown: a row edited by hand into values of the wrong types shows no
+    status line (formatting it raised, and the app would not start, or ended in a
+    traceback when that chat was opened)."""
+    assert status_line(stats) == ""

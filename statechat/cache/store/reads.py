@@ -228,6 +228,11 @@ class StoreReads:
         (self.blob_dir / blob).unlink(missing_ok=True)
 
     def _set_aside(self, blob: str, why: str, then: str = RECOMPUTING) -> None:
+        """Leave an unreadable blob out of plans for UNREADABLE_S (a lookup's), or just keep it
+        (`verify`'s: `then` empty)."""
+        if not then:
+            log.warning("statechat cache: %s; kept it", why)
+            return
         log.warning("statechat cache: %s; kept it, unused for %d s%s", why, UNREADABLE_S, then)
         with self.db_lock:
             self.unreadable[blob] = time.monotonic()
