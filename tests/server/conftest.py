@@ -39,3 +39,22 @@ def client(server):
     openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60) as c:
         yield c
+
+
+def steps_held_until_an_abort(server, monkeypatch) -> threading.Event:
+    """Hold the engine's steps (as a long prompt's chunks give a stream no event) until the
+    worker aborts a request; the event that says it did (set it to let the steps go)."""
+    engine, worker, aborted = server.worker.engine, server.worker, threading.Event()
+    step, abort = engine.step, worker.abort
+
+    def held_step():
+        aborted.wait(30)
+        return step()
+
+    def spied_abort(handle) -> None:
+        abort(handle)
+        aborted.set()
+
+    monkeypatch.setattr(engine, "step", held_step)
+    monkeypatch.setattr(worker, "abort", spied_abort)
+    return aborted

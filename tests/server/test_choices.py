@@ -20,7 +20,7 @@ import pytest
 from statechat import server as server_module
 from statechat.api_choices import Choices
 from statechat.engine.engine import StreamEvent
-from tests.server.conftest import KEY
+from tests.server.conftest import KEY, steps_held_until_an_abort
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 MESSAGES = [{"role": "system", "content": "state cache block token layer chat model"},
@@ -150,19 +150,7 @@ def test_a_client_that_leaves_before_the_first_choice_starts_gets_it_logged(serv
     monkeypatch.setattr(server, "quiet", False)
     messages = [{"role": "user", "content": " ".join(["leave before it starts"] * 40)}]
     num_prompt_tokens = len(server.worker.render(messages))
-    engine, worker, gate = server.worker.engine, server.worker, threading.Event()
-    step, abort = engine.step, worker.abort
-
-    def gated_step():  # the engine's step waits until the request is aborted
-        assert gate.wait(30)
-        return step()
-
-    def aborted(handle) -> None:
-        abort(handle)
-        gate.set()
-
-    monkeypatch.setattr(engine, "step", gated_step)
-    monkeypatch.setattr(worker, "abort", aborted)
+    steps_held_until_an_abort(server, monkeypatch)  # (the step waits until it is aborted)
     capsys.readouterr()
     post(server, {"messages": messages, "n": 3, "max_tokens": 5}).close()
     (line,) = reuse_lines(capsys, num_prompt_tokens, 1)

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.server.conftest import KEY
+from tests.server.conftest import KEY, steps_held_until_an_abort
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" % (
     KEY.encode())
@@ -52,19 +52,7 @@ def test_a_client_that_resets_leaves_no_traceback(server, monkeypatch, length):
 def test_a_stream_left_before_its_first_token_is_aborted(server, monkeypatch):
     """The engine's steps wait (a long prompt's chunks, which give the stream no event) until
     the request is aborted: the server notices the client left without a token to write."""
-    engine, worker, aborted = server.worker.engine, server.worker, threading.Event()
-    step, abort = engine.step, worker.abort
-
-    def gated_step():
-        aborted.wait(30)
-        return step()
-
-    def spied_abort(handle) -> None:
-        abort(handle)
-        aborted.set()
-
-    monkeypatch.setattr(engine, "step", gated_step)
-    monkeypatch.setattr(worker, "abort", spied_abort)
+    aborted = steps_held_until_an_abort(server, monkeypatch)
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
     body = {"messages": [{"role": "user", "content": "leave during the prompt"}], "stream": True}
     conn.request("POST", "/v1/chat/completions", json.dumps(body),

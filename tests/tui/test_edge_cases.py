@@ -30,6 +30,12 @@ def notices(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
+def long_reply_app(loaded, chat_dir) -> StatechatApp:
+    """An app on `chat_dir` whose replies are long (LONG_REPLY): still streaming when looked at."""
+    return StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), chat_dir,
+                        loaded=loaded, sampling=LONG_REPLY)
+
+
 async def start_long_reply(pilot, app) -> None:
     """Once the app is ready, send a message whose reply (LONG_REPLY) is still streaming."""
     await wait_ready(pilot, app)
@@ -122,8 +128,7 @@ def test_streamed_text_for_a_view_not_built_yet(loaded, tmp_path):
     """Opening the chat whose reply streams builds its views anew; text the worker sends
     before they are built (it went to the views being replaced) shows once they are."""
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
+        app = long_reply_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await start_long_reply(pilot, app)
             app.handle.abort()
@@ -167,8 +172,7 @@ def test_a_streaming_chat_is_not_deleted_from_another_chat(loaded, tmp_path):
     """Deleting it once left its reply generating into a deleted chat (and every send
     refused until it ended); actions refused while a reply streams now say why."""
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
+        app = long_reply_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await start_long_reply(pilot, app)
             streaming = app.conv_id
@@ -366,8 +370,7 @@ def test_a_reply_with_no_text_is_left_out_of_later_prompts(loaded, tmp_path, sta
 async def quit_while_streaming(loaded, chat_dir, quit=None) -> StatechatApp:
     """Start a long reply in a new app on `chat_dir`, and once some is shown quit: press
     Ctrl+Q, or await `quit(app)`. The app, closed."""
-    app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), chat_dir,
-                       loaded=loaded, sampling=LONG_REPLY)
+    app = long_reply_app(loaded, chat_dir)
     async with app.run_test(size=(120, 50)) as pilot:
         await start_long_reply(pilot, app)
         while not views(app)[1].text:  # (some of it shown)
@@ -477,8 +480,7 @@ def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypat
     monkeypatch.setattr(replies, "SAVE_INTERVAL_S", 0.05)
 
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
+        app = long_reply_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await start_long_reply(pilot, app)
             reply_id, other = app.streaming_reply_id, open_chats(tmp_path)

@@ -11,13 +11,10 @@ import asyncio
 
 from textual import events
 
-from statechat.config import EngineConfig
-from statechat.paths import EMBEDDED_MODEL
-from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from tests.tui.test_app import header, make_app, send, status, views, wait_idle, wait_ready
-from tests.tui.test_edge_cases import LONG_REPLY, focus_message, start_long_reply
+from tests.tui.test_edge_cases import focus_message, long_reply_app, start_long_reply
 
 
 def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
@@ -54,8 +51,7 @@ def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
 
 def test_esc_cancels_an_edit_before_it_stops_a_reply(loaded, tmp_path):
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
+        app = long_reply_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await start_long_reply(pilot, app)
             composer = app.query_one(Composer)
@@ -119,8 +115,7 @@ def test_a_reply_ending_leaves_the_chat_list_s_highlight_alone(loaded, tmp_path)
     """Browsing the chat list while a reply streams: its end moved the highlight to its own
     chat, and the Delete meant for the chat highlighted deleted that one instead."""
     async def run():
-        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
-                           loaded=loaded, sampling=LONG_REPLY)
+        app = long_reply_app(loaded, tmp_path)
         async with app.run_test(size=(120, 50)) as pilot:
             await start_long_reply(pilot, app)
             first = app.conv_id
