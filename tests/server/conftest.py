@@ -48,7 +48,7 @@ def steps_held_until_an_abort(server, monkeypatch) -> threading.Event:
     step, abort = engine.step, worker.abort
 
     def held_step():
-        aborted.wait(30)
+        assert aborted.wait(30), "no request was aborted"
         return step()
 
     def spied_abort(handle) -> None:
