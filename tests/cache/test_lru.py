@@ -129,3 +129,43 @@ def test_a_stored_checkpoint_computed_again_counts_as_used(tiny_dirs, tmp_path):
     db.close()
     engine.close()
     assert set(order[:len(other_rows)]) == other_rows  # the LRU victims: the other chat's rows
+
+
+def unusable_checkpoints(db: sqlite3.Connection) -> list[int]:
+    """The boundaries (in blocks) of checkpoints that some block of their chain is missing for."""
+    bad = []
+    for tail, num_tokens in db.execute("SELECT hash, num_tokens FROM checkpoints").fetchall():
+        found = db.execute("""WITH RECURSIVE up(hash) AS (
+                                SELECT ? UNION SELECT b.parent FROM blocks b JOIN up
+                                ON b.hash = up.hash)
+                              SELECT count(*) FROM blocks WHERE hash IN (SELECT hash FROM up)""",
+                           [tail]).fetchone()[0]
+        if found != num_tokens // 64:
+            bad.append(num_tokens // 64)
+    return bad
+
+
+def test_eviction_never_leaves_a_checkpoint_without_its_blocks(tiny_dirs, tmp_path):
+    """A chain's rows are marked used together, so they tie for the LRU: eviction takes them from
+    the chain's end back, and every checkpoint left can still be resumed, whatever the budget
+    cuts (a segment under a checkpoint that stays would leave it unusable, yet counted)."""
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path,
+                                    checkpoint_interval=1),
+                       loaded=load_model(path, dtype=torch.float32))
+    gen = torch.Generator().manual_seed(11)
+    chat = torch.randint(0, 300, (330,), generator=gen).tolist()
+    engine.generate([chat[:140]], PARAMS)  # (its first segment and checkpoints)
+    engine.generate([chat], PARAMS)  # (the rest, standing on them)
+    engine.store.flush()
+    engine.generate([chat[:200]], PARAMS)  # a fork at block 3 marks blocks 0-2 used again
+    engine.store.flush()
+    db = sqlite3.connect(tmp_path / "index.db")
+    assert db.execute("SELECT count(*) FROM segments").fetchone()[0] >= 2
+    store, seen = engine.store, []
+    while (total := store.total_bytes()) > 0:
+        store.evict_to(total - 1)  # one row at a time
+        seen.append(unusable_checkpoints(db))
+    db.close()
+    engine.close()
+    assert seen == [[]] * len(seen)

@@ -38,18 +38,27 @@ class StoreMaintenance:
         return int(row[0])
 
     def evict_to(self, max_bytes: int) -> int:
-        """Delete least recently used checkpoints and segments until the total fits; bytes freed."""
+        """Delete least recently used checkpoints and segments until the total fits; bytes freed.
+
+        Every use and save of a checkpoint marks the segments under it as used at the same time
+        (`index.touch_chain`), so a chain's rows tie. Ties go from the chain's end back to its
+        start: a checkpoint or segment deeper in the conversation (its boundary, the segment's
+        first block) first, a checkpoint before a segment. What stays is a shorter prefix that
+        can still be resumed, never a checkpoint whose blocks are gone (unusable, yet counted
+        in the budget)."""
         freed, total = 0, self.total_bytes()
         while total > max_bytes:
             with self.db_lock, self.db.conn:
                 self.db.execute("BEGIN IMMEDIATE")
                 row = self.db.execute(
-                    "SELECT 'ckpt', hash, blob, bytes, last_used FROM checkpoints UNION ALL "
-                    "SELECT 'kv', id, blob, bytes, last_used FROM segments ORDER BY 5 LIMIT 1"
-                ).fetchone()
+                    "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT "
+                    "block_size FROM models WHERE id = c.model_id) FROM checkpoints c "
+                    "UNION ALL SELECT 'kv', id, blob, bytes, last_used, (SELECT min(position) "
+                    "FROM blocks WHERE segment_id = s.id) FROM segments s "
+                    "ORDER BY 5, 6 DESC, 1 LIMIT 1").fetchone()
                 if row is None:
                     break
-                kind, key, blob, size, _ = row
+                kind, key, blob, size, _, _ = row
                 if kind == "ckpt":
                     self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
                 else:
