@@ -532,3 +532,25 @@ def test_a_gets_body_is_not_read_as_the_next_request(server):
             json.loads(resp.read())
     finally:
         conn.close()
+
+
+def test_an_ipv6_address_is_served(server):
+    """`serve --host ::1` (or `::`) listens on IPv6, as uvicorn's does; it was refused
+    ("Address family for hostname not supported")."""
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    six = ChatServer(server.worker, "tiny-qwen3.5", "::1", 0, api_key=KEY, quiet=True)
+    thread = threading.Thread(target=six.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert six.url.startswith("http://[::1]:")
+        req = urllib.request.Request(f"{six.url}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "tiny-qwen3.5"
+    finally:
+        six.shutdown()
+        six.server_close()
+        thread.join(10)
