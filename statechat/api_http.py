@@ -89,6 +89,8 @@ class JsonHandler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._drain()
             self._send_json(e.status, e.body())
+        else:
+            self._drain()  # (a body its route did not read, a GET's: not the next request)
 
     def _authorized(self) -> bool:
         scheme, _, key = self.headers.get("Authorization", "").partition(" ")

@@ -13,6 +13,7 @@ config and sampling are made from them in cli_setup.py.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -246,9 +247,9 @@ def serve(
         serve_forever(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
                       template_kwargs, sampling, completion_max_tokens=max_tokens,
                       warm_next_turn=warm_next_turn)
-    except OSError as e:
-        raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); "
-                             "pick another --port") from None
+    except OSError as e:  # (the port taken, or an address this machine does not have)
+        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
+        raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); {fix}") from None
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

@@ -71,6 +71,8 @@ class ChatServer(ThreadingHTTPServer):
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
+        # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
         self.template_kwargs = template_kwargs or {}
@@ -116,7 +118,7 @@ class ChatServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class Handler(JsonHandler):

@@ -3,6 +3,7 @@ report on a cache dir (when the persistent store is part of this build)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -471,3 +472,21 @@ def test_an_index_another_process_holds_locked_is_not_called_damaged(tmp_path, s
         holder.rollback()
         holder.close()
     assert cache.joinpath("index.db").read_bytes() == before
+
+
+@pytest.mark.parametrize("code, fix", [(errno.EADDRINUSE, "pick another --port"),
+                                       (errno.EADDRNOTAVAIL, "check --host")])
+def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monkeypatch, code,
+                                                            fix):
+    """A port in use asks for another --port; an address this machine does not have asks to
+    check --host (it asked for another port as well)."""
+    def serve(worker, *args, **kwargs):
+        worker.shutdown()
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr("statechat.server.serve", serve)
+    result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
+                                     str(EMBEDDED_MODEL), "--host", "192.0.2.1"])
+    assert result.exit_code != 0
+    assert "cannot listen on 192.0.2.1:8000" in str(result.exception or result.output)
+    assert fix in str(result.exception or result.output)

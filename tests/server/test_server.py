@@ -4,6 +4,7 @@ key, and 8 concurrent clients all completing."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -514,3 +515,42 @@ def test_a_503_after_the_first_choice_started_logs_that_choices_reuse(capsys):
     assert status == 503 and reply["error"]["code"] == "shutting_down"
     lines = [line for line in capsys.readouterr().err.splitlines() if "prompt tokens" in line]
     assert len(lines) == 1 and lines[0].endswith("; aborted")
+
+
+def test_a_gets_body_is_not_read_as_the_next_request(server):
+    """A GET that carries a body (some clients send `{}`) is answered, and its body is not
+    taken for the next request on the keep-alive connection."""
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    try:
+        for path, body in (("/v1/models", "{}"), ("/health", None), ("/health", "{}"),
+                           ("/v1/models", None)):
+            conn.request("GET", path, body=body, headers=auth)
+            resp = conn.getresponse()
+            assert resp.status == 200, (path, resp.read())
+            json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_an_ipv6_address_is_served(server):
+    """`serve --host ::1` (or `::`) listens on IPv6, as uvicorn's does; it was refused
+    ("Address family for hostname not supported")."""
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    six = ChatServer(server.worker, "tiny-qwen3.5", "::1", 0, api_key=KEY, quiet=True)
+    thread = threading.Thread(target=six.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert six.url.startswith("http://[::1]:")
+        req = urllib.request.Request(f"{six.url}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "tiny-qwen3.5"
+    finally:
+        six.shutdown()
+        six.server_close()
+        thread.join(10)
