@@ -1,5 +1,5 @@
 """What the chats' store (tree.py) gives and raises: its records, Message and Conversation, and
-its errors, GoneError and DamagedError.
+its errors, GoneError, DamagedError and BusyError.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ class GoneError(StatechatError):
 class DamagedError(StatechatError):
     """SQLite found the chats' file damaged (corrupt, not a database, an I/O error) as it read
     or wrote it."""
+
+
+class BusyError(StatechatError):
+    """SQLite could not use the chats' file for now (a full disk, another process holding it
+    locked past the busy timeout): nothing was changed, and the same change may work later."""
 
 
 @dataclass(frozen=True)

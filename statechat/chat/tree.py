@@ -28,6 +28,7 @@ import sqlite_utils
 from statechat.cache.index import is_unusable, open_sqlite
 from statechat.chat.records import (
     UNFINISHED,
+    BusyError,
     Conversation,
     DamagedError,
     GoneError,
@@ -81,14 +82,19 @@ class ChatStore:
 
     @contextlib.contextmanager
     def _locked(self):
-        """The lock, around a use of the file; DamagedError if SQLite finds it damaged."""
+        """The lock, around a use of the file; DamagedError if SQLite finds it damaged,
+        BusyError if it cannot use it for now (a full disk: the app crashed on it)."""
         with self._lock:
             try:
                 yield
             except sqlite3.DatabaseError as e:
+                why = (str(e).splitlines() or [type(e).__name__])[0]
+                if isinstance(e, sqlite3.OperationalError) and not is_unusable(e):
+                    raise BusyError(f"the chats in {self.file} could not be saved ({why}); "
+                                    "free some disk space, or end what holds the file, and "
+                                    "try again") from None
                 if not is_unusable(e):
                     raise
-                why = (str(e).splitlines() or [type(e).__name__])[0]
                 raise DamagedError(
                     f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
                     ".recover` saves what is left of them, or move the file away to start "

@@ -19,7 +19,7 @@ import time
 from textual import work
 
 from statechat.chat.next_turn import warm_next_turn
-from statechat.chat.tree import UNFINISHED, DamagedError, GoneError, Message
+from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
 from statechat.tui.format import one_line, reply_stats, status_line
@@ -63,7 +63,11 @@ class RepliesMixin:
             shown = self.query_one(ChatView).views()
             parent = shown[-1].message.id if shown else None
         if self.conv_id is None:
-            self.conv_id = self.chats.create(title=one_line(text)[:48]).id
+            try:
+                self.conv_id = self.chats.create(title=one_line(text)[:48]).id
+            except BusyError as e:  # (the text stays in the box)
+                self.notify(f"Not sent: {e}.", severity="error")
+                return
         user = self._add(parent, "user", text)
         if user is not None:  # (else the text stays in the box: Enter again sends it anew)
             composer.take(event.text)
@@ -101,9 +105,13 @@ class RepliesMixin:
     def _add(self, parent_id: str | None, role: str, content: str,
              stats: dict | None = None) -> Message | None:
         """Add a message to the open chat; None, said in a notice, when another statechat
-        process deleted the chat or the message it answers meanwhile."""
+        process deleted the chat or the message it answers meanwhile, or the chats' file
+        cannot be written for now (a full disk)."""
         try:
             return self.chats.add(self.conv_id, parent_id, role, content, stats=stats)
+        except BusyError as e:
+            self.notify(f"Not sent: {e}.", severity="error")
+            return None
         except GoneError:
             if self.chats.has_conversation(self.conv_id):
                 self.notify(GONE.format("The message it follows"), severity="warning")
@@ -134,6 +142,9 @@ class RepliesMixin:
             self.call_from_thread(self._finish_reply, reply_id, text, stats)
         except DamagedError as e:  # (raised back into this thread, whose worker would drop it
             self.call_from_thread(self._handle_exception, e)  # unsaid: the app ends in its line)
+            return
+        except BusyError as e:  # (a full disk: the text so far stays on the screen)
+            self.call_from_thread(self.notify, f"The reply was not saved: {e}.", severity="error")
             return
         # (not once another reply began: it computes the same prefix itself)
         if not self.is_closing and self.handle is None and "error" not in stats:
@@ -187,7 +198,8 @@ class RepliesMixin:
             text = output.text
             reason = output.finish_reason or "abort"  # (the engine did not stop in time)
             stats = reply_stats(dataclasses.replace(output, finish_reason=reason))
-        with contextlib.suppress(DamagedError):  # (what ended the app, said in its line already)
+        # (what ended the app, said in its line already; a full disk: no one left to tell)
+        with contextlib.suppress(DamagedError, BusyError):
             self._save_reply(reply_id, text, stats)
 
     def action_stop(self) -> None:

@@ -2,8 +2,8 @@
 an edit left open while another chat is opened or its message deleted, a message past the
 context limit, a multi-line first message (the chat list's title), a pasted first line's
 indent, deleting a chat while its reply streams, a chat deleted or gone on with by another
-statechat on the same cache dir, a chat on damaged pages of the file, and quitting while a reply
-streams."""
+statechat on the same cache dir, a chat on damaged pages of the file, quitting while a reply
+streams, and a message sent while the disk is full."""
 
 from __future__ import annotations
 
@@ -500,5 +500,34 @@ def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypat
             await pilot.pause(0.2)
             kept = other.message(reply_id)
             assert "stopped" in status_line(kept.stats) and kept.content == views(app)[1].text
+
+    asyncio.run(run())
+
+
+def test_a_full_disk_keeps_the_message_in_the_box(loaded, tmp_path):
+    """A message sent while the chats' file cannot grow (a full disk) ended the app in Textual's
+    traceback, the text typed lost. A notice says so, the text stays in the box, and Enter
+    sends it once there is room again."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first")
+            db = app.chats.db
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            db.execute(f"PRAGMA max_page_count = {pages}")  # (SQLite's "database or disk is
+            # full", on this connection)
+            text = "a long message " * 2000
+            app.query_one(Composer).set_text(text)
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert app.is_running and app.query_one(Composer).text == text
+            assert any("disk is full" in n for n in notices(app))
+            assert [v.message.content for v in views(app)][:1] == ["first"]
+            db.execute("PRAGMA max_page_count = 1073741823")
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert app.query_one(Composer).text == ""
+            assert views(app)[2].message.content == text.rstrip()
 
     asyncio.run(run())

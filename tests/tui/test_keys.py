@@ -2,8 +2,8 @@
 the message shown in its place (it fell to the chat list, where `r` did nothing and Delete
 deleted the whole chat), Esc cancels an edit before it stops a reply, the chat list,
 focused, highlights a chat so that Enter opens it (and keeps the one the user highlighted when a
-reply ends), and a paste made with a message or the chat
-list focused lands in the message box (it was dropped)."""
+reply ends), Up and Down move one message a key however fast they come, and a paste made
+with a message or the chat list focused lands in the message box (it was dropped)."""
 
 from __future__ import annotations
 
@@ -134,5 +134,24 @@ def test_a_reply_ending_leaves_the_chat_list_s_highlight_alone(loaded, tmp_path)
             await pilot.pause(0.1)
             assert [c.id for c in app.chats.conversations()] == [app.conv_id]
             assert app.conv_id != first
+
+    asyncio.run(run())
+
+
+def test_up_pressed_fast_moves_one_message_a_key(loaded, tmp_path):
+    """Keys that arrive together (a held Up, fast typing) each move the focus one message: they
+    all moved it from the same message, which Textual had not focused yet."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            for text in ("one", "two", "three"):
+                await send(pilot, app, text)
+            await pilot.press("shift+tab")
+            assert app.focused is views(app)[5]
+            for _ in range(4):  # (queued before the first is handled, as a terminal sends them)
+                app._driver.send_message(events.Key("up", None))
+            await pilot.pause(0.2)
+            assert app.focused is views(app)[1]
 
     asyncio.run(run())

@@ -2,8 +2,9 @@
 app began reading the stream, so it was inflated, or missing), a one-token reply says
 "1 token", zero-width joiners stay in text and titles (emoji and Persian words broke), a
 small terminal leaves room for the messages and the box, Tab and Shift+Tab move through the
-same parts at every width (a narrow terminal's chat list kept the focus), and no terminal size,
-nor any run of resizes, crashes the app (growing back from 30x8 did)."""
+same parts at every width (a narrow terminal's chat list kept the focus), no terminal size,
+nor any run of resizes, crashes the app (growing back from 30x8 did), and the focused message
+stands out from the others."""
 
 from __future__ import annotations
 
@@ -175,5 +176,26 @@ def test_resizing_through_tiny_terminals_keeps_the_chat(loaded, tmp_path):
                 assert len(shown) == 2 and shown[0].message.content == "hello"
                 assert all(chat.region.overlaps(v.region) for v in shown)
                 assert composer.text == draft and composer.size.width > 40
+
+    asyncio.run(run())
+
+
+def test_the_focused_message_stands_out(loaded, tmp_path):
+    """A focused message's bar had the colour of a user message's ($warning and $accent are one
+    orange), its background only a shade lighter (the same in 256 colours): which of your
+    messages `e` would edit could not be seen."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "one")
+            await send(pilot, app, "two")
+            await pilot.press("shift+tab", "up", "up", "up")
+            user, other_user, reply = views(app)[0], views(app)[2], views(app)[1]
+            assert app.focused is user
+            bars = {v: v.styles.border_left[1] for v in (user, other_user, reply)}
+            assert bars[user] not in (bars[other_user], bars[reply])
+            await pilot.press("down")
+            assert reply.styles.border_left[1] not in (bars[other_user], bars[reply])
 
     asyncio.run(run())

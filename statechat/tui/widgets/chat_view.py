@@ -48,12 +48,14 @@ class ChatView(VerticalScroll, can_focus=False):
 
     def action_move(self, step: int) -> None:
         """Up/down: focus the message `step` away from the focused one (from the box: the
-        last), scrolled into view."""
+        last), scrolled into view. The focus moves now, not after the keys already queued
+        (`Widget.focus` waits for them): a held or fast-typed Up moved one message, not one
+        per key."""
         views = self.views()
         if not views:
             return
         focused = self.screen.focused
         i = views.index(focused) if focused in views else (len(views) if step < 0 else -1)
         target = views[max(0, min(len(views) - 1, i + step))]
-        target.focus()
+        self.screen.set_focus(target)
         self.scroll_to_widget(target, animate=False)
