@@ -9,6 +9,7 @@ then blobs, so no row ever points at a partial blob.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -148,8 +149,24 @@ def open_error(path: Path, e: Exception) -> ConfigError:
     if is_locked(e):  # (moving a sound index away would lose the cache and the chats)
         return ConfigError(f"{path} is locked by another process ({why}): a `sqlite3` shell "
                            "inside a transaction, say; try again once it is done")
-    return ConfigError(f"cannot open {path} ({why}); check the folder's permissions, or move the "
-                       "file away to start afresh")
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
+        advice = "move the file away to start afresh"  # (damaged, or not a database)
+    elif on_read_only_media(path.parent):
+        advice = "its folder is on a read-only file system: pick a cache dir you can write to"
+    else:
+        advice = "check the folder's permissions"
+    return ConfigError(f"cannot open {path} ({why}); {advice}")
+
+
+def on_read_only_media(folder: Path) -> bool:
+    """Whether `folder` (or the nearest folder above it that exists) is on a file system
+    mounted read-only."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # (Windows has no statvfs)
+        return False
 
 
 def is_locked(error: BaseException) -> bool:

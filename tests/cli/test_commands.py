@@ -268,6 +268,25 @@ def test_a_cache_on_read_only_media_can_be_inspected(tmp_path, shared_engine, re
     assert files(cache) == before
 
 
+def test_an_engine_on_a_read_only_cache_says_what_to_do(tmp_path, shared_engine,
+                                                        read_only_view, monkeypatch, capsys):
+    """An engine cannot run on a cache it cannot write to: one line that says why, with no
+    advice to move a sound index away (it said "check the folder's permissions, or move the
+    file away to start afresh" on read-only media too)."""
+    view = read_only_view(warm_cache(tmp_path))
+    readonly_fs = os.statvfs(view).f_flag & os.ST_RDONLY
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(tmp_path / "in.jsonl"), "-o",
+                                     str(tmp_path / "out.jsonl"), "--model", str(EMBEDDED_MODEL),
+                                     "--device", "cpu", "--cache-dir", str(view)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err, err
+    assert err.startswith(f"statechat: cannot open {view / 'index.db'} (") and "move" not in err
+    assert err.endswith("its folder is on a read-only file system: pick a cache dir you can "
+                        "write to" if readonly_fs else "check the folder's permissions"), err
+
+
 def test_verify_reports_the_orphan_blobs_it_removes(tmp_path, shared_engine):
     """An index that was lost (truncated) leaves every blob an orphan: verify removes them and
     says so, each by name (it deleted them all and printed `removed 0`)."""
@@ -411,8 +430,7 @@ def test_a_damaged_index_is_one_line(tmp_path, shared_engine, monkeypatch, capsy
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and "\n" not in err, (argv, err)
         assert err == (f"statechat: cannot open {cache / 'index.db'} (database disk image is "
-                       "malformed); check the folder's permissions, or move the file away to "
-                       "start afresh"), argv
+                       "malformed); move the file away to start afresh"), argv
 
 
 def test_a_file_in_place_of_the_blobs_folder_is_one_line(tmp_path, monkeypatch, capsys):
