@@ -152,8 +152,10 @@ class ChatStore:
             return self._message(rows[0]) if rows else None
 
     def add(self, conv_id: str, parent_id: str | None, role: str, content: str,
-            stats: dict | None = None) -> Message:
-        """Append a message under `parent_id` (None: a root) and make it the current leaf."""
+            stats: dict | None = None, title: str | None = None) -> Message:
+        """Append a message under `parent_id` (None: a root) and make it the current leaf. With
+        `title`, a root message that is the chat's only one (its earlier ones were deleted)
+        renames the chat."""
         row = {"id": _new_id(), "conversation_id": conv_id, "parent_id": parent_id, "role": role,
                "content": content, "created": time.time(), "active_child": None,
                "stats": json.dumps(stats) if stats else None}
@@ -171,6 +173,11 @@ class ChatStore:
                 what = "the chat" if parent_id is None else "the message it answers or follows"
                 raise GoneError(f"{what} was deleted (by another statechat process on this "
                                 "cache dir); nothing was added")
+            if title is not None and parent_id is None:
+                self.db.execute(
+                    f"""UPDATE {CONVERSATIONS} SET title = ? WHERE id = ? AND NOT EXISTS (
+                          SELECT 1 FROM {MESSAGES} WHERE conversation_id = ? AND id != ?)""",
+                    [title, conv_id, conv_id, row["id"]])
             self._point_path(conv_id, row["id"])
         return self._message(row)
 

@@ -106,9 +106,12 @@ class RepliesMixin:
              stats: dict | None = None) -> Message | None:
         """Add a message to the open chat; None, said in a notice, when another statechat
         process deleted the chat or the message it answers meanwhile, or the chats' file
-        cannot be written for now (a full disk)."""
+        cannot be written for now (a full disk). A first message in a chat whose messages were
+        all deleted names it anew, as it named a new chat."""
+        title = one_line(content)[:48] if parent_id is None and role == "user" else None
         try:
-            return self.chats.add(self.conv_id, parent_id, role, content, stats=stats)
+            return self.chats.add(self.conv_id, parent_id, role, content, stats=stats,
+                                  title=title)
         except BusyError as e:
             self.notify(f"Not sent: {e}.", severity="error")
             return None

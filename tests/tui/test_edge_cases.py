@@ -168,6 +168,35 @@ def test_titles_are_one_line_and_a_paste_keeps_its_first_indent(loaded, tmp_path
     asyncio.run(run())
 
 
+def test_a_chat_emptied_by_deletes_is_named_by_its_next_first_message(loaded, tmp_path):
+    """Deleting a chat's first message leaves it empty; the next message sent names it, as it
+    names a new chat (it kept the deleted message's title for good). An edit of the first
+    message, a sibling beside it, leaves the title alone."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first topic")
+            await focus_message(pilot, app, 0)
+            await pilot.press("d")
+            await pilot.pause(0.1)
+            assert views(app) == []
+            await send(pilot, app, "second\ntopic")
+            (chat,) = app.chats.conversations()
+            assert chat.title == "second topic"
+            labels = [str(label.render())
+                      for label in app.query_one(ConversationList).query("Label")]
+            assert labels == ["second topic"]
+            await focus_message(pilot, app, 0)
+            await pilot.press("e")
+            app.query_one(Composer).set_text("an edit")
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert app.chats.conversations()[0].title == "second topic"
+
+    asyncio.run(run())
+
+
 def test_a_streaming_chat_is_not_deleted_from_another_chat(loaded, tmp_path):
     """Deleting it once left its reply generating into a deleted chat (and every send
     refused until it ended); actions refused while a reply streams now say why."""
