@@ -26,7 +26,8 @@ DeviceOpt = Annotated[
 CacheDirOpt = Annotated[
     Path | None,
     typer.Option("--cache-dir", help="Cache and conversation directory (default: "
-                 "$STATECHAT_CACHE_DIR, else ~/.local/share/statechat).",
+                 "$STATECHAT_CACHE_DIR, else $XDG_DATA_HOME/statechat, "
+                 "~/.local/share/statechat when that is unset).",
                  envvar="STATECHAT_CACHE_DIR"),
 ]
 NoCacheOpt = Annotated[
@@ -37,7 +38,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 TemplateKwargsOpt = Annotated[
     str | None,
     typer.Option("--chat-template-kwargs", help="Variables for the model's chat template, as a "
-                 "JSON object, e.g. '{\"enable_thinking\": false}' (a request's own win).",
+                 "JSON object, e.g. '{\"enable_thinking\": false}' (a batch line's or a "
+                 "request's own chat_template_kwargs win).",
                  envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
 ]
 

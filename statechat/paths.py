@@ -27,10 +27,19 @@ def cache_dir(explicit: str | Path | None = None) -> Path:
     return Path(data) / "statechat"
 
 
+def hf_hub_cache() -> Path:
+    """The hub cache that huggingface_hub (`hf download`) fills: $HF_HUB_CACHE, else
+    $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
 def find_hf_checkpoint() -> Path | None:
     """A Qwen3.5 checkpoint in the local Hugging Face cache (newest snapshot), if any."""
-    hub = Path(os.environ.get("HF_HUB_CACHE")
-               or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    hub = hf_hub_cache()
     if not hub.is_dir():
         return None
     found = []
