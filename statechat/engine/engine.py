@@ -42,6 +42,7 @@ from statechat.engine.sequence import Sequence, Status
 from statechat.engine.sizing import cache_sizes, context_limit, prefill_guess
 from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
+from statechat.paths import served_name
 
 log = logging.getLogger("statechat.engine")
 
@@ -100,7 +101,7 @@ class LLMEngine(Requests):
         if cfg.cache_dir is None or not cfg.enable_prefix_cache:
             return None
         store = open_store(cfg.cache_dir, cfg.disk_cache_bytes, cfg.host_cache_bytes)
-        store.attach(self.fingerprint.hex(), self.loaded.path.name, str(self.loaded.path),
+        store.attach(self.fingerprint.hex(), served_name(self.loaded.path), str(self.loaded.path),
                      str(self.loaded.dtype), cfg.block_size, self.runner.state_shapes(),
                      device=self.loaded.device)
         return store

@@ -415,3 +415,20 @@ def test_a_stopped_reply_leaves_its_reply_end_checkpoint_on_disk(plain, tmp_path
     db = open_store(tmp_path, read_only=True).db
     saved = {r["num_tokens"] for r in db.query("SELECT num_tokens FROM checkpoints")}
     assert 320 in saved, saved
+
+
+def test_a_hugging_face_snapshot_is_named_by_its_repo_id(tiny_dirs, tmp_path):
+    """The `models` row of a checkpoint in a Hugging Face cache names its repo, as `serve`
+    does (it was the snapshot's commit hash, which `cache stats` and the views showed)."""
+    import shutil
+    import sqlite3
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Tiny" / "snapshots" / ("ab" * 20)
+    shutil.copytree(tiny_dirs["qwen3_5_text"], snapshot)
+    engine = LLMEngine(EngineConfig(model=snapshot, device="cpu", cache_dir=tmp_path / "cache"),
+                       loaded=load_model(snapshot, dtype=torch.float32))
+    engine.close()
+    db = sqlite3.connect(tmp_path / "cache" / "index.db")
+    assert db.execute("SELECT name, path FROM models").fetchall() == [("Qwen/Tiny",
+                                                                       str(snapshot))]
+    db.close()
