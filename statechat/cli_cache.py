@@ -175,7 +175,7 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
         report = store.verify(remove=remove) if store else {}
     failed, unreadable = report.get("removed") or [], report.get("unreadable") or []
     orphans = report.get("orphans") or []
-    done = "removed" if remove else "failed"
+    done = "removed" if remove or not root.exists() else "failed"  # (failed: damaged, kept)
     kept = " (kept: the cache is read-only)" if failed and not remove else ""
     typer.echo(f"checked {report.get('checked', 0):,}; ok {report.get('ok', 0):,}; "
                f"{done} {len(failed):,}{kept}"

@@ -79,7 +79,8 @@ def test_cache_commands_do_not_create_a_missing_cache_dir(tmp_path):
     assert json.loads(stats.stdout).keys() == json.loads(made.stdout).keys()  # the same fields
     assert f"no cache at {missing} yet" in stats.stderr
     for argv, says in ((["stats"], f"no cache at {missing}"), (["ls"], "(no checkpoints yet)"),
-                       (["ls", "--json"], "[]"), (["verify"], "checked 0"), (["gc"], "freed 0 B"),
+                       (["ls", "--json"], "[]"), (["verify"], "checked 0; ok 0; removed 0\n"),
+                       (["gc"], "freed 0 B"),
                        (["clear"], f"no cache at {missing}; nothing to delete")):
         result = runner.invoke(cli.app, ["cache", *argv, *cache])
         assert result.exit_code == 0 and says in result.stdout, (argv, result.output)
