@@ -106,14 +106,18 @@ class RepliesMixin:
              stats: dict | None = None) -> Message | None:
         """Add a message to the open chat; None, said in a notice, when another statechat
         process deleted the chat or the message it answers meanwhile, or the chats' file
-        cannot be written for now (a full disk). A first message in a chat whose messages were
-        all deleted names it anew, as it named a new chat."""
+        cannot be written for now (a full disk; a reply's row: the chat is shown again, with
+        the message it would answer, for r to ask anew). A first message in a chat whose
+        messages were all deleted names it anew, as it named a new chat."""
         title = one_line(content)[:48] if parent_id is None and role == "user" else None
         try:
             return self.chats.add(self.conv_id, parent_id, role, content, stats=stats,
                                   title=title)
-        except BusyError as e:
-            self.notify(f"Not sent: {e}.", severity="error")
+        except BusyError as e:  # (a reply's: its message was saved, and is shown; r asks again)
+            what = "Not sent" if role == "user" else "The reply was not started"
+            self.notify(f"{what}: {e}.", severity="error")
+            if role != "user":
+                self.open_conversation(self.conv_id)
             return None
         except GoneError:
             if self.chats.has_conversation(self.conv_id):

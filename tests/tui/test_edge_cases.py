@@ -12,7 +12,7 @@ import asyncio
 import pytest
 from textual import events
 
-from statechat.chat.tree import DamagedError, open_chats
+from statechat.chat.tree import BusyError, DamagedError, open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
@@ -558,5 +558,34 @@ def test_a_full_disk_keeps_the_message_in_the_box(loaded, tmp_path):
             await wait_idle(pilot, app)
             assert app.query_one(Composer).text == ""
             assert views(app)[2].message.content == text.rstrip()
+
+    asyncio.run(run())
+
+
+def test_a_reply_that_cannot_be_added_leaves_the_message_sent_on_screen(loaded, tmp_path,
+                                                                       monkeypatch):
+    """The message was saved but its reply's row could not be (the disk filled, or another
+    process took the lock, in between): the message is shown, as it is in the chat, and the
+    notice says the reply did not start (it said "Not sent", the message hidden and its text
+    gone from the box)."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "first")
+            add = app.chats.add
+
+            def full_for_replies(conv_id, parent_id, role, *args, **kwargs):
+                if role == "assistant":
+                    raise BusyError("the chats in X could not be saved (database or disk is "
+                                    "full); free some disk space")
+                return add(conv_id, parent_id, role, *args, **kwargs)
+
+            monkeypatch.setattr(app.chats, "add", full_for_replies)
+            await send(pilot, app, "second")
+            assert app.is_running and app.handle is None
+            assert [v.message.content for v in views(app)][::2] == ["first", "second"]
+            assert not any(n.startswith("Not sent") for n in notices(app)), notices(app)
+            assert any("disk is full" in n and "reply" in n for n in notices(app)), notices(app)
 
     asyncio.run(run())
