@@ -169,3 +169,28 @@ def test_eviction_never_leaves_a_checkpoint_without_its_blocks(tiny_dirs, tmp_pa
     db.close()
     engine.close()
     assert seen == [[]] * len(seen)
+
+
+def test_a_segment_left_with_no_blocks_goes_before_the_rows_it_ties_with(tmp_path):
+    """A segment whose blocks another process's save had inserted first (INSERT OR IGNORE left
+    it no rows) holds nothing a lookup can use: of the rows saved with it, it is evicted first
+    (it went last, after the checkpoint saved beside it)."""
+    from statechat.cache.store import open_store
+
+    store = open_store(tmp_path, budget_bytes=1 << 30)
+    now = time.time()
+    with store.db.conn:
+        store.db.execute("INSERT INTO models (id, fingerprint, block_size) VALUES (1, 'f', 64)")
+        for seg_id in (1, 2):
+            store.db.execute("INSERT INTO segments (id, model_id, blob, num_blocks, bytes, "
+                             "last_used) VALUES (?, 1, ?, 2, 100, ?)", [seg_id, f"s{seg_id}", now])
+        for pos in (0, 1):  # (segment 2's two blocks were inserted by segment 1's save)
+            store.db.execute("INSERT INTO blocks (hash, model_id, parent, position, segment_id, "
+                             "seg_index) VALUES (?, 1, ?, ?, 1, ?)", [f"b{pos}", f"b{pos - 1}",
+                                                                     pos, pos])
+        store.db.execute("INSERT INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
+                         "last_used, hits) VALUES ('b1', 1, 128, 'c', 100, ?, 0)", [now])
+    store.evict_to(store.total_bytes() - 1)
+    left = store.db.execute("SELECT id FROM segments UNION ALL SELECT hash FROM checkpoints")
+    assert sorted(str(r[0]) for r in left) == ["1", "b1"]
+    store.close()

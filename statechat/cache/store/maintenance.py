@@ -45,7 +45,8 @@ class StoreMaintenance:
         start: a checkpoint or segment deeper in the conversation (its boundary, the segment's
         first block) first, a checkpoint before a segment. What stays is a shorter prefix that
         can still be resumed, never a checkpoint whose blocks are gone (unusable, yet counted
-        in the budget)."""
+        in the budget). A segment left with no blocks (another process saved them first) holds
+        nothing a lookup can use: it goes before the rows it ties with."""
         freed, total = 0, self.total_bytes()
         while total > max_bytes:
             with self.db_lock, self.db.conn:
@@ -55,7 +56,7 @@ class StoreMaintenance:
                     "block_size FROM models WHERE id = c.model_id) FROM checkpoints c "
                     "UNION ALL SELECT 'kv', id, blob, bytes, last_used, (SELECT min(position) "
                     "FROM blocks WHERE segment_id = s.id) FROM segments s "
-                    "ORDER BY 5, 6 DESC, 1 LIMIT 1").fetchone()
+                    "ORDER BY 5, 6 DESC NULLS FIRST, 1 LIMIT 1").fetchone()
                 if row is None:
                     break
                 kind, key, blob, size, _, _ = row
