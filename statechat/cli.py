@@ -237,6 +237,7 @@ def serve(
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name
+    from statechat.server import host_port
     from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
@@ -249,7 +250,8 @@ def serve(
                       warm_next_turn=warm_next_turn)
     except OSError as e:  # (the port taken, or an address this machine does not have)
         fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
-        raise StatechatError(f"cannot listen on {host}:{port} ({e.strerror}); {fix}") from None
+        raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
+                             f"{fix}") from None
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

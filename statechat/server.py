@@ -117,8 +117,12 @@ class ChatServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return f"http://{host_port(*self.server_address[:2])}"
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets (`[::1]:8000`), as a URL writes it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Handler(JsonHandler):

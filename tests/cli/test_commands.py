@@ -493,19 +493,23 @@ def test_an_index_another_process_holds_locked_is_not_called_damaged(tmp_path, s
     assert cache.joinpath("index.db").read_bytes() == before
 
 
-@pytest.mark.parametrize("code, fix", [(errno.EADDRINUSE, "pick another --port"),
-                                       (errno.EADDRNOTAVAIL, "check --host")])
-def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monkeypatch, code,
-                                                            fix):
+@pytest.mark.parametrize("host, code, fix, where", [
+    ("192.0.2.1", errno.EADDRINUSE, "pick another --port", "192.0.2.1:8000"),
+    ("192.0.2.1", errno.EADDRNOTAVAIL, "check --host", "192.0.2.1:8000"),
+    ("2001:db8::1", errno.EADDRNOTAVAIL, "check --host", "[2001:db8::1]:8000"),
+])
+def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monkeypatch, host,
+                                                            code, fix, where):
     """A port in use asks for another --port; an address this machine does not have asks to
-    check --host (it asked for another port as well)."""
+    check --host (it asked for another port as well). An IPv6 address is bracketed, so that
+    its port stands apart (it read "2001:db8::1:8000")."""
     def serve(worker, *args, **kwargs):
         worker.shutdown()
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr("statechat.server.serve", serve)
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
-                                     str(EMBEDDED_MODEL), "--host", "192.0.2.1"])
+                                     str(EMBEDDED_MODEL), "--host", host])
     assert result.exit_code != 0
-    assert "cannot listen on 192.0.2.1:8000" in str(result.exception or result.output)
+    assert f"cannot listen on {where} (" in str(result.exception or result.output)
     assert fix in str(result.exception or result.output)
