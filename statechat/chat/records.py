@@ -4,6 +4,7 @@ its errors, GoneError, DamagedError and BusyError.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 
 from statechat.errors import StatechatError
@@ -22,7 +23,18 @@ class DamagedError(StatechatError):
 
 class BusyError(StatechatError):
     """SQLite could not use the chats' file for now (a full disk, another process holding it
-    locked past the busy timeout): nothing was changed, and the same change may work later."""
+    locked past the busy timeout, the file or its folder made read-only): nothing was changed,
+    and the same change may work later. Its advice is BUSY_ADVICE's."""
+
+
+# BusyError's advice, by SQLite's primary error code: the states of the file a user can end
+BUSY_ADVICE = {
+    sqlite3.SQLITE_FULL: "free some disk space and try again",
+    sqlite3.SQLITE_BUSY: "another process holds the file locked: try again once it is done",
+    sqlite3.SQLITE_LOCKED: "another process holds the file locked: try again once it is done",
+    sqlite3.SQLITE_READONLY: "check that the file and its folder can be written, and try again",
+    sqlite3.SQLITE_CANTOPEN: "check that the file and its folder can be written, and try again",
+}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import sqlite_utils
 
 from statechat.cache.index import is_unusable, open_sqlite
 from statechat.chat.records import (
+    BUSY_ADVICE,
     UNFINISHED,
     BusyError,
     Conversation,
@@ -83,16 +84,17 @@ class ChatStore:
     @contextlib.contextmanager
     def _locked(self):
         """The lock, around a use of the file; DamagedError if SQLite finds it damaged,
-        BusyError if it cannot use it for now (a full disk: the app crashed on it)."""
+        BusyError if it cannot use it for now (a full disk, a lock held past the busy timeout,
+        the file made read-only: the app crashed on them)."""
         with self._lock:
             try:
                 yield
             except sqlite3.DatabaseError as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0]
-                if isinstance(e, sqlite3.OperationalError) and not is_unusable(e):
+                fix = BUSY_ADVICE.get((getattr(e, "sqlite_errorcode", None) or 0) & 0xFF)
+                if isinstance(e, sqlite3.OperationalError) and fix:
                     raise BusyError(f"the chats in {self.file} could not be saved ({why}); "
-                                    "free some disk space, or end what holds the file, and "
-                                    "try again") from None
+                                    f"{fix}") from None
                 if not is_unusable(e):
                     raise
                 raise DamagedError(

@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from statechat.chat.tree import UNFINISHED, GoneError, open_chats
+from statechat.chat.tree import UNFINISHED, BusyError, GoneError, open_chats
 
 
 def build(store):
@@ -181,3 +181,25 @@ def test_a_call_after_close_is_not_called_damage(tmp_path):
     store.close()
     with pytest.raises(sqlite3.ProgrammingError):
         store.conversations()
+
+
+def test_a_change_that_cannot_be_written_says_what_to_do(tmp_path):
+    """BusyError's advice fits its cause: a full disk asks for room, a file that cannot be
+    written for its mode asks to check it (both were told to free disk space or end what holds
+    the file); an error that is no state of the file (a missing table) is not called busy."""
+    chats = open_chats(tmp_path)
+    conv = chats.create("t")
+    pages = chats.db.execute("PRAGMA page_count").fetchone()[0]
+    chats.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(BusyError, match=r"disk is full\); free some disk space") as full:
+        chats.add(conv.id, None, "user", "x" * 100_000)
+    assert "holds" not in str(full.value)
+    chats.db.execute("PRAGMA max_page_count = 1073741823")
+    chats.db.execute("PRAGMA query_only = 1")  # (SQLITE_READONLY, as a file made read-only)
+    with pytest.raises(BusyError, match=r"readonly database\); check that .* can be written"):
+        chats.add(conv.id, None, "user", "y")
+    chats.db.execute("PRAGMA query_only = 0")
+    chats.db.execute("ALTER TABLE chat_messages RENAME TO gone")
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        chats.add(conv.id, None, "user", "z")
+    chats.close()
