@@ -54,9 +54,9 @@ class StoreMaintenance:
                 row = self.db.execute(
                     "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT "
                     "block_size FROM models WHERE id = c.model_id) FROM checkpoints c "
-                    "UNION ALL SELECT 'kv', id, blob, bytes, last_used, (SELECT min(position) "
-                    "FROM blocks WHERE segment_id = s.id) FROM segments s "
-                    "ORDER BY 5, 6 DESC NULLS FIRST, 1 LIMIT 1").fetchone()
+                    "UNION ALL SELECT 'kv', id, blob, bytes, last_used, coalesce((SELECT "
+                    "min(position) FROM blocks WHERE segment_id = s.id), 1 << 62) FROM segments "
+                    "s ORDER BY 5, 6 DESC, 1 LIMIT 1").fetchone()  # (no NULLS FIRST: SQLite < 3.30)
                 if row is None:
                     break
                 kind, key, blob, size, _, _ = row
