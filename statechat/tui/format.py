@@ -51,6 +51,11 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def chat_title(first_message: str) -> str:
+    """The title a chat takes from its first message: on one line, cut to 48 characters."""
+    return one_line(first_message)[:48]
+
+
 def reply_stats(output) -> dict:
     """The numbers a reply's status line shows (persisted with the message): the decode rate
     is the engine's, over the tokens after the first, from their sampling times."""

@@ -22,7 +22,7 @@ from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
-from statechat.tui.format import one_line, reply_stats, status_line
+from statechat.tui.format import chat_title, reply_stats, status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -64,7 +64,7 @@ class RepliesMixin:
             parent = shown[-1].message.id if shown else None
         if self.conv_id is None:
             try:
-                self.conv_id = self.chats.create(title=one_line(text)[:48]).id
+                self.conv_id = self.chats.create(title=chat_title(text)).id
             except BusyError as e:  # (the text stays in the box)
                 self.notify(f"Not sent: {e}.", severity="error")
                 return
@@ -109,7 +109,7 @@ class RepliesMixin:
         cannot be written for now (a full disk; a reply's row: the chat is shown again, with
         the message it would answer, for r to ask anew). A first message in a chat whose
         messages were all deleted names it anew, as it named a new chat."""
-        title = one_line(content)[:48] if parent_id is None and role == "user" else None
+        title = chat_title(content) if parent_id is None and role == "user" else None
         try:
             return self.chats.add(self.conv_id, parent_id, role, content, stats=stats,
                                   title=title)
