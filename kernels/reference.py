@@ -566,9 +566,24 @@ def draw_candidates(
 ) -> torch.Tensor:
     """One token [R] (int64) per row, drawn among its candidates: values [R, K] and their token
     ids cols [R, K] (int64) as candidate_probs takes them, noise [R, K] exponential(1) draws
-    (the token is the argmax of probability / noise: a draw from the probabilities)."""
+    (the token is the argmax of probability / noise: a draw from the probabilities).
+
+    The draws go to a row's top_k candidates by token id, not by rank: the candidate with the
+    j-th smallest id takes noise[:, j]. Two candidates whose logits nearly tie, and swap places
+    with the rounding of another batch, so keep their draws (handed out by rank, the same
+    draws fell on other tokens, and a seeded row's tokens changed with its batch)."""
     probs = candidate_probs(values, top_k, params)
-    return cols.gather(1, (probs / noise).argmax(dim=-1, keepdim=True))[:, 0]
+    return cols.gather(1, (probs / noise.gather(1, candidate_ranks(cols, top_k)))
+                       .argmax(dim=-1, keepdim=True))[:, 0]
+
+
+def candidate_ranks(cols: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """The rank [R, K] (int64) of each of a row's first top_k candidates' token ids cols [R, K]
+    among them (0: the smallest id); the columns past top_k follow, in their own order."""
+    past = torch.arange(cols.shape[-1], device=cols.device) >= top_k[:, None]
+    keyed = torch.where(past, cols.new_full((), 2**62) + torch.arange(
+        cols.shape[-1], device=cols.device), cols)
+    return keyed.argsort(dim=-1).argsort(dim=-1)
 
 
 def sample_top_k(

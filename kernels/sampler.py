@@ -105,15 +105,20 @@ def penalize_logits(
 
 
 @triton.jit
-def _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n):
+def _drawn(b_x, b_t, m_k, o_k, K, p_rows, noise, i_r, stride_n):
     """The index of the candidate drawn among a row's largest-first candidate logits b_x [KP]
-    (-inf past its top-k): min-p, softmax, top-p, then the argmax of probability over noise."""
+    (-inf past its top-k, m_k [KP] false there) of token ids b_t [KP]: min-p, softmax, top-p,
+    then the argmax of probability over noise, whose draws go to the candidates by token id
+    (reference.candidate_ranks: the j-th smallest id takes column j)."""
     top = tl.max(b_x, 0)  # (the first value: they come largest first)
     b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
     b_e = tl.exp(b_x - top)
     b_p = b_e / tl.sum(b_e, 0)
     b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
-    b_n = tl.load(noise + i_r * stride_n + o_k, mask=o_k < K, other=1.0)
+    # each candidate's rank by token id among the top-k (those past it follow, in order)
+    b_key = tl.where(m_k, b_t, o_k.to(tl.int64) + 0x4000000000000000)
+    b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
+    b_n = tl.load(noise + i_r * stride_n + b_rank, mask=b_rank < K, other=1.0)
     return tl.minimum(tl.argmax(b_p / b_n, 0), K - 1)  # (in range even for a NaN row)
 
 
@@ -124,8 +129,10 @@ def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v,
     o_k = tl.arange(0, KP)
     k = tl.load(top_k + i_r * stride_k)
     # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
-    b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k), other=float("-inf"))
-    j = _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n)
+    m_k = (o_k < K) & (o_k < k)
+    b_x = tl.load(values + i_r * stride_v + o_k, mask=m_k, other=float("-inf"))
+    b_t = tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0)
+    j = _drawn(b_x, b_t, m_k, o_k, K, p_rows, noise, i_r, stride_n)
     tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
 
 
@@ -258,8 +265,9 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
     o_k = tl.arange(0, KP)
     b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
     k = tl.load(top_k + i_r * stride_k)
-    b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
-    j = _drawn(b_x, o_k, K, p_rows, noise, i_r, stride_n)
+    m_k = (o_k < K) & (o_k < k)
+    b_x = tl.where(m_k, b_v, float("-inf"))
+    j = _drawn(b_x, b_t.to(tl.int64), m_k, o_k, K, p_rows, noise, i_r, stride_n)
     tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
 
 

@@ -211,7 +211,9 @@ def _noise(shape: tuple[int, int], like: torch.Tensor, generators: list[torch.Ge
     """Exponential(1) noise [D, n]: the draw takes the argmax of probability over noise
     (multinomial's own draw for one sample, without its checks of the probabilities, which
     read them back to the host). A seeded row's first widths[j] columns (its candidates; None:
-    the whole row) come from its own generator, so its tokens do not depend on its batch."""
+    the whole row) come from its own generator, so its tokens do not depend on its batch;
+    the kernels hand a candidate's column to it by token id, not by rank, so that holds too
+    where two of its logits nearly tie and a batch's rounding swaps them."""
     noise = like.new_empty(shape).exponential_(1)
     for j, (generator, width) in enumerate(zip(generators, widths)):
         if generator is not None:

@@ -80,6 +80,34 @@ def test_draw_candidates(device):
     assert torch.equal(got[[0, 5, 6]], cols[[0, 5, 6], 0])
 
 
+def test_candidates_that_swap_places_keep_their_draws(device):
+    """A candidate's draw follows its token id, not its rank: two logits 1e-6 apart that swap
+    places (another batch's rounding) draw the same token from the same noise, as does a row
+    whose candidates come in another order. (Draws went by rank: a seeded reply changed with
+    its batch from the first near-tie on, for 85 of 200 seeds in the case QA found.)"""
+    g = torch.Generator().manual_seed(3)
+    K, R = 5, 64
+    base = torch.tensor([1.3526, 1.3526 - 1e-6, 0.9, 0.4, -0.2])
+    swapped = base[[1, 0, 2, 3, 4]]  # (the two tied logits' places exchanged)
+    ids = torch.tensor([240, 174, 12, 290, 55])
+    values = torch.stack([base, swapped] * (R // 2)).to(device)
+    cols = torch.stack([ids, ids[[1, 0, 2, 3, 4]]] * (R // 2)).to(device)
+    top_k = torch.full((R,), K, device=device)
+    params = params_of([(0.7, math.inf, -math.inf, 1, 0, 0)] * R, device)
+    noise = torch.empty(R // 2, K).exponential_(1, generator=g).repeat_interleave(2, 0)
+    for draw in (draw_candidates, reference.draw_candidates):
+        got = draw(values, cols, noise.to(device), top_k, params).view(-1, 2)
+        assert torch.equal(got[:, 0], got[:, 1]), draw.__module__
+        assert len(set(got[:, 0].tolist())) > 2  # (draws, not the argmax)
+    logits = torch.full((2, V), -30.0)  # the same from the logits on: sample_top_k
+    logits[0, ids], logits[1, ids] = base, swapped
+    rows = torch.arange(2, device=device)
+    for draw in (sample_top_k, reference.sample_top_k):
+        got = [draw(logits.to(device), rows, rows, params[:2], None, None, top_k[:2],
+                    noise[2 * i:2 * i + 2].to(device)).tolist() for i in range(R // 2)]
+        assert all(a == b for a, b in got), draw.__module__
+
+
 @pytest.mark.parametrize("K", [1, 7])
 @pytest.mark.parametrize("V", [9000, 8195], ids=["short-last-chunk", "last-chunk-below-K"])
 def test_sample_top_k(device, K, V):
