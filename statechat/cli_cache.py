@@ -47,7 +47,7 @@ def _store(root: Path, write: bool = False):
     if not root.is_dir():
         raise StatechatError(f"{root} is a file; pass a folder")
     try:
-        from statechat.cache.index import open_error
+        from statechat.cache.sqlite_files import open_error
         from statechat.cache.store import open_store
     except ImportError:
         raise StatechatError("this build has no persistent cache "

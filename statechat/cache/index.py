@@ -9,16 +9,13 @@ then blobs, so no row ever points at a partial blob.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import sqlite_utils
 
-from statechat.errors import ConfigError
+from statechat.cache.sqlite_files import open_error, open_sqlite
 
 SCHEMA_VERSION = 1
 log = logging.getLogger("statechat.cache")
@@ -46,8 +43,6 @@ VIEWS = {
 
 
 BUSY_TIMEOUT_S = 30  # how long a statement waits for a lock that another process holds
-OPEN_ATTEMPTS = 20  # tries to open a SQLite file another process holds locked (about 10 s in all)
-T = TypeVar("T")
 
 
 def connect(path: Path) -> sqlite_utils.Database:
@@ -121,81 +116,6 @@ def _empty_index() -> sqlite_utils.Database:
                                                check_same_thread=False))
     migrate(db)
     return db
-
-
-def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
-    """`attempt()` (which opens the SQLite file `path`), again while another process holds it
-    locked (creating it or switching it to WAL at the same moment, SQLite can answer "locked" at
-    once, without waiting out the busy timeout); a one-line ConfigError if it cannot be opened."""
-    for n in range(OPEN_ATTEMPTS):
-        try:
-            return attempt()
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or n == OPEN_ATTEMPTS - 1:
-                raise open_error(path, e) from None
-            time.sleep(0.05 * (n + 1))
-        except (sqlite3.DatabaseError, OSError) as e:
-            # a damaged file, a folder in its place, no access
-            raise open_error(path, e) from None
-    raise AssertionError("unreachable")
-
-
-def open_error(path: Path, e: Exception) -> ConfigError:
-    """The one-line error for a SQLite file (cache index, chats) that cannot be opened."""
-    if path.parent.exists() and not path.parent.is_dir():
-        return ConfigError(f"{path.parent} is a file; pass a folder")
-    why = (e.strerror if isinstance(e, OSError) and e.strerror
-           else (str(e).splitlines() or [type(e).__name__])[0])
-    if is_locked(e):  # (moving a sound index away would lose the cache and the chats)
-        return ConfigError(f"{path} is locked by another process ({why}): a `sqlite3` shell "
-                           "inside a transaction, say; try again once it is done")
-    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
-        advice = "move the file away to start afresh"  # (damaged, or not a database)
-    elif on_read_only_media(path.parent):
-        advice = "its folder is on a read-only file system: pick a cache dir you can write to"
-    else:
-        advice = "check the folder's permissions"
-    return ConfigError(f"cannot open {path} ({why}); {advice}")
-
-
-def on_read_only_media(folder: Path) -> bool:
-    """Whether `folder` (or the nearest folder above it that exists) is on a file system
-    mounted read-only."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):  # (Windows has no statvfs)
-        return False
-
-
-def is_locked(error: BaseException) -> bool:
-    """Whether `error` is SQLite's "database is locked" (SQLITE_BUSY or SQLITE_LOCKED): another
-    process holds the file past the busy timeout, which says nothing of the file itself."""
-    if not isinstance(error, sqlite3.OperationalError):
-        return False
-    code = getattr(error, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(error)
-
-
-UNUSABLE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_IOERR}
-
-
-def is_unusable(error: BaseException) -> bool:
-    """Whether `error` says the index file itself is unusable (damaged, not a database, a disk
-    I/O error): the disk tier is turned off then. A transient one (another process holds a lock
-    past the busy timeout, a full disk) is not: it costs the one save or lookup that met it.
-    SQLite's extended codes (SQLITE_IOERR_READ, ...) count by their primary code; an error
-    without a code (check_integrity's) counts unless it is an OperationalError, or a
-    ProgrammingError (a closed connection, wrong bindings: the caller's, not the file's)."""
-    if not isinstance(error, sqlite3.DatabaseError) or isinstance(error, sqlite3.ProgrammingError):
-        return False
-    code = getattr(error, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in UNUSABLE_CODES
-    return not isinstance(error, sqlite3.OperationalError)
 
 
 def check_integrity(db: sqlite_utils.Database) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.index import is_unusable, open_sqlite
+from statechat.cache.sqlite_files import is_unusable, open_sqlite
 from statechat.chat.records import (
     BUSY_ADVICE,
     UNFINISHED,

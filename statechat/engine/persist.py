@@ -12,7 +12,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from statechat.cache import index
+from statechat.cache import sqlite_files
 from statechat.cache.store import SaveJob, StateStore
 from statechat.engine.pool import BlockPool, SlotPool
 
@@ -157,7 +157,7 @@ class CheckpointWriter:
         for check in self.disk_checks:
             if not check.done():
                 running.append(check)
-            elif not check.cancelled() and index.is_unusable(check.exception()):
+            elif not check.cancelled() and sqlite_files.is_unusable(check.exception()):
                 self.index_failed(check.exception())
                 return
             elif check.cancelled() or check.exception() is not None:  # (a lock held elsewhere)

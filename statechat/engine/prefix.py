@@ -21,7 +21,7 @@ import sqlite3
 import time
 from concurrent.futures import Future
 
-from statechat.cache import index
+from statechat.cache import sqlite_files
 from statechat.cache.blobs import BlobError
 from statechat.cache.store import Lookup, StateStore
 from statechat.engine.cost import DEVICE, DISK, PAGE_CACHE, CostModel
@@ -59,7 +59,7 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
         try:
             sample = self.store.read_rate_sample() if self.store is not None else None
         except sqlite3.DatabaseError as e:  # (a lock held elsewhere: no sample this time)
-            if index.is_unusable(e):
+            if sqlite_files.is_unusable(e):
                 self.index_failed(e)
             return
         if sample is not None:
@@ -69,7 +69,7 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
     def reuse(self, seq: Sequence) -> int:
         """Restore the cheapest usable prefix of `seq` into its block table and resume slot. An
         index error meanwhile plans it again from device memory alone; one that says the index
-        is unusable (index.is_unusable) turns the disk tier off too, while a transient one (a
+        is unusable (sqlite_files.is_unusable) turns the disk tier off too, while a transient one (a
         lock another process held past the busy timeout) costs this request's disk hit alone."""
         self.disk_tier_on()
         for _ in range(3):  # a blob failing verification (or unreadable) drops out; plan again
@@ -77,7 +77,7 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
                 return self._reuse_once(seq)
             except sqlite3.DatabaseError as e:
                 self._give_back(seq)
-                if index.is_unusable(e):
+                if sqlite_files.is_unusable(e):
                     self.index_failed(e)  # (logged once by the store)
                 else:
                     log.warning("statechat cache: the index could not be read (%s); this "

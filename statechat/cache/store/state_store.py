@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from statechat.cache import index
+from statechat.cache import index, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
 from statechat.cache.store.maintenance import StoreMaintenance, default_budget
@@ -83,7 +83,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                 self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
                                 [json.dumps(shapes), self.model_id])
             except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
-                raise index.open_error(self.path / INDEX_FILE, e) from None
+                raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
         self._start_writer()
 
     def give_up(self, error: sqlite3.DatabaseError) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from statechat.cache import index
+from statechat.cache import index, sqlite_files
 from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name
 from statechat.cache.blobs.write import write_blob
 
@@ -174,7 +174,7 @@ class StoreWriter:
         """A job failed: an unusable index turns the disk tier off (`give_up`); anything else
         (a lock another process held past the busy timeout, a full disk) costs that job alone,
         counted in `errors` and logged."""
-        if index.is_unusable(error):
+        if sqlite_files.is_unusable(error):
             self.give_up(error)
             return
         self.errors += 1
