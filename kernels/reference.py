@@ -568,21 +568,23 @@ def draw_candidates(
     ids cols [R, K] (int64) as candidate_probs takes them, noise [R, K] exponential(1) draws
     (the token is the argmax of probability / noise: a draw from the probabilities).
 
-    The draws go to a row's top_k candidates by token id, not by rank: the candidate with the
-    j-th smallest id takes noise[:, j]. Two candidates whose logits nearly tie, and swap places
-    with the rounding of another batch, so keep their draws (handed out by rank, the same
-    draws fell on other tokens, and a seeded row's tokens changed with its batch)."""
+    The draws go to a row's candidates by token id, not by rank: of the first top_k whose
+    value is finite, the one with the j-th smallest id takes noise[:, j] (candidate_ranks).
+    Two candidates whose logits nearly tie, and swap places with the rounding of another
+    batch, so keep their draws (handed out by rank, the same draws fell on other tokens, and
+    a seeded row's tokens changed with its batch)."""
     probs = candidate_probs(values, top_k, params)
-    return cols.gather(1, (probs / noise.gather(1, candidate_ranks(cols, top_k)))
-                       .argmax(dim=-1, keepdim=True))[:, 0]
+    past = torch.arange(values.shape[-1], device=values.device) >= top_k[:, None]
+    ranks = candidate_ranks(cols, ~past & (values > float("-inf")))
+    return cols.gather(1, (probs / noise.gather(1, ranks)).argmax(dim=-1, keepdim=True))[:, 0]
 
 
-def candidate_ranks(cols: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """The rank [R, K] (int64) of each of a row's first top_k candidates' token ids cols [R, K]
-    among them (0: the smallest id); the columns past top_k follow, in their own order."""
-    past = torch.arange(cols.shape[-1], device=cols.device) >= top_k[:, None]
-    keyed = torch.where(past, cols.new_full((), 2**62) + torch.arange(
-        cols.shape[-1], device=cols.device), cols)
+def candidate_ranks(cols: torch.Tensor, ranked: torch.Tensor) -> torch.Tensor:
+    """The rank [R, K] (int64) of each of a row's `ranked` [R, K] (bool) candidates' token ids
+    cols [R, K] among them (0: the smallest id); the others follow, in their own order (which
+    ids fill the places of a row's -inf candidates so moves no draw)."""
+    place = torch.arange(cols.shape[-1], device=cols.device)
+    keyed = torch.where(ranked, cols, cols.new_full((), 2**62) + place)
     return keyed.argsort(dim=-1).argsort(dim=-1)
 
 

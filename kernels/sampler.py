@@ -105,34 +105,48 @@ def penalize_logits(
 
 
 @triton.jit
-def _drawn(b_x, b_t, m_k, o_k, K, p_rows, noise, i_r, stride_n):
+def _rank_key(b_x, b_t, o_k):
+    """The keys [KP] (int64) whose order hands out a row's noise columns: a candidate of a
+    finite logit b_x (within its top-k) by its token id b_t, the others (-inf: probability 0)
+    after them by place o_k, so that which ids fill a row short of finite logits moves no
+    draw (reference.candidate_ranks)."""
+    return tl.where(b_x > float("-inf"), b_t.to(tl.int64), o_k.to(tl.int64) + 0x4000000000000000)
+
+
+@triton.jit
+def _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n):
     """The index of the candidate drawn among a row's largest-first candidate logits b_x [KP]
-    (-inf past its top-k, m_k [KP] false there) of token ids b_t [KP]: min-p, softmax, top-p,
-    then the argmax of probability over noise, whose draws go to the candidates by token id
-    (reference.candidate_ranks: the j-th smallest id takes column j)."""
+    (-inf past its top-k): min-p, softmax, top-p, then the argmax of probability over noise,
+    candidate i taking noise column b_rank[i] (its rank by _rank_key; K or more: none)."""
     top = tl.max(b_x, 0)  # (the first value: they come largest first)
     b_x = tl.where(b_x < top + tl.load(p_rows + i_r * 6 + 2), float("-inf"), b_x)  # min-p
     b_e = tl.exp(b_x - top)
     b_p = b_e / tl.sum(b_e, 0)
     b_p = tl.where(tl.cumsum(b_p, 0) - b_p >= tl.load(p_rows + i_r * 6 + 1), 0.0, b_p)  # top-p
-    # each candidate's rank by token id among the top-k (those past it follow, in order)
-    b_key = tl.where(m_k, b_t, o_k.to(tl.int64) + 0x4000000000000000)
-    b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
     b_n = tl.load(noise + i_r * stride_n + b_rank, mask=b_rank < K, other=1.0)
     return tl.minimum(tl.argmax(b_p / b_n, 0), K - 1)  # (in range even for a NaN row)
 
 
 @triton.jit
 def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
-                 stride_n, KP: tl.constexpr):
+                 stride_n, KP: tl.constexpr, JB: tl.constexpr):
     i_r = tl.program_id(0)
     o_k = tl.arange(0, KP)
     k = tl.load(top_k + i_r * stride_k)
     # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
-    m_k = (o_k < K) & (o_k < k)
-    b_x = tl.load(values + i_r * stride_v + o_k, mask=m_k, other=float("-inf"))
-    b_t = tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0)
-    j = _drawn(b_x, b_t, m_k, o_k, K, p_rows, noise, i_r, stride_n)
+    b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k), other=float("-inf"))
+    b_key = _rank_key(b_x, tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0), o_k)
+    # each candidate's rank: the keys below its own, JB at a time (a K x K tile of a K of
+    # 1024 takes minutes to compile and spills)
+    b_rank = tl.zeros([KP], tl.int32)
+    for start in range(0, K, JB):
+        o_j = start + tl.arange(0, JB)
+        c_x = tl.load(values + i_r * stride_v + o_j, mask=(o_j < K) & (o_j < k),
+                      other=float("-inf"))
+        c_key = _rank_key(c_x, tl.load(cols + i_r * stride_c + o_j, mask=o_j < K, other=0), o_j)
+        below = (c_key[None, :] < b_key[:, None]) & (o_j < K)[None, :]
+        b_rank += tl.sum(below.to(tl.int32), 1)
+    j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
     tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
 
 
@@ -156,7 +170,7 @@ def draw_candidates(
         return out
     _draw_kernel[(R,)](values, cols, noise, top_k, params.contiguous(), out, K, top_k.stride(0),
                        values.stride(0), cols.stride(0), noise.stride(0),
-                       KP=max(16, triton.next_power_of_2(K)))
+                       KP=max(16, triton.next_power_of_2(K)), JB=16)
     return out
 
 
@@ -265,9 +279,10 @@ def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n
     o_k = tl.arange(0, KP)
     b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
     k = tl.load(top_k + i_r * stride_k)
-    m_k = (o_k < K) & (o_k < k)
-    b_x = tl.where(m_k, b_v, float("-inf"))
-    j = _drawn(b_x, b_t.to(tl.int64), m_k, o_k, K, p_rows, noise, i_r, stride_n)
+    b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
+    b_key = _rank_key(b_x, b_t, o_k)  # (a K x K tile: K is at most 64 in the engine)
+    b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
+    j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
     tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
 
 

@@ -4,7 +4,6 @@ its errors, GoneError, DamagedError and BusyError.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 
 from statechat.errors import StatechatError
@@ -28,12 +27,14 @@ class BusyError(StatechatError):
 
 
 # BusyError's advice, by SQLite's primary error code: the states of the file a user can end
+# (numbers, as SQLite defines them: the sqlite3 module names them from Python 3.11 on)
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_FULL, SQLITE_CANTOPEN = 5, 6, 8, 13, 14
 BUSY_ADVICE = {
-    sqlite3.SQLITE_FULL: "free some disk space and try again",
-    sqlite3.SQLITE_BUSY: "another process holds the file locked: try again once it is done",
-    sqlite3.SQLITE_LOCKED: "another process holds the file locked: try again once it is done",
-    sqlite3.SQLITE_READONLY: "check that the file and its folder can be written, and try again",
-    sqlite3.SQLITE_CANTOPEN: "check that the file and its folder can be written, and try again",
+    SQLITE_FULL: "free some disk space and try again",
+    SQLITE_BUSY: "another process holds the file locked: try again once it is done",
+    SQLITE_LOCKED: "another process holds the file locked: try again once it is done",
+    SQLITE_READONLY: "check that the file and its folder can be written, and try again",
+    SQLITE_CANTOPEN: "check that the file and its folder can be written, and try again",
 }
 
 

@@ -7,6 +7,8 @@ leaves nothing behind."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -203,3 +205,13 @@ def test_a_change_that_cannot_be_written_says_what_to_do(tmp_path):
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         chats.add(conv.id, None, "user", "z")
     chats.close()
+
+
+def test_records_import_without_the_sqlite3_error_code_names():
+    """statechat.chat imports on Python 3.10, whose sqlite3 module has no SQLITE_FULL, ...
+    (pyproject allows it; the names came in 3.11)."""
+    code = ("import sqlite3\n"
+            "for n in ('SQLITE_FULL', 'SQLITE_BUSY', 'SQLITE_LOCKED', 'SQLITE_READONLY',"
+            " 'SQLITE_CANTOPEN'):\n    delattr(sqlite3, n)\n"
+            "import statechat.chat.records as r\nassert r.BUSY_ADVICE[13].startswith('free')")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -108,6 +108,29 @@ def test_candidates_that_swap_places_keep_their_draws(device):
         assert all(a == b for a, b in got), draw.__module__
 
 
+def test_a_row_short_of_finite_logits_keeps_its_draws(device):
+    """A row with fewer finite logits than its candidates draws by its finite ones' ids alone:
+    which ids fill its -inf places (the lowest columns in the kernel, torch's top-k's choice
+    in the reference) moves no draw, and kernel and reference agree."""
+    g = torch.Generator().manual_seed(5)
+    K, R = 6, 32
+    values = torch.tensor([[2.0, 1.9, 1.0] + [-math.inf] * 3] * R, device=device)
+    cols = torch.tensor([[40, 30, 50, 0, 1, 2], [40, 30, 50, 70, 71, 72]]
+                        * (R // 2), device=device)
+    top_k = torch.full((R,), K, device=device)
+    params = params_of([(1, math.inf, -math.inf, 1, 0, 0)] * R, device)
+    noise = torch.empty(R // 2, K).exponential_(1, generator=g).repeat_interleave(2, 0)
+    for draw in (draw_candidates, reference.draw_candidates):
+        got = draw(values, cols, noise.to(device), top_k, params).view(-1, 2)
+        assert torch.equal(got[:, 0], got[:, 1]), draw.__module__
+        assert len(set(got[:, 0].tolist())) == 3  # (draws among the finite three)
+    logits = torch.full((R, V), -math.inf)
+    logits[:, [40, 30, 50]] = torch.tensor([2.0, 1.9, 1.0])
+    rows = torch.arange(R, device=device)
+    args = (logits.to(device), rows, rows, params, None, None, top_k, noise.to(device))
+    assert torch.equal(sample_top_k(*args), reference.sample_top_k(*args))
+
+
 @pytest.mark.parametrize("K", [1, 7])
 @pytest.mark.parametrize("V", [9000, 8195], ids=["short-last-chunk", "last-chunk-below-K"])
 def test_sample_top_k(device, K, V):
