@@ -63,18 +63,29 @@ def on_read_only_media(folder: Path) -> bool:
         return False
 
 
+# SQLite's primary result codes, as it defines them (the sqlite3 module names them, and gives
+# an error its code, from Python 3.11 on; 3.10 has neither)
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_CORRUPT = 5, 6, 8, 10, 11
+SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_NOTADB = 13, 14, 26
+UNUSABLE_CODES = {SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_IOERR}
+
+
+def primary_code(error: BaseException) -> int | None:
+    """The primary result code of a SQLite error (SQLITE_IOERR for SQLITE_IOERR_READ, ...);
+    None where the error carries none (Python 3.10, or an error statechat raised itself)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
 def is_locked(error: BaseException) -> bool:
     """Whether `error` is SQLite's "database is locked" (SQLITE_BUSY or SQLITE_LOCKED): another
     process holds the file past the busy timeout, which says nothing of the file itself."""
     if not isinstance(error, sqlite3.OperationalError):
         return False
-    code = getattr(error, "sqlite_errorcode", None)
+    code = primary_code(error)
     if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return code in (SQLITE_BUSY, SQLITE_LOCKED)
     return "locked" in str(error)
-
-
-UNUSABLE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_IOERR}
 
 
 def is_unusable(error: BaseException) -> bool:
@@ -86,7 +97,7 @@ def is_unusable(error: BaseException) -> bool:
     ProgrammingError (a closed connection, wrong bindings: the caller's, not the file's)."""
     if not isinstance(error, sqlite3.DatabaseError) or isinstance(error, sqlite3.ProgrammingError):
         return False
-    code = getattr(error, "sqlite_errorcode", None)
+    code = primary_code(error)
     if code is not None:
-        return code & 0xFF in UNUSABLE_CODES
+        return code in UNUSABLE_CODES
     return not isinstance(error, sqlite3.OperationalError)

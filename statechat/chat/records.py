@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from statechat.cache.sqlite_files import (
+    SQLITE_BUSY,
+    SQLITE_CANTOPEN,
+    SQLITE_FULL,
+    SQLITE_LOCKED,
+    SQLITE_READONLY,
+)
 from statechat.errors import StatechatError
 
 UNFINISHED = {"unfinished": True}  # the stats of a reply saved as it streams, until it ends
@@ -27,8 +34,6 @@ class BusyError(StatechatError):
 
 
 # BusyError's advice, by SQLite's primary error code: the states of the file a user can end
-# (numbers, as SQLite defines them: the sqlite3 module names them from Python 3.11 on)
-SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_FULL, SQLITE_CANTOPEN = 5, 6, 8, 13, 14
 BUSY_ADVICE = {
     SQLITE_FULL: "free some disk space and try again",
     SQLITE_BUSY: "another process holds the file locked: try again once it is done",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.sqlite_files import is_unusable, open_sqlite
+from statechat.cache.sqlite_files import is_unusable, open_sqlite, primary_code
 from statechat.chat.records import (
     BUSY_ADVICE,
     UNFINISHED,
@@ -91,7 +91,7 @@ class ChatStore:
                 yield
             except sqlite3.DatabaseError as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0]
-                fix = BUSY_ADVICE.get((getattr(e, "sqlite_errorcode", None) or 0) & 0xFF)
+                fix = BUSY_ADVICE.get(primary_code(e))
                 if isinstance(e, sqlite3.OperationalError) and fix:
                     raise BusyError(f"the chats in {self.file} could not be saved ({why}); "
                                     f"{fix}") from None
