@@ -2,7 +2,9 @@
 read with a bound (a refused one drained, so the client reads the answer), JSON answers, and
 every error in OpenAI's shape, http.server's own included, a closed connection noticed while
 its answer is made (`_gone`), and field names fit for a log line (`named`). The server tracks
-which connections are idle (`connection_state`), so that a stop can close them."""
+which connections are idle (`connection_state`), so that a stop can close them. Browsers' CORS
+as vLLM's server answers it: every answer to an allowed `Origin` says so, and a preflight
+(OPTIONS with `Access-Control-Request-Method`) is answered without the API key."""
 
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the cli
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
 MAX_NAME_CHARS = 40  # of each name logged
+CORS_METHODS = "GET, HEAD, POST, OPTIONS"
+CORS_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
 
 
 class JsonHandler(BaseHTTPRequestHandler):
     """A handler whose routes raise ApiError for their errors (`_guard` answers them). Its
-    server has `api_key`, `quiet` and `connection_state(handler, busy)`; a subclass says which
-    methods it serves in `_methods_message`."""
+    server has `api_key`, `allowed_origins` (origins, or ("*",) for any), `quiet` and
+    `connection_state(handler, busy)`; a subclass says which methods it serves in
+    `_methods_message`."""
 
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S
@@ -55,6 +60,53 @@ class JsonHandler(BaseHTTPRequestHandler):
         if not self.server.quiet:
             sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
+    def end_headers(self) -> None:
+        origin = self._allowed_origin()
+        if origin:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            if origin != "*":
+                self.send_header("Vary", "Origin")
+        super().end_headers()
+
+    def _allowed_origin(self) -> str | None:
+        """The Access-Control-Allow-Origin for this request's Origin: "*" when any is allowed,
+        the origin itself when it is one of those allowed, else None (no header: the browser
+        then keeps the answer from its page)."""
+        headers = getattr(self, "headers", None)  # (none on a request line it could not parse)
+        origin = headers.get("Origin") if headers is not None else None
+        allowed = self.server.allowed_origins
+        if not origin:
+            return None
+        return "*" if "*" in allowed else origin if origin in allowed else None
+
+    def _preflight(self) -> bool:
+        """Answer a browser's CORS preflight (no API key: browsers send none with it) and say
+        whether this OPTIONS was one. An origin or method not allowed is a 400, as
+        Starlette's (vLLM's) answers it."""
+        method = self.headers.get("Access-Control-Request-Method")
+        if not (self.headers.get("Origin") and method):
+            return False
+        self._body_read = False
+        if not self._allowed_origin():
+            error = ApiError(400, "this origin is not allowed: serve with --allowed-origins "
+                             "naming it", code="cors_origin_not_allowed")
+        elif method.strip().upper() not in CORS_METHODS.split(", "):
+            error = ApiError(400, f"method {method} is not allowed: {CORS_METHODS}",
+                             code="cors_method_not_allowed")
+        else:
+            self._drain()
+            self.send_response(204)
+            self.send_header("Access-Control-Allow-Methods", CORS_METHODS)
+            if requested := self.headers.get("Access-Control-Request-Headers"):
+                self.send_header("Access-Control-Allow-Headers", requested)
+            self.send_header("Access-Control-Max-Age", str(CORS_MAX_AGE_S))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        self._drain()
+        self._send_json(error.status, error.body())
+        return True
+
     def _send_json(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
@@ -79,10 +131,12 @@ class JsonHandler(BaseHTTPRequestHandler):
         self._send_json(code, ApiError(code, message or HTTPStatus(code).phrase, code=error,
                                        kind=kind).body())
 
-    def _guard(self, route) -> None:
+    def _guard(self, route, is_open: bool = False) -> None:
+        """Run `route`, answering its ApiError; with an API key, only an `is_open` route
+        (/health, for probes, as vLLM leaves it) is served without it."""
         self._body_read = False  # per request: a keep-alive connection carries several
         try:
-            if self.server.api_key and not self._authorized():
+            if self.server.api_key and not is_open and not self._authorized():
                 raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                code="invalid_api_key", kind="authentication_error")
             route()
@@ -165,3 +219,25 @@ def named(names: list[str]) -> str:
         shown.append(name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 3] + "...")
     more = len(names) - len(shown)
     return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
+def parse_allowed_origins(text: str) -> tuple[str, ...]:
+    """`--allowed-origins`: origins separated by commas (or a JSON list of them, vLLM's form),
+    "*" for any, "" for none. A value that is not `scheme://host[:port]` raises ValueError
+    naming it."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            items = None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"{text!r} is not a JSON list of origins")
+    else:
+        items = text.split(",")
+    origins = tuple(i.strip().rstrip("/") for i in items if i.strip())
+    for origin in origins:
+        scheme, sep, host = origin.partition("://")
+        if origin != "*" and not (sep and scheme.isalpha() and host and "/" not in host):
+            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], or *)")
+    return origins

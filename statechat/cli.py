@@ -217,6 +217,9 @@ def serve(
     api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
                                                 "every request.",
                                                 envvar="STATECHAT_API_KEY")] = None,
+    allowed_origins: Annotated[str, typer.Option(help=(
+        "Origins whose web pages may call the API from a browser (CORS): comma-separated or a "
+        "JSON list; '*' any, '' none."), envvar="STATECHAT_ALLOWED_ORIGINS")] = "*",
     chat_template_kwargs: TemplateKwargsOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
@@ -234,20 +237,25 @@ def serve(
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
     completion; --max-tokens sets both), unless the model's generation config, the flags or a
     request's own fields say otherwise."""
+    from statechat.api_http import parse_allowed_origins
     from statechat.api_request import DEFAULT_SAMPLING
+    from statechat.api_serve import serve as serve_forever
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name
     from statechat.server import host_port
-    from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
+    try:
+        origins = parse_allowed_origins(allowed_origins)
+    except ValueError as e:
+        raise StatechatError(f"--allowed-origins: {e}") from None
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())
     engine = _engine(config)
     warn_if_embedded(engine.loaded.path)
     try:
         serve_forever(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
                       template_kwargs, sampling, completion_max_tokens=max_tokens,
-                      warm_next_turn=warm_next_turn)
+                      warm_next_turn=warm_next_turn, allowed_origins=origins)
     except OSError as e:  # (the port taken, or an address this machine does not have)
         fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
         raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "

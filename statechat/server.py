@@ -7,22 +7,23 @@
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
-"code"}}. With an API key, every request needs `Authorization: Bearer KEY`. A request's body is
-checked by statechat/api_request.py (and api_chat.py or api_completions.py); its choices are
-submitted, awaited and streamed by api_choices.py, which the two APIs share. Fields of a body
-that its API does not read (bar those ignored on purpose, api_request.IGNORED_FIELDS) are named
-in one warning line of the log, and the request is served without them. Reading bodies,
-answering JSON and the errors' shape are api_http.py's (JsonHandler).
+"code"}}. With an API key, every request but /health needs `Authorization: Bearer KEY`. Pages
+of the allowed origins (any, by default, as vLLM's) may call it from a browser (CORS). A
+request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py);
+its choices are submitted, awaited and streamed by api_choices.py, which the two APIs share.
+Fields of a body that its API does not read (bar those ignored on purpose,
+api_request.IGNORED_FIELDS) are named in one warning line of the log, and the request is
+served without them. Reading bodies,
+answering JSON, CORS and the errors' shape are api_http.py's (JsonHandler); the process that
+serves it (signals, the stop) is api_serve.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import json
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -58,8 +59,9 @@ ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices'
 class ChatServer(ThreadingHTTPServer):
     """The HTTP server: holds the worker, the served model id, the optional API key and the
     defaults of every request (sampling, chat-template variables), which a request's own
-    fields override. A text completion's max_tokens defaults to `completion_max_tokens`
-    (OpenAI's 16 unless `serve --max-tokens` was given)."""
+    fields override, and the origins whose browser pages may call it (CORS; "*" any). A text
+    completion's max_tokens defaults to `completion_max_tokens` (OpenAI's 16 unless `serve
+    --max-tokens` was given)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -70,12 +72,13 @@ class ChatServer(ThreadingHTTPServer):
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
-                 completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
+                 completion_max_tokens: int | None = None, warm_next_turn: bool = True,
+                 allowed_origins: tuple[str, ...] = ("*",)) -> None:
         # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), Handler)
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
-        self.template_kwargs = template_kwargs or {}
+        self.template_kwargs, self.allowed_origins = template_kwargs or {}, allowed_origins
         self.next_turns = NextTurns(worker, self.template_kwargs) if warm_next_turn else None
         self.sampling = sampling or DEFAULT_SAMPLING
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
@@ -136,7 +139,7 @@ class Handler(JsonHandler):
 
     def do_GET(self) -> None:  # (HEAD: the same answers, without their bodies)
         routes = {"/health": self._health, "/v1/models": self._models}
-        self._guard(routes.get(self._route(), self._unrouted))
+        self._guard(routes.get(self._route(), self._unrouted), is_open=self._route() == "/health")
 
     def do_POST(self) -> None:
         routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions}
@@ -147,7 +150,11 @@ class Handler(JsonHandler):
     def do_PUT(self) -> None:
         self._guard(self._unrouted)
 
-    do_DELETE = do_PATCH = do_OPTIONS = do_PUT
+    def do_OPTIONS(self) -> None:
+        if not self._preflight():  # (a plain OPTIONS: no route takes it)
+            self._guard(self._unrouted)
+
+    do_DELETE = do_PATCH = do_PUT
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
@@ -275,43 +282,3 @@ class Handler(JsonHandler):
             f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
             "; aborted" if out.finish_reason == "abort" else "",
         )
-
-
-def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
-          template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
-          completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
-    """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
-    `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
-    request, and `warm_next_turn` whether replies' next turns are computed (ChatServer's)."""
-    import signal
-
-    def _stop(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
-                        sampling=sampling, completion_max_tokens=completion_max_tokens,
-                        warm_next_turn=warm_next_turn)
-    auth = " (API key required)" if api_key else ""
-    print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
-    try:
-        with frozen_heap():
-            server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-
-
-@contextlib.contextmanager
-def frozen_heap():
-    """The objects alive on entry (torch's, transformers', triton's, the model's and the
-    engine's: some 340,000) left out of the garbage collector's full collections until exit.
-    Each full collection walks them all, some 100 ms during which every thread (the engine's
-    step included) waits; what a request makes is collected as before."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()  # (so that they are freed at exit as usual)

@@ -507,9 +507,19 @@ def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monke
         worker.shutdown()
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr("statechat.server.serve", serve)
+    monkeypatch.setattr("statechat.api_serve.serve", serve)
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
                                      str(EMBEDDED_MODEL), "--host", host])
     assert result.exit_code != 0
     assert f"cannot listen on {where} (" in str(result.exception or result.output)
     assert fix in str(result.exception or result.output)
+
+
+def test_serve_refuses_an_allowed_origin_that_is_not_one(monkeypatch):
+    """A bad --allowed-origins is one line naming it, before the model loads."""
+    monkeypatch.setattr("statechat.cli._engine", lambda config: pytest.fail("the model loaded"))
+    result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache",
+                                     "--allowed-origins", "localhost:3000"])
+    assert result.exit_code != 0
+    assert "--allowed-origins: 'localhost:3000' is not an origin" in str(result.exception
+                                                                         or result.output)

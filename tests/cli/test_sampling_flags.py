@@ -55,7 +55,7 @@ def started(monkeypatch, shared_engine):
 
     if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
         monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
-    monkeypatch.setattr("statechat.server.serve", serve)
+    monkeypatch.setattr("statechat.api_serve.serve", serve)
     return got
 
 

@@ -367,7 +367,7 @@ def test_the_heap_is_frozen_while_serving():
     walks, and hands them back after."""
     import gc
 
-    from statechat.server import frozen_heap
+    from statechat.api_serve import frozen_heap
 
     before = gc.get_freeze_count()
     with frozen_heap():

@@ -1,0 +1,132 @@
+"""A browser page may call the server as vLLM's lets it: a CORS preflight is answered without
+the API key, every answer (errors and streams included) names the allowed origin, an origin
+left out of `allowed_origins` gets no such header (and its preflight a 400), and /health
+answers probes without the key while every other route still needs it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+
+from statechat.api_http import parse_allowed_origins
+
+from .conftest import KEY
+
+PAGE = "http://localhost:5173"
+ASK = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                  "temperature": 0})
+
+
+def ask(server, method: str, path: str, body: str | None = None, **headers):
+    """One request on its own connection: (status, headers, body bytes)."""
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
+
+
+def preflight(server, origin: str = PAGE, method: str = "POST"):
+    return ask(server, "OPTIONS", "/v1/chat/completions", Origin=origin,
+               **{"Access-Control-Request-Method": method,
+                  "Access-Control-Request-Headers": "authorization, content-type"})
+
+
+def test_a_preflight_needs_no_key_and_allows_the_api(server):
+    status, headers, body = preflight(server)
+    assert status == 204 and body == b""
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+    assert int(headers["Access-Control-Max-Age"]) > 0
+
+
+def test_answers_to_a_page_name_its_origin(server):
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    status, headers, body = ask(server, "POST", "/v1/chat/completions", ASK, Origin=PAGE, **auth)
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    streamed = json.dumps({**json.loads(ASK), "stream": True})
+    status, headers, body = ask(server, "POST", "/v1/chat/completions", streamed, Origin=PAGE,
+                                **auth)
+    assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    # a wrong key's 401 is readable by the page too (it can tell the user why)
+    status, headers, _ = ask(server, "GET", "/v1/models", Origin=PAGE, Authorization="Bearer no")
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == "*"
+    # no Origin (not a browser): no CORS header
+    status, headers, _ = ask(server, "GET", "/v1/models", Authorization=f"Bearer {KEY}")
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers
+
+
+def test_only_the_allowed_origins(server, monkeypatch):
+    monkeypatch.setattr(server, "allowed_origins", (PAGE, "https://chat.example"))
+    status, headers, _ = preflight(server, origin="https://chat.example")
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "https://chat.example"
+    assert headers["Vary"] == "Origin"
+    status, headers, body = preflight(server, origin="https://evil.example")
+    assert status == 400 and "Access-Control-Allow-Origin" not in headers
+    assert "--allowed-origins" in json.loads(body)["error"]["message"]
+    status, headers, _ = ask(server, "GET", "/v1/models", Origin="https://evil.example",
+                             Authorization=f"Bearer {KEY}")
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers
+    monkeypatch.setattr(server, "allowed_origins", ())
+    assert preflight(server)[0] == 400
+
+
+def test_a_preflight_for_a_method_not_served_is_refused(server):
+    status, _, body = preflight(server, method="DELETE")
+    assert status == 400 and "not allowed" in json.loads(body)["error"]["message"]
+
+
+def test_a_plain_options_is_still_not_a_route(server):
+    status, _, body = ask(server, "OPTIONS", "/v1/models", Authorization=f"Bearer {KEY}")
+    assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
+
+
+def test_health_answers_probes_without_the_key(server):
+    status, _, body = ask(server, "GET", "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    assert ask(server, "GET", "/v1/models")[0] == 401
+    assert ask(server, "POST", "/v1/chat/completions", ASK)[0] == 401
+
+
+def test_keep_alive_goes_on_after_a_preflight(server):
+    """A preflight and then the request on one connection, as browsers send them."""
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request("OPTIONS", "/v1/chat/completions",
+                     headers={"Origin": PAGE, "Access-Control-Request-Method": "POST"})
+        first = conn.getresponse()
+        first.read()
+        conn.request("POST", "/v1/chat/completions", body=ASK,
+                     headers={"Origin": PAGE, "Authorization": f"Bearer {KEY}",
+                              "Content-Type": "application/json"})
+        second = conn.getresponse()
+        assert (first.status, second.status) == (204, 200)
+        assert json.loads(second.read())["object"] == "chat.completion"
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("text, origins", [
+    ("*", ("*",)), ("", ()), (" ", ()),
+    ("http://localhost:3000, https://chat.example/", ("http://localhost:3000",
+                                                      "https://chat.example")),
+    ('["http://a.example", "*"]', ("http://a.example", "*")),
+])
+def test_allowed_origins_are_read(text, origins):
+    assert parse_allowed_origins(text) == origins
+
+
+@pytest.mark.parametrize("text", ["localhost:3000", "http://", "http://a.example/path",
+                                  '["http://a.example", 3]', "[not json"])
+def test_a_value_that_is_not_an_origin_is_named(text):
+    with pytest.raises(ValueError, match="origin"):
+        parse_allowed_origins(text)
