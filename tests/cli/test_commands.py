@@ -10,7 +10,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from statechat import cli
+from statechat import cli, cli_setup
 from statechat.paths import EMBEDDED_MODEL
 
 runner = CliRunner()
@@ -143,7 +143,7 @@ def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, 
                                                                     capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread;
     `serve` and `batch` loaded the model before a --max-model-len past its positions.)"""
-    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
