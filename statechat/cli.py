@@ -7,13 +7,13 @@
 
 Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. The
 options shared by several commands, and their checks, are in cli_options.py; a command's engine
-config and sampling are made from them in cli_setup.py.
+config and sampling are made from them, and its engine from that config, in cli_setup.py. The
+`serve` command is in cli_serve.py, the `cache` commands in cli_cache.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import sys
@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 
+from statechat import cli_setup
 from statechat.cli_batch import (
     STDIN,
     Terminated,
@@ -57,6 +58,7 @@ from statechat.cli_options import (
     TopPOpt,
     parse_template_kwargs,
 )
+from statechat.cli_serve import serve
 from statechat.cli_setup import command_setup, warn_if_embedded
 from statechat.errors import StatechatError
 
@@ -82,14 +84,6 @@ def _root(
                                           callback=_show_version, is_eager=True)] = False,
 ) -> None:
     """statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed."""
-
-
-def _engine(config):
-    from statechat.config import flags_named
-    from statechat.engine.engine import LLMEngine
-
-    with flags_named():
-        return LLMEngine(config)
 
 
 # --- run / batch / serve -------------------------------------------------------------------
@@ -182,7 +176,7 @@ def batch(
             records = [error_record(job) for job in jobs]
             write_records(sink, output, records)
         return report_failures(records)
-    engine = _engine(config)
+    engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
     warn_if_embedded(engine.loaded.path)
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
@@ -206,60 +200,8 @@ def _exit_status_of(kind: type[BaseException]):
         raise typer.Exit(e.exit_code) from None
 
 
-@app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")
-def serve(
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).",
-                                      envvar="STATECHAT_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="STATECHAT_PORT", min=0,
-                                      max=65535)] = 8000,
-    model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
-    no_cache: NoCacheOpt = False,
-    api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
-                                                "every request.",
-                                                envvar="STATECHAT_API_KEY")] = None,
-    allowed_origins: Annotated[str, typer.Option(help=(
-        "Origins whose web pages may call the API from a browser (CORS): comma-separated or a "
-        "JSON list; '*' any, '' none."), envvar="STATECHAT_ALLOWED_ORIGINS")] = "*",
-    chat_template_kwargs: TemplateKwargsOpt = None,
-    temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
-    min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
-    frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
-    max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
-    dtype: DtypeOpt = None,
-    warm_next_turn: Annotated[bool, typer.Option(help=(
-        "While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
-        "thinking template drops the reply's reasoning from it, so it is not cached yet)."
-    ))] = True,
-) -> None:
-    """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
-    /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
-    completion; --max-tokens sets both), unless the model's generation config, the flags or a
-    request's own fields say otherwise."""
-    from statechat.api_http import parse_allowed_origins
-    from statechat.api_request import DEFAULT_SAMPLING
-    from statechat.api_serve import serve as serve_forever
-    from statechat.engine.worker import EngineWorker
-    from statechat.paths import served_name
-    from statechat.server import host_port
-
-    template_kwargs = parse_template_kwargs(chat_template_kwargs)
-    try:
-        origins = parse_allowed_origins(allowed_origins)
-    except ValueError as e:
-        raise StatechatError(f"--allowed-origins: {e}") from None
-    config, sampling = command_setup(DEFAULT_SAMPLING, locals())
-    engine = _engine(config)
-    warn_if_embedded(engine.loaded.path)
-    try:
-        serve_forever(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
-                      template_kwargs, sampling, completion_max_tokens=max_tokens,
-                      warm_next_turn=warm_next_turn, allowed_origins=origins)
-    except OSError as e:  # (the port taken, or an address this machine does not have)
-        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
-        raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
-                             f"{fix}") from None
+app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")(
+    serve)
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

@@ -1,7 +1,7 @@
 """A command's setup from its flags, before the model loads: the engine config (model, cache dir
 and device resolved; a bad value, a wrong --model or a --max-model-len past the model's positions
-is one line naming its flag) and the sampling its requests start from; and the warning that the
-embedded random-weight model is in use."""
+is one line naming its flag) and the sampling its requests start from; the engine made from that
+config; and the warning that the embedded random-weight model is in use."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ def command_setup(defaults, flags: dict, **sampling):
                            **{name: flags[name] for name in ENGINE_FLAGS})
     return config, compose_sampling(defaults, config.model, **sampling,
                                     **{name: flags[name] for name in SAMPLING_FLAGS})
+
+
+def load_engine(config):
+    """The engine for `config` (the model loads now); a config error is one line naming its
+    flag."""
+    from statechat.config import flags_named
+    from statechat.engine.engine import LLMEngine
+
+    with flags_named():
+        return LLMEngine(config)
 
 
 def warn_if_embedded(model: Path) -> None:

@@ -5,7 +5,8 @@ decodes), then prefills share what is left of the token budget, in chunks that e
 boundaries (a prompt's last chunk excepted). When KV blocks run out the newest running sequence
 is preempted: it gives everything back and is recomputed later (from the prefix cache when it
 can). Prefill chunks ask the kernels to leave GDN checkpoints at the boundaries the policy wants;
-decodes copy the state at block boundaries so that a reply's end can be checkpointed.
+decodes copy the state at block boundaries so that a reply's end can be checkpointed (which
+boundaries, and their publishing: checkpoints.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from statechat.cache.hashing import chain_hashes
+from statechat.engine.checkpoints import CheckpointPolicy
 from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
@@ -51,7 +53,7 @@ class Batch:
         return sum(it.num_tokens for it in self.items)
 
 
-class Scheduler:
+class Scheduler(CheckpointPolicy):
     def __init__(
         self,
         blocks: BlockPool,
@@ -141,28 +143,6 @@ class Scheduler:
             return None
         src = seq.resume_slot or (seq.slot if start > 0 else 0)
         return ScheduledSeq(seq, start, end - start, src, self._checkpoint_targets(seq, start, end))
-
-    def _checkpoint_targets(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
-        if not self.use_cache:
-            return []
-        # the prompt's last boundary short of its end, which the same prompt again resumes
-        # from (it computes at least its last token); a request for no tokens (a prefix
-        # computed ahead of a longer prompt) keeps its very end as well
-        n = seq.num_prompt_tokens
-        marks = {(n - 1) // self.bs * self.bs}
-        if seq.params.max_tokens == 0:
-            marks.add(n // self.bs * self.bs)
-        targets = []
-        first = (start // self.bs + 1) * self.bs
-        for b in range(first, end + 1, self.bs):
-            wanted = b in marks or (self.interval and b % (self.interval * self.bs) == 0)
-            if not wanted or self.slots.has(seq.block_hashes[b // self.bs - 1]):
-                continue
-            slot = self.slots.allocate()
-            if slot is None:
-                break  # never block generation for a checkpoint
-            targets.append((b - start, slot))
-        return targets
 
     def _ensure_blocks(self, seq: Sequence, num_tokens: int, items: list[ScheduledSeq]) -> bool:
         """Give `seq` blocks for `num_tokens` tokens, preempting newer sequences if needed."""
@@ -263,37 +243,6 @@ class Scheduler:
                     seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs,
                                                     seq.block_hashes)
         return copies
-
-    def _decode_boundary(self, seq: Sequence) -> list[tuple[int, int]]:
-        """At a block boundary during decode: keep the state for the reply-end checkpoint."""
-        if not self.use_cache:
-            return []
-        b = seq.num_computed
-        h = seq.block_hashes[b // self.bs - 1]
-        if self.interval and b % (self.interval * self.bs) == 0 and not self.slots.has(h):
-            slot = self.slots.allocate()
-            if slot is not None:
-                self._publish(seq, b, slot)
-                return [(seq.slot, slot)]
-        if not seq.pending_slot:
-            seq.pending_slot = self.slots.allocate() or 0
-        if not seq.pending_slot:
-            return []
-        seq.pending_tokens = b
-        return [(seq.slot, seq.pending_slot)]
-
-    def _publish(self, seq: Sequence, boundary: int, slot: int) -> None:
-        """Register `slot` as the checkpoint at `boundary` of `seq` (freed if one exists)."""
-        k = boundary // self.bs
-        h = seq.block_hashes[k - 1]
-        if self.slots.register(h, slot, boundary):
-            self.new_checkpoints.append(
-                NewCheckpoint(h, boundary, slot, seq.block_hashes[:k], seq.block_table[:k])
-            )
-
-    def take_new_checkpoints(self) -> list[NewCheckpoint]:
-        new, self.new_checkpoints = self.new_checkpoints, []
-        return new
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End `seq`: publish its reply-end checkpoint and give back its blocks and slots."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from statechat import cli
+from statechat import cli_setup
 from statechat.engine.engine import LLMEngine
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
@@ -19,4 +19,4 @@ def loaded():
 
 @pytest.fixture
 def shared_engine(loaded, monkeypatch):
-    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(config, loaded=loaded))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: LLMEngine(config, loaded=loaded))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from statechat import cli, cli_batch
+from statechat import cli, cli_batch, cli_setup
 from statechat.paths import EMBEDDED_MODEL
 
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
@@ -204,7 +204,7 @@ def test_a_run_where_every_request_failed_exits_1(tmp_path, shared_engine, monke
     args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
             "--no-cache"]
     with monkeypatch.context() as m:
-        m.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+        m.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
         result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 1
     assert "3 of 3 requests failed" in result.stderr
@@ -242,7 +242,8 @@ def test_odd_values_are_line_errors_and_the_output_is_replaced_only_by_a_finishe
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
     for bad, says in [(src, "is the input file"), (tmp_path, "is a folder"),
                       (tmp_path / "nowhere" / "x.jsonl", "does not exist")]:
-        monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+        monkeypatch.setattr(cli_setup, "load_engine",
+                            lambda config: pytest.fail("the model loaded"))
         monkeypatch.setattr("sys.argv", ["statechat", *args, "-o", str(bad)])
         with pytest.raises(SystemExit):
             cli.main()
@@ -276,7 +277,7 @@ def test_a_failed_run_keeps_the_earlier_results_and_links_are_written_through(
     monkeypatch.setattr("sys.argv", [*args, "-o", str(link)])
     cli.main()
     assert link.is_symlink() and json.loads(out.read_text())["usage"]["completion_tokens"] == 2
-    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", [*args, "--temperature", "nan"])
     with pytest.raises(SystemExit):
         cli.main()
@@ -289,7 +290,7 @@ def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
     from statechat.engine.engine import LLMEngine
 
     made = []
-    monkeypatch.setattr(cli, "_engine",
+    monkeypatch.setattr(cli_setup, "load_engine",
                         lambda config: made.append(config) or LLMEngine(config, loaded=loaded))
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     lines = [{"id": "long", "messages": [{"role": "user", "content": words(1, 200)}]},
@@ -380,7 +381,7 @@ def test_requests_from_standard_input(tmp_path, shared_engine):
 def test_an_input_with_no_requests_says_so_without_loading_the_model(tmp_path, monkeypatch, capsys):
     """An empty file (or blank lines) is one line on stderr and exit status 0, and no model
     loads (it loaded the model and said nothing); -o FILE then holds no results."""
-    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     empty, out = tmp_path / "empty.jsonl", tmp_path / "out.jsonl"
     empty.write_text("")
     out.write_text("an earlier run's results\n")
@@ -528,7 +529,7 @@ def test_a_bad_output_is_the_one_error_before_the_flags_and_fields_are_read(
     fixing it does not meet the next error after a model config was read."""
     src = tmp_path / "in.jsonl"
     src.write_text('{"messages": [{"role": "user", "content": "hi"}], "max_token": 3}\n')
-    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "--model", str(EMBEDDED_MODEL),
                                      "--temperature", "-1", "-o", str(tmp_path)])
     with pytest.raises(SystemExit):

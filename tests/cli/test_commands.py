@@ -10,7 +10,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from statechat import cli
+from statechat import cli, cli_setup
 from statechat.paths import EMBEDDED_MODEL
 
 runner = CliRunner()
@@ -143,7 +143,7 @@ def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, 
                                                                     capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread;
     `serve` and `batch` loaded the model before a --max-model-len past its positions.)"""
-    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
@@ -517,9 +517,25 @@ def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monke
 
 def test_serve_refuses_an_allowed_origin_that_is_not_one(monkeypatch):
     """A bad --allowed-origins is one line naming it, before the model loads."""
-    monkeypatch.setattr("statechat.cli._engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr("statechat.cli_setup.load_engine",
+                        lambda config: pytest.fail("the model loaded"))
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache",
                                      "--allowed-origins", "localhost:3000"])
     assert result.exit_code != 0
     assert "--allowed-origins: 'localhost:3000' is not an origin" in str(result.exception
                                                                          or result.output)
+
+
+def test_serve_hands_the_allowed_origins_to_the_server(shared_engine, monkeypatch):
+    got = {}
+
+    def serve(worker, *args, allowed_origins=("*",), **kwargs):
+        worker.shutdown()
+        got["origins"] = allowed_origins
+
+    monkeypatch.setattr("statechat.api_serve.serve", serve)
+    args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL)]
+    assert runner.invoke(cli.app, args).exit_code == 0
+    assert got["origins"] == ("*",)  # any, by default, as vLLM's
+    result = runner.invoke(cli.app, [*args, "--allowed-origins", "http://a.example, http://b.example"])
+    assert result.exit_code == 0 and got["origins"] == ("http://a.example", "http://b.example")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from statechat import cli
+from statechat import cli, cli_setup
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
@@ -47,7 +47,7 @@ def started(monkeypatch, shared_engine):
             pass
 
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
-              completion_max_tokens=None, warm_next_turn=True):
+              completion_max_tokens=None, warm_next_turn=True, allowed_origins=("*",)):
         worker.shutdown()
         got["serve"], got["model_id"] = sampling, model_id
         got["completion_max_tokens"] = completion_max_tokens
@@ -131,7 +131,7 @@ def test_batch_takes_the_model_s_sampling_under_its_flags_and_lines(tmp_path, sh
 ])
 def test_a_bad_flag_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys, command,
                                                         flag, value, says):
-    monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     if command == "run":
         pytest.importorskip("textual")
         monkeypatch.setattr("statechat.tui.app.StatechatApp",
@@ -224,7 +224,7 @@ def test_serve_warms_the_next_turn_unless_told_not_to(started, flag, warm):
 def test_serve_names_a_hugging_face_cache_snapshot_by_its_repo_id(tmp_path, started, loaded,
                                                                   monkeypatch):
     """(It was named by the snapshot's commit hash, in /v1/models and in every response.)"""
-    monkeypatch.setattr(cli, "_engine", lambda config: LLMEngine(
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: LLMEngine(
         config, loaded=dataclasses.replace(loaded, path=config.model)))  # (loaded from there)
     hub = tmp_path / "hub" / "models--Qwen--Qwen3.5-0.8B" / "snapshots"
     snapshot = shutil.copytree(EMBEDDED_MODEL, hub / "9c3f1b2e4d5a67b8c9d0e1f2a3b4c5d6e7f8a9b0")

@@ -1,0 +1,81 @@
+"""CheckpointPolicy: the Scheduler's choice of the block boundaries that keep a GDN checkpoint,
+and their publishing in the device tier. Plain Python over sequences and slots, no tensors.
+
+A prefill chunk asks the kernels for checkpoints at the prompt's last boundary short of its end
+(its very end too for a request of no tokens) and every `interval` blocks; a decode keeps the
+state at each block boundary it crosses in a pending slot, published as the reply-end checkpoint
+when the sequence finishes. A boundary whose hash already has a checkpoint gets no other, and a
+checkpoint never waits for a slot: with none free it is skipped.
+"""
+
+from __future__ import annotations
+
+from statechat.engine.persist import NewCheckpoint
+from statechat.engine.pool import SlotPool
+from statechat.engine.sequence import Sequence
+
+
+class CheckpointPolicy:
+    """The checkpoints of Scheduler (whose `__init__` sets what these read): `slots`, `bs` (the
+    block size), `interval` (blocks between checkpoints of a long prefill; 0: none), `use_cache`
+    and `new_checkpoints` (published since the last take)."""
+
+    slots: SlotPool
+    bs: int
+    interval: int
+    use_cache: bool
+    new_checkpoints: list[NewCheckpoint]
+
+    def _checkpoint_targets(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
+        if not self.use_cache:
+            return []
+        # the prompt's last boundary short of its end, which the same prompt again resumes
+        # from (it computes at least its last token); a request for no tokens (a prefix
+        # computed ahead of a longer prompt) keeps its very end as well
+        n = seq.num_prompt_tokens
+        marks = {(n - 1) // self.bs * self.bs}
+        if seq.params.max_tokens == 0:
+            marks.add(n // self.bs * self.bs)
+        targets = []
+        first = (start // self.bs + 1) * self.bs
+        for b in range(first, end + 1, self.bs):
+            wanted = b in marks or (self.interval and b % (self.interval * self.bs) == 0)
+            if not wanted or self.slots.has(seq.block_hashes[b // self.bs - 1]):
+                continue
+            slot = self.slots.allocate()
+            if slot is None:
+                break  # never block generation for a checkpoint
+            targets.append((b - start, slot))
+        return targets
+
+    def _decode_boundary(self, seq: Sequence) -> list[tuple[int, int]]:
+        """At a block boundary during decode: keep the state for the reply-end checkpoint."""
+        if not self.use_cache:
+            return []
+        b = seq.num_computed
+        h = seq.block_hashes[b // self.bs - 1]
+        if self.interval and b % (self.interval * self.bs) == 0 and not self.slots.has(h):
+            slot = self.slots.allocate()
+            if slot is not None:
+                self._publish(seq, b, slot)
+                return [(seq.slot, slot)]
+        if not seq.pending_slot:
+            seq.pending_slot = self.slots.allocate() or 0
+        if not seq.pending_slot:
+            return []
+        seq.pending_tokens = b
+        return [(seq.slot, seq.pending_slot)]
+
+    def _publish(self, seq: Sequence, boundary: int, slot: int) -> None:
+        """Register `slot` as the checkpoint at `boundary` of `seq` (freed if one exists)."""
+        k = boundary // self.bs
+        h = seq.block_hashes[k - 1]
+        if self.slots.register(h, slot, boundary):
+            self.new_checkpoints.append(
+                NewCheckpoint(h, boundary, slot, seq.block_hashes[:k], seq.block_table[:k])
+            )
+
+    def take_new_checkpoints(self) -> list[NewCheckpoint]:
+        """The checkpoints published since the last call, each handed out once."""
+        new, self.new_checkpoints = self.new_checkpoints, []
+        return new
