@@ -13,7 +13,6 @@ config and sampling are made from them in cli_setup.py.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import sys
@@ -57,7 +56,7 @@ from statechat.cli_options import (
     TopPOpt,
     parse_template_kwargs,
 )
-from statechat.cli_setup import command_setup, warn_if_embedded
+from statechat.cli_setup import bound_socket, command_setup, warn_if_embedded
 from statechat.errors import StatechatError
 
 app = typer.Typer(
@@ -234,24 +233,19 @@ def serve(
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
     completion; --max-tokens sets both), unless the model's generation config, the flags or a
     request's own fields say otherwise."""
+    from statechat import server
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name
-    from statechat.server import host_port
-    from statechat.server import serve as serve_forever
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())
-    engine = _engine(config)
-    warn_if_embedded(engine.loaded.path)
-    try:
-        serve_forever(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
-                      template_kwargs, sampling, completion_max_tokens=max_tokens,
-                      warm_next_turn=warm_next_turn)
-    except OSError as e:  # (the port taken, or an address this machine does not have)
-        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
-        raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
-                             f"{fix}") from None
+    with contextlib.closing(bound_socket(host, port)) as sock:  # (before the model loads)
+        engine = _engine(config)
+        warn_if_embedded(engine.loaded.path)
+        server.serve(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
+                     template_kwargs, sampling, completion_max_tokens=max_tokens,
+                     warm_next_turn=warm_next_turn, sock=sock)
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

@@ -1,15 +1,17 @@
 """A command's setup from its flags, before the model loads: the engine config (model, cache dir
 and device resolved; a bad value, a wrong --model or a --max-model-len past the model's positions
-is one line naming its flag) and the sampling its requests start from; and the warning that the
-embedded random-weight model is in use."""
+is one line naming its flag), the sampling its requests start from and `serve`'s socket; and the
+warning that the embedded random-weight model is in use."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import typer
 
 from statechat.cli_options import compose_sampling
+from statechat.errors import StatechatError
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
                 "dtype")
@@ -48,6 +50,20 @@ def command_setup(defaults, flags: dict, **sampling):
                            **{name: flags[name] for name in ENGINE_FLAGS})
     return config, compose_sampling(defaults, config.model, **sampling,
                                     **{name: flags[name] for name in SAMPLING_FLAGS})
+
+
+def bound_socket(host: str, port: int):
+    """`serve`'s socket, bound to host:port before the model loads (statechat.server.bind); a
+    port in use, or an address this machine does not have, is one line saying which flag to
+    change."""
+    from statechat import server
+
+    try:
+        return server.bind(host, port)
+    except OSError as e:
+        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
+        raise StatechatError(f"cannot listen on {server.host_port(host, port)} ({e.strerror}); "
+                             f"{fix}") from None
 
 
 def warn_if_embedded(model: Path) -> None:

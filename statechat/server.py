@@ -70,10 +70,17 @@ class ChatServer(ThreadingHTTPServer):
     def __init__(self, worker: EngineWorker, model_id: str, host: str = "127.0.0.1",
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
-                 completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
+                 completion_max_tokens: int | None = None, warm_next_turn: bool = True,
+                 sock: socket.socket | None = None) -> None:
+        """`sock`: a socket `bind` made (host and port are then its own), else one is bound."""
         # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__((host, port), Handler)
+        super().__init__((host, port), Handler, bind_and_activate=sock is None)
+        if sock is not None:
+            self.socket.close()
+            self.socket, self.server_address = sock, sock.getsockname()
+            self.server_name, self.server_port = self.server_address[:2]
+            self.server_activate()
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
         self.template_kwargs = template_kwargs or {}
         self.next_turns = NextTurns(worker, self.template_kwargs) if warm_next_turn else None
@@ -277,12 +284,29 @@ class Handler(JsonHandler):
         )
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, not listening yet, for `serve` (ChatServer's `sock`).
+    `statechat serve` binds before the model loads, as vLLM's server does: a port in use, or
+    an address this machine does not have, is an OSError at once rather than after a load of
+    minutes, and while the model loads a client's connection is refused, not left hanging."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as ChatServer's own)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
           template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
-          completion_max_tokens: int | None = None, warm_next_turn: bool = True) -> None:
+          completion_max_tokens: int | None = None, warm_next_turn: bool = True,
+          sock: socket.socket | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
     `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
-    request, and `warm_next_turn` whether replies' next turns are computed (ChatServer's)."""
+    request, and `warm_next_turn` whether replies' next turns are computed (ChatServer's);
+    `sock`: the socket `bind` made for host:port, else one is bound here."""
     import signal
 
     def _stop(signum, frame):
@@ -291,7 +315,7 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
     signal.signal(signal.SIGTERM, _stop)
     server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
                         sampling=sampling, completion_max_tokens=completion_max_tokens,
-                        warm_next_turn=warm_next_turn)
+                        warm_next_turn=warm_next_turn, sock=sock)
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

@@ -498,18 +498,40 @@ def test_an_index_another_process_holds_locked_is_not_called_damaged(tmp_path, s
     ("192.0.2.1", errno.EADDRNOTAVAIL, "check --host", "192.0.2.1:8000"),
     ("2001:db8::1", errno.EADDRNOTAVAIL, "check --host", "[2001:db8::1]:8000"),
 ])
-def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monkeypatch, host,
-                                                            code, fix, where):
+def test_serve_that_cannot_listen_says_which_flag_to_change(monkeypatch, host, code, fix, where):
     """A port in use asks for another --port; an address this machine does not have asks to
     check --host (it asked for another port as well). An IPv6 address is bracketed, so that
     its port stands apart (it read "2001:db8::1:8000")."""
-    def serve(worker, *args, **kwargs):
-        worker.shutdown()
+    def bind(host, port):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr("statechat.server.serve", serve)
+    monkeypatch.setattr("statechat.server.bind", bind)
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
                                      str(EMBEDDED_MODEL), "--host", host])
     assert result.exit_code != 0
     assert f"cannot listen on {where} (" in str(result.exception or result.output)
     assert fix in str(result.exception or result.output)
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch, capsys):
+    """`serve --port P` with P taken loaded the whole model (minutes, for a large one) before it
+    said so; vLLM's server binds its port first. Now the port is bound before the model loads,
+    and a port in use is the one line at once."""
+    import socket
+
+    def no_load(config):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "_engine", no_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr("sys.argv", ["statechat", "serve", "--device", "cpu", "--no-cache",
+                                         "--model", str(EMBEDDED_MODEL), "--port", str(port)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"statechat: cannot listen on 127.0.0.1:{port} (Address already in use); pick another "
+        "--port")

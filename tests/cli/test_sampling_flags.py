@@ -47,8 +47,9 @@ def started(monkeypatch, shared_engine):
             pass
 
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
-              completion_max_tokens=None, warm_next_turn=True):
+              completion_max_tokens=None, warm_next_turn=True, sock=None):
         worker.shutdown()
+        sock.close()
         got["serve"], got["model_id"] = sampling, model_id
         got["completion_max_tokens"] = completion_max_tokens
         got["warm_next_turn"] = warm_next_turn
@@ -56,6 +57,7 @@ def started(monkeypatch, shared_engine):
     if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
         monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
     monkeypatch.setattr("statechat.server.serve", serve)
+    monkeypatch.setenv("STATECHAT_PORT", "0")  # (serve binds its port: any free one)
     return got
 
 

@@ -23,7 +23,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
-from statechat.server import ChatServer
+from statechat.server import ChatServer, bind
 from tests.server.conftest import KEY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -554,4 +554,27 @@ def test_an_ipv6_address_is_served(server):
     finally:
         six.shutdown()
         six.server_close()
+        thread.join(10)
+
+
+def test_a_socket_bound_ahead_is_refused_until_served_then_served(server):
+    """`serve` binds its port before the model loads (server.bind): until the server takes the
+    socket a client is refused at once (not left hanging), and then it is served there."""
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    srv = ChatServer(server.worker, "tiny-qwen3.5", "127.0.0.1", port, api_key=KEY, quiet=True,
+                     sock=sock)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert srv.url == f"http://127.0.0.1:{port}"
+        req = urllib.request.Request(f"{srv.url}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "tiny-qwen3.5"
+    finally:
+        srv.shutdown()
+        srv.server_close()
         thread.join(10)
