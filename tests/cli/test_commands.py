@@ -535,3 +535,29 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == (
         f"statechat: cannot listen on 127.0.0.1:{port} (Address already in use); pick another "
         "--port")
+
+
+def test_run_without_a_terminal_is_one_line_not_a_hang(monkeypatch, capsys):
+    """`statechat run` with no terminal to read keys from (`ssh host statechat run` without
+    -t, nohup, cron: standard input /dev/null) started the app anyway, which waited for keys
+    forever while it drew into whatever took its output. Now it says what to use instead,
+    before the model loads."""
+    pytest.importorskip("textual")
+    made = []
+
+    class App:
+        def __init__(self, *args, **kwargs) -> None:
+            made.append(self)
+
+    monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
+    with open(os.devnull) as no_keys:
+        monkeypatch.setattr("sys.stdin", no_keys)
+        monkeypatch.setattr("sys.argv", ["statechat", "run", "--device", "cpu", "--no-cache",
+                                         "--model", str(EMBEDDED_MODEL)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+    assert exit_info.value.code == 2 and not made
+    assert capsys.readouterr().err.strip() == (
+        "statechat: run is the terminal app: it reads keys from standard input and draws on "
+        "standard error, and here they are not a terminal; for scripts use `statechat batch` "
+        "or `statechat serve`")

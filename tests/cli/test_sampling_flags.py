@@ -56,6 +56,8 @@ def started(monkeypatch, shared_engine):
 
     if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
         monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
+        monkeypatch.setattr("statechat.tui.terminal.require_terminal", lambda: None)  # (the
+        # runner's streams are no terminal)
     monkeypatch.setattr("statechat.server.serve", serve)
     monkeypatch.setenv("STATECHAT_PORT", "0")  # (serve binds its port: any free one)
     return got
@@ -175,6 +177,7 @@ def test_the_model_s_ignored_recommendations_are_said_as_statechat(tmp_path):
 STUB_RUN = """
 import sys
 import statechat.tui.app
+import statechat.tui.terminal
 from statechat import cli
 from statechat.engine.engine import LLMEngine
 
@@ -190,6 +193,7 @@ class App:  # stands for the TUI: prints, closes (or not) and ends with status 3
 
 
 statechat.tui.app.StatechatApp = App
+statechat.tui.terminal.require_terminal = lambda: None  # (the test's pipes are no terminal)
 cli.os._exit = lambda code, real=cli.os._exit: (print("fast exit", file=sys.stderr), real(code))
 sys.argv = ["statechat", "run", "--device", "cpu", "--no-cache", "--model", sys.argv[2]]
 cli.main()
