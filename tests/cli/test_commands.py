@@ -138,11 +138,18 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
     (["serve", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
+    (["serve", "--chat-template-kwargs", '{"tokenize": false}'],
+     "--chat-template-kwargs may not set tokenize"),
+    (["batch", str(EMBEDDED_MODEL / "config.json"), "--chat-template-kwargs",
+      '{"messages": [], "add_generation_prompt": true}'],
+     "--chat-template-kwargs may not set add_generation_prompt, messages"),
 ])
 def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch,
                                                                     capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread;
-    `serve` and `batch` loaded the model before a --max-model-len past its positions.)"""
+    `serve` and `batch` loaded the model before a --max-model-len past its positions; a
+    --chat-template-kwargs naming a variable the renderer takes itself was told as a
+    request's "chat_template_kwargs", which the command line has not.)"""
     monkeypatch.setattr(cli, "_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
