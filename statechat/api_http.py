@@ -21,6 +21,9 @@ DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the cli
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
 MAX_NAME_CHARS = 40  # of each name logged
+# C0, DEL and C1 control characters as `\xNN` in a log line (backslashes are left as they are:
+# `named` has escaped a field's name already)
+CONTROL_CHARS = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))})
 
 
 class JsonHandler(BaseHTTPRequestHandler):
@@ -52,8 +55,12 @@ class JsonHandler(BaseHTTPRequestHandler):
         super().finish()
 
     def log_message(self, format: str, *args) -> None:
+        """A log line, its control characters escaped (`\\x1b`) as http.server's own log
+        escapes them: a request line is the client's, and its escape sequences would otherwise
+        reach the terminal that runs the server."""
         if not self.server.quiet:
-            sys.stderr.write(f"{self.address_string()} {format % args}\n")
+            message = (format % args).translate(CONTROL_CHARS)
+            sys.stderr.write(f"{self.address_string()} {message}\n")
 
     def _send_json(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()

@@ -578,3 +578,17 @@ def test_a_socket_bound_ahead_is_refused_until_served_then_served(server):
         srv.shutdown()
         srv.server_close()
         thread.join(10)
+
+
+def test_control_characters_of_a_request_line_are_logged_escaped(server, capsys, monkeypatch):
+    """A request line's control characters (a terminal's escape sequences, a carriage return)
+    reached the server's log as they were, so any client could recolour, retitle or rewrite the
+    terminal that runs `statechat serve`; they are now shown escaped, as http.server's own
+    log escapes them."""
+    monkeypatch.setattr(server, "quiet", False)
+    capsys.readouterr()
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        sock.sendall(b"GET /\x1b[2J\x1b]0;owned\x07\r HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 401")  # (the answer: the line is logged)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "GET /" in line]
+    assert line.endswith(r'"GET /\x1b[2J\x1b]0;owned\x07\x0d HTTP/1.1" 401 -')
