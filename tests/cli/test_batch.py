@@ -305,7 +305,9 @@ def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
     assert (config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
             config.memory_fraction, config.dtype) == (128, 3, 192, 0.5, "float32")
     long, short = [json.loads(line) for line in out.read_text().splitlines()]
-    assert "the context limit is 128" in long["error"]["message"], long
+    assert long["error"]["message"].endswith(
+        "; the context limit is 128; shorten the conversation"), long  # (as serve says it: it
+    # did not say what to do)
     assert "error" not in short and short["usage"]["completion_tokens"] == 4
 
 
