@@ -56,7 +56,7 @@ from statechat.cli_options import (
     TopPOpt,
     parse_template_kwargs,
 )
-from statechat.cli_setup import bound_socket, command_setup, warn_if_embedded
+from statechat.cli_setup import bound_socket, command_setup, listen_errors, warn_if_embedded
 from statechat.errors import StatechatError
 
 app = typer.Typer(
@@ -244,9 +244,10 @@ def serve(
     with contextlib.closing(bound_socket(host, port)) as sock:  # (before the model loads)
         engine = _engine(config)
         warn_if_embedded(engine.loaded.path)
-        server.serve(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
-                     template_kwargs, sampling, completion_max_tokens=max_tokens,
-                     warm_next_turn=warm_next_turn, sock=sock)
+        with listen_errors(host, port):  # (another server may have taken it meanwhile)
+            server.serve(EngineWorker(engine), served_name(engine.loaded.path), host, port,
+                         api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
+                         warm_next_turn=warm_next_turn, sock=sock)
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

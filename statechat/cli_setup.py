@@ -5,6 +5,7 @@ warning that the embedded random-weight model is in use."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from pathlib import Path
 
@@ -54,15 +55,24 @@ def command_setup(defaults, flags: dict, **sampling):
 
 def bound_socket(host: str, port: int):
     """`serve`'s socket, bound to host:port before the model loads (statechat.server.bind); a
-    port in use, or an address this machine does not have, is one line saying which flag to
-    change."""
+    port in use, or an address this machine does not have, is one line (listen_errors)."""
     from statechat import server
 
-    try:
+    with listen_errors(host, port):
         return server.bind(host, port)
-    except OSError as e:
+
+
+@contextlib.contextmanager
+def listen_errors(host: str, port: int):
+    """An OSError of binding or listening on host:port as one line that says which flag to
+    change."""
+    from statechat.server import host_port
+
+    try:
+        yield
+    except OSError as e:  # (the port taken, or an address this machine does not have)
         fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
-        raise StatechatError(f"cannot listen on {server.host_port(host, port)} ({e.strerror}); "
+        raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
                              f"{fix}") from None
 
 

@@ -288,7 +288,8 @@ def bind(host: str, port: int) -> socket.socket:
     """A socket bound to host:port, not listening yet, for `serve` (ChatServer's `sock`).
     `statechat serve` binds before the model loads, as vLLM's server does: a port in use, or
     an address this machine does not have, is an OSError at once rather than after a load of
-    minutes, and while the model loads a client's connection is refused, not left hanging."""
+    minutes, and while the model loads a client's connection is refused, not left hanging.
+    (A server that starts listening on the port meanwhile makes the listen an OSError.)"""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as ChatServer's own)
@@ -313,9 +314,13 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
-                        sampling=sampling, completion_max_tokens=completion_max_tokens,
-                        warm_next_turn=warm_next_turn, sock=sock)
+    try:  # (an OSError when another server took the port first: see bind)
+        server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
+                            sampling=sampling, completion_max_tokens=completion_max_tokens,
+                            warm_next_turn=warm_next_turn, sock=sock)
+    except BaseException:
+        worker.shutdown()
+        raise
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

@@ -568,3 +568,33 @@ def test_run_without_a_terminal_is_one_line_not_a_hang(monkeypatch, capsys):
         "statechat: run is the terminal app: it reads keys from standard input and draws on "
         "standard error, and here they are not a terminal; for scripts use `statechat batch` "
         "or `statechat serve`")
+
+
+def test_a_port_taken_while_the_model_loads_is_one_line(monkeypatch, capsys, loaded):
+    """The port is bound, not yet listened on, while the model loads; a server that starts
+    listening on it meanwhile (another `serve --port P` started then) makes the listen fail:
+    that is the same one line, not a traceback."""
+    import socket
+
+    from statechat.engine.engine import LLMEngine
+
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def load_while_another_listens(config):
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        return LLMEngine(config, loaded=loaded)
+
+    with socket.socket() as probe:  # (a free port)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(cli, "_engine", load_while_another_listens)
+    monkeypatch.setattr("sys.argv", ["statechat", "serve", "--device", "cpu", "--no-cache",
+                                     "--model", str(EMBEDDED_MODEL), "--port", str(port)])
+    with other, pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"statechat: cannot listen on 127.0.0.1:{port} (Address already in use); pick another "
+        "--port")
