@@ -25,6 +25,9 @@ MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counte
 MAX_NAME_CHARS = 40  # of each name logged
 CORS_METHODS = "GET, HEAD, POST, OPTIONS"
 CORS_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
+# C0, DEL and C1 control characters as `\xNN` in a log line (backslashes are left as they are:
+# `named` has escaped a field's name already)
+CONTROL_CHARS = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))})
 
 
 class JsonHandler(BaseHTTPRequestHandler):
@@ -57,8 +60,12 @@ class JsonHandler(BaseHTTPRequestHandler):
         super().finish()
 
     def log_message(self, format: str, *args) -> None:
+        """A log line, its control characters escaped (`\\x1b`) as http.server's own log
+        escapes them: a request line is the client's, and its escape sequences would otherwise
+        reach the terminal that runs the server."""
         if not self.server.quiet:
-            sys.stderr.write(f"{self.address_string()} {format % args}\n")
+            message = (format % args).translate(CONTROL_CHARS)
+            sys.stderr.write(f"{self.address_string()} {message}\n")
 
     def end_headers(self) -> None:
         origin = self._allowed_origin()

@@ -1,10 +1,12 @@
-"""The API server's process (`statechat serve`): a ChatServer served until Ctrl-C or SIGTERM,
-its heap left out of the garbage collector's full collections meanwhile, then stopped."""
+"""The API server's process (`statechat serve`): its socket bound before the model loads, a
+ChatServer served on it until Ctrl-C or SIGTERM, its heap left out of the garbage collector's
+full collections meanwhile, then stopped."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import socket
 import sys
 
 from statechat.engine.sampling import SamplingParams
@@ -12,23 +14,45 @@ from statechat.engine.worker import EngineWorker
 from statechat.server import ChatServer
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, not listening yet, for `serve` (ChatServer's `sock`).
+    `statechat serve` binds before the model loads, as vLLM's server does: a port in use, or
+    an address this machine does not have, is an OSError at once rather than after a load of
+    minutes, and while the model loads a client's connection is refused, not left hanging.
+    (A server that starts listening on the port meanwhile makes the listen an OSError.)"""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as ChatServer's own)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
           template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
           completion_max_tokens: int | None = None, warm_next_turn: bool = True,
-          allowed_origins: tuple[str, ...] = ("*",)) -> None:
+          allowed_origins: tuple[str, ...] = ("*",), sock: socket.socket | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
     `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
     request, `warm_next_turn` whether replies' next turns are computed, and `allowed_origins`
-    the browsers' origins that may call it (ChatServer's)."""
+    the browsers' origins that may call it (ChatServer's); `sock`: the socket `bind` made for
+    host:port, else one is bound here."""
     import signal
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
-                        sampling=sampling, completion_max_tokens=completion_max_tokens,
-                        warm_next_turn=warm_next_turn, allowed_origins=allowed_origins)
+    try:  # (an OSError when another server took the port first: see bind)
+        server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
+                            sampling=sampling, completion_max_tokens=completion_max_tokens,
+                            warm_next_turn=warm_next_turn, allowed_origins=allowed_origins,
+                            sock=sock)
+    except BaseException:
+        worker.shutdown()
+        raise
     auth = " (API key required)" if api_key else ""
     print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
     try:

@@ -40,9 +40,8 @@ def prepare(engine: LLMEngine, job: Job) -> None:
         check_vocabulary(job.params, engine.loaded.config.vocab_size)
         ids = render(engine.tokenizer, job.messages, template_kwargs=job.template_kwargs)
         if len(ids) >= engine.max_model_len:
-            raise StatechatError(
-                f"the prompt has {len(ids)} tokens; the context limit is {engine.max_model_len}"
-            )
+            raise StatechatError(f"the prompt has {len(ids)} tokens; the context limit is "
+                                 f"{engine.max_model_len}; shorten the conversation")
     except StatechatError as e:
         job.error = str(e)
         return

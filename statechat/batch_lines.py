@@ -103,17 +103,7 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
                                     f"runs chat requests), got {json.dumps(url)[:60]}")
     unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS))
     try:
-        given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
-        if req.get("max_completion_tokens") is not None:  # (OpenAI's newer name wins, as in serve)
-            given["max_tokens"] = req["max_completion_tokens"]
-        chat_logprobs(given, req.get("top_logprobs"))
-        if not isinstance(given.get("ignore_eos", False), bool):
-            raise StatechatError(f"ignore_eos must be true or false, got "
-                                 f"{json.dumps(given['ignore_eos'])[:60]}")
-        if req.get("n") not in (None, 1):  # (null: left out, as OpenAI's schema allows)
-            raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
-                                 "own, with its own seed")
-        params = defaults.params(**given)
+        params = line_params(req, defaults)
         if "messages" not in req and "prompt" in req:
             raise StatechatError('batch runs chat requests: give "messages", not "prompt" '
                                  "(the completions form)")
@@ -126,19 +116,46 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     return Job(line, rid, messages, kwargs, params=params, unknown=unknown)
 
 
-def chat_logprobs(given: dict, top) -> None:
+def line_params(req: dict, defaults: BatchDefaults) -> SamplingParams:
+    """A line's sampling params (BatchDefaults.params) from its fields; a one-line
+    StatechatError naming the field at fault as the line gave it (max_completion_tokens, say,
+    which is read as max_tokens)."""
+    given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
+    named = {}  # SamplingParams' field -> the line's own name for it
+    if req.get("max_completion_tokens") is not None:  # (OpenAI's newer name wins, as in serve)
+        given["max_tokens"] = req["max_completion_tokens"]
+        named["max_tokens"] = "max_completion_tokens"
+    if chat_logprobs(given, req.get("top_logprobs")):
+        named["logprobs"] = "top_logprobs"
+    if not isinstance(given.get("ignore_eos", False), bool):
+        raise StatechatError(f"ignore_eos must be true or false, got "
+                             f"{json.dumps(given['ignore_eos'])[:60]}")
+    if req.get("n") not in (None, 1):  # (null: left out, as OpenAI's schema allows)
+        raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
+                             "own, with its own seed")
+    try:
+        return defaults.params(**given)
+    except StatechatError as e:  # (its message starts with the field's name)
+        field, _, rest = str(e).partition(" ")
+        raise StatechatError(f"{named.get(field, field)} {rest}") from None
+
+
+def chat_logprobs(given: dict, top) -> bool:
     """OpenAI's chat form of a line's logprobs ("logprobs": true, with "top_logprobs": k) as
-    the count that batch's own form gives ("logprobs": k), in `given`."""
+    the count that batch's own form gives ("logprobs": k), in `given`; whether the count is
+    top_logprobs'."""
     flag = given.get("logprobs")
     if top is not None and (isinstance(top, bool) or not isinstance(top, int)):
         raise StatechatError(f"top_logprobs must be an integer, got {json.dumps(top)[:60]}")
     if flag is True:
         given["logprobs"] = top or 0
-    elif top:
+        return top is not None
+    if top:
         raise StatechatError('top_logprobs needs "logprobs": true (or give the count as '
                              '"logprobs" alone)')
-    elif flag is False:
+    if flag is False:
         del given["logprobs"]
+    return False
 
 
 def chat_messages(raw) -> list[dict]:

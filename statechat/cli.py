@@ -104,12 +104,13 @@ def run(
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
     or the flags say otherwise."""
     from statechat.paths import cache_dir as resolve_cache_dir
-    from statechat.tui.terminal import typeahead
+    from statechat.tui import terminal
 
-    with typeahead():  # (keys typed while torch imports wait for the app: an early Ctrl+Q)
+    with terminal.typeahead():  # (keys typed while torch imports wait for the app: Ctrl+Q)
         from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
         config, sampling = command_setup(DEFAULT_SAMPLING, locals())
+        terminal.require_terminal()  # (before the app loads the model)
         chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
                                 template_kwargs=parse_template_kwargs(chat_template_kwargs))
         chat_app.run()

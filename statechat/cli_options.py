@@ -127,4 +127,7 @@ def parse_template_kwargs(text: str | None) -> dict | None:
     if not isinstance(value, dict):
         raise StatechatError("--chat-template-kwargs (or STATECHAT_CHAT_TEMPLATE_KWARGS) must be a "
                              "JSON object, e.g. '{\"enable_thinking\": false}'")
-    return check_template_kwargs(None, value)
+    try:
+        return check_template_kwargs(None, value)
+    except StatechatError as e:  # (it names a request's field: name the flag)
+        raise StatechatError(f"--chat-template-kwargs {str(e).partition(' ')[2]}") from None

@@ -1,11 +1,11 @@
 """`statechat serve`: the OpenAI-compatible HTTP API (statechat/server.py) over one engine, with
 the options that only it takes (--host, --port, --api-key, --allowed-origins,
---warm-next-turn). cli.py adds it to the app; an address it cannot listen on is one line that
-names the flag to change."""
+--warm-next-turn). cli.py adds it to the app. Its port is bound before the model loads; an
+address it cannot listen on is one line that names the flag to change."""
 
 from __future__ import annotations
 
-import errno
+import contextlib
 from typing import Annotated
 
 import typer
@@ -32,7 +32,7 @@ from statechat.cli_options import (
     TopPOpt,
     parse_template_kwargs,
 )
-from statechat.cli_setup import command_setup, warn_if_embedded
+from statechat.cli_setup import bound_socket, command_setup, listen_errors, warn_if_embedded
 from statechat.errors import StatechatError
 
 
@@ -66,12 +66,11 @@ def serve(
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
     completion; --max-tokens sets both), unless the model's generation config, the flags or a
     request's own fields say otherwise."""
+    from statechat import api_serve
     from statechat.api_http import parse_allowed_origins
     from statechat.api_request import DEFAULT_SAMPLING
-    from statechat.api_serve import serve as serve_forever
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name
-    from statechat.server import host_port
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     try:
@@ -79,13 +78,10 @@ def serve(
     except ValueError as e:
         raise StatechatError(f"--allowed-origins: {e}") from None
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())
-    engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
-    warn_if_embedded(engine.loaded.path)
-    try:
-        serve_forever(EngineWorker(engine), served_name(engine.loaded.path), host, port, api_key,
-                      template_kwargs, sampling, completion_max_tokens=max_tokens,
-                      warm_next_turn=warm_next_turn, allowed_origins=origins)
-    except OSError as e:  # (the port taken, or an address this machine does not have)
-        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
-        raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
-                             f"{fix}") from None
+    with contextlib.closing(bound_socket(host, port)) as sock:  # (before the model loads)
+        engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
+        warn_if_embedded(engine.loaded.path)
+        with listen_errors(host, port):  # (another server may have taken it meanwhile)
+            api_serve.serve(EngineWorker(engine), served_name(engine.loaded.path), host, port,
+                            api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
+                            warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock)

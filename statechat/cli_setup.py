@@ -1,15 +1,18 @@
 """A command's setup from its flags, before the model loads: the engine config (model, cache dir
 and device resolved; a bad value, a wrong --model or a --max-model-len past the model's positions
-is one line naming its flag) and the sampling its requests start from; the engine made from that
-config; and the warning that the embedded random-weight model is in use."""
+is one line naming its flag), the sampling its requests start from and `serve`'s socket; the
+engine made from that config; and the warning that the embedded random-weight model is in use."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 from pathlib import Path
 
 import typer
 
 from statechat.cli_options import compose_sampling
+from statechat.errors import StatechatError
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
                 "dtype")
@@ -58,6 +61,29 @@ def load_engine(config):
 
     with flags_named():
         return LLMEngine(config)
+
+
+def bound_socket(host: str, port: int):
+    """`serve`'s socket, bound to host:port before the model loads (api_serve.bind); a port in
+    use, or an address this machine does not have, is one line (listen_errors)."""
+    from statechat import api_serve
+
+    with listen_errors(host, port):
+        return api_serve.bind(host, port)
+
+
+@contextlib.contextmanager
+def listen_errors(host: str, port: int):
+    """An OSError of binding or listening on host:port as one line that says which flag to
+    change."""
+    from statechat.server import host_port
+
+    try:
+        yield
+    except OSError as e:  # (the port taken, or an address this machine does not have)
+        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
+        raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
+                             f"{fix}") from None
 
 
 def warn_if_embedded(model: Path) -> None:

@@ -73,10 +73,18 @@ class ChatServer(ThreadingHTTPServer):
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True,
-                 allowed_origins: tuple[str, ...] = ("*",)) -> None:
+                 allowed_origins: tuple[str, ...] = ("*",),
+                 sock: socket.socket | None = None) -> None:
+        """`sock`: a socket api_serve.bind made (host and port are then its own), else one is
+        bound."""
         # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__((host, port), Handler)
+        super().__init__((host, port), Handler, bind_and_activate=sock is None)
+        if sock is not None:
+            self.socket.close()
+            self.socket, self.server_address = sock, sock.getsockname()
+            self.server_name, self.server_port = self.server_address[:2]
+            self.server_activate()
         self.worker, self.model_id, self.api_key, self.quiet = worker, model_id, api_key, quiet
         self.template_kwargs, self.allowed_origins = template_kwargs or {}, allowed_origins
         self.next_turns = NextTurns(worker, self.template_kwargs) if warm_next_turn else None

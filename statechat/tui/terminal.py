@@ -1,4 +1,5 @@
-"""Keys typed before the app takes the terminal (`typeahead`).
+"""Keys typed before the app takes the terminal (`typeahead`), and whether there is a terminal
+to take (`require_terminal`).
 
 `statechat run` imports torch and reads the model's config for seconds before Textual puts the
 terminal in raw mode. Until then the terminal is in its cooked mode, whose line discipline
@@ -20,6 +21,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 
+from statechat.errors import StatechatError
+
 try:
     import termios
 except ImportError:  # (no termios on Windows: its console has no such line discipline)
@@ -35,6 +38,24 @@ def _stdin_fd() -> int | None:
         return sys.stdin.fileno()
     except (AttributeError, OSError, ValueError):  # (closed, replaced, or no file behind it)
         return None
+
+
+def require_terminal() -> None:
+    """A one-line StatechatError unless standard input and standard error are terminals: the
+    app (Textual) reads its keys from the one and draws on the other. Without them it waited
+    for keys that never come (`ssh host statechat run` without -t, nohup, cron), drawing into
+    whatever took its output."""
+    if not all(_is_terminal(stream) for stream in (sys.stdin, sys.stderr)):
+        raise StatechatError("run is the terminal app: it reads keys from standard input and "
+                             "draws on standard error, and here they are not a terminal; for "
+                             "scripts use `statechat batch` or `statechat serve`")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, OSError, ValueError):  # (closed, or replaced by one with no file)
+        return False
 
 
 @contextlib.contextmanager

@@ -306,7 +306,9 @@ def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
     assert (config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
             config.memory_fraction, config.dtype) == (128, 3, 192, 0.5, "float32")
     long, short = [json.loads(line) for line in out.read_text().splitlines()]
-    assert "the context limit is 128" in long["error"]["message"], long
+    assert long["error"]["message"].endswith(
+        "; the context limit is 128; shorten the conversation"), long  # (as serve says it: it
+    # did not say what to do)
     assert "error" not in short and short["usage"]["completion_tokens"] == 4
 
 
@@ -547,6 +549,23 @@ def test_a_completions_line_is_told_that_batch_runs_chat_requests():
                      BatchDefaults(DEFAULT_SAMPLING, None))
     assert job.error == ('batch runs chat requests: give "messages", not "prompt" '
                          "(the completions form)")
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be from 0 to 20, got 21"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs must be from 0 to 20, got -1"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens must be >= 0, got -1"),
+    ({"max_completion_tokens": 1.5}, "max_completion_tokens must be an integer, got 1.5"),
+    ({"max_tokens": -1}, "max_tokens must be >= 0, got -1"),
+    ({"logprobs": 21}, "logprobs must be from 0 to 20, got 21"),
+])
+def test_a_bad_value_is_named_by_the_field_the_line_gave(fields, says):
+    """A line's bad top_logprobs or max_completion_tokens is named as such (its error named
+    "logprobs" and "max_tokens", which the line never had: the fields batch reads them as)."""
+    from statechat.batch_lines import DEFAULT_SAMPLING, BatchDefaults, parse_line
+
+    line = json.dumps({"messages": [{"role": "user", "content": "hi"}], **fields})
+    assert parse_line(line, 1, BatchDefaults(DEFAULT_SAMPLING, None)).error == says
 
 
 def test_a_line_separator_inside_a_json_string_does_not_split_the_line(tmp_path, shared_engine):

@@ -138,11 +138,18 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
     (["serve", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
+    (["serve", "--chat-template-kwargs", '{"tokenize": false}'],
+     "--chat-template-kwargs may not set tokenize"),
+    (["batch", str(EMBEDDED_MODEL / "config.json"), "--chat-template-kwargs",
+      '{"messages": [], "add_generation_prompt": true}'],
+     "--chat-template-kwargs may not set add_generation_prompt, messages"),
 ])
 def test_a_wrong_device_or_model_is_one_line_before_anything_starts(argv, says, monkeypatch,
                                                                     capsys):
     """(`run` showed its loading screen first, and took the error from its worker thread;
-    `serve` and `batch` loaded the model before a --max-model-len past its positions.)"""
+    `serve` and `batch` loaded the model before a --max-model-len past its positions; a
+    --chat-template-kwargs naming a variable the renderer takes itself was told as a
+    request's "chat_template_kwargs", which the command line has not.)"""
     monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
     monkeypatch.setattr("sys.argv", ["statechat", *argv])
     with pytest.raises(SystemExit) as exit_info:
@@ -498,16 +505,14 @@ def test_an_index_another_process_holds_locked_is_not_called_damaged(tmp_path, s
     ("192.0.2.1", errno.EADDRNOTAVAIL, "check --host", "192.0.2.1:8000"),
     ("2001:db8::1", errno.EADDRNOTAVAIL, "check --host", "[2001:db8::1]:8000"),
 ])
-def test_serve_that_cannot_listen_says_which_flag_to_change(shared_engine, monkeypatch, host,
-                                                            code, fix, where):
+def test_serve_that_cannot_listen_says_which_flag_to_change(monkeypatch, host, code, fix, where):
     """A port in use asks for another --port; an address this machine does not have asks to
     check --host (it asked for another port as well). An IPv6 address is bracketed, so that
     its port stands apart (it read "2001:db8::1:8000")."""
-    def serve(worker, *args, **kwargs):
-        worker.shutdown()
+    def bind(host, port):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr("statechat.api_serve.serve", serve)
+    monkeypatch.setattr("statechat.api_serve.bind", bind)
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
                                      str(EMBEDDED_MODEL), "--host", host])
     assert result.exit_code != 0
@@ -534,8 +539,90 @@ def test_serve_hands_the_allowed_origins_to_the_server(shared_engine, monkeypatc
         got["origins"] = allowed_origins
 
     monkeypatch.setattr("statechat.api_serve.serve", serve)
-    args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL)]
+    args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL),
+            "--port", "0"]
     assert runner.invoke(cli.app, args).exit_code == 0
     assert got["origins"] == ("*",)  # any, by default, as vLLM's
-    result = runner.invoke(cli.app, [*args, "--allowed-origins", "http://a.example, http://b.example"])
+    result = runner.invoke(cli.app, [*args, "--allowed-origins",
+                                     "http://a.example, http://b.example"])
     assert result.exit_code == 0 and got["origins"] == ("http://a.example", "http://b.example")
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch, capsys):
+    """`serve --port P` with P taken loaded the whole model (minutes, for a large one) before it
+    said so; vLLM's server binds its port first. Now the port is bound before the model loads,
+    and a port in use is the one line at once."""
+    import socket
+
+    def no_load(config):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli_setup, "load_engine", no_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr("sys.argv", ["statechat", "serve", "--device", "cpu", "--no-cache",
+                                         "--model", str(EMBEDDED_MODEL), "--port", str(port)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"statechat: cannot listen on 127.0.0.1:{port} (Address already in use); pick another "
+        "--port")
+
+
+def test_run_without_a_terminal_is_one_line_not_a_hang(monkeypatch, capsys):
+    """`statechat run` with no terminal to read keys from (`ssh host statechat run` without
+    -t, nohup, cron: standard input /dev/null) started the app anyway, which waited for keys
+    forever while it drew into whatever took its output. Now it says what to use instead,
+    before the model loads."""
+    pytest.importorskip("textual")
+    made = []
+
+    class App:
+        def __init__(self, *args, **kwargs) -> None:
+            made.append(self)
+
+    monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
+    with open(os.devnull) as no_keys:
+        monkeypatch.setattr("sys.stdin", no_keys)
+        monkeypatch.setattr("sys.argv", ["statechat", "run", "--device", "cpu", "--no-cache",
+                                         "--model", str(EMBEDDED_MODEL)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+    assert exit_info.value.code == 2 and not made
+    assert capsys.readouterr().err.strip() == (
+        "statechat: run is the terminal app: it reads keys from standard input and draws on "
+        "standard error, and here they are not a terminal; for scripts use `statechat batch` "
+        "or `statechat serve`")
+
+
+def test_a_port_taken_while_the_model_loads_is_one_line(monkeypatch, capsys, loaded):
+    """The port is bound, not yet listened on, while the model loads; a server that starts
+    listening on it meanwhile (another `serve --port P` started then) makes the listen fail:
+    that is the same one line, not a traceback."""
+    import socket
+
+    from statechat.engine.engine import LLMEngine
+
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def load_while_another_listens(config):
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        return LLMEngine(config, loaded=loaded)
+
+    with socket.socket() as probe:  # (a free port)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(cli_setup, "load_engine", load_while_another_listens)
+    monkeypatch.setattr("sys.argv", ["statechat", "serve", "--device", "cpu", "--no-cache",
+                                     "--model", str(EMBEDDED_MODEL), "--port", str(port)])
+    with other, pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"statechat: cannot listen on 127.0.0.1:{port} (Address already in use); pick another "
+        "--port")

@@ -47,15 +47,20 @@ def started(monkeypatch, shared_engine):
             pass
 
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
-              completion_max_tokens=None, warm_next_turn=True, allowed_origins=("*",)):
+              completion_max_tokens=None, warm_next_turn=True, allowed_origins=("*",),
+              sock=None):
         worker.shutdown()
+        sock.close()
         got["serve"], got["model_id"] = sampling, model_id
         got["completion_max_tokens"] = completion_max_tokens
         got["warm_next_turn"] = warm_next_turn
 
     if importlib.util.find_spec("textual") is not None:  # (not on every GPU machine)
         monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
+        monkeypatch.setattr("statechat.tui.terminal.require_terminal", lambda: None)  # (the
+        # runner's streams are no terminal)
     monkeypatch.setattr("statechat.api_serve.serve", serve)
+    monkeypatch.setenv("STATECHAT_PORT", "0")  # (serve binds its port: any free one)
     return got
 
 
@@ -173,6 +178,7 @@ def test_the_model_s_ignored_recommendations_are_said_as_statechat(tmp_path):
 STUB_RUN = """
 import sys
 import statechat.tui.app
+import statechat.tui.terminal
 from statechat import cli
 from statechat.engine.engine import LLMEngine
 
@@ -188,6 +194,7 @@ class App:  # stands for the TUI: prints, closes (or not) and ends with status 3
 
 
 statechat.tui.app.StatechatApp = App
+statechat.tui.terminal.require_terminal = lambda: None  # (the test's pipes are no terminal)
 cli.os._exit = lambda code, real=cli.os._exit: (print("fast exit", file=sys.stderr), real(code))
 sys.argv = ["statechat", "run", "--device", "cpu", "--no-cache", "--model", sys.argv[2]]
 cli.main()

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from statechat.api_serve import bind
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
@@ -555,3 +556,40 @@ def test_an_ipv6_address_is_served(server):
         six.shutdown()
         six.server_close()
         thread.join(10)
+
+
+def test_a_socket_bound_ahead_is_refused_until_served_then_served(server):
+    """`serve` binds its port before the model loads (server.bind): until the server takes the
+    socket a client is refused at once (not left hanging), and then it is served there."""
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    srv = ChatServer(server.worker, "tiny-qwen3.5", "127.0.0.1", port, api_key=KEY, quiet=True,
+                     sock=sock)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert srv.url == f"http://127.0.0.1:{port}"
+        req = urllib.request.Request(f"{srv.url}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "tiny-qwen3.5"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+
+
+def test_control_characters_of_a_request_line_are_logged_escaped(server, capsys, monkeypatch):
+    """A request line's control characters (a terminal's escape sequences, a carriage return)
+    reached the server's log as they were, so any client could recolour, retitle or rewrite the
+    terminal that runs `statechat serve`; they are now shown escaped, as http.server's own
+    log escapes them."""
+    monkeypatch.setattr(server, "quiet", False)
+    capsys.readouterr()
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        sock.sendall(b"GET /\x1b[2J\x1b]0;owned\x07\r HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 401")  # (the answer: the line is logged)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "GET /" in line]
+    assert line.endswith(r'"GET /\x1b[2J\x1b]0;owned\x07\x0d HTTP/1.1" 401 -')
