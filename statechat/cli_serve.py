@@ -1,7 +1,7 @@
 """`statechat serve`: the OpenAI-compatible HTTP API (statechat/server.py) over one engine, with
 the options that only it takes (--host, --port, --api-key, --allowed-origins,
---warm-next-turn). cli.py adds it to the app. Its port is bound before the model loads; an
-address it cannot listen on is one line that names the flag to change."""
+--served-model-name, --warm-next-turn). cli.py adds it to the app. Its port is bound before the
+model loads; an address it cannot listen on is one line that names the flag to change."""
 
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def serve(
     allowed_origins: Annotated[str, typer.Option(help=(
         "Origins whose web pages may call the API from a browser (CORS): comma-separated or a "
         "JSON list; '*' any, '' none."), envvar="STATECHAT_ALLOWED_ORIGINS")] = "*",
+    served_model_name: Annotated[str | None, typer.Option(help=(
+        "The model's name in /v1/models and in every response (default: a Hugging Face "
+        "snapshot's repo id, else the model folder's name)."),
+        envvar="STATECHAT_SERVED_MODEL_NAME")] = None,
     chat_template_kwargs: TemplateKwargsOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
@@ -77,11 +81,14 @@ def serve(
         origins = parse_allowed_origins(allowed_origins)
     except ValueError as e:
         raise StatechatError(f"--allowed-origins: {e}") from None
+    if served_model_name is not None and not served_model_name.strip():
+        raise StatechatError("--served-model-name must not be empty")
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())
     with contextlib.closing(bound_socket(host, port)) as sock:  # (before the model loads)
         engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
         warn_if_embedded(engine.loaded.path)
         with listen_errors(host, port):  # (another server may have taken it meanwhile)
-            api_serve.serve(EngineWorker(engine), served_name(engine.loaded.path), host, port,
+            name = served_model_name or served_name(engine.loaded.path)
+            api_serve.serve(EngineWorker(engine), name, host, port,
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock)

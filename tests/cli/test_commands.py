@@ -26,7 +26,8 @@ ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
                *ENGINE_FLAGS]),
     (["batch"], ["--output", "--no-cache", "--seed", "--model", "--chat-template-kwargs",
                  *SAMPLING_FLAGS, *ENGINE_FLAGS]),
-    (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--model", "--cache-dir",
+    (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--allowed-origins",
+                  "--served-model-name", "--model", "--cache-dir",
                  "--chat-template-kwargs", *SAMPLING_FLAGS, *ENGINE_FLAGS]),
     (["cache"], ["path", "stats", "ls", "verify", "gc", "clear"]),
     (["cache", "gc"], ["--max-bytes", "--cache-dir"]),
@@ -43,6 +44,23 @@ def test_version():
 
     result = runner.invoke(cli.app, ["--version"])
     assert (result.exit_code, result.output) == (0, f"statechat {__version__}\n")
+
+
+def test_python_dash_m_runs_the_commands():
+    """`python -m statechat` for an environment whose scripts are not on PATH (vLLM's and
+    mlx-lm's users run theirs so); a known error is the same one line."""
+    import subprocess
+    import sys
+
+    from statechat import __version__
+
+    run = subprocess.run([sys.executable, "-m", "statechat", "--version"], check=False,
+                         capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (0, f"statechat {__version__}\n")
+    run = subprocess.run([sys.executable, "-m", "statechat", "batch", "-", "--device", "cpu",
+                          "--min-p", "2"], check=False, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and run.stderr.startswith("statechat: --min-p must be in [0, 1]")
 
 
 def test_cache_commands(tmp_path):
@@ -531,21 +549,28 @@ def test_serve_refuses_an_allowed_origin_that_is_not_one(monkeypatch):
                                                                          or result.output)
 
 
-def test_serve_hands_the_allowed_origins_to_the_server(shared_engine, monkeypatch):
+def test_serve_hands_its_own_options_to_the_server(shared_engine, monkeypatch):
+    """--allowed-origins (any, by default, as vLLM's) and --served-model-name (the folder's
+    name by default) reach the server; an empty name is one line."""
     got = {}
 
-    def serve(worker, *args, allowed_origins=("*",), **kwargs):
+    def serve(worker, model_id, *args, allowed_origins=("*",), **kwargs):
         worker.shutdown()
-        got["origins"] = allowed_origins
+        got["origins"], got["name"] = allowed_origins, model_id
 
     monkeypatch.setattr("statechat.api_serve.serve", serve)
     args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL),
             "--port", "0"]
     assert runner.invoke(cli.app, args).exit_code == 0
-    assert got["origins"] == ("*",)  # any, by default, as vLLM's
+    assert got == {"origins": ("*",), "name": EMBEDDED_MODEL.name}
     result = runner.invoke(cli.app, [*args, "--allowed-origins",
-                                     "http://a.example, http://b.example"])
-    assert result.exit_code == 0 and got["origins"] == ("http://a.example", "http://b.example")
+                                     "http://a.example, http://b.example",
+                                     "--served-model-name", "my-model"])
+    assert result.exit_code == 0
+    assert got == {"origins": ("http://a.example", "http://b.example"), "name": "my-model"}
+    result = runner.invoke(cli.app, [*args, "--served-model-name", " "])
+    assert result.exit_code != 0
+    assert "--served-model-name must not be empty" in str(result.exception or result.output)
 
 
 def test_a_port_in_use_is_one_line_before_the_model_loads(monkeypatch, capsys):
