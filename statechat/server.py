@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -53,6 +54,7 @@ from statechat.errors import ShuttingDownError
 
 ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
+FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
 
 
@@ -98,11 +100,14 @@ class ChatServer(ThreadingHTTPServer):
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop as uvicorn does: accept no connection, stop the worker (replies under way end
-        with "abort"; a request that comes meanwhile is a 503), then close the idle keep-alive
+        with "abort"; a request that comes meanwhile is a 503; its pending cache writes get up
+        to FLUSH_WAIT_S, and a line says so past it), then close the idle keep-alive
         connections (a client sees them closed, not hung) and wait up to `wait_s` for the
         answers still being written."""
         self.server_close()
-        self.worker.shutdown()
+        if not self.worker.shutdown(FLUSH_WAIT_S):
+            print(f"statechat: the engine had not stopped after {FLUSH_WAIT_S} s; cache writes "
+                  "still pending are lost (the cache stays usable)", file=sys.stderr)
         with self._connections:
             self.is_stopping = True
             idle = list(self._idle)

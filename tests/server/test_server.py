@@ -593,3 +593,23 @@ def test_control_characters_of_a_request_line_are_logged_escaped(server, capsys,
         assert sock.recv(100).startswith(b"HTTP/1.1 401")  # (the answer: the line is logged)
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "GET /" in line]
     assert line.endswith(r'"GET /\x1b[2J\x1b]0;owned\x07\x0d HTTP/1.1" 401 -')
+
+
+def test_a_stop_waits_for_the_cache_writes_and_says_when_it_gave_up(capsys):
+    """The stop gives the engine's pending cache writes as long as `run`'s quit does (it gave
+    them 30 s and then exited without a word); past that it says what was lost."""
+    class SlowWorker:
+        def __init__(self, stops: bool) -> None:
+            self.stops, self.waited = stops, None
+
+        def shutdown(self, timeout=None) -> bool:
+            self.waited = timeout
+            return self.stops
+
+    for stops in (True, False):
+        worker = SlowWorker(stops)
+        srv = ChatServer(worker, "m", "127.0.0.1", 0, quiet=True, warm_next_turn=False)
+        srv.stop()
+        assert worker.waited == 90
+        err = capsys.readouterr().err
+        assert ("cache writes still pending are lost" in err) is not stops
