@@ -6,28 +6,18 @@ conversation's `current_leaf`. Editing a message adds a sibling (a new branch fr
 regenerating a reply adds a sibling reply; switching siblings follows each message's
 `active_child` down to a leaf, so a branch comes back as it was left.
 
-Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefixed `chat_`):
-  chat_conversations(id, title, created, updated, current_leaf)
-  chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats)
-`stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
-The records and errors it gives are in records.py.
+The tables, in `<cache_dir>/index.db`, and how the file opens are storage.py's; the records
+and errors it gives are records.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
-import threading
 import time
 import uuid
 from pathlib import Path
 
-import sqlite_utils
-
-from statechat.cache.sqlite_files import is_unusable, open_sqlite, primary_code
 from statechat.chat.records import (
-    BUSY_ADVICE,
     UNFINISHED,
     BusyError,
     Conversation,
@@ -35,72 +25,20 @@ from statechat.chat.records import (
     GoneError,
     Message,
 )
+from statechat.chat.storage import CONVERSATIONS, MESSAGES, ChatFile
 
-CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+# (the store's callers import its records and errors from here, as before storage.py)
+__all__ = ["UNFINISHED", "BusyError", "ChatStore", "Conversation", "DamagedError", "GoneError",
+           "Message", "open_chats"]
 
 
 def _new_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-class ChatStore:
-    """Conversation trees persisted in one SQLite file; safe to call from several threads."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = Path(path)
-        self._lock = threading.RLock()
-        self.db = open_sqlite(self.file, self._open)
-
-    def _open(self) -> sqlite_utils.Database:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
-                                                        timeout=30))
-        try:
-            self.db.enable_wal()
-            self._create_tables()
-        except BaseException:
-            self.db.conn.close()
-            raise
-        return self.db
-
-    def _create_tables(self) -> None:
-        with self._lock:
-            self.db[CONVERSATIONS].create(
-                {"id": str, "title": str, "created": float, "updated": float, "current_leaf": str},
-                pk="id", if_not_exists=True,
-            )
-            self.db[MESSAGES].create(
-                {"id": str, "conversation_id": str, "parent_id": str, "role": str, "content": str,
-                 "created": float, "active_child": str, "stats": str},
-                pk="id", if_not_exists=True,
-                foreign_keys=[("conversation_id", CONVERSATIONS, "id")],
-            )
-            self.db[MESSAGES].create_index(["conversation_id"], if_not_exists=True)
-            self.db[MESSAGES].create_index(["parent_id"], if_not_exists=True)
-
-    def close(self) -> None:
-        self.db.conn.close()
-
-    @contextlib.contextmanager
-    def _locked(self):
-        """The lock, around a use of the file; DamagedError if SQLite finds it damaged,
-        BusyError if it cannot use it for now (a full disk, a lock held past the busy timeout,
-        the file made read-only: the app crashed on them)."""
-        with self._lock:
-            try:
-                yield
-            except sqlite3.DatabaseError as e:
-                why = (str(e).splitlines() or [type(e).__name__])[0]
-                fix = BUSY_ADVICE.get(primary_code(e))
-                if isinstance(e, sqlite3.OperationalError) and fix:
-                    raise BusyError(f"the chats in {self.file} could not be saved ({why}); "
-                                    f"{fix}") from None
-                if not is_unusable(e):
-                    raise
-                raise DamagedError(
-                    f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
-                    ".recover` saves what is left of them, or move the file away to start "
-                    "afresh") from None
+class ChatStore(ChatFile):
+    """Conversation trees persisted in one SQLite file (storage.py); safe to call from several
+    threads."""
 
     # --- conversations ------------------------------------------------------------------
     def conversations(self) -> list[Conversation]:
