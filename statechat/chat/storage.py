@@ -2,8 +2,11 @@
 
 Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefixed `chat_`):
   chat_conversations(id, title, created, updated, current_leaf)
-  chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats)
+  chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats,
+                token_ids)
 `stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
+`token_ids` is a JSON array, or NULL: the token ids a reply's content was made of, its stop
+token left out (a continuation feeds them back as they were made: chat/continuing.py).
 ChatStore (tree.py) keeps the conversation trees in them.
 """
 
@@ -20,6 +23,9 @@ from statechat.cache.sqlite_files import is_unusable, open_sqlite, primary_code
 from statechat.chat.records import BUSY_ADVICE, BusyError, DamagedError
 
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+# chat_messages' columns that came after its first version: a file made before them gets them
+# as it opens (their rows NULL; an earlier statechat on the same file leaves them NULL too)
+NEWER_COLUMNS = {"token_ids": str}
 
 
 class ChatFile:
@@ -51,12 +57,26 @@ class ChatFile:
             )
             self.db[MESSAGES].create(
                 {"id": str, "conversation_id": str, "parent_id": str, "role": str, "content": str,
-                 "created": float, "active_child": str, "stats": str},
+                 "created": float, "active_child": str, "stats": str, **NEWER_COLUMNS},
                 pk="id", if_not_exists=True,
                 foreign_keys=[("conversation_id", CONVERSATIONS, "id")],
             )
             self.db[MESSAGES].create_index(["conversation_id"], if_not_exists=True)
             self.db[MESSAGES].create_index(["parent_id"], if_not_exists=True)
+            self._add_newer_columns()
+
+    def _add_newer_columns(self) -> None:
+        """NEWER_COLUMNS that a file made by an earlier statechat lacks, added. Another process
+        may add one at the same moment: the 'duplicate column' it leaves this one is as good."""
+        table = self.db[MESSAGES]
+        for name, kind in NEWER_COLUMNS.items():
+            if name in table.columns_dict:
+                continue
+            try:
+                table.add_column(name, kind)
+            except sqlite3.OperationalError:
+                if name not in table.columns_dict:
+                    raise
 
     def close(self) -> None:
         self.db.conn.close()

@@ -121,12 +121,16 @@ class ChatStore(ChatFile):
             self._point_path(conv_id, row["id"])
         return self._message(row)
 
-    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> bool:
+    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None,
+               token_ids: list[int] | None = None) -> bool:
         """Replace a message's content and/or stats (a streamed reply being filled in); False
-        (and nothing changed) once the message is deleted, here or by another process."""
+        (and nothing changed) once the message is deleted, here or by another process.
+        `token_ids`: the ids the new content was made of, stored with it (a content given
+        without them leaves the message none: the old ones would not be its ids)."""
         changes: dict = {}
         if content is not None:
             changes["content"] = content
+            changes["token_ids"] = json.dumps(token_ids) if token_ids is not None else None
         if stats is not None:
             changes["stats"] = json.dumps(stats)
         sets = ", ".join(f"{k} = :{k}" for k in changes) or "id = id"
@@ -134,13 +138,28 @@ class ChatStore(ChatFile):
             sql = f"UPDATE {MESSAGES} SET {sets} WHERE id = :msg_id"
             return self.db.execute(sql, {**changes, "msg_id": msg_id}).rowcount > 0
 
+    def token_ids(self, msg_id: str) -> list[int] | None:
+        """The token ids message `msg_id`'s content was made of, as `update` stored them; None
+        where none were (a user's message, a reply saved as it streamed, one made before they
+        were kept, one deleted) or the column holds no list of ids (a row edited by hand)."""
+        with self._locked():
+            rows = list(self.db.execute(f"SELECT token_ids FROM {MESSAGES} WHERE id = ?",
+                                        [msg_id]))
+        try:
+            ids = json.loads(rows[0][0]) if rows and rows[0][0] else None
+        except (ValueError, RecursionError):
+            return None
+        is_ids = isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+        return ids if is_ids else None
+
     def save_unfinished(self, msg_id: str, content: str) -> bool:
         """A streaming reply's text so far, with the UNFINISHED stats (a crash then keeps it),
-        unless the reply was saved whole meanwhile (its own stats are never overwritten)."""
+        unless the reply was saved whole meanwhile (its own stats are never overwritten); no
+        token ids (see `update`)."""
         unfinished = json.dumps(UNFINISHED)
         with self._locked(), self.db.conn:
             return self.db.execute(
-                f"UPDATE {MESSAGES} SET content = ?, stats = ? WHERE id = ? "
+                f"UPDATE {MESSAGES} SET content = ?, stats = ?, token_ids = NULL WHERE id = ? "
                 "AND (stats IS NULL OR stats = ?)", [content, unfinished, msg_id, unfinished]
             ).rowcount > 0
 
