@@ -2,12 +2,13 @@
 made, and goes on from its last token; the cache resumes from the checkpoints the reply left.
 
 The reply is not rendered through the chat template as a last, open assistant message (what
-the server's `continue_final_message` does): a thinking model's template rewrites an assistant
-message (Qwen3.5's splits the reasoning off and writes it back between `<think>` tags of its
-own, and gives a reply with no `</think>` an empty thought before it), after which transformers
-cannot find the reply's text to cut the prompt after; and a reply's text need not tokenize to
-the ids it was sampled as (a byte-level token cut inside a character, a merge the model did not
-make), so the checkpoints its tokens left would not match. So the prompt is built from ids: the
+the server's `continue_final_message` does): a thinking model's template rewrites assistant
+messages (Qwen3.5's drops an earlier turn's reasoning; Qwen3's splits the reasoning off and
+writes it back between `<think>` tags of its own, and puts an empty thought before a reply with
+no `</think>`), after which transformers may not find the reply's text to cut the prompt after,
+or cuts a prompt the reply was not made from; and a reply's text need not tokenize to the ids
+it was sampled as (a byte-level token cut inside a character, a merge the model did not make),
+so the checkpoints its tokens left would not match. So the prompt is built from ids: the
 messages before the reply through the template with its generation prompt (the prompt the
 reply was made from, as a regenerate renders it), then the reply's own token ids, which the
 chats' store keeps with its text (tree.py), or, where none were kept, its text tokenized.

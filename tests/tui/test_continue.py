@@ -1,10 +1,10 @@
 """Continuing a reply (c, or its `continue` link): a new sibling reply that begins with the old
 reply's text and goes on from it, the old one kept as another branch. The model is given the
-reply as it was made (its own token ids after its own prompt, with no end-of-turn marker), so
-the prompt resumes from the checkpoint at the reply's end, also after a restart; a thinking
-model's reasoning is fed back, not dropped as the template drops it from earlier turns. It is
-refused while a reply streams, says so past the context limit, and Esc keeps it as a stopped
-reply."""
+reply as it was made (its own token ids after its own prompt, without the end-of-turn marker a
+reply that ended of itself has), so the prompt resumes from the checkpoint at the reply's end,
+also after a restart; a thinking model's reasoning is fed back, not dropped as the template
+drops it from earlier turns. It is refused while a reply streams, says so past the context
+limit, and Esc keeps it as a stopped reply."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from tests.tui.test_edge_cases import focus_message, notices, start_long_reply
 # a reply long enough that its end's checkpoint lies blocks past its prompt's
 REPLY = SamplingParams(max_tokens=150, ignore_eos=True)
 LONG_REPLY = SamplingParams(max_tokens=4000, ignore_eos=True)
+EOS = 2  # the embedded model's end of turn, <|im_end|>
 
 
 def app_with(loaded, chat_dir, sampling=REPLY, **config) -> StatechatApp:
@@ -112,6 +113,33 @@ def test_continue_goes_on_from_the_reply_as_made(loaded, tmp_path, monkeypatch):
             await pilot.click(views(app)[1].query_one(".header"), offset=link)
             await wait_idle(pilot, app)
             assert "4/4" in header(views(app)[1]) and len(requests) == 4
+
+    asyncio.run(run())
+
+
+def test_a_reply_that_ended_of_itself_is_continued_without_its_end_of_turn(loaded, tmp_path):
+    """A reply that ended on <|im_end|> has that id among those it was made of; a continuation
+    is given the reply without it (fed back, it closes the turn the model is to go on with)."""
+    ends = SamplingParams(max_tokens=64, min_tokens=5, logit_bias={EOS: 100})  # (5, then EOS)
+
+    async def run():
+        app = app_with(loaded, tmp_path, sampling=ends)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            requests = record_requests(app)
+            app.query_one("Composer").set_text("hello there")
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            first = requests[0].output
+            assert first.finish_reason == "stop" and first.token_ids[-1] == EOS
+            old = views(app)[1].message
+            assert app.chats.token_ids(old.id) == first.token_ids[:-1]
+            await press_c(pilot, app)
+            prompt = requests[1].output.prompt_token_ids
+            assert prompt == first.prompt_token_ids + first.token_ids[:-1]
+            assert EOS not in prompt[len(first.prompt_token_ids):]
+            assert views(app)[1].message.content.startswith(old.content)
+            assert "2/2" in header(views(app)[1])
 
     asyncio.run(run())
 
