@@ -180,6 +180,39 @@ def test_continue_is_refused_while_a_reply_streams_and_esc_keeps_it(loaded, tmp_
     asyncio.run(run())
 
 
+def test_quitting_while_a_continuation_streams_keeps_all_of_it(loaded, tmp_path):
+    """Ctrl+Q keeps a streaming continuation as Esc does: the reply it continues and what it
+    added (the engine's text alone is only the added part), with its ids."""
+    async def first_run():
+        app = app_with(loaded, tmp_path, sampling=LONG_REPLY)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            await focus_message(pilot, app, 1)
+            await pilot.press("c")
+            old, new_id = views(app)[1].message.content, None
+            while new_id is None or views(app)[1].text == old:  # (some of it shown)
+                new_id = app.streaming_reply_id
+                await pilot.pause(0.05)
+            await pilot.press("ctrl+q")
+        return old, new_id
+
+    async def second_run(old, new_id):
+        app = app_with(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            new = app.chats.message(new_id)
+            assert new.content.startswith(old) and len(new.content) > len(old)
+            assert views(app)[1].message.id == new_id and "2/2" in header(views(app)[1])
+            assert "stopped" in status(views(app)[1]) and "tokens more" in status(views(app)[1])
+            tokenizer = app.worker.engine.tokenizer
+            ids = app.chats.token_ids(new_id)
+            assert tokenizer.decode(ids, skip_special_tokens=True) == new.content
+
+    asyncio.run(second_run(*asyncio.run(first_run())))
+
+
 def test_a_continuation_is_there_after_a_restart_and_resumes_from_disk(loaded, tmp_path):
     async def first_run():
         app = app_with(loaded, tmp_path, cache_dir=tmp_path)  # (as `run` has it)
