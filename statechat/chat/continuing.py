@@ -41,31 +41,33 @@ def reply_start(tokenizer, text: str, stored: list[int] | None) -> Start:
     hand may no longer match its ids). A reply cut inside a character (at max tokens: its
     first bytes show as U+FFFD at its end) goes on from before that character, which the model
     then writes whole (fed back, the bytes would show as a second U+FFFD after the first)."""
-    def decode(ids):
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    if stored is None or decode(stored) != text:
+    if stored is None or _decode(tokenizer, stored) != text:
         return Start(text, tuple(tokenizer.encode(text, add_special_tokens=False)))
     for cut in range(min(MAX_PART_TOKENS, len(stored)) + 1):
         whole = stored[:len(stored) - cut]
-        shown = decode(whole)
+        shown = _decode(tokenizer, whole)
         if not shown.endswith("\ufffd"):
-            return Start(shown, tuple(whole)) if cut else Start(text, tuple(stored))
+            return Start(shown, tuple(whole))
     return Start(text, tuple(stored))  # (U+FFFD of the model's own, or bytes no character has)
 
 
-def text_token_ids(decode, out: RequestOutput, stop_ids: Collection[int]) -> list[int] | None:
+def text_token_ids(tokenizer, out: RequestOutput, stop_ids: Collection[int]) -> list[int] | None:
     """The ids `out`'s text was made of, to keep with the reply: its ids but the stop token
     that ended it (an end-of-turn marker: fed back, it would close the reply that a
     continuation goes on with) and those of a character it was stopped inside (an aborted
     reply's text leaves out the part of a character it had); None where no such ids decode to
-    its text (a stop string cut it). `decode`: the engine's ids -> text, special tokens left
-    out; `stop_ids`: the ids that stop a reply (EOS and the request's stop_token_ids)."""
+    its text (a stop string cut it). `stop_ids`: the ids that stop a reply (EOS and the
+    request's stop_token_ids)."""
     ids = list(out.token_ids)
     if out.finish_reason == "stop" and ids and ids[-1] in stop_ids:
         ids.pop()
     for cut in range(min(MAX_PART_TOKENS, len(ids)) + 1):
         kept = ids[:len(ids) - cut]
-        if decode(kept) == out.text:
+        if _decode(tokenizer, kept) == out.text:
             return kept
     return None
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    """`ids` as the engine turns them into a reply's text: special tokens left out."""
+    return tokenizer.decode(ids, skip_special_tokens=True)

@@ -3,8 +3,9 @@ lost.
 
 A conversation is a tree of messages; the branch on screen is the path from a root to the
 conversation's `current_leaf`. Editing a message adds a sibling (a new branch from its parent),
-regenerating a reply adds a sibling reply; switching siblings follows each message's
-`active_child` down to a leaf, so a branch comes back as it was left.
+regenerating a reply adds a sibling reply, and so does continuing one (the reply's text and the
+token ids it was made of, kept with it, are where a continuation begins); switching siblings
+follows each message's `active_child` down to a leaf, so a branch comes back as it was left.
 
 The tables, in `<cache_dir>/index.db`, and how the file opens are storage.py's; the records
 and errors it gives are records.py's.

@@ -194,10 +194,8 @@ class RepliesMixin:
         """The token ids the text of a reply begun with `start` was made of, `output` the
         engine's for the request with sampling `params` that made the rest (None: unknown)."""
         stop_ids = self.worker.engine.eos_ids | set(params.stop_token_ids)
-        tokenizer = self.worker.engine.tokenizer
-        with self.worker.tokenizer_lock:
-            made = text_token_ids(lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                  output, stop_ids)
+        with self.worker.tokenizer_lock:  # (the tokenizer is shared with the app's thread)
+            made = text_token_ids(self.worker.engine.tokenizer, output, stop_ids)
         return None if made is None else [*start.token_ids, *made]
 
     def _finish_reply(self, reply_id: str, text: str, stats: dict,

@@ -18,7 +18,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from tests.helpers import BLOCK, THINKING, with_template
-from tests.tui.test_app import header, long_text, status, views, wait_idle, wait_ready
+from tests.tui.test_app import header, long_text, send, status, views, wait_idle, wait_ready
 from tests.tui.test_edge_cases import focus_message, notices, start_long_reply
 
 # a reply long enough that its end's checkpoint lies blocks past its prompt's
@@ -71,9 +71,7 @@ def test_continue_goes_on_from_the_reply_as_made(loaded, tmp_path, monkeypatch):
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
             requests = record_requests(app)
-            app.query_one("Composer").set_text("hello there")
-            await pilot.press("enter")
-            await wait_idle(pilot, app)
+            await send(pilot, app, "hello there")
             first = requests[0].output
             old = views(app)[1].message
             assert "continue" in header(views(app)[1])  # (the link, once the reply ended)
@@ -127,9 +125,7 @@ def test_a_reply_that_ended_of_itself_is_continued_without_its_end_of_turn(loade
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
             requests = record_requests(app)
-            app.query_one("Composer").set_text("hello there")
-            await pilot.press("enter")
-            await wait_idle(pilot, app)
+            await send(pilot, app, "hello there")
             first = requests[0].output
             assert first.finish_reason == "stop" and first.token_ids[-1] == EOS
             old = views(app)[1].message
@@ -218,9 +214,7 @@ def test_a_continuation_is_there_after_a_restart_and_resumes_from_disk(loaded, t
         app = app_with(loaded, tmp_path, cache_dir=tmp_path)  # (as `run` has it)
         async with app.run_test(size=(120, 50)) as pilot:
             await wait_ready(pilot, app)
-            app.query_one("Composer").set_text("hello there")
-            await pilot.press("enter")
-            await wait_idle(pilot, app)
+            await send(pilot, app, "hello there")
             await press_c(pilot, app)
             shown = [(v.message.id, v.message.content) for v in views(app)]
             await pilot.press("ctrl+q")
