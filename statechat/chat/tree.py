@@ -3,31 +3,22 @@ lost.
 
 A conversation is a tree of messages; the branch on screen is the path from a root to the
 conversation's `current_leaf`. Editing a message adds a sibling (a new branch from its parent),
-regenerating a reply adds a sibling reply; switching siblings follows each message's
-`active_child` down to a leaf, so a branch comes back as it was left.
+regenerating a reply adds a sibling reply, and so does continuing one (the reply's text and the
+token ids it was made of, kept with it, are where a continuation begins); switching siblings
+follows each message's `active_child` down to a leaf, so a branch comes back as it was left.
 
-Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefixed `chat_`):
-  chat_conversations(id, title, created, updated, current_leaf)
-  chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats)
-`stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
-The records and errors it gives are in records.py.
+The tables, in `<cache_dir>/index.db`, and how the file opens are storage.py's; the records
+and errors it gives are records.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
-import threading
 import time
 import uuid
 from pathlib import Path
 
-import sqlite_utils
-
-from statechat.cache.sqlite_files import is_unusable, open_sqlite, primary_code
 from statechat.chat.records import (
-    BUSY_ADVICE,
     UNFINISHED,
     BusyError,
     Conversation,
@@ -35,72 +26,20 @@ from statechat.chat.records import (
     GoneError,
     Message,
 )
+from statechat.chat.storage import CONVERSATIONS, MESSAGES, ChatFile
 
-CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+# (the store's callers import its records and errors from here, as before storage.py)
+__all__ = ["UNFINISHED", "BusyError", "ChatStore", "Conversation", "DamagedError", "GoneError",
+           "Message", "open_chats"]
 
 
 def _new_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-class ChatStore:
-    """Conversation trees persisted in one SQLite file; safe to call from several threads."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = Path(path)
-        self._lock = threading.RLock()
-        self.db = open_sqlite(self.file, self._open)
-
-    def _open(self) -> sqlite_utils.Database:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
-                                                        timeout=30))
-        try:
-            self.db.enable_wal()
-            self._create_tables()
-        except BaseException:
-            self.db.conn.close()
-            raise
-        return self.db
-
-    def _create_tables(self) -> None:
-        with self._lock:
-            self.db[CONVERSATIONS].create(
-                {"id": str, "title": str, "created": float, "updated": float, "current_leaf": str},
-                pk="id", if_not_exists=True,
-            )
-            self.db[MESSAGES].create(
-                {"id": str, "conversation_id": str, "parent_id": str, "role": str, "content": str,
-                 "created": float, "active_child": str, "stats": str},
-                pk="id", if_not_exists=True,
-                foreign_keys=[("conversation_id", CONVERSATIONS, "id")],
-            )
-            self.db[MESSAGES].create_index(["conversation_id"], if_not_exists=True)
-            self.db[MESSAGES].create_index(["parent_id"], if_not_exists=True)
-
-    def close(self) -> None:
-        self.db.conn.close()
-
-    @contextlib.contextmanager
-    def _locked(self):
-        """The lock, around a use of the file; DamagedError if SQLite finds it damaged,
-        BusyError if it cannot use it for now (a full disk, a lock held past the busy timeout,
-        the file made read-only: the app crashed on them)."""
-        with self._lock:
-            try:
-                yield
-            except sqlite3.DatabaseError as e:
-                why = (str(e).splitlines() or [type(e).__name__])[0]
-                fix = BUSY_ADVICE.get(primary_code(e))
-                if isinstance(e, sqlite3.OperationalError) and fix:
-                    raise BusyError(f"the chats in {self.file} could not be saved ({why}); "
-                                    f"{fix}") from None
-                if not is_unusable(e):
-                    raise
-                raise DamagedError(
-                    f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
-                    ".recover` saves what is left of them, or move the file away to start "
-                    "afresh") from None
+class ChatStore(ChatFile):
+    """Conversation trees persisted in one SQLite file (storage.py); safe to call from several
+    threads."""
 
     # --- conversations ------------------------------------------------------------------
     def conversations(self) -> list[Conversation]:
@@ -183,12 +122,16 @@ class ChatStore:
             self._point_path(conv_id, row["id"])
         return self._message(row)
 
-    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None) -> bool:
+    def update(self, msg_id: str, content: str | None = None, stats: dict | None = None,
+               token_ids: list[int] | None = None) -> bool:
         """Replace a message's content and/or stats (a streamed reply being filled in); False
-        (and nothing changed) once the message is deleted, here or by another process."""
+        (and nothing changed) once the message is deleted, here or by another process.
+        `token_ids`: the ids the new content was made of, stored with it (a content given
+        without them leaves the message none: the old ones would not be its ids)."""
         changes: dict = {}
         if content is not None:
             changes["content"] = content
+            changes["token_ids"] = json.dumps(token_ids) if token_ids is not None else None
         if stats is not None:
             changes["stats"] = json.dumps(stats)
         sets = ", ".join(f"{k} = :{k}" for k in changes) or "id = id"
@@ -196,13 +139,28 @@ class ChatStore:
             sql = f"UPDATE {MESSAGES} SET {sets} WHERE id = :msg_id"
             return self.db.execute(sql, {**changes, "msg_id": msg_id}).rowcount > 0
 
+    def token_ids(self, msg_id: str) -> list[int] | None:
+        """The token ids message `msg_id`'s content was made of, as `update` stored them; None
+        where none were (a user's message, a reply saved as it streamed, one made before they
+        were kept, one deleted) or the column holds no list of ids (a row edited by hand)."""
+        with self._locked():
+            rows = list(self.db.execute(f"SELECT token_ids FROM {MESSAGES} WHERE id = ?",
+                                        [msg_id]))
+        try:
+            ids = json.loads(rows[0][0]) if rows and rows[0][0] else None
+        except (ValueError, RecursionError):
+            return None
+        is_ids = isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+        return ids if is_ids else None
+
     def save_unfinished(self, msg_id: str, content: str) -> bool:
         """A streaming reply's text so far, with the UNFINISHED stats (a crash then keeps it),
-        unless the reply was saved whole meanwhile (its own stats are never overwritten)."""
+        unless the reply was saved whole meanwhile (its own stats are never overwritten); no
+        token ids (see `update`)."""
         unfinished = json.dumps(UNFINISHED)
         with self._locked(), self.db.conn:
             return self.db.execute(
-                f"UPDATE {MESSAGES} SET content = ?, stats = ? WHERE id = ? "
+                f"UPDATE {MESSAGES} SET content = ?, stats = ?, token_ids = NULL WHERE id = ? "
                 "AND (stats IS NULL OR stats = ?)", [content, unfinished, msg_id, unfinished]
             ).rowcount > 0
 

@@ -30,7 +30,7 @@ from statechat.errors import StatechatError
 from statechat.tui.conversations import ConversationsMixin
 from statechat.tui.format import sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
-from statechat.tui.replies import RepliesMixin
+from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -77,6 +77,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.handle = None  # the RequestHandle being streamed
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
         self.streaming_reply_id: str | None = None  # the reply being streamed
+        self.streaming_start = NEW_REPLY  # what it began with (a continuation's: the reply it
+        # continues)
         self.next_turn = None  # the engine request computing the next turn's prefix, if any
         # (next_turn.py)
         self.is_embedded = False  # the random-weight model: its banner shows

@@ -1,6 +1,7 @@
 """Opening chats and acting on their messages (ConversationsMixin): the chat list's Enter and
-Delete, and a message's keys and links (e edit, r regenerate, [ ] switch branch, d delete
-branch). Nothing is overwritten: an edit or a regenerate adds a branch (chat/tree.py).
+Delete, and a message's keys and links (e edit, r regenerate, c continue, [ ] switch branch,
+d delete branch). Nothing is overwritten: an edit, a regenerate or a continuation adds a branch
+(chat/tree.py).
 
 Another statechat process on the same cache dir may delete a chat or a message at any time:
 each action finds its message anew and says so when it is gone (GONE). Once the app is
@@ -23,8 +24,8 @@ GONE = "{} was deleted by another statechat process on this cache dir."
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
     (the chat shown), `handle`, `streaming_conv_id` and `streaming_reply_id` (the reply
-    streaming), `is_closing` (the app is quitting), `_busy()` and `start_reply()`
-    (replies.py), and `_focus_composer()` (layout.py)."""
+    streaming), `is_closing` (the app is quitting), `_busy()`, `start_reply()` and
+    `continuation_of()` (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
@@ -116,6 +117,19 @@ class ConversationsMixin:
             return
         parent = msg if msg.role == "user" else self.chats.message(msg.parent_id)
         self.start_reply(parent, focus=True)
+
+    def action_continue_reply(self, msg_id: str | None = None) -> None:
+        """c, or a reply's `continue`: a new reply beside it that goes on from its text (the
+        model given the reply as it was made: chat/continuing.py), focused as after r. A reply
+        with no text (failed, or stopped before its first token) has nothing to go on from."""
+        if self.is_closing or self._busy():
+            return
+        msg = self._target(msg_id)
+        if msg is None or msg.role != "assistant" or not msg.content:
+            self.notify("Pick a reply with text to continue (r regenerates one).")
+            return
+        parent = self.chats.message(msg.parent_id)
+        self.start_reply(parent, focus=True, start=self.continuation_of(msg))
 
     def action_prev_branch(self, msg_id: str | None = None) -> None:
         """[ or ‹: show the message's previous sibling and the branch under it."""

@@ -56,12 +56,14 @@ def chat_title(first_message: str) -> str:
     return one_line(first_message)[:48]
 
 
-def reply_stats(output) -> dict:
+def reply_stats(output, continued_tokens: int = 0) -> dict:
     """The numbers a reply's status line shows (persisted with the message): the decode rate
-    is the engine's, over the tokens after the first, from their sampling times."""
+    is the engine's, over the tokens after the first, from their sampling times. A
+    continuation's (`continued_tokens`: the tokens of the reply it goes on from, part of its
+    prompt) counts its own generation: the tokens it added, its prompt's reuse."""
     decode_s, num_tokens = output.decode_s, output.num_completion_tokens
     tps = (num_tokens - 1) / decode_s if num_tokens > 1 and decode_s else None
-    return {
+    stats = {
         "ttft_s": output.ttft_s,
         "tokens_per_s": tps,
         "prompt_tokens": output.num_prompt_tokens,
@@ -71,11 +73,16 @@ def reply_stats(output) -> dict:
         "reused_from": output.reused_from,
         "finish_reason": output.finish_reason,
     }
+    if continued_tokens:
+        stats["continued_tokens"] = continued_tokens
+    return stats
 
 
 def status_line(stats: dict) -> str:
     """E.g. 'TTFT 12 ms · 85.3 tok/s · 40 tokens · reused 8,192 of 8,240 prompt tokens from
-    disk checkpoint; computed 48'; '' for stats of the wrong types (a row edited by hand)."""
+    disk checkpoint; computed 48'; a continuation's says '40 tokens more (240 in all)', the
+    tokens it added and the reply's with those it went on from; '' for stats of the wrong
+    types (a row edited by hand)."""
     try:
         return _status_line(stats)
     except (TypeError, ValueError):
@@ -95,7 +102,10 @@ def _status_line(stats: dict) -> str:
     if stats.get("tokens_per_s"):
         parts.append(f"{stats['tokens_per_s']:,.1f} tok/s")
     num_tokens = stats.get("completion_tokens", 0)
-    parts.append(f"{num_tokens:,} token" + ("" if num_tokens == 1 else "s"))
+    tokens = f"{num_tokens:,} token" + ("" if num_tokens == 1 else "s")
+    if stats.get("continued_tokens"):
+        tokens += f" more ({num_tokens + stats['continued_tokens']:,} in all)"
+    parts.append(tokens)
     prompt, cached = stats.get("prompt_tokens", 0), stats.get("cached_tokens", 0)
     computed = stats.get("computed_tokens", prompt - cached)
     if cached:

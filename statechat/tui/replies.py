@@ -1,11 +1,13 @@
-"""Sending a message and streaming the model's reply into it (RepliesMixin).
+"""Sending a message and streaming the model's reply into it (RepliesMixin); a continuation
+(c) streams the same way, beginning with the text of the reply it continues (chat/continuing.py).
 
 A reply streams from a `@work(thread=True)` worker that reads an EngineWorker handle and
 updates the screen with `call_from_thread`, at most every STREAM_INTERVAL_S; it is saved with
-its stats (TTFT, decode rate, prefix reused) when it ends, and every SAVE_INTERVAL_S before, as
-unfinished (so that a crash keeps what was shown). Esc stops it; a reply streaming when
-the app quits is kept as Esc keeps it (`_keep_stopped_reply`). One reply streams at a time.
-Once the app is quitting (`is_closing`), Enter sends nothing and the screen is left alone.
+its stats (TTFT, decode rate, prefix reused) and the token ids its text was made of when it
+ends, and every SAVE_INTERVAL_S before, as unfinished (so that a crash keeps what was shown).
+Esc stops it; a reply streaming when the app quits is kept as Esc keeps it
+(`_keep_stopped_reply`). One reply streams at a time. Once the app is quitting (`is_closing`),
+Enter sends nothing and the screen is left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 from textual import work
 
+from statechat.chat.continuing import Start, reply_start, text_token_ids
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
@@ -30,13 +33,14 @@ from statechat.tui.widgets.conversation_list import ConversationList
 TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctrl+N)"
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 SAVE_INTERVAL_S = 2.0  # a streaming reply's text saved this often (a crash keeps it)
+NEW_REPLY = Start()  # what a reply that continues none begins with: nothing
 
 
 class RepliesMixin:
     """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
     `conv_id`, `sampling`, `template_kwargs`, `next_turn`, the streaming reply's `handle`,
-    `streaming_conv_id` and `streaming_reply_id` (None while none streams), `is_closing`, and
-    `open_conversation()` (conversations.py)."""
+    `streaming_conv_id`, `streaming_reply_id` (None while none streams) and `streaming_start`,
+    `is_closing`, and `open_conversation()` (conversations.py)."""
 
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         """Enter in the box: send its text (an edit's as a new branch beside the edited
@@ -73,16 +77,19 @@ class RepliesMixin:
             composer.take(event.text)
             self.start_reply(user)
 
-    def start_reply(self, parent: Message, focus: bool = False) -> None:
+    def start_reply(self, parent: Message, focus: bool = False, start: Start = NEW_REPLY) -> None:
         """Add a reply under `parent` and stream the model's answer into it; a prompt the engine
         refuses gets a reply whose status line says why. With `focus`, the reply is focused (a
-        regenerate: keys go on acting on it)."""
+        regenerate: keys go on acting on it). `start`: what the reply begins with (a
+        continuation's: the reply it continues, whose ids end the prompt and whose text the new
+        reply shows first)."""
         # a reply with no text (one that failed, or was stopped before its first token) was
         # never the model's turn: an empty assistant turn would teach the model to say nothing
         history = [m.as_chat() for m in self.chats.path(parent.id)
                    if not (m.role == "assistant" and not m.content)]
         try:
             ids = self.worker.render(history, template_kwargs=self.template_kwargs)
+            ids += start.token_ids
             room = self.worker.max_model_len - len(ids)
             max_tokens = max(1, min(self.sampling.max_tokens, room))
             params = dataclasses.replace(self.sampling, max_tokens=max_tokens)
@@ -93,14 +100,21 @@ class RepliesMixin:
             if reply is not None:
                 self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
             return
-        reply = self._add(parent.id, "assistant", "", stats=UNFINISHED)  # (until it ends)
+        reply = self._add(parent.id, "assistant", start.text, stats=UNFINISHED)  # (until it ends)
         if reply is None:
             handle.abort()
             return
         self.handle, self.streaming_conv_id = handle, self.conv_id
-        self.streaming_reply_id = reply.id
+        self.streaming_reply_id, self.streaming_start = reply.id, start
         self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
-        self.stream_reply(handle, reply.id, history)
+        self.stream_reply(handle, reply.id, history, start)
+
+    def continuation_of(self, reply: Message) -> Start:
+        """What a continuation of `reply` begins with: its text, and the token ids it was made
+        of (chat/continuing.py)."""
+        stored = self.chats.token_ids(reply.id)
+        with self.worker.tokenizer_lock:  # (the tokenizer is shared with the stream's thread)
+            return reply_start(self.worker.engine.tokenizer, reply.content, stored)
 
     def _add(self, parent_id: str | None, role: str, content: str,
              stats: dict | None = None) -> Message | None:
@@ -126,13 +140,14 @@ class RepliesMixin:
             return None
 
     @work(thread=True, exit_on_error=False)
-    def stream_reply(self, handle, reply_id: str, history: list[dict]) -> None:
-        """(A worker thread) show `handle`'s text as it grows, then save the reply; then have
-        the engine compute the next turn's prefix where the reply's checkpoints do not hold it
-        (next_turn.py)."""
-        text, shown = "", 0.0
+    def stream_reply(self, handle, reply_id: str, history: list[dict], start: Start) -> None:
+        """(A worker thread) show `start`'s text, then `handle`'s after it as it grows, then
+        save the reply; then have the engine compute the next turn's prefix where the reply's
+        checkpoints do not hold it (next_turn.py)."""
+        text, shown = start.text, 0.0
         saved = time.perf_counter()
         stats: dict = {}
+        token_ids = None
         try:
             for event in handle:
                 text += event.text
@@ -142,11 +157,12 @@ class RepliesMixin:
                 if time.perf_counter() - saved > SAVE_INTERVAL_S:
                     saved = time.perf_counter()
                     self._save_unfinished(reply_id, text)
-            stats = reply_stats(handle.output)
+            stats = reply_stats(handle.output, len(start.token_ids))
+            token_ids = self._made_ids(start, handle.output, handle.params)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         try:
-            self.call_from_thread(self._finish_reply, reply_id, text, stats)
+            self.call_from_thread(self._finish_reply, reply_id, text, stats, token_ids)
         except DamagedError as e:  # (raised back into this thread, whose worker would drop it
             self.call_from_thread(self._handle_exception, e)  # unsaid: the app ends in its line)
             return
@@ -174,40 +190,55 @@ class RepliesMixin:
         if view is not None:
             view.set_text(text)
 
-    def _finish_reply(self, reply_id: str, text: str, stats: dict) -> None:
+    def _made_ids(self, start: Start, output, params) -> list[int] | None:
+        """The token ids the text of a reply begun with `start` was made of, `output` the
+        engine's for the request with sampling `params` that made the rest (None: unknown)."""
+        stop_ids = self.worker.engine.eos_ids | set(params.stop_token_ids)
+        with self.worker.tokenizer_lock:  # (the tokenizer is shared with the app's thread)
+            made = text_token_ids(self.worker.engine.tokenizer, output, stop_ids)
+        return None if made is None else [*start.token_ids, *made]
+
+    def _finish_reply(self, reply_id: str, text: str, stats: dict,
+                      token_ids: list[int] | None) -> None:
         if reply_id != self.streaming_reply_id:  # (saved at exit already)
             return
         self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        self.streaming_start = NEW_REPLY
         # (quitting: it is saved, with its stats, and the screen is left to the exit)
-        if not self._save_reply(reply_id, text, stats) or self.is_closing:
+        if not self._save_reply(reply_id, text, stats, token_ids) or self.is_closing:
             return
         view = self.query_one(ChatView).view_of(reply_id)
         if view is not None:
-            view.message = self.chats.message(reply_id)
-            view.set_text(text)
+            view.set_message(self.chats.message(reply_id))  # (its text: `text`, as saved)
             view.set_status(status_line(stats))
         self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
 
-    def _save_reply(self, reply_id: str, text: str, stats: dict) -> bool:
-        """Store a reply's text and stats; False if another statechat deleted it meanwhile."""
-        return self.chats.update(reply_id, content=text, stats=stats)
+    def _save_reply(self, reply_id: str, text: str, stats: dict,
+                    token_ids: list[int] | None = None) -> bool:
+        """Store a reply's text, stats and the token ids its text was made of (None: not
+        known); False if another statechat deleted it meanwhile."""
+        return self.chats.update(reply_id, content=text, stats=stats, token_ids=token_ids)
 
     def _keep_stopped_reply(self) -> None:
         """At exit, save the reply that was streaming (the engine is shut down: its sequence
         holds the last of it) as Esc leaves one: its text so far and a 'stopped' status. Its
         stream's own `_finish_reply`, too late now, does nothing."""
-        handle, reply_id = self.handle, self.streaming_reply_id
+        handle, reply_id, start = self.handle, self.streaming_reply_id, self.streaming_start
         self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        self.streaming_start = NEW_REPLY
+        token_ids = None
         if handle.seq is None:  # (the engine refused it: it never began)
-            text, stats = "", {"error": "statechat quit before the reply began"}
+            text, stats = start.text, {"error": "statechat quit before the reply began"}
         else:
             output = self.worker.engine.output(handle.seq)
-            text = output.text
+            text = start.text + output.text
             reason = output.finish_reason or "abort"  # (the engine did not stop in time)
-            stats = reply_stats(dataclasses.replace(output, finish_reason=reason))
+            output = dataclasses.replace(output, finish_reason=reason)
+            stats = reply_stats(output, len(start.token_ids))
+            token_ids = self._made_ids(start, output, handle.params)
         # (what ended the app, said in its line already; a full disk: no one left to tell)
         with contextlib.suppress(DamagedError, BusyError):
-            self._save_reply(reply_id, text, stats)
+            self._save_reply(reply_id, text, stats, token_ids)
 
     def action_stop(self) -> None:
         """Esc: cancel an edit first (its box is what the user is looking at), else stop the

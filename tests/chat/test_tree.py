@@ -2,7 +2,7 @@
 branch was left, deleting removes only a subtree, everything survives reopening the file, a
 message added to a long chat costs a few writes, not one per message above it, and a message
 added under (or a reply saved into) one another process deleted is a clear error (or False) that
-leaves nothing behind."""
+leaves nothing behind, and a reply's token ids are kept with its text (and only with it)."""
 
 from __future__ import annotations
 
@@ -217,3 +217,34 @@ def test_records_import_without_the_sqlite3_error_code_names():
             "import statechat.chat.records as r\nassert r.BUSY_ADVICE[13].startswith('free')\n"
             "import statechat.chat.tree, statechat.cache.index, statechat.cache.store")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_reply_s_token_ids_are_kept_with_its_text_and_only_with_it(tmp_path):
+    """The ids a reply was made of come back after reopening the file; a text saved without
+    them (as it streams, or by a caller that has none) leaves none, since the old ones are not
+    its ids; a column edited by hand into something else reads as none."""
+    store = open_chats(tmp_path)
+    conv = store.create("hello")
+    user = store.add(conv.id, None, "user", "question")
+    reply = store.add(conv.id, user.id, "assistant", "")
+    assert store.token_ids(user.id) is None and store.token_ids(reply.id) is None
+    assert store.update(reply.id, content="an answer", stats={"ttft_s": 0.1},
+                        token_ids=[276, 3, 90])
+    store.close()
+    store = open_chats(tmp_path)
+    assert store.token_ids(reply.id) == [276, 3, 90]
+    assert store.update(reply.id, stats={"ttft_s": 0.2})  # (stats alone: the ids stay)
+    assert store.token_ids(reply.id) == [276, 3, 90]
+    assert store.update(reply.id, content="another answer")
+    assert store.token_ids(reply.id) is None
+    assert store.update(reply.id, content="an answer", token_ids=[276, 3, 90])
+    assert store.save_unfinished(reply.id, "an answer") is False  # (saved whole: untouched)
+    other = store.add(conv.id, user.id, "assistant", "")
+    store.update(other.id, content="x", token_ids=[5], stats=UNFINISHED)
+    assert store.save_unfinished(other.id, "x and more") and store.token_ids(other.id) is None
+    for edited in ("[1, -2]", "[1, true]", "{oops", '"7"', "[[1]]"):
+        store.db.execute("UPDATE chat_messages SET token_ids = ? WHERE id = ?",
+                         [edited, reply.id])
+        assert store.token_ids(reply.id) is None, edited
+    store.delete_branch(reply.id)
+    assert store.token_ids(reply.id) is None

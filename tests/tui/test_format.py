@@ -1,6 +1,7 @@
 """A thinking model's reply on screen: its reasoning (Qwen's `<think>...</think>`) is shown
 dimmed before the answer. Markdown alone drops the tags and the text up to the next blank line,
-so a reply still thinking showed nothing, and parts of a finished one's reasoning leaked."""
+so a reply still thinking showed nothing, and parts of a finished one's reasoning leaked. A
+reply's status line: the sampling line, stats of the wrong types, a continuation's count."""
 
 from __future__ import annotations
 
@@ -60,3 +61,16 @@ def test_stats_of_the_wrong_types_show_no_status(stats):
     status line (formatting it raised, and the app would not start, or ended in a
     traceback when that chat was opened)."""
     assert status_line(stats) == ""
+
+
+def test_a_continuation_s_status_counts_the_tokens_it_added():
+    """A continuation's token count is its own generation's, with the reply's in all; its
+    prompt, which holds the reply it went on from, is what the reuse is counted over."""
+    stats = {"ttft_s": 0.012, "tokens_per_s": 85.3, "prompt_tokens": 240, "cached_tokens": 192,
+             "computed_tokens": 48, "completion_tokens": 24, "reused_from": "device",
+             "finish_reason": "length", "continued_tokens": 200}
+    assert status_line(stats) == (
+        "TTFT 12 ms · 85.3 tok/s · 24 tokens more (224 in all) · reused 192 of 240 prompt "
+        "tokens from device checkpoint; computed 48 · hit max tokens")
+    assert "more" not in status_line({**stats, "continued_tokens": None})
+    assert "1 token more (201 in all)" in status_line({**stats, "completion_tokens": 1})

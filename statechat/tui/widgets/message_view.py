@@ -17,11 +17,13 @@ from statechat.tui.format import clean, split_thinking, status_line
 
 
 class MessageView(Vertical, can_focus=True):
-    """Focus it (click, or up/down in the chat) and: e edits, r regenerates, [ ] switch branch."""
+    """Focus it (click, or up/down in the chat) and: e edits, r regenerates, c continues a
+    reply, [ ] switch branch, d deletes the branch."""
 
     BINDINGS: ClassVar[list[Binding]] = [
         Binding("e", "app.edit_message", "Edit"),
         Binding("r", "app.regenerate", "Regenerate"),
+        Binding("c", "app.continue_reply", "Continue"),
         Binding("left_square_bracket,left", "app.prev_branch", "Prev branch", key_display="["),
         Binding("right_square_bracket,right", "app.next_branch", "Next branch", key_display="]"),
         Binding("d", "app.delete_branch", "Delete branch"),
@@ -49,6 +51,8 @@ class MessageView(Vertical, can_focus=True):
         action, label = (("edit_message", "edit") if self.message.role == "user"
                          else ("regenerate", "regenerate"))
         parts.append(f"[@click=app.{action}('{mid}')]{label}[/]")
+        if self.message.role == "assistant" and self.message.content:  # (c says why not, else)
+            parts.append(f"[@click=app.continue_reply('{mid}')]continue[/]")
         parts.append(f"[@click=app.delete_branch('{mid}')]delete[/]")
         return "  ".join(parts)
 
@@ -61,6 +65,14 @@ class MessageView(Vertical, can_focus=True):
             return Markdown(answer or "…")
         thought = Text(f"thinking: {reasoning}", style="dim italic")
         return Group(thought, Markdown(answer)) if answer else thought
+
+    def set_message(self, message: Message) -> None:
+        """Show `message` as stored now (a reply that ended: its links, its text); before the
+        view is built, its build shows it."""
+        self.message = message
+        for header in self.query(".header").results(Static):
+            header.update(self._header())
+        self.set_text(message.content)
 
     def set_text(self, text: str) -> None:
         """Show streamed text (replacing what was shown); before the view is built, its build

@@ -1,0 +1,74 @@
+"""Continuing a reply: the model is given the reply's own prompt followed by the reply as it was
+made, and goes on from its last token; the cache resumes from the checkpoints the reply left.
+
+The reply is not rendered through the chat template as a last, open assistant message (what
+the server's `continue_final_message` does): a thinking model's template rewrites assistant
+messages (Qwen3.5's drops an earlier turn's reasoning; Qwen3's splits the reasoning off and
+writes it back between `<think>` tags of its own, and puts an empty thought before a reply with
+no `</think>`), after which transformers may not find the reply's text to cut the prompt after,
+or cuts a prompt the reply was not made from; and a reply's text need not tokenize to the ids
+it was sampled as (a byte-level token cut inside a character, a merge the model did not make),
+so the checkpoints its tokens left would not match. So the prompt is built from ids: the
+messages before the reply through the template with its generation prompt (the prompt the
+reply was made from, as a regenerate renders it), then the reply's own token ids, which the
+chats' store keeps with its text (tree.py), or, where none were kept, its text tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from statechat.engine.output import RequestOutput
+
+MAX_PART_TOKENS = 4  # the most ids that hold part of one character: UTF-8's longest is 4 bytes
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a reply being made begins with: nothing for a new reply; for a continuation, the
+    text and token ids of the reply it continues (its prompt ends with those ids, and its text
+    is that text followed by what the model adds)."""
+
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+
+
+def reply_start(tokenizer, text: str, stored: list[int] | None) -> Start:
+    """The Start of a continuation of the reply whose text is `text`: `stored` (its ids as the
+    chats' store kept them) where they decode to exactly that text, else the text tokenized
+    (a reply saved as it streamed, or by an earlier statechat, keeps none; a row edited by
+    hand may no longer match its ids). A reply that ends inside a character (cut there at max
+    tokens, say: its first bytes show as U+FFFD at its end) goes on from before that character,
+    which the model then writes whole (fed back, the bytes would show as a second U+FFFD after
+    the first), so the Start's text is the reply's without that U+FFFD."""
+    if stored is None or _decode(tokenizer, stored) != text:
+        return Start(text, tuple(tokenizer.encode(text, add_special_tokens=False)))
+    for cut in range(min(MAX_PART_TOKENS, len(stored)) + 1):
+        whole = stored[:len(stored) - cut]
+        shown = _decode(tokenizer, whole)
+        if not shown.endswith("\ufffd"):
+            return Start(shown, tuple(whole))
+    return Start(text, tuple(stored))  # (U+FFFD of the model's own, or bytes no character has)
+
+
+def text_token_ids(tokenizer, out: RequestOutput, stop_ids: Collection[int]) -> list[int] | None:
+    """The ids `out`'s text was made of, to keep with the reply: its ids but the stop token
+    that ended it (an end-of-turn marker: fed back, it would close the reply that a
+    continuation goes on with) and those of a character it was stopped inside (an aborted
+    reply's text leaves out the part of a character it had); None where no such ids decode to
+    its text (a stop string cut it). `stop_ids`: the ids that stop a reply (EOS and the
+    request's stop_token_ids)."""
+    ids = list(out.token_ids)
+    if out.finish_reason == "stop" and ids and ids[-1] in stop_ids:
+        ids.pop()
+    for cut in range(min(MAX_PART_TOKENS, len(ids)) + 1):
+        kept = ids[:len(ids) - cut]
+        if _decode(tokenizer, kept) == out.text:
+            return kept
+    return None
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    """`ids` as the engine turns them into a reply's text: special tokens left out."""
+    return tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,103 @@
+"""The chats' SQLite file (ChatFile): its tables, how it opens, and how its errors read.
+
+Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefixed `chat_`):
+  chat_conversations(id, title, created, updated, current_leaf)
+  chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats,
+                token_ids)
+`stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
+`token_ids` is a JSON array, or NULL: the token ids a reply's content was made of, its stop
+token left out (a continuation feeds them back as they were made: chat/continuing.py).
+ChatStore (tree.py) keeps the conversation trees in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+
+import sqlite_utils
+
+from statechat.cache.sqlite_files import is_unusable, open_sqlite, primary_code
+from statechat.chat.records import BUSY_ADVICE, BusyError, DamagedError
+
+CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+# chat_messages' columns that came after its first version: a file made before them gets them
+# as it opens (their rows NULL; an earlier statechat on the same file leaves them NULL too)
+NEWER_COLUMNS = {"token_ids": str}
+
+
+class ChatFile:
+    """The chats' tables in one SQLite file, opened (and created) at `path`; its users hold
+    `_locked()` around each use, which also turns SQLite's errors into the user's words."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = Path(path)
+        self._lock = threading.RLock()
+        self.db = open_sqlite(self.file, self._open)
+
+    def _open(self) -> sqlite_utils.Database:
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
+                                                        timeout=30))
+        try:
+            self.db.enable_wal()
+            self._create_tables()
+        except BaseException:
+            self.db.conn.close()
+            raise
+        return self.db
+
+    def _create_tables(self) -> None:
+        with self._lock:
+            self.db[CONVERSATIONS].create(
+                {"id": str, "title": str, "created": float, "updated": float, "current_leaf": str},
+                pk="id", if_not_exists=True,
+            )
+            self.db[MESSAGES].create(
+                {"id": str, "conversation_id": str, "parent_id": str, "role": str, "content": str,
+                 "created": float, "active_child": str, "stats": str, **NEWER_COLUMNS},
+                pk="id", if_not_exists=True,
+                foreign_keys=[("conversation_id", CONVERSATIONS, "id")],
+            )
+            self.db[MESSAGES].create_index(["conversation_id"], if_not_exists=True)
+            self.db[MESSAGES].create_index(["parent_id"], if_not_exists=True)
+            self._add_newer_columns()
+
+    def _add_newer_columns(self) -> None:
+        """NEWER_COLUMNS that a file made by an earlier statechat lacks, added. Another process
+        may add one at the same moment: the 'duplicate column' it leaves this one is as good."""
+        table = self.db[MESSAGES]
+        for name, kind in NEWER_COLUMNS.items():
+            if name in table.columns_dict:
+                continue
+            try:
+                table.add_column(name, kind)
+            except sqlite3.OperationalError:
+                if name not in table.columns_dict:
+                    raise
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The lock, around a use of the file; DamagedError if SQLite finds it damaged,
+        BusyError if it cannot use it for now (a full disk, a lock held past the busy timeout,
+        the file made read-only: the app crashed on them)."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.DatabaseError as e:
+                why = (str(e).splitlines() or [type(e).__name__])[0]
+                fix = BUSY_ADVICE.get(primary_code(e))
+                if isinstance(e, sqlite3.OperationalError) and fix:
+                    raise BusyError(f"the chats in {self.file} could not be saved ({why}); "
+                                    f"{fix}") from None
+                if not is_unusable(e):
+                    raise
+                raise DamagedError(
+                    f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
+                    ".recover` saves what is left of them, or move the file away to start "
+                    "afresh") from None

@@ -1,0 +1,68 @@
+"""The chats' file: one made by an earlier statechat (before chat_messages had `token_ids`)
+opens with its chats as they were, gains the column, and keeps working, also when another
+process adds the column as this one opens it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import sqlite_utils
+
+from statechat.chat.tree import open_chats
+
+# chat_messages as statechat made it before `token_ids`
+OLD_MESSAGES = """CREATE TABLE chat_messages (id TEXT PRIMARY KEY, conversation_id TEXT
+    REFERENCES chat_conversations(id), parent_id TEXT, role TEXT, content TEXT, created FLOAT,
+    active_child TEXT, stats TEXT)"""
+OLD_CONVERSATIONS = """CREATE TABLE chat_conversations (id TEXT PRIMARY KEY, title TEXT,
+    created FLOAT, updated FLOAT, current_leaf TEXT)"""
+
+
+def old_file(path) -> None:
+    """A chats' file as an earlier statechat left it: one chat, a question and its answer."""
+    db = sqlite3.connect(path / "index.db")
+    with db:
+        db.execute(OLD_CONVERSATIONS)
+        db.execute(OLD_MESSAGES)
+        db.execute("INSERT INTO chat_conversations VALUES ('c', 'old chat', 1, 1, 'a')")
+        db.execute("INSERT INTO chat_messages VALUES ('u', 'c', NULL, 'user', 'question', 1, "
+                   "'a', NULL)")
+        db.execute("INSERT INTO chat_messages VALUES ('a', 'c', 'u', 'assistant', 'answer', 2, "
+                   "NULL, NULL)")
+    db.close()
+
+
+def test_a_file_from_before_token_ids_opens_and_gains_them(tmp_path):
+    old_file(tmp_path)
+    store = open_chats(tmp_path)
+    assert [m.content for m in store.branch("c")] == ["question", "answer"]
+    assert store.token_ids("a") is None
+    reply = store.add("c", "u", "assistant", "")
+    assert store.update(reply.id, content="a new answer", token_ids=[1, 2])
+    store.close()
+    columns = [r[1] for r in sqlite3.connect(tmp_path / "index.db").execute(
+        "PRAGMA table_info(chat_messages)")]
+    assert columns[-1] == "token_ids"
+    assert open_chats(tmp_path).token_ids(reply.id) == [1, 2]
+
+
+def test_another_process_adding_the_column_first_is_as_good(tmp_path, monkeypatch):
+    """Two statechat processes open an old file at once: both find the column missing, and the
+    second's ALTER TABLE fails on a duplicate column, which is what it wanted (it ended the
+    app); here the other process adds it between this one's look and its ALTER TABLE."""
+    old_file(tmp_path)
+    real = sqlite_utils.db.Table.add_column
+
+    def other_process_first(self, name, *args, **kwargs):
+        other = sqlite3.connect(tmp_path / "index.db")
+        with other:
+            other.execute(f"ALTER TABLE chat_messages ADD COLUMN {name} TEXT")
+        other.close()
+        return real(self, name, *args, **kwargs)  # (sqlite3.OperationalError: duplicate column)
+
+    monkeypatch.setattr(sqlite_utils.db.Table, "add_column", other_process_first)
+    store = open_chats(tmp_path)
+    assert [m.content for m in store.branch("c")] == ["question", "answer"]
+    reply = store.add("c", "u", "assistant", "")
+    assert store.update(reply.id, content="a new answer", token_ids=[3])
+    assert store.token_ids(reply.id) == [3]
