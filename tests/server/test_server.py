@@ -544,41 +544,37 @@ def test_an_ipv6_address_is_served(server):
     except OSError:
         pytest.skip("no IPv6 loopback on this machine")
     six = ChatServer(server.worker, "tiny-qwen3.5", "::1", 0, api_key=KEY, quiet=True)
-    thread = threading.Thread(target=six.serve_forever, daemon=True)
+    assert six.url.startswith("http://[::1]:")
+    assert served_model(six) == "tiny-qwen3.5"
+
+
+def served_model(srv: ChatServer) -> str:
+    """Serve `srv` (a second server over the module's worker) until its /v1/models has
+    answered; the id it names. The server is closed after."""
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
-        assert six.url.startswith("http://[::1]:")
-        req = urllib.request.Request(f"{six.url}/v1/models",
+        req = urllib.request.Request(f"{srv.url}/v1/models",
                                      headers={"Authorization": f"Bearer {KEY}"})
         with urllib.request.urlopen(req, timeout=10) as resp:
-            assert json.loads(resp.read())["data"][0]["id"] == "tiny-qwen3.5"
+            return json.loads(resp.read())["data"][0]["id"]
     finally:
-        six.shutdown()
-        six.server_close()
+        srv.shutdown()
+        srv.server_close()
         thread.join(10)
 
 
 def test_a_socket_bound_ahead_is_refused_until_served_then_served(server):
-    """`serve` binds its port before the model loads (server.bind): until the server takes the
-    socket a client is refused at once (not left hanging), and then it is served there."""
+    """`serve` binds its port before the model loads (api_serve.bind): until the server takes
+    the socket a client is refused at once (not left hanging), and then it is served there."""
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     srv = ChatServer(server.worker, "tiny-qwen3.5", "127.0.0.1", port, api_key=KEY, quiet=True,
                      sock=sock)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        assert srv.url == f"http://127.0.0.1:{port}"
-        req = urllib.request.Request(f"{srv.url}/v1/models",
-                                     headers={"Authorization": f"Bearer {KEY}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            assert json.loads(resp.read())["data"][0]["id"] == "tiny-qwen3.5"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(10)
+    assert srv.url == f"http://127.0.0.1:{port}"
+    assert served_model(srv) == "tiny-qwen3.5"
 
 
 def test_control_characters_of_a_request_line_are_logged_escaped(server, capsys, monkeypatch):
