@@ -43,7 +43,7 @@ class LoadedModel:
     tokenizer: object  # a transformers PreTrainedTokenizerBase with a chat template
     dtype: torch.dtype
     device: torch.device
-    weights_digest: str  # sha256 over the safetensors headers (names, shapes, dtypes, offsets)
+    weights_digest: str  # sha256 of the safetensors headers and the weights (weights_digest)
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -108,14 +108,39 @@ def expert_slice(ours: str, params: dict[str, torch.Tensor]) -> tuple[str, torch
     return fused, param[e, :half] if proj == "gate_proj" else param[e, half:]
 
 
-def headers_digest(files: list[Path]) -> str:
-    """sha256 of the safetensors headers: changes when any tensor's name, shape or dtype does."""
+def weights_digest(files: list[Path]) -> str:
+    """sha256 of the safetensors headers (every tensor's name, dtype, shape and offsets) and of
+    the tensors' bytes: a tensor of up to WHOLE_TENSOR_BYTES whole, a larger one by
+    NUM_WINDOWS evenly spaced windows of WINDOW_BYTES (its first and last bytes among them).
+    So a checkpoint and its fine-tune (the same shapes, other values) differ in it, while a
+    model of many gigabytes is not read a second time (the windows come from the page cache
+    the load just filled); a copy of the folder keeps it. Edits of a few values of a large
+    tensor, between the windows, go unseen."""
     h = hashlib.sha256()
     for f in files:
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
-            h.update(fh.read(n))
+            header = fh.read(n)
+            h.update(header)
+            entries = json.loads(header)
+            for name in sorted(k for k in entries if k != "__metadata__"):
+                begin, end = entries[name]["data_offsets"]
+                for start, size in _sample(end - begin):
+                    fh.seek(8 + n + begin + start)
+                    h.update(fh.read(size))
     return h.hexdigest()
+
+
+WHOLE_TENSOR_BYTES = 1 << 20  # a tensor up to this size goes into weights_digest whole
+NUM_WINDOWS, WINDOW_BYTES = 64, 1024  # a larger one: this many windows of this many bytes
+
+
+def _sample(length: int) -> list[tuple[int, int]]:
+    """The (offset, size) pieces of a tensor of `length` bytes that weights_digest hashes."""
+    if length <= WHOLE_TENSOR_BYTES:
+        return [(0, length)]
+    last = length - WINDOW_BYTES
+    return [(i * last // (NUM_WINDOWS - 1), WINDOW_BYTES) for i in range(NUM_WINDOWS)]
 
 
 def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConfig) -> None:
@@ -222,5 +247,5 @@ def load_model(
         raise ModelError(f"the weights in {path} cannot be read ({why})") from None
     model.fuse_projections()
     model.eval()
-    return LoadedModel(path, config, model, tokenizer, dtype, device, headers_digest(files))
+    return LoadedModel(path, config, model, tokenizer, dtype, device, weights_digest(files))
 
