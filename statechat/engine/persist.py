@@ -30,12 +30,13 @@ class NewCheckpoint:
     slot: int
     block_hashes: list[bytes]
     block_ids: list[int]
+    retried: bool = False  # queued again once already, its chain found incomplete on disk
 
 
 class CheckpointWriter:
     """The saving of PrefixCache (whose `__init__` sets what these read): `store`, `blocks`,
     `slots`, `runner`, `persisted`, `stored_ckpts`, `disk_checks`, `deferred`, `deferrals`,
-    `root` and the per-block and per-slot byte counts."""
+    `unsaved`, `root` and the per-block and per-slot byte counts."""
 
     store: StateStore | None
     blocks: BlockPool
@@ -44,6 +45,7 @@ class CheckpointWriter:
     stored_ckpts: set[bytes]
     disk_checks: list[Future]
     deferred: dict[bytes, NewCheckpoint]
+    unsaved: list[tuple[NewCheckpoint, list[str], bool]]
 
     def persist(self, new: list[NewCheckpoint], root: bytes) -> None:
         """Copy new checkpoints (and blocks not yet persisted) to host and queue them. What the
@@ -59,6 +61,7 @@ class CheckpointWriter:
         self._apply_disk_checks()
         if self.store is None:  # (a check met a failed index)
             return
+        self._apply_unsaved()
         self.root = root
         lost = 0
         while self.deferred:  # the oldest first; none after the first the queue turns away
@@ -81,8 +84,12 @@ class CheckpointWriter:
 
     def flush_deferred(self, timeout: float = 60.0) -> None:
         """Queue the checkpoints still waiting for room, waiting up to `timeout` in all for it
-        (the engine closes, or drops its device tier)."""
+        (the engine closes, or drops its device tier), and those the writer's jobs still queued
+        find to be worth queueing again (`_apply_unsaved`)."""
         deadline, lost = time.monotonic() + timeout, 0
+        if self.store is not None and self.store.failed is None:
+            self.store.flush(timeout)
+            self._apply_unsaved()
         for ck in list(self.deferred.values()) if self.store is not None else []:
             wait_s = max(0.0, deadline - time.monotonic())
             lost += self._save(ck, fresh=False, wait_s=wait_s) != SAVED
@@ -125,12 +132,29 @@ class CheckpointWriter:
         block_tensors = self.runner.read_blocks(ids) if todo else {}
         state = None if has_ckpt else self.runner.read_slot(held.slot)
         job = SaveJob(None if has_ckpt else ck.hash.hex(), ck.num_tokens, state, blocks,
-                      block_tensors, ready=self.runner.snapshot_ready(), chain=ck.hash.hex())
+                      block_tensors, ready=self.runner.snapshot_ready(), chain=ck.hash.hex(),
+                      chain_blocks=[h.hex() for h in ck.block_hashes],
+                      unsaved=lambda hashes, retry: self.unsaved.append((ck, hashes, retry)))
         if not self.store.save(job):
             return NO_ROOM
         self.persisted.update(h for _, h in todo)
         self.stored_ckpts.add(ck.hash)
         return SAVED
+
+    def _apply_unsaved(self) -> None:
+        """Forget, as on disk, what the writer found missing after a job (`SaveJob.unsaved`, a
+        list the writer thread appends to): a failed write's blocks and checkpoint, or the
+        blocks of a chain deleted under the engine (`cache clear`, an eviction), whose
+        checkpoint was not indexed. A later save of the chain carries them again; such a
+        checkpoint is queued again once, while device memory holds it."""
+        while self.unsaved:
+            ck, hashes, retry = self.unsaved.pop(0)
+            for h in map(bytes.fromhex, hashes):
+                self.persisted.discard(h)
+                self.stored_ckpts.discard(h)
+            if retry and not ck.retried and ck.hash not in self.deferred:
+                ck.retried = True
+                self.deferred[ck.hash] = ck
 
     def disk_tier_on(self) -> bool:
         """Whether the lower tiers are in use: not with no store, nor once the store's index

@@ -51,6 +51,8 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
         # device tier still holds them, and saved (waiting for room) when the engine closes
         self.deferred: dict[bytes, NewCheckpoint] = {}  # (in the order they came)
         self.deferrals = 0  # checkpoints that had to wait
+        # (checkpoint, hex hashes, retry) the writer thread found missing on disk after a job
+        self.unsaved: list[tuple[NewCheckpoint, list[str], bool]] = []
         self.root = b""  # the hash chain's root (the model's fingerprint), as persist is given it
 
     def calibrate(self) -> None:

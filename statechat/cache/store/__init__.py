@@ -12,14 +12,15 @@
     reads.py        where, load_blocks, load_checkpoint; a blob failing verification is a miss
     lookup.py       Lookup: the tier of each block and checkpoint, and page-cache shares
     readahead.py    the index's read-ahead, through SQLite's own descriptors
-    writer.py       SaveJob, the bounded queue and the writer thread
+    job.py          SaveJob: a checkpoint and its blocks, as the engine hands them over
+    writer.py       the bounded queue and the writer thread
     maintenance.py  the disk budget (LRU eviction) and stats, ls, verify, gc, clear
 """
 
 from __future__ import annotations
 
+from statechat.cache.store.job import SaveJob
 from statechat.cache.store.lookup import Lookup
 from statechat.cache.store.state_store import StateStore, open_store
-from statechat.cache.store.writer import SaveJob
 
 __all__ = ["Lookup", "SaveJob", "StateStore", "open_store"]

@@ -20,10 +20,11 @@ import torch
 from statechat.cache import index, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
+from statechat.cache.store.job import SaveJob
 from statechat.cache.store.maintenance import StoreMaintenance, default_budget
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
-from statechat.cache.store.writer import SaveJob, StoreWriter
+from statechat.cache.store.writer import StoreWriter
 from statechat.errors import ConfigError
 
 INDEX_FILE = "index.db"

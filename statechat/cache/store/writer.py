@@ -1,4 +1,4 @@
-"""The store's write-behind: SaveJob, the bounded queue `save` puts jobs in, and the writer
+"""The store's write-behind: the bounded queue `save` puts jobs in, and the writer
 thread that keeps them in the host tier and persists them (blobs, then rows in one SQLite
 transaction).
 
@@ -16,46 +16,18 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from statechat.cache import index, sqlite_files
 from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name
 from statechat.cache.blobs.write import write_blob
+from statechat.cache.store.job import SaveJob
 
 log = logging.getLogger("statechat.cache")
 MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
 WRITER_JOIN_S = 10  # how long a stop waits for the writer's last job, once the queue is flushed
 TOUCH_WAIT_S = 0.1  # the longest an idle writer leaves reuses' marks (`touch`) unwritten
-
-
-@dataclass
-class SaveJob:
-    """A checkpoint and the KV blocks before it: snapshots taken on the device after a step
-    (host copies on the CPU), moved to host memory by the writer thread.
-
-    ckpt: tensors of the GDN state at the boundary (conv.{i}, ssm.{i}) or None
-    blocks: [(hash hex, parent hex, position)], row i of block_tensors
-    block_tensors: {k.{i}, v.{i}: [len(blocks), block_size, Hkv, D]}
-    """
-
-    ckpt_hash: str | None
-    num_tokens: int
-    ckpt: dict[str, torch.Tensor] | None
-    blocks: list[tuple[str, str, int]] = field(default_factory=list)
-    block_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    ready: Callable[[], None] | None = None  # waits until device snapshots are complete
-    queued_bytes: int = 0  # counted against the store's pending bound while queued
-    chain: str | None = None  # the boundary's last block hash (hex): its checkpoint and the
-    # segments of its chain on disk count as used now (index.touch_chain)
-
-    def nbytes(self) -> int:
-        """The bytes of the job's tensors, kept in `queued_bytes` too."""
-        tensors = list(self.block_tensors.values()) + list((self.ckpt or {}).values())
-        self.queued_bytes = sum(t.numel() * t.element_size() for t in tensors)
-        return self.queued_bytes
 
 
 class StoreWriter:
@@ -164,6 +136,9 @@ class StoreWriter:
                     job.ready()  # snapshots are complete)
             except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
                 self._write_failed(e)
+                if job is not None:  # (what it was to save may be missing)
+                    self._report_unsaved(job, [b[0] for b in job.blocks] + [job.ckpt_hash or ""],
+                                         retry=False)
             finally:
                 if job is not None:
                     with self.pending_lock:
@@ -237,8 +212,19 @@ class StoreWriter:
         if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
             ck = self._write_checkpoint(job)
         self._pause()
-        self._insert_rows(job, new_blocks, seg, ck, now)
+        missing = self._insert_rows(job, new_blocks, seg, ck, now)
+        if missing:  # (its checkpoint was not indexed, and its blob is not kept)
+            self._report_unsaved(job, missing + [job.chain or ""], retry=True)
         self.evict_to(self.budget)
+
+    def _report_unsaved(self, job: SaveJob, hashes: list[str], retry: bool) -> None:
+        """Tell the engine (`job.unsaved`, from this thread) which of the blocks and the
+        checkpoint (hex hashes) it took to be on disk, or queued to save, the disk may lack
+        after `job`, so that it saves them again; with `retry`, the job's checkpoint itself is
+        worth queueing again (its chain was found incomplete: rows deleted under the engine,
+        by `statechat cache clear` or an eviction), without it the job failed (a full disk)."""
+        if job.unsaved is not None:
+            job.unsaved([h for h in hashes if h], retry)
 
     def _write_segment(self, job: SaveJob, rows: list[int]) -> tuple[str, int, int, str]:
         """Write the blocks at `rows` of the job as one segment blob: (blob, num_blocks, bytes,
@@ -263,10 +249,13 @@ class StoreWriter:
 
     def _insert_rows(self, job: SaveJob, new_blocks: list[tuple[str, str, int]],
                      seg: tuple[str, int, int, str] | None, ck: tuple[str, int, str] | None,
-                     now: float) -> None:
+                     now: float) -> list[str]:
         """The rows of the blobs just written, in one transaction (a row only after its blob),
-        with the marks of reuses pending (`touch`)."""
+        with the marks of reuses pending (`touch`). The checkpoint's row only if every block of
+        its chain is on disk then, else (a checkpoint no lookup could resume) its blob is
+        deleted; the chain's blocks missing (hex), none when it was whole."""
         marks = self._take_touches()
+        missing: list[str] = []
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             if seg is not None:
@@ -281,12 +270,19 @@ class StoreWriter:
                     [(h, self.model_id, parent, pos, seg_id, i)
                      for i, (h, parent, pos) in enumerate(new_blocks)],
                 )
-            if ck is not None:
+            if job.chain_blocks:
+                on_disk = index.blocks_present(self.db, job.chain_blocks)
+                missing = [h for h in job.chain_blocks if h not in on_disk]
+            if ck is not None and not missing:
                 self.db.execute(
                     "INSERT OR IGNORE INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
                     "checksum, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)",
                     [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
+            elif ck is not None and self.db.execute(  # (another process's row may name it)
+                    "SELECT 1 FROM checkpoints WHERE blob = ?", [ck[0]]).fetchone() is None:
+                (self.blob_dir / ck[0]).unlink(missing_ok=True)
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
             self._mark_used(marks)
         self._forget_touches(marks)
+        return missing
