@@ -238,3 +238,32 @@ def test_the_names_the_store_writes_are_those_its_clean_ups_know():
     for name in names + [temp_name(n) for n in names]:
         assert BLOB_NAME.fullmatch(name), name
     assert not BLOB_NAME.fullmatch(names[0] + ".partial")
+
+
+@pytest.mark.parametrize("fail_at", ["data", "fsync"])
+def test_a_write_that_fails_leaves_no_file_behind(tmp_path, monkeypatch, fail_at):
+    """A full disk midway through a blob (or at its fsync) raises, and neither the blob nor
+    its temporary file stays: each failed save left its partial temp, up to a whole blob, on
+    the very disk that had no room."""
+    from statechat.cache.blobs import write as blob_write
+
+    def no_room(*args):
+        raise OSError(28, "No space left on device")
+
+    real_pwrite, written = blob_write.os.pwrite, []
+
+    def pwrite(fd, data, offset):  # the first piece goes in, then the disk is full
+        if written:
+            no_room()
+        written.append(len(data))
+        return real_pwrite(fd, data, offset)
+
+    if fail_at == "data":
+        monkeypatch.setattr(blob_write.os, "pwrite", pwrite)
+    else:
+        monkeypatch.setattr(blob_write.os, "fsync", no_room)
+    tensors = sample(torch.Generator().manual_seed(0))
+    target = tmp_path / "kv" / "blob.safetensors"
+    with pytest.raises(OSError, match="No space left"):
+        write_blob(target, tensors, BlobMeta(FP, 64, ["cd" * 32], "kv"))
+    assert list((tmp_path / "kv").iterdir()) == []

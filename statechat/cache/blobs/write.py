@@ -1,5 +1,6 @@
 """Writing a blob atomically: a temporary name in the same folder, fsynced, renamed into place
-and the folder fsynced, so a reader sees a whole blob or none."""
+and the folder fsynced, so a reader sees a whole blob or none; a write that fails (a full disk)
+removes its temporary file."""
 
 from __future__ import annotations
 
@@ -37,26 +38,30 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(temp_name(path.name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        # (encoding.PIECE_BYTES read here, as split_pieces reads it: one piece size for both)
-        pieces, crcs, offset, since_pause = [], [], len(header), encoding.PIECE_BYTES
-        for name in order:
-            for start, size in split_pieces(len(data[name])):
-                if pause is not None and since_pause >= encoding.PIECE_BYTES:
-                    pause()
-                    since_pause = 0
-                piece = data[name][start : start + size]
-                crcs.append(zlib.crc32(piece))
-                pieces.append((name, start, size))
-                _write_all(fd, piece, offset)
-                offset += size
-                since_pause += size
-        crc = fold_crcs(pieces, crcs)
-        _write_all(fd, memoryview(encode_header(tensors, order, meta, crc)), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    try:  # (a failed write, a full disk say, leaves no partial temp to take more room)
+        try:
+            # (encoding.PIECE_BYTES read here, as split_pieces reads it: one piece size for both)
+            pieces, crcs, offset, since_pause = [], [], len(header), encoding.PIECE_BYTES
+            for name in order:
+                for start, size in split_pieces(len(data[name])):
+                    if pause is not None and since_pause >= encoding.PIECE_BYTES:
+                        pause()
+                        since_pause = 0
+                    piece = data[name][start : start + size]
+                    crcs.append(zlib.crc32(piece))
+                    pieces.append((name, start, size))
+                    _write_all(fd, piece, offset)
+                    offset += size
+                    since_pause += size
+            crc = fold_crcs(pieces, crcs)
+            _write_all(fd, memoryview(encode_header(tensors, order, meta, crc)), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
     return offset, crc
 
