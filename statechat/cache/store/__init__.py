@@ -14,6 +14,7 @@
     readahead.py    the index's read-ahead, through SQLite's own descriptors
     job.py          SaveJob: a checkpoint and its blocks, as the engine hands them over
     writer.py       the bounded queue and the writer thread
+    failures.py     FailedSaves: a warning line per cause of failed saves, then a count
     maintenance.py  the disk budget (LRU eviction) and stats, ls, verify, gc, clear
 """
 

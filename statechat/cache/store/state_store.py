@@ -20,6 +20,7 @@ import torch
 from statechat.cache import index, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
+from statechat.cache.store.failures import FailedSaves
 from statechat.cache.store.job import SaveJob
 from statechat.cache.store.maintenance import StoreMaintenance, default_budget
 from statechat.cache.store.readahead import IndexReadAhead
@@ -60,7 +61,8 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.pending_bytes = 0
         self.pending_lock = threading.Lock()
         self.touched: dict[str, float] = {}  # chain -> when a reuse last used it (`touch`)
-        self.errors = 0
+        self.errors = 0  # saves that failed (a full disk, a lock held elsewhere)
+        self.failed_saves = FailedSaves(self.path)  # how they are told: a line per cause
         self.failed: str | None = None  # why the index failed (`give_up`): the disk tier is off
         self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
         self.writer: threading.Thread | None = None

@@ -32,10 +32,9 @@ TOUCH_WAIT_S = 0.1  # the longest an idle writer leaves reuses' marks (`touch`) 
 
 class StoreWriter:
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
-    pending_bytes, pending_lock, max_pending_bytes, touched, errors, failed, engine_idle,
-    _defer_left,
-    and host, copy_stream, db, db_lock, model_id, fingerprint, blob_dir and budget; `evict_to`
-    comes from maintenance.py, `give_up` from state_store.py."""
+    pending_bytes, pending_lock, max_pending_bytes, touched, errors, failed_saves, failed,
+    engine_idle, _defer_left, and host, copy_stream, db, db_lock, model_id, fingerprint,
+    blob_dir and budget; `evict_to` comes from maintenance.py, `give_up` from state_store.py."""
 
     def _start_writer(self) -> None:
         """Start the writer thread (once a model is attached)."""
@@ -117,6 +116,7 @@ class StoreWriter:
             if self.writer.is_alive():
                 return False
             self.writer = None
+        self.failed_saves.close()  # (the count of the failed saves not shown yet)
         return True
 
     def _write_loop(self) -> None:
@@ -148,12 +148,12 @@ class StoreWriter:
     def _write_failed(self, error: Exception) -> None:
         """A job failed: an unusable index turns the disk tier off (`give_up`); anything else
         (a lock another process held past the busy timeout, a full disk) costs that job alone,
-        counted in `errors` and logged."""
+        counted in `errors` and told (failures.py)."""
         if sqlite_files.is_unusable(error):
             self.give_up(error)
             return
         self.errors += 1
-        log.warning("statechat cache: could not persist a checkpoint (%s)", error)
+        self.failed_saves.failed(error)  # (one line per cause, then a count)
 
     def _write_touches(self) -> None:
         """Write the pending marks of reuses in one transaction; dropped when it fails (they

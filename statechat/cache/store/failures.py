@@ -1,0 +1,66 @@
+"""FailedSaves: how the store's writer tells of saves it could not make (a full disk, a lock
+another process held past SQLite's wait): one warning line per cause, with what to do, and a
+count of the failures after it rather than a line each (a batch on a full disk printed one
+identical warning per checkpoint through its progress bar)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from pathlib import Path
+
+from statechat.cache.sqlite_files import SQLITE_FULL, primary_code
+
+log = logging.getLogger("statechat.cache")
+REPEAT_S = 600.0  # a cause's count of failures not shown is said at most this often (and at close)
+
+
+class FailedSaves:
+    """The failed saves of the store of the cache dir `path`, by cause (the error's first line).
+    Any thread may call it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0  # every failed save
+        self._lock = threading.Lock()
+        self._causes: dict[str, tuple[float, int]] = {}  # cause -> (last said, failures unsaid)
+
+    def failed(self, error: Exception) -> None:
+        """Count a failed save; the first of its cause is one warning line, those after it are
+        counted, and the count said every REPEAT_S (and by `close`)."""
+        cause = (str(error).splitlines() or [type(error).__name__])[0]
+        now = time.monotonic()
+        with self._lock:
+            self.count += 1
+            said, unsaid = self._causes.get(cause, (None, 0))
+            if said is not None and now - said < REPEAT_S:
+                self._causes[cause] = (said, unsaid + 1)
+                return
+            self._causes[cause] = (now, 0)
+        if said is None:
+            log.warning("statechat cache: could not persist a checkpoint (%s)%s (further "
+                        "failures like it are counted, not shown)", cause, self._advice(error))
+        else:
+            self._say(cause, unsaid + 1)
+
+    def close(self) -> None:
+        """Say the count of each cause's failures not shown yet."""
+        with self._lock:
+            counts = [(cause, unsaid) for cause, (_, unsaid) in self._causes.items() if unsaid]
+            self._causes = {cause: (said, 0) for cause, (said, _) in self._causes.items()}
+        for cause, unsaid in counts:
+            self._say(cause, unsaid)
+
+    def _say(self, cause: str, unsaid: int) -> None:
+        log.warning("statechat cache: %d more checkpoint%s could not be persisted (%s)", unsaid,
+                    "s" if unsaid != 1 else "", cause)
+
+    def _advice(self, error: Exception) -> str:
+        """What to do about `error`, after a semicolon; empty where the error says it."""
+        full = ((isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
+                or primary_code(error) == SQLITE_FULL or "database or disk is full" in str(error))
+        if full:
+            return f"; free some space on the disk of {self.path}, or pick another cache dir"
+        return ""

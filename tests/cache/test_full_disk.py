@@ -1,0 +1,50 @@
+"""A full disk under a running engine costs the saves, never a request, and says so in one line
+that says what to do, not one line per checkpoint it could not save (a batch on a full disk
+printed a hundred identical warnings through its progress bar): the failures after it are
+counted, and the count is said once when the engine closes."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import torch
+
+from statechat.cache.store import writer
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+
+PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def test_a_full_disk_is_one_line_and_a_count(tiny_dirs, tmp_path, monkeypatch, caplog):
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 300, (150,), generator=gen).tolist() for _ in range(5)]
+    plain = LLMEngine(EngineConfig(model=path, device="cpu", enable_prefix_cache=False),
+                      loaded=loaded)
+    want = [o.token_ids for o in plain.generate(prompts, PARAMS)]
+
+    calls = []
+
+    def write_blob(*args, **kwargs):  # (the first write of a save raises: one call a save)
+        calls.append(args[0])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "write_blob", write_blob)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        outs = [engine.generate([p], PARAMS)[0] for p in prompts]  # a save each, all failing
+        engine.close()
+    assert [o.token_ids for o in outs] == want
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    first = ("statechat cache: could not persist a checkpoint ([Errno 28] No space left on "
+             f"device); free some space on the disk of {tmp_path}, or pick another cache dir "
+             "(further failures like it are counted, not shown)")
+    count = (f"statechat cache: {len(calls) - 1} more checkpoints could not be persisted "
+             "([Errno 28] No space left on device)")
+    assert said == [first, count], said
+    assert len(calls) >= len(prompts)
