@@ -187,3 +187,26 @@ def test_a_cancelled_check_of_the_disk_is_passed_over(model, tmp_path):
     out = engine.generate([first], PARAMS)[0]  # (it raised CancelledError)
     assert out.token_ids == want[0] and engine.prefix.store is engine.store
     engine.close()
+
+
+def test_a_lock_held_elsewhere_neither_stops_a_start_nor_a_disk_hit(model, tmp_path, monkeypatch):
+    """A user's `sqlite3 index.db` inside BEGIN IMMEDIATE, past SQLite's wait: an engine on a
+    model the index knows starts (it used to write the model's shapes at every start, and
+    refused to start), and resumes from disk (each disk read of a checkpoint counted its hit
+    at once, and waited the lock out: the request stalled, then lost its hit). The hit is
+    counted once the lock goes."""
+    _, _, (first, _), want = model
+    engine = cached_engine(model, tmp_path)
+    engine.generate([first], PARAMS)
+    engine.close()
+    monkeypatch.setattr(index, "BUSY_TIMEOUT_S", 0.2)  # (not SQLite's 30 s)
+    other = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    engine = cached_engine(model, tmp_path)
+    out = engine.generate([first], PARAMS)[0]
+    other.execute("ROLLBACK")
+    engine.store.flush()
+    engine.close()
+    assert (out.token_ids, out.reused_from, out.num_cached_tokens) == (want[0], "disk", 192)
+    assert other.execute("SELECT hits FROM checkpoints WHERE num_tokens = 192").fetchall() == [(1,)]
+    other.close()

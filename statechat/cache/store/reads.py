@@ -33,7 +33,7 @@ Groups = list[tuple[list[str], dict[str, torch.Tensor]]]  # (hashes, {k.{i}, v.{
 class StoreReads:
     """StateStore's lookups and loads. Works on the store's state (state_store.py): path,
     blob_dir, db, db_lock, host, device, fingerprint, shapes, model_id, unreadable and
-    index_ahead."""
+    index_ahead; `count_hit` comes from writer.py."""
 
     def where(self, block_hashes: list[str], ckpt_hashes: list[str],
               disk_blocks: bool = True) -> Lookup:
@@ -129,7 +129,7 @@ class StoreReads:
         except BlobError as e:
             self._discard_checkpoint(h, blob, str(e), e.damaged)
             raise
-        self._touch("checkpoints", "hash", h, hit=True)
+        self.count_hit(h)  # (its last_used, and its segments', move with the restore's `touch`)
         return tensors
 
     def read_checkpoint_ahead(self, h: str) -> Future:
@@ -201,19 +201,12 @@ class StoreReads:
                 picked = {name: t[torch.tensor(idx, device=t.device)]
                           for name, t in tensors.items()}
             groups.append(([h for h, _ in members], picked))
-            self._touch("segments", "blob", blob)
         return groups
 
     def _shapes(self, kind: str, num_blocks: int = 1) -> dict[str, tuple[int, ...]]:
         if kind == "ckpt":
             return {k: tuple(v) for k, v in self.shapes["ckpt"].items()}
         return {k: (num_blocks, *v) for k, v in self.shapes["block"].items()}
-
-    def _touch(self, table: str, key: str, value: str, hit: bool = False) -> None:
-        extra = ", hits = hits + 1" if hit else ""
-        with self.db_lock, self.db.conn:
-            self.db.execute(f"UPDATE {table} SET last_used = ?{extra} WHERE {key} = ?",
-                            [time.time(), value])
 
     def _discard_checkpoint(self, h: str, blob: str, why: str, damaged: bool = True,
                             then: str = RECOMPUTING) -> None:

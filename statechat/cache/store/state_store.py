@@ -61,6 +61,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.pending_bytes = 0
         self.pending_lock = threading.Lock()
         self.touched: dict[str, float] = {}  # chain -> when a reuse last used it (`touch`)
+        self.hit_counts: dict[str, int] = {}  # checkpoint -> disk reads not written (`count_hit`)
         self.errors = 0  # saves that failed (a full disk, a lock held elsewhere)
         self.failed_saves = FailedSaves(self.path)  # how they are told: a line per cause
         self.failed: str | None = None  # why the index failed (`give_up`): the disk tier is off
@@ -83,8 +84,13 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                 index.check_integrity(self.db)  # (not the first lookup that reads a bad page)
                 self.model_id = index.model_id(self.db, fingerprint, name, model_path, dtype,
                                                block_size)
-                self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
-                                [json.dumps(shapes), self.model_id])
+                # (written only when new: a start then writes nothing to a known model's index,
+                # and goes on while another process holds it locked, a `sqlite3` shell in BEGIN)
+                known = self.db.execute("SELECT shapes FROM models WHERE id = ?",
+                                        [self.model_id]).fetchone()
+                if known is None or known[0] != json.dumps(shapes):
+                    self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
+                                    [json.dumps(shapes), self.model_id])
             except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
                 raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
         self._start_writer()

@@ -32,9 +32,10 @@ TOUCH_WAIT_S = 0.1  # the longest an idle writer leaves reuses' marks (`touch`) 
 
 class StoreWriter:
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
-    pending_bytes, pending_lock, max_pending_bytes, touched, errors, failed_saves, failed,
-    engine_idle, _defer_left, and host, copy_stream, db, db_lock, model_id, fingerprint,
-    blob_dir and budget; `evict_to` comes from maintenance.py, `give_up` from state_store.py."""
+    pending_bytes, pending_lock, max_pending_bytes, touched, hit_counts, errors, failed_saves,
+    failed, engine_idle, _defer_left, and host, copy_stream, db, db_lock, model_id,
+    fingerprint, blob_dir and budget; `evict_to` comes from maintenance.py, `give_up` from
+    state_store.py."""
 
     def _start_writer(self) -> None:
         """Start the writer thread (once a model is attached)."""
@@ -66,6 +67,12 @@ class StoreWriter:
         within TOUCH_WAIT_S when no save comes."""
         with self.pending_lock:
             self.touched[chain] = time.time()
+
+    def count_hit(self, h: str) -> None:
+        """Count a read of the checkpoint `h` from disk (its `hits`), written with the marks of
+        reuses (`touch`): a read never waits for the index's write lock (another process's)."""
+        with self.pending_lock:
+            self.hit_counts[h] = self.hit_counts.get(h, 0) + 1
 
     def has_room(self, nbytes: int, wait_s: float = 0.0) -> bool:
         """Whether `save` would take a job of `nbytes` now; with `wait_s`, wait up to that long
@@ -101,7 +108,8 @@ class StoreWriter:
         """Wait until every queued job, and every reuse's mark (`touch`), is on disk (tests,
         shutdown)."""
         deadline = time.time() + timeout
-        while ((self.queue.unfinished_tasks or (self.touched and self.writer is not None
+        while ((self.queue.unfinished_tasks or ((self.touched or self.hit_counts)
+                                                and self.writer is not None
                                                 and self.failed is None))
                and time.time() < deadline):
             time.sleep(0.005)
@@ -158,30 +166,35 @@ class StoreWriter:
     def _write_touches(self) -> None:
         """Write the pending marks of reuses in one transaction; dropped when it fails (they
         are best effort), or when the disk tier is off."""
-        if not self.touched:
+        if not self.touched and not self.hit_counts:
             return
-        marks = self._take_touches()
+        marks, hits = self._take_touches()
         try:
             if self.failed is None:
                 self._defer_left = MAX_DEFER_S
                 self._pause()
                 with self.db_lock, self.db.conn:
                     self.db.execute("BEGIN IMMEDIATE")
-                    self._mark_used(marks)
+                    self._mark_used(marks, hits)
         except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
             self._write_failed(e)
         finally:
             self._forget_touches(marks)
 
-    def _take_touches(self) -> dict[str, float]:
-        """The pending marks of reuses (kept pending until `_forget_touches`)."""
+    def _take_touches(self) -> tuple[dict[str, float], dict[str, int]]:
+        """The pending marks of reuses (kept pending until `_forget_touches`), and the counted
+        disk reads of checkpoints (taken: lost with a transaction that fails)."""
         with self.pending_lock:
-            return dict(self.touched)
+            hits, self.hit_counts = self.hit_counts, {}
+            return dict(self.touched), hits
 
-    def _mark_used(self, marks: dict[str, float]) -> None:
-        """Mark each chain of `marks` as used at its time, inside the caller's transaction."""
+    def _mark_used(self, marks: dict[str, float], hits: dict[str, int]) -> None:
+        """Mark each chain of `marks` as used at its time, and add `hits` to the checkpoints'
+        counts, inside the caller's transaction."""
         for chain, when in marks.items():
             index.touch_chain(self.db, chain, when)
+        self.db.conn.executemany("UPDATE checkpoints SET hits = hits + ? WHERE hash = ?",
+                                 [(n, h) for h, n in hits.items()])
 
     def _forget_touches(self, marks: dict[str, float]) -> None:
         """Drop the marks written (or given up): those not touched again meanwhile."""
@@ -254,7 +267,7 @@ class StoreWriter:
         with the marks of reuses pending (`touch`). The checkpoint's row only if every block of
         its chain is on disk then, else (a checkpoint no lookup could resume) its blob is
         deleted; the chain's blocks missing (hex), none when it was whole."""
-        marks = self._take_touches()
+        marks, hits = self._take_touches()
         missing: list[str] = []
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
@@ -283,6 +296,6 @@ class StoreWriter:
                 (self.blob_dir / ck[0]).unlink(missing_ok=True)
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
-            self._mark_used(marks)
+            self._mark_used(marks, hits)
         self._forget_touches(marks)
         return missing
