@@ -38,6 +38,9 @@ def open_error(path: Path, e: Exception) -> ConfigError:
     """The one-line error for a SQLite file (cache index, chats) that cannot be opened."""
     if path.parent.exists() and not path.parent.is_dir():
         return ConfigError(f"{path.parent} is a file; pass a folder")
+    if path.is_dir():  # (not a question of permissions)
+        return ConfigError(f"{path} is a folder; move it away (statechat keeps a SQLite file "
+                           "there)")
     why = (e.strerror if isinstance(e, OSError) and e.strerror
            else (str(e).splitlines() or [type(e).__name__])[0])
     if is_locked(e):  # (moving a sound index away would lose the cache and the chats)

@@ -120,8 +120,9 @@ def test_stats_of_a_folder_with_no_cache_says_so_in_one_line(tmp_path, made):
 
 
 def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, capsys):
-    """A file where the cache folder should be, or an index that is not a database: one line
-    that says what to do, from every cache command (they were SQLite tracebacks)."""
+    """A file where the cache folder should be, an index that is not a database, or a folder
+    where the index should be: one line that says what to do, from every cache command (they
+    were SQLite tracebacks)."""
     pytest.importorskip("statechat.cache.store",
                         reason="the persistent cache store is not in this build")
     a_file = tmp_path / "file"
@@ -129,8 +130,11 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "index.db").write_bytes(b"not a database at all" * 100)
+    folder = tmp_path / "folder"
+    (folder / "index.db").mkdir(parents=True)  # (it said: check the folder's permissions)
     for cache_dir, says in [(a_file, "is a file; pass a folder"),
-                            (garbage, "file is not a database")]:
+                            (garbage, "file is not a database"),
+                            (folder, f"{folder / 'index.db'} is a folder; move it away")]:
         for command in ("stats", "ls", "verify"):
             monkeypatch.setattr("sys.argv",
                                 ["statechat", "cache", command, "--cache-dir", str(cache_dir)])
