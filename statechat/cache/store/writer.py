@@ -291,8 +291,7 @@ class StoreWriter:
                     "INSERT OR IGNORE INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
                     "checksum, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)",
                     [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
-            elif ck is not None and self.db.execute(  # (another process's row may name it)
-                    "SELECT 1 FROM checkpoints WHERE blob = ?", [ck[0]]).fetchone() is None:
+            elif ck is not None:  # (a name of this write's own: no other row names it)
                 (self.blob_dir / ck[0]).unlink(missing_ok=True)
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
