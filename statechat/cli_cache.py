@@ -193,11 +193,25 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
                    "cache is read-only)")
         for item in orphans:
             typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")
-    found = bool(failed or orphans)
+    dangling = report.get("dangling") or []
+    _say_dangling(dangling, remove)
+    found = bool(failed or orphans or dangling)
     status = ((VERIFY_REPAIRED if remove and found else 0)
               | (VERIFY_LEFT if unreadable or (found and not remove) else 0))
     if status:
         raise typer.Exit(status)
+
+
+def _say_dangling(dangling: list[str], remove: bool) -> None:
+    """`verify`'s lines for the checkpoints left without a block of their chain."""
+    if not dangling:
+        return
+    what, them = ("checkpoint", "it") if len(dangling) == 1 else ("checkpoints", "them")
+    done = "removed" if remove else "found"
+    typer.echo(f"{done} {len(dangling):,} {what} whose blocks are gone (no request could resume "
+               f"from {them}{'' if remove else '; kept: the cache is read-only'})")
+    for item in dangling:
+        typer.echo(f"  {done} {item}")
 
 
 @cache_app.command(

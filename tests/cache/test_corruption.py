@@ -207,3 +207,28 @@ def test_verify_passes_over_what_an_engine_evicts_while_it_reads(warm_cache, mon
     store.close()
     assert evicted and report["removed"] == [] and report["unreadable"] == []
     assert report["ok"] == report["checked"]
+
+
+def test_verify_removes_the_checkpoints_a_damaged_segment_leaves_without_blocks(warm_cache):
+    """A damaged segment takes with it the checkpoints standing on its blocks: no request could
+    resume from them, yet they stayed, counted in the budget, after a verify that said the
+    cache was sound. Each is named in the report; a read-only verify names them and keeps
+    them."""
+    db = sqlite3.connect(warm_cache / "index.db")
+    (first,) = db.execute("SELECT s.blob FROM segments s JOIN blocks b ON b.segment_id = s.id "
+                          "WHERE b.position = 0").fetchone()
+    standing = sorted(r[0] for r in db.execute("SELECT blob FROM checkpoints"))
+    db.close()
+    segment = warm_cache / "blobs" / first
+    data = bytearray(segment.read_bytes())
+    data[-100] ^= 0x40
+    segment.write_bytes(bytes(data))
+    kept = open_store(warm_cache, read_only=True).verify(remove=False)
+    assert kept["removed"] == [first] and sorted(kept["dangling"]) == standing
+    report = open_store(warm_cache).verify()
+    assert report["removed"] == [first] and sorted(report["dangling"]) == standing
+    assert not any((warm_cache / "blobs" / b).exists() for b in standing)
+    db = sqlite3.connect(warm_cache / "index.db")
+    assert db.execute("SELECT count(*) FROM checkpoints").fetchone() == (0,)
+    db.close()
+    assert open_store(warm_cache).verify()["dangling"] == []

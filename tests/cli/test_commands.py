@@ -336,6 +336,36 @@ def test_verify_reports_the_orphan_blobs_it_removes(tmp_path, shared_engine):
     assert list((cache / "blobs").rglob("*.safetensors")) == []
 
 
+def test_verify_names_the_checkpoints_a_damaged_segment_leaves_without_blocks(tmp_path,
+                                                                             shared_engine):
+    """A damaged first segment takes every checkpoint standing on it: verify names each, and
+    exits 1 (the cache is sound now); a verify after it finds nothing."""
+    import sqlite3
+
+    cache = warm_cache(tmp_path)
+    db = sqlite3.connect(cache / "index.db")
+    (first,) = db.execute("SELECT s.blob FROM segments s JOIN blocks b ON b.segment_id = s.id "
+                          "WHERE b.position = 0").fetchone()
+    # (both prompts start alike: every checkpoint stands on the first block)
+    standing = [r[0] for r in db.execute("SELECT blob FROM checkpoints")]
+    db.close()
+    assert standing
+    segment = cache / "blobs" / first
+    raw = bytearray(segment.read_bytes())
+    raw[-1] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+    result = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(cache)])
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    them = "it" if len(standing) == 1 else "them"
+    what = "checkpoint" if len(standing) == 1 else "checkpoints"
+    at = lines.index(f"removed {len(standing)} {what} whose blocks are gone (no request could "
+                     f"resume from {them})")
+    assert sorted(lines[at + 1:]) == sorted(f"  removed {blob}" for blob in standing)
+    again = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(cache)])
+    assert again.exit_code == 0 and "whose blocks are gone" not in again.stdout, again.output
+
+
 @pytest.mark.parametrize("answer", ["n\n", "", "maybe\nno\n"])
 def test_declining_clear_deletes_nothing_and_says_so(tmp_path, shared_engine, answer):
     """No, or no answer at all (end of input), is one line and exit status 1 (it was 130 and

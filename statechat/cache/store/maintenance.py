@@ -23,6 +23,19 @@ def default_budget(root: Path) -> int:
     return int(shutil.disk_usage(root).free * 0.10)
 
 
+def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) -> set[str]:
+    """The hashes of `heads` whose chain of blocks (`parents`: block hash -> the one before
+    it) is whole back to one of `roots` (a model's fingerprint, the first block's parent)."""
+    whole, broken = set(roots), set()
+    for head in heads:
+        path, h = [], head
+        while h not in whole and h not in broken and h in parents:
+            path.append(h)
+            h = parents[h]
+        (whole if h in whole else broken).update(path)
+    return {h for h in heads if h in whole}
+
+
 class StoreMaintenance:
     """StateStore's budget and reports. Works on the store's state (state_store.py): path,
     blob_dir, db, db_lock, host and budget; `_discard_checkpoint` and `_discard_segment`
@@ -99,9 +112,11 @@ class StoreMaintenance:
 
     def verify(self, remove: bool = True) -> dict:
         """Check every row's blob (present, readable, checksum, model, shapes) and look for
-        orphan blob files. Damaged entries and orphans are deleted, or with `remove=False` (a
-        read-only cache) only reported; a blob that cannot be read is reported and kept.
-        Returns {"checked", "ok", "removed" (damaged blobs), "unreadable", "orphans" (orphan
+        orphan blob files. Damaged entries, the checkpoints they leave without a block of their
+        chain, and orphans are deleted, or with `remove=False` (a read-only cache) only
+        reported; a blob that cannot be read is reported and kept.
+        Returns {"checked", "ok", "removed" (damaged blobs), "unreadable", "dangling" (blobs of
+        checkpoints left without a block of their chain, also deleted), "orphans" (orphan
         blobs), "orphans_freed" (their bytes, if deleted)}. sqlite3.DatabaseError if the index
         itself is damaged."""
         with self.db_lock:
@@ -142,8 +157,31 @@ class StoreMaintenance:
         orphans = self._remove_orphans(remove=remove)
         return {"checked": checked, "ok": checked - len(removed) - len(unreadable),
                 "removed": removed, "unreadable": unreadable,
+                "dangling": self._remove_dangling(set(removed), remove),
                 "orphans": [name for name, _ in orphans],
                 "orphans_freed": sum(size for _, size in orphans) if remove else 0}
+
+    def _remove_dangling(self, damaged: set[str], remove: bool) -> list[str]:
+        """The blobs of the checkpoints whose chain lacks a block (a block of a segment blob in
+        `damaged` counts as lacking): no lookup can resume from them, yet they count in the
+        budget. Their rows, then blobs, are deleted unless `remove` is False. One transaction
+        reads the chains and deletes: a running engine saves a checkpoint with its blocks, and
+        evicts it before them, so none is taken for dangling while it is saved or evicted."""
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE" if remove else "BEGIN")
+            parents = {h: parent for h, parent, blob in self.db.execute(
+                "SELECT b.hash, b.parent, s.blob FROM blocks b JOIN segments s "
+                "ON s.id = b.segment_id") if blob not in damaged}
+            roots = {r[0] for r in self.db.execute("SELECT fingerprint FROM models")}
+            ckpts = self.db.execute("SELECT hash, blob FROM checkpoints").fetchall()
+            whole = _whole_chains([h for h, _ in ckpts], parents, roots)
+            dangling = [(h, blob) for h, blob in ckpts if h not in whole]
+            if remove:
+                self.db.conn.executemany("DELETE FROM checkpoints WHERE hash = ?",
+                                         [(h,) for h, _ in dangling])
+        for _, blob in dangling if remove else []:
+            (self.blob_dir / blob).unlink(missing_ok=True)
+        return [blob for _, blob in dangling]
 
     def _still_indexed(self, table: str, key: str, value: object, blob: str) -> bool:
         """Whether the row of `blob` (`key` = `value` in `table`) is still in the index: another
