@@ -19,6 +19,9 @@ from statechat.engine.pool import BlockPool, SlotPool
 log = logging.getLogger("statechat.cache")
 
 SAVED, NO_ROOM, GONE = "saved", "no room", "gone"  # what PrefixCache._save made of a checkpoint
+# flush_deferred waits for the writer's last reports (a checkpoint to queue again) while it
+# finishes a job at least this often: one stuck behind another process's lock is left to close
+RETRY_STALL_S = 5.0
 
 
 @dataclass
@@ -88,7 +91,7 @@ class CheckpointWriter:
         find to be worth queueing again (`_apply_unsaved`)."""
         deadline, lost = time.monotonic() + timeout, 0
         if self.store is not None and self.store.failed is None:
-            self.store.flush(timeout)
+            self.store.flush(timeout, stall_s=RETRY_STALL_S)
             self._apply_unsaved()
         for ck in list(self.deferred.values()) if self.store is not None else []:
             wait_s = max(0.0, deadline - time.monotonic())

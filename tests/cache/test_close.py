@@ -76,10 +76,42 @@ def test_a_write_still_under_way_keeps_the_index_open_for_its_row(tiny_dirs, tmp
         write(job)
 
     monkeypatch.setattr(store, "_write", slow_write)
-    monkeypatch.setattr(store, "flush", lambda timeout=60.0: None)
+    monkeypatch.setattr(store, "flush", lambda timeout=60.0, stall_s=None: None)
     monkeypatch.setattr(writer, "WRITER_JOIN_S", 0.2)
     engine.generate([list(range(3, 203))], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.close()
     release.set()
     store.writer.join(30)
+    assert rows(tmp_path)[0] >= 1
+
+
+def test_a_stuck_writer_is_not_waited_out_before_the_store_s_own_close(tiny_dirs, tmp_path,
+                                                                       monkeypatch):
+    """An engine's close waits for the writer's last reports (a checkpoint to queue again) only
+    while the writer gets on: one stuck on a job (a slow disk, another process's lock) is left
+    to the store's own close, rather than waited out twice."""
+    import threading
+    import time
+
+    from statechat.engine import persist
+
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                       loaded=load_model(path, dtype=torch.float32))
+    store, release = engine.store, threading.Event()
+    write = store._write
+
+    def stuck_write(job):
+        assert release.wait(60)
+        write(job)
+
+    monkeypatch.setattr(store, "_write", stuck_write)
+    monkeypatch.setattr(persist, "RETRY_STALL_S", 0.2, raising=False)
+    engine.generate([list(range(3, 203))], SamplingParams(max_tokens=4, ignore_eos=True))
+    start = time.monotonic()
+    engine.prefix.flush_deferred(timeout=30)
+    waited = time.monotonic() - start
+    release.set()
+    engine.close()
+    assert waited < 5, waited
     assert rows(tmp_path)[0] >= 1

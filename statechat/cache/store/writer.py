@@ -104,14 +104,20 @@ class StoreWriter:
         self.engine_idle.wait(self._defer_left)
         self._defer_left -= time.perf_counter() - t
 
-    def flush(self, timeout: float = 60.0) -> None:
+    def flush(self, timeout: float = 60.0, stall_s: float = float("inf")) -> None:
         """Wait until every queued job, and every reuse's mark (`touch`), is on disk (tests,
-        shutdown)."""
+        shutdown), for at most `timeout`, and at most `stall_s` while no job finishes (a writer
+        stuck behind another process's lock is not waited out twice as an engine closes)."""
         deadline = time.time() + timeout
+        left, moved = self.queue.unfinished_tasks, time.time()
         while ((self.queue.unfinished_tasks or ((self.touched or self.hit_counts)
                                                 and self.writer is not None
                                                 and self.failed is None))
                and time.time() < deadline):
+            if self.queue.unfinished_tasks != left:
+                left, moved = self.queue.unfinished_tasks, time.time()
+            elif time.time() - moved > stall_s:
+                return
             time.sleep(0.005)
 
     def stop_writer(self) -> bool:
@@ -231,11 +237,10 @@ class StoreWriter:
         self.evict_to(self.budget)
 
     def _report_unsaved(self, job: SaveJob, hashes: list[str], retry: bool) -> None:
-        """Tell the engine (`job.unsaved`, from this thread) which of the blocks and the
-        checkpoint (hex hashes) it took to be on disk, or queued to save, the disk may lack
-        after `job`, so that it saves them again; with `retry`, the job's checkpoint itself is
-        worth queueing again (its chain was found incomplete: rows deleted under the engine,
-        by `statechat cache clear` or an eviction), without it the job failed (a full disk)."""
+        """Tell the engine (`job.unsaved`) which blocks and checkpoint (hex) it took to be on
+        disk, or queued, the disk may lack after `job`; `retry`: the job's checkpoint is worth
+        queueing again (its chain was found incomplete: rows deleted under the engine, by
+        `cache clear` or an eviction), else the job failed (a full disk)."""
         if job.unsaved is not None:
             job.unsaved([h for h in hashes if h], retry)
 
