@@ -157,7 +157,7 @@ class RepliesMixin:
                 if time.perf_counter() - saved > SAVE_INTERVAL_S:
                     saved = time.perf_counter()
                     self._save_unfinished(reply_id, text)
-            stats = reply_stats(handle.output, len(start.token_ids))
+            stats = reply_stats(handle.output, len(start.token_ids), self.worker.max_model_len)
             token_ids = self._made_ids(start, handle.output, handle.params)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
@@ -234,7 +234,7 @@ class RepliesMixin:
             text = start.text + output.text
             reason = output.finish_reason or "abort"  # (the engine did not stop in time)
             output = dataclasses.replace(output, finish_reason=reason)
-            stats = reply_stats(output, len(start.token_ids))
+            stats = reply_stats(output, len(start.token_ids), self.worker.max_model_len)
             token_ids = self._made_ids(start, output, handle.params)
         # (what ended the app, said in its line already; a full disk: no one left to tell)
         with contextlib.suppress(DamagedError, BusyError):
