@@ -87,6 +87,28 @@ def test_the_chat_list_focused_highlights_a_chat(loaded, tmp_path):
     asyncio.run(run())
 
 
+def test_ctrl_l_lists_the_chats_another_process_started(loaded, tmp_path):
+    """Another `statechat run` on the same cache dir starts a chat: Ctrl+L showed the list as
+    it was read last (an empty one: Enter opened nothing), until some chat was opened."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            other = open_chats(tmp_path)
+            conv = other.create("from the other one")
+            other.add(conv.id, None, "user", "written elsewhere")
+            other.close()
+            await pilot.press("ctrl+l")
+            await pilot.pause(0.1)
+            assert app.query_one(ConversationList).conv_ids == [conv.id]
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert app.conv_id == conv.id
+            assert views(app)[0].message.content == "written elsewhere"
+
+    asyncio.run(run())
+
+
 def test_a_paste_lands_in_the_box_from_wherever_the_focus_is(loaded, tmp_path):
     """A message and the chat list take no text, so a paste made while one of them had focus
     was lost. It now goes into the box at its cursor, the box focused, as Ctrl+O then the
