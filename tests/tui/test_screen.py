@@ -12,6 +12,7 @@ import asyncio
 import time
 
 import pytest
+from textual.geometry import Region
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
@@ -22,7 +23,7 @@ from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import make_app, send, status, views, wait_ready
+from tests.tui.test_app import make_app, send, status, views, wait_idle, wait_ready
 
 
 def test_the_decode_rate_is_the_engines(loaded, tmp_path, monkeypatch):
@@ -199,3 +200,40 @@ def test_the_focused_message_stands_out(loaded, tmp_path):
             assert reply.styles.border_left[1] not in (bars[other_user], bars[reply])
 
     asyncio.run(run())
+
+
+def shown_text(widget) -> str:
+    """The text `widget` shows in its region, row by row."""
+    rows = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    return "\n".join("".join(segment.text for segment in row) for row in rows)
+
+
+@pytest.mark.parametrize("width", [64, 36])
+def test_every_link_of_a_message_shows_on_a_narrow_terminal(loaded, tmp_path, width):
+    """A message's header was one row, cut at the chat's width: under 80 columns a reply's
+    `continue` and `delete` links (and on fewer, its `‹ 2/2 ›`) were not on the screen to
+    click. The header wraps to the rows it needs."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(width, 40)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            await pilot.press("shift+tab", "c")
+            await wait_idle(pilot, app)
+            header = views(app)[1].query_one(".header")
+            text = " ".join(shown_text(header).split())
+            for link in ("‹ 2/2 ›", "regenerate", "continue", "delete"):
+                assert link in text, (link, text)
+            await pilot.click(header, offset=_offset_of(header, "delete"))
+            await pilot.pause(0.1)
+            assert "2/2" not in " ".join(shown_text(views(app)[1].query_one(".header")).split())
+
+    asyncio.run(run())
+
+
+def _offset_of(widget, word: str) -> tuple[int, int]:
+    """Where `word` begins in `widget`'s shown text (x, y)."""
+    rows = shown_text(widget).split("\n")
+    y = next(i for i, row in enumerate(rows) if word in row)
+    return rows[y].index(word) + 1, y
+
