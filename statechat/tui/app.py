@@ -77,6 +77,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.handle = None  # the RequestHandle being streamed
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
         self.streaming_reply_id: str | None = None  # the reply being streamed
+        self.streaming_thinking = False  # its prompt opened its reasoning (chat/template.py)
         self.streaming_start = NEW_REPLY  # what it began with (a continuation's: the reply it
         # continues)
         self.next_turn = None  # the engine request computing the next turn's prefix, if any

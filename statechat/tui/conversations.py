@@ -23,9 +23,10 @@ GONE = "{} was deleted by another statechat process on this cache dir."
 
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
-    (the chat shown), `handle`, `streaming_conv_id` and `streaming_reply_id` (the reply
-    streaming), `is_closing` (the app is quitting), `_busy()`, `start_reply()` and
-    `continuation_of()` (replies.py), and `_focus_composer()` (layout.py)."""
+    (the chat shown), `handle`, `streaming_conv_id`, `streaming_reply_id` and
+    `streaming_thinking` (the reply streaming, and whether its prompt opened its reasoning),
+    `is_closing` (the app is quitting), `_busy()`, `start_reply()` and `continuation_of()`
+    (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
@@ -45,11 +46,12 @@ class ConversationsMixin:
             self.notify(f"Edit ended: its message is no longer shown{stays}.")
         views = []
         for msg in branch:
+            thinking = False
             if msg.id == self.streaming_reply_id:  # (streaming here: no status until it ends)
-                msg = dataclasses.replace(msg, stats={})
+                msg, thinking = dataclasses.replace(msg, stats={}), self.streaming_thinking
             sibs = self.chats.siblings(msg.id)
             pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
-            views.append(MessageView(msg, pos, len(sibs)))
+            views.append(MessageView(msg, pos, len(sibs), thinking=thinking))
         chat = self.query_one(ChatView)
         if isinstance(self.focused, MessageView):  # (its view is replaced: the box holds the
             # focus, until the view of `focus_id` is built; else Textual moved it to the chat

@@ -16,16 +16,15 @@ def clean(text: str) -> str:
     return _CONTROL.sub("\u00b7", text)
 
 
-def split_thinking(text: str) -> tuple[str, str]:
+def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
     """(reasoning, answer) of a reply from a thinking model (Qwen's `<think>...</think>`): the
     reasoning is what comes before `</think>` (after an opening `<think>`, where the reply has
-    one; Qwen's templates may put it in the prompt instead), and a reply still inside an opened
-    `<think>` is all reasoning. Markdown would drop the tags and, with them, the text up to the
-    next blank line."""
+    one; with `opened`, its prompt opened it, as Qwen3.5's template does), and a reply still
+    inside an opened `<think>` is all reasoning. Markdown would drop the tags and, with them,
+    the text up to the next blank line."""
     body = text.lstrip()
-    opened = body.startswith("<think>")
-    if opened:
-        body = body[len("<think>"):]
+    if body.startswith("<think>"):
+        opened, body = True, body[len("<think>"):]
     if "</think>" in body:
         reasoning, answer = body.split("</think>", 1)
         return reasoning.strip(), answer.lstrip()
