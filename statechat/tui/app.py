@@ -61,7 +61,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         Binding("escape", "stop", "Stop / cancel"),
         Binding("ctrl+l", "focus_list", "Chats"),
         Binding("ctrl+o", "focus_input", "Input"),
-        Binding("ctrl+q", "quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),  # (Textual's is: it quits from a
+        # modal screen too, the command palette)
     ]
 
     def __init__(self, config: EngineConfig, chat_dir: Path, loaded=None,
