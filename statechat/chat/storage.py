@@ -4,7 +4,8 @@ Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefi
   chat_conversations(id, title, created, updated, current_leaf)
   chat_messages(id, conversation_id, parent_id, role, content, created, active_child, stats,
                 token_ids)
-`stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart.
+`stats` is JSON: the reply's ttft_s, tokens/s and cache reuse, shown again after a restart
+(and `thinking` where its prompt opened its reasoning: tui/format.py).
 `token_ids` is a JSON array, or NULL: the token ids a reply's content was made of, its stop
 token left out (a continuation feeds them back as they were made: chat/continuing.py).
 ChatStore (tree.py) keeps the conversation trees in them.

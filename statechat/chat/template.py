@@ -61,6 +61,13 @@ def merge_template_kwargs(defaults: dict | None, own) -> dict | None:
     return {**(defaults or {}), **own}
 
 
+def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
+    """Whether a prompt ends inside an opened `<think>` (Qwen3.5's generation prompt does):
+    the reply then begins with reasoning, with no tag of its own before it."""
+    tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+    return tail.rstrip().endswith("<think>")
+
+
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
            template_kwargs: dict | None = None) -> list[int]:
     """Token ids of `messages`, ending with the assistant header when add_generation_prompt.

@@ -61,7 +61,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         Binding("escape", "stop", "Stop / cancel"),
         Binding("ctrl+l", "focus_list", "Chats"),
         Binding("ctrl+o", "focus_input", "Input"),
-        Binding("ctrl+q", "quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),  # (Textual's is: it quits from a
+        # modal screen too, the command palette)
     ]
 
     def __init__(self, config: EngineConfig, chat_dir: Path, loaded=None,
@@ -77,6 +78,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.handle = None  # the RequestHandle being streamed
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
         self.streaming_reply_id: str | None = None  # the reply being streamed
+        self.streaming_thinking = False  # its prompt opened its reasoning (chat/template.py)
         self.streaming_start = NEW_REPLY  # what it began with (a continuation's: the reply it
         # continues)
         self.next_turn = None  # the engine request computing the next turn's prefix, if any

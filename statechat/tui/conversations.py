@@ -23,9 +23,10 @@ GONE = "{} was deleted by another statechat process on this cache dir."
 
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
-    (the chat shown), `handle`, `streaming_conv_id` and `streaming_reply_id` (the reply
-    streaming), `is_closing` (the app is quitting), `_busy()`, `start_reply()` and
-    `continuation_of()` (replies.py), and `_focus_composer()` (layout.py)."""
+    (the chat shown), `handle`, `streaming_conv_id`, `streaming_reply_id` and
+    `streaming_thinking` (the reply streaming, and whether its prompt opened its reasoning),
+    `is_closing` (the app is quitting), `_busy()`, `start_reply()` and `continuation_of()`
+    (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
@@ -45,15 +46,16 @@ class ConversationsMixin:
             self.notify(f"Edit ended: its message is no longer shown{stays}.")
         views = []
         for msg in branch:
+            thinking = False
             if msg.id == self.streaming_reply_id:  # (streaming here: no status until it ends)
-                msg = dataclasses.replace(msg, stats={})
+                msg, thinking = dataclasses.replace(msg, stats={}), self.streaming_thinking
             sibs = self.chats.siblings(msg.id)
             pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
-            views.append(MessageView(msg, pos, len(sibs)))
+            views.append(MessageView(msg, pos, len(sibs), thinking=thinking))
         chat = self.query_one(ChatView)
-        if focus_id and isinstance(self.focused, MessageView):  # (the box holds focus until
-            # the view is built: a key meanwhile must not reach the chat list, where Delete
-            # deletes the chat)
+        if isinstance(self.focused, MessageView):  # (its view is replaced: the box holds the
+            # focus, until the view of `focus_id` is built; else Textual moved it to the chat
+            # list, where Delete deletes the chat, and which a narrow terminal shows instead)
             composer.focus()
         chat.show(views)
         if focus_id:
@@ -77,17 +79,25 @@ class ConversationsMixin:
         self.chats.delete_conversation(event.conv_id)
         self.open_conversation(None if event.conv_id == self.conv_id else self.conv_id)
 
-    def _target(self, msg_id: str | None) -> Message | None:
-        """The message an action is for: the one clicked, else the focused one."""
+    def _target(self, msg_id: str | None, hint: str | None = None,
+                role: str | None = None) -> Message | None:
+        """The message an action is for: the one clicked, else the focused one; None, said in
+        one notice, when none is focused or it is not of `role` (`hint`: what to pick), or
+        another statechat deleted it (GONE: the chat is shown again, the box focused)."""
         if msg_id is None:
             focused = self.focused
             if not isinstance(focused, MessageView):
+                if hint:
+                    self.notify(hint)
                 return None
             msg_id = focused.message.id
         msg = self.chats.find(msg_id)
         if msg is None:
             self.notify(GONE.format("That message"), severity="warning")
             self.open_conversation(self.conv_id)
+        elif role is not None and msg.role != role:
+            self.notify(hint)
+            return None
         return msg
 
     def action_new_chat(self) -> None:
@@ -101,9 +111,9 @@ class ConversationsMixin:
         """e, or a message's `edit`: its text into the box; Enter sends it as a new branch."""
         if self.is_closing:
             return
-        msg = self._target(msg_id)
-        if msg is None or msg.role != "user":
-            self.notify("Pick one of your messages to edit (r regenerates a reply).")
+        msg = self._target(msg_id, "Pick one of your messages to edit (r regenerates a reply).",
+                           role="user")
+        if msg is None:
             return
         self.query_one(Composer).start_edit(msg.id, msg.content)
 
@@ -111,9 +121,8 @@ class ConversationsMixin:
         """r, or a reply's `regenerate`: a new reply beside it (or under a user message)."""
         if self.is_closing or self._busy():
             return
-        msg = self._target(msg_id)
+        msg = self._target(msg_id, "Pick a reply to regenerate.")
         if msg is None:
-            self.notify("Pick a reply to regenerate.")
             return
         parent = msg if msg.role == "user" else self.chats.message(msg.parent_id)
         self.start_reply(parent, focus=True)
@@ -124,9 +133,12 @@ class ConversationsMixin:
         with no text (failed, or stopped before its first token) has nothing to go on from."""
         if self.is_closing or self._busy():
             return
-        msg = self._target(msg_id)
-        if msg is None or msg.role != "assistant" or not msg.content:
-            self.notify("Pick a reply with text to continue (r regenerates one).")
+        hint = "Pick a reply with text to continue (r regenerates one)."
+        msg = self._target(msg_id, hint, role="assistant")
+        if msg is None:
+            return
+        if not msg.content:
+            self.notify(hint)
             return
         parent = self.chats.message(msg.parent_id)
         self.start_reply(parent, focus=True, start=self.continuation_of(msg))

@@ -16,16 +16,15 @@ def clean(text: str) -> str:
     return _CONTROL.sub("\u00b7", text)
 
 
-def split_thinking(text: str) -> tuple[str, str]:
+def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
     """(reasoning, answer) of a reply from a thinking model (Qwen's `<think>...</think>`): the
     reasoning is what comes before `</think>` (after an opening `<think>`, where the reply has
-    one; Qwen's templates may put it in the prompt instead), and a reply still inside an opened
-    `<think>` is all reasoning. Markdown would drop the tags and, with them, the text up to the
-    next blank line."""
+    one; with `opened`, its prompt opened it, as Qwen3.5's template does), and a reply still
+    inside an opened `<think>` is all reasoning. Markdown would drop the tags and, with them,
+    the text up to the next blank line."""
     body = text.lstrip()
-    opened = body.startswith("<think>")
-    if opened:
-        body = body[len("<think>"):]
+    if body.startswith("<think>"):
+        opened, body = True, body[len("<think>"):]
     if "</think>" in body:
         reasoning, answer = body.split("</think>", 1)
         return reasoning.strip(), answer.lstrip()
@@ -56,11 +55,13 @@ def chat_title(first_message: str) -> str:
     return one_line(first_message)[:48]
 
 
-def reply_stats(output, continued_tokens: int = 0) -> dict:
+def reply_stats(output, continued_tokens: int = 0, max_model_len: int | None = None) -> dict:
     """The numbers a reply's status line shows (persisted with the message): the decode rate
     is the engine's, over the tokens after the first, from their sampling times. A
     continuation's (`continued_tokens`: the tokens of the reply it goes on from, part of its
-    prompt) counts its own generation: the tokens it added, its prompt's reuse."""
+    prompt) counts its own generation: the tokens it added, its prompt's reuse. A reply cut
+    where its prompt and it fill `max_model_len` (the context limit) keeps that limit, as
+    `context_limit`: it ended there, not at its max tokens, and cannot be continued."""
     decode_s, num_tokens = output.decode_s, output.num_completion_tokens
     tps = (num_tokens - 1) / decode_s if num_tokens > 1 and decode_s else None
     stats = {
@@ -75,14 +76,18 @@ def reply_stats(output, continued_tokens: int = 0) -> dict:
     }
     if continued_tokens:
         stats["continued_tokens"] = continued_tokens
+    filled = output.num_prompt_tokens + output.num_completion_tokens
+    if output.finish_reason == "length" and max_model_len and filled >= max_model_len:
+        stats["context_limit"] = max_model_len
     return stats
 
 
 def status_line(stats: dict) -> str:
     """E.g. 'TTFT 12 ms · 85.3 tok/s · 40 tokens · reused 8,192 of 8,240 prompt tokens from
     disk checkpoint; computed 48'; a continuation's says '40 tokens more (240 in all)', the
-    tokens it added and the reply's with those it went on from; '' for stats of the wrong
-    types (a row edited by hand)."""
+    tokens it added and the reply's with those it went on from; how the reply ended, unless
+    of itself ('stopped', 'hit max tokens', 'hit the context limit (N tokens)'); '' for stats
+    of the wrong types (a row edited by hand)."""
     try:
         return _status_line(stats)
     except (TypeError, ValueError):
@@ -117,6 +122,8 @@ def _status_line(stats: dict) -> str:
         parts.append(f"no prefix reused; computed {computed:,} prompt tokens")
     if stats.get("finish_reason") == "abort":
         parts.append("stopped")
+    elif stats.get("finish_reason") == "length" and stats.get("context_limit"):
+        parts.append(f"hit the context limit ({stats['context_limit']:,} tokens)")
     elif stats.get("finish_reason") == "length":
         parts.append("hit max tokens")
     return " · ".join(parts)

@@ -29,8 +29,9 @@ TAKES_NO_TEXT = (MessageView, ConversationList)  # focused, a paste goes to the 
 
 
 class LayoutMixin:
-    """StatechatApp's sizing and focus moves. The app has `is_embedded` (the banner shows) and
-    the widgets of `StatechatApp.compose` (#main, #banner, the chat list, the box)."""
+    """StatechatApp's sizing and focus moves. The app has `is_embedded` (the banner shows),
+    `chats` and `conv_id` (the chat list's content) and the widgets of `StatechatApp.compose`
+    (#main, #banner, the chat list, the box)."""
 
     def on_resize(self, event: events.Resize) -> None:
         """Fit the parts to the terminal's new size."""
@@ -101,8 +102,11 @@ class LayoutMixin:
         self.query_one(Composer).focus()
 
     def action_focus_list(self) -> None:
-        """Ctrl+L: focus the chat list (shown, even on a narrow terminal)."""
+        """Ctrl+L: focus the chat list (shown, even on a narrow terminal), read again: another
+        statechat on the same cache dir may have started or deleted chats since."""
         chats = self.query_one(ConversationList)
+        if self.chats is not None:
+            chats.show(self.chats.conversations(), self.conv_id)
         chats.display = True  # (a narrow terminal hides it while it is not focused)
         chats.focus()
 

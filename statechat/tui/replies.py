@@ -22,6 +22,7 @@ from textual import work
 
 from statechat.chat.continuing import Start, reply_start, text_token_ids
 from statechat.chat.next_turn import warm_next_turn
+from statechat.chat.template import opens_thinking
 from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
 from statechat.errors import ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
@@ -39,8 +40,8 @@ NEW_REPLY = Start()  # what a reply that continues none begins with: nothing
 class RepliesMixin:
     """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
     `conv_id`, `sampling`, `template_kwargs`, `next_turn`, the streaming reply's `handle`,
-    `streaming_conv_id`, `streaming_reply_id` (None while none streams) and `streaming_start`,
-    `is_closing`, and `open_conversation()` (conversations.py)."""
+    `streaming_conv_id`, `streaming_reply_id` (None while none streams), `streaming_start` and
+    `streaming_thinking`, `is_closing`, and `open_conversation()` (conversations.py)."""
 
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         """Enter in the box: send its text (an edit's as a new branch beside the edited
@@ -89,6 +90,8 @@ class RepliesMixin:
                    if not (m.role == "assistant" and not m.content)]
         try:
             ids = self.worker.render(history, template_kwargs=self.template_kwargs)
+            with self.worker.tokenizer_lock:  # (shared with the stream's thread)
+                thinking = opens_thinking(self.worker.engine.tokenizer, ids)
             ids += start.token_ids
             room = self.worker.max_model_len - len(ids)
             max_tokens = max(1, min(self.sampling.max_tokens, room))
@@ -106,6 +109,7 @@ class RepliesMixin:
             return
         self.handle, self.streaming_conv_id = handle, self.conv_id
         self.streaming_reply_id, self.streaming_start = reply.id, start
+        self.streaming_thinking = thinking  # (its view shows its reasoning as such: format.py)
         self.open_conversation(self.conv_id, focus_id=reply.id if focus else None)
         self.stream_reply(handle, reply.id, history, start)
 
@@ -157,7 +161,7 @@ class RepliesMixin:
                 if time.perf_counter() - saved > SAVE_INTERVAL_S:
                     saved = time.perf_counter()
                     self._save_unfinished(reply_id, text)
-            stats = reply_stats(handle.output, len(start.token_ids))
+            stats = reply_stats(handle.output, len(start.token_ids), self.worker.max_model_len)
             token_ids = self._made_ids(start, handle.output, handle.params)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
@@ -202,8 +206,7 @@ class RepliesMixin:
                       token_ids: list[int] | None) -> None:
         if reply_id != self.streaming_reply_id:  # (saved at exit already)
             return
-        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
-        self.streaming_start = NEW_REPLY
+        stats = self._end_streaming(stats)
         # (quitting: it is saved, with its stats, and the screen is left to the exit)
         if not self._save_reply(reply_id, text, stats, token_ids) or self.is_closing:
             return
@@ -224,9 +227,7 @@ class RepliesMixin:
         holds the last of it) as Esc leaves one: its text so far and a 'stopped' status. Its
         stream's own `_finish_reply`, too late now, does nothing."""
         handle, reply_id, start = self.handle, self.streaming_reply_id, self.streaming_start
-        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
-        self.streaming_start = NEW_REPLY
-        token_ids = None
+        token_ids, thinking = None, self._end_streaming({})
         if handle.seq is None:  # (the engine refused it: it never began)
             text, stats = start.text, {"error": "statechat quit before the reply began"}
         else:
@@ -234,11 +235,21 @@ class RepliesMixin:
             text = start.text + output.text
             reason = output.finish_reason or "abort"  # (the engine did not stop in time)
             output = dataclasses.replace(output, finish_reason=reason)
-            stats = reply_stats(output, len(start.token_ids))
+            stats = reply_stats(output, len(start.token_ids), self.worker.max_model_len)
             token_ids = self._made_ids(start, output, handle.params)
         # (what ended the app, said in its line already; a full disk: no one left to tell)
         with contextlib.suppress(DamagedError, BusyError):
-            self._save_reply(reply_id, text, stats, token_ids)
+            self._save_reply(reply_id, text, {**stats, **thinking}, token_ids)
+
+    def _end_streaming(self, stats: dict) -> dict:
+        """No reply streams any more; `stats` of the one that did, with `thinking` where its
+        prompt opened its reasoning (kept, so that it shows as such once it ended: a reply
+        stopped, or cut at max tokens, inside its reasoning has no `</think>`)."""
+        if self.streaming_thinking:
+            stats = {**stats, "thinking": True}
+        self.handle = self.streaming_conv_id = self.streaming_reply_id = None
+        self.streaming_start, self.streaming_thinking = NEW_REPLY, False
+        return stats
 
     def action_stop(self) -> None:
         """Esc: cancel an edit first (its box is what the user is looking at), else stop the

@@ -1,7 +1,8 @@
 """Chat-template rendering: extra template variables (chat_template_kwargs, e.g. Qwen's
 enable_thinking) reach the template, names the renderer uses itself are refused, and the ids are
 transformers' apply_chat_template's, token for token, with a template that drops earlier
-reasoning as Qwen3.5's does (so a reply's thinking is not a prefix of the next turn's prompt)."""
+reasoning as Qwen3.5's does (so a reply's thinking is not a prefix of the next turn's prompt),
+and a generation prompt that opens the reasoning is told from one that does not."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import copy
 import pytest
 from transformers import AutoTokenizer
 
-from statechat.chat.template import merge_template_kwargs, render
+from statechat.chat.template import merge_template_kwargs, opens_thinking, render
 from statechat.errors import ConfigError
 from statechat.paths import EMBEDDED_MODEL
 
@@ -99,3 +100,16 @@ def test_an_earlier_replys_thinking_leaves_the_next_prompt(tokenizer):
     assert tok.decode(second).count("why") == 0  # (the template drops it from history)
     same = next(i for i, (a, b) in enumerate(zip(first + reply, second)) if a != b)
     assert tok.decode(second[:same]).endswith("<|im_start|>assistant\n")  # (what a cache reuses)
+
+
+@pytest.mark.parametrize("template, kwargs, opened", [
+    (THINKING, None, True), (THINKING, {"enable_thinking": False}, False),
+    ("{%- for m in messages %}{{ m['content'] }}{% endfor %}<think> x", None, False),
+    (None, None, False),  # (the embedded model's plain ChatML)
+])
+def test_a_prompt_that_opens_the_reasoning_is_told(template, kwargs, opened):
+    """Qwen3.5's generation prompt ends in `<think>`: its reply streams reasoning with no tag
+    of its own, which the app must show as reasoning (tui/format.py)."""
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    tok.chat_template = template or tok.chat_template
+    assert opens_thinking(tok, render(tok, TURNS[:2], template_kwargs=kwargs)) is opened

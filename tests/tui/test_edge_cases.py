@@ -124,6 +124,27 @@ def test_a_message_past_the_context_limit_is_an_error_on_its_reply(loaded, tmp_p
     asyncio.run(run())
 
 
+def test_a_reply_cut_at_the_context_limit_says_so(loaded, tmp_path):
+    """A reply that fills the context said `hit max tokens`, though far short of them: the
+    user raised --max-tokens, or continued it (c), and got the same reply, or an error. It
+    says it hit the context limit; one cut at its max tokens still says that."""
+    async def run(max_tokens: int) -> str:
+        config = EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=256)
+        sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        app = StatechatApp(config, tmp_path / str(max_tokens), loaded=loaded, sampling=sampling)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            stats = views(app)[1].message.stats
+            return status(views(app)[1]), stats
+
+    line, stats = asyncio.run(run(4000))
+    assert stats["prompt_tokens"] + stats["completion_tokens"] == 256
+    assert "hit the context limit (256 tokens)" in line and "max tokens" not in line
+    line, stats = asyncio.run(run(8))
+    assert stats["completion_tokens"] == 8 and "hit max tokens" in line
+
+
 def test_streamed_text_for_a_view_not_built_yet(loaded, tmp_path):
     """Opening the chat whose reply streams builds its views anew; text the worker sends
     before they are built (it went to the views being replaced) shows once they are."""

@@ -11,10 +11,12 @@ import asyncio
 
 from textual import events
 
+from statechat.chat.tree import open_chats
+from statechat.tui.conversations import GONE
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from tests.tui.test_app import header, make_app, send, status, views, wait_idle, wait_ready
-from tests.tui.test_edge_cases import focus_message, long_reply_app, start_long_reply
+from tests.tui.test_edge_cases import focus_message, long_reply_app, notices, start_long_reply
 
 
 def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
@@ -81,6 +83,28 @@ def test_the_chat_list_focused_highlights_a_chat(loaded, tmp_path):
             await pilot.pause(0.1)
             assert app.conv_id == chat_a
             assert views(app)[0].message.content == "chat a"
+
+    asyncio.run(run())
+
+
+def test_ctrl_l_lists_the_chats_another_process_started(loaded, tmp_path):
+    """Another `statechat run` on the same cache dir starts a chat: Ctrl+L showed the list as
+    it was read last (an empty one: Enter opened nothing), until some chat was opened."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            other = open_chats(tmp_path)
+            conv = other.create("from the other one")
+            other.add(conv.id, None, "user", "written elsewhere")
+            other.close()
+            await pilot.press("ctrl+l")
+            await pilot.pause(0.1)
+            assert app.query_one(ConversationList).conv_ids == [conv.id]
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert app.conv_id == conv.id
+            assert views(app)[0].message.content == "written elsewhere"
 
     asyncio.run(run())
 
@@ -153,5 +177,31 @@ def test_up_pressed_fast_moves_one_message_a_key(loaded, tmp_path):
                 app._driver.send_message(events.Key("up", None))
             await pilot.pause(0.2)
             assert app.focused is views(app)[1]
+
+    asyncio.run(run())
+
+
+def test_a_key_on_a_message_another_process_deleted_leaves_the_chat_shown(loaded, tmp_path):
+    """e, r, c, ] or d on a message another statechat deleted says so, once (a second notice
+    told the user to pick a reply, as though they had picked the wrong one), and the focus
+    goes to the box: it fell to the chat list, which on a narrow terminal then filled the
+    screen in place of the chat, and where Delete deletes the whole chat."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(40, 30)) as pilot:  # (narrow: the list shows if focused)
+            await wait_ready(pilot, app)
+            for key, index in (("c", 1), ("r", 1), ("e", 0), ("right_square_bracket", 1),
+                               ("d", 1)):
+                await send(pilot, app, f"before {key}")
+                other = open_chats(tmp_path)
+                other.delete_branch(views(app)[index].message.id)
+                other.close()
+                await focus_message(pilot, app, index)
+                app.clear_notifications()
+                await pilot.press(key)
+                await pilot.pause(0.1)
+                assert notices(app) == [GONE.format("That message")], key
+                assert app.focused is app.query_one(Composer), key
+                assert app.query_one("#main").display, key  # (the chat, not the list)
 
     asyncio.run(run())

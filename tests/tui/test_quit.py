@@ -3,7 +3,8 @@ step under way (it went on to build the engine, on a GPU its graph capture, and 
 waited for all of it), and the app's close, a reply streaming, waits on no fixed interval (its
 time is the engine's stop) while the reply is still kept. Ctrl+Q right after Enter, and keys
 handled once the app is quitting, start nothing (the app crashed); SIGTERM and SIGHUP quit as
-Ctrl+Q does, with exit status 128 + the signal's number."""
+Ctrl+Q does, with exit status 128 + the signal's number; Ctrl+Q quits from the command
+palette too."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 
 import pytest
 from textual import events
+from textual.command import CommandPalette
 
 from statechat.chat.tree import open_chats
 from statechat.config import EngineConfig
@@ -152,6 +154,25 @@ def test_ctrl_q_right_after_enter_exits_cleanly(loaded, tmp_path):
             assert all(m.stats for m in chats.branch(conv.id) if m.role == "assistant")
     finally:
         chats.close()
+
+
+def test_ctrl_q_quits_from_the_command_palette(loaded, tmp_path):
+    """The footer offers Ctrl+P's command palette; with it open, Ctrl+Q did nothing (the app's
+    own Ctrl+Q had lost Textual's priority, and a modal screen holds back the rest)."""
+    async def run() -> StatechatApp:
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await pilot.press("ctrl+p")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, CommandPalette)
+            await pilot.press("ctrl+q")
+            await pilot.pause(0.5)
+            assert not app.is_running
+        return app
+
+    app = asyncio.run(run())
+    assert app.return_code == 0 and app.is_closed
 
 
 def test_keys_handled_while_quitting_start_nothing(loaded, tmp_path):

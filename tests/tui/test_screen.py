@@ -12,6 +12,9 @@ import asyncio
 import time
 
 import pytest
+from rich.console import Group
+from rich.text import Text
+from textual.geometry import Region
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
@@ -22,7 +25,9 @@ from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import make_app, send, status, views, wait_ready
+from tests.helpers import THINKING, with_template
+from tests.tui.test_app import make_app, send, status, views, wait_idle, wait_ready
+from tests.tui.test_edge_cases import start_long_reply
 
 
 def test_the_decode_rate_is_the_engines(loaded, tmp_path, monkeypatch):
@@ -88,6 +93,56 @@ def test_joiners_stay_and_bidi_overrides_go(loaded, tmp_path):
                 assert text == f"{family} {persian} \u00b7evil\u00b7"
 
     asyncio.run(run())
+
+
+def shows_thought(view) -> bool:
+    """Whether a reply's view begins with its reasoning, dimmed as `thinking: ...`."""
+    body = view._body()
+    first = body.renderables[0] if isinstance(body, Group) else body
+    return (isinstance(first, Text) and first.plain.startswith("thinking: ")
+            and "dim" in str(first.style))
+
+
+def test_reasoning_a_thinking_prompt_opened_shows_dimmed_as_it_streams(loaded, tmp_path):
+    """Qwen3.5's template opens `<think>` in the prompt, so the reasoning streams with no tag
+    of its own: it showed as the answer (Markdown) until `</think>` came, and for good in a
+    reply stopped, or cut at max tokens, before it. It shows dimmed as `thinking: ...` as it
+    streams, once stopped, and after a restart; a continuation of it too."""
+    config = EngineConfig(model=EMBEDDED_MODEL, device="cpu")
+    sampling = SamplingParams(max_tokens=4000, ignore_eos=True)
+
+    async def first_run():
+        app = StatechatApp(config, tmp_path, loaded=with_template(loaded, THINKING),
+                           sampling=sampling)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            while not views(app)[1].text:
+                await pilot.pause(0.05)
+            assert shows_thought(views(app)[1])  # streaming
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            assert "stopped" in status(views(app)[1]) and shows_thought(views(app)[1])
+            await pilot.press("shift+tab", "c")
+            await pilot.pause(0.3)
+            assert app.handle is not None and shows_thought(views(app)[1])
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+            assert "2/2" in str(views(app)[1].query_one(".header").render())
+
+    async def second_run():
+        app = StatechatApp(config, tmp_path, loaded=loaded)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            assert shows_thought(views(app)[1])
+            await pilot.press("shift+tab", "left_square_bracket")
+            await pilot.pause(0.1)
+            assert "1/2" in str(views(app)[1].query_one(".header").render())
+            assert shows_thought(views(app)[1])
+            await send(pilot, app, "plain")  # (this app's template opens no reasoning)
+            assert not shows_thought(views(app)[-1])
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())
 
 
 @pytest.mark.parametrize("size", [(40, 12), (18, 6)])
@@ -199,3 +254,40 @@ def test_the_focused_message_stands_out(loaded, tmp_path):
             assert reply.styles.border_left[1] not in (bars[other_user], bars[reply])
 
     asyncio.run(run())
+
+
+def shown_text(widget) -> str:
+    """The text `widget` shows in its region, row by row."""
+    rows = widget.render_lines(Region(0, 0, widget.size.width, widget.size.height))
+    return "\n".join("".join(segment.text for segment in row) for row in rows)
+
+
+@pytest.mark.parametrize("width", [64, 36])
+def test_every_link_of_a_message_shows_on_a_narrow_terminal(loaded, tmp_path, width):
+    """A message's header was one row, cut at the chat's width: under 80 columns a reply's
+    `continue` and `delete` links (and on fewer, its `‹ 2/2 ›`) were not on the screen to
+    click. The header wraps to the rows it needs."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(width, 40)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            await pilot.press("shift+tab", "c")
+            await wait_idle(pilot, app)
+            header = views(app)[1].query_one(".header")
+            text = " ".join(shown_text(header).split())
+            for link in ("‹ 2/2 ›", "regenerate", "continue", "delete"):
+                assert link in text, (link, text)
+            await pilot.click(header, offset=_offset_of(header, "delete"))
+            await pilot.pause(0.1)
+            assert "2/2" not in " ".join(shown_text(views(app)[1].query_one(".header")).split())
+
+    asyncio.run(run())
+
+
+def _offset_of(widget, word: str) -> tuple[int, int]:
+    """Where `word` begins in `widget`'s shown text (x, y)."""
+    rows = shown_text(widget).split("\n")
+    y = next(i for i, row in enumerate(rows) if word in row)
+    return rows[y].index(word) + 1, y
+

@@ -29,10 +29,14 @@ class MessageView(Vertical, can_focus=True):
         Binding("d", "app.delete_branch", "Delete branch"),
     ]
 
-    def __init__(self, message: Message, position: int = 1, num_siblings: int = 1) -> None:
+    def __init__(self, message: Message, position: int = 1, num_siblings: int = 1,
+                 thinking: bool = False) -> None:
+        """`thinking`: the reply's prompt opened its reasoning (a reply streaming; one that
+        ended says so in its stats' `thinking`)."""
         super().__init__(classes=f"message {message.role}")
         self.message, self.position, self.num_siblings = message, position, num_siblings
         self.text, self.status = message.content, status_line(message.stats)
+        self.thinking = thinking or message.stats.get("thinking") is True
 
     def compose(self) -> ComposeResult:
         """Its header (role, branch switcher, links), its text, its status line."""
@@ -60,7 +64,7 @@ class MessageView(Vertical, can_focus=True):
         text = clean(self.text)
         if self.message.role != "assistant":
             return Text(text)
-        reasoning, answer = split_thinking(text)
+        reasoning, answer = split_thinking(text, opened=self.thinking)
         if not reasoning:
             return Markdown(answer or "…")
         thought = Text(f"thinking: {reasoning}", style="dim italic")
@@ -70,6 +74,7 @@ class MessageView(Vertical, can_focus=True):
         """Show `message` as stored now (a reply that ended: its links, its text); before the
         view is built, its build shows it."""
         self.message = message
+        self.thinking = self.thinking or message.stats.get("thinking") is True
         for header in self.query(".header").results(Static):
             header.update(self._header())
         self.set_text(message.content)
