@@ -5,6 +5,7 @@ full collections meanwhile, then stopped."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import socket
 import sys
@@ -19,15 +20,25 @@ def bind(host: str, port: int) -> socket.socket:
     `statechat serve` binds before the model loads, as vLLM's server does: a port in use, or
     an address this machine does not have, is an OSError at once rather than after a load of
     minutes, and while the model loads a client's connection is refused, not left hanging.
+    The port is first bound alone (no SO_REUSEADDR: a second `serve` on it while this one
+    loads is refused at once, where with it both bound the port and both loaded a model), and
+    with SO_REUSEADDR only when that fails, for a stopped server's connections in TIME_WAIT.
     (A server that starts listening on the port meanwhile makes the listen an OSError.)"""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as ChatServer's own)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    for reuse in (False, True):
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
+            sock.bind((host, port))
+            return sock
+        except OSError as e:
+            sock.close()
+            if reuse or e.errno != errno.EADDRINUSE:
+                raise
+        except BaseException:
+            sock.close()
+            raise
+    raise AssertionError("unreachable")
 
 
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,

@@ -84,6 +84,8 @@ class ChatServer(ThreadingHTTPServer):
         super().__init__((host, port), Handler, bind_and_activate=sock is None)
         if sock is not None:
             self.socket.close()
+            # (bind took it alone; its connections' TIME_WAIT must not hold up a restart)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.socket, self.server_address = sock, sock.getsockname()
             self.server_name, self.server_port = self.server_address[:2]
             self.server_activate()

@@ -20,28 +20,34 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.sqlite_files import is_unusable, open_sqlite, primary_code
+from statechat.cache.sqlite_files import is_locked, is_unusable, open_sqlite, primary_code
 from statechat.chat.records import BUSY_ADVICE, BusyError, DamagedError
 
 CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
 # chat_messages' columns that came after its first version: a file made before them gets them
 # as it opens (their rows NULL; an earlier statechat on the same file leaves them NULL too)
 NEWER_COLUMNS = {"token_ids": str}
+BUSY_TIMEOUT_S = 30  # how long a use of the file waits for another process's lock
+ADD_COLUMN_WAIT_S = 1.0  # how long an open waits for it to add NEWER_COLUMNS (else: later)
 
 
 class ChatFile:
     """The chats' tables in one SQLite file, opened (and created) at `path`; its users hold
-    `_locked()` around each use, which also turns SQLite's errors into the user's words."""
+    `_locked()` around each use, which also turns SQLite's errors into the user's words.
+    `columns`: chat_messages' columns; a file from an earlier statechat lacks NEWER_COLUMNS
+    while it cannot be written (another process holds it locked, read-only media, a full
+    disk): it opens without them, as that statechat opened it, and a later open adds them."""
 
     def __init__(self, path: Path) -> None:
         self.file = Path(path)
         self._lock = threading.RLock()
+        self.columns: set[str] = set()
         self.db = open_sqlite(self.file, self._open)
 
     def _open(self) -> sqlite_utils.Database:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
-                                                        timeout=30))
+                                                        timeout=BUSY_TIMEOUT_S))
         try:
             self.db.enable_wal()
             self._create_tables()
@@ -67,17 +73,23 @@ class ChatFile:
             self._add_newer_columns()
 
     def _add_newer_columns(self) -> None:
-        """NEWER_COLUMNS that a file made by an earlier statechat lacks, added. Another process
-        may add one at the same moment: the 'duplicate column' it leaves this one is as good."""
+        """NEWER_COLUMNS that a file made by an earlier statechat lacks, added, waiting at most
+        ADD_COLUMN_WAIT_S for another process's lock; left out while the file cannot be written
+        (see `columns`). Another process may add one at the same moment: the 'duplicate
+        column' it leaves this one is as good."""
         table = self.db[MESSAGES]
         for name, kind in NEWER_COLUMNS.items():
             if name in table.columns_dict:
                 continue
+            self.db.execute(f"PRAGMA busy_timeout = {int(ADD_COLUMN_WAIT_S * 1000)}")
             try:
                 table.add_column(name, kind)
-            except sqlite3.OperationalError:
-                if name not in table.columns_dict:
+            except sqlite3.OperationalError as e:
+                if name not in table.columns_dict and not _for_now(e):
                     raise
+            finally:
+                self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        self.columns = set(table.columns_dict)
 
     def close(self) -> None:
         self.db.conn.close()
@@ -102,3 +114,10 @@ class ChatFile:
                     f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
                     ".recover` saves what is left of them, or move the file away to start "
                     "afresh") from None
+
+
+def _for_now(error: sqlite3.OperationalError) -> bool:
+    """Whether `error` is a state of the file that may end (BusyError's causes: a lock,
+    read-only media, a full disk), rather than of its contents."""
+    return (is_locked(error) or primary_code(error) in BUSY_ADVICE
+            or any(word in str(error) for word in ("readonly", "disk is full")))

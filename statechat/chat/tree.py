@@ -131,7 +131,8 @@ class ChatStore(ChatFile):
         changes: dict = {}
         if content is not None:
             changes["content"] = content
-            changes["token_ids"] = json.dumps(token_ids) if token_ids is not None else None
+            if "token_ids" in self.columns:  # (else none are kept: see ChatFile.columns)
+                changes["token_ids"] = json.dumps(token_ids) if token_ids is not None else None
         if stats is not None:
             changes["stats"] = json.dumps(stats)
         sets = ", ".join(f"{k} = :{k}" for k in changes) or "id = id"
@@ -143,6 +144,8 @@ class ChatStore(ChatFile):
         """The token ids message `msg_id`'s content was made of, as `update` stored them; None
         where none were (a user's message, a reply saved as it streamed, one made before they
         were kept, one deleted) or the column holds no list of ids (a row edited by hand)."""
+        if "token_ids" not in self.columns:
+            return None
         with self._locked():
             rows = list(self.db.execute(f"SELECT token_ids FROM {MESSAGES} WHERE id = ?",
                                         [msg_id]))
@@ -158,9 +161,10 @@ class ChatStore(ChatFile):
         unless the reply was saved whole meanwhile (its own stats are never overwritten); no
         token ids (see `update`)."""
         unfinished = json.dumps(UNFINISHED)
+        no_ids = ", token_ids = NULL" if "token_ids" in self.columns else ""
         with self._locked(), self.db.conn:
             return self.db.execute(
-                f"UPDATE {MESSAGES} SET content = ?, stats = ?, token_ids = NULL WHERE id = ? "
+                f"UPDATE {MESSAGES} SET content = ?, stats = ?{no_ids} WHERE id = ? "
                 "AND (stats IS NULL OR stats = ?)", [content, unfinished, msg_id, unfinished]
             ).rowcount > 0
 

@@ -48,3 +48,35 @@ def test_a_full_disk_is_one_line_and_a_count(tiny_dirs, tmp_path, monkeypatch, c
              "([Errno 28] No space left on device)")
     assert said == [first, count], said
     assert len(calls) >= len(prompts)
+
+
+def test_a_cause_that_names_each_save_s_file_is_still_one_line(tiny_dirs, tmp_path,
+                                                               monkeypatch, caplog):
+    """A cache folder made read-only under a running engine (a disk remounted read-only after
+    errors, say) fails each save at its own temporary file, and OSError names that file: the
+    failures are one cause all the same, one line and a count (each save was a line of its
+    own, each saying that further failures would be counted)."""
+    import itertools
+
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 300, (150,), generator=gen).tolist() for _ in range(4)]
+    names = itertools.count()
+
+    def write_blob(target, *args, **kwargs):  # (as os.open fails on a read-only folder)
+        raise OSError(errno.EROFS, "Read-only file system", f"{target}.{next(names)}.tmp")
+
+    monkeypatch.setattr(writer, "write_blob", write_blob)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        for p in prompts:
+            engine.generate([p], PARAMS)
+            engine.store.flush()
+        engine.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 2, said
+    assert said[0].startswith("statechat cache: could not persist a checkpoint ([Errno 30] "
+                              "Read-only file system: ")
+    assert said[1] == (f"statechat cache: {next(names) - 1} more checkpoints could not be "
+                       "persisted ([Errno 30] Read-only file system)")

@@ -5,6 +5,7 @@ process adds the column as this one opens it."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import sqlite_utils
 
@@ -21,9 +22,12 @@ OLD_CONVERSATIONS = """CREATE TABLE chat_conversations (id TEXT PRIMARY KEY, tit
 def old_file(path) -> None:
     """A chats' file as an earlier statechat left it: one chat, a question and its answer."""
     db = sqlite3.connect(path / "index.db")
+    db.execute("PRAGMA journal_mode=wal")  # (as statechat has always opened it)
     with db:
         db.execute(OLD_CONVERSATIONS)
         db.execute(OLD_MESSAGES)
+        for column in ("conversation_id", "parent_id"):
+            db.execute(f"CREATE INDEX idx_chat_messages_{column} ON chat_messages ({column})")
         db.execute("INSERT INTO chat_conversations VALUES ('c', 'old chat', 1, 1, 'a')")
         db.execute("INSERT INTO chat_messages VALUES ('u', 'c', NULL, 'user', 'question', 1, "
                    "'a', NULL)")
@@ -66,3 +70,33 @@ def test_another_process_adding_the_column_first_is_as_good(tmp_path, monkeypatc
     reply = store.add("c", "u", "assistant", "")
     assert store.update(reply.id, content="a new answer", token_ids=[3])
     assert store.token_ids(reply.id) == [3]
+
+
+def test_an_old_file_another_process_holds_locked_opens_at_once(tmp_path):
+    """The column needs a write, which waits for another process's lock (a `sqlite3 index.db`
+    shell inside BEGIN): the chats open at once all the same, as an earlier statechat opened
+    them (each try of the open waited out SQLite's 30 s, some ten minutes in all), and their
+    replies are saved without ids until an open finds the file free and adds the column."""
+    old_file(tmp_path)
+    other = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    opened: dict = {}
+    thread = threading.Thread(target=lambda: opened.update(store=open_chats(tmp_path)),
+                              daemon=True)
+    thread.start()
+    thread.join(20)
+    other.execute("ROLLBACK")
+    other.close()
+    assert "store" in opened, "the chats were still opening after 20 s"
+    store = opened["store"]
+    assert [m.content for m in store.branch("c")] == ["question", "answer"]
+    reply = store.add("c", "u", "assistant", "")
+    assert store.save_unfinished(reply.id, "a new")
+    assert store.update(reply.id, content="a new answer", token_ids=[1, 2])
+    assert store.token_ids(reply.id) is None  # (no column to keep them in yet)
+    store.close()
+    store = open_chats(tmp_path)  # (the file free: the column comes)
+    assert [m.content for m in store.branch("c")][-1] == "a new answer"
+    assert store.update(reply.id, content="a new answer", token_ids=[1, 2])
+    assert store.token_ids(reply.id) == [1, 2]
+    store.close()

@@ -659,14 +659,16 @@ def test_run_without_a_terminal_is_one_line_not_a_hang(monkeypatch, capsys):
 
 def test_a_port_taken_while_the_model_loads_is_one_line(monkeypatch, capsys, loaded):
     """The port is bound, not yet listened on, while the model loads; a server that starts
-    listening on it meanwhile (another `serve --port P` started then) makes the listen fail:
-    that is the same one line, not a traceback."""
+    listening on it meanwhile makes the listen fail: that is the same one line, not a
+    traceback. (Only where serve's bind had to share the port, SO_REUSEADDR, as after a
+    stopped server whose connections wait out TIME_WAIT: `held` stands for them.)"""
     import socket
 
     from statechat.engine.engine import LLMEngine
 
-    other = socket.socket()
-    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other, held = socket.socket(), socket.socket()
+    for sock in (other, held):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
     def load_while_another_listens(config):
         other.bind(("127.0.0.1", port))
@@ -676,10 +678,11 @@ def test_a_port_taken_while_the_model_loads_is_one_line(monkeypatch, capsys, loa
     with socket.socket() as probe:  # (a free port)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    held.bind(("127.0.0.1", port))
     monkeypatch.setattr(cli_setup, "load_engine", load_while_another_listens)
     monkeypatch.setattr("sys.argv", ["statechat", "serve", "--device", "cpu", "--no-cache",
                                      "--model", str(EMBEDDED_MODEL), "--port", str(port)])
-    with other, pytest.raises(SystemExit) as exit_info:
+    with other, held, pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

@@ -577,6 +577,29 @@ def test_a_socket_bound_ahead_is_refused_until_served_then_served(server):
     assert served_model(srv) == "tiny-qwen3.5"
 
 
+def test_a_port_another_serve_bound_while_it_loads_is_refused_at_once(server):
+    """Two `serve --port P` started together (a second one while the first still loads its
+    model): the second's bind fails at once, before its own load. Both bound the port (each
+    with SO_REUSEADDR, which lets sockets not listening yet share it), so the second loaded a
+    whole model (on the same GPU) only to find the port taken at its listen. A port whose
+    stopped server's connections wait out TIME_WAIT still binds (a restart)."""
+    import errno
+
+    first = bind("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    try:
+        with pytest.raises(OSError) as refused:
+            bind("127.0.0.1", port).close()
+        assert refused.value.errno == errno.EADDRINUSE
+    finally:
+        first.close()
+    srv = ChatServer(server.worker, "tiny-qwen3.5", "127.0.0.1", port, api_key=KEY, quiet=True,
+                     sock=bind("127.0.0.1", port))
+    assert served_model(srv) == "tiny-qwen3.5"  # (the server closes first: its side waits)
+    again = bind("127.0.0.1", port)
+    again.close()
+
+
 def test_control_characters_of_a_request_line_are_logged_escaped(server, capsys, monkeypatch):
     """A request line's control characters (a terminal's escape sequences, a carriage return)
     reached the server's log as they were, so any client could recolour, retitle or rewrite the

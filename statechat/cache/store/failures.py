@@ -28,9 +28,10 @@ class FailedSaves:
         self._causes: dict[str, tuple[float, int]] = {}  # cause -> (last said, failures unsaid)
 
     def failed(self, error: Exception) -> None:
-        """Count a failed save; the first of its cause is one warning line, those after it are
-        counted, and the count said every REPEAT_S (and by `close`)."""
-        cause = (str(error).splitlines() or [type(error).__name__])[0]
+        """Count a failed save; the first of its cause is one warning line (the error's first
+        line), those after it are counted, and the count said every REPEAT_S (and by
+        `close`)."""
+        cause = _cause(error)
         now = time.monotonic()
         with self._lock:
             self.count += 1
@@ -40,8 +41,9 @@ class FailedSaves:
                 return
             self._causes[cause] = (now, 0)
         if said is None:
+            first = (str(error).splitlines() or [type(error).__name__])[0]
             log.warning("statechat cache: could not persist a checkpoint (%s)%s (further "
-                        "failures like it are counted, not shown)", cause, self._advice(error))
+                        "failures like it are counted, not shown)", first, self._advice(error))
         else:
             self._say(cause, unsaid + 1)
 
@@ -64,3 +66,12 @@ class FailedSaves:
         if full:
             return f"; free some space on the disk of {self.path}, or pick another cache dir"
         return ""
+
+
+def _cause(error: Exception) -> str:
+    """What failed saves of one cause share: the error's first line, less the file an OSError
+    names (each save fails at a file of its own, a read-only folder's say: `[Errno 30]
+    Read-only file system: '.../kv/<name>.tmp'`)."""
+    if isinstance(error, OSError) and error.errno is not None and error.strerror:
+        return f"[Errno {error.errno}] {error.strerror}"
+    return (str(error).splitlines() or [type(error).__name__])[0]
