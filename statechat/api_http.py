@@ -24,6 +24,12 @@ SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long
 MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
 MAX_NAME_CHARS = 40  # of each name logged
 CORS_METHODS = "GET, HEAD, POST, OPTIONS"
+# the default --allowed-origins: pages served from this machine, on any port (`:*`). vLLM's
+# default is any origin; but a page of any site could then read this server's answers, and its
+# `cached_tokens` would tell that page which prefixes the cache holds (the chats of `run` on
+# the same cache dir among them)
+LOCAL_ORIGINS = tuple(f"{scheme}://{host}:*" for host in ("localhost", "127.0.0.1", "[::1]")
+                      for scheme in ("http", "https"))
 CORS_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
 # C0, DEL and C1 control characters as `\xNN` in a log line (backslashes are left as they are:
 # `named` has escaped a field's name already)
@@ -32,7 +38,7 @@ CONTROL_CHARS = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0
 
 class JsonHandler(BaseHTTPRequestHandler):
     """A handler whose routes raise ApiError for their errors (`_guard` answers them). Its
-    server has `api_key`, `allowed_origins` (origins, or ("*",) for any), `quiet` and
+    server has `api_key`, `allowed_origins` (parse_allowed_origins'), `quiet` and
     `connection_state(handler, busy)`; a subclass says which methods it serves in
     `_methods_message`."""
 
@@ -84,7 +90,7 @@ class JsonHandler(BaseHTTPRequestHandler):
         allowed = self.server.allowed_origins
         if not origin:
             return None
-        return "*" if "*" in allowed else origin if origin in allowed else None
+        return "*" if "*" in allowed else origin if origin_allowed(origin, allowed) else None
 
     def _preflight(self) -> bool:
         """Answer a browser's CORS preflight (no API key: browsers send none with it) and say
@@ -104,8 +110,8 @@ class JsonHandler(BaseHTTPRequestHandler):
             self._drain()
             self.send_response(204)
             self.send_header("Access-Control-Allow-Methods", CORS_METHODS)
-            if requested := self.headers.get("Access-Control-Request-Headers"):
-                self.send_header("Access-Control-Allow-Headers", requested)
+            if requested := self.headers.get("Access-Control-Request-Headers"):  # (unfolded)
+                self.send_header("Access-Control-Allow-Headers", " ".join(requested.split()))
             self.send_header("Access-Control-Max-Age", str(CORS_MAX_AGE_S))
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -230,8 +236,9 @@ def named(names: list[str]) -> str:
 
 def parse_allowed_origins(text: str) -> tuple[str, ...]:
     """`--allowed-origins`: origins separated by commas (or a JSON list of them, vLLM's form),
-    "*" for any, "" for none. A value that is not `scheme://host[:port]` raises ValueError
-    naming it."""
+    each `scheme://host[:port]`, `scheme://host:*` for any port, `null` (a page of a file), or
+    "*" for any origin; "" for none. Lower-cased, as browsers send them. A value that is none
+    of these raises ValueError naming it."""
     text = text.strip()
     if text.startswith("["):
         try:
@@ -242,9 +249,26 @@ def parse_allowed_origins(text: str) -> tuple[str, ...]:
             raise ValueError(f"{text!r} is not a JSON list of origins")
     else:
         items = text.split(",")
-    origins = tuple(i.strip().rstrip("/") for i in items if i.strip())
+    origins = tuple(i.strip().rstrip("/").lower() for i in items if i.strip())
     for origin in origins:
         scheme, sep, host = origin.partition("://")
-        if origin != "*" and not (sep and scheme.isalpha() and host and "/" not in host):
-            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], or *)")
+        if origin not in ("*", "null") and not (sep and scheme.isalpha() and host
+                                                 and "/" not in host):
+            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], "
+                             "scheme://host:* for any port, null, or *)")
     return origins
+
+
+def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a request's Origin is one of `allowed` (parse_allowed_origins'): the same
+    origin, or one of a `scheme://host:*` entry's host with any port or none."""
+    origin = origin.lower()
+    for entry in allowed:
+        if entry == "*" or entry == origin:
+            return True
+        if entry.endswith(":*"):
+            base = entry[:-2]
+            port = origin.removeprefix(base + ":") if origin.startswith(base + ":") else None
+            if origin == base or (port is not None and port.isdigit()):
+                return True
+    return False

@@ -10,9 +10,15 @@ import gc
 import socket
 import sys
 
+from statechat.api_http import LOCAL_ORIGINS
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.server import ChatServer
+
+
+class ListenError(OSError):
+    """The server could not listen on its host and port (serve's; its errno and strerror are
+    the OSError's), told apart from an OSError while it serves or stops."""
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -44,23 +50,27 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
           template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
           completion_max_tokens: int | None = None, warm_next_turn: bool = True,
-          allowed_origins: tuple[str, ...] = ("*",), sock: socket.socket | None = None) -> None:
+          allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
+          sock: socket.socket | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
     `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
     request, `warm_next_turn` whether replies' next turns are computed, and `allowed_origins`
     the browsers' origins that may call it (ChatServer's); `sock`: the socket `bind` made for
-    host:port, else one is bound here."""
+    host:port, else one is bound here. A ListenError when it cannot listen there."""
     import signal
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    try:  # (an OSError when another server took the port first: see bind)
+    try:
         server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
                             sampling=sampling, completion_max_tokens=completion_max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=allowed_origins,
                             sock=sock)
+    except OSError as e:  # (another server took the port first: see bind)
+        worker.shutdown()
+        raise ListenError(e.errno, e.strerror) from None
     except BaseException:
         worker.shutdown()
         raise

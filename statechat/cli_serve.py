@@ -46,9 +46,11 @@ def serve(
     api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
                                                 "every request.",
                                                 envvar="STATECHAT_API_KEY")] = None,
-    allowed_origins: Annotated[str, typer.Option(help=(
+    allowed_origins: Annotated[str | None, typer.Option(help=(
         "Origins whose web pages may call the API from a browser (CORS): comma-separated or a "
-        "JSON list; '*' any, '' none."), envvar="STATECHAT_ALLOWED_ORIGINS")] = "*",
+        "JSON list; scheme://host:* for any port, '*' any origin (vLLM's default), '' none. "
+        "Default: pages of this machine (localhost, 127.0.0.1, [::1], any port)."),
+        envvar="STATECHAT_ALLOWED_ORIGINS")] = None,
     served_model_name: Annotated[str | None, typer.Option(help=(
         "The model's name in /v1/models and in every response (default: a Hugging Face "
         "snapshot's repo id, else the model folder's name)."),
@@ -71,14 +73,15 @@ def serve(
     completion; --max-tokens sets both), unless the model's generation config, the flags or a
     request's own fields say otherwise."""
     from statechat import api_serve
-    from statechat.api_http import parse_allowed_origins
+    from statechat.api_http import LOCAL_ORIGINS, parse_allowed_origins
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
     try:
-        origins = parse_allowed_origins(allowed_origins)
+        origins = LOCAL_ORIGINS if allowed_origins is None else parse_allowed_origins(
+            allowed_origins)
     except ValueError as e:
         raise StatechatError(f"--allowed-origins: {e}") from None
     if served_model_name is not None and not served_model_name.strip():
@@ -87,7 +90,8 @@ def serve(
     with contextlib.closing(bound_socket(host, port)) as sock:  # (before the model loads)
         engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
         warn_if_embedded(engine.loaded.path)
-        with listen_errors(host, port):  # (another server may have taken it meanwhile)
+        # (another server may have taken it meanwhile; only that is told as a listen's error)
+        with listen_errors(host, port, api_serve.ListenError):
             name = served_model_name or served_name(engine.loaded.path)
             api_serve.serve(EngineWorker(engine), name, host, port,
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,

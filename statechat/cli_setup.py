@@ -73,14 +73,14 @@ def bound_socket(host: str, port: int):
 
 
 @contextlib.contextmanager
-def listen_errors(host: str, port: int):
-    """An OSError of binding or listening on host:port as one line that says which flag to
-    change."""
+def listen_errors(host: str, port: int, kind: type[OSError] = OSError):
+    """An OSError (of `kind`) of binding or listening on host:port as one line that says which
+    flag to change."""
     from statechat.server import host_port
 
     try:
         yield
-    except OSError as e:  # (the port taken, or an address this machine does not have)
+    except kind as e:  # (the port taken, or an address this machine does not have)
         fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host"
         raise StatechatError(f"cannot listen on {host_port(host, port)} ({e.strerror}); "
                              f"{fix}") from None

@@ -8,7 +8,7 @@
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
 "code"}}. With an API key, every request but /health needs `Authorization: Bearer KEY`. Pages
-of the allowed origins (any, by default, as vLLM's) may call it from a browser (CORS). A
+of the allowed origins (those of this machine, by default) may call it from a browser (CORS). A
 request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py);
 its choices are submitted, awaited and streamed by api_choices.py, which the two APIs share.
 Fields of a body that its API does not read (bar those ignored on purpose,
@@ -38,7 +38,7 @@ from statechat.api_completions import (
     CompletionShape,
     parse_completion,
 )
-from statechat.api_http import JsonHandler, named
+from statechat.api_http import LOCAL_ORIGINS, JsonHandler, named
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
@@ -75,7 +75,7 @@ class ChatServer(ThreadingHTTPServer):
                  port: int = 8000, api_key: str | None = None, quiet: bool = False,
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True,
-                 allowed_origins: tuple[str, ...] = ("*",),
+                 allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
                  sock: socket.socket | None = None) -> None:
         """`sock`: a socket api_serve.bind made (host and port are then its own), else one is
         bound."""

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from statechat import cli, cli_setup
+from statechat.api_http import LOCAL_ORIGINS
 from statechat.paths import EMBEDDED_MODEL
 
 runner = CliRunner()
@@ -584,11 +585,11 @@ def test_serve_refuses_an_allowed_origin_that_is_not_one(monkeypatch):
 
 
 def test_serve_hands_its_own_options_to_the_server(shared_engine, monkeypatch):
-    """--allowed-origins (any, by default, as vLLM's) and --served-model-name (the folder's
-    name by default) reach the server; an empty name is one line."""
+    """--allowed-origins (this machine's pages, by default) and --served-model-name (the
+    folder's name by default) reach the server; an empty name is one line."""
     got = {}
 
-    def serve(worker, model_id, *args, allowed_origins=("*",), **kwargs):
+    def serve(worker, model_id, *args, allowed_origins=None, **kwargs):
         worker.shutdown()
         got["origins"], got["name"] = allowed_origins, model_id
 
@@ -596,7 +597,7 @@ def test_serve_hands_its_own_options_to_the_server(shared_engine, monkeypatch):
     args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL),
             "--port", "0"]
     assert runner.invoke(cli.app, args).exit_code == 0
-    assert got == {"origins": ("*",), "name": EMBEDDED_MODEL.name}
+    assert got == {"origins": LOCAL_ORIGINS, "name": EMBEDDED_MODEL.name}
     result = runner.invoke(cli.app, [*args, "--allowed-origins",
                                      "http://a.example, http://b.example",
                                      "--served-model-name", "my-model"])
@@ -688,3 +689,16 @@ def test_a_port_taken_while_the_model_loads_is_one_line(monkeypatch, capsys, loa
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"statechat: cannot listen on 127.0.0.1:{port} (Address already in use); pick another "
         "--port")
+
+
+def test_an_os_error_while_serving_is_not_told_as_a_listen_error(shared_engine, monkeypatch):
+    """Only the server's listen is told as "cannot listen on ..."; an OSError while it serves
+    or stops (a disk's error as the cache closes) is not that port's fault."""
+    def serve(worker, *args, **kwargs):
+        worker.shutdown()
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr("statechat.api_serve.serve", serve)
+    result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
+                                     str(EMBEDDED_MODEL), "--port", "0"])
+    assert isinstance(result.exception, OSError) and result.exception.errno == errno.EIO

@@ -47,7 +47,7 @@ def started(monkeypatch, shared_engine):
             pass
 
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
-              completion_max_tokens=None, warm_next_turn=True, allowed_origins=("*",),
+              completion_max_tokens=None, warm_next_turn=True, allowed_origins=None,
               sock=None):
         worker.shutdown()
         sock.close()

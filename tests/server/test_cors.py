@@ -1,16 +1,18 @@
 """A browser page may call the server as vLLM's lets it: a CORS preflight is answered without
 the API key, every answer (errors and streams included) names the allowed origin, an origin
 left out of `allowed_origins` gets no such header (and its preflight a 400), and /health
-answers probes without the key while every other route still needs it."""
+answers probes without the key while every other route still needs it. By default only pages
+of this machine are allowed (a site's page could read the cache's `cached_tokens`)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
 
 import pytest
 
-from statechat.api_http import parse_allowed_origins
+from statechat.api_http import LOCAL_ORIGINS, origin_allowed, parse_allowed_origins
 
 from .conftest import KEY
 
@@ -40,25 +42,58 @@ def preflight(server, origin: str = PAGE, method: str = "POST"):
 def test_a_preflight_needs_no_key_and_allows_the_api(server):
     status, headers, body = preflight(server)
     assert status == 204 and body == b""
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Access-Control-Allow-Origin"] == PAGE and headers["Vary"] == "Origin"
     assert "POST" in headers["Access-Control-Allow-Methods"]
     assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
     assert int(headers["Access-Control-Max-Age"]) > 0
+
+
+def test_by_default_only_pages_of_this_machine(server):
+    assert server.allowed_origins == LOCAL_ORIGINS
+    for page in ("http://127.0.0.1:8080", "https://localhost", "http://[::1]:3000",
+                 "HTTP://LocalHost:3000"):
+        status, headers, _ = preflight(server, origin=page)
+        assert status == 204 and headers["Access-Control-Allow-Origin"] == page, page
+    for page in ("https://evil.example", "http://localhost.evil.example",
+                 "http://localhost:3000.evil.example", "null"):
+        status, headers, _ = preflight(server, origin=page)
+        assert status == 400 and "Access-Control-Allow-Origin" not in headers, page
+
+
+def test_a_folded_header_list_is_not_echoed_folded(server):
+    host, port = server.server_address[:2]
+    raw = (b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: " + PAGE.encode()
+           + b"\r\nAccess-Control-Request-Method: POST\r\n"
+           + b"Access-Control-Request-Headers: a\r\n X-Evil: 1\r\nConnection: close\r\n\r\n")
+    with socket.create_connection((host, port), timeout=30) as conn:
+        conn.sendall(raw)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head = data.split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert b"Access-Control-Allow-Headers: a X-Evil: 1" in head
+    assert not any(line.startswith((b" ", b"\t", b"X-Evil")) for line in head)
+
+
+def test_any_origin_when_asked(server, monkeypatch):
+    monkeypatch.setattr(server, "allowed_origins", ("*",))
+    status, headers, _ = preflight(server, origin="https://chat.example")
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "*"
 
 
 def test_answers_to_a_page_name_its_origin(server):
     auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     status, headers, body = ask(server, "POST", "/v1/chat/completions", ASK, Origin=PAGE, **auth)
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Access-Control-Allow-Origin"] == PAGE
     streamed = json.dumps({**json.loads(ASK), "stream": True})
     status, headers, body = ask(server, "POST", "/v1/chat/completions", streamed, Origin=PAGE,
                                 **auth)
     assert status == 200 and body.rstrip().endswith(b"data: [DONE]")
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Access-Control-Allow-Origin"] == PAGE
     # a wrong key's 401 is readable by the page too (it can tell the user why)
     status, headers, _ = ask(server, "GET", "/v1/models", Origin=PAGE, Authorization="Bearer no")
-    assert status == 401 and headers["Access-Control-Allow-Origin"] == "*"
+    assert status == 401 and headers["Access-Control-Allow-Origin"] == PAGE
     # no Origin (not a browser): no CORS header
     status, headers, _ = ask(server, "GET", "/v1/models", Authorization=f"Bearer {KEY}")
     assert status == 200 and "Access-Control-Allow-Origin" not in headers
@@ -120,6 +155,8 @@ def test_keep_alive_goes_on_after_a_preflight(server):
     ("http://localhost:3000, https://chat.example/", ("http://localhost:3000",
                                                       "https://chat.example")),
     ('["http://a.example", "*"]', ("http://a.example", "*")),
+    ("HTTPS://Chat.Example:8443, http://localhost:*, null",
+     ("https://chat.example:8443", "http://localhost:*", "null")),
 ])
 def test_allowed_origins_are_read(text, origins):
     assert parse_allowed_origins(text) == origins
@@ -130,3 +167,13 @@ def test_allowed_origins_are_read(text, origins):
 def test_a_value_that_is_not_an_origin_is_named(text):
     with pytest.raises(ValueError, match="origin"):
         parse_allowed_origins(text)
+
+
+@pytest.mark.parametrize("origin, allowed", [
+    ("http://localhost", True), ("http://localhost:1", True), ("http://localhost:65535", True),
+    ("https://localhost:3000", False), ("http://localhost:", False), ("http://localhost:x", False),
+    ("http://localhostx:3000", False), ("https://chat.example", True),
+    ("https://chat.example:443", False), ("null", False),
+])
+def test_origins_match_exactly_or_by_a_host_of_any_port(origin, allowed):
+    assert origin_allowed(origin, ("http://localhost:*", "https://chat.example")) is allowed
