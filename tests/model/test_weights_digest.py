@@ -30,11 +30,15 @@ def fine_tune(src, dst, change):
     return dst
 
 
-@pytest.mark.parametrize("whole_bytes", [1 << 20, 256])
-def test_same_shapes_other_values_is_another_model(tiny_dirs, tmp_path, monkeypatch, whole_bytes):
+@pytest.mark.parametrize("whole_bytes, windows", [(1 << 20, (16, 1024)), (256, (4, 16))])
+def test_same_shapes_other_values_is_another_model(tiny_dirs, tmp_path, monkeypatch, whole_bytes,
+                                                   windows):
     """Also where the tensors are sampled rather than read whole (a large model's): with a
-    `whole_bytes` of 256, every tensor of the tiny model is."""
+    `whole_bytes` of 256 and four windows of 16 bytes, every tensor of the tiny model is, and
+    the windows leave most of its bytes unread."""
     monkeypatch.setattr(loader, "WHOLE_TENSOR_BYTES", whole_bytes)
+    monkeypatch.setattr(loader, "NUM_WINDOWS", windows[0])
+    monkeypatch.setattr(loader, "WINDOW_BYTES", windows[1])
     base = tiny_dirs["qwen3_5"]
     other_seed = make_tiny(tmp_path / "seed7", layout="qwen3_5", dtype="float32", seed=7)
 
@@ -73,3 +77,27 @@ def test_a_fine_tune_on_the_same_cache_dir_reuses_nothing_of_its_base(tiny_dirs,
     out = cached.generate([prompt], PARAMS)[0]
     cached.close()
     assert (out.token_ids, out.num_cached_tokens) == (want, 0)
+
+
+def test_sampled_windows_leave_the_rest_unread(tiny_dirs, tmp_path, monkeypatch):
+    """The sampled form reads only its windows (so a model of many gigabytes is not read a
+    second time): a value changed between two windows of a large tensor is not seen, one in
+    a window is (the limit docs/cache-schema.md states)."""
+    monkeypatch.setattr(loader, "WHOLE_TENSOR_BYTES", 256)
+    monkeypatch.setattr(loader, "NUM_WINDOWS", 2)  # (the first and the last 16 bytes)
+    monkeypatch.setattr(loader, "WINDOW_BYTES", 16)
+    base = tiny_dirs["qwen3_5"]
+    name = max(sorted(load_file(base / "model.safetensors")),
+               key=lambda n: load_file(base / "model.safetensors")[n].numel())
+
+    def middle(tensors):
+        tensors[name].view(-1)[tensors[name].numel() // 2] += 1.0
+
+    def first(tensors):
+        tensors[name].view(-1)[0] += 1.0
+
+    digest = load_model(base, dtype=torch.float32).weights_digest
+    assert load_model(fine_tune(base, tmp_path / "mid", middle),
+                      dtype=torch.float32).weights_digest == digest
+    assert load_model(fine_tune(base, tmp_path / "first", first),
+                      dtype=torch.float32).weights_digest != digest
