@@ -211,8 +211,11 @@ class RepliesMixin:
         if not self._save_reply(reply_id, text, stats, token_ids) or self.is_closing:
             return
         view = self.query_one(ChatView).view_of(reply_id)
-        if view is not None:
-            view.set_message(self.chats.message(reply_id))  # (its text: `text`, as saved)
+        saved = self.chats.find(reply_id)  # (its text: `text`, as saved)
+        if view is not None and saved is None:  # (another statechat deleted it just now)
+            self.open_conversation(self.conv_id)
+        elif view is not None:
+            view.set_message(saved)
             view.set_status(status_line(stats))
         self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
 

@@ -305,6 +305,35 @@ def test_a_message_deleted_by_another_process_as_the_new_one_is_added(loaded, tm
     asyncio.run(run())
 
 
+def test_a_reply_deleted_by_another_process_as_it_is_saved(loaded, tmp_path, monkeypatch):
+    """Another statechat deletes the reply between its save at the end and the app's read of
+    it back for the screen (the read raised in the stream's worker: the deleted reply stayed
+    on the screen, without its status, and a message sent after it was refused as following
+    a deleted one): the chat is shown as it now is, and the next message follows it."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            other, update = open_chats(tmp_path), app.chats.update
+
+            def raced(msg_id, *args, **kwargs):
+                saved = update(msg_id, *args, **kwargs)
+                if saved and kwargs.get("stats") is not None:  # (the reply's end: gone after)
+                    monkeypatch.setattr(app.chats, "update", update)
+                    other.delete_branch(msg_id)
+                return saved
+
+            monkeypatch.setattr(app.chats, "update", raced)
+            await send(pilot, app, "first")
+            await pilot.pause(0.1)
+            assert [v.message.content for v in views(app)] == ["first"]
+            await send(pilot, app, "second")
+            other.close()
+            assert "second" in [m.content for m in app.chats.branch(app.conv_id)]
+
+    asyncio.run(run())
+
+
 def test_a_message_follows_what_is_shown_not_what_another_process_added(loaded, tmp_path):
     """Another statechat went on with the open chat: a message sent followed its messages,
     never shown here, so the reply answered a conversation the user had not read. It now
