@@ -56,26 +56,33 @@ def test_closing_beside_another_connection_keeps_its_rows(tmp_path):
     assert open_store(tmp_path, read_only=True).stats()["models"][0]["name"] == "probe"
 
 
+def held_writes(tiny_dirs, tmp_path, monkeypatch, wait_s: float):
+    """A disk-tier engine whose writer holds each job until the event returned with it is set
+    (a slow disk; the job fails the test after `wait_s`)."""
+    import threading
+
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                       loaded=load_model(path, dtype=torch.float32))
+    release, write = threading.Event(), engine.store._write
+
+    def held_write(job):
+        assert release.wait(wait_s)
+        write(job)
+
+    monkeypatch.setattr(engine.store, "_write", held_write)
+    return engine, release
+
+
 def test_a_write_still_under_way_keeps_the_index_open_for_its_row(tiny_dirs, tmp_path,
                                                                   monkeypatch):
     """A close whose waits end before the writer's last job (a slow disk) leaves the index open:
     the job's row still lands (closing it under the writer lost the row and left its blob an
     orphan)."""
-    import threading
-
     from statechat.cache.store import writer
 
-    path = tiny_dirs["qwen3_5_text"]
-    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
-                       loaded=load_model(path, dtype=torch.float32))
-    store, release = engine.store, threading.Event()
-    write = store._write
-
-    def slow_write(job):
-        assert release.wait(30)
-        write(job)
-
-    monkeypatch.setattr(store, "_write", slow_write)
+    engine, release = held_writes(tiny_dirs, tmp_path, monkeypatch, 30)
+    store = engine.store
     monkeypatch.setattr(store, "flush", lambda timeout=60.0, stall_s=None: None)
     monkeypatch.setattr(writer, "WRITER_JOIN_S", 0.2)
     engine.generate([list(range(3, 203))], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -90,22 +97,11 @@ def test_a_stuck_writer_is_not_waited_out_before_the_store_s_own_close(tiny_dirs
     """An engine's close waits for the writer's last reports (a checkpoint to queue again) only
     while the writer gets on: one stuck on a job (a slow disk, another process's lock) is left
     to the store's own close, rather than waited out twice."""
-    import threading
     import time
 
     from statechat.engine import persist
 
-    path = tiny_dirs["qwen3_5_text"]
-    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
-                       loaded=load_model(path, dtype=torch.float32))
-    store, release = engine.store, threading.Event()
-    write = store._write
-
-    def stuck_write(job):
-        assert release.wait(60)
-        write(job)
-
-    monkeypatch.setattr(store, "_write", stuck_write)
+    engine, release = held_writes(tiny_dirs, tmp_path, monkeypatch, 60)
     monkeypatch.setattr(persist, "RETRY_STALL_S", 0.2, raising=False)
     engine.generate([list(range(3, 203))], SamplingParams(max_tokens=4, ignore_eos=True))
     start = time.monotonic()
