@@ -227,6 +227,9 @@ def test_verify_removes_the_checkpoints_a_damaged_segment_leaves_without_blocks(
     assert kept["removed"] == [first] and sorted(kept["dangling"]) == standing
     report = open_store(warm_cache).verify()
     assert report["removed"] == [first] and sorted(report["dangling"]) == standing
+    # (none of them counts as sound: it said "ok" of every checkpoint it then removed)
+    for got in (kept, report):
+        assert got["ok"] == got["checked"] - 1 - len(standing)
     assert not any((warm_cache / "blobs" / b).exists() for b in standing)
     db = sqlite3.connect(warm_cache / "index.db")
     assert db.execute("SELECT count(*) FROM checkpoints").fetchone() == (0,)

@@ -155,9 +155,10 @@ class StoreMaintenance:
                     self._discard_segment(blob, str(e), e.damaged, then="")
                 (removed if e.damaged else unreadable).append(blob)
         orphans = self._remove_orphans(remove=remove)
-        return {"checked": checked, "ok": checked - len(removed) - len(unreadable),
-                "removed": removed, "unreadable": unreadable,
-                "dangling": self._remove_dangling(set(removed), remove),
+        dangling = self._remove_dangling(set(removed), remove)
+        bad = {*removed, *unreadable, *dangling}  # (a damaged checkpoint may dangle too)
+        return {"checked": checked, "ok": checked - len(bad),
+                "removed": removed, "unreadable": unreadable, "dangling": dangling,
                 "orphans": [name for name, _ in orphans],
                 "orphans_freed": sum(size for _, size in orphans) if remove else 0}
 
