@@ -3,8 +3,8 @@ thread that keeps them in the host tier and persists them (blobs, then rows in o
 transaction).
 
 Writes never block the caller: a bounded queue drops (and counts) jobs it cannot take. A
-reuse's mark of its rows as used (`touch`) takes no room in it: the marks are kept apart, the
-latest per checkpoint, and written all at once in the writer's next transaction. The
+reuse's mark of its rows as used (`touch`, marks.py) takes no room in it: the marks are kept
+apart, the latest per checkpoint, and written all at once in the writer's next transaction. The
 writer holds back while the engine says it is launching work (`engine_busy`), for at most
 MAX_DEFER_S per job: its Python steps would otherwise take the GIL from the kernel launches of
 a prefill. A save copies into the host tier (arena.py) and pins nothing.
@@ -23,6 +23,7 @@ from statechat.cache import index, sqlite_files
 from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name
 from statechat.cache.blobs.write import write_blob
 from statechat.cache.store.job import SaveJob
+from statechat.cache.store.marks import ReuseMarks
 
 log = logging.getLogger("statechat.cache")
 MAX_DEFER_S = 0.2  # the longest the writer waits for the engine over one job
@@ -30,7 +31,7 @@ WRITER_JOIN_S = 10  # how long a stop waits for the writer's last job, once the 
 TOUCH_WAIT_S = 0.1  # the longest an idle writer leaves reuses' marks (`touch`) unwritten
 
 
-class StoreWriter:
+class StoreWriter(ReuseMarks):
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
     pending_bytes, pending_lock, max_pending_bytes, touched, hit_counts, errors, failed_saves,
     failed, engine_idle, _defer_left, and host, copy_stream, db, db_lock, model_id,
@@ -57,22 +58,6 @@ class StoreWriter:
             self.pending_bytes += size
         self.queue.put_nowait(job)
         return True
-
-    def touch(self, chain: str) -> None:
-        """Mark the checkpoint at the block hash `chain` and the segments of its chain as used
-        (index.touch_chain), from the writer thread: a prefix reused from any tier, or a
-        checkpoint computed again that the disk holds already, reads no row and saves none, yet
-        it is in use. Never waits, and takes no room in the queue from saves: the mark is kept
-        (the latest per `chain`) and written with the others in the writer's next transaction,
-        within TOUCH_WAIT_S when no save comes."""
-        with self.pending_lock:
-            self.touched[chain] = time.time()
-
-    def count_hit(self, h: str) -> None:
-        """Count a read of the checkpoint `h` from disk (its `hits`), written with the marks of
-        reuses (`touch`): a read never waits for the index's write lock (another process's)."""
-        with self.pending_lock:
-            self.hit_counts[h] = self.hit_counts.get(h, 0) + 1
 
     def has_room(self, nbytes: int, wait_s: float = 0.0) -> bool:
         """Whether `save` would take a job of `nbytes` now; with `wait_s`, wait up to that long
@@ -186,28 +171,6 @@ class StoreWriter:
             self._write_failed(e)
         finally:
             self._forget_touches(marks)
-
-    def _take_touches(self) -> tuple[dict[str, float], dict[str, int]]:
-        """The pending marks of reuses (kept pending until `_forget_touches`), and the counted
-        disk reads of checkpoints (taken: lost with a transaction that fails)."""
-        with self.pending_lock:
-            hits, self.hit_counts = self.hit_counts, {}
-            return dict(self.touched), hits
-
-    def _mark_used(self, marks: dict[str, float], hits: dict[str, int]) -> None:
-        """Mark each chain of `marks` as used at its time, and add `hits` to the checkpoints'
-        counts, inside the caller's transaction."""
-        for chain, when in marks.items():
-            index.touch_chain(self.db, chain, when)
-        self.db.conn.executemany("UPDATE checkpoints SET hits = hits + ? WHERE hash = ?",
-                                 [(n, h) for h, n in hits.items()])
-
-    def _forget_touches(self, marks: dict[str, float]) -> None:
-        """Drop the marks written (or given up): those not touched again meanwhile."""
-        with self.pending_lock:
-            for chain, when in marks.items():
-                if self.touched.get(chain) == when:
-                    del self.touched[chain]
 
     def _write(self, job: SaveJob) -> None:
         """Keep the job in the host tier, write the blobs of what the disk lacks, then their
