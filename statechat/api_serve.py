@@ -30,21 +30,24 @@ def bind(host: str, port: int) -> socket.socket:
     loads is refused at once, where with it both bound the port and both loaded a model), and
     with SO_REUSEADDR only when that fails, for a stopped server's connections in TIME_WAIT.
     (A server that starts listening on the port meanwhile makes the listen an OSError.)"""
-    for reuse in (False, True):
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                             socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
-            sock.bind((host, port))
-            return sock
-        except OSError as e:
-            sock.close()
-            if reuse or e.errno != errno.EADDRINUSE:
-                raise
-        except BaseException:
-            sock.close()
+    try:
+        return _bound(host, port, reuse=False)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
             raise
-    raise AssertionError("unreachable")
+    return _bound(host, port, reuse=True)
+
+
+def _bound(host: str, port: int, reuse: bool) -> socket.socket:
+    """A socket bound to host:port (with SO_REUSEADDR if `reuse`), closed if it cannot be."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None = None,
