@@ -194,3 +194,32 @@ def test_a_segment_left_with_no_blocks_goes_before_the_rows_it_ties_with(tmp_pat
     left = store.db.execute("SELECT id FROM segments UNION ALL SELECT hash FROM checkpoints")
     assert sorted(str(r[0]) for r in left) == ["1", "b1"]
     store.close()
+
+
+def test_two_processes_evicting_at_once_free_the_overshoot_once(tmp_path):
+    """Two processes on one cache dir that both find the total past the budget evict what is
+    past it once between them: each sums the total again inside its deletions' transaction
+    (each freed the whole overshoot it had read before, together twice as much)."""
+    from statechat.cache.store import open_store
+
+    ours, theirs = open_store(tmp_path), open_store(tmp_path)
+    now = time.time()
+    with ours.db.conn:
+        ours.db.execute("INSERT INTO models (id, fingerprint, block_size) VALUES (1, 'f', 64)")
+        for i in range(10):
+            ours.db.execute("INSERT INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
+                            "last_used, hits) VALUES (?, 1, 64, ?, 100, ?, 0)",
+                            [f"c{i}", f"c{i}", now + i])
+    budget, first_look = 700, ours.total_bytes
+
+    def other_process_evicts_meanwhile():
+        total = first_look()
+        ours.total_bytes = first_look  # (once)
+        theirs.evict_to(budget)
+        return total
+
+    ours.total_bytes = other_process_evicts_meanwhile
+    assert ours.evict_to(budget) == 0
+    assert ours.total_bytes() == budget
+    ours.close()
+    theirs.close()

@@ -59,11 +59,19 @@ class StoreMaintenance:
         first block) first, a checkpoint before a segment. What stays is a shorter prefix that
         can still be resumed, never a checkpoint whose blocks are gone (unusable, yet counted
         in the budget). A segment left with no blocks (another process saved them first) holds
-        nothing a lookup can use: it goes before the rows it ties with."""
-        freed, total = 0, self.total_bytes()
-        while total > max_bytes:
+        nothing a lookup can use: it goes before the rows it ties with.
+
+        The total is summed again inside each deletion's write transaction: another process
+        on the same cache dir may evict at the same time, and a total read before its
+        deletions would have both free the whole overshoot."""
+        freed = 0
+        if self.total_bytes() <= max_bytes:  # (the common case, without the write lock)
+            return 0
+        while True:
             with self.db_lock, self.db.conn:
                 self.db.execute("BEGIN IMMEDIATE")
+                if self.total_bytes() <= max_bytes:
+                    break
                 row = self.db.execute(
                     "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT "
                     "block_size FROM models WHERE id = c.model_id) FROM checkpoints c "
@@ -80,7 +88,6 @@ class StoreMaintenance:
                     self.db.execute("DELETE FROM segments WHERE id = ?", [key])
             (self.blob_dir / blob).unlink(missing_ok=True)
             freed += size
-            total -= size
         return freed
 
     def gc(self, max_bytes: int | None = None) -> int:
