@@ -49,3 +49,24 @@ def test_two_processes_share_one_cache_dir(tiny_dirs, tmp_path):
     third = run_worker(path, tmp_path, prompts)
     assert [r["tokens"] for r in third] == want
     assert all(r["cached"] > 0 for r in third)
+
+
+def test_a_save_raced_by_another_process_leaves_no_orphan_blob(tmp_path, monkeypatch):
+    """Two processes that save the same checkpoint and blocks at once both write blobs; the one
+    that indexes second finds its rows ignored (INSERT OR IGNORE) and deletes its own blobs,
+    and the segment row that would name no block, instead of leaving them for `cache verify`."""
+    from statechat.cache import index
+    from tests.cache.test_device import attached, save
+
+    first, second = attached(tmp_path, "cpu", 0), attached(tmp_path, "cpu", 0)
+    save(first, "cpu")
+    # the second looked before the first's rows were in: it found neither blocks nor checkpoint
+    monkeypatch.setattr(index, "blocks_present", lambda db, hashes: set())
+    monkeypatch.setattr(index, "checkpoints_present", lambda db, hashes: [])
+    save(second, "cpu")
+    monkeypatch.undo()
+    assert second._remove_orphans(min_age_s=0, remove=False) == []
+    assert second.db.execute("SELECT count(*) FROM segments").fetchone()[0] == 1
+    assert second.verify()["removed"] == []
+    first.close()
+    second.close()

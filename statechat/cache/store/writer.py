@@ -234,9 +234,15 @@ class StoreWriter(ReuseMarks):
         """The rows of the blobs just written, in one transaction (a row only after its blob),
         with the marks of reuses pending (`touch`). The checkpoint's row only if every block of
         its chain is on disk then, else (a checkpoint no lookup could resume) its blob is
-        deleted; the chain's blocks missing (hex), none when it was whole."""
+        deleted; the chain's blocks missing (hex), none when it was whole.
+
+        Another process on the same cache dir may have indexed the same checkpoint, or every
+        block of the segment, since this job looked (both wrote them): then the rows of this
+        write are ignored or hold nothing, and its blobs, which no row names, are deleted
+        (rather than left for `cache verify` or `gc`)."""
         marks, hits = self._take_touches()
         missing: list[str] = []
+        unused: list[str] = []  # blob names of this write's own that no row names
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             if seg is not None:
@@ -245,24 +251,31 @@ class StoreWriter(ReuseMarks):
                     "last_used) VALUES (?,?,?,?,?,?,?)",
                     [self.model_id, seg[0], seg[1], seg[2], seg[3], now, now])
                 seg_id = cur.lastrowid
-                self.db.conn.executemany(
+                cur = self.db.conn.executemany(
                     "INSERT OR IGNORE INTO blocks (hash, model_id, parent, position, segment_id, "
                     "seg_index) VALUES (?,?,?,?,?,?)",
                     [(h, self.model_id, parent, pos, seg_id, i)
                      for i, (h, parent, pos) in enumerate(new_blocks)],
                 )
+                if cur.rowcount == 0:
+                    self.db.execute("DELETE FROM segments WHERE id = ?", [seg_id])
+                    unused.append(seg[0])
             if job.chain_blocks:
                 on_disk = index.blocks_present(self.db, job.chain_blocks)
                 missing = [h for h in job.chain_blocks if h not in on_disk]
             if ck is not None and not missing:
-                self.db.execute(
+                cur = self.db.execute(
                     "INSERT OR IGNORE INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
                     "checksum, created, last_used, hits) VALUES (?,?,?,?,?,?,?,?,0)",
                     [job.ckpt_hash, self.model_id, job.num_tokens, ck[0], ck[1], ck[2], now, now])
-            elif ck is not None:  # (a name of this write's own: no other row names it)
-                (self.blob_dir / ck[0]).unlink(missing_ok=True)
+                if cur.rowcount == 0:
+                    unused.append(ck[0])
+            elif ck is not None:
+                unused.append(ck[0])
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
             self._mark_used(marks, hits)
+        for name in unused:
+            (self.blob_dir / name).unlink(missing_ok=True)
         self._forget_touches(marks)
         return missing
