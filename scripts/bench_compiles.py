@@ -1,15 +1,16 @@
 """What Triton compiles, and when: an engine's start, then serving, on an empty Triton cache.
 
     TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_compiles.py [--layers 24] [--out DIR]
-        [--no-graphs]
+        [--no-graphs] [--moe]
 
 Builds the random-weight model of bench_e2e (Qwen3.5's shapes at about 1B parameters, bf16),
-starts an engine (graphs captured, warm-up run) and serves, in turn: 32 requests of 256-token
-prompts mixing greedy, penalties, Qwen's recommended sampling, top-p, logprobs and a top-k of
-40; three and then five prompts of other lengths; one long prompt; one short one. Triton's
-compile hooks record every kernel build (a disk-cache hit on an empty cache is none), so the
-table printed last says how many builds each phase made, how long they took, and the slowest
-step of each serving phase (a build stalls its step, and every request in it). DIR/compiles.json
+or with --moe bench_moe's (Qwen3.5-35B-A3B's layer shapes, 8 layers unless --layers), starts
+an engine (graphs captured, warm-up run) and serves, in turn: 32 requests of 256-token prompts
+mixing greedy, penalties, Qwen's recommended sampling, top-p, logprobs and a top-k of 40;
+three and then five prompts of other lengths; one long prompt; one short one. Triton's compile
+hooks record every kernel build (a disk-cache hit on an empty cache is none), so the table
+printed last says how many builds each phase made, how long they took, and the slowest step of
+each serving phase (a build stalls its step, and every request in it). DIR/compiles.json
 holds each build's kernel, phase, seconds and specialisation key.
 """
 
@@ -27,6 +28,7 @@ import torch
 import triton
 from bench_common import ids, log
 from bench_e2e import build_model
+from bench_moe import build_model as build_moe_model
 from triton import knobs
 
 from statechat.config import EngineConfig
@@ -90,7 +92,9 @@ def serve(engine: LLMEngine, builds: Builds, phase: str, prompts, params) -> flo
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: 24, or "
+                    "8 with --moe)")
+    ap.add_argument("--moe", action="store_true", help="bench_moe's Qwen3.5-MoE model instead")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-graphs", action="store_true",
                     help="steps eager, as on an NPU by default (the warm-up then runs a step of "
@@ -101,8 +105,11 @@ def main() -> None:
         raise SystemExit("set TRITON_CACHE_DIR to an empty directory: Triton's hooks count a "
                          "kernel loaded from its disk cache as a build")
     log(torch.cuda.get_device_name(), "triton", triton.__version__, "cache", cache)
-    path = Path("/tmp/statechat-compiles")
-    build_model(path, args.layers)  # (the checkpoint it writes is all we need of it)
+    path = Path("/tmp/statechat-compiles" + ("-moe" if args.moe else ""))
+    if args.moe:  # (the checkpoints they write are all we need of them)
+        build_moe_model(path, args.layers or 8, per_expert=False)
+    else:
+        build_model(path, args.layers or 24)
     gc.collect()
     torch.cuda.empty_cache()  # (before the engine sizes its caches from the free memory)
     builds = Builds()
