@@ -83,7 +83,7 @@ class PolicyModel:
             if b % (self.interval * BLOCK) == 0:
                 self.points.append((tokens, b))
         reply_end = fed // BLOCK * BLOCK
-        if reply_end > len(prompt):
+        if reply_end >= len(prompt):
             self.points.append((tokens, reply_end))
 
     def expected_reuse(self, prompt: list[int]) -> int:

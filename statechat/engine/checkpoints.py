@@ -3,9 +3,10 @@ and their publishing in the device tier. Plain Python over sequences and slots, 
 
 A prefill chunk asks the kernels for checkpoints at the prompt's last boundary short of its end
 (its very end too for a request of no tokens) and every `interval` blocks; a decode keeps the
-state at each block boundary it crosses in a pending slot, published as the reply-end checkpoint
-when the sequence finishes. A boundary whose hash already has a checkpoint gets no other, and a
-checkpoint never waits for a slot: with none free it is skipped.
+state at each block boundary it crosses (and at the prompt's end, where that is one) in a pending
+slot, published as the reply-end checkpoint when the sequence finishes. A boundary whose hash
+already has a checkpoint gets no other, and a checkpoint never waits for a slot: with none free
+it is skipped.
 """
 
 from __future__ import annotations
@@ -48,12 +49,17 @@ class CheckpointPolicy:
             targets.append((b - start, slot))
         return targets
 
-    def _decode_boundary(self, seq: Sequence) -> list[tuple[int, int]]:
-        """At a block boundary during decode: keep the state for the reply-end checkpoint."""
+    def _decode_boundary(self, seq: Sequence, prefill: bool = False) -> list[tuple[int, int]]:
+        """At a block boundary during decode, or where a prefill that ends on one leaves the
+        reply to begin (`prefill`): keep the state for the reply-end checkpoint. (A reply
+        shorter than a block after a prompt that fills its last block ends past that boundary
+        alone: without it the next turn resumed a block earlier, at the prompt's checkpoint.)"""
         if not self.use_cache:
             return []
         b = seq.num_computed
         h = seq.block_hashes[b // self.bs - 1]
+        if prefill and self.slots.has(h):  # (the prefill left one there: a prompt's interval
+            return []  # checkpoint, or the same prompt's, computed before)
         if self.interval and b % (self.interval * self.bs) == 0 and not self.slots.has(h):
             slot = self.slots.allocate()
             if slot is not None:

@@ -8,7 +8,10 @@ A mixin of LLMEngine (engine/engine.py): they queue requests with `check_prompt`
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Iterator
+
+import numpy as np
 
 from statechat.engine.output import RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams, check_vocabulary
@@ -20,14 +23,13 @@ class Requests:
 
     def generate(
         self,
-        prompts: list[str | list[int]],
+        prompts: list[str | list[int]] | str | list[int],
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts together (continuous batching); outputs in input order. On an error
-        (a bad prompt or params, or a failed step) none of them stays queued."""
-        if not isinstance(prompts, list | tuple):
-            raise ConfigError("generate takes a list of prompts "
-                              "(each a string or a list of token ids)")
+        """Run all prompts together (continuous batching); outputs in input order. One prompt (a
+        string, or a flat list of token ids) is a batch of one, as vLLM's LLM.generate takes
+        it. On an error (a bad prompt or params, or a failed step) none of them stays queued."""
+        prompts = _as_batch(prompts)
         params = SamplingParams() if params is None else params
         plist = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -71,3 +73,17 @@ class Requests:
         finally:
             self.abort(seq)
 
+
+
+def _as_batch(prompts) -> list | tuple:
+    """generate's prompts as a list: one prompt (a string, or a flat list, tuple or 1-D numpy
+    array of token ids; a list of ids was refused as prompts that are each an int) is a list
+    of one."""
+    if isinstance(prompts, str) or isinstance(prompts, np.ndarray) and prompts.ndim == 1:
+        return [prompts]
+    if not isinstance(prompts, list | tuple):
+        raise ConfigError("generate takes a prompt or a list of prompts "
+                          "(each a string or a list of token ids)")
+    if prompts and all(isinstance(t, numbers.Integral) for t in prompts):
+        return [prompts]
+    return prompts

@@ -235,8 +235,8 @@ class Scheduler(CheckpointPolicy):
                 self.blocks.register(seq.block_table[j], seq.block_hashes[j])
             for boundary, slot in it.checkpoints:
                 self._publish(seq, it.start + boundary, slot)
-            if was_decode and seq.num_computed % self.bs == 0:
-                copies += self._decode_boundary(seq)
+            if seq.num_computed % self.bs == 0 and (was_decode or it.needs_logits):
+                copies += self._decode_boundary(seq, prefill=not was_decode)
             if it.needs_logits:
                 seq.token_ids.append(next(sampled))
                 if self.use_cache:

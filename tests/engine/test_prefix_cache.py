@@ -91,6 +91,22 @@ def test_a_prefix_computed_ahead_serves_its_last_block_boundary(engines, n):
     assert got.num_cached_tokens == n // 64 * 64 and got.token_ids == ref.token_ids
 
 
+@pytest.mark.parametrize("n", [128, 130])
+def test_the_next_turn_after_a_short_reply_resumes_at_its_end(engines, n):
+    """A reply shorter than a block leaves its checkpoint at the last boundary before its end,
+    also when that boundary is its prompt's end (a prompt of whole blocks: it resumed 64 tokens
+    earlier, from the prompt's checkpoint), and the next turn's tokens are those without it."""
+    _, plain = engines
+    cached = LLMEngine(dataclasses.replace(plain.config, enable_prefix_cache=True,
+                                           checkpoint_interval=0), loaded=plain.loaded)
+    ids = torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    reply = cached.generate([ids], SamplingParams(max_tokens=10, ignore_eos=True))[0].token_ids
+    turn = ids + reply + [7, 8, 9]
+    got, ref = cached.generate([turn], PARAMS)[0], plain.generate([turn], PARAMS)[0]
+    assert (got.num_cached_tokens, got.num_computed_tokens) == (128, len(turn) - 128)
+    assert got.token_ids == ref.token_ids
+
+
 def test_long_prompt_resumes_near_an_edit(engines):
     """An edit deep inside a long prompt resumes from the interval checkpoint before it."""
     cached, plain = engines

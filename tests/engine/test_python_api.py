@@ -1,8 +1,9 @@
 """The Python API behaves as a vLLM user expects: a stream delivers its whole reply even when
 something else steps the engine; a stop token's id ends the reply without its text; a state
 cache too small to run is refused when the engine is configured; an aborted request reports
-what it computed; a tuple or numpy array of ids is a prompt, while other values, and params
-that are not SamplingParams, are one-line errors; so are EngineConfig fields of the wrong
+what it computed; a tuple or numpy array of ids is a prompt, and one prompt not in a list is a
+batch of one to `generate` (vLLM's), while other values, and params that are not
+SamplingParams, are one-line errors; so are EngineConfig fields of the wrong
 type, and a CPU cache budget too small names its field; `~` in a path is the home folder."""
 
 from __future__ import annotations
@@ -135,6 +136,17 @@ def test_a_sequence_or_array_of_ids_is_a_prompt(engine, prompt):
     want = engine.generate([[5, 6, 7]], greedy(3))[0].token_ids
     assert engine.generate([prompt], greedy(3))[0].token_ids == want
     assert joined(engine.stream(prompt, greedy(3)))[1] == want
+
+
+@pytest.mark.parametrize("prompt", ["hello", [5, 6, 7], (5, 6, 7), np.array([5, 6, 7])],
+                         ids=["string", "ids", "tuple", "array"])
+def test_one_prompt_is_a_batch_of_one(engine, prompt):
+    """As vLLM's LLM.generate: a list of ids was refused, each id taken for a prompt."""
+    batch = [prompt.tolist() if isinstance(prompt, np.ndarray) else prompt]
+    want = engine.generate(batch, greedy(3))
+    got = engine.generate(prompt, greedy(3))
+    assert [(o.prompt_token_ids, o.token_ids) for o in got] == [
+        (o.prompt_token_ids, o.token_ids) for o in want]
 
 
 def test_ids_of_numpy_integers_come_back_as_ints(engine):
