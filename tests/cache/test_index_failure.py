@@ -210,3 +210,34 @@ def test_a_lock_held_elsewhere_neither_stops_a_start_nor_a_disk_hit(model, tmp_p
     assert (out.token_ids, out.reused_from, out.num_cached_tokens) == (want[0], "disk", 192)
     assert other.execute("SELECT hits FROM checkpoints WHERE num_tokens = 192").fetchall() == [(1,)]
     other.close()
+
+
+def test_a_lock_held_elsewhere_at_a_new_model_s_start_costs_the_disk_tier_not_the_start(
+        model, tmp_path, monkeypatch, caplog):
+    """A model the index does not know needs its row written at start: with a user's `sqlite3
+    index.db` inside BEGIN IMMEDIATE past SQLite's wait, the engine starts with its disk tier
+    off and says so once (it refused to start, "locked by another process"), and serves from
+    memory; once the lock goes, the next start adds the model and saves."""
+    _, _, (first, _), want = model
+    from statechat.cache.store import open_store
+
+    open_store(tmp_path).close()  # (an index that knows no model yet)
+    monkeypatch.setattr(index, "BUSY_TIMEOUT_S", 0.2)  # (not SQLite's 30 s)
+    other = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        engine = cached_engine(model, tmp_path)
+        out = engine.generate([first], PARAMS)[0]
+        engine.close()
+    other.execute("ROLLBACK")
+    other.close()
+    assert out.token_ids == want[0] and engine.prefix.store is None
+    said = (f"statechat cache: {tmp_path / 'index.db'} is locked by another process (a "
+            "`sqlite3` shell inside a transaction?), so this model's entry could not be added; "
+            "the disk cache is off until statechat restarts (requests go on from memory)")
+    assert [m for m in warnings_of(caplog) if "locked" in m] == [said]
+    assert num_checkpoints(tmp_path) == 0
+    engine = cached_engine(model, tmp_path)
+    engine.generate([first], PARAMS)
+    engine.close()
+    assert num_checkpoints(tmp_path) >= 1

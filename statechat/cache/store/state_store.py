@@ -73,7 +73,12 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
 
     def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
                shapes: dict[str, dict[str, list[int]]], device: torch.device | str = "cpu") -> None:
-        """Bind the store to one model (fingerprint hex) on `device` and start the writer thread."""
+        """Bind the store to one model (fingerprint hex) on `device` and start the writer thread.
+
+        A model the index does not know yet needs its row written. Where another process holds
+        the index locked past the busy timeout (a `sqlite3` shell inside a transaction), that
+        costs this process its disk tier, not its start: one warning, `failed` set (the engine
+        then goes on from memory, as after `give_up`), and no writer."""
         self.fingerprint, self.shapes, self.device = fingerprint, shapes, torch.device(device)
         self.host.reserve(self.device)  # the host tier's arena, pinned now rather than per save
         if self.device.type == "cuda":
@@ -92,7 +97,14 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                     self.db.execute("UPDATE models SET shapes = ? WHERE id = ?",
                                     [json.dumps(shapes), self.model_id])
             except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
-                raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
+                if not sqlite_files.is_locked(e):
+                    raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
+                self.failed = "locked by another process"
+                log.warning("statechat cache: %s is locked by another process (a `sqlite3` shell "
+                            "inside a transaction?), so this model's entry could not be added; "
+                            "the disk cache is off until statechat restarts (requests go on "
+                            "from memory)", self.path / INDEX_FILE)
+                return
         self._start_writer()
 
     def give_up(self, error: sqlite3.DatabaseError) -> None:
