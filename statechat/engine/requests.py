@@ -33,7 +33,9 @@ class Requests:
         params = SamplingParams() if params is None else params
         plist = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ConfigError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+            raise ConfigError(f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} but "
+                              f"{len(plist)} sampling params: give one for each prompt, or one "
+                              "for all")
         plist = [SamplingParams() if sp is None else sp for sp in plist]
         checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
         for sp in plist:

@@ -56,6 +56,8 @@ def test_refused_with_one_line_and_nothing_queued(engine, prompt, message):
 def test_params_must_match_the_prompts(engine):
     with pytest.raises(ConfigError, match="2 prompts but 1 sampling params"):
         engine.generate([[5, 6], [7, 8]], [SamplingParams(max_tokens=2)])
+    with pytest.raises(ConfigError, match="^1 prompt but 2 sampling params: give one for each"):
+        engine.generate([5, 6], [SamplingParams(max_tokens=2)] * 2)
     assert not engine.has_unfinished()
 
 
