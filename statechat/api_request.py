@@ -126,14 +126,27 @@ def continues_final_message(body: dict, messages: list[dict]) -> bool:
     return False
 
 
+def whole_number(value) -> int | None:
+    """An integer field's value as an int, or None when it is not a whole number. A float with
+    no fractional part counts (100.0, as pydantic's lax mode takes it for vLLM's int fields;
+    some clients write every number so), 100.5 does not, nor a bool (true is not 1)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None  # (NaN and infinities are not)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _number(body: dict, key: str, kind: type, default):
     value = body.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ApiError(400, f"{key} must be {'a number' if kind is float else 'an integer'}", key)
+    if kind is int:
+        if (whole := whole_number(value)) is None:
+            raise ApiError(400, f"{key} must be an integer", key)
+        return whole
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"{key} must be a number", key)
     try:
-        return kind(value)
+        return float(value)
     except OverflowError:  # an integer past float's range
         raise ApiError(400, f"{key} is out of range", key) from None
 
@@ -167,9 +180,10 @@ def _stop_token_ids(body: dict) -> tuple[int, ...]:
     ids = body.get("stop_token_ids")
     if ids is None:
         return ()
-    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+    whole = [whole_number(t) for t in ids] if isinstance(ids, list) else [None]
+    if None in whole:
         raise ApiError(400, "stop_token_ids must be an array of integers", "stop_token_ids")
-    return tuple(ids)
+    return tuple(whole)
 
 
 def _max_tokens(body: dict, default: int, least: int) -> int:
@@ -256,12 +270,11 @@ def check_model(body: dict) -> None:
 def parse_n(body: dict) -> int:
     """The choices per prompt: n (1 to MAX_N, 1 when left out). best_of may only equal n (n
     samples, all returned: there is no choosing the best of more)."""
-    n = body.get("n")
-    n = 1 if n is None else n
-    if type(n) is not int or not 1 <= n <= MAX_N:
+    n = 1 if body.get("n") is None else whole_number(body["n"])
+    if n is None or not 1 <= n <= MAX_N:
         raise ApiError(400, f"n must be an integer from 1 to {MAX_N}", "n")
     best_of = body.get("best_of")
-    if best_of is not None and (type(best_of) is not int or best_of != n):
+    if best_of is not None and whole_number(best_of) != n:
         raise ApiError(400, "best_of is supported only equal to n (each choice is returned); "
                             "leave it out", "best_of")
     return n

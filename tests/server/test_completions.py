@@ -257,6 +257,17 @@ def test_a_lone_surrogate_is_a_400(server):
     assert info.value.code == 400 and json.loads(info.value.read())["error"]["param"] == "prompt"
 
 
+def test_whole_number_floats_are_integers(client):
+    """logprobs, n and max_tokens given as whole-number floats are the integers they are."""
+    fits = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=2.0, n=2.0,
+                                     logprobs=2.0, echo=True)
+    assert fits.usage.completion_tokens == 4 and len(fits.choices) == 2
+    assert all(len(top) in (2, 3) for top in fits.choices[1].logprobs.top_logprobs[1:])
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt=PROMPT, logprobs=2.5)
+    assert info.value.body["param"] == "logprobs"
+
+
 def test_refused_fields_and_long_prompts(client):
     client.completions.create(model="m", prompt=PROMPT, max_tokens=2, suffix="")
     for fields, param in (({"suffix": "end"}, "suffix"),

@@ -165,7 +165,7 @@ def test_n_and_best_of(body, n):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"n": True}, "n"), ({"n": 2.0}, "n"), ({"n": "2"}, "n"),
+    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"n": True}, "n"), ({"n": 2.5}, "n"), ({"n": "2"}, "n"),
     ({"n": 2, "best_of": 3}, "best_of"), ({"best_of": 2}, "best_of"),
     ({"n": 2, "best_of": 1}, "best_of"),
 ])
@@ -173,6 +173,31 @@ def test_bad_n_and_best_of_are_400s(body, field):
     with pytest.raises(ApiError) as info:
         params(**body)
     assert (info.value.status, info.value.param) == (400, field)
+
+
+def test_whole_number_floats_are_integers():
+    """100.0 is taken for an integer field, as pydantic's lax mode (vLLM's request models)
+    takes it, and becomes the int 100; 100.5, true and NaN are 400s naming the field."""
+    p = params(max_tokens=20.0, top_k=5.0, seed=7.0, min_tokens=2.0, logprobs=True,
+               top_logprobs=3.0, prompt_logprobs=1.0, stop_token_ids=[4.0, 9], n=2.0,
+               best_of=2.0)
+    got = (p.max_tokens, p.top_k, p.seed, p.min_tokens, p.logprobs, p.prompt_logprobs,
+           *p.stop_token_ids, parse_n({"n": 2.0, "best_of": 2.0}))
+    assert got == (20, 5, 7, 2, 3, 1, 4, 9, 2) and all(type(v) is int for v in got)
+    assert params(max_completion_tokens=6.0, max_tokens=9).max_tokens == 6
+    for key in ("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", "n",
+                "prompt_logprobs"):
+        for bad in (3.5, True, float("nan"), float("inf")):
+            with pytest.raises(ApiError) as info:
+                params(**{key: bad})
+            assert (info.value.status, info.value.param) == (400, key), (key, bad)
+            assert info.value.message.startswith(f"{key} must be an integer"), info.value.message
+    for body, key in (({"logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
+                      ({"stop_token_ids": [1.5]}, "stop_token_ids"),
+                      ({"n": 2, "best_of": 2.5}, "best_of")):
+        with pytest.raises(ApiError) as info:
+            params(**body)
+        assert (info.value.status, info.value.param) == (400, key)
 
 
 def test_choice_seeds_and_room():

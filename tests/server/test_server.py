@@ -253,6 +253,18 @@ def test_errors_have_openai_shape(client, server):
         client.embeddings.create(model="m", input="x")
 
 
+def test_whole_number_floats_are_integers(client):
+    """An integer field given as a whole-number float (3.0) is the integer it is, as vLLM's
+    request models take it; 3.5 is a 400 naming the field."""
+    ask = {"model": "m", "messages": [{"role": "user", "content": words(5, 20)}],
+           "temperature": 0, "extra_body": {"ignore_eos": True}}
+    reply = client.chat.completions.create(**ask, max_tokens=3.0, n=2.0)
+    assert reply.usage.completion_tokens == 6 and len(reply.choices) == 2
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**ask, max_tokens=3.5)
+    assert info.value.body["param"] == "max_tokens" and "an integer" in info.value.message
+
+
 def test_eight_concurrent_clients(client):
     def one(i: int):
         stream = i % 2 == 0
