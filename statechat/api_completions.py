@@ -115,7 +115,8 @@ def parse_completion(body: dict, worker: EngineWorker,
                        "max_tokens")
     params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults,
                           least_tokens=0 if echo else 1,
-                          vocab_size=worker.engine.loaded.config.vocab_size)
+                          vocab_size=worker.engine.loaded.config.vocab_size,
+                          longest_len=max(map(len, prompts)))
     echoes = None
     if echo:
         decode = worker.engine.tokenizer.decode

@@ -257,6 +257,19 @@ def test_a_lone_surrogate_is_a_400(server):
     assert info.value.code == 400 and json.loads(info.value.read())["error"]["param"] == "prompt"
 
 
+def test_a_max_tokens_past_the_room_left_is_a_400(client):
+    """A max_tokens the longest prompt leaves no room for is a 400 naming it (vLLM's answer);
+    one that just fits is taken."""
+    for prompt in ([1] * 1000, [[1] * 10, [1] * 1000]):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="m", prompt=prompt, max_tokens=25)
+        assert (info.value.body["param"], info.value.code) == ("max_tokens",
+                                                               "context_length_exceeded")
+        assert "which leaves 24" in info.value.message
+    fits = client.completions.create(**GREEDY, prompt=[1] * 1000, max_tokens=24)
+    assert fits.usage.completion_tokens == 24
+
+
 def test_whole_number_floats_are_integers(client):
     """logprobs, n and max_tokens given as whole-number floats are the integers they are."""
     fits = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=2.0, n=2.0,
