@@ -58,7 +58,8 @@ class CompletionRequest:
 
 
 def _is_ids(value) -> bool:
-    return isinstance(value, list) and all(type(t) is int for t in value)
+    """Whether `value` is token ids: whole numbers (5.0 is 5, as vLLM's models take it)."""
+    return isinstance(value, list) and all(whole_number(t) is not None for t in value)
 
 
 def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
@@ -74,6 +75,7 @@ def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
     if len(prompts) * n > MAX_CHOICES:
         raise ApiError(400, f"a request may ask for at most {MAX_CHOICES} choices (prompts "
                             f"times n), not {len(prompts) * n}", "prompt")
+    prompts = [p if isinstance(p, str) else [whole_number(t) for t in p] for p in prompts]
     try:
         for p in prompts:
             if isinstance(p, str):

@@ -271,7 +271,11 @@ def test_a_max_tokens_past_the_room_left_is_a_400(client):
 
 
 def test_whole_number_floats_are_integers(client):
-    """logprobs, n and max_tokens given as whole-number floats are the integers they are."""
+    """logprobs, n, max_tokens and token ids given as whole-number floats are the integers
+    they are."""
+    ids = client.completions.create(**GREEDY, prompt=[[7.0, 8.0], [7, 8]], max_tokens=3,
+                                    echo=True)
+    assert ids.choices[0].text == ids.choices[1].text and ids.usage.prompt_tokens == 4
     fits = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=2.0, n=2.0,
                                      logprobs=2.0, echo=True)
     assert fits.usage.completion_tokens == 4 and len(fits.choices) == 2
