@@ -26,7 +26,14 @@ from statechat.api_logprobs import (
     echoed_logprobs,
     vllm_prompt_logprobs,
 )
-from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_n, parse_params
+from statechat.api_request import (
+    SHARED_FIELDS,
+    ApiError,
+    parse_flag,
+    parse_n,
+    parse_params,
+    whole_number,
+)
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -51,7 +58,8 @@ class CompletionRequest:
 
 
 def _is_ids(value) -> bool:
-    return isinstance(value, list) and all(type(t) is int for t in value)
+    """Whether `value` is token ids: whole numbers (5.0 is 5, as vLLM's models take it)."""
+    return isinstance(value, list) and all(whole_number(t) is not None for t in value)
 
 
 def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
@@ -67,6 +75,7 @@ def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
     if len(prompts) * n > MAX_CHOICES:
         raise ApiError(400, f"a request may ask for at most {MAX_CHOICES} choices (prompts "
                             f"times n), not {len(prompts) * n}", "prompt")
+    prompts = [p if isinstance(p, str) else [whole_number(t) for t in p] for p in prompts]
     try:
         for p in prompts:
             if isinstance(p, str):
@@ -81,8 +90,10 @@ def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
 
 def _logprobs(body: dict) -> int | None:
     """The legacy `logprobs`: how many of the likeliest tokens to list, or None (off)."""
-    k = body.get("logprobs")
-    if k is not None and (type(k) is not int or not 0 <= k <= MAX_LOGPROBS):
+    if body.get("logprobs") is None:
+        return None
+    k = whole_number(body["logprobs"])
+    if k is None or not 0 <= k <= MAX_LOGPROBS:
         raise ApiError(400, f"logprobs must be an integer from 0 to {MAX_LOGPROBS} here "
                             "(the number of likeliest tokens to list)", "logprobs")
     return k
@@ -101,12 +112,13 @@ def parse_completion(body: dict, worker: EngineWorker,
     shared = {key: value for key, value in body.items() if key not in OWN_FIELDS}
     if k is not None:
         shared.update(logprobs=True, top_logprobs=k)
-    if type(body.get("max_tokens")) is int and body["max_tokens"] == 0 and not echo:
+    if whole_number(body.get("max_tokens")) == 0 and not echo:
         raise ApiError(400, "max_tokens must be >= 1 (0 only with echo: the prompt alone)",
                        "max_tokens")
     params = parse_params(shared, min(map(len, prompts)), worker.max_model_len, defaults,
                           least_tokens=0 if echo else 1,
-                          vocab_size=worker.engine.loaded.config.vocab_size)
+                          vocab_size=worker.engine.loaded.config.vocab_size,
+                          longest_len=max(map(len, prompts)))
     echoes = None
     if echo:
         decode = worker.engine.tokenizer.decode
@@ -114,7 +126,8 @@ def parse_completion(body: dict, worker: EngineWorker,
         if k is not None:  # (the engine's count is the larger of the two asked for)
             params = dataclasses.replace(params,
                                          prompt_logprobs=max(k, params.prompt_logprobs or 0))
-    return CompletionRequest(prompts, params, n, echoes, k, body.get("prompt_logprobs"))
+    return CompletionRequest(prompts, params, n, echoes, k,
+                             whole_number(body.get("prompt_logprobs")))
 
 
 class CompletionShape(Shape):

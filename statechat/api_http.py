@@ -146,9 +146,16 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def _guard(self, route, is_open: bool = False) -> None:
         """Run `route`, answering its ApiError; with an API key, only an `is_open` route
-        (/health, for probes, as vLLM leaves it) is served without it."""
+        (/health, for probes, as vLLM leaves it) is served without it. A POST from a browser
+        page of an origin not allowed is a 403 before any work: a page may send a form or
+        text/plain POST with no preflight, and without this any site's page could have the
+        server generate (and fill its cache) though the browser keeps the answer from it."""
         self._body_read = False  # per request: a keep-alive connection carries several
         try:
+            if self.command == "POST" and self.headers.get("Origin") \
+                    and not self._allowed_origin():
+                raise ApiError(403, "this origin is not allowed: serve with --allowed-origins "
+                               "naming it", code="cors_origin_not_allowed")
             if self.server.api_key and not is_open and not self._authorized():
                 raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                code="invalid_api_key", kind="authentication_error")

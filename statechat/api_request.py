@@ -14,7 +14,8 @@ from statechat.errors import StatechatError
 DEFAULT_MAX_TOKENS = 2048
 MAX_N = 16  # choices a request may ask for per prompt (each is an engine request of its own)
 # the server's own sampling (OpenAI's defaults), under the model's recommended sampling, the
-# command's flags and a request's own fields; max_tokens is capped to the room left
+# command's flags and a request's own fields; its max_tokens is capped to the room left (a
+# request's own past that room is a 400)
 DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=DEFAULT_MAX_TOKENS)
 # a body's numeric sampling fields (SamplingParams' names) and their JSON kinds
 NUMBER_FIELDS = {
@@ -126,14 +127,27 @@ def continues_final_message(body: dict, messages: list[dict]) -> bool:
     return False
 
 
+def whole_number(value) -> int | None:
+    """An integer field's value as an int, or None when it is not a whole number. A float with
+    no fractional part counts (100.0, as pydantic's lax mode takes it for vLLM's int fields;
+    some clients write every number so), 100.5 does not, nor a bool (true is not 1)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None  # (NaN and infinities are not)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _number(body: dict, key: str, kind: type, default):
     value = body.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ApiError(400, f"{key} must be {'a number' if kind is float else 'an integer'}", key)
+    if kind is int:
+        if (whole := whole_number(value)) is None:
+            raise ApiError(400, f"{key} must be an integer", key)
+        return whole
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"{key} must be a number", key)
     try:
-        return kind(value)
+        return float(value)
     except OverflowError:  # an integer past float's range
         raise ApiError(400, f"{key} is out of range", key) from None
 
@@ -167,21 +181,36 @@ def _stop_token_ids(body: dict) -> tuple[int, ...]:
     ids = body.get("stop_token_ids")
     if ids is None:
         return ()
-    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+    whole = [whole_number(t) for t in ids] if isinstance(ids, list) else [None]
+    if None in whole:
         raise ApiError(400, "stop_token_ids must be an array of integers", "stop_token_ids")
-    return tuple(ids)
+    return tuple(whole)
 
 
-def _max_tokens(body: dict, default: int, least: int) -> int:
+def _max_tokens(body: dict, default: int, least: int) -> tuple[int, str | None]:
     """max_completion_tokens or max_tokens (the former wins, as with vLLM: max_tokens is the
-    field OpenAI deprecated for it), else `default`."""
-    max_tokens = default
+    field OpenAI deprecated for it) and that field's name, else `default` and None."""
+    max_tokens, field = default, None
     for key in ("max_tokens", "max_completion_tokens"):
         value = _number(body, key, int, None)
         if value is not None and value < least:
             raise ApiError(400, f"{key} must be >= {least}", key)
-        max_tokens = value if value is not None else max_tokens
-    return max_tokens
+        if value is not None:
+            max_tokens, field = value, key
+    return max_tokens, field
+
+
+def _check_room(asked: int, field: str, prompt_len: int, max_model_len: int,
+                what: str = "the prompt") -> None:
+    """ApiError(400) for a max_tokens asked for that the prompt leaves no room for (vLLM's
+    answer: a reply cut at the context would not be the one asked for). A prompt that fills
+    the context alone is left to the engine's check, which says so (context_length_exceeded)."""
+    room = max_model_len - prompt_len
+    if 0 < room < asked:
+        raise ApiError(400, f"{field} is too large: {asked}; the context holds {max_model_len} "
+                            f"tokens and {what} has {prompt_len}, which leaves {room} (ask "
+                            f"for at most {room}, or leave {field} out to fill the room)",
+                       field, "context_length_exceeded")
 
 
 def _logprobs(body: dict) -> int | None:
@@ -208,22 +237,28 @@ def _prompt_logprobs(body: dict) -> int | None:
 
 def parse_params(body: dict, prompt_len: int, max_model_len: int,
                  defaults: SamplingParams = DEFAULT_SAMPLING, least_tokens: int = 1,
-                 vocab_size: int | None = None) -> SamplingParams:
+                 vocab_size: int | None = None, longest_len: int | None = None) -> SamplingParams:
     """SamplingParams from a chat-completions body (OpenAI's fields, logprobs included, and
     vLLM's top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, min_tokens and
-    prompt_logprobs), `defaults` for the sampling fields it leaves out (or sets to null);
-    max_tokens (at least `least_tokens`) is capped to the room the prompt leaves, min_tokens to
-    max_tokens. ApiError(400) naming the field for a bad one (n and best_of included; a
-    logit_bias id outside `vocab_size`) or one the server cannot honour. The seed is the
-    request's: choice i samples with seed + i."""
+    prompt_logprobs), `defaults` for the sampling fields it leaves out (or sets to null).
+    A max_tokens the body gives (at least `least_tokens`) must fit the room the prompt leaves
+    in the context (of several prompts, `longest_len` is the longest's: each must); the
+    default is capped to that room, min_tokens then with it. ApiError(400) naming the field for
+    a bad one (n and best_of included; a logit_bias id outside `vocab_size`) or one the server
+    cannot honour. The seed is the request's: choice i samples with seed + i."""
     _refuse_unsupported(body)
     check_model(body)
     parse_n(body)
     numbers = {key: _number(body, key, kind, getattr(defaults, key))
                for key, kind in NUMBER_FIELDS.items()}
     room = max(1, max_model_len - prompt_len)
-    asked = _max_tokens(body, defaults.max_tokens, least_tokens)
-    if numbers["min_tokens"] > asked:  # (the request's error; past the room left, a cap)
+    asked, field = _max_tokens(body, defaults.max_tokens, least_tokens)
+    if field is not None and longest_len not in (None, prompt_len):
+        _check_room(asked, field, longest_len, max_model_len, "the longest prompt")
+    elif field is not None:
+        _check_room(asked, field, prompt_len, max_model_len)
+    if numbers["min_tokens"] > asked:  # (the request's error; past the room a default leaves,
+        # a cap)
         raise ApiError(400, f"min_tokens must be from 0 to max_tokens ({asked}), got "
                             f"{numbers['min_tokens']}", "min_tokens")
     max_tokens = min(asked, room)
@@ -256,12 +291,11 @@ def check_model(body: dict) -> None:
 def parse_n(body: dict) -> int:
     """The choices per prompt: n (1 to MAX_N, 1 when left out). best_of may only equal n (n
     samples, all returned: there is no choosing the best of more)."""
-    n = body.get("n")
-    n = 1 if n is None else n
-    if type(n) is not int or not 1 <= n <= MAX_N:
+    n = 1 if body.get("n") is None else whole_number(body["n"])
+    if n is None or not 1 <= n <= MAX_N:
         raise ApiError(400, f"n must be an integer from 1 to {MAX_N}", "n")
     best_of = body.get("best_of")
-    if best_of is not None and (type(best_of) is not int or best_of != n):
+    if best_of is not None and whole_number(best_of) != n:
         raise ApiError(400, "best_of is supported only equal to n (each choice is returned); "
                             "leave it out", "best_of")
     return n

@@ -257,6 +257,34 @@ def test_a_lone_surrogate_is_a_400(server):
     assert info.value.code == 400 and json.loads(info.value.read())["error"]["param"] == "prompt"
 
 
+def test_a_max_tokens_past_the_room_left_is_a_400(client):
+    """A max_tokens the longest prompt leaves no room for is a 400 naming it (vLLM's answer);
+    one that just fits is taken."""
+    for prompt in ([1] * 1000, [[1] * 10, [1] * 1000]):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="m", prompt=prompt, max_tokens=25)
+        assert (info.value.body["param"], info.value.code) == ("max_tokens",
+                                                               "context_length_exceeded")
+        assert "which leaves 24" in info.value.message
+    fits = client.completions.create(**GREEDY, prompt=[1] * 1000, max_tokens=24)
+    assert fits.usage.completion_tokens == 24
+
+
+def test_whole_number_floats_are_integers(client):
+    """logprobs, n, max_tokens and token ids given as whole-number floats are the integers
+    they are."""
+    ids = client.completions.create(**GREEDY, prompt=[[7.0, 8.0], [7, 8]], max_tokens=3,
+                                    echo=True)
+    assert ids.choices[0].text == ids.choices[1].text and ids.usage.prompt_tokens == 4
+    fits = client.completions.create(**GREEDY, prompt=PROMPT, max_tokens=2.0, n=2.0,
+                                     logprobs=2.0, echo=True)
+    assert fits.usage.completion_tokens == 4 and len(fits.choices) == 2
+    assert all(len(top) in (2, 3) for top in fits.choices[1].logprobs.top_logprobs[1:])
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt=PROMPT, logprobs=2.5)
+    assert info.value.body["param"] == "logprobs"
+
+
 def test_refused_fields_and_long_prompts(client):
     client.completions.create(model="m", prompt=PROMPT, max_tokens=2, suffix="")
     for fields, param in (({"suffix": "end"}, "suffix"),

@@ -1,6 +1,7 @@
 """A browser page may call the server as vLLM's lets it: a CORS preflight is answered without
 the API key, every answer (errors and streams included) names the allowed origin, an origin
-left out of `allowed_origins` gets no such header (and its preflight a 400), and /health
+left out of `allowed_origins` gets no such header (its preflight a 400, its POST a 403: no
+work for a page of another site), and /health
 answers probes without the key while every other route still needs it. By default only pages
 of this machine are allowed (a site's page could read the cache's `cached_tokens`)."""
 
@@ -112,6 +113,20 @@ def test_only_the_allowed_origins(server, monkeypatch):
     assert status == 200 and "Access-Control-Allow-Origin" not in headers
     monkeypatch.setattr(server, "allowed_origins", ())
     assert preflight(server)[0] == 400
+
+
+def test_a_post_from_an_origin_not_allowed_does_no_work(server, monkeypatch):
+    """A page may POST a form or text/plain body with no preflight (the browser then hides
+    the answer); from an origin not allowed it is a 403 and nothing is submitted."""
+    submitted = []
+    monkeypatch.setattr(server.worker, "submit", lambda *a, **k: submitted.append(a))
+    monkeypatch.setattr(server, "api_key", None)  # (a page cannot send a key unpreflighted)
+    for origin in ("https://evil.example", "null"):
+        status, headers, body = ask(server, "POST", "/v1/chat/completions", ASK, Origin=origin,
+                                    **{"Content-Type": "text/plain"})
+        assert status == 403 and "Access-Control-Allow-Origin" not in headers
+        assert json.loads(body)["error"]["code"] == "cors_origin_not_allowed"
+    assert submitted == []
 
 
 def test_a_preflight_for_a_method_not_served_is_refused(server):

@@ -106,7 +106,8 @@ def test_fields_the_server_cannot_honour_are_400s(body, field):
 def test_min_tokens_and_logit_bias():
     p = params(min_tokens=5, logit_bias={"7": -100, "3": 2.5})
     assert (p.min_tokens, p.logit_bias) == (5, ((3, 2.5), (7, -100.0)))
-    assert params(min_tokens=500, max_tokens=4000).min_tokens == 90  # (capped with max_tokens)
+    # (a default max_tokens capped to the room left caps min_tokens with it)
+    assert params(SamplingParams(max_tokens=4000), min_tokens=500).min_tokens == 90
     assert params().logit_bias == () and params(logit_bias=None).min_tokens == 0
 
 
@@ -165,7 +166,7 @@ def test_n_and_best_of(body, n):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"n": True}, "n"), ({"n": 2.0}, "n"), ({"n": "2"}, "n"),
+    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"n": True}, "n"), ({"n": 2.5}, "n"), ({"n": "2"}, "n"),
     ({"n": 2, "best_of": 3}, "best_of"), ({"best_of": 2}, "best_of"),
     ({"n": 2, "best_of": 1}, "best_of"),
 ])
@@ -173,6 +174,55 @@ def test_bad_n_and_best_of_are_400s(body, field):
     with pytest.raises(ApiError) as info:
         params(**body)
     assert (info.value.status, info.value.param) == (400, field)
+
+
+def test_whole_number_floats_are_integers():
+    """100.0 is taken for an integer field, as pydantic's lax mode (vLLM's request models)
+    takes it, and becomes the int 100; 100.5, true and NaN are 400s naming the field."""
+    p = params(max_tokens=20.0, top_k=5.0, seed=7.0, min_tokens=2.0, logprobs=True,
+               top_logprobs=3.0, prompt_logprobs=1.0, stop_token_ids=[4.0, 9], n=2.0,
+               best_of=2.0)
+    got = (p.max_tokens, p.top_k, p.seed, p.min_tokens, p.logprobs, p.prompt_logprobs,
+           *p.stop_token_ids, parse_n({"n": 2.0, "best_of": 2.0}))
+    assert got == (20, 5, 7, 2, 3, 1, 4, 9, 2) and all(type(v) is int for v in got)
+    assert params(max_completion_tokens=6.0, max_tokens=9).max_tokens == 6
+    for key in ("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", "n",
+                "prompt_logprobs"):
+        for bad in (3.5, True, float("nan"), float("inf")):
+            with pytest.raises(ApiError) as info:
+                params(**{key: bad})
+            assert (info.value.status, info.value.param) == (400, key), (key, bad)
+            assert info.value.message.startswith(f"{key} must be an integer"), info.value.message
+    for body, key in (({"logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
+                      ({"stop_token_ids": [1.5]}, "stop_token_ids"),
+                      ({"n": 2, "best_of": 2.5}, "best_of")):
+        with pytest.raises(ApiError) as info:
+            params(**body)
+        assert (info.value.status, info.value.param) == (400, key)
+
+
+def test_an_asked_max_tokens_past_the_room_left_is_a_400():
+    """As vLLM answers it: a max_tokens (or max_completion_tokens) the prompt leaves no room
+    for is refused, naming the field, rather than cut to the room; the server's default is
+    still capped to it, and a max_tokens that just fits is taken."""
+    assert params(max_tokens=90).max_tokens == 90 and params().max_tokens == 90
+    for body, field in (({"max_tokens": 91}, "max_tokens"),
+                        ({"max_completion_tokens": 4000, "max_tokens": 5},
+                         "max_completion_tokens"), ({"max_tokens": 91.0}, "max_tokens")):
+        with pytest.raises(ApiError) as info:
+            params(**body)
+        assert (info.value.status, info.value.param, info.value.code) == \
+            (400, field, "context_length_exceeded")
+        assert info.value.message.startswith(f"{field} is too large: ")
+        assert "the context holds 100 tokens and the prompt has 10, which leaves 90" in \
+            info.value.message
+    # of several prompts (text completions), the longest must leave the room asked for
+    assert parse_params({"max_tokens": 50}, 10, 100, longest_len=50).max_tokens == 50
+    with pytest.raises(ApiError) as info:
+        parse_params({"max_tokens": 51}, 10, 100, longest_len=50)
+    assert "the longest prompt has 50, which leaves 50" in info.value.message
+    # a prompt that fills the context is the engine's check to refuse (context_length_exceeded)
+    assert parse_params({"max_tokens": 5}, 100, 100).max_tokens == 1
 
 
 def test_choice_seeds_and_room():

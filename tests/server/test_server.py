@@ -253,6 +253,31 @@ def test_errors_have_openai_shape(client, server):
         client.embeddings.create(model="m", input="x")
 
 
+def test_a_max_tokens_past_the_room_left_is_a_400(client):
+    """As vLLM answers: a max_tokens (or max_completion_tokens) the conversation leaves no room
+    for in the context is a 400 naming the field, not a reply cut short."""
+    ask = {"model": "m", "messages": [{"role": "user", "content": words(5, 20)}], "max_tokens": 1}
+    room = 1024 - client.chat.completions.create(**ask).usage.prompt_tokens
+    for field in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**{**ask, field: room + 1})
+        assert (info.value.body["param"], info.value.code) == (field, "context_length_exceeded")
+        assert f"{field} is too large: {room + 1}; the context holds 1024 tokens" in \
+            info.value.message and f"which leaves {room}" in info.value.message
+
+
+def test_whole_number_floats_are_integers(client):
+    """An integer field given as a whole-number float (3.0) is the integer it is, as vLLM's
+    request models take it; 3.5 is a 400 naming the field."""
+    ask = {"model": "m", "messages": [{"role": "user", "content": words(5, 20)}],
+           "temperature": 0, "extra_body": {"ignore_eos": True}}
+    reply = client.chat.completions.create(**ask, max_tokens=3.0, n=2.0)
+    assert reply.usage.completion_tokens == 6 and len(reply.choices) == 2
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**ask, max_tokens=3.5)
+    assert info.value.body["param"] == "max_tokens" and "an integer" in info.value.message
+
+
 def test_eight_concurrent_clients(client):
     def one(i: int):
         stream = i % 2 == 0
