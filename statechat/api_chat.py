@@ -11,12 +11,8 @@ import threading
 
 from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
-from statechat.api_request import (
-    SHARED_FIELDS,
-    ApiError,
-    continues_final_message,
-    parse_messages,
-)
+from statechat.api_messages import continues_final_message, parse_messages
+from statechat.api_request import SHARED_FIELDS, ApiError
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs
 from statechat.engine.engine import RequestOutput, StreamEvent

@@ -1,13 +1,12 @@
-"""A request body, checked: a chat's messages and whether the reply continues the last one, and
-the fields chat and text completions share (SamplingParams, n, stream). Every bad field is an
-ApiError (400) naming it, raised before the request joins the engine's batch (a value that
-could only fail inside a step would fail the other requests of that step)."""
+"""A request body, checked: the fields chat and text completions share (SamplingParams, n,
+stream; a chat's messages are api_messages.py's). Every bad field is an ApiError (400) naming
+it, raised before the request joins the engine's batch (a value that could only fail inside a
+step would fail the other requests of that step)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from statechat.chat.template import ROLES
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
 
@@ -60,45 +59,6 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
-def _content(msg: dict, i: int) -> str:
-    content = msg.get("content")
-    if content is None and msg.get("role") == "assistant":
-        return ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
-                       f"messages[{i}].content")
-    try:
-        content.encode()
-    except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
-        raise ApiError(400, f"messages[{i}].content is not valid Unicode (a lone surrogate)",
-                       f"messages[{i}].content") from None
-    return content
-
-
-def parse_messages(raw) -> list[dict]:
-    """The body's messages as [{"role", "content"}] (developer is system; text parts joined)."""
-    if not isinstance(raw, list) or not raw:
-        raise ApiError(400, "messages must be a non-empty array", "messages")
-    out = []
-    for i, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise ApiError(400, f"messages[{i}] must be an object with a role and a content",
-                           f"messages[{i}]")
-        if msg.get("tool_calls"):  # (dropping them would answer another conversation)
-            raise ApiError(400, f"messages[{i}].tool_calls: tool calls are not supported by "
-                                "this server; leave them out", f"messages[{i}].tool_calls")
-        role = msg.get("role")
-        role = "system" if role == "developer" else role
-        if role not in ROLES:
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
-                           f"messages[{i}].role")
-        out.append({"role": role, "content": _content(msg, i)})
-    return out
-
-
 def parse_flag(body: dict, key: str, default: bool = False) -> bool:
     """A true/false field; left out or null is `default`."""
     value = body.get(key)
@@ -107,24 +67,6 @@ def parse_flag(body: dict, key: str, default: bool = False) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"{key} must be true or false", key)
     return value
-
-
-def continues_final_message(body: dict, messages: list[dict]) -> bool:
-    """Whether the reply continues the last (assistant) message: vLLM's continue_final_message,
-    with add_generation_prompt false. A closed assistant turn with no generation prompt, which
-    the engine's rendering does not make, is a 400."""
-    if parse_flag(body, "continue_final_message"):
-        if parse_flag(body, "add_generation_prompt", True):
-            raise ApiError(400, "continue_final_message needs add_generation_prompt false",
-                           "add_generation_prompt")
-        if messages[-1]["role"] != "assistant":
-            raise ApiError(400, "continue_final_message needs an assistant message last",
-                           "messages")
-        return True
-    if not parse_flag(body, "add_generation_prompt", True):
-        raise ApiError(400, "add_generation_prompt false is supported only with "
-                            "continue_final_message true", "add_generation_prompt")
-    return False
 
 
 def whole_number(value) -> int | None:

@@ -162,7 +162,8 @@ def chat_messages(raw) -> list[dict]:
     """A line's messages as the server takes a request's (OpenAI's: a "developer" is a system
     message, a content may be a list of text parts, an assistant's may be null), as
     [{"role", "content"}]; a one-line StatechatError otherwise."""
-    from statechat.api_request import ApiError, parse_messages
+    from statechat.api_messages import parse_messages
+    from statechat.api_request import ApiError
 
     try:
         return parse_messages(raw)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from statechat.api_choices import choice_params
-from statechat.api_request import parse_messages, parse_n, parse_stream
+from statechat.api_messages import parse_messages
+from statechat.api_request import parse_n, parse_stream
 from statechat.engine.sampler import sample
 from statechat.engine.sampling import SamplingParams
 from statechat.server import ApiError, parse_params

@@ -1,0 +1,64 @@
+"""A chat request's messages, checked: their roles and text, and whether the reply continues
+the last one (vLLM's continue_final_message). Every bad message is an ApiError (400) naming it."""
+
+from __future__ import annotations
+
+from statechat.api_request import ApiError, parse_flag
+from statechat.chat.template import ROLES
+
+
+def _content(msg: dict, i: int) -> str:
+    content = msg.get("content")
+    if content is None and msg.get("role") == "assistant":
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                       f"messages[{i}].content")
+    try:
+        content.encode()
+    except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
+        raise ApiError(400, f"messages[{i}].content is not valid Unicode (a lone surrogate)",
+                       f"messages[{i}].content") from None
+    return content
+
+
+def parse_messages(raw) -> list[dict]:
+    """The body's messages as [{"role", "content"}] (developer is system; text parts joined)."""
+    if not isinstance(raw, list) or not raw:
+        raise ApiError(400, "messages must be a non-empty array", "messages")
+    out = []
+    for i, msg in enumerate(raw):
+        if not isinstance(msg, dict):
+            raise ApiError(400, f"messages[{i}] must be an object with a role and a content",
+                           f"messages[{i}]")
+        if msg.get("tool_calls"):  # (dropping them would answer another conversation)
+            raise ApiError(400, f"messages[{i}].tool_calls: tool calls are not supported by "
+                                "this server; leave them out", f"messages[{i}].tool_calls")
+        role = msg.get("role")
+        role = "system" if role == "developer" else role
+        if role not in ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
+                           f"messages[{i}].role")
+        out.append({"role": role, "content": _content(msg, i)})
+    return out
+
+
+def continues_final_message(body: dict, messages: list[dict]) -> bool:
+    """Whether the reply continues the last (assistant) message: vLLM's continue_final_message,
+    with add_generation_prompt false. A closed assistant turn with no generation prompt, which
+    the engine's rendering does not make, is a 400."""
+    if parse_flag(body, "continue_final_message"):
+        if parse_flag(body, "add_generation_prompt", True):
+            raise ApiError(400, "continue_final_message needs add_generation_prompt false",
+                           "add_generation_prompt")
+        if messages[-1]["role"] != "assistant":
+            raise ApiError(400, "continue_final_message needs an assistant message last",
+                           "messages")
+        return True
+    if not parse_flag(body, "add_generation_prompt", True):
+        raise ApiError(400, "add_generation_prompt false is supported only with "
+                            "continue_final_message true", "add_generation_prompt")
+    return False
