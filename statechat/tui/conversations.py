@@ -25,7 +25,8 @@ class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
     (the chat shown), `handle`, `streaming_conv_id`, `streaming_reply_id` and
     `streaming_thinking` (the reply streaming, and whether its prompt opened its reasoning),
-    `is_closing` (the app is quitting), `_busy()`, `start_reply()` and `continuation_of()`
+    `is_closing` (the app is quitting), `focus_pending` (the message to focus once its view is
+    built), `_busy()`, `start_reply()` and `continuation_of()`
     (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
@@ -59,7 +60,22 @@ class ConversationsMixin:
             composer.focus()
         chat.show(views)
         if focus_id:
-            self.call_after_refresh(lambda: (v := chat.view_of(focus_id)) and v.focus())
+            self.focus_pending = focus_id
+            self.call_after_refresh(self._focus_view, focus_id)
+
+    def _focus_view(self, msg_id: str) -> None:
+        """(Once the views are built) focus the view of `msg_id`, if it is shown."""
+        if self.focus_pending == msg_id:
+            self.focus_pending = None
+        view = self.query_one(ChatView).view_of(msg_id)
+        if view is not None:
+            view.focus()
+
+    def focused_message(self) -> str | None:
+        """The id of the message focused, or to be focused once its view is built."""
+        if self.focus_pending is not None:
+            return self.focus_pending
+        return self.focused.message.id if isinstance(self.focused, MessageView) else None
 
     def on_conversation_list_open(self, event: ConversationList.Open) -> None:
         """Enter or a click on the chat list: show that chat, the box focused."""
