@@ -28,10 +28,18 @@ MAX_PART_TOKENS = 4  # the most ids that hold part of one character: UTF-8's lon
 class Start:
     """What a reply being made begins with: nothing for a new reply; for a continuation, the
     text and token ids of the reply it continues (its prompt ends with those ids, and its text
-    is that text followed by what the model adds)."""
+    is that text followed by what the model adds), and its id (`of`, set by the caller: a
+    continuation that adds nothing is dropped, and that reply shown again)."""
 
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    of: str | None = None
+
+    def adds_nothing(self, text: str, finish_reason: str | None) -> bool:
+        """Whether a continuation begun with this Start that ended with `text` and
+        `finish_reason` added nothing of itself: the model ended the turn at once (a reply that
+        had ended of itself was complete). A stopped one is the user's doing, and kept."""
+        return self.of is not None and text == self.text and finish_reason == "stop"
 
 
 def reply_start(tokenizer, text: str, stored: list[int] | None) -> Start:

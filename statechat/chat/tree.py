@@ -227,6 +227,17 @@ class ChatStore(ChatFile):
         self.select(target.id)
         return target
 
+    def num_under(self, msg_id: str) -> int:
+        """How many messages lie under `msg_id`, on every branch (what `delete_branch` would
+        delete with it)."""
+        with self._locked():
+            rows = self.db.execute(
+                f"""WITH RECURSIVE sub(id) AS (
+                      SELECT id FROM {MESSAGES} WHERE parent_id = ? UNION ALL
+                      SELECT m.id FROM {MESSAGES} m JOIN sub ON m.parent_id = sub.id)
+                    SELECT count(*) FROM sub""", [msg_id])
+            return rows.fetchone()[0]
+
     def delete_branch(self, msg_id: str) -> None:
         """Delete a message and everything under it; show a sibling's branch, else the parent's."""
         with self._locked():

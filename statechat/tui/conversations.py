@@ -1,7 +1,9 @@
 """Opening chats and acting on their messages (ConversationsMixin): the chat list's Enter and
 Delete, and a message's keys and links (e edit, r regenerate, c continue, [ ] switch branch,
 d delete branch). Nothing is overwritten: an edit, a regenerate or a continuation adds a branch
-(chat/tree.py).
+(chat/tree.py). A delete cannot be undone, so it asks first: the key (or link) pressed again
+within CONFIRM_S, on the same chat or message, deletes; the question lapses when the highlight
+or the focus moves.
 
 Another statechat process on the same cache dir may delete a chat or a message at any time:
 each action finds its message anew and says so when it is gone (GONE). Once the app is
@@ -11,21 +13,26 @@ quitting (`is_closing`), the actions do nothing: the widgets they would fill are
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from statechat.chat.tree import Message
+from statechat.tui.format import clean, one_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from statechat.tui.widgets.message_view import MessageView
 
 GONE = "{} was deleted by another statechat process on this cache dir."
+CONFIRM_S = 5.0  # a delete asked about is done by its key pressed again within this long
 
 
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
     (the chat shown), `handle`, `streaming_conv_id`, `streaming_reply_id` and
     `streaming_thinking` (the reply streaming, and whether its prompt opened its reasoning),
-    `is_closing` (the app is quitting), `_busy()`, `start_reply()` and `continuation_of()`
+    `is_closing` (the app is quitting), `delete_asked` (the delete asked about: its target
+    and when, None once done or lapsed), `focus_pending` (the message to focus once its view is
+    built), `_busy()`, `start_reply()` and `continuation_of()`
     (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
@@ -59,7 +66,22 @@ class ConversationsMixin:
             composer.focus()
         chat.show(views)
         if focus_id:
-            self.call_after_refresh(lambda: (v := chat.view_of(focus_id)) and v.focus())
+            self.focus_pending = focus_id
+            self.call_after_refresh(self._focus_view, focus_id)
+
+    def _focus_view(self, msg_id: str) -> None:
+        """(Once the views are built) focus the view of `msg_id`, if it is shown."""
+        if self.focus_pending == msg_id:
+            self.focus_pending = None
+        view = self.query_one(ChatView).view_of(msg_id)
+        if view is not None:
+            view.focus()
+
+    def focused_message(self) -> str | None:
+        """The id of the message focused, or to be focused once its view is built."""
+        if self.focus_pending is not None:
+            return self.focus_pending
+        return self.focused.message.id if isinstance(self.focused, MessageView) else None
 
     def on_conversation_list_open(self, event: ConversationList.Open) -> None:
         """Enter or a click on the chat list: show that chat, the box focused."""
@@ -69,15 +91,44 @@ class ConversationsMixin:
         self._focus_composer()
 
     def on_conversation_list_delete(self, event: ConversationList.Delete) -> None:
-        """Delete on the chat list: remove that chat, unless its reply is streaming."""
+        """Delete on the chat list: ask, then (Delete again) remove that chat, unless its reply
+        is streaming."""
         if self.is_closing:
             return
         if self.handle is not None and event.conv_id == self.streaming_conv_id:
             self.notify("Its reply is streaming: stop it (Esc) before deleting this chat.",
                         severity="warning")
             return
+        if not self.chats.has_conversation(event.conv_id):
+            self.open_conversation(self.conv_id)  # (the list, read again, no longer has it)
+            self.notify(GONE.format("That chat"), severity="warning")
+            return
+        title = one_line(clean(self.chats.conversation(event.conv_id).title))
+        if not self._confirmed(("chat", event.conv_id), f"Delete chat '{title}' and all its "
+                               "messages? Press Delete again to delete it."):
+            return
         self.chats.delete_conversation(event.conv_id)
         self.open_conversation(None if event.conv_id == self.conv_id else self.conv_id)
+        self.notify(f"Chat '{title}' deleted.", markup=False)
+
+    def on_list_view_highlighted(self) -> None:
+        """The chat list's highlight moved: a delete asked about lapses."""
+        self.delete_asked = None
+
+    def on_descendant_focus(self) -> None:
+        """The focus moved: a delete asked about lapses (the layout's own handler runs too)."""
+        self.delete_asked = None
+
+    def _confirmed(self, target: tuple[str, str], question: str) -> bool:
+        """Whether a delete of `target` (("chat" or "branch", its id)) is the one that confirms
+        it: asked just before (within CONFIRM_S, nothing moved since). Else ask `question`, in
+        a notice that lasts as long as the question holds."""
+        asked, self.delete_asked = self.delete_asked, None
+        if asked is not None and asked[0] == target and time.monotonic() - asked[1] < CONFIRM_S:
+            return True
+        self.delete_asked = (target, time.monotonic())
+        self.notify(question, timeout=CONFIRM_S, markup=False)
+        return False
 
     def _target(self, msg_id: str | None, hint: str | None = None,
                 role: str | None = None) -> Message | None:
@@ -158,9 +209,16 @@ class ConversationsMixin:
             self.open_conversation(self.conv_id, focus_id=target.id)
 
     def action_delete_branch(self, msg_id: str | None = None) -> None:
-        """d, or a message's `delete`: remove it and everything under it."""
+        """d, or a message's `delete`: ask, then (d again) remove it and everything under it."""
         msg = None if self.is_closing or self._busy() else self._target(msg_id)
         if msg is None:
+            return
+        what = "this reply" if msg.role == "assistant" else "this message"
+        num_under = self.chats.num_under(msg.id)
+        if num_under:
+            s = "" if num_under == 1 else "s"
+            what += f" and the {num_under} message{s} under it (every branch)"
+        if not self._confirmed(("branch", msg.id), f"Delete {what}? Press d again to delete."):
             return
         # focus what takes its place: the sibling shown instead, else its parent, else the box
         others = [m.id for m in self.chats.siblings(msg.id) if m.id != msg.id]

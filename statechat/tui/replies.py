@@ -41,7 +41,8 @@ class RepliesMixin:
     """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
     `conv_id`, `sampling`, `template_kwargs`, `next_turn`, the streaming reply's `handle`,
     `streaming_conv_id`, `streaming_reply_id` (None while none streams), `streaming_start` and
-    `streaming_thinking`, `is_closing`, and `open_conversation()` (conversations.py)."""
+    `streaming_thinking`, `is_closing`, and `open_conversation()` and `focused_message()`
+    (conversations.py)."""
 
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         """Enter in the box: send its text (an edit's as a new branch beside the edited
@@ -118,7 +119,8 @@ class RepliesMixin:
         of (chat/continuing.py)."""
         stored = self.chats.token_ids(reply.id)
         with self.worker.tokenizer_lock:  # (the tokenizer is shared with the stream's thread)
-            return reply_start(self.worker.engine.tokenizer, reply.content, stored)
+            start = reply_start(self.worker.engine.tokenizer, reply.content, stored)
+        return dataclasses.replace(start, of=reply.id)
 
     def _add(self, parent_id: str | None, role: str, content: str,
              stats: dict | None = None) -> Message | None:
@@ -166,7 +168,7 @@ class RepliesMixin:
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         try:
-            self.call_from_thread(self._finish_reply, reply_id, text, stats, token_ids)
+            self.call_from_thread(self._finish_reply, reply_id, text, stats, token_ids, start)
         except DamagedError as e:  # (raised back into this thread, whose worker would drop it
             self.call_from_thread(self._handle_exception, e)  # unsaid: the app ends in its line)
             return
@@ -174,7 +176,9 @@ class RepliesMixin:
             self.call_from_thread(self.notify, f"The reply was not saved: {e}.", severity="error")
             return
         # (not once another reply began: it computes the same prefix itself)
-        if not self.is_closing and self.handle is None and "error" not in stats:
+        # (nor for a continuation that added nothing: its prefix is the reply's, done for it)
+        if (not self.is_closing and self.handle is None and "error" not in stats
+                and not start.adds_nothing(text, stats.get("finish_reason"))):
             with contextlib.suppress(StatechatError):  # (a quit under way, a refused prompt)
                 self.next_turn = warm_next_turn(self.worker, history, text, handle.output,
                                                 self.template_kwargs)
@@ -202,11 +206,14 @@ class RepliesMixin:
             made = text_token_ids(self.worker.engine.tokenizer, output, stop_ids)
         return None if made is None else [*start.token_ids, *made]
 
-    def _finish_reply(self, reply_id: str, text: str, stats: dict,
-                      token_ids: list[int] | None) -> None:
+    def _finish_reply(self, reply_id: str, text: str, stats: dict, token_ids: list[int] | None,
+                      start: Start = NEW_REPLY) -> None:
         if reply_id != self.streaming_reply_id:  # (saved at exit already)
             return
         stats = self._end_streaming(stats)
+        if start.adds_nothing(text, stats.get("finish_reason")):
+            self._drop_continuation(reply_id, start.of)
+            return
         # (quitting: it is saved, with its stats, and the screen is left to the exit)
         if not self._save_reply(reply_id, text, stats, token_ids) or self.is_closing:
             return
@@ -218,6 +225,27 @@ class RepliesMixin:
             view.set_message(saved)
             view.set_status(status_line(stats))
         self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
+
+    def _drop_continuation(self, reply_id: str, continued_id: str) -> None:
+        """A continuation that added nothing (Start.adds_nothing): deleted, rather than kept as
+        a sibling that repeats reply `continued_id`, which is shown again (focused where the
+        continuation was); one notice says so."""
+        self._delete_continuation(reply_id, continued_id)
+        if self.is_closing:
+            return
+        self.notify("The reply is already complete: nothing was added.")
+        focused = self.focused_message()  # (a continuation that ended before its view was
+        # built is about to be focused)
+        self.open_conversation(self.conv_id,
+                               focus_id=continued_id if focused == reply_id else focused)
+
+    def _delete_continuation(self, reply_id: str, continued_id: str) -> None:
+        """Delete continuation `reply_id` (it has nothing under it) and show the branch of the
+        reply it continued, where another statechat has not deleted them meanwhile."""
+        if self.chats.find(reply_id) is not None:
+            self.chats.delete_branch(reply_id)
+        if self.chats.find(continued_id) is not None:
+            self.chats.select(continued_id)
 
     def _save_reply(self, reply_id: str, text: str, stats: dict,
                     token_ids: list[int] | None = None) -> bool:
@@ -242,7 +270,10 @@ class RepliesMixin:
             token_ids = self._made_ids(start, output, handle.params)
         # (what ended the app, said in its line already; a full disk: no one left to tell)
         with contextlib.suppress(DamagedError, BusyError):
-            self._save_reply(reply_id, text, {**stats, **thinking}, token_ids)
+            if start.adds_nothing(text, stats.get("finish_reason")):  # (it ended as Ctrl+Q came)
+                self._delete_continuation(reply_id, start.of)
+            else:
+                self._save_reply(reply_id, text, {**stats, **thinking}, token_ids)
 
     def _end_streaming(self, stats: dict) -> dict:
         """No reply streams any more; `stats` of the one that did, with `thinking` where its

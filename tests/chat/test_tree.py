@@ -63,6 +63,8 @@ def test_delete_branch_keeps_the_rest(tmp_path):
     store = open_chats(tmp_path)
     conv, _, a1, u2, _ = build(store)
     r2 = store.add(conv.id, u2.id, "assistant", "other answer")
+    # (what the app's question counts: every branch under a message)
+    assert [store.num_under(m.id) for m in (a1, u2, r2)] == [3, 2, 0]
     store.delete_branch(r2.id)
     assert contents(store, conv.id)[-1] == "second answer"
     store.delete_branch(u2.id)  # removes u2 and a2

@@ -3,8 +3,9 @@ reply's text and goes on from it, the old one kept as another branch. The model 
 reply as it was made (its own token ids after its own prompt, without the end-of-turn marker a
 reply that ended of itself has), so the prompt resumes from the checkpoint at the reply's end,
 also after a restart; a thinking model's reasoning is fed back, not dropped as the template
-drops it from earlier turns. It is refused while a reply streams, says so past the context
-limit, and Esc keeps it as a stopped reply."""
+drops it from earlier turns. One that adds nothing (the reply was complete) is not kept. It is
+refused while a reply streams, says so past the context limit, and Esc keeps it as a stopped
+reply."""
 
 from __future__ import annotations
 
@@ -136,6 +137,36 @@ def test_a_reply_that_ended_of_itself_is_continued_without_its_end_of_turn(loade
             assert EOS not in prompt[len(first.prompt_token_ids):]
             assert views(app)[1].message.content.startswith(old.content)
             assert "2/2" in header(views(app)[1])
+
+    asyncio.run(run())
+
+
+def test_a_continuation_that_adds_nothing_is_not_kept(loaded, tmp_path):
+    """A reply that ended of itself is usually complete: its continuation ends at once, on
+    <|im_end|>. No sibling with the same text is kept: the reply continued is shown again,
+    focused, its status line as it was, and one notice says nothing was added."""
+    ends = SamplingParams(max_tokens=64, min_tokens=5, logit_bias={EOS: 100})  # (5, then EOS)
+
+    async def run():
+        app = app_with(loaded, tmp_path, sampling=ends)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            requests = record_requests(app)
+            await send(pilot, app, "hello there")
+            old = views(app)[1].message
+            line = status(views(app)[1])
+            app.sampling = SamplingParams(max_tokens=64, logit_bias={EOS: 100})  # (EOS at once)
+            await press_c(pilot, app)
+            assert requests[1].output.token_ids == [EOS]  # (it ran, and ended at once)
+            assert [m.id for m in app.chats.siblings(old.id)] == [old.id]
+            assert [v.message.id for v in views(app)] == [m.id for m in app.chats.branch(
+                app.conv_id)] and views(app)[1].message.id == old.id
+            assert app.focused is views(app)[1] and "1/" not in header(views(app)[1])
+            assert status(views(app)[1]) == line and app.handle is None
+            assert notices(app)[-1] == "The reply is already complete: nothing was added."
+            await pilot.press("c")  # (again: the same, nothing piles up)
+            await wait_idle(pilot, app)
+            assert [m.id for m in app.chats.siblings(old.id)] == [old.id]
 
     asyncio.run(run())
 

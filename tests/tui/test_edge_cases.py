@@ -85,7 +85,7 @@ def test_edit_ends_with_its_message_on_screen_and_the_draft_comes_back(loaded, t
             await pilot.press("e")
             assert composer.text == "a draft"
             await focus_message(pilot, app, 2)
-            await pilot.press("d")
+            await pilot.press("d", "d")
             await pilot.pause(0.1)
             assert composer.editing is None and composer.text == "second draft"
             # Esc cancels an edit and brings the draft back; so does sending the edit
@@ -199,7 +199,7 @@ def test_a_chat_emptied_by_deletes_is_named_by_its_next_first_message(loaded, tm
             await wait_ready(pilot, app)
             await send(pilot, app, "first topic")
             await focus_message(pilot, app, 0)
-            await pilot.press("d")
+            await pilot.press("d", "d")
             await pilot.pause(0.1)
             assert views(app) == []
             await send(pilot, app, "second\ntopic")

@@ -2,8 +2,9 @@
 the message shown in its place (it fell to the chat list, where `r` did nothing and Delete
 deleted the whole chat), Esc cancels an edit before it stops a reply, the chat list,
 focused, highlights a chat so that Enter opens it (and keeps the one the user highlighted when a
-reply ends), Up and Down move one message a key however fast they come, and a paste made
-with a message or the chat list focused lands in the message box (it was dropped)."""
+reply ends), Up and Down move one message a key however fast they come, a paste made with a
+message or the chat list focused lands in the message box (it was dropped), and Delete on the
+chat list and d on a message ask before they delete (the key again deletes)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 from textual import events
 
 from statechat.chat.tree import open_chats
+from statechat.tui import conversations
 from statechat.tui.conversations import GONE
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -33,7 +35,7 @@ def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
             assert app.focused is views(app)[1] and "3/3" in header(views(app)[1])
             await pilot.press("up")
             assert app.focused is views(app)[0]
-            await pilot.press("down", "d")  # the sibling shown instead is focused
+            await pilot.press("down", "d", "d")  # the sibling shown instead is focused
             await pilot.pause(0.1)
             assert app.focused is views(app)[1] and "2/2" in header(views(app)[1])
             await pilot.press("delete")  # (on the chat list, it deleted the chat)
@@ -44,7 +46,7 @@ def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
             await wait_idle(pilot, app)
             assert app.focused is views(app)[1] and "3/3" in header(views(app)[1])
             for _ in range(3):  # the last reply deleted: its message is focused
-                await pilot.press("d")
+                await pilot.press("d", "d")
                 await pilot.pause(0.1)
             assert len(views(app)) == 1 and app.focused is views(app)[0]
 
@@ -154,7 +156,7 @@ def test_a_reply_ending_leaves_the_chat_list_s_highlight_alone(loaded, tmp_path)
             app.handle.abort()  # the reply ends while the user is in the list
             await wait_idle(pilot, app)
             await pilot.pause(0.1)
-            await pilot.press("delete")
+            await pilot.press("delete", "delete")
             await pilot.pause(0.1)
             assert [c.id for c in app.chats.conversations()] == [app.conv_id]
             assert app.conv_id != first
@@ -203,5 +205,74 @@ def test_a_key_on_a_message_another_process_deleted_leaves_the_chat_shown(loaded
                 assert notices(app) == [GONE.format("That message")], key
                 assert app.focused is app.query_one(Composer), key
                 assert app.query_one("#main").display, key  # (the chat, not the list)
+
+    asyncio.run(run())
+
+
+def test_delete_on_the_chat_list_asks_first(loaded, tmp_path, monkeypatch):
+    """One Delete on the chat list removed the whole chat, with no undo: now it asks, naming
+    the chat, and Delete again deletes it; the question lapses when the highlight moves or
+    after CONFIRM_S."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "chat a")
+            await pilot.press("ctrl+n")
+            await send(pilot, app, "chat b")
+            await pilot.press("ctrl+l", "delete")  # (chat b, the open one, highlighted)
+            await pilot.pause(0.1)
+            assert len(app.chats.conversations()) == 2
+            assert notices(app)[-1].startswith("Delete chat 'chat b' and all its messages?")
+            await pilot.press("delete")
+            await pilot.pause(0.1)
+            assert [c.title for c in app.chats.conversations()] == ["chat a"]
+            assert notices(app)[-1] == "Chat 'chat b' deleted."
+            # asked, then the highlight moved away and back: Delete asks again
+            await send(pilot, app, "chat c")
+            await pilot.press("ctrl+l", "delete", "down", "up")
+            await pilot.pause(0.1)
+            await pilot.press("delete")
+            await pilot.pause(0.1)
+            assert len(app.chats.conversations()) == 2
+            assert notices(app)[-1].startswith("Delete chat 'chat c'")
+            # asked, and left to lapse: Delete asks again
+            monkeypatch.setattr(conversations, "CONFIRM_S", 0.2)
+            await pilot.pause(0.3)
+            await pilot.press("delete")
+            await pilot.pause(0.1)
+            assert len(app.chats.conversations()) == 2
+            monkeypatch.setattr(conversations, "CONFIRM_S", 5.0)  # (this one does not lapse)
+            await pilot.press("delete")
+            await pilot.pause(0.1)
+            assert [c.title for c in app.chats.conversations()] == ["chat a"]
+
+    asyncio.run(run())
+
+
+def test_d_asks_before_deleting_a_branch(loaded, tmp_path):
+    """d removed a message and everything under it at once: now it asks, saying how much goes,
+    and d again deletes; moving to another message in between asks again."""
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hello")
+            await send(pilot, app, "again")
+            await focus_message(pilot, app, 0)
+            await pilot.press("d")
+            await pilot.pause(0.1)
+            assert len(views(app)) == 4
+            assert notices(app)[-1] == ("Delete this message and the 3 messages under it "
+                                        "(every branch)? Press d again to delete.")
+            await pilot.press("down", "up", "d")  # (moved away and back: asked again)
+            await pilot.pause(0.1)
+            assert len(views(app)) == 4
+            await pilot.press("down", "down", "down", "d")
+            await pilot.pause(0.1)
+            assert notices(app)[-1] == "Delete this reply? Press d again to delete."
+            await pilot.press("d")
+            await pilot.pause(0.1)
+            assert len(views(app)) == 3 and notices(app)[-1] == "Branch deleted."
 
     asyncio.run(run())

@@ -13,10 +13,12 @@ from statechat.tui.format import clean, one_line
 
 
 class ConversationList(ListView):
-    """Enter or a click opens a conversation; Delete removes it (and its whole tree). Focused,
-    it highlights a chat (the open one, else the first), so Enter always opens one."""
+    """Enter or a click opens a conversation; Delete asks to remove it (and its whole tree),
+    Delete again removes it (the app asks: conversations.py). Focused, it highlights a chat
+    (the open one, else the first), so Enter always opens one."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("delete", "delete_conversation", "Delete chat")]
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("delete", "delete_conversation", "Delete chat (twice)")]
 
     class Open(Message):
         def __init__(self, conv_id: str) -> None:
@@ -65,7 +67,7 @@ class ConversationList(ListView):
             self.post_message(self.Open(conv_id))
 
     def action_delete_conversation(self) -> None:
-        """Delete: post Delete for the highlighted chat."""
+        """Delete: post Delete for the highlighted chat (the app asks before it deletes)."""
         conv_id = self._conv_at(self.index)
         if conv_id is not None:
             self.post_message(self.Delete(conv_id))

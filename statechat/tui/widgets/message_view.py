@@ -18,7 +18,7 @@ from statechat.tui.format import clean, split_thinking, status_line
 
 class MessageView(Vertical, can_focus=True):
     """Focus it (click, or up/down in the chat) and: e edits, r regenerates, c continues a
-    reply, [ ] switch branch, d deletes the branch."""
+    reply, [ ] switch branch, d d deletes the branch (the first d asks)."""
 
     BINDINGS: ClassVar[list[Binding]] = [
         Binding("e", "app.edit_message", "Edit"),
@@ -26,7 +26,7 @@ class MessageView(Vertical, can_focus=True):
         Binding("c", "app.continue_reply", "Continue"),
         Binding("left_square_bracket,left", "app.prev_branch", "Prev branch", key_display="["),
         Binding("right_square_bracket,right", "app.next_branch", "Next branch", key_display="]"),
-        Binding("d", "app.delete_branch", "Delete branch"),
+        Binding("d", "app.delete_branch", "Delete branch (twice)"),
     ]
 
     def __init__(self, message: Message, position: int = 1, num_siblings: int = 1,
