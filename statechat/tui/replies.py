@@ -240,8 +240,7 @@ class RepliesMixin:
                                focus_id=continued_id if focused == reply_id else focused)
 
     def _delete_continuation(self, reply_id: str, continued_id: str) -> None:
-        """Delete continuation `reply_id` (it has nothing under it) and show the branch of the
-        reply it continued, where another statechat has not deleted them meanwhile."""
+        """Delete continuation `reply_id` and select reply `continued_id`, where still there."""
         if self.chats.find(reply_id) is not None:
             self.chats.delete_branch(reply_id)
         if self.chats.find(continued_id) is not None:
