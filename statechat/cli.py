@@ -164,7 +164,7 @@ def batch(
 
     output = None if output == STDIN else output
     lines = read_requests(input)
-    direct = output is None or writes_in_place(output, input)  # (a bad output: one line, first)
+    direct = writes_in_place(output, input)  # (a bad output: one line, first)
     # (a bad flag: one line now, not an error on every line)
     config, sampling = command_setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
     jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
