@@ -40,6 +40,7 @@ from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
     DtypeOpt,
+    FlagsGroup,
     FrequencyPenaltyOpt,
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
@@ -63,6 +64,7 @@ from statechat.cli_setup import command_setup, warn_if_embedded
 from statechat.errors import StatechatError
 
 app = typer.Typer(
+    cls=FlagsGroup,
     help="statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed.",
     no_args_is_help=True,
     add_completion=False,

@@ -13,10 +13,11 @@ from typing import Annotated
 
 import typer
 
-from statechat.cli_options import CacheDirOpt, JsonOpt
+from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt
 from statechat.errors import StatechatError
 
-cache_app = typer.Typer(help="Inspect and trim the persistent prefix cache.", no_args_is_help=True)
+cache_app = typer.Typer(cls=FlagsGroup, help="Inspect and trim the persistent prefix cache.",
+                        no_args_is_help=True)
 # `cache verify`'s exit status, as fsck's: bits that say what it did (0: all was fine)
 VERIFY_REPAIRED = 1  # it removed damaged entries or orphan blobs
 VERIFY_LEFT = 4  # it found problems it left as they are (unreadable blobs, a read-only cache)

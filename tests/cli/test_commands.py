@@ -702,3 +702,23 @@ def test_an_os_error_while_serving_is_not_told_as_a_listen_error(shared_engine, 
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
                                      str(EMBEDDED_MODEL), "--port", "0"])
     assert isinstance(result.exception, OSError) and result.exception.errno == errno.EIO
+
+
+@pytest.mark.parametrize("argv, flags", [
+    ([], ["--version", "--help"]),
+    (["batch"], ["--no-cache", "--help"]),
+    (["cache"], ["--help"]),
+    (["cache", "ls"], ["--json", "--help"]),
+    (["cache", "clear"], ["--yes", "--help"]),
+])
+def test_help_shows_no_value_beside_a_flag(argv, flags):
+    """A flag takes no value, so its --help line shows none (typer's help wrote `<bool>` there,
+    as though `--no-cache true` were the way to give it); options that take one keep theirs."""
+    result = runner.invoke(cli.app, [*argv, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[1]: line for line in result.output.splitlines()
+             if len(line.split()) > 1 and line.split()[1].startswith("--")}
+    for flag in flags:
+        assert "<bool>" not in lines[flag], lines[flag]
+    if argv == ["batch"]:
+        assert "<path>" in lines["--output"] and "<float>" in lines["--temperature"]
