@@ -722,3 +722,26 @@ def test_help_shows_no_value_beside_a_flag(argv, flags):
         assert "<bool>" not in lines[flag], lines[flag]
     if argv == ["batch"]:
         assert "<path>" in lines["--output"] and "<float>" in lines["--temperature"]
+
+
+@pytest.mark.parametrize("command", ["run", "batch", "serve"])
+def test_a_file_in_place_of_the_cache_dir_is_one_line_before_the_model_loads(
+        tmp_path, monkeypatch, capsys, command):
+    """A cache dir that is a file, or lies under one, is one line that says so before the model
+    loads (the engine loaded the model, then said `cannot open FILE/sub/index.db (Not a
+    directory); check the folder's permissions`)."""
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("not a folder\n")
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    for cache_dir in (blocker, blocker / "cache"):
+        argv = [command, *([str(src)] if command == "batch" else []), "--cache-dir",
+                str(cache_dir), "--model", str(EMBEDDED_MODEL), "--device", "cpu"]
+        monkeypatch.setattr("sys.argv", ["statechat", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip() == (f"statechat: {blocker} is a file; pass a "
+                                                   "folder as --cache-dir")
+    assert blocker.read_text() == "not a folder\n"
