@@ -627,3 +627,27 @@ def test_a_closed_standard_output_is_one_line_before_the_model_loads(tmp_path, m
         assert exit_info.value.code == 2
         assert capsys.readouterr().err == ("statechat: standard output is closed; pass "
                                            "--output FILE for the results\n")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
+    (["--chat-template-kwargs", "[]"], ("--chat-template-kwargs (or STATECHAT_CHAT_TEMPLATE_"
+                                        "KWARGS) must be a JSON object, e.g. "
+                                        "'{\"enable_thinking\": false}'")),
+    (["-o", "{tmp}"], "{tmp} is a folder; pass a file name for the results"),
+])
+def test_a_bad_flag_is_told_before_standard_input_is_read(tmp_path, monkeypatch, capsys, argv,
+                                                          says):
+    """`batch -` with a bad flag or output says so at once, not once its producer has finished
+    (typed at a terminal, it waited for Ctrl+D before telling a flag it had from the start)."""
+    class Unread:
+        def __getattr__(self, name):
+            pytest.fail("standard input was read before the flags were checked")
+
+    monkeypatch.setattr("sys.stdin", Unread())
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", "-", "--model", str(EMBEDDED_MODEL),
+                                     *(a.replace("{tmp}", str(tmp_path)) for a in argv)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"statechat: {says.replace('{tmp}', str(tmp_path))}\n"
