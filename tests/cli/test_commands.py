@@ -745,3 +745,26 @@ def test_a_file_in_place_of_the_cache_dir_is_one_line_before_the_model_loads(
         assert capsys.readouterr().err.strip() == (f"statechat: {blocker} is a file; pass a "
                                                    "folder as --cache-dir")
     assert blocker.read_text() == "not a folder\n"
+
+
+def test_ls_says_when_it_shows_fewer_checkpoints_than_the_cache_holds(tmp_path, shared_engine):
+    """`ls --limit N` on a cache with more checkpoints says, on stderr, how many it left out (its
+    table looked whole: `cache ls | wc -l` counted 50 of any larger cache); a listing of them
+    all says nothing more."""
+    src, cache = tmp_path / "in.jsonl", ["--cache-dir", str(tmp_path / "cache")]
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{word} " * 80}],
+                                       "max_tokens": 1}) + "\n" for word in ("cache", "state")))
+    assert runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"),
+                                   "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+                                   *cache]).exit_code == 0
+    total = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", *cache]).stdout)[
+        "num_checkpoints"]
+    assert total >= 2
+    for argv in ([], ["--json"]):
+        cut = runner.invoke(cli.app, ["cache", "ls", "--limit", "1", *argv, *cache])
+        assert cut.exit_code == 0, cut.output
+        assert cut.stderr == (f"statechat: showing the 1 most recently used of {total:,} "
+                              "checkpoints; --limit N shows more\n")
+        whole = runner.invoke(cli.app, ["cache", "ls", "--limit", str(total), *argv, *cache])
+        assert whole.exit_code == 0 and whole.stderr == ""
+    assert len(json.loads(cut.stdout)) == 1
