@@ -1,5 +1,6 @@
-"""The command line's shared options, each defined once as an `Annotated` alias, and the checks
-that turn their values into configs before a model loads (a bad value is one line)."""
+"""The command line's shared options, each defined once as an `Annotated` alias, the checks
+that turn their values into configs before a model loads (a bad value is one line), and the
+command groups' class (FlagsGroup: how --help shows a flag)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from statechat.errors import ConfigError, StatechatError
 
 if TYPE_CHECKING:  # (torch loads with it: the commands import it when they run)
     from statechat.engine.sampling import SamplingParams
+
 
 class FlagsGroup(TyperGroup):
     """A command group whose --help shows no value beside a flag, for its own options and its
