@@ -40,6 +40,7 @@ from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
     DtypeOpt,
+    FlagsGroup,
     FrequencyPenaltyOpt,
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
@@ -63,6 +64,7 @@ from statechat.cli_setup import command_setup, warn_if_embedded
 from statechat.errors import StatechatError
 
 app = typer.Typer(
+    cls=FlagsGroup,
     help="statechat: chat with Qwen3.5 hybrid models, reusing every prefix it has computed.",
     no_args_is_help=True,
     add_completion=False,
@@ -163,11 +165,12 @@ def batch(
     )
 
     output = None if output == STDIN else output
-    lines = read_requests(input)
-    direct = output is None or writes_in_place(output, input)  # (a bad output: one line, first)
+    direct = writes_in_place(output, input)  # (a bad output: one line, first)
     # (a bad flag: one line now, not an error on every line)
     config, sampling = command_setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
-    jobs = parse_lines(lines, BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs)))
+    defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs))
+    # (read last: standard input's producer, or a person typing, is not waited on first)
+    jobs = parse_lines(read_requests(input), defaults)
     if (ignored := ignored_fields(jobs)) is not None:
         typer.echo(f"statechat: {ignored}", err=True)
     if not jobs:  # (nothing to run: no model to load)

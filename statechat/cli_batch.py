@@ -177,10 +177,15 @@ def closing(f, output: Path):
     output_call(output, f.close)
 
 
-def writes_in_place(output: Path, input: Path) -> bool:
-    """Whether a batch writes `output` itself (a device, a pipe, a link: /dev/stdout, say)
-    rather than a file beside it renamed over it at the end; a one-line error for a path
-    that cannot take the results."""
+def writes_in_place(output: Path | None, input: Path) -> bool:
+    """Whether a batch writes `output` itself (standard output for None; a device, a pipe, a
+    link: /dev/stdout, say) rather than a file beside it renamed over it at the end; a
+    one-line error for an output that cannot take the results (a closed standard output too:
+    Python's sys.stdout is then None)."""
+    if output is None:
+        if sys.stdout is None:
+            raise StatechatError("standard output is closed; pass --output FILE for the results")
+        return True
     if output.is_dir():
         raise StatechatError(f"{output} is a folder; pass a file name for the results")
     if not output.parent.is_dir():

@@ -13,10 +13,11 @@ from typing import Annotated
 
 import typer
 
-from statechat.cli_options import CacheDirOpt, JsonOpt
+from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt
 from statechat.errors import StatechatError
 
-cache_app = typer.Typer(help="Inspect and trim the persistent prefix cache.", no_args_is_help=True)
+cache_app = typer.Typer(cls=FlagsGroup, help="Inspect and trim the persistent prefix cache.",
+                        no_args_is_help=True)
 # `cache verify`'s exit status, as fsck's: bits that say what it did (0: all was fine)
 VERIFY_REPAIRED = 1  # it removed damaged entries or orphan blobs
 VERIFY_LEFT = 4  # it found problems it left as they are (unreadable blobs, a read-only cache)
@@ -144,9 +145,13 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
 def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
              limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.", min=1,
                                                 max=1_000_000)] = 50) -> None:
-    """List checkpoints, most recently used first."""
+    """List checkpoints, most recently used first (stderr says how many --limit left out)."""
     with _store(_root(cache_dir)) as store:
         rows = store.ls(limit=limit) if store else []
+        total = store.stats()["num_checkpoints"] if store and len(rows) == limit else len(rows)
+    if total > len(rows):  # (on stderr: stdout stays the table, or the JSON)
+        typer.echo(f"statechat: showing the {len(rows):,} most recently used of {total:,} "
+                   "checkpoints; --limit N shows more", err=True)
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -1,5 +1,6 @@
-"""The command line's shared options, each defined once as an `Annotated` alias, and the checks
-that turn their values into configs before a model loads (a bad value is one line)."""
+"""The command line's shared options, each defined once as an `Annotated` alias, the checks
+that turn their values into configs before a model loads (a bad value is one line), and the
+command groups' class (FlagsGroup: how --help shows a flag)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from statechat.errors import ConfigError, StatechatError
 
 if TYPE_CHECKING:  # (torch loads with it: the commands import it when they run)
     from statechat.engine.sampling import SamplingParams
+
+
+class FlagsGroup(TyperGroup):
+    """A command group whose --help shows no value beside a flag, for its own options and its
+    commands' (typer's rich help writes `<bool>` there, as though a flag took one: `--no-cache
+    true`); the options that take a value keep theirs."""
+
+    def get_params(self, ctx):
+        return _flags_without_value(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:  # (a group of commands does this itself)
+            _flags_without_value(command.get_params(ctx))
+        return command
+
+
+def _flags_without_value(params: list) -> list:
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # (what the help shows beside it)
+    return params
+
 
 ModelOpt = Annotated[
     Path | None,

@@ -40,7 +40,25 @@ def engine_config(model: Path | None, cache_dir: Path | None, device: str,
         positions = ModelConfig.from_hf(config.model).max_position_embeddings
         if config.max_model_len:
             check_context_limit(config.max_model_len, positions)
+    if config.cache_dir is not None:
+        check_cache_dir(config.cache_dir)
     return config
+
+
+def check_cache_dir(path: Path) -> None:
+    """A one-line error, before the model loads, for a cache dir that a file stands in the way
+    of: the path itself or a folder above it (the engine would load the model, then fail to
+    open its index with advice about permissions)."""
+    for folder in (path, *path.parents):
+        try:
+            if not folder.exists():
+                continue
+            is_dir = folder.is_dir()
+        except OSError:  # (a folder above it this user may not search: the engine says so)
+            return
+        if not is_dir:
+            raise StatechatError(f"{folder} is a file; pass a folder as --cache-dir")
+        return
 
 
 def command_setup(defaults, flags: dict, **sampling):

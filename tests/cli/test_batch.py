@@ -607,3 +607,47 @@ def test_requests_from_a_pipe_and_an_input_that_is_no_file(tmp_path, shared_engi
         bad = CliRunner().invoke(cli.app, ["batch", str(path), "--model", str(EMBEDDED_MODEL)])
         assert str(bad.exception) == (f"{path} {why}; pass a JSONL file of chat requests "
                                       "('-' reads them from standard input)")
+
+
+def test_a_closed_standard_output_is_one_line_before_the_model_loads(tmp_path, monkeypatch,
+                                                                     capsys):
+    """`statechat batch FILE >&-` (no stdout: Python's sys.stdout is None) is one line before
+    the model loads (it ran every request, then ended in a traceback at the first result)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}\n')
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
+    for out in ([], ["-o", "-"]):
+        monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), *out,
+                                         "--model", str(EMBEDDED_MODEL), "--no-cache"])
+        monkeypatch.setattr("sys.stdout", None)
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        monkeypatch.undo()  # (sys.stdout back, for pytest)
+        monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("loaded"))
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == ("statechat: standard output is closed; pass "
+                                           "--output FILE for the results\n")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--min-p", "2"], "--min-p must be in [0, 1], got 2.0"),
+    (["--chat-template-kwargs", "[]"], ("--chat-template-kwargs (or STATECHAT_CHAT_TEMPLATE_"
+                                        "KWARGS) must be a JSON object, e.g. "
+                                        "'{\"enable_thinking\": false}'")),
+    (["-o", "{tmp}"], "{tmp} is a folder; pass a file name for the results"),
+])
+def test_a_bad_flag_is_told_before_standard_input_is_read(tmp_path, monkeypatch, capsys, argv,
+                                                          says):
+    """`batch -` with a bad flag or output says so at once, not once its producer has finished
+    (typed at a terminal, it waited for Ctrl+D before telling a flag it had from the start)."""
+    class Unread:
+        def __getattr__(self, name):
+            pytest.fail("standard input was read before the flags were checked")
+
+    monkeypatch.setattr("sys.stdin", Unread())
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", "-", "--model", str(EMBEDDED_MODEL),
+                                     *(a.replace("{tmp}", str(tmp_path)) for a in argv)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"statechat: {says.replace('{tmp}', str(tmp_path))}\n"

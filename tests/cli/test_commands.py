@@ -702,3 +702,69 @@ def test_an_os_error_while_serving_is_not_told_as_a_listen_error(shared_engine, 
     result = runner.invoke(cli.app, ["serve", "--device", "cpu", "--no-cache", "--model",
                                      str(EMBEDDED_MODEL), "--port", "0"])
     assert isinstance(result.exception, OSError) and result.exception.errno == errno.EIO
+
+
+@pytest.mark.parametrize("argv, flags", [
+    ([], ["--version", "--help"]),
+    (["batch"], ["--no-cache", "--help"]),
+    (["cache"], ["--help"]),
+    (["cache", "ls"], ["--json", "--help"]),
+    (["cache", "clear"], ["--yes", "--help"]),
+])
+def test_help_shows_no_value_beside_a_flag(argv, flags):
+    """A flag takes no value, so its --help line shows none (typer's help wrote `<bool>` there,
+    as though `--no-cache true` were the way to give it); options that take one keep theirs."""
+    result = runner.invoke(cli.app, [*argv, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[1]: line for line in result.output.splitlines()
+             if len(line.split()) > 1 and line.split()[1].startswith("--")}
+    for flag in flags:
+        assert "<bool>" not in lines[flag], lines[flag]
+    if argv == ["batch"]:
+        assert "<path>" in lines["--output"] and "<float>" in lines["--temperature"]
+
+
+@pytest.mark.parametrize("command", ["run", "batch", "serve"])
+def test_a_file_in_place_of_the_cache_dir_is_one_line_before_the_model_loads(
+        tmp_path, monkeypatch, capsys, command):
+    """A cache dir that is a file, or lies under one, is one line that says so before the model
+    loads (the engine loaded the model, then said `cannot open FILE/sub/index.db (Not a
+    directory); check the folder's permissions`)."""
+    monkeypatch.setattr(cli_setup, "load_engine", lambda config: pytest.fail("the model loaded"))
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("not a folder\n")
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    for cache_dir in (blocker, blocker / "cache"):
+        argv = [command, *([str(src)] if command == "batch" else []), "--cache-dir",
+                str(cache_dir), "--model", str(EMBEDDED_MODEL), "--device", "cpu"]
+        monkeypatch.setattr("sys.argv", ["statechat", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip() == (f"statechat: {blocker} is a file; pass a "
+                                                   "folder as --cache-dir")
+    assert blocker.read_text() == "not a folder\n"
+
+
+def test_ls_says_when_it_shows_fewer_checkpoints_than_the_cache_holds(tmp_path, shared_engine):
+    """`ls --limit N` on a cache with more checkpoints says, on stderr, how many it left out (its
+    table looked whole: `cache ls | wc -l` counted 50 of any larger cache); a listing of them
+    all says nothing more."""
+    src, cache = tmp_path / "in.jsonl", ["--cache-dir", str(tmp_path / "cache")]
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{word} " * 80}],
+                                       "max_tokens": 1}) + "\n" for word in ("cache", "state")))
+    assert runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"),
+                                   "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+                                   *cache]).exit_code == 0
+    total = json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", *cache]).stdout)[
+        "num_checkpoints"]
+    assert total >= 2
+    for argv in ([], ["--json"]):
+        cut = runner.invoke(cli.app, ["cache", "ls", "--limit", "1", *argv, *cache])
+        assert cut.exit_code == 0, cut.output
+        assert cut.stderr == (f"statechat: showing the 1 most recently used of {total:,} "
+                              "checkpoints; --limit N shows more\n")
+        whole = runner.invoke(cli.app, ["cache", "ls", "--limit", str(total), *argv, *cache])
+        assert whole.exit_code == 0 and whole.stderr == ""
+    assert len(json.loads(cut.stdout)) == 1
