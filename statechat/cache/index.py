@@ -16,8 +16,10 @@ from pathlib import Path
 import sqlite_utils
 
 from statechat.cache.sqlite_files import open_error, open_sqlite
+from statechat.errors import ConfigError
 
 SCHEMA_VERSION = 1
+OWN_TABLES = frozenset({"models", "segments", "blocks", "checkpoints"})  # (migrate's)
 log = logging.getLogger("statechat.cache")
 
 VIEWS = {
@@ -54,6 +56,7 @@ def connect(path: Path) -> sqlite_utils.Database:
                                check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+            refuse_foreign(conn, path)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             db = sqlite_utils.Database(conn)
@@ -64,6 +67,19 @@ def connect(path: Path) -> sqlite_utils.Database:
         return db
 
     return open_sqlite(path, attempt)
+
+
+def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
+    """A ConfigError for a SQLite file of another program at `path` (tables not the index's,
+    and no schema version of ours), which is then left as it is: no tables added to it, its
+    journal mode unchanged."""
+    if conn.execute("PRAGMA user_version").fetchone()[0]:
+        return
+    tables = sorted(r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
+    if set(tables) - OWN_TABLES:
+        raise ConfigError(f"{path} is not a statechat cache index (it holds other tables: "
+                          f"{', '.join(tables[:5])}); pick another cache dir")
 
 
 def connect_read_only(path: Path) -> sqlite_utils.Database:

@@ -768,3 +768,26 @@ def test_ls_says_when_it_shows_fewer_checkpoints_than_the_cache_holds(tmp_path, 
         whole = runner.invoke(cli.app, ["cache", "ls", "--limit", str(total), *argv, *cache])
         assert whole.exit_code == 0 and whole.stderr == ""
     assert len(json.loads(cut.stdout)) == 1
+
+
+@pytest.mark.parametrize("command", [["verify"], ["gc"], ["clear", "--yes"]])
+def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, capsys, command):
+    """A cache dir whose index.db is another program's SQLite file (tables of its own, no
+    schema version of ours): the commands that write say so in one line and leave the file
+    as it was (they added statechat's tables to it, and switched it to WAL)."""
+    import sqlite3
+
+    path = tmp_path / "index.db"
+    other = sqlite3.connect(path)
+    other.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    other.commit()
+    other.close()
+    before = path.read_bytes()
+    monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"statechat: {path} is not a statechat cache index (it holds other tables: notes); "
+        "pick another cache dir")
+    assert path.read_bytes() == before
