@@ -70,14 +70,16 @@ def connect(path: Path) -> sqlite_utils.Database:
 
 
 def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
-    """A ConfigError for a SQLite file of another program at `path` (tables not the index's,
-    and no schema version of ours), which is then left as it is: no tables added to it, its
-    journal mode unchanged."""
-    if conn.execute("PRAGMA user_version").fetchone()[0]:
-        return
+    """A ConfigError for a SQLite file of another program at `path`, which is then left as it
+    is (no tables added to it, its journal mode unchanged): tables neither the index's nor the
+    chats' (`chat_*`, chat/storage.py, which a run without the cache makes alone), unless the
+    file is an index already (its schema version set, its `models` table there: a table a
+    user added to a real index is theirs to keep)."""
     tables = sorted(r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
-    if set(tables) - OWN_TABLES:
+    if conn.execute("PRAGMA user_version").fetchone()[0] and "models" in tables:
+        return
+    if {t for t in tables if not t.startswith("chat_")} - OWN_TABLES:
         raise ConfigError(f"{path} is not a statechat cache index (it holds other tables: "
                           f"{', '.join(tables[:5])}); pick another cache dir")
 

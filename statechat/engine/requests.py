@@ -76,7 +76,6 @@ class Requests:
             self.abort(seq)
 
 
-
 def _as_batch(prompts) -> list | tuple:
     """generate's prompts as a list: one prompt (a string, or a flat list, tuple or 1-D numpy
     array of token ids; a list of ids was refused as prompts that are each an int) is a list

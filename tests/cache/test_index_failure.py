@@ -233,7 +233,7 @@ def test_a_lock_held_elsewhere_at_a_new_model_s_start_costs_the_disk_tier_not_th
     other.close()
     assert out.token_ids == want[0] and engine.prefix.store is None
     said = (f"statechat cache: {tmp_path / 'index.db'} is locked by another process (a "
-            "`sqlite3` shell inside a transaction?), so this model's entry could not be added; "
+            "`sqlite3` shell inside a transaction?), so this model's entry could not be written; "
             "the disk cache is off until statechat restarts (requests go on from memory)")
     assert [m for m in warnings_of(caplog) if "locked" in m] == [said]
     assert num_checkpoints(tmp_path) == 0

@@ -770,16 +770,19 @@ def test_ls_says_when_it_shows_fewer_checkpoints_than_the_cache_holds(tmp_path, 
     assert len(json.loads(cut.stdout)) == 1
 
 
+@pytest.mark.parametrize("version", [0, 7])
 @pytest.mark.parametrize("command", [["verify"], ["gc"], ["clear", "--yes"]])
-def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, capsys, command):
-    """A cache dir whose index.db is another program's SQLite file (tables of its own, no
-    schema version of ours): the commands that write say so in one line and leave the file
-    as it was (they added statechat's tables to it, and switched it to WAL)."""
+def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, capsys, command,
+                                                         version):
+    """A cache dir whose index.db is another program's SQLite file (tables of its own, and no
+    schema version or one of its own): the commands that write say so in one line and leave
+    the file as it was (they added statechat's tables to it, and switched it to WAL)."""
     import sqlite3
 
     path = tmp_path / "index.db"
     other = sqlite3.connect(path)
     other.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    other.execute(f"PRAGMA user_version = {version}")
     other.commit()
     other.close()
     before = path.read_bytes()
@@ -791,3 +794,23 @@ def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, 
         f"statechat: {path} is not a statechat cache index (it holds other tables: notes); "
         "pick another cache dir")
     assert path.read_bytes() == before
+
+
+def test_an_index_db_that_holds_only_the_chats_is_statechat_s(tmp_path, monkeypatch, capsys):
+    """`run --no-cache` keeps its chats in the cache dir's index.db, without the cache's tables
+    (or their schema version): the cache then opens it as its own, and a table a user added to
+    a real index stays."""
+    import sqlite3
+
+    from statechat.cache.store import open_store
+    from statechat.chat.tree import open_chats
+
+    open_chats(tmp_path).close()
+    open_store(tmp_path).close()  # (it was refused as another program's file)
+    mine = sqlite3.connect(tmp_path / "index.db")
+    mine.execute("CREATE TABLE my_notes (text TEXT)")
+    mine.commit()
+    mine.close()
+    monkeypatch.setattr("sys.argv", ["statechat", "cache", "verify", "--cache-dir", str(tmp_path)])
+    cli.main()  # (no SystemExit: a sound cache)
+    assert capsys.readouterr().out.startswith("checked 0; ok 0")

@@ -101,7 +101,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                     raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
                 self.failed = "locked by another process"
                 log.warning("statechat cache: %s is locked by another process (a `sqlite3` shell "
-                            "inside a transaction?), so this model's entry could not be added; "
+                            "inside a transaction?), so this model's entry could not be written; "
                             "the disk cache is off until statechat restarts (requests go on "
                             "from memory)", self.path / INDEX_FILE)
                 return
