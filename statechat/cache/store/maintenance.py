@@ -13,6 +13,8 @@ from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
 
+EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
+
 
 def default_budget(root: Path) -> int:
     """10% of the free space of the cache dir's file system (of its nearest existing folder:
@@ -61,34 +63,39 @@ class StoreMaintenance:
         in the budget). A segment left with no blocks (another process saved them first) holds
         nothing a lookup can use: it goes before the rows it ties with.
 
-        The total is summed again inside each deletion's write transaction: another process
-        on the same cache dir may evict at the same time, and a total read before its
-        deletions would have both free the whole overshoot."""
+        The total is summed inside each write transaction, which deletes up to EVICT_BATCH
+        rows: another process on the same cache dir may evict at the same time, and a total
+        read before its deletions would have both free the whole overshoot."""
         freed = 0
         if self.total_bytes() <= max_bytes:  # (the common case, without the write lock)
             return 0
         while True:
             with self.db_lock, self.db.conn:
                 self.db.execute("BEGIN IMMEDIATE")
-                if self.total_bytes() <= max_bytes:
-                    break
-                row = self.db.execute(
+                total = self.total_bytes()
+                rows = self.db.execute(
                     "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT "
                     "block_size FROM models WHERE id = c.model_id) FROM checkpoints c "
                     "UNION ALL SELECT 'kv', id, blob, bytes, last_used, coalesce((SELECT "
                     "min(position) FROM blocks WHERE segment_id = s.id), 1 << 62) FROM segments "
-                    "s ORDER BY 5, 6 DESC, 1 LIMIT 1").fetchone()  # (no NULLS FIRST: SQLite < 3.30)
-                if row is None:
-                    break
-                kind, key, blob, size, _, _ = row
-                if kind == "ckpt":
-                    self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
-                else:
-                    self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
-                    self.db.execute("DELETE FROM segments WHERE id = ?", [key])
-            (self.blob_dir / blob).unlink(missing_ok=True)
-            freed += size
-        return freed
+                    "s ORDER BY 5, 6 DESC, 1 LIMIT ?",  # (no NULLS FIRST: SQLite < 3.30)
+                    [EVICT_BATCH if total > max_bytes else 0]).fetchall()
+                gone = []
+                for kind, key, blob, size, _, _ in rows:
+                    if total <= max_bytes:
+                        break
+                    if kind == "ckpt":
+                        self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
+                    else:
+                        self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
+                        self.db.execute("DELETE FROM segments WHERE id = ?", [key])
+                    gone.append(blob)
+                    total -= size
+                    freed += size
+            for blob in gone:
+                (self.blob_dir / blob).unlink(missing_ok=True)
+            if total <= max_bytes or len(rows) < EVICT_BATCH:
+                return freed
 
     def gc(self, max_bytes: int | None = None) -> int:
         """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
