@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statechat.errors import ConfigError
+from statechat.paths import resolve_model
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 
@@ -108,15 +109,17 @@ class EngineConfig:
         """A one-line ConfigError for a field of the wrong type (a string, a float count, a
         bool for a number), which would otherwise fail later with a TypeError or be taken;
         numpy integers and floats become Python's, a str path a Path (`~` expanded, as the
-        command line's are: a cache dir "~/x" was a folder named `~` in the working one)."""
+        command line's are: a cache dir "~/x" was a folder named `~` in the working one), and a
+        model written as a repo id its snapshot in the local Hugging Face cache (resolve_model)."""
         put = object.__setattr__  # (frozen)
         for name in ("model", "cache_dir"):
             value = getattr(self, name)
             if isinstance(value, str | os.PathLike):
                 try:
-                    put(self, name, Path(value).expanduser())
+                    path = Path(value).expanduser()
                 except RuntimeError:  # (~user of no such user)
                     raise ConfigError(f"{name} {value}: no home folder for its ~") from None
+                put(self, name, resolve_model(path) if name == "model" else path)
             elif value is not None or name == "model":
                 raise ConfigError(f"{name} must be a path, got {type(value).__name__}")
         for name, optional in _COUNT_FIELDS.items():

@@ -156,7 +156,7 @@ class ModelConfig:
             raise ModelError(f"{path} is a file, not a model directory (a Hugging Face "
                              "checkpoint directory with config.json)")
         if not path.is_dir():
-            raise ModelError(f"model directory {path} does not exist")
+            raise ModelError(_missing(path))
         if not cfg_file.is_file():
             raise ModelError(f"{path} has no config.json; "
                              "is it a Hugging Face checkpoint directory?")
@@ -259,6 +259,18 @@ class ModelConfig:
                             or "bfloat16"),
             **moe,
         )
+
+
+def _missing(path: Path) -> str:
+    """The error for a --model that is not there; one written as a repo id (`Qwen/Qwen3.5-0.8B`,
+    which vLLM would download) says where statechat looked and how to fetch it."""
+    from statechat.paths import hf_hub_cache, is_repo_id
+
+    if not is_repo_id(path):
+        return f"model directory {path} does not exist"
+    return (f"model directory {path} does not exist, nor is {path} in the Hugging Face cache "
+            f"({hf_hub_cache()}); statechat does not download models: run `hf download {path}` "
+            "first, or pass --model DIR with a checkpoint directory")
 
 
 POSITIVE_INT_FIELDS = frozenset({
