@@ -213,7 +213,8 @@ class ModelConfig:
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ModelError(f"rope_type {rope_type!r} is not supported (only 'default')")
+            raise ModelError(f"{path / 'config.json'} asks for rope_type {rope_type!r}, which "
+                             "statechat does not support (only 'default', the checkpoints' own)")
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         gen = read_generation_config(path)
         is_moe = "moe" in model_type
@@ -253,7 +254,7 @@ class ModelConfig:
             linear_key_head_dim=need("linear_key_head_dim"),
             linear_value_head_dim=need("linear_value_head_dim"),
             linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
-            eos_token_ids=eos_ids(gen, text),
+            eos_token_ids=eos_ids(gen, text, path),
             sampling_defaults=sampling_defaults(gen, path),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
                             or "bfloat16"),
