@@ -13,13 +13,20 @@ from statechat.errors import ConfigError
 from statechat.paths import resolve_model
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+# the variable that picks which of an accelerator kind's devices a process sees
+VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 
 
 def check_device_name(name: str) -> None:
     """A one-line ConfigError for a device name statechat does not know (whether the device is
     there is devices.resolve_device's question)."""
-    if name not in DEVICE_CHOICES:
-        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if name in DEVICE_CHOICES:
+        return
+    kind, colon, index = str(name).partition(":")
+    if colon and kind in VISIBLE_DEVICES and index.isdigit():  # (torch's `cuda:1`)
+        raise ConfigError(f"device {name!r}: statechat runs on one device of a kind; pass "
+                          f"--device {kind} and pick that one with {VISIBLE_DEVICES[kind]}={index}")
+    raise ConfigError(f"unknown device {name!r:.40}; choose one of {', '.join(DEVICE_CHOICES)}")
 
 
 # GDN state slots the engine cannot run with fewer of: slot 0 (the null slot: zeros), the pad
