@@ -29,7 +29,16 @@ from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from tests.helpers import THINKING, with_template
-from tests.tui.test_app import PARAMS, make_app, send, status, views, wait_idle, wait_ready
+from tests.tui.test_app import (
+    PARAMS,
+    make_app,
+    screen_lines,
+    send,
+    status,
+    views,
+    wait_idle,
+    wait_ready,
+)
 from tests.tui.test_edge_cases import start_long_reply
 
 
@@ -295,12 +304,6 @@ def _offset_of(widget, word: str) -> tuple[int, int]:
     y = next(i for i, row in enumerate(rows) if word in row)
     return rows[y].index(word) + 1, y
 
-
-
-def screen_lines(app) -> list[str]:
-    """The screen's rows as the terminal is sent them (text only)."""
-    return ["".join(seg.text for seg in strip)
-            for strip in app.screen._compositor.render_strips()]
 
 
 def test_no_control_character_of_a_model_path_or_a_stored_error_reaches_the_terminal(
