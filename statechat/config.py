@@ -10,15 +10,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statechat.errors import ConfigError
+from statechat.paths import resolve_model
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+# the variable that picks which of an accelerator kind's devices a process sees
+VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 
 
 def check_device_name(name: str) -> None:
     """A one-line ConfigError for a device name statechat does not know (whether the device is
     there is devices.resolve_device's question)."""
-    if name not in DEVICE_CHOICES:
-        raise ConfigError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if name in DEVICE_CHOICES:
+        return
+    kind, colon, index = str(name).partition(":")
+    if colon and kind in VISIBLE_DEVICES and index.isdigit():  # (torch's `cuda:1`)
+        raise ConfigError(f"device {name!r}: statechat runs on one device of a kind; pass "
+                          f"--device {kind} and pick that one with {VISIBLE_DEVICES[kind]}={index}")
+    raise ConfigError(f"unknown device {name!r:.40}; choose one of {', '.join(DEVICE_CHOICES)}")
 
 
 # GDN state slots the engine cannot run with fewer of: slot 0 (the null slot: zeros), the pad
@@ -108,15 +116,17 @@ class EngineConfig:
         """A one-line ConfigError for a field of the wrong type (a string, a float count, a
         bool for a number), which would otherwise fail later with a TypeError or be taken;
         numpy integers and floats become Python's, a str path a Path (`~` expanded, as the
-        command line's are: a cache dir "~/x" was a folder named `~` in the working one)."""
+        command line's are: a cache dir "~/x" was a folder named `~` in the working one), and a
+        model written as a repo id its snapshot in the local Hugging Face cache (resolve_model)."""
         put = object.__setattr__  # (frozen)
         for name in ("model", "cache_dir"):
             value = getattr(self, name)
             if isinstance(value, str | os.PathLike):
                 try:
-                    put(self, name, Path(value).expanduser())
+                    path = Path(value).expanduser()
                 except RuntimeError:  # (~user of no such user)
                     raise ConfigError(f"{name} {value}: no home folder for its ~") from None
+                put(self, name, resolve_model(path) if name == "model" else path)
             elif value is not None or name == "model":
                 raise ConfigError(f"{name} must be a path, got {type(value).__name__}")
         for name, optional in _COUNT_FIELDS.items():

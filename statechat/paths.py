@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from statechat.model.config import SUPPORTED_MODEL_TYPES
@@ -52,6 +53,40 @@ def find_hf_checkpoint() -> Path | None:
         if model_type in SUPPORTED_MODEL_TYPES and any(cfg.parent.glob("*.safetensors")):
             found.append(cfg.parent)
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+# a Hugging Face repo id, ORG/NAME (huggingface_hub's characters)
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def is_repo_id(model: str | Path) -> bool:
+    """True for a --model written as a Hugging Face repo id (`Qwen/Qwen3.5-0.8B`)."""
+    return REPO_ID.fullmatch(str(model)) is not None
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The local Hugging Face cache's snapshot of `repo_id` that holds a config.json: the one
+    its refs/main names, else the newest; None when the cache has none (nothing is
+    downloaded)."""
+    repo = hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    try:
+        main = repo / "snapshots" / (repo / "refs" / "main").read_text(encoding="ascii").strip()
+        if (main / "config.json").is_file():
+            return main
+    except (OSError, ValueError):  # (no refs/main: a snapshot fetched by revision)
+        pass
+    found = [cfg.parent for cfg in repo.glob("snapshots/*/config.json")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def resolve_model(model: Path) -> Path:
+    """--model as vLLM reads it, offline: a path that exists is the checkpoint directory (what
+    is wrong with it, ModelConfig.from_hf says); else a repo id (`Qwen/Qwen3.5-0.8B`) is its
+    snapshot in the local Hugging Face cache, when `hf download` put one there. Anything else
+    is returned as given (from_hf then says that it does not exist, and how to get it)."""
+    if not is_repo_id(model) or model.exists():
+        return model
+    return hub_snapshot(str(model)) or model
 
 
 def served_name(model: Path) -> str:

@@ -156,7 +156,7 @@ class ModelConfig:
             raise ModelError(f"{path} is a file, not a model directory (a Hugging Face "
                              "checkpoint directory with config.json)")
         if not path.is_dir():
-            raise ModelError(f"model directory {path} does not exist")
+            raise ModelError(_missing(path))
         if not cfg_file.is_file():
             raise ModelError(f"{path} has no config.json; "
                              "is it a Hugging Face checkpoint directory?")
@@ -213,7 +213,8 @@ class ModelConfig:
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ModelError(f"rope_type {rope_type!r} is not supported (only 'default')")
+            raise ModelError(f"{path / 'config.json'} asks for rope_type {rope_type!r}, which "
+                             "statechat does not support (only 'default', the checkpoints' own)")
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         gen = read_generation_config(path)
         is_moe = "moe" in model_type
@@ -253,12 +254,24 @@ class ModelConfig:
             linear_key_head_dim=need("linear_key_head_dim"),
             linear_value_head_dim=need("linear_value_head_dim"),
             linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
-            eos_token_ids=eos_ids(gen, text),
+            eos_token_ids=eos_ids(gen, text, path),
             sampling_defaults=sampling_defaults(gen, path),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
                             or "bfloat16"),
             **moe,
         )
+
+
+def _missing(path: Path) -> str:
+    """The error for a --model that is not there; one written as a repo id (`Qwen/Qwen3.5-0.8B`,
+    which vLLM would download) says where statechat looked and how to fetch it."""
+    from statechat.paths import hf_hub_cache, is_repo_id
+
+    if not is_repo_id(path):
+        return f"model directory {path} does not exist"
+    return (f"model directory {path} does not exist, nor is {path} in the Hugging Face cache "
+            f"({hf_hub_cache()}); statechat does not download models: run `hf download {path}` "
+            "first, or pass --model DIR with a checkpoint directory")
 
 
 POSITIVE_INT_FIELDS = frozenset({

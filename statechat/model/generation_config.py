@@ -40,14 +40,17 @@ def read_generation_config(path: Path) -> dict:
     return gen if isinstance(gen, dict) else {}
 
 
-def eos_ids(gen: dict, text: dict) -> tuple[int, ...]:
-    """End-of-sequence ids: generation_config.json's when present, else config.json's."""
+def eos_ids(gen: dict, text: dict, path: Path) -> tuple[int, ...]:
+    """End-of-sequence ids: generation_config.json's when present, else config.json's (of the
+    checkpoint directory `path`, named in the error for a value of another type)."""
     eos = gen.get("eos_token_id", text.get("eos_token_id"))
     if eos is None:
         return ()
     ids = eos if isinstance(eos, list) else [eos]
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ModelError(f"eos_token_id must be an integer or a list of integers, got {eos!r}")
+        where = path / ("generation_config.json" if "eos_token_id" in gen else "config.json")
+        raise ModelError(f"{where} field 'eos_token_id' must be an integer or a list of "
+                         f"integers, got {eos!r:.60}")
     return tuple(ids)
 
 

@@ -13,9 +13,11 @@ published checkpoints carry), which are copied into their rows of the fused para
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -29,6 +31,8 @@ from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
 # names of no weight: the lm_head a tied checkpoint may still store, rotary buffers
+# weights of other formats (PyTorch pickles, llama.cpp's GGUF), named when no safetensors is there
+OTHER_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.gguf")
 TOLERATED_SUFFIXES = ("lm_head.weight", "rotary_emb.inv_freq")
 PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
@@ -59,7 +63,10 @@ def weight_files(path: Path) -> list[Path]:
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ModelError(f"{path} holds no *.safetensors weights")
+        others = sorted(p.name for pattern in OTHER_WEIGHTS for p in path.glob(pattern))
+        raise ModelError(f"{path} holds no *.safetensors weights" + (
+            f" (it has {others[0]}: statechat reads safetensors checkpoints only; download "
+            "the model's safetensors release)" if others else ""))
     for f in files:
         if not f.is_file():
             where = "named in the index is missing from" if index.is_file() else "is not a file in"
@@ -145,6 +152,20 @@ def _sample(length: int) -> list[tuple[int, int]]:
     return [(i * last // (NUM_WINDOWS - 1), WINDOW_BYTES) for i in range(NUM_WINDOWS)]
 
 
+@contextlib.contextmanager
+def _reading(file: Path) -> Iterator[None]:
+    """An unreadable, empty or truncated weights file as one ModelError that names it."""
+    try:
+        yield
+    except OSError as e:
+        raise ModelError(f"the weights file {file} cannot be read "
+                         f"({e.strerror or type(e).__name__})") from None
+    except SafetensorError as e:
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"the weights file {file} cannot be read ({why}); it is damaged or "
+                         "cut short (an interrupted download?): fetch it again") from None
+
+
 def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConfig) -> None:
     """Copy every checkpoint tensor into `model`; name the first missing, misshapen, unknown or
     non-float tensor."""
@@ -153,7 +174,7 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
     unknown: list[str] = []  # checkpoint tensors the model has no place for
     parts: dict[str, set[str]] = {}  # fused expert parameter -> per-expert tensors copied into it
     for f in files:
-        with safe_open(f, framework="pt", device="cpu") as st:
+        with _reading(f), safe_open(f, framework="pt", device="cpu") as st:
             for name in st.keys():  # noqa: SIM118 - safetensors' handle is not iterable
                 ours = map_name(name, config)
                 if ours is None:
@@ -241,12 +262,7 @@ def load_model(
     model.model.rotary.reset_parameters()
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    try:
-        load_weights(model, files, config)
-    except (OSError, SafetensorError) as e:  # an unreadable, empty or truncated weights file
-        why = (e.strerror if isinstance(e, OSError) and e.strerror
-               else (str(e).splitlines() or [type(e).__name__])[0])
-        raise ModelError(f"the weights in {path} cannot be read ({why})") from None
+    load_weights(model, files, config)
     model.fuse_projections()
     model.eval()
     return LoadedModel(path, config, model, tokenizer, dtype, device, weights_digest(files))

@@ -28,7 +28,7 @@ from statechat.config import EngineConfig, flags_named
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 from statechat.tui.conversations import ConversationsMixin
-from statechat.tui.format import sampling_line
+from statechat.tui.format import clean, sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.widgets.chat_view import ChatView
@@ -179,14 +179,15 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
             raise AppClosed
 
     def _engine_ready(self) -> None:
-        from statechat.paths import is_embedded
+        from statechat.paths import is_embedded, served_name
 
         if self.is_closing:  # (the app quit as the load ended)
             return
         self.pop_screen()
         self.is_ready = True
         self.refresh_bindings()  # (the footer shows the keys that now run)
-        self.sub_title = (f"{self.loaded.path.name} on {self.loaded.device.type} · "
+        # (a snapshot of the HF cache by its repo id, not its commit hash, as `serve` names it)
+        self.sub_title = (f"{clean(served_name(self.loaded.path))} on {self.loaded.device.type} · "
                           f"{sampling_line(self.sampling)}")
         self.is_embedded = is_embedded(self.loaded.path)
         self._fit(self.size)

@@ -87,9 +87,10 @@ def status_line(stats: dict) -> str:
     disk checkpoint; computed 48'; a continuation's says '40 tokens more (240 in all)', the
     tokens it added and the reply's with those it went on from; how the reply ended, unless
     of itself ('stopped', 'hit max tokens', 'hit the context limit (N tokens)'); '' for stats
-    of the wrong types (a row edited by hand)."""
+    of the wrong types (a row edited by hand). Cleaned as model text is: an error's words
+    (or a row's) may hold control characters."""
     try:
-        return _status_line(stats)
+        return clean(_status_line(stats))
     except (TypeError, ValueError):
         return ""
 

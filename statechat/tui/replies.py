@@ -72,7 +72,7 @@ class RepliesMixin:
             try:
                 self.conv_id = self.chats.create(title=chat_title(text)).id
             except BusyError as e:  # (the text stays in the box)
-                self.notify(f"Not sent: {e}.", severity="error")
+                self.notify(f"Not sent: {e}.", severity="error", markup=False)
                 return
         user = self._add(parent, "user", text)
         if user is not None:  # (else the text stays in the box: Enter again sends it anew)
@@ -135,7 +135,7 @@ class RepliesMixin:
                                   title=title)
         except BusyError as e:  # (a reply's: its message was saved, and is shown; r asks again)
             what = "Not sent" if role == "user" else "The reply was not started"
-            self.notify(f"{what}: {e}.", severity="error")
+            self.notify(f"{what}: {e}.", severity="error", markup=False)
             if role != "user":
                 self.open_conversation(self.conv_id)
             return None
@@ -173,7 +173,8 @@ class RepliesMixin:
             self.call_from_thread(self._handle_exception, e)  # unsaid: the app ends in its line)
             return
         except BusyError as e:  # (a full disk: the text so far stays on the screen)
-            self.call_from_thread(self.notify, f"The reply was not saved: {e}.", severity="error")
+            self.call_from_thread(self.notify, f"The reply was not saved: {e}.",
+                                  severity="error", markup=False)  # (a path's [x] is no markup)
             return
         # (not once another reply began: it computes the same prefix itself)
         # (nor for a continuation that added nothing: its prefix is the reply's, done for it)

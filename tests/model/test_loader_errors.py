@@ -92,6 +92,15 @@ def test_missing_shard_is_named(tiny_dirs, tmp_path):
     assert "model-00002-of-00009.safetensors" in error_of(path)
 
 
+def test_a_pytorch_bin_checkpoint_is_named(tiny_dirs, tmp_path):
+    """A checkpoint of `pytorch_model.bin` only: the error says what it has and what to get."""
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    assert error_of(path) == (f"{path} holds no *.safetensors weights (it has pytorch_model.bin: "
+                              "statechat reads safetensors checkpoints only; download the "
+                              "model's safetensors release)")
+
+
 def test_missing_tokenizer_files(tiny_dirs, tmp_path):
     path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
     (path / "tokenizer.json").unlink()
@@ -137,16 +146,22 @@ def edited(tiny_dirs, tmp_path, edit) -> str:
         (lambda c, p: c.update(full_attention_interval=0, layer_types=None),
          "'full_attention_interval' must be a positive integer"),
         (lambda c, p: (p / "generation_config.json").write_text('{"eos_token_id": "x"}'),
-         "eos_token_id must be an integer or a list of integers"),
+         "generation_config.json field 'eos_token_id' must be an integer or a list of integers"),
+        (lambda c, p: (c.update(eos_token_id=[2, None]),
+                       (p / "generation_config.json").unlink()),
+         "config.json field 'eos_token_id' must be an integer or a list of integers"),
         (lambda c, p: weights(p).write_bytes(b""), "cannot be read"),
-        (lambda c, p: weights(p).write_bytes(weights(p).read_bytes()[:5000]), "cannot be read"),
+        (lambda c, p: weights(p).write_bytes(weights(p).read_bytes()[:5000]),
+         "-00001-of-00009.safetensors cannot be read (Error while deserializing header"),
+        (lambda c, p: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+         "config.json asks for rope_type 'yarn', which statechat does not support"),
         (lambda c, p: c.update(max_position_embeddings=0),
          "'max_position_embeddings' must be a positive integer, got 0"),
         (lambda c, p: c.update(linear_conv_kernel_dim="4"),
          "'linear_conv_kernel_dim' must be a positive integer, got '4'"),
     ],
     ids=["layers-a-string", "no-kv-heads", "rope-a-list", "interval-0", "eos-a-string",
-         "empty-weights", "cut-weights", "no-positions", "conv-a-string"],
+         "eos-a-null", "empty-weights", "cut-weights", "yarn", "no-positions", "conv-a-string"],
 )
 def test_fields_and_files_of_the_wrong_shape_are_named(tiny_dirs, tmp_path, edit, says):
     """Values that once raised a TypeError, a ZeroDivisionError or the safetensors error, or

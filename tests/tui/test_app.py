@@ -64,6 +64,12 @@ def views(app) -> list[MessageView]:
     return app.query_one(ChatView).views()
 
 
+def screen_lines(app) -> list[str]:
+    """The screen's rows as the terminal is sent them (text only)."""
+    return ["".join(seg.text for seg in strip)
+            for strip in app.screen._compositor.render_strips()]
+
+
 def header(view: MessageView) -> str:
     return str(view.query_one(".header").render())
 

@@ -21,7 +21,16 @@ from statechat.tui.format import status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import long_text, make_app, send, status, views, wait_idle, wait_ready
+from tests.tui.test_app import (
+    long_text,
+    make_app,
+    screen_lines,
+    send,
+    status,
+    views,
+    wait_idle,
+    wait_ready,
+)
 
 LONG_REPLY = SamplingParams(max_tokens=4000, ignore_eos=True)
 
@@ -586,10 +595,11 @@ def test_a_streaming_reply_is_on_disk_before_it_ends(loaded, tmp_path, monkeypat
 def test_a_full_disk_keeps_the_message_in_the_box(loaded, tmp_path):
     """A message sent while the chats' file cannot grow (a full disk) ended the app in Textual's
     traceback, the text typed lost. A notice says so, the text stays in the box, and Enter
-    sends it once there is room again."""
+    sends it once there is room again. The notice names the file as it is (a folder's name that
+    read as markup, `[/old]`, ended the app in Textual's MarkupError)."""
     async def run():
-        app = make_app(loaded, tmp_path)
-        async with app.run_test(size=(120, 50)) as pilot:
+        app = make_app(loaded, tmp_path / "[/old]")
+        async with app.run_test(size=(120, 50), notifications=True) as pilot:
             await wait_ready(pilot, app)
             await send(pilot, app, "first")
             db = app.chats.db
@@ -602,6 +612,8 @@ def test_a_full_disk_keeps_the_message_in_the_box(loaded, tmp_path):
             await wait_idle(pilot, app)
             assert app.is_running and app.query_one(Composer).text == text
             assert any("disk is full" in n for n in notices(app))
+            await pilot.pause(0.2)  # (the notice shows)
+            assert app.is_running and "[/old]" in " ".join(screen_lines(app))
             assert [v.message.content for v in views(app)][:1] == ["first"]
             db.execute("PRAGMA max_page_count = 1073741823")
             await pilot.press("enter")

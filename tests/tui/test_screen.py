@@ -3,12 +3,14 @@ app began reading the stream, so it was inflated, or missing), a one-token reply
 "1 token", zero-width joiners stay in text and titles (emoji and Persian words broke), a
 small terminal leaves room for the messages and the box, Tab and Shift+Tab move through the
 same parts at every width (a narrow terminal's chat list kept the focus), no terminal size,
-nor any run of resizes, crashes the app (growing back from 30x8 did), and the focused message
-stands out from the others."""
+nor any run of resizes, crashes the app (growing back from 30x8 did), the focused message
+stands out from the others, and no control character of a path or a stored error reaches the
+terminal."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -16,6 +18,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.geometry import Region
 
+from statechat.chat.tree import open_chats
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
@@ -26,7 +29,16 @@ from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
 from tests.helpers import THINKING, with_template
-from tests.tui.test_app import make_app, send, status, views, wait_idle, wait_ready
+from tests.tui.test_app import (
+    PARAMS,
+    make_app,
+    screen_lines,
+    send,
+    status,
+    views,
+    wait_idle,
+    wait_ready,
+)
 from tests.tui.test_edge_cases import start_long_reply
 
 
@@ -292,3 +304,30 @@ def _offset_of(widget, word: str) -> tuple[int, int]:
     y = next(i for i, row in enumerate(rows) if word in row)
     return rows[y].index(word) + 1, y
 
+
+
+def test_no_control_character_of_a_model_path_or_a_stored_error_reaches_the_terminal(
+        loaded, tmp_path):
+    """The header named a Hugging Face cache snapshot by its commit hash (`--model ORG/NAME`
+    or the default model), and put a folder's escape sequences on the terminal raw; so did a
+    reply's stored error in its status line (a row another program wrote)."""
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3.5-0.8B" / "snapshots" / "0123abc"
+    escaped = tmp_path / "\x1b[2Jcleared"
+    chats = open_chats(tmp_path / "chats")
+    conv = chats.create("a chat")
+    asked = chats.add(conv.id, None, "user", "hello")
+    chats.add(conv.id, asked.id, "assistant", "", stats={"error": "\x1b]0;title\x07failed"})
+    chats.close()
+
+    async def run(path):
+        app = StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path / "chats",
+                           loaded=dataclasses.replace(loaded, path=path), sampling=PARAMS)
+        async with app.run_test(size=(100, 20)) as pilot:
+            await wait_ready(pilot, app)
+            lines = screen_lines(app)
+            assert status(views(app)[1]) == "error: ·]0;title·failed"
+            assert not [line for line in lines if any(ord(c) < 32 for c in line)]
+            return app.sub_title
+
+    assert asyncio.run(run(snapshot)).startswith("Qwen/Qwen3.5-0.8B on cpu · ")
+    assert asyncio.run(run(escaped)).startswith("·[2Jcleared on cpu · ")

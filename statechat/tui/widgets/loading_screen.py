@@ -7,6 +7,8 @@ from textual.containers import Center, Middle
 from textual.screen import Screen
 from textual.widgets import Label, ProgressBar
 
+from statechat.tui.format import clean
+
 STEPS = ("starting torch", "loading the model", "allocating the caches", "opening conversations")
 
 
@@ -20,7 +22,8 @@ class LoadingScreen(Screen):
     def compose(self) -> ComposeResult:
         """The model's name, the bar and the step under way, centred."""
         with Middle(), Center():
-            yield Label(f"statechat: loading {self.model}", id="loading-title", markup=False)
+            yield Label(f"statechat: loading {clean(self.model)}", id="loading-title",
+                        markup=False)
             yield ProgressBar(total=len(STEPS), show_eta=False, id="loading-bar")
             yield Label(STEPS[0], id="loading-step")
 
