@@ -462,3 +462,24 @@ def test_a_checkpoint_cleared_under_a_running_engine_is_saved_again_once_recompu
     out = after.generate([prompt], PARAMS)[0]
     after.close()
     assert (out.num_cached_tokens, out.reused_from) == (192, "disk")
+
+
+def test_a_load_the_device_has_no_room_for_is_reported_as_a_recompute(plain, tmp_path):
+    """A plan that chose to load a prefix from disk, when the device has too few free blocks
+    to load it into, computes the prompt instead: its plan says so (it said `load` with 0
+    tokens reused, and the server logged a load that never ran)."""
+    path, no_cache = plain
+    saved_prompt(plain, tmp_path)  # (192 tokens of PROMPT on disk)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path, num_kv_blocks=6,
+                                    max_num_batched_tokens=128), loaded=no_cache.loaded)
+    other = engine.add_request([7] * 100 + [9] * 100, SamplingParams(max_tokens=8,
+                                                                     ignore_eos=True))
+    while not other.is_decoding:  # (it holds 4 of the 6 blocks)
+        engine.step()
+    seq = engine.add_request(PROMPT, PARAMS)
+    engine.step()  # (admitted: its load needs 3 blocks, its first chunk 1)
+    out = engine.output(seq)
+    engine.abort(seq)
+    engine.close()
+    assert out.num_cached_tokens == 0 and out.num_computed_tokens == 64
+    assert out.cache_plan["choice"] == "recompute" and out.cache_plan["no_room"]
