@@ -125,6 +125,10 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
             t = time.perf_counter()  # the checkpoints first, and the host tier's blocks
             lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
             t_lookup = time.perf_counter() - t
+            # what the disk holds of this prompt's checkpoints now: one seen there before and
+            # deleted since (`cache clear`, an eviction) is saved again once computed again
+            self.stored_ckpts.difference_update(h for h, x in zip(hashes, hx)
+                                                if x not in lower.ckpts)
             self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items()
                                      if tier == DISK)
             # a first plan prices every block past the device's that the host tier lacks at the

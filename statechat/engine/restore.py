@@ -60,12 +60,19 @@ class PrefixRestore:
             self.cost.observe_load(tier, nbytes, time.perf_counter() - t_start, resident)
         return t_read, t_write, None
 
+    @staticmethod
+    def _no_room(seq: Sequence) -> int:
+        """The device has no free blocks or state slot to load the chosen prefix into: the
+        request computes its prompt, and its plan says so (not a load that never ran)."""
+        seq.cache_plan.update(choice="recompute", no_room=True)
+        return 0
+
     def _restore(self, seq: Sequence, hashes: list[bytes], tiers: list[str], lower: Lookup) -> int:
         """Take device blocks, load the rest, and pin or load the checkpoint at the end."""
         need = [h for h, t in zip(hashes, tiers) if t != DEVICE]
         ckpt_on_device = self.slots.has(hashes[-1])
         if not ckpt_on_device and not self.slots.num_available:
-            return 0  # no room to promote into: compute instead
+            return self._no_room(seq)
         held = {}  # take the device blocks first, so allocating below cannot evict them
         for h, t in zip(hashes, tiers):
             if t == DEVICE:
@@ -74,7 +81,7 @@ class PrefixRestore:
         if len(need) > self.blocks.num_available:
             for block in held.values():
                 self.blocks.release(block)
-            return 0
+            return self._no_room(seq)
         held.update((h, self.blocks.allocate()) for h in need)
         t_start, nbytes = time.perf_counter(), 0
         last = hashes[-1]

@@ -432,3 +432,54 @@ def test_a_hugging_face_snapshot_is_named_by_its_repo_id(tiny_dirs, tmp_path):
     assert db.execute("SELECT name, path FROM models").fetchall() == [("Qwen/Tiny",
                                                                        str(snapshot))]
     db.close()
+
+
+def test_a_checkpoint_cleared_under_a_running_engine_is_saved_again_once_recomputed(plain,
+                                                                                    tmp_path):
+    """`statechat cache clear` while an engine runs: a checkpoint that engine had seen on disk
+    (a restore from it) and computes again, once its device memory has let it go, is written
+    back, so the next process resumes there (it was taken as still on disk and never saved)."""
+    path, no_cache = plain
+    gen = torch.Generator().manual_seed(9)
+    prompt, *others = (torch.randint(0, 300, (200,), generator=gen).tolist() for _ in range(7))
+
+    def engine() -> LLMEngine:  # (few state slots: other prompts evict the checkpoint)
+        return LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path,
+                                      num_state_slots=8), loaded=no_cache.loaded)
+
+    first = engine()
+    first.generate([prompt], PARAMS)
+    first.close()
+    running = engine()
+    assert running.generate([prompt], PARAMS)[0].num_cached_tokens == 192  # from disk
+    cleared = open_store(tmp_path)
+    cleared.clear()
+    cleared.close()
+    running.generate(others, PARAMS)  # (the device tier lets the checkpoint go)
+    assert running.generate([prompt], PARAMS)[0].num_cached_tokens == 0
+    running.close()
+    after = engine()
+    out = after.generate([prompt], PARAMS)[0]
+    after.close()
+    assert (out.num_cached_tokens, out.reused_from) == (192, "disk")
+
+
+def test_a_load_the_device_has_no_room_for_is_reported_as_a_recompute(plain, tmp_path):
+    """A plan that chose to load a prefix from disk, when the device has too few free blocks
+    to load it into, computes the prompt instead: its plan says so (it said `load` with 0
+    tokens reused, and the server logged a load that never ran)."""
+    path, no_cache = plain
+    saved_prompt(plain, tmp_path)  # (192 tokens of PROMPT on disk)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path, num_kv_blocks=6,
+                                    max_num_batched_tokens=128), loaded=no_cache.loaded)
+    other = engine.add_request([7] * 100 + [9] * 100, SamplingParams(max_tokens=8,
+                                                                     ignore_eos=True))
+    while not other.is_decoding:  # (it holds 4 of the 6 blocks)
+        engine.step()
+    seq = engine.add_request(PROMPT, PARAMS)
+    engine.step()  # (admitted: its load needs 3 blocks, its first chunk 1)
+    out = engine.output(seq)
+    engine.abort(seq)
+    engine.close()
+    assert out.num_cached_tokens == 0 and out.num_computed_tokens == 64
+    assert out.cache_plan["choice"] == "recompute" and out.cache_plan["no_room"]
