@@ -21,6 +21,7 @@ request, not reported) and the group's requests then reuse it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from statechat.batch_lines import Job, error_record
@@ -110,7 +111,9 @@ def run_batch(
     """Run every parsed job (parse_lines); call write(record) in input order as results
     become ready.
 
-    progress(done, total) is called as requests finish. Returns the records.
+    progress(done, total) is called as requests finish. Returns the records. Every request's
+    time to first token counts from when the batch is queued, a group's deferred members'
+    too: their wait for the group's warm-up is part of it.
     """
     for job in jobs:
         prepare(engine, job)
@@ -120,6 +123,7 @@ def run_batch(
             if engine.config.enable_prefix_cache else [])
     waiting_on: dict[int, list[int]] = {}  # warm-up seq_id -> job indices waiting for it
     running: dict[int, int] = {}  # seq_id -> job index
+    queued = time.perf_counter()
     for n, (prefix, members) in enumerate(warm):
         seq = engine.add_request(prefix, SamplingParams(max_tokens=1), request_id=f"warmup-{n}")
         waiting_on[seq.seq_id] = members
@@ -140,7 +144,9 @@ def run_batch(
                 for j in waiting_on.pop(seq.seq_id):
                     job = jobs[j]
                     job.shared = shared
-                    running[engine.add_request(job.prompt_ids, job.params, str(job.id)).seq_id] = j
+                    seq = engine.add_checked(*engine.check_prompt(job.prompt_ids), job.params,
+                                             str(job.id), arrival_time=queued)
+                    running[seq.seq_id] = j
             elif seq.seq_id in running:
                 job = jobs[running.pop(seq.seq_id)]
                 job.result = _result(job, engine.output(seq), engine.tokenizer)

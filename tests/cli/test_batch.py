@@ -651,3 +651,33 @@ def test_a_bad_flag_is_told_before_standard_input_is_read(tmp_path, monkeypatch,
         cli.main()
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"statechat: {says.replace('{tmp}', str(tmp_path))}\n"
+
+
+def test_a_group_s_time_to_first_token_counts_its_wait_for_the_warm_up(loaded, monkeypatch):
+    """The members of a group are queued once its warm-up has computed their shared prefix,
+    yet they were asked for with the batch: their ttft_ms counts from then, the warm-up's
+    steps included (it counted from their late queueing: 47 ms for a group that waited 2.6 s
+    on a GPU, against 2,678 ms for a lone request of half its prompt)."""
+    import time
+
+    from statechat.batch import run_batch
+    from statechat.batch_lines import BatchDefaults, parse_lines
+    from statechat.config import EngineConfig
+    from statechat.engine.engine import LLMEngine
+    from statechat.engine.sampling import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), loaded=loaded)
+    shared = words(3, 160)
+    lines = [json.dumps({"id": n, "messages": [{"role": "user", "content": f"{shared} {n}"}]})
+             for n in range(2)]
+    jobs = parse_lines(lines, BatchDefaults(SamplingParams(max_tokens=2, ignore_eos=True)))
+    step, step_s = engine.step, 0.1
+
+    def slow_step():  # (every step takes at least step_s: the warm-up's one, then the group's)
+        time.sleep(step_s)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    results = run_batch(engine, jobs, lambda record: None)
+    assert all(r["cache"]["shared_prefix"]["tokens"] >= 64 for r in results), results
+    assert all(r["ttft_ms"] >= 2 * step_s * 1e3 for r in results), [r["ttft_ms"] for r in results]
