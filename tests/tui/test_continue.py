@@ -26,6 +26,7 @@ from tests.tui.test_edge_cases import focus_message, notices, start_long_reply
 REPLY = SamplingParams(max_tokens=150, ignore_eos=True)
 LONG_REPLY = SamplingParams(max_tokens=4000, ignore_eos=True)
 EOS = 2  # the embedded model's end of turn, <|im_end|>
+ENDS = SamplingParams(max_tokens=64, min_tokens=5, logit_bias={EOS: 100})  # (5, then EOS)
 
 
 def app_with(loaded, chat_dir, sampling=REPLY, **config) -> StatechatApp:
@@ -52,6 +53,15 @@ def reply_end(prompt: list[int], reply: list[int]) -> int:
     """The checkpoint a reply leaves at its end: the last block boundary its fed tokens reach
     (its last token is sampled, never fed)."""
     return (len(prompt) + len(reply) - 1) // BLOCK * BLOCK
+
+
+async def send_ended(pilot, app) -> list:
+    """Once the app is ready, send a message whose reply ends of itself (ENDS); the requests
+    recorded from before it (record_requests)."""
+    await wait_ready(pilot, app)
+    requests = record_requests(app)
+    await send(pilot, app, "hello there")
+    return requests
 
 
 async def press_c(pilot, app, index: int = 1) -> None:
@@ -119,14 +129,10 @@ def test_continue_goes_on_from_the_reply_as_made(loaded, tmp_path, monkeypatch):
 def test_a_reply_that_ended_of_itself_is_continued_without_its_end_of_turn(loaded, tmp_path):
     """A reply that ended on <|im_end|> has that id among those it was made of; a continuation
     is given the reply without it (fed back, it closes the turn the model is to go on with)."""
-    ends = SamplingParams(max_tokens=64, min_tokens=5, logit_bias={EOS: 100})  # (5, then EOS)
-
     async def run():
-        app = app_with(loaded, tmp_path, sampling=ends)
+        app = app_with(loaded, tmp_path, sampling=ENDS)
         async with app.run_test(size=(120, 50)) as pilot:
-            await wait_ready(pilot, app)
-            requests = record_requests(app)
-            await send(pilot, app, "hello there")
+            requests = await send_ended(pilot, app)
             first = requests[0].output
             assert first.finish_reason == "stop" and first.token_ids[-1] == EOS
             old = views(app)[1].message
@@ -145,14 +151,10 @@ def test_a_continuation_that_adds_nothing_is_not_kept(loaded, tmp_path):
     """A reply that ended of itself is usually complete: its continuation ends at once, on
     <|im_end|>. No sibling with the same text is kept: the reply continued is shown again,
     focused, its status line as it was, and one notice says nothing was added."""
-    ends = SamplingParams(max_tokens=64, min_tokens=5, logit_bias={EOS: 100})  # (5, then EOS)
-
     async def run():
-        app = app_with(loaded, tmp_path, sampling=ends)
+        app = app_with(loaded, tmp_path, sampling=ENDS)
         async with app.run_test(size=(120, 50)) as pilot:
-            await wait_ready(pilot, app)
-            requests = record_requests(app)
-            await send(pilot, app, "hello there")
+            requests = await send_ended(pilot, app)
             old = views(app)[1].message
             line = status(views(app)[1])
             app.sampling = SamplingParams(max_tokens=64, logit_bias={EOS: 100})  # (EOS at once)
