@@ -72,16 +72,21 @@ def connect(path: Path) -> sqlite_utils.Database:
 def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
     """A ConfigError for a SQLite file of another program at `path`, which is then left as it
     is (no tables added to it, its journal mode unchanged): tables neither the index's nor the
-    chats' (`chat_*`, chat/storage.py, which a run without the cache makes alone), unless the
-    file is an index already (its schema version set, its `models` table there: a table a
-    user added to a real index is theirs to keep)."""
+    chats' (`chat_*`, chat/storage.py, which a run without the cache makes alone), or a
+    schema version set (by some program) without the index's `models` table. A table a user
+    added to a real index (its version set, `models` there) is theirs to keep."""
     tables = sorted(r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
-    if conn.execute("PRAGMA user_version").fetchone()[0] and "models" in tables:
-        return
-    if {t for t in tables if not t.startswith("chat_")} - OWN_TABLES:
-        raise ConfigError(f"{path} is not a statechat cache index (it holds other tables: "
-                          f"{', '.join(tables[:5])}); pick another cache dir")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version:  # (an index's, or another program's)
+        foreign = "models" not in tables
+    else:
+        foreign = bool({t for t in tables if not t.startswith("chat_")} - OWN_TABLES)
+    if foreign:
+        why = (f"it holds other tables: {', '.join(tables[:5])}" if tables else
+               f"it has a schema version of another program's, {version}, and no tables")
+        raise ConfigError(f"{path} is not a statechat cache index ({why}); pick another cache "
+                          "dir")
 
 
 def connect_read_only(path: Path) -> sqlite_utils.Database:
@@ -118,6 +123,11 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
             if version < SCHEMA_VERSION:  # (a new or empty file: no tables yet)
                 conn.close()
                 return _empty_index()
+            try:
+                refuse_foreign(conn, path)
+            except ConfigError:
+                conn.close()
+                raise
             wal = path.with_name(path.name + "-wal")
             if query == "immutable=1" and wal.exists() and wal.stat().st_size:
                 log.warning("statechat cache: %s is read-only and its write-ahead log was not "

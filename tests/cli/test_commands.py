@@ -770,29 +770,37 @@ def test_ls_says_when_it_shows_fewer_checkpoints_than_the_cache_holds(tmp_path, 
     assert len(json.loads(cut.stdout)) == 1
 
 
-@pytest.mark.parametrize("version", [0, 7])
-@pytest.mark.parametrize("command", [["verify"], ["gc"], ["clear", "--yes"]])
+@pytest.mark.parametrize("tables, version", [(["notes"], 0), (["notes"], 7), ([], 7)])
+@pytest.mark.parametrize("command", [["verify"], ["gc"], ["clear", "--yes"], ["stats"]])
 def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, capsys, command,
-                                                         version):
-    """A cache dir whose index.db is another program's SQLite file (tables of its own, and no
-    schema version or one of its own): the commands that write say so in one line and leave
-    the file as it was (they added statechat's tables to it, and switched it to WAL)."""
+                                                         tables, version):
+    """A cache dir whose index.db is another program's SQLite file (tables of its own, or a
+    schema version of its own): the commands say so in one line and leave the file as it was
+    (those that write added statechat's tables to it and switched it to WAL; with a version
+    and no tables, every command said `no such table` and to check the folder's
+    permissions)."""
     import sqlite3
 
     path = tmp_path / "index.db"
     other = sqlite3.connect(path)
-    other.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    for table in tables:
+        other.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, text TEXT)")
     other.execute(f"PRAGMA user_version = {version}")
     other.commit()
     other.close()
     before = path.read_bytes()
     monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir", str(tmp_path)])
+    if command == ["stats"] and not version:  # (read alone: an index with no rows yet)
+        cli.main()
+        assert path.read_bytes() == before
+        return
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
+    why = ("it holds other tables: notes" if tables else
+           "it has a schema version of another program's, 7, and no tables")
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == (
-        f"statechat: {path} is not a statechat cache index (it holds other tables: notes); "
-        "pick another cache dir")
+        f"statechat: {path} is not a statechat cache index ({why}); pick another cache dir")
     assert path.read_bytes() == before
 
 
