@@ -267,3 +267,25 @@ def test_a_write_that_fails_leaves_no_file_behind(tmp_path, monkeypatch, fail_at
     with pytest.raises(OSError, match="No space left"):
         write_blob(target, tensors, BlobMeta(FP, 64, ["cd" * 32], "kv"))
     assert list((tmp_path / "kv").iterdir()) == []
+
+
+def test_a_folder_removed_between_its_making_and_the_write_is_made_again(tmp_path, monkeypatch):
+    """`statechat cache clear` in another process removes the blob folders it empties; one
+    removed just after a writer made it failed that save (`No such file or directory`, a
+    warning and a checkpoint lost). Now the writer makes the folder again."""
+    from pathlib import Path
+
+    mkdir = Path.mkdir
+    removed = []
+
+    def mkdir_then_cleared(self, *args, **kwargs):
+        mkdir(self, *args, **kwargs)
+        if not removed and self.name == "ab":
+            removed.append(self)
+            self.rmdir()
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_cleared)
+    path = tmp_path / "ckpt" / "ab" / "blob.safetensors"
+    tensors = {"k.0": torch.ones(1, 64, 2, 4)}
+    _, crc = write_blob(path, tensors, BlobMeta(FP, 64, ["00"], "kv"))
+    assert removed and read_blob(path, FP, shapes(tensors), crc)["k.0"].equal(tensors["k.0"])

@@ -117,3 +117,51 @@ def test_a_chat_s_blocks_evicted_by_the_budget_are_saved_again(model, tmp_path):
     engine.close()
     assert out.reused_from == "device"
     resumes_after_restart(model, tmp_path / "cache")
+
+
+def test_a_clear_between_a_save_s_blobs_and_its_rows_leaves_no_row_without_its_blob(
+        model, tmp_path, monkeypatch):
+    """`statechat cache clear` in another process, landing after an engine wrote a save's
+    blobs and before it indexed them, deleted those blobs, and the engine then indexed rows
+    naming them: the next turn took its first blocks to be on disk, and after a restart the
+    chat resumed nothing. Now the clear's deletions and the save's rows do not interleave: the
+    rows of a blob gone are not written, and the next turn saves those blocks again."""
+    import threading
+    from pathlib import Path
+
+    _, _, (turn1, turn2, _) = model
+    written, unlinking = threading.Event(), threading.Event()
+    insert_rows = writer.StoreWriter._insert_rows
+
+    def late_insert(self, *args, **kwargs):  # (the writer thread, its blobs in place)
+        written.set()
+        unlinking.wait(10)
+        return insert_rows(self, *args, **kwargs)
+
+    unlink = Path.unlink
+
+    def slow_unlink(self, *args, **kwargs):  # (the clear's first deletion gives way)
+        if threading.current_thread() is threading.main_thread() and not unlinking.is_set():
+            unlinking.set()
+            threading.Event().wait(0.5)
+        return unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(writer.StoreWriter, "_insert_rows", late_insert)
+    engine = engine_on(model, tmp_path)
+    engine.generate([turn1], PARAMS)
+    assert written.wait(10)
+    other = open_store(tmp_path)  # `statechat cache clear` in another process
+    monkeypatch.setattr(Path, "unlink", slow_unlink)
+    other.clear()
+    monkeypatch.setattr(Path, "unlink", unlink)
+    other.close()
+    engine.store.flush()
+    db = sqlite3.connect(tmp_path / "index.db")
+    blobs = [r[0] for r in db.execute("SELECT blob FROM segments UNION SELECT blob FROM "
+                                      "checkpoints")]
+    db.close()
+    assert [b for b in blobs if not (tmp_path / "blobs" / b).exists()] == []
+    monkeypatch.setattr(writer.StoreWriter, "_insert_rows", insert_rows)
+    engine.generate([turn2], PARAMS)
+    engine.close()
+    resumes_after_restart(model, tmp_path)

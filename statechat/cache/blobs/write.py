@@ -35,9 +35,15 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
     data = {n: memoryview(tensors[n].detach().to("cpu").contiguous().view(torch.uint8)
                           .reshape(-1).numpy()) for n in order}
     header = encode_header(tensors, order, meta, crc="0" * 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(temp_name(path.name))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for attempt in range(3):  # (`cache clear` elsewhere removes empty folders: make it again)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
     try:  # (a failed write, a full disk say, leaves no partial temp to take more room)
         try:
             # (encoding.PIECE_BYTES read here, as split_pieces reads it: one piece size for both)

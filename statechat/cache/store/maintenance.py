@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 from statechat.cache import index
-from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
+from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX, BlobError
 from statechat.cache.blobs.read import read_blob
 
+TMP_MIN_AGE_S = 60.0  # a temporary blob younger than this is a writer's, under way
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
 
 
@@ -237,20 +238,30 @@ class StoreMaintenance:
 
     def clear(self) -> int:
         """Delete every cache row and blob (conversations kept), orphan blobs too; the bytes of
-        the blob files deleted."""
+        the blob files deleted.
+
+        The files go while the index's write lock is held: an engine in another process that
+        has just renamed a blob into place indexes it only after this, in its own transaction,
+        and then finds it gone (writer.py indexes only the blobs still there), so no row is left
+        naming a deleted file. Temporary files younger than `TMP_MIN_AGE_S` are a writer's
+        blob under way and are left alone (deleted, its save would fail with a warning)."""
+        freed = 0
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             for table in ("checkpoints", "blocks", "segments"):
                 self.db.execute(f"DELETE FROM {table}")
-        freed = 0
-        for f in sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []:
-            # the store's own files, then the folders they leave empty (another file stays)
-            if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
-                with contextlib.suppress(FileNotFoundError):  # (another process removed it)
-                    size = f.stat().st_size
-                    f.unlink()
-                    freed += size
-            elif f.is_dir() and not any(f.iterdir()):
-                with contextlib.suppress(OSError):  # (a writer's new file just went in)
-                    f.rmdir()
+            files = sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []
+            now = time.time()
+            for f in files:
+                # the store's own files, then the folders they leave empty (another file stays)
+                if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
+                    with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                        st = f.stat()
+                        if f.name.endswith(TMP_SUFFIX) and now - st.st_mtime < TMP_MIN_AGE_S:
+                            continue
+                        f.unlink()
+                        freed += st.st_size
+                elif f.is_dir() and not any(f.iterdir()):
+                    with contextlib.suppress(OSError):  # (a writer's new file just went in)
+                        f.rmdir()
         return freed

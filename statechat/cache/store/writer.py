@@ -239,12 +239,21 @@ class StoreWriter(ReuseMarks):
         Another process on the same cache dir may have indexed the same checkpoint, or every
         block of the segment, since this job looked (both wrote them): then the rows of this
         write are ignored or hold nothing, and its blobs, which no row names, are deleted
-        (rather than left for `cache verify` or `gc`)."""
+        (rather than left for `cache verify` or `gc`). A blob of this write that is gone by
+        then (`cache clear` in another process deleted it, as it deletes every blob file while
+        it holds the index's write lock) gets no row: its blocks and checkpoint count as not
+        saved, as rows deleted under the engine do."""
         marks, hits = self._take_touches()
         missing: list[str] = []
         unused: list[str] = []  # blob names of this write's own that no row names
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
+            lost: list[str] = []  # (hex) what a blob gone since it was written held
+            if seg is not None and not (self.blob_dir / seg[0]).exists():
+                seg, lost = None, [h for h, _, _ in new_blocks]
+            if ck is not None and not (self.blob_dir / ck[0]).exists():
+                ck = None
+                lost.append(job.ckpt_hash)
             if seg is not None:
                 cur = self.db.execute(
                     "INSERT INTO segments (model_id, blob, num_blocks, bytes, checksum, created, "
@@ -278,4 +287,4 @@ class StoreWriter(ReuseMarks):
         for name in unused:
             (self.blob_dir / name).unlink(missing_ok=True)
         self._forget_touches(marks)
-        return missing
+        return list(dict.fromkeys(missing + lost))
