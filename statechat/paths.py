@@ -56,7 +56,7 @@ def find_hf_checkpoint() -> Path | None:
 
 
 # a Hugging Face repo id, ORG/NAME (huggingface_hub's characters)
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def is_repo_id(model: str | Path) -> bool:

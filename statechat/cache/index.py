@@ -71,22 +71,24 @@ def connect(path: Path) -> sqlite_utils.Database:
 
 def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
     """A ConfigError for a SQLite file of another program at `path`, which is then left as it
-    is (no tables added to it, its journal mode unchanged): tables neither the index's nor the
-    chats' (`chat_*`, chat/storage.py, which a run without the cache makes alone), or a
-    schema version set (by some program) without the index's `models` table. A table a user
-    added to a real index (its version set, `models` there) is theirs to keep."""
-    tables = sorted(r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"))
+    is (no tables added to it, its journal mode unchanged). statechat's are: a new or empty
+    file; one of the chats' tables alone (`chat_*`, chat/storage.py: a run without the cache
+    makes them alone); an index, whose tables `migrate` makes all at once (the schema version
+    set with them, lost by a `sqlite3 .dump` reload) and which may hold a user's own tables too.
+    Anything else is another program's: tables of its own, or a version of its own."""
+    tables = {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version:  # (an index's, or another program's)
-        foreign = "models" not in tables
-    else:
-        foreign = bool({t for t in tables if not t.startswith("chat_")} - OWN_TABLES)
-    if foreign:
-        why = (f"it holds other tables: {', '.join(tables[:5])}" if tables else
-               f"it has a schema version of another program's, {version}, and no tables")
-        raise ConfigError(f"{path} is not a statechat cache index ({why}); pick another cache "
-                          "dir")
+    index_tables = OWN_TABLES <= tables and "fingerprint" in {
+        r[1] for r in conn.execute("PRAGMA table_info(models)")}
+    if index_tables or (not version and not tables & OWN_TABLES
+                        and all(t.startswith("chat_") for t in tables)):
+        return
+    others = sorted(t for t in tables if not t.startswith("chat_") and t not in OWN_TABLES)
+    why = (f"it holds other tables: {', '.join(others[:5])}" if others else
+           f"it has a schema version of another program's, {version}" if version and not
+           tables & OWN_TABLES else "its tables are not the index's")
+    raise ConfigError(f"{path} is not a statechat cache index ({why}); pick another cache dir")
 
 
 def connect_read_only(path: Path) -> sqlite_utils.Database:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from statechat.cache.index import refuse_foreign
 from statechat.cache.sqlite_files import is_locked, is_unusable, open_sqlite, primary_code
 from statechat.chat.records import BUSY_ADVICE, BusyError, DamagedError
 
@@ -49,6 +50,7 @@ class ChatFile:
         self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
                                                         timeout=BUSY_TIMEOUT_S))
         try:
+            refuse_foreign(self.db.conn, self.file)  # (another program's file: left alone)
             self.db.enable_wal()
             self._create_tables()
         except BaseException:

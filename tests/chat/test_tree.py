@@ -75,17 +75,22 @@ def test_delete_branch_keeps_the_rest(tmp_path):
 
 
 def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
+    """The chats share the cache's index.db: their tables are apart, and the cache's rows stay
+    (another program's file there is refused: tests/cli/test_commands.py)."""
+    from statechat.cache.store import open_store
+
+    open_store(tmp_path).close()
     db = sqlite3.connect(tmp_path / "index.db")
-    db.execute("CREATE TABLE blocks (hash TEXT PRIMARY KEY)")
-    db.execute("INSERT INTO blocks VALUES ('abc')")
+    db.execute("INSERT INTO models (fingerprint) VALUES ('abc')")
     db.commit()
     db.close()
     store = open_chats(tmp_path)
     build(store)
+    cache_tables = {"models", "segments", "blocks", "checkpoints"}
     names = set(store.db.table_names())
-    assert {"chat_conversations", "chat_messages", "blocks"} <= names
-    assert all(n.startswith("chat_") for n in names - {"blocks"})
-    assert store.db.execute("SELECT hash FROM blocks").fetchall() == [("abc",)]
+    assert {"chat_conversations", "chat_messages"} | cache_tables <= names
+    assert all(n.startswith("chat_") for n in names - cache_tables)
+    assert store.db.execute("SELECT fingerprint FROM models").fetchall() == [("abc",)]
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     store.close()
 

@@ -797,7 +797,7 @@ def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     why = ("it holds other tables: notes" if tables else
-           "it has a schema version of another program's, 7, and no tables")
+           "it has a schema version of another program's, 7")
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == (
         f"statechat: {path} is not a statechat cache index ({why}); pick another cache dir")
@@ -822,3 +822,53 @@ def test_an_index_db_that_holds_only_the_chats_is_statechat_s(tmp_path, monkeypa
     monkeypatch.setattr("sys.argv", ["statechat", "cache", "verify", "--cache-dir", str(tmp_path)])
     cli.main()  # (no SystemExit: a sound cache)
     assert capsys.readouterr().out.startswith("checked 0; ok 0")
+
+
+@pytest.mark.parametrize("tables, version", [(["models", "runs"], 3), (["models"], 0)])
+def test_a_file_with_a_table_named_like_the_index_s_is_still_another_program_s(
+        tmp_path, monkeypatch, capsys, tables, version):
+    """A table named `models` is common: with a version of its own or none, a file holding one
+    (and none of the index's other tables) is another program's too (`cache gc` said `no such
+    table`, or ended in a traceback from sqlite-utils, and switched the file to WAL)."""
+    import sqlite3
+
+    path = tmp_path / "index.db"
+    other = sqlite3.connect(path)
+    for table in tables:
+        other.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, text TEXT)")
+    other.execute(f"PRAGMA user_version = {version}")
+    other.commit()
+    other.close()
+    before = path.read_bytes()
+    for command in (["gc"], ["stats"]):
+        monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir",
+                                         str(tmp_path)])
+        if command == ["stats"] and not version:  # (read alone: an index with no rows yet)
+            cli.main()
+            continue
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        assert exit_info.value.code == 2
+        why = ("it holds other tables: runs" if "runs" in tables else
+               "its tables are not the index's")
+        assert capsys.readouterr().err.strip().endswith(f"({why}); pick another cache dir")
+    assert path.read_bytes() == before
+
+
+def test_the_chats_leave_another_program_s_index_db_as_it_is(tmp_path):
+    """`run --no-cache` keeps its chats in the cache dir's index.db: another program's file
+    there is refused in one line, not given the chats' tables and switched to WAL."""
+    import sqlite3
+
+    from statechat.chat.tree import open_chats
+    from statechat.errors import ConfigError
+
+    other = sqlite3.connect(tmp_path / "index.db")
+    other.execute("CREATE TABLE notes (text TEXT)")
+    other.commit()
+    other.close()
+    before = (tmp_path / "index.db").read_bytes()
+    with pytest.raises(ConfigError, match="is not a statechat cache index .it holds other "
+                                          "tables: notes."):
+        open_chats(tmp_path)
+    assert (tmp_path / "index.db").read_bytes() == before
