@@ -144,9 +144,9 @@ def run_batch(
                 for j in waiting_on.pop(seq.seq_id):
                     job = jobs[j]
                     job.shared = shared
-                    seq = engine.add_checked(*engine.check_prompt(job.prompt_ids), job.params,
-                                             str(job.id), arrival_time=queued)
-                    running[seq.seq_id] = j
+                    member = engine.add_checked(*engine.check_prompt(job.prompt_ids),
+                                                job.params, str(job.id), arrival_time=queued)
+                    running[member.seq_id] = j
             elif seq.seq_id in running:
                 job = jobs[running.pop(seq.seq_id)]
                 job.result = _result(job, engine.output(seq), engine.tokenizer)

@@ -63,7 +63,8 @@ def weight_files(path: Path) -> list[Path]:
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
-        others = sorted(p.name for pattern in OTHER_WEIGHTS for p in path.glob(pattern))
+        others = sorted((p.name for pattern in OTHER_WEIGHTS for p in path.glob(pattern)),
+                        key=lambda name: (not name.startswith(("pytorch_model", "model")), name))
         raise ModelError(f"{path} holds no *.safetensors weights" + (
             f" (it has {others[0]}: statechat reads safetensors checkpoints only; download "
             "the model's safetensors release)" if others else ""))

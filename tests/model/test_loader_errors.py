@@ -96,6 +96,8 @@ def test_a_pytorch_bin_checkpoint_is_named(tiny_dirs, tmp_path):
     """A checkpoint of `pytorch_model.bin` only: the error says what it has and what to get."""
     path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    (path / "optimizer.pt").write_bytes(b"")  # (the weights are named, not a training file)
+    (path / "adapter.bin").write_bytes(b"")
     assert error_of(path) == (f"{path} holds no *.safetensors weights (it has pytorch_model.bin: "
                               "statechat reads safetensors checkpoints only; download the "
                               "model's safetensors release)")

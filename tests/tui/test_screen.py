@@ -305,7 +305,6 @@ def _offset_of(widget, word: str) -> tuple[int, int]:
     return rows[y].index(word) + 1, y
 
 
-
 def test_no_control_character_of_a_model_path_or_a_stored_error_reaches_the_terminal(
         loaded, tmp_path):
     """The header named a Hugging Face cache snapshot by its commit hash (`--model ORG/NAME`
