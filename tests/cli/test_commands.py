@@ -770,6 +770,20 @@ def test_ls_says_when_it_shows_fewer_checkpoints_than_the_cache_holds(tmp_path, 
     assert len(json.loads(cut.stdout)) == 1
 
 
+def foreign_index(cache_dir, tables: list[str], version: int):
+    """An index.db of another program in `cache_dir`: `tables`, and its own schema version."""
+    import sqlite3
+
+    path = cache_dir / "index.db"
+    other = sqlite3.connect(path)
+    for table in tables:
+        other.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, text TEXT)")
+    other.execute(f"PRAGMA user_version = {version}")
+    other.commit()
+    other.close()
+    return path
+
+
 @pytest.mark.parametrize("tables, version", [(["notes"], 0), (["notes"], 7), ([], 7)])
 @pytest.mark.parametrize("command", [["verify"], ["gc"], ["clear", "--yes"], ["stats"]])
 def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, capsys, command,
@@ -779,15 +793,7 @@ def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, 
     (those that write added statechat's tables to it and switched it to WAL; with a version
     and no tables, every command said `no such table` and to check the folder's
     permissions)."""
-    import sqlite3
-
-    path = tmp_path / "index.db"
-    other = sqlite3.connect(path)
-    for table in tables:
-        other.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, text TEXT)")
-    other.execute(f"PRAGMA user_version = {version}")
-    other.commit()
-    other.close()
+    path = foreign_index(tmp_path, tables, version)
     before = path.read_bytes()
     monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir", str(tmp_path)])
     if command == ["stats"] and not version:  # (read alone: an index with no rows yet)
@@ -830,15 +836,7 @@ def test_a_file_with_a_table_named_like_the_index_s_is_still_another_program_s(
     """A table named `models` is common: with a version of its own or none, a file holding one
     (and none of the index's other tables) is another program's too (`cache gc` said `no such
     table`, or ended in a traceback from sqlite-utils, and switched the file to WAL)."""
-    import sqlite3
-
-    path = tmp_path / "index.db"
-    other = sqlite3.connect(path)
-    for table in tables:
-        other.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, text TEXT)")
-    other.execute(f"PRAGMA user_version = {version}")
-    other.commit()
-    other.close()
+    path = foreign_index(tmp_path, tables, version)
     before = path.read_bytes()
     for command in (["gc"], ["stats"]):
         monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir",
