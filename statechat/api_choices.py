@@ -283,15 +283,16 @@ def response(shape: Shape, head: dict, outputs: list[RequestOutput], n: int) -> 
 def stream_chunks(shape: Shape, choices: Choices, include_usage: bool,
                   gone: Callable[[], bool] = lambda: False) -> Iterator[dict]:
     """A stream's chunks, less their head (id, object, created, model): every choice's opening,
-    then each event's deltas as they come, then (include_usage) one usage chunk;
+    then each event's deltas as they come, then (include_usage: theirs null) one usage chunk;
     ConnectionResetError if the client goes (`gone`) while they wait (see Choices.merged)."""
+    null = {"usage": None} if include_usage else {}  # (OpenAI's: usage null until the last)
     for index in range(len(choices.handles)):
         for choice in shape.opening(index):
-            yield {"choices": [choice]}
+            yield {"choices": [choice], **null}
     outputs: list[RequestOutput | None] = [None] * len(choices.handles)
     for index, event in choices.merged(gone):
         for choice in shape.deltas(index, event):
-            yield {"choices": [choice]}
+            yield {"choices": [choice], **null}
         if event.output is not None:
             outputs[index] = event.output
     if include_usage:

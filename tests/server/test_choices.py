@@ -64,6 +64,8 @@ def test_stream_interleaves_the_choices(client):
     assert roles == [1, 1, 1] and finishes == [["length"]] * 3
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # (the chunks before it carry a null usage, as OpenAI's do: they left the field out)
+    assert all("usage" in c.model_fields_set and c.usage is None for c in chunks[:-1])
 
 
 def spy_on_choices(monkeypatch) -> list:
