@@ -154,8 +154,8 @@ class Choices:
         return [dataclasses.replace(out, prompt_logprobs=outputs[k - k % self.n].prompt_logprobs)
                 for k, out in enumerate(outputs)]
 
-    def ended(self, timeout: float) -> list[RequestOutput]:
-        """The output of every choice once it has ended, finished or aborted (call abort first:
+    def ended(self, timeout: float) -> list[tuple[int, RequestOutput]]:
+        """(index, output) of every choice once it has ended, finished or aborted (call abort first:
         an abort ends a choice at the engine's next step), waiting up to `timeout` seconds in
         all; a choice still running then, or one that failed, is left out."""
         deadline = time.monotonic() + timeout
@@ -167,7 +167,7 @@ class Choices:
                 continue
             with contextlib.suppress(Exception):
                 handle.result(timeout=left)
-        return [handle.output for handle in self.handles if handle.output is not None]
+        return [(i, h.output) for i, h in enumerate(self.handles) if h.output is not None]
 
     def merged(self, gone: Callable[[], bool] = lambda: False,
                ) -> Iterator[tuple[int, StreamEvent]]:

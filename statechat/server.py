@@ -223,17 +223,17 @@ class Handler(JsonHandler):
         """Submit n choices per prompt and send them, whole or streamed; abort every choice
         still running when the client goes away. The outputs once all were sent, else None."""
         stream, include_usage = parse_stream(body)
+        rid = f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}"  # (the response's id; its log lines')
         try:
             choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
         except ClientGone as e:
             self.close_connection = True
-            self._log_ended(e.choices)
+            self._log_ended(e.choices, rid)
             return None
         except ShuttingDownError as e:  # (the server stops: not the request's fault)
-            self._log_ended(getattr(e, "choices", None))  # (n > 1: choice 0 may have run)
+            self._log_ended(getattr(e, "choices", None), rid)  # (n > 1: choice 0 may have run)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
-        head = {"id": f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-                "model": self.server.model_id}
+        head = {"id": rid, "created": int(time.time()), "model": self.server.model_id}
         try:
             if stream:
                 self._stream(shape, choices, head, include_usage)
@@ -248,7 +248,7 @@ class Handler(JsonHandler):
             raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
                            kind="server_error") from None
         finally:
-            self._log_ended(choices)
+            self._log_ended(choices, rid)
         outputs = [handle.output for handle in choices.handles]
         return outputs if None not in outputs else None  # (None: a choice ended in an error)
 
@@ -273,15 +273,17 @@ class Handler(JsonHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
-    def _log_ended(self, choices: Choices | None) -> None:
+    def _log_ended(self, choices: Choices | None, rid: str) -> None:
         """Abort the choices still running (a no-op for those that finished), then log the
-        reuse of each once it has ended (an aborted one's marked so)."""
+        reuse of each once it has ended (an aborted one's marked so), under the response's id
+        `rid` (a choice's index after it where there are several)."""
         if choices is not None:
             choices.abort()
-            for out in choices.ended(ABORT_WAIT_S):
-                self._log_reuse(out)
+            many = len(choices.handles) > 1
+            for i, out in choices.ended(ABORT_WAIT_S):
+                self._log_reuse(out, f"{rid} choice {i}" if many else rid)
 
-    def _log_reuse(self, out: RequestOutput) -> None:
+    def _log_reuse(self, out: RequestOutput, rid: str) -> None:
         plan = out.cache_plan or {}
         choice = ""
         if plan.get("candidate_tokens"):
@@ -291,7 +293,7 @@ class Handler(JsonHandler):
         if "disk_resident" in plan:
             choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
         self.log_message(
-            "reused %s of %s prompt tokens%s; computed %s; %s new%s%s",
+            "%s: reused %s of %s prompt tokens%s; computed %s; %s new%s%s", rid,
             f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",
             f" from {out.reused_from}" if out.reused_from else "",
             f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,

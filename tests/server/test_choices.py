@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
 
@@ -143,6 +144,22 @@ def test_a_request_whose_client_left_logs_its_reuse(server, monkeypatch, capsys,
     leave_mid_reply(server, monkeypatch, messages, 2, stream)
     lines = reuse_lines(capsys, num_prompt_tokens, 2)
     assert len(lines) == 2 and all(line.endswith("; aborted") for line in lines)
+
+
+def test_reuse_lines_name_the_response_and_its_choice(server, monkeypatch, capsys):
+    """Each reuse line starts with the id of the response it belongs to, and the choice's
+    index where the response has several, so a log of many requests can be read."""
+    monkeypatch.setattr(server, "quiet", False)
+    messages = [{"role": "user", "content": "whose reuse line is this"}]
+    num_prompt_tokens = len(server.worker.render(messages))
+    capsys.readouterr()
+    for n in (1, 2):
+        resp = post(server, {"messages": messages, "n": n, "max_tokens": 2}).getresponse()
+        rid = json.loads(resp.read())["id"]
+        lines = reuse_lines(capsys, num_prompt_tokens, n)
+        heads = sorted(re.search(r" (chatcmpl-\w+(?: choice \d)?): reused ", line)[1]
+                       for line in lines)
+        assert heads == ([rid] if n == 1 else [f"{rid} choice 0", f"{rid} choice 1"]), lines
 
 
 def test_a_client_that_leaves_before_the_first_choice_starts_gets_it_logged(server, monkeypatch,
