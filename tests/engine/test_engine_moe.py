@@ -2,8 +2,8 @@
 
 Prompts of mixed lengths join at different steps (continuous batching) with a token budget
 small enough to force chunked prefill, on the CPU in float32; the checkpoint names each expert
-separately (the published layout), so loading, routing and the engine's batching are all
-exercised together.
+separately (transformers' save_pretrained default), so loading, routing and the engine's
+batching are all exercised together.
 """
 
 from __future__ import annotations

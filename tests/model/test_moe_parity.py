@@ -1,11 +1,12 @@
 """Our Qwen3.5-MoE computes the same numbers as transformers' (float32, CPU, tiny checkpoints).
 
-Checkpoints: the multimodal layout with fused expert tensors (as transformers holds them) and
-the text layout with one tensor per expert (as the published checkpoints carry), sharded and
-tied. Covers prompts of 1/65/200 tokens, prefill split with state carried into decode, greedy
-generation against `generate`, both expert layouts loading to the same weights, a clear error
-for a missing expert tensor, every layer sparse whatever Qwen3-MoE layer fields the config.json
-carries, and the Triton backend (interpreter on the CPU) against the reference on the MoE model.
+Checkpoints: the multimodal layout with fused expert tensors (as the released checkpoints hold
+them) and the text layout with one tensor per expert (transformers' save_pretrained default),
+sharded and tied. Covers prompts of 1/65/200 tokens, prefill split with state carried into
+decode, greedy generation against `generate`, both expert layouts loading to the same weights,
+a clear error for a missing expert tensor, every layer sparse whatever Qwen3-MoE layer fields
+the config.json carries, the multimodal checkpoint's weights under a text-only config.json,
+and the Triton backend (interpreter on the CPU) against the reference on the MoE model.
 """
 
 from __future__ import annotations
@@ -136,6 +137,22 @@ def test_every_layer_is_sparse_whatever_the_config_says(moe_dirs, tmp_path):
     ours = load_model(path, dtype=torch.float32)
     ids = random_ids(70, ours.config.vocab_size, seed=4)
     want = hf_logits(hf_model(path, "qwen3_5_moe"), ids)
+    assert_close(OneSequence(ours).step(ids, all_logits=True), want)
+
+
+def test_text_only_config_over_multimodal_weights(moe_dirs, tmp_path):
+    """A released (multimodal) checkpoint whose config.json was cut down to its text_config, as
+    people do to serve the text model alone: transformers' Qwen3_5MoeForCausalLM loads its
+    `model.language_model.*` tensors (ignoring the vision tower), and so do we."""
+    path = shutil.copytree(moe_dirs["qwen3_5_moe"], tmp_path / "m")
+    raw = json.loads((path / "config.json").read_text())
+    text = dict(raw["text_config"], architectures=["Qwen3_5MoeForCausalLM"],
+                tie_word_embeddings=raw.get("tie_word_embeddings", False))
+    (path / "config.json").write_text(json.dumps(text))
+    ours = load_model(path, dtype=torch.float32)
+    assert ours.config.model_type == "qwen3_5_moe_text"
+    ids = random_ids(70, ours.config.vocab_size, seed=6)
+    want = hf_logits(hf_model(moe_dirs["qwen3_5_moe"], "qwen3_5_moe"), ids)
     assert_close(OneSequence(ours).step(ids, all_logits=True), want)
 
 
