@@ -14,10 +14,10 @@ as the published checkpoints carry; `qwen3_5_text` writes `Qwen3_5ForCausalLM` (
 
 `--moe` writes Qwen3.5-MoE instead (`Qwen3_5MoeForConditionalGeneration` or
 `Qwen3_5MoeForCausalLM`: 8 experts, top-2, a shared expert) with the experts fused as
-transformers holds them (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`
-[E, H, I]); `--per-expert` writes them as one tensor per expert and projection
-(`mlp.experts.{e}.gate_proj.weight` ...), the layout of the published checkpoints (transformers'
-`save_original_format`).
+transformers holds them and the released checkpoints store them (`mlp.experts.gate_up_proj`
+[E, 2I, H], `mlp.experts.down_proj` [E, H, I]); `--per-expert` writes them as one tensor per
+expert and projection (`mlp.experts.{e}.gate_proj.weight` ...), transformers' default
+`save_original_format` layout.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--moe", action="store_true", help="write Qwen3.5-MoE (8 experts, top-2)")
     parser.add_argument("--per-expert", action="store_true",
-                        help="with --moe: one tensor per expert and projection (published layout)")
+                        help="with --moe: one tensor per expert and projection")
     args = parser.parse_args()
     if args.per_expert and not args.moe:
         parser.error("--per-expert needs --moe")

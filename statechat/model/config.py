@@ -23,8 +23,6 @@ MOE_FIELDS = (
     "moe_intermediate_size",
     "shared_expert_intermediate_size",
     "norm_topk_prob",
-    "decoder_sparse_step",
-    "mlp_only_layers",
 )
 @dataclass(frozen=True)
 class ModelConfig:
@@ -33,7 +31,7 @@ class ModelConfig:
     model_type: str  # "qwen3_5[_moe]" (multimodal layout) or "qwen3_5[_moe]_text"
     vocab_size: int
     hidden_size: int
-    intermediate_size: int  # dense MLP width (0 in an MoE model whose every layer is sparse)
+    intermediate_size: int  # dense MLP width (0 in an MoE model: its every layer is sparse)
     num_hidden_layers: int
     layer_types: tuple[str, ...]  # "linear_attention" (GDN) or "full_attention" per layer
     rms_norm_eps: float
@@ -62,8 +60,8 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # width of each routed expert's SwiGLU
     shared_expert_intermediate_size: int = 0  # width of the always-on shared expert (0 = none)
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
-    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
-    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here
+    # (Every layer of Qwen3.5-MoE is sparse, as transformers and vLLM build it: the
+    # `decoder_sparse_step` and `mlp_only_layers` of Qwen2/3-MoE configs are not read.)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
@@ -85,26 +83,13 @@ class ModelConfig:
                     "config.json needs 0 < num_experts_per_tok <= num_experts and a positive "
                     "moe_intermediate_size for a mixture-of-experts model"
                 )
-            if self.decoder_sparse_step < 1:
-                raise ModelError("decoder_sparse_step must be at least 1")
-        dense = [i for i in range(self.num_hidden_layers) if not self.is_moe_layer(i)]
-        if dense and self.intermediate_size <= 0:
-            raise ModelError(
-                f"config.json lacks intermediate_size for the dense MLP of layer {dense[0]}"
-            )
+        elif self.intermediate_size <= 0:
+            raise ModelError("config.json lacks intermediate_size for the dense MLP")
 
     @property
     def is_moe(self) -> bool:
-        """A mixture-of-experts model (some layers route tokens to experts)."""
+        """A mixture-of-experts model (every layer routes tokens to experts)."""
         return self.num_experts > 0
-
-    def is_moe_layer(self, layer: int) -> bool:
-        """Layer `layer` has a sparse MoE block instead of a dense MLP (Qwen MoE convention)."""
-        return (
-            self.is_moe
-            and layer not in self.mlp_only_layers
-            and (layer + 1) % self.decoder_sparse_step == 0
-        )
 
     @property
     def is_multimodal_layout(self) -> bool:
@@ -218,8 +203,8 @@ class ModelConfig:
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         gen = read_generation_config(path)
         is_moe = "moe" in model_type
-        # an MoE model may have no dense MLP at all (Qwen3.5-MoE: every layer is sparse)
-        dense_width = (text.get("intermediate_size") or 0) if is_moe else need("intermediate_size")
+        # an MoE model has no dense MLP (every layer is sparse): its intermediate_size is unused
+        dense_width = 0 if is_moe else need("intermediate_size")
         moe = {}
         if is_moe:
             moe = {
@@ -228,8 +213,6 @@ class ModelConfig:
                 "moe_intermediate_size": need("moe_intermediate_size"),
                 "shared_expert_intermediate_size": text.get("shared_expert_intermediate_size") or 0,
                 "norm_topk_prob": bool(text.get("norm_topk_prob", True)),
-                "decoder_sparse_step": text.get("decoder_sparse_step") or 1,
-                "mlp_only_layers": tuple(text.get("mlp_only_layers") or ()),
             }
         return cls(
             model_type=model_type,

@@ -1,14 +1,16 @@
 """Load a Qwen3.5 checkpoint directory as published: config, safetensors weights, tokenizer.
 
 Weights load by name: the multimodal layout keeps the text model under `model.language_model.`
-(mapped to our `model.`); `model.visual.*` and `mtp.*` are ignored. One file or shards with
+(mapped to our `model.`, also under a text-only config.json, as transformers maps it);
+`model.visual.*` and `mtp.*` are ignored. One file or shards with
 `model.safetensors.index.json`; tied or untied embeddings; weights stored in a float dtype of
 16 bits or more are converted to the requested one. A tensor of another dtype (integers, float8:
 a quantized checkpoint) or one the model has no place for is refused with a one-line error.
 MoE experts come fused (`mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj`
-[E, H, I], as transformers saves them) or one tensor per expert
-(`mlp.experts.{e}.gate_proj.weight` [I, H], `up_proj` [I, H], `down_proj` [H, I], as the
-published checkpoints carry), which are copied into their rows of the fused parameters.
+[E, H, I], as the released Qwen3.5-MoE checkpoints hold them) or one tensor per expert
+(`mlp.experts.{e}.gate_proj.weight` [I, H], `up_proj` [I, H], `down_proj` [H, I], as
+transformers' save_pretrained writes them by default, and Qwen3-Next-style conversions), which
+are copied into their rows of the fused parameters.
 """
 
 from __future__ import annotations
@@ -88,10 +90,12 @@ def _shard_name(index: Path, name: object) -> str:
 
 
 def map_name(name: str, config: ModelConfig) -> str | None:
-    """Checkpoint tensor name -> our parameter name, or None for tensors we ignore."""
+    """Checkpoint tensor name -> our parameter name, or None for tensors we ignore. The text
+    model's tensors may sit under `model.language_model.` whatever the config.json's layout (a
+    multimodal checkpoint given a text-only config.json, which transformers loads too)."""
     if name.startswith(IGNORED_PREFIXES):
         return None
-    if config.is_multimodal_layout and name.startswith("model.language_model."):
+    if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model.") :]
     return name
 

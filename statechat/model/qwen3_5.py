@@ -83,7 +83,7 @@ class TextModel(nn.Module):
         gdn_index = {layer: i for i, layer in enumerate(config.gdn_layers)}
         attn_index = {layer: i for i, layer in enumerate(config.attn_layers)}
         self.layers = nn.ModuleList(
-            DecoderLayer(config, gdn_index.get(i, attn_index.get(i)), t, config.is_moe_layer(i))
+            DecoderLayer(config, gdn_index.get(i, attn_index.get(i)), t)
             for i, t in enumerate(config.layer_types)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -108,9 +108,7 @@ class DecoderLayer(nn.Module):
     """Pre-norm residual block whose token mixer is a GDN layer or a full-attention layer and
     whose feed-forward is a dense MLP or a sparse MoE block."""
 
-    def __init__(
-        self, config: ModelConfig, cache_index: int, layer_type: str, is_moe: bool = False
-    ) -> None:
+    def __init__(self, config: ModelConfig, cache_index: int, layer_type: str) -> None:
         super().__init__()
         self.is_gdn = layer_type == "linear_attention"
         if self.is_gdn:
@@ -118,7 +116,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = Attention(config, cache_index)
         self.cache_index = cache_index
-        if is_moe:
+        if config.is_moe:  # (every layer of Qwen3.5-MoE is sparse)
             self.mlp = SparseMoeBlock(config)
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size)

@@ -1,16 +1,19 @@
 """Our Qwen3.5-MoE computes the same numbers as transformers' (float32, CPU, tiny checkpoints).
 
-Checkpoints: the multimodal layout with fused expert tensors (as transformers holds them) and
-the text layout with one tensor per expert (as the published checkpoints carry), sharded and
-tied. Covers prompts of 1/65/200 tokens, prefill split with state carried into decode, greedy
-generation against `generate`, both expert layouts loading to the same weights, a clear error
-for a missing expert tensor, and the Triton backend (interpreter on the CPU) against the
-reference on the MoE model.
+Checkpoints: the multimodal layout with fused expert tensors (as the released checkpoints hold
+them) and the text layout with one tensor per expert (transformers' save_pretrained default),
+sharded and tied. Covers prompts of 1/65/200 tokens, prefill split with state carried into
+decode, greedy generation against `generate`, both expert layouts loading to the same weights,
+a clear error for a missing expert tensor, every layer sparse whatever Qwen3-MoE layer fields
+the config.json carries, the multimodal checkpoint's weights under a text-only config.json,
+and the Triton backend (interpreter on the CPU) against the reference on the MoE model.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -72,7 +75,6 @@ def test_config_reads_the_moe_fields(pair):
     assert c.is_moe and c.model_type in LAYOUTS
     assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (8, 2, 32)
     assert c.shared_expert_intermediate_size == 48 and c.norm_topk_prob
-    assert all(c.is_moe_layer(i) for i in range(c.num_hidden_layers))
 
 
 @pytest.mark.parametrize("n", [1, 65, 200])
@@ -124,9 +126,37 @@ def test_per_expert_and_fused_layouts_load_the_same_weights(moe_dirs):
         assert torch.equal(value, split[name]), name
 
 
-def test_missing_expert_tensor_is_named(moe_dirs, tmp_path):
-    import shutil
+def test_every_layer_is_sparse_whatever_the_config_says(moe_dirs, tmp_path):
+    """transformers and vLLM build every Qwen3.5-MoE layer sparse: a config.json that also carries
+    Qwen3-MoE's decoder_sparse_step, mlp_only_layers and a dense intermediate_size (which they do
+    not read) loads its all-sparse weights and computes their numbers."""
+    path = shutil.copytree(moe_dirs["qwen3_5_moe"], tmp_path / "m")
+    raw = json.loads((path / "config.json").read_text())
+    raw["text_config"].update(decoder_sparse_step=2, mlp_only_layers=[0], intermediate_size=96)
+    (path / "config.json").write_text(json.dumps(raw))
+    ours = load_model(path, dtype=torch.float32)
+    ids = random_ids(70, ours.config.vocab_size, seed=4)
+    want = hf_logits(hf_model(path, "qwen3_5_moe"), ids)
+    assert_close(OneSequence(ours).step(ids, all_logits=True), want)
 
+
+def test_text_only_config_over_multimodal_weights(moe_dirs, tmp_path):
+    """A released (multimodal) checkpoint whose config.json was cut down to its text_config, as
+    people do to serve the text model alone: transformers' Qwen3_5MoeForCausalLM loads its
+    `model.language_model.*` tensors (ignoring the vision tower), and so do we."""
+    path = shutil.copytree(moe_dirs["qwen3_5_moe"], tmp_path / "m")
+    raw = json.loads((path / "config.json").read_text())
+    text = dict(raw["text_config"], architectures=["Qwen3_5MoeForCausalLM"],
+                tie_word_embeddings=raw.get("tie_word_embeddings", False))
+    (path / "config.json").write_text(json.dumps(text))
+    ours = load_model(path, dtype=torch.float32)
+    assert ours.config.model_type == "qwen3_5_moe_text"
+    ids = random_ids(70, ours.config.vocab_size, seed=6)
+    want = hf_logits(hf_model(moe_dirs["qwen3_5_moe"], "qwen3_5_moe"), ids)
+    assert_close(OneSequence(ours).step(ids, all_logits=True), want)
+
+
+def test_missing_expert_tensor_is_named(moe_dirs, tmp_path):
     path = shutil.copytree(moe_dirs["per_expert_mm"], tmp_path / "m")
     tensors = load_file(path / "model.safetensors")
     del tensors["model.language_model.layers.2.mlp.experts.5.up_proj.weight"]
