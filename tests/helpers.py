@@ -101,13 +101,15 @@ def engine_config(device: str) -> dict[str, object]:
 
 
 # Qwen3.5's shape, in brief: an earlier reply's reasoning dropped, a generation prompt that
-# opens <think>
+# opens <think> (or, with enable_thinking false, closes an empty one at once)
 THINKING = (
     "{%- for m in messages %}{%- set c = m['content'] | trim %}"
     "{%- if m['role'] == 'assistant' and '</think>' in c %}"
     "{%- set c = c.split('</think>')[-1] | trim %}{%- endif %}"
     "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
 
 
