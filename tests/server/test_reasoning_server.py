@@ -21,7 +21,7 @@ from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
 from statechat.server import ChatServer
-from tests.helpers import THINKING, with_template
+from tests.helpers import THINKING, force_reply, with_template
 from tests.server.conftest import KEY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -53,24 +53,8 @@ def client(server):
 
 @pytest.fixture
 def forced(server, monkeypatch):
-    """Every reply made `REPLY` then the end of turn, whatever the model samples: the
-    scheduler is handed those tokens in place of the sampled ones. The forced token ids."""
-    tokenizer, scheduler = server.worker.engine.tokenizer, server.worker.engine.scheduler
-    # one char at a time: the tiny tokenizer's `</think>` is a special token, which a reply's
-    # text leaves out (Qwen3.5's is not), so the tag is spelt with plain ones
-    ids = [i for ch in REPLY for i in tokenizer.encode(ch, add_special_tokens=False)]
-    ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    postprocess = scheduler.postprocess
-
-    def forcing(batch, tokens):
-        sampled, given = iter(tokens), []
-        for it in (it for it in batch.items if it.needs_logits):
-            token, made = next(sampled), len(it.seq.output_ids)
-            given.append(ids[made] if made < len(ids) and not it.seq.is_finished else token)
-        return postprocess(batch, given)
-
-    monkeypatch.setattr(scheduler, "postprocess", forcing)
-    return ids
+    """Every reply made `REPLY` then the end of turn; the forced token ids."""
+    return force_reply(server.worker.engine, monkeypatch, REPLY)
 
 
 def post(server, route: str, body: dict) -> list[dict] | dict:
