@@ -8,13 +8,16 @@ without the flag give the raw text."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 import urllib.request
 
 import pytest
 import torch
 
+from statechat.chat.next_turn import next_turn_prefix
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.worker import EngineWorker
@@ -30,19 +33,31 @@ ASK = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "tempera
 
 
 @pytest.fixture(scope="module")
-def server():
-    loaded = with_template(load_model(EMBEDDED_MODEL, dtype=torch.float32), THINKING)
+def loaded():
+    return with_template(load_model(EMBEDDED_MODEL, dtype=torch.float32), THINKING)
+
+
+@contextlib.contextmanager
+def serving(loaded, warm_next_turn: bool = False):
     worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu",
                                                  max_model_len=1024), loaded=loaded))
     srv = ChatServer(worker, "tiny", "127.0.0.1", 0, api_key=KEY, quiet=True,
-                     warm_next_turn=False, reasoning_parser="qwen3")
+                     warm_next_turn=warm_next_turn, reasoning_parser="qwen3")
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    worker.shutdown()
-    thread.join(10)
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        worker.shutdown()
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(loaded):
+    with serving(loaded) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +170,28 @@ def test_text_completions_and_a_server_without_the_flag_give_the_raw_text(server
     monkeypatch.setattr(server, "reasoning_parser", None)
     message = post(server, "/v1/chat/completions", ASK)["choices"][0]["message"]
     assert message == {"role": "assistant", "content": REPLY}
+
+
+def test_the_answer_sent_back_resumes_from_the_next_turns_warm_up(loaded, monkeypatch):
+    """A client sends the next turn with the reply's `content` alone (the answer, its leading
+    blank line included): the template renders it as it renders the whole reply (Qwen3.5's
+    drops an earlier reply's reasoning and trims it), so the request resumes from the prefix
+    the server computed ahead from the whole reply."""
+    answer = "\n\n" + "four is the sum of two and two. " * 10
+    with serving(loaded, warm_next_turn=True) as srv:
+        force_reply(srv.worker.engine, monkeypatch, "Let me see.</think>" + answer)
+        first = [{"role": "user", "content": "2+2?"}]
+        message = post(srv, "/v1/chat/completions", {**ASK, "messages": first})[
+            "choices"][0]["message"]
+        assert message["content"] == answer
+        deadline = time.monotonic() + 60
+        while srv.next_turns.considered < 1 or srv.next_turns.last is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        srv.next_turns.last.result(timeout=60)
+        history = [*first, {"role": "assistant", "content": message["content"]}]
+        usage = post(srv, "/v1/chat/completions", {
+            **ASK, "messages": [*history, {"role": "user", "content": "and 3+3?"}]})["usage"]
+        prefix = next_turn_prefix(lambda ms: srv.worker.render(ms, False), history)
+    assert len(prefix) >= 2 * 64
+    assert usage["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
