@@ -7,8 +7,10 @@ reply is reasoning up to the `</think>` it writes, then the answer. The rules:
   after it the answer; a reply with no `</think>` (cut at max_tokens, or by a stop string,
   inside its reasoning) is all reasoning, with no answer;
 - it did not (`enable_thinking: false`, whose prompt closes an empty thought itself; a template
-  that does not think): the reply is all answer, unless it begins (after white space) with a
-  `<think>` of its own, as older Qwen3 templates and DeepSeek-R1 leave the model to write;
+  that does not think): the reply is all answer;
+- a reply that begins (after at most MAX_LEAD characters of white space, dropped) with a
+  `<think>` of its own, as older Qwen3 templates and DeepSeek-R1 leave the model to write, is
+  read as one whose prompt opened it;
 - the tags themselves are in neither part; no white space is trimmed (the answer after Qwen's
   `</think>` begins with its blank line, as vLLM's does).
 
@@ -23,6 +25,8 @@ from statechat.errors import ConfigError
 
 PARSERS = ("qwen3",)  # the names --reasoning-parser takes (vLLM's)
 OPEN, CLOSE = "<think>", "</think>"
+MAX_LEAD = 64  # white space a reply's own `<think>` may follow (past it, none is looked for: a
+# reply of white space alone is not held back whole)
 
 
 def check_parser(name: str | None) -> str | None:
@@ -47,7 +51,9 @@ class ReasoningStream:
         self.held += text
         if self.is_start:
             head = self.held.lstrip()
-            if head.startswith(OPEN):  # (written by the reply: what is before it goes)
+            if len(self.held) - len(head) > MAX_LEAD:
+                self.is_start = False
+            elif head.startswith(OPEN):  # (written by the reply: what is before it goes)
                 self.is_start, self.is_reasoning, self.held = False, True, head[len(OPEN):]
             elif OPEN.startswith(head):  # (white space, or a tag's start: wait)
                 return "", ""

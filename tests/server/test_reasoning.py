@@ -71,6 +71,15 @@ def test_a_reply_that_opens_its_own_reasoning_is_told_once_the_tag_is_whole():
     assert given == [("", ""), ("", "<the end"), ("", "")]
 
 
+def test_white_space_is_held_back_only_while_a_tag_may_follow_it():
+    """(A reply of white space alone was held back whole, each delta scanning it all again.)"""
+    *_, given = streamed(["\n"] * 100 + ["<think>x"], opened=False)
+    assert given[:64] == [("", "")] * 64 and given[64] == ("", "\n" * 65)
+    assert given[65:] == [("", "\n")] * 35 + [("", "<think>x"), ("", "")]
+    assert split_reply("\n" * 65 + "<think>x", False) == (None, "\n" * 65 + "<think>x")
+    assert split_reply("\n" * 64 + "<think>x", False) == ("x", None)
+
+
 def test_only_a_known_parser_is_taken():
     assert check_parser("qwen3") == "qwen3" and check_parser(None) is None
     with pytest.raises(ConfigError, match="^--reasoning-parser must be qwen3, got 'deepseek_r1'$"):
