@@ -12,9 +12,10 @@ import threading
 from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_messages import continues_final_message, parse_messages
+from statechat.api_reasoning import ReasoningStream, split_reply
 from statechat.api_request import SHARED_FIELDS, ApiError
 from statechat.chat.next_turn import warm_next_turn
-from statechat.chat.template import merge_template_kwargs
+from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.worker import EngineWorker, RequestHandle
 from statechat.errors import StatechatError
@@ -97,14 +98,30 @@ class NextTurns:
             self.considered += 1
 
 
+def chat_shape(worker: EngineWorker, prompt_ids: list[int],
+               reasoning_parser: str | None) -> ChatShape:
+    """The shape of a chat's choices for its rendered prompt: split into reasoning and answer
+    when the server has a reasoning parser (`serve --reasoning-parser`)."""
+    tokenizer = worker.engine.tokenizer
+    if reasoning_parser is None:
+        return ChatShape(tokenizer)
+    with worker.tokenizer_lock:  # (shared with the other requests' threads)
+        return ChatShape(tokenizer, opens_thinking(tokenizer, prompt_ids))
+
+
 class ChatShape(Shape):
     """Choices of a chat completion: a message each, or in a stream a role chunk, content
-    deltas and a finish chunk each."""
+    deltas and a finish chunk each. With `opened` (a reasoning parser's: whether the prompt
+    opened `<think>`, else None: no parsing), each reply is split (api_reasoning.py): the
+    message's `content` holds the answer alone (null when there is none) and `reasoning`, with
+    its old name `reasoning_content` beside it, the reasoning (null when there is none); a
+    stream's deltas carry either, or both where a delta spans `</think>`."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, opened: bool | None = None) -> None:
+        self.tokenizer, self.opened = tokenizer, opened
+        self._streams: dict[int, ReasoningStream] = {}  # choice -> its split, as it streams
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""},
@@ -112,8 +129,9 @@ class ChatShape(Shape):
 
     def deltas(self, index: int, event: StreamEvent) -> list[dict]:
         out = []
-        if event.text or event.logprobs:
-            out.append({"index": index, "delta": {"content": event.text},
+        delta = self._delta(index, event)
+        if delta or event.logprobs:
+            out.append({"index": index, "delta": delta,
                         "logprobs": self._logprobs(event.token_ids, event.logprobs),
                         "finish_reason": None})
         if event.output is not None:
@@ -121,8 +139,26 @@ class ChatShape(Shape):
                         "finish_reason": finish_reason(event.output)})
         return out
 
+    def _delta(self, index: int, event: StreamEvent) -> dict:
+        """The `delta` of an event's text: {"content"}, or with a parser the parts it has."""
+        if self.opened is None:
+            return {"content": event.text} if event.text or event.logprobs else {}
+        stream = self._streams.setdefault(index, ReasoningStream(self.opened))
+        reasoning, answer = stream.feed(event.text)
+        if event.output is not None:
+            rest_reasoning, rest_answer = stream.flush()
+            reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
+        delta = {"content": answer} if answer else {}
+        if reasoning:
+            delta["reasoning"] = delta["reasoning_content"] = reasoning
+        return delta
+
     def choice(self, index: int, out: RequestOutput) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": out.text},
+        message = {"role": "assistant", "content": out.text}
+        if self.opened is not None:
+            reasoning, message["content"] = split_reply(out.text, self.opened)
+            message["reasoning"] = message["reasoning_content"] = reasoning
+        return {"index": index, "message": message,
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
                 "finish_reason": finish_reason(out)}
 

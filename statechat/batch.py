@@ -2,7 +2,8 @@
 
 Input: see batch_lines (one JSON request a line).
 Output, one line per input line, in input order:
-    {"id", "text", "finish_reason",
+    {"id", "text" (with --reasoning-parser: the answer, and "reasoning" beside it),
+     "finish_reason",
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan", and for a request of a group
      sharing a prefix (below) "shared_prefix": {"tokens", "reused_tokens", "reused_from",
@@ -75,12 +76,19 @@ def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], l
     return warm
 
 
-def _result(job: Job, out: RequestOutput, tokenizer) -> dict:
+def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | None) -> dict:
     from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
+    from statechat.api_reasoning import split_reply
+    from statechat.chat.template import opens_thinking
 
+    split = {}  # (with a parser: "text" the answer alone, "" when none, beside "reasoning")
+    if reasoning_parser is not None:
+        reasoning, answer = split_reply(out.text, opens_thinking(tokenizer, job.prompt_ids))
+        split = {"text": answer or "", "reasoning": reasoning}
     record = {
         "id": job.id,
         "text": out.text,
+        **split,
         "finish_reason": out.finish_reason,
         "usage": {
             "prompt_tokens": out.num_prompt_tokens,
@@ -107,9 +115,11 @@ def run_batch(
     jobs: list[Job],
     write: Callable[[dict], None],
     progress: Callable[[int, int], None] | None = None,
+    reasoning_parser: str | None = None,
 ) -> list[dict]:
     """Run every parsed job (parse_lines); call write(record) in input order as results
-    become ready.
+    become ready. With a `reasoning_parser` (api_reasoning.PARSERS), each result's text is
+    split into "reasoning" and the answer ("text"), as the server splits a chat reply.
 
     progress(done, total) is called as requests finish. Returns the records. Every request's
     time to first token counts from when the batch is queued, a group's deferred members'
@@ -149,7 +159,8 @@ def run_batch(
                     running[member.seq_id] = j
             elif seq.seq_id in running:
                 job = jobs[running.pop(seq.seq_id)]
-                job.result = _result(job, engine.output(seq), engine.tokenizer)
+                job.result = _result(job, engine.output(seq), engine.tokenizer,
+                                     reasoning_parser)
                 done += 1
                 if progress:
                     progress(done, len(jobs))

@@ -23,6 +23,7 @@ from typing import Annotated
 import typer
 
 from statechat import cli_setup
+from statechat.api_reasoning import check_parser
 from statechat.cli_batch import (
     STDIN,
     Terminated,
@@ -51,6 +52,7 @@ from statechat.cli_options import (
     ModelOpt,
     NoCacheOpt,
     PresencePenaltyOpt,
+    ReasoningParserOpt,
     RepetitionPenaltyOpt,
     SeedOpt,
     TemperatureOpt,
@@ -150,7 +152,7 @@ def batch(
     max_tokens: MaxTokensOpt = None, seed: SeedOpt = None,
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
-    dtype: DtypeOpt = None,
+    dtype: DtypeOpt = None, reasoning_parser: ReasoningParserOpt = None,
 ) -> None:
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
@@ -168,6 +170,7 @@ def batch(
     direct = writes_in_place(output, input)  # (a bad output: one line, first)
     # (a bad flag: one line now, not an error on every line)
     config, sampling = command_setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
+    check_parser(reasoning_parser)
     defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs))
     # (read last: standard input's producer, or a person typing, is not waited on first)
     jobs = parse_lines(read_requests(input), defaults)
@@ -191,7 +194,8 @@ def batch(
         task = progress.add_task("batch", total=None)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
         records = run_batch(engine, jobs, lambda rec: write_records(sink, output, [rec]),
-                            lambda done, total: progress.update(task, completed=done, total=total))
+                            lambda done, total: progress.update(task, completed=done, total=total),
+                            reasoning_parser)
     report_failures(records)
 
 

@@ -67,6 +67,12 @@ TemplateKwargsOpt = Annotated[
                  "request's own chat_template_kwargs win).",
                  envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
 ]
+ReasoningParserOpt = Annotated[
+    str | None,
+    typer.Option("--reasoning-parser", help="Split a thinking model's replies into reasoning "
+                 "and answer, as vLLM's parser of that name: qwen3 (Qwen3.5's <think>...</think>). "
+                 "Default: off, the reply's text whole.", envvar="STATECHAT_REASONING_PARSER"),
+]
 
 # Engine: how much the engine holds and computes at once (EngineConfig; None = its default).
 ENGINE = "Engine (sizes and memory)"

@@ -1,7 +1,8 @@
 """`statechat serve`: the OpenAI-compatible HTTP API (statechat/server.py) over one engine, with
 the options that only it takes (--host, --port, --api-key, --allowed-origins,
---served-model-name, --warm-next-turn). cli.py adds it to the app. Its port is bound before the
-model loads; an address it cannot listen on is one line that names the flag to change."""
+--served-model-name, --warm-next-turn, --reasoning-parser). cli.py adds it to the app. Its port
+is bound before the model loads; an address it cannot listen on is one line that names the flag
+to change."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Annotated
 import typer
 
 from statechat import cli_setup
+from statechat.api_reasoning import check_parser
 from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
@@ -25,6 +27,7 @@ from statechat.cli_options import (
     ModelOpt,
     NoCacheOpt,
     PresencePenaltyOpt,
+    ReasoningParserOpt,
     RepetitionPenaltyOpt,
     TemperatureOpt,
     TemplateKwargsOpt,
@@ -67,6 +70,7 @@ def serve(
         "While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
         "thinking template drops the reply's reasoning from it, so it is not cached yet)."
     ))] = True,
+    reasoning_parser: ReasoningParserOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
@@ -84,6 +88,7 @@ def serve(
             allowed_origins)
     except ValueError as e:
         raise StatechatError(f"--allowed-origins: {e}") from None
+    check_parser(reasoning_parser)
     if served_model_name is not None and not served_model_name.strip():
         raise StatechatError("--served-model-name must not be empty")
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())
@@ -95,4 +100,5 @@ def serve(
             name = served_model_name or served_name(engine.loaded.path)
             api_serve.serve(EngineWorker(engine), name, host, port,
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
-                            warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock)
+                            warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock,
+                            reasoning_parser=reasoning_parser)

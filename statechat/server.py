@@ -13,9 +13,8 @@ request's body is checked by statechat/api_request.py (and api_chat.py or api_co
 its choices are submitted, awaited and streamed by api_choices.py, which the two APIs share.
 Fields of a body that its API does not read (bar those ignored on purpose,
 api_request.IGNORED_FIELDS) are named in one warning line of the log, and the request is
-served without them. Reading bodies,
-answering JSON, CORS and the errors' shape are api_http.py's (JsonHandler); the process that
-serves it (signals, the stop) is api_serve.py's.
+served without them. Reading bodies, answering JSON, CORS and the errors' shape are
+api_http.py's (JsonHandler); the process that serves it (signals, the stop) is api_serve.py's.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import time
 import uuid
 from http.server import ThreadingHTTPServer
 
-from statechat.api_chat import CHAT_FIELDS, ChatShape, NextTurns, chat_prompt
+from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_prompt, chat_shape
 from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
 from statechat.api_completions import (
     COMPLETION_FIELDS,
@@ -39,6 +38,7 @@ from statechat.api_completions import (
     parse_completion,
 )
 from statechat.api_http import LOCAL_ORIGINS, JsonHandler, named
+from statechat.api_reasoning import check_parser
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
@@ -63,7 +63,7 @@ class ChatServer(ThreadingHTTPServer):
     defaults of every request (sampling, chat-template variables), which a request's own
     fields override, and the origins whose browser pages may call it (CORS; "*" any). A text
     completion's max_tokens defaults to `completion_max_tokens` (OpenAI's 16 unless `serve
-    --max-tokens` was given)."""
+    --max-tokens` was given), and a chat reply is split by `reasoning_parser` (None: not)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -76,7 +76,7 @@ class ChatServer(ThreadingHTTPServer):
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True,
                  allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None, reasoning_parser: str | None = None) -> None:
         """`sock`: a socket api_serve.bind made (host and port are then its own), else one is
         bound."""
         # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
@@ -94,6 +94,7 @@ class ChatServer(ThreadingHTTPServer):
         self.next_turns = NextTurns(worker, self.template_kwargs) if warm_next_turn else None
         self.sampling = sampling or DEFAULT_SAMPLING
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
+        self.reasoning_parser = check_parser(reasoning_parser)
         self.created = int(time.time())
         self.is_stopping = False  # set by stop(): connections close after their request
         self._connections = threading.Condition()  # guards the two sets below
@@ -196,8 +197,8 @@ class Handler(JsonHandler):
         prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
         params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
                               vocab_size=worker.engine.loaded.config.vocab_size)
-        outputs = self._answer(body, ChatShape(worker.engine.tokenizer), [prompt_ids], params,
-                               parse_n(body), "messages")
+        shape = chat_shape(worker, prompt_ids, self.server.reasoning_parser)
+        outputs = self._answer(body, shape, [prompt_ids], params, parse_n(body), "messages")
         if outputs and self.server.next_turns is not None:
             self.server.next_turns.after_reply(body, outputs)
 

@@ -101,13 +101,15 @@ def engine_config(device: str) -> dict[str, object]:
 
 
 # Qwen3.5's shape, in brief: an earlier reply's reasoning dropped, a generation prompt that
-# opens <think>
+# opens <think> (or, with enable_thinking false, closes an empty one at once)
 THINKING = (
     "{%- for m in messages %}{%- set c = m['content'] | trim %}"
     "{%- if m['role'] == 'assistant' and '</think>' in c %}"
     "{%- set c = c.split('</think>')[-1] | trim %}{%- endif %}"
     "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
 
 
@@ -116,3 +118,26 @@ def with_template(loaded, template: str):
     tokenizer = copy.copy(loaded.tokenizer)
     tokenizer.chat_template = template
     return dataclasses.replace(loaded, tokenizer=tokenizer)
+
+
+def force_reply(engine, monkeypatch, text: str) -> list[int]:
+    """Have every reply of `engine` be `text` then the end of turn, whatever the model samples:
+    its scheduler is handed those tokens in place of the sampled ones (the host's record of
+    each sequence; the device goes on from what it sampled, and a reply's cache entries with
+    it, so use a fresh engine). `text` is spelt a character at a time (the tiny tokenizer
+    makes `</think>` a special token, which a reply's text leaves out; Qwen3.5's does not).
+    The forced token ids."""
+    tokenizer, scheduler = engine.tokenizer, engine.scheduler
+    ids = [i for ch in text for i in tokenizer.encode(ch, add_special_tokens=False)]
+    ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    postprocess = scheduler.postprocess
+
+    def forcing(batch, tokens):
+        sampled, given = iter(tokens), []
+        for it in (it for it in batch.items if it.needs_logits):
+            token, made = next(sampled), len(it.seq.output_ids)
+            given.append(ids[made] if made < len(ids) and not it.seq.is_finished else token)
+        return postprocess(batch, given)
+
+    monkeypatch.setattr(scheduler, "postprocess", forcing)
+    return ids

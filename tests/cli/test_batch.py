@@ -681,3 +681,34 @@ def test_a_group_s_time_to_first_token_counts_its_wait_for_the_warm_up(loaded, m
     results = run_batch(engine, jobs, lambda record: None)
     assert all(r["cache"]["shared_prefix"]["tokens"] >= 64 for r in results), results
     assert all(r["ttft_ms"] >= 2 * step_s * 1e3 for r in results), [r["ttft_ms"] for r in results]
+
+
+def test_reasoning_parser_splits_each_result(tmp_path, loaded, monkeypatch):
+    """`batch --reasoning-parser qwen3` gives each result the reasoning of its reply (up to
+    `</think>`, which a thinking template's prompt opened) apart from its answer ("text"), as
+    the server does; a line with thinking off is all answer, and without the flag the text is
+    whole."""
+    from statechat.engine.engine import LLMEngine
+    from tests.helpers import THINKING, force_reply, with_template
+
+    reply, forced = "Let me see.</think>\n\nIt is 4.", []
+
+    def load_engine(config):
+        engine = LLMEngine(config, loaded=with_template(loaded, THINKING))
+        forced[:] = force_reply(engine, monkeypatch, reply)
+        return engine
+
+    monkeypatch.setattr(cli_setup, "load_engine", load_engine)
+    ask = {"messages": [{"role": "user", "content": "2+2?"}]}
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"id": "think", **ask}) + "\n" + json.dumps(
+        {"id": "plain", **ask, "chat_template_kwargs": {"enable_thinking": False}}) + "\n")
+    args = ["batch", str(src), "-o", str(out), "--device", "cpu", "--no-cache"]
+    assert CliRunner().invoke(cli.app, [*args, "--reasoning-parser", "qwen3"]).exit_code == 0
+    think, plain = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (think["reasoning"], think["text"]) == ("Let me see.", "\n\nIt is 4.")
+    assert (plain["reasoning"], plain["text"]) == (None, reply)
+    assert think["usage"]["completion_tokens"] == len(forced)  # (the reasoning's count)
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    whole = json.loads(out.read_text().splitlines()[0])
+    assert whole["text"] == reply and "reasoning" not in whole

@@ -26,9 +26,10 @@ ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
     (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs", *SAMPLING_FLAGS,
                *ENGINE_FLAGS]),
     (["batch"], ["--output", "--no-cache", "--seed", "--model", "--chat-template-kwargs",
+                 "--reasoning-parser",
                  *SAMPLING_FLAGS, *ENGINE_FLAGS]),
     (["serve"], ["--host", "--port", "--api-key", "STATECHAT_API_KEY", "--allowed-origins",
-                  "--served-model-name", "--model", "--cache-dir",
+                  "--served-model-name", "--reasoning-parser", "--model", "--cache-dir",
                  "--chat-template-kwargs", *SAMPLING_FLAGS, *ENGINE_FLAGS]),
     (["cache"], ["path", "stats", "ls", "verify", "gc", "clear"]),
     (["cache", "gc"], ["--max-bytes", "--cache-dir"]),
@@ -163,6 +164,10 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
     (["serve", "--chat-template-kwargs", '{"tokenize": false}'],
      "--chat-template-kwargs may not set tokenize"),
+    (["serve", "--reasoning-parser", "deepseek_r1"],
+     "--reasoning-parser must be qwen3, got 'deepseek_r1'"),
+    (["batch", str(EMBEDDED_MODEL / "config.json"), "--reasoning-parser", "Qwen3"],
+     "--reasoning-parser must be qwen3, got 'Qwen3'"),
     (["batch", str(EMBEDDED_MODEL / "config.json"), "--chat-template-kwargs",
       '{"messages": [], "add_generation_prompt": true}'],
      "--chat-template-kwargs may not set add_generation_prompt, messages"),
@@ -585,24 +590,27 @@ def test_serve_refuses_an_allowed_origin_that_is_not_one(monkeypatch):
 
 
 def test_serve_hands_its_own_options_to_the_server(shared_engine, monkeypatch):
-    """--allowed-origins (this machine's pages, by default) and --served-model-name (the
-    folder's name by default) reach the server; an empty name is one line."""
+    """--allowed-origins (this machine's pages, by default), --served-model-name (the
+    folder's name by default) and --reasoning-parser (none by default) reach the server; an
+    empty name is one line."""
     got = {}
 
-    def serve(worker, model_id, *args, allowed_origins=None, **kwargs):
+    def serve(worker, model_id, *args, allowed_origins=None, reasoning_parser=None, **kwargs):
         worker.shutdown()
-        got["origins"], got["name"] = allowed_origins, model_id
+        got["origins"], got["name"], got["parser"] = allowed_origins, model_id, reasoning_parser
 
     monkeypatch.setattr("statechat.api_serve.serve", serve)
     args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL),
             "--port", "0"]
     assert runner.invoke(cli.app, args).exit_code == 0
-    assert got == {"origins": LOCAL_ORIGINS, "name": EMBEDDED_MODEL.name}
+    assert got == {"origins": LOCAL_ORIGINS, "name": EMBEDDED_MODEL.name, "parser": None}
     result = runner.invoke(cli.app, [*args, "--allowed-origins",
                                      "http://a.example, http://b.example",
-                                     "--served-model-name", "my-model"])
+                                     "--served-model-name", "my-model",
+                                     "--reasoning-parser", "qwen3"])
     assert result.exit_code == 0
-    assert got == {"origins": ("http://a.example", "http://b.example"), "name": "my-model"}
+    assert got == {"origins": ("http://a.example", "http://b.example"), "name": "my-model",
+                   "parser": "qwen3"}
     result = runner.invoke(cli.app, [*args, "--served-model-name", " "])
     assert result.exit_code != 0
     assert "--served-model-name must not be empty" in str(result.exception or result.output)
