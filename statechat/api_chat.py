@@ -118,13 +118,14 @@ class ChatShape(Shape):
                         "finish_reason": None})
         if event.output is not None:
             out.append({"index": index, "delta": {}, "logprobs": None,
-                        "finish_reason": finish_reason(event.output)})
+                        "finish_reason": finish_reason(event.output),
+                        "stop_reason": event.output.stop_reason})
         return out
 
     def choice(self, index: int, out: RequestOutput) -> dict:
         return {"index": index, "message": {"role": "assistant", "content": out.text},
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
-                "finish_reason": finish_reason(out)}
+                "finish_reason": finish_reason(out), "stop_reason": out.stop_reason}
 
     def fields(self, outputs: list[RequestOutput]) -> dict:
         first = outputs[0]

@@ -37,6 +37,8 @@ class RequestOutput:
     logprobs: list | None = None  # per token, when asked: (logprob, [(id, logprob)] of the top)
     prompt_logprobs: list | None = None  # per prompt token, when asked: None for the first,
     # then (logprob, [(id, logprob)] of the top, rank)
+    stop_reason: str | int | None = None  # what stopped it (vLLM's): the stop string matched,
+    # or the stop_token_ids token; None for EOS and for any other end
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ def request_output(seq: Sequence) -> RequestOutput:
         cache_plan=seq.cache_plan,
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         prompt_logprobs=prompt_logprobs(seq),
+        stop_reason=seq.stop_reason,
     )
 
 
@@ -116,19 +119,21 @@ def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
 
 def cut_at_stop(seq: Sequence, shown: int) -> bool:
     """Cut seq.text at the first of its stop strings, looking from where a stop could begin in
-    the text past `shown` characters; whether one was found. Not in the first min_tokens
-    tokens, as vLLM's; also in the last token of a reply that ends for another reason."""
+    the text past `shown` characters, and keep the stop matched as seq.stop_reason; whether one
+    was found. Of stops the same text completes, the one that begins first wins (the first
+    listed of those beginning there). Not in the first min_tokens tokens, as vLLM's; also in
+    the last token of a reply that ends for another reason."""
     p = seq.params
     if not p.stop or len(seq.output_ids) <= p.min_tokens:
         return False
     # a stop ending in the new text starts at most its length - 1 before it (each stop its
     # own: a shorter one found further back lay in text already checked, or in the first
     # min_tokens tokens, which are not)
-    found = (seq.text.find(s, max(shown - len(s) + 1, 0)) for s in p.stop)
-    cut = min((i for i in found if i >= 0), default=-1)
+    found = ((seq.text.find(s, max(shown - len(s) + 1, 0)), k) for k, s in enumerate(p.stop))
+    cut, k = min(((i, k) for i, k in found if i >= 0), default=(-1, -1))
     if cut < 0:
         return False
-    seq.text = seq.text[:cut]
+    seq.text, seq.stop_reason = seq.text[:cut], p.stop[k]
     return True
 
 
