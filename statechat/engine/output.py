@@ -6,6 +6,7 @@ Plain Python over a Sequence's fields; the engine calls these as steps return to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,6 +15,9 @@ import numpy as np
 from statechat.engine.logprobs import unpack_logprobs, unpack_scores
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence
+
+PROMPT_CONTEXT = 4  # prompt tokens decoded before a reply's first: they hold at most the 3 bytes
+# of an unfinished character (UTF-8's longest is 4)
 
 
 @dataclass(frozen=True)
@@ -105,16 +109,27 @@ def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
                drop_last: bool = False) -> None:
     """Extend seq.text incrementally (a few tokens decoded per step, not the whole reply);
     a trailing partial UTF-8 character is held back until it completes. `drop_last` (the
-    reply's last token, a stop token) adds no text but counts as turned into text."""
-    ids = seq.output_ids
-    end = len(ids) - drop_last
-    start, read = seq.detok_offsets
-    before = decode(ids[start:read])
-    after = decode(ids[start:end])
-    if final or (len(after) > len(before) and not after.endswith("\ufffd")):
-        seq.text += after[len(before) :]
+    reply's last token, a stop token) adds no text but counts as turned into text.
+
+    Until the first text, the last PROMPT_CONTEXT prompt tokens are decoded before the reply's
+    (vLLM's priming), and the reply's text is what they do not already show: a character whose
+    first bytes end the prompt (a prompt of token ids may end inside one) shows whole, rather
+    than as U+FFFD for the bytes the reply completes it with."""
+    ids, num_prompt = seq.token_ids, seq.num_prompt_tokens
+    end = len(ids) - num_prompt - drop_last
+    start, read = seq.detok_offsets  # (in the reply's ids)
+    if read == 0:
+        start = -min(PROMPT_CONTEXT, num_prompt)
+    before = decode(ids[num_prompt + start : num_prompt + read])
+    after = decode(ids[num_prompt + start : num_prompt + end])
+    # (before shows whole characters, which more bytes leave as they were, except for the
+    # prompt's unfinished one: its U+FFFD gives way to the character)
+    shown = len(before) if after.startswith(before) else len(os.path.commonprefix([before, after]))
+    new = after[shown:]
+    if final or (new and not new.endswith("\ufffd")):
+        seq.text += new
         seq.detok_offsets = (read, end)
-        seq.num_text_tokens = len(ids)
+        seq.num_text_tokens = len(ids) - num_prompt
 
 
 def cut_at_stop(seq: Sequence, shown: int) -> bool:
