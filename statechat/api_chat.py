@@ -136,7 +136,8 @@ class ChatShape(Shape):
                         "finish_reason": None})
         if event.output is not None:
             out.append({"index": index, "delta": {}, "logprobs": None,
-                        "finish_reason": finish_reason(event.output)})
+                        "finish_reason": finish_reason(event.output),
+                        "stop_reason": event.output.stop_reason})
         return out
 
     def _delta(self, index: int, event: StreamEvent) -> dict:
@@ -160,7 +161,7 @@ class ChatShape(Shape):
             message["reasoning"] = message["reasoning_content"] = reasoning
         return {"index": index, "message": message,
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
-                "finish_reason": finish_reason(out)}
+                "finish_reason": finish_reason(out), "stop_reason": out.stop_reason}
 
     def fields(self, outputs: list[RequestOutput]) -> dict:
         first = outputs[0]

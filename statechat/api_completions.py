@@ -166,8 +166,11 @@ class CompletionShape(Shape):
                 logprobs = more if logprobs is None else _joined(logprobs, more)
         if not (text or logprobs or event.output):
             return []
-        return [{"index": index, "text": text, "logprobs": logprobs,
-                 "finish_reason": None if event.output is None else finish_reason(event.output)}]
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+        if event.output is not None:
+            choice.update(finish_reason=finish_reason(event.output),
+                          stop_reason=event.output.stop_reason)
+        return [choice]
 
     def choice(self, index: int, out: RequestOutput) -> dict:
         echo, offsets = self._echo(index, out.prompt_logprobs)
@@ -176,7 +179,7 @@ class CompletionShape(Shape):
             more = completion_logprobs(self.tokenizer, out.token_ids, out.logprobs, offsets)
             logprobs = more if logprobs is None else _joined(logprobs, more)
         choice = {"index": index, "text": echo["text"] + out.text, "logprobs": logprobs,
-                  "finish_reason": finish_reason(out)}
+                  "finish_reason": finish_reason(out), "stop_reason": out.stop_reason}
         if self.prompt_k is not None:
             p = index // self.n
             if p not in self.scored:

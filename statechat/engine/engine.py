@@ -272,9 +272,11 @@ class LLMEngine(Requests):
     def _check_finish(self, seq: Sequence) -> None:
         p, token = seq.params, seq.token_ids[-1]
         reason = None
-        stop_token = (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids
+        is_eos = token in self.eos_ids and not p.ignore_eos
+        stop_token = is_eos or token in p.stop_token_ids
         if stop_token:
             reason = "stop"
+            seq.stop_reason = None if is_eos else token  # (vLLM's: EOS has none)
         elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
         shown = len(seq.text)

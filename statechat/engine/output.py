@@ -6,6 +6,7 @@ Plain Python over a Sequence's fields; the engine calls these as steps return to
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,6 +15,9 @@ import numpy as np
 from statechat.engine.logprobs import unpack_logprobs, unpack_scores
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence
+
+PROMPT_CONTEXT = 4  # prompt tokens decoded before a reply's first: they hold at most the 3 bytes
+# of an unfinished character (UTF-8's longest is 4)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class RequestOutput:
     logprobs: list | None = None  # per token, when asked: (logprob, [(id, logprob)] of the top)
     prompt_logprobs: list | None = None  # per prompt token, when asked: None for the first,
     # then (logprob, [(id, logprob)] of the top, rank)
+    stop_reason: str | int | None = None  # what stopped it (vLLM's): the stop string matched,
+    # or the stop_token_ids token; None for EOS and for any other end
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ def request_output(seq: Sequence) -> RequestOutput:
         cache_plan=seq.cache_plan,
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         prompt_logprobs=prompt_logprobs(seq),
+        stop_reason=seq.stop_reason,
     )
 
 
@@ -102,33 +109,46 @@ def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
                drop_last: bool = False) -> None:
     """Extend seq.text incrementally (a few tokens decoded per step, not the whole reply);
     a trailing partial UTF-8 character is held back until it completes. `drop_last` (the
-    reply's last token, a stop token) adds no text but counts as turned into text."""
-    ids = seq.output_ids
-    end = len(ids) - drop_last
-    start, read = seq.detok_offsets
-    before = decode(ids[start:read])
-    after = decode(ids[start:end])
-    if final or (len(after) > len(before) and not after.endswith("\ufffd")):
-        seq.text += after[len(before) :]
+    reply's last token, a stop token) adds no text but counts as turned into text.
+
+    Until the first text, the last PROMPT_CONTEXT prompt tokens are decoded before the reply's
+    (vLLM's priming), and the reply's text is what they do not already show: a character whose
+    first bytes end the prompt (a prompt of token ids may end inside one) shows whole, rather
+    than as U+FFFD for the bytes the reply completes it with."""
+    ids, num_prompt = seq.token_ids, seq.num_prompt_tokens
+    end = len(ids) - num_prompt - drop_last
+    start, read = seq.detok_offsets  # (in the reply's ids)
+    if read == 0:
+        start = -min(PROMPT_CONTEXT, num_prompt)
+    before = decode(ids[num_prompt + start : num_prompt + read])
+    after = decode(ids[num_prompt + start : num_prompt + end])
+    # (before shows whole characters, which more bytes leave as they were, except for the
+    # prompt's unfinished one: its U+FFFD gives way to the character)
+    shown = len(before) if after.startswith(before) else len(os.path.commonprefix([before, after]))
+    new = after[shown:]
+    if final or (new and not new.endswith("\ufffd")):
+        seq.text += new
         seq.detok_offsets = (read, end)
-        seq.num_text_tokens = len(ids)
+        seq.num_text_tokens = len(ids) - num_prompt
 
 
 def cut_at_stop(seq: Sequence, shown: int) -> bool:
     """Cut seq.text at the first of its stop strings, looking from where a stop could begin in
-    the text past `shown` characters; whether one was found. Not in the first min_tokens
-    tokens, as vLLM's; also in the last token of a reply that ends for another reason."""
+    the text past `shown` characters, and keep the stop matched as seq.stop_reason; whether one
+    was found. Of stops the same text completes, the one that begins first wins (the first
+    listed of those beginning there). Not in the first min_tokens tokens, as vLLM's; also in
+    the last token of a reply that ends for another reason."""
     p = seq.params
     if not p.stop or len(seq.output_ids) <= p.min_tokens:
         return False
     # a stop ending in the new text starts at most its length - 1 before it (each stop its
     # own: a shorter one found further back lay in text already checked, or in the first
     # min_tokens tokens, which are not)
-    found = (seq.text.find(s, max(shown - len(s) + 1, 0)) for s in p.stop)
-    cut = min((i for i in found if i >= 0), default=-1)
+    found = ((seq.text.find(s, max(shown - len(s) + 1, 0)), k) for k, s in enumerate(p.stop))
+    cut, k = min(((i, k) for i, k in found if i >= 0), default=(-1, -1))
     if cut < 0:
         return False
-    seq.text = seq.text[:cut]
+    seq.text, seq.stop_reason = seq.text[:cut], p.stop[k]
     return True
 
 

@@ -48,6 +48,7 @@ class Sequence:
     num_recomputed: int = 0  # tokens it computed, then gave up when preempted
     num_preemptions: int = 0
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string matched or stop token id (vLLM's)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per
     # generated token, when params.logprobs is set: its logprob, [(id, logprob)] of the likeliest
     prompt_logprobs: list = field(default_factory=list)  # when params.prompt_logprobs is set:

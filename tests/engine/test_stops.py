@@ -8,7 +8,9 @@ import torch
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
+from statechat.engine.output import cut_at_stop
 from statechat.engine.sampling import SamplingParams
+from statechat.engine.sequence import Sequence
 from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from tests.helpers import engine_config
@@ -94,3 +96,39 @@ def test_a_stop_string_in_the_first_min_tokens_is_not_found_later(engine):
     cut = full.find(c, shown)
     want = (full[:cut], "stop") if cut >= 0 else (full, "length")
     assert greedy(engine, 40, stop=[c, "\x00never\x00"], min_tokens=m) == want
+
+
+def test_stop_reason_names_the_stop_string_or_token(engine):
+    """vLLM's stop_reason: the stop string matched (of two, the one that begins first, though
+    listed second), or the stop_token_ids token; None for EOS and for a reply cut at
+    max_tokens. A stream's last output carries it too."""
+    full, _ = greedy(engine, 40)
+    # `later` begins inside `stop`: it completes with it, or after
+    i = next(i for i in range(4, 30)
+             if full.count(full[i : i + 2]) == full.count(full[i + 1 : i + 3]) == 1)
+    stop, later = full[i : i + 2], full[i + 1 : i + 3]
+    params = SamplingParams(max_tokens=40, ignore_eos=True, stop=[later, stop])
+    out = engine.generate([PROMPT], params)[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (full[: full.index(stop)], "stop",
+                                                              stop)
+    assert list(engine.stream(PROMPT, params))[-1].output.stop_reason == stop
+    ids = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=8, stop_token_ids=[ids[3]],
+                                                   ignore_eos=True))[0]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[: ids.index(ids[3]) + 1],
+                                                                   "stop", ids[3])
+    eos = min(engine.eos_ids)
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=8, logit_bias={eos: 100},
+                                                   stop_token_ids=[eos]))[0]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    assert (out.finish_reason, out.stop_reason) == ("length", None)
+
+
+def test_of_stops_one_token_completes_the_first_to_begin_is_the_reason():
+    """A token that completes two stops at once: the text is cut at the one that begins first,
+    and that one is the stop_reason, wherever it is listed."""
+    seq = Sequence([1, 2, 3], SamplingParams(stop=["bcd", "abc"]), num_prompt_tokens=2,
+                   text="xxabcdy")
+    assert cut_at_stop(seq, 2)
+    assert (seq.text, seq.stop_reason) == ("xx", "abc")

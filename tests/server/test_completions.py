@@ -306,3 +306,13 @@ def test_refused_fields_and_long_prompts(client):
             client.completions.create(model="m", prompt=prompt, max_tokens=2)
         assert info.value.code == "context_length_exceeded" and info.value.body["param"] == "prompt"
         assert "context limit is 1024" in info.value.message
+
+
+def test_a_prompt_of_ids_that_ends_inside_a_character(client, tokenizer):
+    """A reply that finishes a character the prompt's ids began shows it whole, streamed or
+    not (its last byte alone was U+FFFD)."""
+    ids = tokenizer.encode("state 中")
+    ask = {**GREEDY, "prompt": ids[:-1], "max_tokens": 1, "logit_bias": {str(ids[-1]): 100}}
+    assert client.completions.create(**ask).choices[0].text == "中"
+    chunks = client.completions.create(**ask, stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "中"

@@ -1,0 +1,74 @@
+"""Text made from token ids as they come, with the embedded model's Qwen3.5 tokenizer (byte-level
+BPE: its tiny vocabulary spells CJK, emoji and accents a byte a token): a stream's deltas join to
+the reply's text, no delta shows U+FFFD for a character split across tokens, and a reply whose
+prompt ends inside a character (a prompt of token ids) shows that character whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.output import detokenize, fast_decode, next_event
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.sequence import Sequence, Status
+from statechat.model.loader import load_model
+from statechat.paths import EMBEDDED_MODEL
+
+TEXTS = ["中文 and 日本語", "😀👍 🇺🇸 👨‍👩‍👧", "q\u0307 ñ नमस्ते", "plain words"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+
+
+def streamed(tokenizer, prompt: list[int], reply: list[int]) -> list[str]:
+    """The deltas of `reply`'s tokens coming one a step after `prompt`, as the engine makes
+    them (the last ends the reply)."""
+    decode = fast_decode(tokenizer)
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply)))
+    deltas, sent_text, sent_tokens = [], 0, 0
+    for i, token in enumerate(reply):
+        seq.token_ids.append(token)
+        final = i == len(reply) - 1
+        detokenize(decode, seq, final=final)
+        seq.status = Status.FINISHED if final else seq.status
+        event, sent_text, sent_tokens = next_event(seq, sent_text, sent_tokens)
+        deltas += [event.text] if event is not None else []
+    assert "".join(deltas) == seq.text
+    return deltas
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_deltas_join_to_the_text_and_hold_split_characters(tokenizer, text):
+    ids = tokenizer.encode(text)
+    assert len(ids) > len(text) or text == "plain words"  # (characters split across tokens)
+    deltas = streamed(tokenizer, tokenizer.encode("Hi"), ids)
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+@pytest.mark.parametrize("text", TEXTS[:3])
+def test_a_prompt_that_ends_inside_a_character(tokenizer, text):
+    """Wherever the prompt's ids end (inside a character, too), the reply's text is the rest of
+    the whole text, that character whole: its bytes in the reply gave U+FFFD."""
+    ids = tokenizer.encode(text)
+    for cut in range(1, len(ids) - 1):
+        prompt = tokenizer.decode(ids[:cut])
+        whole = prompt.rstrip("\ufffd")  # (its unfinished character)
+        reply = "".join(streamed(tokenizer, ids[:cut], ids[cut:]))
+        assert whole + reply == text, (cut, prompt, reply)
+
+
+def test_the_engine_shows_the_character_a_prompt_began():
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=256),
+                       loaded=loaded)
+    prompt = engine.tokenizer.encode("Hello 中")[:-1]  # (ends with two of its three bytes)
+    last = engine.tokenizer.encode("中")[-1]
+    params = SamplingParams(max_tokens=1, logit_bias={last: 100})
+    assert engine.generate(prompt, params)[0].text == "中"
+    assert "".join(e.text for e in engine.stream(prompt, params)) == "中"

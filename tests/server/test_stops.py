@@ -1,0 +1,56 @@
+"""Stops through the server, as vLLM's answers them: both APIs, streamed or not, cut the reply
+before its stop string and name what stopped it in `stop_reason` (the string, or the
+stop_token_ids token; null for EOS and for a reply cut at max_tokens), and a stream's text is
+the whole reply's."""
+
+from __future__ import annotations
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
+MESSAGES = [{"role": "user", "content": "Say something about 中文 and 😀."}]
+
+
+def chat(client, stream: bool, **fields) -> tuple[str, str, object]:
+    """(text, finish_reason, stop_reason) of a greedy chat reply."""
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, temperature=0,
+                                           stream=stream, **fields)
+    if not stream:
+        choice = reply.choices[0]
+        return choice.message.content, choice.finish_reason, choice.model_extra["stop_reason"]
+    chunks = [c.choices[0] for c in reply if c.choices]
+    assert all("stop_reason" not in c.model_extra for c in chunks[:-1])  # (the last says)
+    return ("".join(c.delta.content or "" for c in chunks), chunks[-1].finish_reason,
+            chunks[-1].model_extra["stop_reason"])
+
+
+def completion(client, stream: bool, **fields) -> tuple[str, str, object]:
+    """(text, finish_reason, stop_reason) of a greedy text completion."""
+    reply = client.completions.create(model="m", prompt="Say something about 中文",
+                                      temperature=0, stream=stream, **fields)
+    if not stream:
+        choice = reply.choices[0]
+        return choice.text, choice.finish_reason, choice.model_extra["stop_reason"]
+    chunks = [c.choices[0] for c in reply if c.choices]
+    return ("".join(c.text for c in chunks), chunks[-1].finish_reason,
+            chunks[-1].model_extra["stop_reason"])
+
+
+@pytest.mark.parametrize("ask", [chat, completion])
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_reason_names_what_stopped_the_reply(client, ask, stream):
+    full, reason, why = ask(client, False, max_tokens=24, extra_body={"ignore_eos": True})
+    assert (reason, why) == ("length", None)
+    stop = next(full[i : i + 2] for i in range(3, len(full) - 2)
+                if full.count(full[i : i + 2]) == 1 and "\ufffd" not in full[i : i + 2])
+    got = ask(client, stream, max_tokens=24, stop=["\x00never", stop],
+              extra_body={"ignore_eos": True})
+    assert got == (full[: full.index(stop)], "stop", stop)
+    assert ask(client, stream, max_tokens=24, extra_body={"ignore_eos": True}) == (full, "length",
+                                                                                  None)
+    token = 40  # forced, and a stop token
+    got = ask(client, stream, max_tokens=8, logit_bias={str(token): 100},
+              extra_body={"stop_token_ids": [token]})
+    assert got[1:] == ("stop", token)
+    got = ask(client, stream, max_tokens=8, logit_bias={"2": 100})  # (<|im_end|>: EOS)
+    assert got == ("", "stop", None)
