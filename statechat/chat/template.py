@@ -8,6 +8,7 @@ import inspect
 from statechat.errors import ConfigError
 
 ROLES = ("system", "user", "assistant")
+TURN_START = "<|im_start|>"  # (ChatML, Qwen's: where a turn of the prompt begins)
 
 
 def validate_messages(messages: list[dict]) -> None:
@@ -62,10 +63,22 @@ def merge_template_kwargs(defaults: dict | None, own) -> dict | None:
 
 
 def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
-    """Whether a prompt ends inside an opened `<think>` (Qwen3.5's generation prompt does):
-    the reply then begins with reasoning, with no tag of its own before it."""
+    """Whether a prompt ends inside an opened `<think>`: the reply then begins with reasoning,
+    with no tag of its own before it. Qwen3.5's generation prompt ends in one; so does a
+    continued assistant message (continue_final_message) whose last turn, from its
+    `<|im_start|>`, opens `<think>` after any `</think>` (a reasoning prefill, or a reply cut
+    inside its reasoning sent back). A tag in an earlier turn (a user's text) does not count."""
     tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
-    return tail.rstrip().endswith("<think>")
+    if tail.rstrip().endswith("<think>"):
+        return True
+    start = tokenizer.convert_tokens_to_ids(TURN_START)
+    if not isinstance(start, int) or start == tokenizer.unk_token_id:
+        return False
+    turn = next((i for i in range(len(prompt_ids) - 1, -1, -1) if prompt_ids[i] == start), None)
+    if turn is None:
+        return False
+    text = tokenizer.decode(prompt_ids[turn:], skip_special_tokens=False)
+    return text.rfind("<think>") > text.rfind("</think>")
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

@@ -178,12 +178,15 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
     loaded: set[str] = set()
     unknown: list[str] = []  # checkpoint tensors the model has no place for
     parts: dict[str, set[str]] = {}  # fused expert parameter -> per-expert tensors copied into it
+    nested = config.is_multimodal_layout  # (the text model's tensors under model.language_model.)
     for f in files:
         with _reading(f), safe_open(f, framework="pt", device="cpu") as st:
             for name in st.keys():  # noqa: SIM118 - safetensors' handle is not iterable
                 ours = map_name(name, config)
                 if ours is None:
                     continue
+                if ours.startswith("model."):  # (as the files name them: for a missing one)
+                    nested = name.startswith("model.language_model.")
                 if ours in params:
                     target = params[ours]
                     loaded.add(ours)
@@ -221,7 +224,7 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
         else:
             missing.append(n)
     if missing:
-        prefix = "model.language_model." if config.is_multimodal_layout else "model."
+        prefix = "model.language_model." if nested else "model."
         shown = (missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.")
                  else missing[0])
         raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")

@@ -113,3 +113,24 @@ def test_a_prompt_that_opens_the_reasoning_is_told(template, kwargs, opened):
     tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
     tok.chat_template = template or tok.chat_template
     assert opens_thinking(tok, render(tok, TURNS[:2], template_kwargs=kwargs)) is opened
+
+
+@pytest.mark.parametrize("template, last, opened", [
+    (THINKING, {"role": "assistant", "content": "<think>\nHmm, so"}, True),
+    (THINKING, {"role": "assistant", "content": "It is"}, False),
+    (None, {"role": "assistant", "content": "<think>\nHmm, so"}, True),
+    (None, {"role": "assistant", "content": "It is"}, False),
+])
+def test_a_continued_reply_inside_its_reasoning_is_told(template, last, opened):
+    """A reply continued (continue_final_message) while its `<think>` is still open goes on
+    reasoning; one that never opened it goes on answering."""
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    tok.chat_template = template or tok.chat_template
+    ids = render(tok, [*TURNS[:1], last], add_generation_prompt=False)
+    assert opens_thinking(tok, ids) is opened
+
+
+def test_a_tag_in_an_earlier_turn_does_not_open_the_reply():
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)  # (plain ChatML: no thinking)
+    ids = render(tok, [{"role": "user", "content": "what does <think> mean?"}])
+    assert opens_thinking(tok, ids) is False

@@ -186,3 +186,18 @@ def test_triton_backend_matches_reference(moe_dirs):
     finally:
         kernels.set_backend(previous)
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+def test_a_missing_tensor_is_named_as_the_checkpoint_names_its_tensors(moe_dirs, tmp_path):
+    """Under a text-only config.json over a multimodal checkpoint, a missing tensor is named
+    with the `model.language_model.` prefix its files use (the name a user looks for)."""
+    path = shutil.copytree(moe_dirs["qwen3_5_moe"], tmp_path / "m")
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(raw["text_config"],
+                                                      architectures=["Qwen3_5MoeForCausalLM"])))
+    for shard in path.glob("*.safetensors"):
+        tensors = load_file(shard)
+        tensors.pop("model.language_model.norm.weight", None)
+        save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"lacks tensor model\.language_model\.norm\.weight "):
+        load_model(path, dtype=torch.float32)

@@ -195,3 +195,21 @@ def test_the_answer_sent_back_resumes_from_the_next_turns_warm_up(loaded, monkey
         prefix = next_turn_prefix(lambda ms: srv.worker.render(ms, False), history)
     assert len(prefix) >= 2 * 64
     assert usage["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_continued_inside_its_reasoning_goes_on_as_reasoning(server, forced, stream):
+    """continue_final_message on an assistant message whose `<think>` is not closed yet (a
+    reasoning prefill, or a reply cut inside its reasoning sent back): the continuation is
+    reasoning up to the `</think>` it writes, as vLLM reads it, not all content."""
+    messages = [*ASK["messages"], {"role": "assistant", "content": "<think>\nHmm."}]
+    body = {**ASK, "messages": messages, "continue_final_message": True,
+            "add_generation_prompt": False, "stream": stream}
+    reply = post(server, "/v1/chat/completions", body)
+    if stream:
+        deltas = [c["choices"][0]["delta"] for c in reply]
+        got = tuple("".join(d.get(k) or "" for d in deltas) for k in ("reasoning", "content"))
+    else:
+        message = reply["choices"][0]["message"]
+        got = message["reasoning"], message["content"]
+    assert got == ("Let me see.", "\n\nIt is 4.")
