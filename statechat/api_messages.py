@@ -26,7 +26,8 @@ def _content(msg: dict, i: int) -> str:
 
 
 def parse_messages(raw) -> list[dict]:
-    """The body's messages as [{"role", "content"}] (developer is system; text parts joined)."""
+    """The body's messages as [{"role", "content"}] (developer is system; text parts joined; an
+    assistant message's reasoning, sent back, as "reasoning_content")."""
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "messages must be a non-empty array", "messages")
     out = []
@@ -42,8 +43,27 @@ def parse_messages(raw) -> list[dict]:
         if role not in ROLES:
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
                            f"messages[{i}].role")
-        out.append({"role": role, "content": _content(msg, i)})
+        out.append({"role": role, "content": _content(msg, i), **_reasoning(msg, role, i)})
     return out
+
+
+def _reasoning(msg: dict, role: str, i: int) -> dict:
+    """An assistant message's reasoning as the template reads it ({"reasoning_content": text},
+    Qwen's templates render it in the turns after the last user message), from either name a
+    reasoning parser gives it (`reasoning`, `reasoning_content`); {} where there is none."""
+    names = [k for k in ("reasoning_content", "reasoning") if msg.get(k) is not None]
+    if role != "assistant" or not names:
+        return {}
+    text = msg[names[0]]
+    if not isinstance(text, str) or len(names) > 1 and msg[names[1]] != text:
+        raise ApiError(400, f"messages[{i}].{names[-1]} must be a string (and the same text as "
+                            f"{names[0]} where both are given)", f"messages[{i}].{names[-1]}")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ApiError(400, f"messages[{i}].{names[0]} is not valid Unicode (a lone surrogate)",
+                       f"messages[{i}].{names[0]}") from None
+    return {"reasoning_content": text}
 
 
 def continues_final_message(body: dict, messages: list[dict]) -> bool:

@@ -4,7 +4,7 @@ old name `reasoning_content`) holds the reasoning and `content` the answer, whol
 (each delta carries one or the other, both where it spans the tag), for every choice of n; a
 reply cut inside its reasoning is all reasoning with a null content; `enable_thinking: false`
 leaves it all content; logprobs and usage still count every token; /v1/completions and a server
-without the flag give the raw text."""
+without the flag give the raw text; a reasoning sent back reaches the template."""
 
 from __future__ import annotations
 
@@ -13,11 +13,15 @@ import json
 import threading
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from statechat.api_chat import chat_prompt
+from statechat.api_request import ApiError
 from statechat.chat.next_turn import next_turn_prefix
+from statechat.chat.template import render
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.worker import EngineWorker
@@ -213,3 +217,30 @@ def test_a_reply_continued_inside_its_reasoning_goes_on_as_reasoning(server, for
         message = reply["choices"][0]["message"]
         got = message["reasoning"], message["content"]
     assert got == ("Let me see.", "\n\nIt is 4.")
+
+
+# a template that renders an assistant turn's reasoning_content, as Qwen's do after the last
+# user message
+SHOWS_REASONING = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' }}"
+    "{%- if m['reasoning_content'] is string %}"
+    "{{- '<think>\\n' + m['reasoning_content'] + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize("name", ["reasoning", "reasoning_content"])
+def test_reasoning_sent_back_reaches_the_template(loaded, name):
+    """An assistant message's reasoning, sent back under either name the parser gives it,
+    is the template's `reasoning_content` (vLLM passes it on); a reasoning that is not text
+    is a 400 naming it."""
+    tokenizer = with_template(loaded, SHOWS_REASONING).tokenizer
+    worker = SimpleNamespace(render=lambda messages, add, template_kwargs: render(
+        tokenizer, messages, add, template_kwargs))
+    turn = {"role": "assistant", "content": "It is 4.", name: "Let me see."}
+    body = {"messages": [ASK["messages"][0], turn]}
+    text = tokenizer.decode(chat_prompt(worker, body, {}))
+    assert "<think>\nLet me see.\n</think>\n\nIt is 4." in text
+    with pytest.raises(ApiError) as bad:
+        chat_prompt(worker, {"messages": [ASK["messages"][0], {**turn, name: 4}]}, {})
+    assert bad.value.status == 400 and bad.value.param == f"messages[1].{name}"
