@@ -285,18 +285,15 @@ class Handler(JsonHandler):
                 self._log_reuse(out, f"{rid} choice {i}" if many else rid)
 
     def _log_reuse(self, out: RequestOutput, rid: str) -> None:
-        plan = out.cache_plan or {}
-        choice = ""
+        plan, choice = out.cache_plan or {}, ""
         if plan.get("candidate_tokens"):
             choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
                       f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
                       f"{plan['predicted_recompute_s'] * 1e3:.1f} ms")
         if "disk_resident" in plan:
             choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
-        self.log_message(
-            "%s: reused %s of %s prompt tokens%s; computed %s; %s new%s%s", rid,
-            f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}",
-            f" from {out.reused_from}" if out.reused_from else "",
-            f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
-            "; aborted" if out.finish_reason == "abort" else "",
-        )
+        tier = f" from {out.reused_from}" if out.reused_from else ""
+        self.log_message("%s: reused %s of %s prompt tokens%s; computed %s; %s new%s%s", rid,
+                         f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}", tier,
+                         f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
+                         "; aborted" if out.finish_reason == "abort" else "")
