@@ -4,7 +4,9 @@ and their publishing in the device tier. Plain Python over sequences and slots, 
 A prefill chunk asks the kernels for checkpoints at the prompt's last boundary short of its end
 (its very end too for a request of no tokens) and every `interval` blocks; a decode keeps the
 state at each block boundary it crosses (and at the prompt's end, where that is one) in a pending
-slot, published as the reply-end checkpoint when the sequence finishes. A boundary whose hash
+slot, published as the reply-end checkpoint when the sequence finishes (a reply computed again
+after a preemption keeps its last boundary so too; one that crosses an interval checkpoint drops
+the earlier pending state). A boundary whose hash
 already has a checkpoint gets no other, and a checkpoint never waits for a slot: with none free
 it is skipped.
 """
@@ -37,11 +39,21 @@ class CheckpointPolicy:
         marks = {(n - 1) // self.bs * self.bs}
         if seq.params.max_tokens == 0:
             marks.add(n // self.bs * self.bs)
+        # a reply computed again after a preemption: its last boundary short of its end is
+        # where a decode would have left the reply-end checkpoint's pending state
+        resumed = len(seq) // self.bs * self.bs
         targets = []
         first = (start // self.bs + 1) * self.bs
         for b in range(first, end + 1, self.bs):
             wanted = b in marks or (self.interval and b % (self.interval * self.bs) == 0)
-            if not wanted or self.slots.has(seq.block_hashes[b // self.bs - 1]):
+            pending = not wanted and b == resumed and n <= b < len(seq)
+            if not (wanted or pending) or self.slots.has(seq.block_hashes[b // self.bs - 1]):
+                continue
+            if pending:
+                seq.pending_slot = seq.pending_slot or self.slots.allocate() or 0
+                if seq.pending_slot:
+                    seq.pending_tokens = b
+                    targets.append((b - start, seq.pending_slot))
                 continue
             slot = self.slots.allocate()
             if slot is None:
@@ -64,6 +76,10 @@ class CheckpointPolicy:
             slot = self.slots.allocate()
             if slot is not None:
                 self._publish(seq, b, slot)
+                # the reply's end is at or past this checkpoint now: a state pending at an
+                # earlier boundary would be a checkpoint the policy does not keep
+                self.slots.release(seq.pending_slot)
+                seq.pending_slot = seq.pending_tokens = 0
                 return [(seq.slot, slot)]
         if not seq.pending_slot:
             seq.pending_slot = self.slots.allocate() or 0

@@ -234,7 +234,8 @@ class Scheduler(CheckpointPolicy):
             for j in range(full_before, seq.num_computed // self.bs if self.use_cache else 0):
                 self.blocks.register(seq.block_table[j], seq.block_hashes[j])
             for boundary, slot in it.checkpoints:
-                self._publish(seq, it.start + boundary, slot)
+                if slot != seq.pending_slot:  # (a pending state is published when it finishes)
+                    self._publish(seq, it.start + boundary, slot)
             if seq.num_computed % self.bs == 0 and (was_decode or it.needs_logits):
                 copies += self._decode_boundary(seq, prefill=not was_decode)
             if it.needs_logits:
