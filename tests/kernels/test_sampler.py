@@ -2,7 +2,8 @@
 (rows picked out of order through strided index columns, with and without the counts tables,
 padding columns -inf); the same token drawn among candidates from the same noise under every
 mix of top-k, min-p and top-p; and the same token drawn from the logits on, over a vocabulary
-of several chunks, whose candidates the kernels gather chunk by chunk; and the prompt scores
+of several chunks, whose candidates the kernels gather chunk by chunk, and of bf16 logits
+(equal ones ranked by token id in both); and the prompt scores
 of rows of logits (each target's logprob and rank, the k likeliest), from float32 or bf16
 logits of several chunks, as the reference gives them; and the same token drawn over the
 whole vocabulary under min-p and top-p without a sort, from the race's candidates or, when
