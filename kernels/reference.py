@@ -543,6 +543,32 @@ def penalize_logits(
     return x
 
 
+def order_keys(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys [R, V] of float32 values x [R, V] whose descending order is the kernels':
+    larger values first, equal ones by column (the lower first). The value's bits made
+    order-preserving as a signed int (the negative ones' flipped) over 2**31 - 1 - the column,
+    so that one top-k of the keys gives the values and their columns together."""
+    bits = x.float().contiguous().view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    column = torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
+    return (ordered << 32) | (0x7FFFFFFF - column)
+
+
+def key_columns(keys: torch.Tensor) -> torch.Tensor:
+    """The columns (int64) order_keys' keys were made at."""
+    return 0x7FFFFFFF - (keys & 0xFFFFFFFF)
+
+
+def ranked_top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row of x [R, V] (float32), largest first, and their columns
+    ([R, k] each), equal values in column order, the lower columns taken first at the k-th
+    place: the kernels' order, whatever k. (torch's topk orders equal values as its k happens
+    to make it: a seeded draw under top-p, or a logprob table's likeliest tokens, then moved
+    with the k of the other rows of a step.)"""
+    cols = key_columns(order_keys(x).topk(k, dim=-1).values)
+    return x.gather(1, cols), cols
+
+
 def candidate_probs(
     values: torch.Tensor, top_k: torch.Tensor, params: torch.Tensor
 ) -> torch.Tensor:
@@ -602,7 +628,7 @@ def sample_top_k(
     the K likeliest of each row (K = noise.shape[1], at least every row's top_k), then
     draw_candidates with that noise [R, K]. Arguments as those two take them."""
     x = penalize_logits(logits, rows, counts_rows, params, counts, in_prompt, logits.shape[-1])
-    values, cols = x.topk(noise.shape[-1], dim=-1)
+    values, cols = ranked_top_k(x, noise.shape[-1])
     return draw_candidates(values, cols, noise, top_k, params)
 
 
@@ -654,7 +680,8 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
     logit). 0 <= k <= V."""
     x = logits.float()
     logp = x.log_softmax(-1)
-    values, ids = logp.topk(k, dim=-1)
+    ids = ranked_top_k(x, k)[1]
+    values = logp.gather(1, ids)
     rank = (x > x.gather(1, targets[:, None])).sum(1, keepdim=True).float() + 1
     table = torch.cat([logp.gather(1, targets[:, None]), values, ids.float(), rank], 1)
     return table.nan_to_num_(nan=-9999.0).clamp_min_(-9999.0)

@@ -11,7 +11,6 @@ ops. A step's work is planned on the host (Plan), so that sampler_graphs can rep
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -264,22 +263,18 @@ def distribution(x: torch.Tensor, params: list[SamplingParams], rows: Rows | Non
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest values of each row of x [R, V], largest first, and their columns ([R, k]
-    each). A long row is cut into chunks of TOPK_CHUNK columns whose own top-k come first:
-    torch's topk gives each row one program, which leaves most of a GPU idle over a
-    vocabulary."""
+    """The k largest values of each row of x [R, V] (float32), largest first, and their columns
+    ([R, k] each); equal values in column order, the lower columns taken first at the k-th
+    place (kernels.reference.ranked_top_k: the kernels' order, whatever k). A long row is cut
+    into chunks of TOPK_CHUNK columns whose own top-k come first: torch's topk gives each row
+    one program, which leaves most of a GPU idle over a vocabulary."""
     rows, width = x.shape
     if width <= 2 * TOPK_CHUNK or k > TOPK_CHUNK:
-        return x.topk(k, dim=-1)
+        return kernels.reference.ranked_top_k(x, k)
+    keys = kernels.reference.order_keys(x)  # (a key holds its column: no indices to follow)
     pad = -width % TOPK_CHUNK
     if pad:
-        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
-    part = x.view(rows, -1, TOPK_CHUNK).topk(k, dim=-1)  # [R, chunks, k]
-    start = _arange(x.shape[-1] // TOPK_CHUNK, x.device)[:, None] * TOPK_CHUNK
-    values, where = part.values.flatten(1).topk(k, dim=-1)
-    return values, (part.indices + start).flatten(1).gather(1, where)
-
-
-@functools.cache  # (never evicted: a captured graph may read it; few n occur)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(n, device=device)
+        keys = torch.nn.functional.pad(keys, (0, pad), value=-(2**63))
+    part = keys.view(rows, -1, TOPK_CHUNK).topk(k, dim=-1).values  # [R, chunks, k]
+    cols = kernels.reference.key_columns(part.flatten(1).topk(k, dim=-1).values)
+    return x.gather(1, cols), cols

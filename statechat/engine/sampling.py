@@ -15,6 +15,12 @@ from statechat.errors import ConfigError
 MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
 GREEDY_BELOW = 1e-5  # a temperature this small samples greedily (dividing by it overflows)
 TOP_P_TINY = 1.1754943508222875e-38  # float32's smallest normal number: the least top_p taken
+# The sampler divides float32 logits by the temperature and the repetition penalty: past these
+# bounds a value is taken as its bound, which samples as the value's limit does (by 1e39,
+# infinite in float32, a logit became 0, or NaN where it was -inf; a prompt token's logit over
+# 1e-39 became infinite: the draws were token 0), and keeps logits of up to 1e3 finite.
+MAX_TEMPERATURE = 1e30
+PENALTY_BOUNDS = (1e-30, 1e30)  # of the repetition penalty
 MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities of (vLLM's cap)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 MAX_BIAS = 100.0  # a logit bias lies in [-100, 100] (OpenAI's range)
@@ -28,14 +34,14 @@ class SamplingParams:
     only fail inside a step, failing every request of that step, is refused before it is
     queued."""
 
-    temperature: float = 0.0  # below GREEDY_BELOW = greedy
+    temperature: float = 0.0  # below GREEDY_BELOW = greedy; taken as at most MAX_TEMPERATURE
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     min_p: float = 0.0  # drop tokens less likely than min_p x the likeliest; 0 = off
     presence_penalty: float = 0.0  # subtracted from the logit of each token already generated
     frequency_penalty: float = 0.0  # subtracted once per time a token was already generated
     repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of tokens
-    # in the prompt or the output; 1 = off
+    # in the prompt or the output; 1 = off; taken within PENALTY_BOUNDS
     seed: int | None = None  # per-request generator; None = nondeterministic
     max_tokens: int = 256
     min_tokens: int = 0  # EOS (unless ignore_eos) and stop_token_ids are barred, and stop
@@ -56,6 +62,7 @@ class SamplingParams:
         put(self, "temperature", _number("temperature", self.temperature))
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        put(self, "temperature", min(self.temperature, MAX_TEMPERATURE))
         put(self, "top_p", _number("top_p", self.top_p))
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -72,6 +79,8 @@ class SamplingParams:
         put(self, "repetition_penalty", _number("repetition_penalty", self.repetition_penalty))
         if self.repetition_penalty <= 0:
             raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        low, high = PENALTY_BOUNDS
+        put(self, "repetition_penalty", min(max(self.repetition_penalty, low), high))
         put(self, "top_k", _integer("top_k", self.top_k))
         if self.top_k < -1:
             raise ConfigError(f"top_k must be -1 or 0 (off), or a positive count, got {self.top_k}")

@@ -2,7 +2,8 @@
 (rows picked out of order through strided index columns, with and without the counts tables,
 padding columns -inf); the same token drawn among candidates from the same noise under every
 mix of top-k, min-p and top-p; and the same token drawn from the logits on, over a vocabulary
-of several chunks, whose candidates the kernels gather chunk by chunk; and the prompt scores
+of several chunks, whose candidates the kernels gather chunk by chunk, and of bf16 logits
+(equal ones ranked by token id in both); and the prompt scores
 of rows of logits (each target's logprob and rank, the k likeliest), from float32 or bf16
 logits of several chunks, as the reference gives them; and the same token drawn over the
 whole vocabulary under min-p and top-p without a sort, from the race's candidates or, when
@@ -129,6 +130,22 @@ def test_a_row_short_of_finite_logits_keeps_its_draws(device):
     rows = torch.arange(R, device=device)
     args = (logits.to(device), rows, rows, params, None, None, top_k, noise.to(device))
     assert torch.equal(sample_top_k(*args), reference.sample_top_k(*args))
+
+
+def test_sample_top_k_of_equal_logits(device):
+    """bf16 logits (many equal) under top-p: the kernels and the reference rank equal logits
+    by token id alike, so draw the same token from the same noise."""
+    g = torch.Generator().manual_seed(6)
+    logits = (torch.randn(1, V, generator=g) * 3).to(torch.bfloat16).float()
+    logits = logits.expand(16, V).contiguous().to(device)
+    rows = torch.arange(16, device=device)
+    top_p = torch.linspace(0.1, 0.25, 16).tolist()  # (edges between equal logits among them)
+    params = params_of([(4.0, p, -math.inf, 1, 0, 0) for p in top_p], device)
+    top_k = torch.full((16,), 40, device=device)
+    for trial in range(4):
+        noise = torch.empty(16, 40).exponential_(1, generator=g).to(device)
+        args = (logits, rows, rows, params, None, None, top_k, noise)
+        assert torch.equal(sample_top_k(*args), reference.sample_top_k(*args)), trial
 
 
 @pytest.mark.parametrize("K", [1, 7])
@@ -320,9 +337,8 @@ def test_score_logits(device, k, dtype):
     assert got.shape == want.shape == (5, 2 + 2 * k)
     assert torch.allclose(got[:, : 1 + k], want[:, : 1 + k], atol=1e-4, rtol=0)  # logprobs
     assert torch.equal(got[:, -1], want[:, -1])  # ranks
-    ids = got[:, 1 + k : 1 + 2 * k].long()  # (equal values may come in another order: bf16)
-    if dtype == torch.float32:
-        assert torch.equal(ids, want[:, 1 + k : 1 + 2 * k].long())
+    ids = got[:, 1 + k : 1 + 2 * k].long()  # (equal values, bf16's, by token id in both)
+    assert torch.equal(ids, want[:, 1 + k : 1 + 2 * k].long())
     logp = logits.float().log_softmax(-1).clamp_min(-9999)
     assert torch.allclose(logp.gather(1, ids), got[:, 1 : 1 + k], atol=1e-4, rtol=0)
     assert all(len(set(row.tolist())) == k for row in ids)
