@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import sqlite3
 
+import pytest
 import torch
 
 from statechat.cache.store import writer
@@ -80,3 +82,30 @@ def test_a_cause_that_names_each_save_s_file_is_still_one_line(tiny_dirs, tmp_pa
                               "Read-only file system: ")
     assert said[1] == (f"statechat cache: {next(names) - 1} more checkpoints could not be "
                        "persisted ([Errno 30] Read-only file system)")
+
+
+
+@pytest.mark.parametrize("where", ["_write_checkpoint", "_insert_segment"])
+def test_a_save_that_fails_deletes_the_blobs_it_wrote(tiny_dirs, tmp_path, monkeypatch, where):
+    """A disk that fills during a save after its first blob (the checkpoint's blob after the
+    segment's, or SQLite's "database or disk is full" as it writes their rows) left the blobs
+    already written on disk, named by no row: files that took the room a full disk lacks,
+    outside the budget, until someone ran `statechat cache gc`."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    prompt = torch.randint(0, 300, (150,), generator=torch.Generator().manual_seed(8)).tolist()
+
+    def fail(*args, **kwargs):  # (as the disk fails the checkpoint's blob, or index.db's rows)
+        if where == "_write_checkpoint":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(writer.StoreWriter, where, fail)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    store = engine.store
+    engine.generate([prompt], PARAMS)
+    engine.close()
+    assert store.errors > 0
+    assert [p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == []
+    db = sqlite3.connect(tmp_path / "index.db")
+    assert db.execute("SELECT count(*) FROM segments").fetchone() == (0,)
