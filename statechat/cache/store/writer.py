@@ -119,6 +119,7 @@ class StoreWriter(ReuseMarks):
         return True
 
     def _write_loop(self) -> None:
+        self.sweep_leftovers()  # (a crashed writer's temporary and orphan blobs, once a start)
         while True:
             try:
                 job = self.queue.get(timeout=TOUCH_WAIT_S)
