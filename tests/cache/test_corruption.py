@@ -4,6 +4,7 @@ the same tokens as no cache."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -94,6 +95,32 @@ def test_flipped_byte(model, warm_cache, caplog):
     data[-100] ^= 0x40
     blob.write_bytes(bytes(data))
     assert "checksum" in damaged(model, warm_cache, caplog, "flipped byte")
+
+
+def spoil_metadata(blob, metadata) -> None:
+    """Give `blob` a header that is sound JSON with `metadata` as its `__metadata__`."""
+    data = bytearray(blob.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    data[8 : 8 + n] = text + b" " * (n - len(text))
+    blob.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("metadata", ["oops", ["a", "list"], 7])
+def test_a_header_whose_metadata_is_not_an_object(model, warm_cache, caplog, metadata):
+    """A header that is sound JSON with metadata other than an object (garbage that happens to
+    parse) raised AttributeError out of the lookup and out of `cache verify`: tracebacks. It is
+    a damaged blob like any other: a miss and one line; verify drops it."""
+    spoil_metadata(ckpt_blob(warm_cache, 192), metadata)
+    assert "unreadable" in damaged(model, warm_cache, caplog, "metadata")
+    blob = ckpt_blob(warm_cache, 128)
+    spoil_metadata(blob, metadata)
+    store = open_store(warm_cache)
+    report = store.verify()
+    store.close()
+    assert report["removed"] == [blob.relative_to(warm_cache / "blobs").as_posix()], report
 
 
 def test_flipped_byte_found_by_verify_is_dropped_in_its_own_words(warm_cache, caplog):
