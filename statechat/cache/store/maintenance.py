@@ -44,8 +44,8 @@ def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) ->
 
 class StoreMaintenance:
     """StateStore's budget and reports. Works on the store's state (state_store.py): path,
-    blob_dir, db, db_lock, host and budget; `_discard_checkpoint` and `_discard_segment`
-    come from reads.py."""
+    blob_dir, db, db_lock, host and budget; `_discard_checkpoint`, `_discard_segment` and
+    `_unlink_blob` come from reads.py."""
 
     def total_bytes(self) -> int:
         """The bytes of every blob the index has a row for (all models)."""
@@ -97,7 +97,7 @@ class StoreMaintenance:
                     total -= size
                     freed += size
             for blob in gone:
-                (self.blob_dir / blob).unlink(missing_ok=True)
+                self._unlink_blob(blob)
             if total <= max_bytes or len(rows) < EVICT_BATCH:
                 return freed
 
@@ -213,7 +213,7 @@ class StoreMaintenance:
                 self.db.conn.executemany("DELETE FROM checkpoints WHERE hash = ?",
                                          [(h,) for h, _ in dangling])
         for _, blob in dangling if remove else []:
-            (self.blob_dir / blob).unlink(missing_ok=True)
+            self._unlink_blob(blob)
         return [blob for _, blob in dangling]
 
     def _still_indexed(self, table: str, key: str, value: object, blob: str) -> bool:
