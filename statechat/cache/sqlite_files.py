@@ -49,7 +49,9 @@ def open_error(path: Path, e: Exception) -> ConfigError:
         return ConfigError(f"{path} is locked by another process ({why}): a `sqlite3` shell "
                            "inside a transaction, say; try again once it is done")
     if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
-        advice = "move the file away to start afresh"  # (damaged, or not a database)
+        # (damaged, or not a database; it holds the chats too, which moving it away hides)
+        advice = (f"`sqlite3 {path} .recover` saves what is left of it (the chats in it too), "
+                  "or move the file away to start afresh")
     elif is_full(e) or on_full_disk(path.parent):  # (SQLite says "disk I/O error" for some)
         advice = "its disk is full: free some space on it, or pick a cache dir on another disk"
     elif on_read_only_media(path.parent):
