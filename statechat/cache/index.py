@@ -15,7 +15,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.sqlite_files import open_error, open_sqlite
+from statechat.cache.sqlite_files import is_full, on_full_disk, open_error, open_sqlite
 from statechat.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -96,8 +96,8 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
     (the cache commands that only report; as the last connection to close, SQLite may still
     fold a write-ahead log left by a crashed writer into index.db, as its own shell does).
     No index.db yet, or one without the schema (an empty file): an empty index in memory.
-    On read-only media, where SQLite cannot make the WAL's -wal and -shm files, the file is
-    read as immutable, and a warning says if a WAL was left unread."""
+    On read-only media or a full disk, where SQLite cannot make the WAL's -wal and -shm files,
+    the file is read as immutable, and a warning says if a WAL was left unread."""
     if not path.exists():
         if path.parent.exists() and not path.parent.is_dir():
             raise open_error(path, NotADirectoryError())
@@ -116,8 +116,9 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
             except sqlite3.OperationalError as e:
                 conn.close()
-                if ("unable to open" in str(e) or "readonly" in str(e)) and query != "immutable=1":
-                    continue  # (read-only media or files: no -shm file can be made)
+                if query != "immutable=1" and ("unable to open" in str(e) or "readonly" in str(e)
+                                               or is_full(e) or on_full_disk(path.parent)):
+                    continue  # (read-only media or files, a full disk: no -shm file can be made)
                 raise
             except BaseException:
                 conn.close()

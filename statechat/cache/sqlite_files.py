@@ -4,6 +4,7 @@ the file: locked by another process, damaged, or out of reach (permissions, read
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import time
@@ -13,6 +14,7 @@ from typing import TypeVar
 
 from statechat.errors import ConfigError
 
+FULL_BYTES = 1 << 20  # a disk with less room left than this is full (SQLite's files need more)
 OPEN_ATTEMPTS = 20  # tries to open a SQLite file another process holds locked (about 10 s in all)
 T = TypeVar("T")
 
@@ -47,12 +49,35 @@ def open_error(path: Path, e: Exception) -> ConfigError:
         return ConfigError(f"{path} is locked by another process ({why}): a `sqlite3` shell "
                            "inside a transaction, say; try again once it is done")
     if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
-        advice = "move the file away to start afresh"  # (damaged, or not a database)
+        # (damaged, or not a database; it holds the chats too, which moving it away hides)
+        advice = (f"`sqlite3 {path} .recover` saves what is left of it (the chats in it too), "
+                  "or move the file away to start afresh")
+    elif is_full(e) or on_full_disk(path.parent):  # (SQLite says "disk I/O error" for some)
+        advice = "its disk is full: free some space on it, or pick a cache dir on another disk"
     elif on_read_only_media(path.parent):
         advice = "its folder is on a read-only file system: pick a cache dir you can write to"
     else:
         advice = "check the folder's permissions"
     return ConfigError(f"cannot open {path} ({why}); {advice}")
+
+
+def is_full(error: BaseException) -> bool:
+    """Whether `error` says the disk is full (SQLITE_FULL, or an OSError of no space left)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return primary_code(error) == SQLITE_FULL or "database or disk is full" in str(error)
+
+
+def on_full_disk(folder: Path) -> bool:
+    """Whether the file system of `folder` (or of the nearest folder above it that exists) has
+    less than FULL_BYTES left for this user."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # (Windows has no statvfs)
+        return False
+    return st.f_bavail * st.f_frsize < FULL_BYTES
 
 
 def on_read_only_media(folder: Path) -> bool:

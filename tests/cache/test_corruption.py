@@ -4,6 +4,7 @@ the same tokens as no cache."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -94,6 +95,32 @@ def test_flipped_byte(model, warm_cache, caplog):
     data[-100] ^= 0x40
     blob.write_bytes(bytes(data))
     assert "checksum" in damaged(model, warm_cache, caplog, "flipped byte")
+
+
+def spoil_metadata(blob, metadata) -> None:
+    """Give `blob` a header that is sound JSON with `metadata` as its `__metadata__`."""
+    data = bytearray(blob.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    data[8 : 8 + n] = text + b" " * (n - len(text))
+    blob.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("metadata", ["oops", ["a", "list"], 7])
+def test_a_header_whose_metadata_is_not_an_object(model, warm_cache, caplog, metadata):
+    """A header that is sound JSON with metadata other than an object (garbage that happens to
+    parse) raised AttributeError out of the lookup and out of `cache verify`: tracebacks. It is
+    a damaged blob like any other: a miss and one line; verify drops it."""
+    spoil_metadata(ckpt_blob(warm_cache, 192), metadata)
+    assert "unreadable" in damaged(model, warm_cache, caplog, "metadata")
+    blob = ckpt_blob(warm_cache, 128)
+    spoil_metadata(blob, metadata)
+    store = open_store(warm_cache)
+    report = store.verify()
+    store.close()
+    assert report["removed"] == [blob.relative_to(warm_cache / "blobs").as_posix()], report
 
 
 def test_flipped_byte_found_by_verify_is_dropped_in_its_own_words(warm_cache, caplog):
@@ -235,3 +262,33 @@ def test_verify_removes_the_checkpoints_a_damaged_segment_leaves_without_blocks(
     assert db.execute("SELECT count(*) FROM checkpoints").fetchone() == (0,)
     db.close()
     assert open_store(warm_cache).verify()["dangling"] == []
+
+
+@pytest.mark.parametrize("outside", ["absolute", "relative"])
+def test_a_row_naming_a_file_outside_the_cache_never_deletes_it(model, warm_cache, tmp_path_factory,
+                                                               caplog, outside):
+    """index.db is a public schema that people edit with `sqlite3`, and it can be damaged: a
+    row whose blob names a file outside blobs/ ("/home/me/notes.txt", "../../notes.txt") is a
+    damaged entry, and `verify`, a lookup and an eviction drop the row; they deleted the file."""
+    notes = tmp_path_factory.mktemp("home") / "notes.txt"
+    notes.write_text("mine")
+    name = str(notes) if outside == "absolute" else os.path.relpath(notes, warm_cache / "blobs")
+    db = sqlite3.connect(warm_cache / "index.db")
+    with db:
+        db.execute("UPDATE checkpoints SET blob = ? WHERE num_tokens = 192", [name])
+    db.close()
+    out, _ = rerun(model, warm_cache, caplog)  # (a lookup meets the row)
+    assert out.num_cached_tokens < 192 and notes.read_text() == "mine"
+    db = sqlite3.connect(warm_cache / "index.db")
+    with db:
+        db.execute("UPDATE checkpoints SET blob = ?", [name])
+    db.close()
+    store = open_store(warm_cache)
+    assert store.verify()["removed"] and notes.read_text() == "mine"
+    with store.db_lock, store.db.conn:  # (and an eviction of such a row)
+        store.db.execute("INSERT INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
+                         "checksum, created, last_used, hits) VALUES ('ab', 1, 64, ?, 1, '', 0, "
+                         "0, 0)", [name])
+    store.evict_to(0)
+    store.close()
+    assert notes.read_text() == "mine"

@@ -45,3 +45,28 @@ def test_sigkill_while_writing_leaves_a_clean_cache(tiny_dirs, tmp_path):
     cached.close()
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert any(g.num_cached_tokens > 0 for g in got)
+
+
+def test_a_crashed_writer_s_leftover_blobs_go_at_the_next_start(tiny_dirs, tmp_path):
+    """A writer killed mid-save leaves a temporary blob (killed before its rename) or an orphan
+    (killed between the rename and its row): files outside the budget, which stayed until
+    someone ran `statechat cache gc` or `verify`, however many crashes there were. The next
+    engine's writer deletes them as it starts; a young one, another process's save under way
+    on the same cache dir, is left alone."""
+    import os
+
+    blobs = tmp_path / "blobs"
+    old = [blobs / "kv" / f"{'ab' * 16}.safetensors",
+           blobs / "ckpt" / "cd" / f"{'cd' * 32}-{'ef' * 4}.safetensors.{'01' * 16}.tmp"]
+    young = blobs / "kv" / f"{'12' * 16}.safetensors.{'34' * 16}.tmp"
+    for f in [*old, young]:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x" * 100)
+    for f in old:
+        os.utime(f, (1_000_000_000, 1_000_000_000))
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path),
+                       loaded=load_model(path, dtype=torch.float32))
+    engine.close()
+    assert [f.exists() for f in old] == [False, False]
+    assert young.exists()

@@ -5,15 +5,21 @@ counted, and the count is said once when the engine closes."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import os
+import sqlite3
 
+import pytest
 import torch
 
-from statechat.cache.store import writer
+from statechat.cache import index
+from statechat.cache.store import open_store, writer
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
+from statechat.errors import ConfigError
 from statechat.model.loader import load_model
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -80,3 +86,82 @@ def test_a_cause_that_names_each_save_s_file_is_still_one_line(tiny_dirs, tmp_pa
                               "Read-only file system: ")
     assert said[1] == (f"statechat cache: {next(names) - 1} more checkpoints could not be "
                        "persisted ([Errno 30] Read-only file system)")
+
+
+
+@pytest.mark.parametrize("where", ["_write_checkpoint", "_insert_segment"])
+def test_a_save_that_fails_deletes_the_blobs_it_wrote(tiny_dirs, tmp_path, monkeypatch, where):
+    """A disk that fills during a save after its first blob (the checkpoint's blob after the
+    segment's, or SQLite's "database or disk is full" as it writes their rows) left the blobs
+    already written on disk, named by no row: files that took the room a full disk lacks,
+    outside the budget, until someone ran `statechat cache gc`."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    prompt = torch.randint(0, 300, (150,), generator=torch.Generator().manual_seed(8)).tolist()
+
+    def fail(*args, **kwargs):  # (as the disk fails the checkpoint's blob, or index.db's rows)
+        if where == "_write_checkpoint":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(writer.StoreWriter, where, fail)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    store = engine.store
+    engine.generate([prompt], PARAMS)
+    engine.close()
+    assert store.errors > 0
+    assert [p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == []
+    db = sqlite3.connect(tmp_path / "index.db")
+    assert db.execute("SELECT count(*) FROM segments").fetchone() == (0,)
+
+
+def fill(folder) -> None:
+    """Fill the file system of `folder` with a file `filler` in it, to its last byte."""
+    with open(folder / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while f.write(b"\0" * 4096):
+            pass
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A folder on a small file system filled to the last byte (a tmpfs mounted for the test;
+    skipped where this user may not mount one)."""
+    import subprocess
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a small file system here")
+    try:
+        fill(mnt)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_cache_on_a_full_disk_says_the_disk_is_full(full_disk, tmp_path, existing):
+    """An index that cannot be opened on a full disk (SQLite: "database or disk is full", or
+    "disk I/O error" as it makes its shared-memory file) said "check the folder's permissions":
+    it now says the disk is full. The index already there is left as it was, and can be read
+    (as on read-only media: SQLite cannot make its shared-memory file there either)."""
+    cache = full_disk / "cache"
+    if existing:  # (a cache made before the disk filled, its files closed)
+        os.remove(full_disk / "filler")
+        store = open_store(cache)
+        index.model_id(store.db, "ab" * 32, "tiny", "/models/tiny", "float32", 64)
+        store.close()
+        fill(full_disk)
+        before = (cache / "index.db").read_bytes()
+    with pytest.raises(ConfigError) as error:
+        open_store(cache)
+    assert str(error.value).startswith(f"cannot open {cache / 'index.db'} (")
+    assert str(error.value).endswith("its disk is full: free some space on it, or pick a cache "
+                                     "dir on another disk"), error.value
+    if existing:  # (and `cache stats` and `ls` read it: they said the same, and exited)
+        reader = open_store(cache, read_only=True)
+        assert [m["name"] for m in reader.stats()["models"]] == ["tiny"]
+        reader.close()
+        assert (cache / "index.db").read_bytes() == before

@@ -484,7 +484,9 @@ def damage_table(index_db, table: str) -> None:
 def test_a_damaged_index_is_one_line(tmp_path, shared_engine, monkeypatch, capsys):
     """A damaged page in index.db: `verify` and an engine starting on the cache dir (here
     `batch`) say so in one line, exit 2 (they printed a DatabaseError traceback, or verify
-    said every entry was ok while the next lookup crashed)."""
+    said every entry was ok while the next lookup crashed). The line tells how to save what is
+    left of the file, which holds the chats too (it said only to move the file away, which
+    hid them)."""
     cache = warm_cache(tmp_path)
     damage_table(cache / "index.db", "blocks")
     src = tmp_path / "in.jsonl"
@@ -496,7 +498,8 @@ def test_a_damaged_index_is_one_line(tmp_path, shared_engine, monkeypatch, capsy
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and "\n" not in err, (argv, err)
         assert err == (f"statechat: cannot open {cache / 'index.db'} (database disk image is "
-                       "malformed); move the file away to start afresh"), argv
+                       f"malformed); `sqlite3 {cache / 'index.db'} .recover` saves what is left "
+                       "of it (the chats in it too), or move the file away to start afresh"), argv
 
 
 def test_a_file_in_place_of_the_blobs_folder_is_one_line(tmp_path, monkeypatch, capsys):

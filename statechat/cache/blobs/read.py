@@ -105,6 +105,8 @@ def _read_header(fd: int) -> tuple[dict, int, Entries]:
         raise ValueError("bad header length")
     header = json.loads(os.pread(fd, n, 8))
     meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):  # (sound JSON of another shape: damaged all the same)
+        raise ValueError("bad metadata")  # noqa: TRY004 - malformed, as this function says
     entries = {}
     for name, info in header.items():
         dtype, shape, (start, end) = DTYPES[info["dtype"]], info["shape"], info["data_offsets"]

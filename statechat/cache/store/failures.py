@@ -5,13 +5,12 @@ identical warning per checkpoint through its progress bar)."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
 from pathlib import Path
 
-from statechat.cache.sqlite_files import SQLITE_FULL, primary_code
+from statechat.cache.sqlite_files import is_full
 
 log = logging.getLogger("statechat.cache")
 REPEAT_S = 600.0  # a cause's count of failures not shown is said at most this often (and at close)
@@ -61,9 +60,7 @@ class FailedSaves:
 
     def _advice(self, error: Exception) -> str:
         """What to do about `error`, after a semicolon; empty where the error says it."""
-        full = ((isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
-                or primary_code(error) == SQLITE_FULL or "database or disk is full" in str(error))
-        if full:
+        if is_full(error):
             return f"; free some space on the disk of {self.path}, or pick another cache dir"
         return ""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX, BlobError
 from statechat.cache.blobs.read import read_blob
 
+log = logging.getLogger("statechat.cache")
 TMP_MIN_AGE_S = 60.0  # a temporary blob younger than this is a writer's, under way
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
 
@@ -41,8 +44,8 @@ def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) ->
 
 class StoreMaintenance:
     """StateStore's budget and reports. Works on the store's state (state_store.py): path,
-    blob_dir, db, db_lock, host and budget; `_discard_checkpoint` and `_discard_segment`
-    come from reads.py."""
+    blob_dir, db, db_lock, host and budget; `_discard_checkpoint`, `_discard_segment` and
+    `_unlink_blob` come from reads.py."""
 
     def total_bytes(self) -> int:
         """The bytes of every blob the index has a row for (all models)."""
@@ -94,7 +97,7 @@ class StoreMaintenance:
                     total -= size
                     freed += size
             for blob in gone:
-                (self.blob_dir / blob).unlink(missing_ok=True)
+                self._unlink_blob(blob)
             if total <= max_bytes or len(rows) < EVICT_BATCH:
                 return freed
 
@@ -102,6 +105,20 @@ class StoreMaintenance:
         """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
         freed = self.evict_to(self.budget if max_bytes is None else max_bytes)
         return freed + sum(size for _, size in self._remove_orphans())
+
+    def sweep_leftovers(self) -> None:
+        """Delete the temporary blobs and orphan blobs (no row names them) that a writer killed
+        mid-save left, older than the grace period that spares other processes' saves under
+        way: the writer does it as it starts, so a crash's leftovers, outside the budget, do not
+        wait for `statechat cache gc`. Never raises (the disk tier goes on without it)."""
+        try:
+            found = self._remove_orphans()
+        except (OSError, sqlite3.Error) as e:
+            log.info("statechat cache: leftover blobs not swept (%s)", e)
+            return
+        if found:
+            log.info("statechat cache: removed %d leftover blob file(s) of an earlier crash "
+                     "(%d bytes)", len(found), sum(size for _, size in found))
 
     def _remove_orphans(self, min_age_s: float = 60.0,
                         remove: bool = True) -> list[tuple[str, int]]:
@@ -196,7 +213,7 @@ class StoreMaintenance:
                 self.db.conn.executemany("DELETE FROM checkpoints WHERE hash = ?",
                                          [(h,) for h, _ in dangling])
         for _, blob in dangling if remove else []:
-            (self.blob_dir / blob).unlink(missing_ok=True)
+            self._unlink_blob(blob)
         return [blob for _, blob in dangling]
 
     def _still_indexed(self, table: str, key: str, value: object, blob: str) -> bool:

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from statechat.cache import index
-from statechat.cache.blobs.encoding import BlobError
+from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
 from statechat.cache.blobs.residency import resident_fraction
 from statechat.cache.store.lookup import Lookup
@@ -218,7 +218,14 @@ class StoreReads:
         log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
-        (self.blob_dir / blob).unlink(missing_ok=True)
+        self._unlink_blob(blob)
+
+    def _unlink_blob(self, blob: str) -> None:
+        """Delete the file of an index row's `blob`, if it is named as the store names its own
+        (BLOB_NAME): a row damaged or edited to name another file ("/home/me/notes.txt",
+        "../x") loses its row, never that file."""
+        if BLOB_NAME.fullmatch(blob):
+            (self.blob_dir / blob).unlink(missing_ok=True)
 
     def _set_aside(self, blob: str, why: str, then: str = RECOMPUTING) -> None:
         """Leave an unreadable blob out of plans for UNREADABLE_S (a lookup's), or just keep it
@@ -242,4 +249,4 @@ class StoreReads:
             if seg:
                 self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [seg[0]])
                 self.db.execute("DELETE FROM segments WHERE id = ?", [seg[0]])
-        (self.blob_dir / blob).unlink(missing_ok=True)
+        self._unlink_blob(blob)

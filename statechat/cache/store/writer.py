@@ -119,6 +119,7 @@ class StoreWriter(ReuseMarks):
         return True
 
     def _write_loop(self) -> None:
+        self.sweep_leftovers()  # (a crashed writer's temporary and orphan blobs, once a start)
         while True:
             try:
                 job = self.queue.get(timeout=TOUCH_WAIT_S)
@@ -189,12 +190,17 @@ class StoreWriter(ReuseMarks):
         rows = [i for i, b in enumerate(job.blocks) if b[0] not in on_disk]
         new_blocks = [job.blocks[i] for i in rows]
         now = time.time()
-        seg = self._write_segment(job, rows) if new_blocks else None
-        ck = None
-        if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
-            ck = self._write_checkpoint(job)
-        self._pause()
-        missing = self._insert_rows(job, new_blocks, seg, ck, now)
+        seg = ck = None
+        try:  # (a save that fails before its rows, a full disk's, deletes the blobs it wrote)
+            seg = self._write_segment(job, rows) if new_blocks else None
+            if job.ckpt is not None and job.ckpt_hash and not have_ckpt:
+                ck = self._write_checkpoint(job)
+            self._pause()
+            missing = self._insert_rows(job, new_blocks, seg, ck, now)
+        except BaseException:  # (its transaction rolled back: no row names them)
+            for blob in filter(None, (seg, ck)):
+                (self.blob_dir / blob[0]).unlink(missing_ok=True)
+            raise
         if missing:  # (its checkpoint was not indexed, and its blob is not kept)
             self._report_unsaved(job, missing + [job.chain or ""], retry=True)
         self.evict_to(self.budget)
@@ -263,8 +269,8 @@ class StoreWriter(ReuseMarks):
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
             self._mark_used(marks, hits)
-        for name in filter(None, unused):
-            (self.blob_dir / name).unlink(missing_ok=True)
+            for name in filter(None, unused):  # (before the commit: nothing raises after it)
+                (self.blob_dir / name).unlink(missing_ok=True)
         self._forget_touches(marks)
         return list(dict.fromkeys(missing + lost))
 
