@@ -38,6 +38,8 @@ CASES = {  # (no seed, as `statechat run` draws: a seeded step samples eagerly)
     "temperature 0.7, top-p 0.95": {"temperature": 0.7, "top_p": 0.95},
     "temperature 0.7, top-p 0.95, torch's sort": {"temperature": 0.7, "top_p": 0.95, "sort": True},
     "and min-p 0.05, top-k 20": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05, "top_k": 20},
+    "temperature 0.7, top-k 100, top-p 0.95 (top-k past the fused 64)": {
+        "temperature": 0.7, "top_p": 0.95, "top_k": 100},
     "greedy, penalties (presence, frequency, repetition)": {
         "presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
     "greedy, logprobs 5": {"logprobs": 5},
