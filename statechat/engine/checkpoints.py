@@ -88,6 +88,18 @@ class CheckpointPolicy:
         seq.pending_tokens = b
         return [(seq.slot, seq.pending_slot)]
 
+    def drop_targets(self, batch) -> None:
+        """A step that failed before its tokens were read (so is never postprocessed): give
+        back the checkpoint slots its prefill chunks asked for, a reply's pending one too. What
+        they hold is not known to be the state they were to take: published, a later request
+        would resume from it (and the disk tier keep it); kept, they were lost for good."""
+        for it in batch.items:
+            seq = it.seq
+            for _, slot in it.checkpoints:
+                if slot == seq.pending_slot:
+                    seq.pending_slot = seq.pending_tokens = 0
+                self.slots.release(slot)
+
     def _publish(self, seq: Sequence, boundary: int, slot: int) -> None:
         """Register `slot` as the checkpoint at `boundary` of `seq` (freed if one exists)."""
         k = boundary // self.bs

@@ -126,9 +126,8 @@ class LLMEngine(Requests):
         return check_prompt(self.tokenizer, prompt, self.loaded.config.vocab_size,
                             self.max_model_len)
 
-    def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str = ""
-    ) -> Sequence:
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str = "") -> Sequence:
         return self.add_checked(*self.check_prompt(prompt), params, request_id)
 
     def add_checked(
@@ -193,7 +192,7 @@ class LLMEngine(Requests):
         # until the runner waits for sampled tokens (before_wait)
         self._busy(True)
         ahead, self._ahead = self._ahead, None
-        t0 = time.perf_counter()
+        t0, batch = time.perf_counter(), None
         try:
             if ahead is not None and any(not it.seq.is_finished for it in ahead.batch.items):
                 launched = ahead
@@ -210,11 +209,12 @@ class LLMEngine(Requests):
             batch = launched.batch
             if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
                 self._ahead = self.runner.launch(self.scheduler.continuation(batch), after=launched)
-            tokens, logprobs, prompt = self.runner.collect(launched)  # (the step's one
-            # synchronisation)
+            tokens, logprobs, prompt = self.runner.collect(launched)  # (its one synchronisation)
         except BaseException:
             self._busy(False)
             self._ahead = None
+            if batch is not None:  # (its checkpoint targets hold no state anyone computed)
+                self.scheduler.drop_targets(batch)
             raise
         now = time.perf_counter()
         try:

@@ -1,0 +1,89 @@
+"""A step that fails (a device error, an interrupt) before its tokens are read leaves the prefix
+cache as if it had not been asked for: no checkpoint that no step computed (a later request
+would resume from it and answer wrongly), and no state slot kept from the pool for good (the
+cache then reuses nothing, then cannot admit)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+
+REPLY = SamplingParams(max_tokens=80, ignore_eos=True)
+LONG = SamplingParams(max_tokens=30, ignore_eos=True)
+SHORT = SamplingParams(max_tokens=20, ignore_eos=True)  # (100 of prompt and it: one block)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dirs):
+    return load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32)
+
+
+def engine(loaded, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=loaded.path, device="cpu", **kw), loaded=loaded)
+
+
+def prompts(*lengths: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(3, 300, (n,), generator=gen).tolist() for n in lengths]
+
+
+def fail_when(eng: LLMEngine, asks) -> None:
+    """Make the engine's next launch of a batch that `asks(item, slot)` of a checkpoint target
+    fail, its targets left holding zeros (what a slot holds before a step writes it is any
+    earlier user's state)."""
+    launch = eng.runner.launch
+
+    def failing(batch, after=None):
+        targets = [slot for it in batch.items for _, slot in it.checkpoints if asks(it, slot)]
+        if not targets:
+            return launch(batch, after)
+        eng.runner.launch = launch
+        for pool in eng.runner.caches.conv + eng.runner.caches.ssm:
+            pool[targets] = 0
+        raise RuntimeError("device error")
+
+    eng.runner.launch = failing
+
+
+def test_a_recomputed_reply_whose_step_failed_leaves_no_checkpoint(loaded):
+    """A reply preempted past 128 is computed again, and the step that was to keep its state at
+    128 (the reply-end checkpoint's) fails; the request is aborted, as generate and the server
+    abort theirs. The next turn, asked twice, gives the cold tokens: the state at 128 was
+    published unwritten, and the second ask resumed from it."""
+    cached = engine(loaded, num_kv_blocks=6, checkpoint_interval=0)
+    long, prompt = prompts(130, 100)
+    first = cached.add_request(long, REPLY)
+    cached.step()
+    seq = cached.add_request(prompt, REPLY)
+    fail_when(cached, lambda it, slot: slot == it.seq.pending_slot)
+    with pytest.raises(RuntimeError, match="device error"):
+        while cached.has_unfinished():
+            cached.step()
+    cached.abort(first)
+    cached.abort(seq)
+    assert seq.num_preemptions > 0 and len(seq) > 128
+    turn = prompt + cached.output(seq).token_ids + [5, 6, 7]
+    want = engine(loaded, enable_prefix_cache=False).generate([turn], LONG)[0].token_ids
+    assert cached.generate([turn], LONG)[0].token_ids == want
+    again = cached.generate([turn], LONG)[0]
+    assert (again.token_ids, again.num_cached_tokens) == (want, 128)
+
+
+def test_failed_steps_keep_no_state_slot(loaded):
+    """A prefill fails after asking for a checkpoint at 64, with two slots in all (one for a
+    request's state, one for a checkpoint): the prompt asked again twice resumes at 64 the
+    second time."""
+    cached = engine(loaded, num_state_slots=4)
+    (prompt,) = prompts(100)
+    fail_when(cached, lambda it, slot: True)
+    with pytest.raises(RuntimeError, match="device error"):
+        cached.generate([prompt], SHORT)
+    want = engine(loaded, enable_prefix_cache=False).generate([prompt], SHORT)[0].token_ids
+    assert cached.generate([prompt], SHORT)[0].token_ids == want
+    again = cached.generate([prompt], SHORT)[0]
+    assert (again.token_ids, again.num_cached_tokens) == (want, 64)
