@@ -68,6 +68,12 @@ def is_full(error: BaseException) -> bool:
     return primary_code(error) == SQLITE_FULL or "database or disk is full" in str(error)
 
 
+def is_too_large(error: BaseException) -> bool:
+    """Whether `error` says a file may not grow that large (EFBIG: the process's file size
+    limit, RLIMIT_FSIZE, or the file system's largest file)."""
+    return isinstance(error, OSError) and error.errno == errno.EFBIG
+
+
 def on_full_disk(folder: Path) -> bool:
     """Whether the file system of `folder` (or of the nearest folder above it that exists) has
     less than FULL_BYTES left for this user."""

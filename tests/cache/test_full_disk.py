@@ -56,6 +56,29 @@ def test_a_full_disk_is_one_line_and_a_count(tiny_dirs, tmp_path, monkeypatch, c
     assert len(calls) >= len(prompts)
 
 
+def test_a_file_too_large_says_what_to_do(tiny_dirs, tmp_path, monkeypatch, caplog):
+    """A blob larger than a file may be (EFBIG: `ulimit -f`, RLIMIT_FSIZE, or a file system's
+    largest file) is told with what to do, as a full disk is (it was the error alone)."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    prompt = torch.randint(0, 300, (150,), generator=torch.Generator().manual_seed(9)).tolist()
+
+    def write_blob(*args, **kwargs):  # (as os.pwrite fails past RLIMIT_FSIZE, SIGXFSZ ignored)
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(writer, "write_blob", write_blob)
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", cache_dir=tmp_path), loaded=loaded)
+    with caplog.at_level(logging.WARNING, logger="statechat.cache"):
+        engine.generate([prompt], PARAMS)
+        engine.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said[0] == ("statechat cache: could not persist a checkpoint ([Errno 27] File too "
+                       "large); a blob is larger than a file may be there (the file size limit, "
+                       "`ulimit -f`, or the file system's largest file): raise the limit, or "
+                       "pick a cache dir on another file system (further failures like it are "
+                       "counted, not shown)"), said
+
+
 def test_a_cause_that_names_each_save_s_file_is_still_one_line(tiny_dirs, tmp_path,
                                                                monkeypatch, caplog):
     """A cache folder made read-only under a running engine (a disk remounted read-only after

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from statechat.cache.sqlite_files import is_full
+from statechat.cache.sqlite_files import is_full, is_too_large
 
 log = logging.getLogger("statechat.cache")
 REPEAT_S = 600.0  # a cause's count of failures not shown is said at most this often (and at close)
@@ -62,6 +62,10 @@ class FailedSaves:
         """What to do about `error`, after a semicolon; empty where the error says it."""
         if is_full(error):
             return f"; free some space on the disk of {self.path}, or pick another cache dir"
+        if is_too_large(error):
+            return ("; a blob is larger than a file may be there (the file size limit, `ulimit "
+                    "-f`, or the file system's largest file): raise the limit, or pick a cache "
+                    "dir on another file system")
         return ""
 
 
