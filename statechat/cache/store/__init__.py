@@ -13,7 +13,8 @@
     lookup.py       Lookup: the tier of each block and checkpoint, and page-cache shares
     readahead.py    the index's read-ahead, through SQLite's own descriptors
     job.py          SaveJob: a checkpoint and its blocks, as the engine hands them over
-    writer.py       the bounded queue and the writer thread
+    writer.py       the bounded queue and the writer thread: blobs, then their rows
+    rows.py         a save's rows, in one transaction (none for a blob gone meanwhile)
     failures.py     FailedSaves: a warning line per cause of failed saves, then a count
     maintenance.py  the disk budget (LRU eviction) and stats, ls, verify, gc, clear
 """

@@ -259,7 +259,7 @@ class StoreMaintenance:
 
         The files go while the index's write lock is held: an engine in another process that
         has just renamed a blob into place indexes it only after this, in its own transaction,
-        and then finds it gone (writer.py indexes only the blobs still there), so no row is left
+        and then finds it gone (rows.py indexes only the blobs still there), so no row is left
         naming a deleted file. Temporary files younger than `TMP_MIN_AGE_S` are a writer's
         blob under way and are left alone (deleted, its save would fail with a warning)."""
         freed = 0
