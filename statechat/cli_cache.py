@@ -232,8 +232,18 @@ def cache_gc(cache_dir: CacheDirOpt = None,
         raise StatechatError("--max-bytes must be >= 0")
     root = _root(cache_dir)
     _check_writable(root)
-    with _store(root, write=True) as store:
-        typer.echo(f"freed {_size(store.gc(max_bytes) if store else 0)}")
+    freed = _writing(root, "verify", lambda store: store.gc(max_bytes),
+                     lambda: _evict_blobs_first(root, max_bytes))
+    typer.echo(f"freed {_size(freed)}")
+
+
+def _evict_blobs_first(root: Path, max_bytes: int | None) -> tuple[list[str], int]:
+    """(gc on a full disk) The blob files of the rows gc evicts first, deleted, the index read
+    alone: their names and bytes."""
+    from statechat.cache.store.freeing import delete_evicted_blobs
+
+    with _store(root) as store:
+        return delete_evicted_blobs(store, store.budget if max_bytes is None else max_bytes)
 
 
 @cache_app.command(
@@ -252,5 +262,38 @@ def cache_clear(cache_dir: CacheDirOpt = None,
     if not yes and not _confirmed(f"Delete every cache entry in {root}?"):
         typer.echo("Aborted: nothing deleted.", err=True)
         raise typer.Exit(1)
-    with _store(root, write=True) as store:
-        typer.echo(f"freed {_size(store.clear())}")
+    freed = _writing(root, "clear --yes", lambda store: store.clear(),
+                     lambda: _clear_blobs_first(root))
+    typer.echo(f"freed {_size(freed)}")
+
+
+def _clear_blobs_first(root: Path) -> tuple[list[str], int]:
+    """(clear on a full disk) Every blob file deleted, the index untouched: clear's rows go
+    once there is room."""
+    from statechat.cache.store.freeing import delete_blob_files
+
+    return [], delete_blob_files(root / "blobs")
+
+
+def _writing(root: Path, then: str, change, blobs_first) -> int:
+    """`change(store)` (bytes freed) on the cache at `root`, its index written. Where its disk
+    is full (no room for the index's journal), `blobs_first()` deletes blob files first, the
+    index not written (freeing.py), and gives (their names, bytes); then the rows naming them
+    go, and `change` runs. If the disk is still full, one line says to run `then` once there
+    is room. The chats are never touched."""
+    from statechat.cache.sqlite_files import DiskFullError
+
+    try:
+        with _store(root, write=True) as store:
+            return change(store) if store else 0
+    except DiskFullError:
+        names, freed = blobs_first()
+    try:
+        with _store(root, write=True) as store:
+            store.forget_blobs(names)
+            return freed + change(store)
+    except DiskFullError:
+        raise StatechatError(
+            f"the disk of {root} is still full after deleting {_size(freed)} of cache blobs; "
+            f"free some space on it, then `statechat cache {then} --cache-dir {root}` deletes "
+            "the index rows left naming them (the chats are kept)") from None

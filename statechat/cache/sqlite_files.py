@@ -19,6 +19,11 @@ OPEN_ATTEMPTS = 20  # tries to open a SQLite file another process holds locked (
 T = TypeVar("T")
 
 
+class DiskFullError(ConfigError):
+    """A SQLite file that cannot be opened or written: its disk is full (no room for its
+    journal). `statechat cache clear` and `gc` free the cache's blob files first then."""
+
+
 def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
     """`attempt()` (which opens the SQLite file `path`), again while another process holds it
     locked (creating it or switching it to WAL at the same moment, SQLite can answer "locked" at
@@ -53,7 +58,11 @@ def open_error(path: Path, e: Exception) -> ConfigError:
         advice = (f"`sqlite3 {path} .recover` saves what is left of it (the chats in it too), "
                   "or move the file away to start afresh")
     elif is_full(e) or on_full_disk(path.parent):  # (SQLite says "disk I/O error" for some)
-        advice = "its disk is full: free some space on it, or pick a cache dir on another disk"
+        # (every SQLite file of statechat's is a cache dir's index.db: the chats are in it too)
+        return DiskFullError(f"cannot open {path} ({why}); its disk is full: `statechat cache "
+                             f"clear --cache-dir {path.parent}` frees the cache's space (the "
+                             "chats are kept), or free some space on it, or pick a cache dir on "
+                             "another disk")
     elif on_read_only_media(path.parent):
         advice = "its folder is on a read-only file system: pick a cache dir you can write to"
     else:

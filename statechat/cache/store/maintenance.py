@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from statechat.cache import index
-from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX, BlobError
+from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
+from statechat.cache.store.freeing import EVICTION_ORDER, delete_blob_files
 
 log = logging.getLogger("statechat.cache")
-TMP_MIN_AGE_S = 60.0  # a temporary blob younger than this is a writer's, under way
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
 
 
@@ -77,13 +77,8 @@ class StoreMaintenance:
             with self.db_lock, self.db.conn:
                 self.db.execute("BEGIN IMMEDIATE")
                 total = self.total_bytes()
-                rows = self.db.execute(
-                    "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT "
-                    "block_size FROM models WHERE id = c.model_id) FROM checkpoints c "
-                    "UNION ALL SELECT 'kv', id, blob, bytes, last_used, coalesce((SELECT "
-                    "min(position) FROM blocks WHERE segment_id = s.id), 1 << 62) FROM segments "
-                    "s ORDER BY 5, 6 DESC, 1 LIMIT ?",  # (no NULLS FIRST: SQLite < 3.30)
-                    [EVICT_BATCH if total > max_bytes else 0]).fetchall()
+                rows = self.db.execute(EVICTION_ORDER,
+                                       [EVICT_BATCH if total > max_bytes else 0]).fetchall()
                 gone = []
                 for kind, key, blob, size, _, _ in rows:
                     if total <= max_bytes:
@@ -262,23 +257,19 @@ class StoreMaintenance:
         and then finds it gone (rows.py indexes only the blobs still there), so no row is left
         naming a deleted file. Temporary files younger than `TMP_MIN_AGE_S` are a writer's
         blob under way and are left alone (deleted, its save would fail with a warning)."""
-        freed = 0
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             for table in ("checkpoints", "blocks", "segments"):
                 self.db.execute(f"DELETE FROM {table}")
-            files = sorted(self.blob_dir.rglob("*"), reverse=True) if self.blob_dir.exists() else []
-            now = time.time()
-            for f in files:
-                # the store's own files, then the folders they leave empty (another file stays)
-                if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(self.blob_dir).as_posix()):
-                    with contextlib.suppress(FileNotFoundError):  # (another process removed it)
-                        st = f.stat()
-                        if f.name.endswith(TMP_SUFFIX) and now - st.st_mtime < TMP_MIN_AGE_S:
-                            continue
-                        f.unlink()
-                        freed += st.st_size
-                elif f.is_dir() and not any(f.iterdir()):
-                    with contextlib.suppress(OSError):  # (a writer's new file just went in)
-                        f.rmdir()
-        return freed
+            return delete_blob_files(self.blob_dir)
+
+    def forget_blobs(self, blobs: list[str]) -> None:
+        """Delete the rows naming `blobs`, files deleted before them (freeing.py: the blob
+        files of an eviction on a full disk), in one transaction."""
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            names = [(blob,) for blob in blobs]
+            self.db.conn.executemany("DELETE FROM checkpoints WHERE blob = ?", names)
+            self.db.conn.executemany("DELETE FROM blocks WHERE segment_id IN "
+                                     "(SELECT id FROM segments WHERE blob = ?)", names)
+            self.db.conn.executemany("DELETE FROM segments WHERE blob = ?", names)

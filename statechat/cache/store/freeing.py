@@ -1,0 +1,67 @@
+"""Deleting a cache dir's blob files, and freeing its space where its index cannot be written.
+
+On a full disk SQLite has no room for the index's journal, so no row can be deleted: `cache
+clear` and `gc` then delete the blob files first, without the index's write lock, and their
+rows once that room is made (cli_cache.py). A row naming a deleted file meanwhile is a miss
+(reads.py), as after any lost blob; the chats, in the same index.db, are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX
+
+TMP_MIN_AGE_S = 60.0  # a temporary blob younger than this is a writer's, under way
+# the rows an eviction deletes, first to last: least recently used first; ties from a chain's
+# end back (a checkpoint's boundary, a segment's first block), a checkpoint before a segment
+# (no NULLS FIRST: SQLite < 3.30). Rows: (kind, key, blob, bytes, last_used, position).
+EVICTION_ORDER = (
+    "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT block_size FROM models "
+    "WHERE id = c.model_id) FROM checkpoints c UNION ALL SELECT 'kv', id, blob, bytes, "
+    "last_used, coalesce((SELECT min(position) FROM blocks WHERE segment_id = s.id), 1 << 62) "
+    "FROM segments s ORDER BY 5, 6 DESC, 1 LIMIT ?")
+
+
+def delete_blob_files(blob_dir: Path) -> int:
+    """Delete every file under `blob_dir` named as the store names its own (BLOB_NAME), but a
+    temporary blob younger than TMP_MIN_AGE_S (a writer's under way), then the folders they
+    leave empty; the bytes of the files deleted. Another process may delete them meanwhile."""
+    freed, now = 0, time.time()
+    for f in sorted(blob_dir.rglob("*"), reverse=True) if blob_dir.exists() else []:
+        # the store's own files, then the folders they leave empty (another file stays)
+        if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(blob_dir).as_posix()):
+            with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                st = f.stat()
+                if f.name.endswith(TMP_SUFFIX) and now - st.st_mtime < TMP_MIN_AGE_S:
+                    continue
+                f.unlink()
+                freed += st.st_size
+        elif f.is_dir() and not any(f.iterdir()):
+            with contextlib.suppress(OSError):  # (a writer's new file just went in)
+                f.rmdir()
+    return freed
+
+
+def delete_evicted_blobs(store, max_bytes: int) -> tuple[list[str], int]:
+    """Delete the blob files of the rows that `store.evict_to(max_bytes)` would delete, their
+    rows kept (`store`, a StateStore, may be opened read-only: a full disk's); their names and
+    the bytes of the files deleted. `store.forget_blobs(names)` deletes the rows once the index
+    can be written."""
+    with store.db_lock:
+        total = store.total_bytes()
+        rows = store.db.execute(EVICTION_ORDER, [-1]).fetchall()
+    names, freed = [], 0
+    for _, _, blob, size, _, _ in rows:
+        if total <= max_bytes:
+            break
+        total -= size
+        names.append(blob)
+        if BLOB_NAME.fullmatch(blob):  # (a row edited to name another file loses no file)
+            with contextlib.suppress(FileNotFoundError):  # (another process removed it)
+                st = (store.blob_dir / blob).stat()
+                (store.blob_dir / blob).unlink()
+                freed += st.st_size
+    return names, freed

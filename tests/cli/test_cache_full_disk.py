@@ -1,0 +1,157 @@
+"""`statechat cache clear` and `gc` on a full disk: SQLite has no room for the index's journal,
+so the index cannot be opened to write; the commands delete the blob files first, which makes
+the room, then their rows, and the chats in the same index.db are kept. They said the disk was
+full and deleted nothing, which left `rm -rf` of the cache dir, chats and all. `verify` and an
+engine say which command frees the space."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from statechat import cli
+from tests.cli.test_commands import warm_cache
+
+pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this "
+                                                    "build")
+runner = CliRunner()
+
+
+def blob_bytes(cache) -> int:
+    return sum(p.stat().st_size for p in (cache / "blobs").rglob("*.safetensors"))
+
+
+def rows(cache) -> tuple[int, int, int]:
+    db = sqlite3.connect(cache / "index.db")
+    try:
+        return tuple(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                     for t in ("checkpoints", "segments", "blocks"))
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def cache(tmp_path, shared_engine):
+    """A cache dir with blobs and a chat in its index.db."""
+    return chatted(warm_cache(tmp_path))
+
+
+def chatted(cache):
+    """`cache` with a chat titled "kept" in its index.db."""
+    from statechat.chat.tree import open_chats
+
+    chats = open_chats(cache)
+    chats.add(chats.create("kept").id, None, "user", "hello")
+    chats.db.conn.close()
+    return cache
+
+
+def disk_full_while(monkeypatch, full) -> None:
+    """The index's writable open fails as on a full disk (SQLite: "database or disk is full")
+    while `full()` holds: the disk fills up to the cache's blobs."""
+    from statechat.cache import index
+    from statechat.cache.sqlite_files import open_error
+
+    connect = index.connect
+
+    def on_a_full_disk(path):
+        if full():
+            raise open_error(path, sqlite3.OperationalError("database or disk is full"))
+        return connect(path)
+
+    monkeypatch.setattr(index, "connect", on_a_full_disk)
+
+
+def chats_of(cache) -> list[str]:
+    from statechat.chat.tree import open_chats
+
+    chats = open_chats(cache)
+    try:
+        return [c.title for c in chats.conversations()]
+    finally:
+        chats.db.conn.close()
+
+
+@pytest.mark.parametrize("command", [["clear", "--yes"], ["gc", "--max-bytes", "0"]])
+def test_a_cache_on_a_disk_filled_to_its_last_byte_is_freed(tmp_path, shared_engine, command):
+    """On a real full disk (a small tmpfs, filled): SQLite could not open the index to write."""
+    import subprocess
+
+    from tests.cache.test_full_disk import fill
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs", str(mnt)],
+                      capture_output=True, check=False).returncode:
+        pytest.skip("cannot mount a small file system here")
+    try:
+        cache = chatted(warm_cache(mnt))
+        fill(mnt)
+        result = runner.invoke(cli.app, ["cache", *command, "--cache-dir", str(cache)])
+        assert result.exit_code == 0, result.output
+        assert blob_bytes(cache) == 0 and rows(cache) == (0, 0, 0)
+        assert chats_of(cache) == ["kept"]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_clear_on_a_full_disk_deletes_the_blobs_then_their_rows(cache, monkeypatch):
+    held = blob_bytes(cache)
+    disk_full_while(monkeypatch, lambda: blob_bytes(cache) > 0)
+    result = runner.invoke(cli.app, ["cache", "clear", "--yes", "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert blob_bytes(cache) == 0 and rows(cache) == (0, 0, 0)
+    assert held >= 1024 and result.stdout == f"freed {held / 1024:,.1f} KiB\n"
+    assert chats_of(cache) == ["kept"]
+
+
+def test_gc_on_a_full_disk_evicts_the_blobs_then_their_rows(cache, monkeypatch):
+    """gc frees what it evicts as clear does: the files of the least recently used rows, read
+    from the index alone, then those rows; what it keeps is whole (`verify` finds nothing)."""
+    held, (_, num_segments, num_blocks) = blob_bytes(cache), rows(cache)
+    keep = held - 1  # (the chain's last checkpoint goes, its blocks stay)
+    disk_full_while(monkeypatch, lambda: blob_bytes(cache) > keep)
+    result = runner.invoke(cli.app, ["cache", "gc", "--max-bytes", str(keep),
+                                     "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    left = blob_bytes(cache)
+    assert 0 < left <= keep and rows(cache) == (0, num_segments, num_blocks) != (0, 0, 0)
+    assert result.stdout == f"freed {(held - left) / 1024:,.1f} KiB\n"
+    monkeypatch.undo()
+    verify = runner.invoke(cli.app, ["cache", "verify", "--cache-dir", str(cache)])
+    assert verify.exit_code == 0, verify.output  # (no row names a deleted blob, no orphan)
+    assert chats_of(cache) == ["kept"]
+
+
+@pytest.mark.parametrize("command, then", [(["clear", "--yes"], "clear --yes"),
+                                           (["gc", "--max-bytes", "0"], "verify")])
+def test_a_disk_still_full_says_what_to_run(cache, monkeypatch, capsys, command, then):
+    """Deleting the blobs did not make room (the disk is full of other files): one line that
+    says so and what to run once there is room; the chats are kept."""
+    disk_full_while(monkeypatch, lambda: True)
+    monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir", str(cache)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err, err
+    assert err.startswith(f"statechat: the disk of {cache} is still full after deleting ")
+    assert err.endswith(f"of cache blobs; free some space on it, then `statechat cache {then} "
+                        f"--cache-dir {cache}` deletes the index rows left naming them (the "
+                        "chats are kept)")
+    assert blob_bytes(cache) == 0
+    monkeypatch.undo()
+    assert chats_of(cache) == ["kept"]
+
+
+def test_verify_on_a_full_disk_says_which_command_frees_the_space(cache, monkeypatch, capsys):
+    disk_full_while(monkeypatch, lambda: True)
+    monkeypatch.setattr("sys.argv", ["statechat", "cache", "verify", "--cache-dir", str(cache)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"statechat: cannot open {cache / 'index.db'} (database or disk is full); its disk is "
+        f"full: `statechat cache clear --cache-dir {cache}` frees the cache's space (the chats "
+        "are kept), or free some space on it, or pick a cache dir on another disk")
