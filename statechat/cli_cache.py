@@ -225,7 +225,7 @@ def cache_gc(cache_dir: CacheDirOpt = None,
              max_bytes: Annotated[int | None, typer.Option(
                  "--max-bytes", help="Evict least recently used entries until the cache is at "
                                      "most this size (default: the budget, 10% of the free "
-                                     "space of the cache's file system).")] = None) -> None:
+                                     "space and of the cache's own).")] = None) -> None:
     """Evict least recently used entries down to the byte budget, and delete blob files that no
     index row points at."""
     if max_bytes is not None and max_bytes < 0:

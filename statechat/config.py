@@ -76,7 +76,8 @@ class EngineConfig:
     # and a reply that stops costs one more step, and on NPUs, where it has not run yet)
     async_scheduling: bool | None = None
     cache_dir: Path | None = None  # persistent disk tier (None = device tier only)
-    disk_cache_bytes: int | None = None  # disk budget; None = 10% of the free space at start
+    disk_cache_bytes: int | None = None  # disk budget; None = 10% of the free space and
+    # the cache's own blobs, at start
     # host tier between device and disk: a first-in-first-out ring of this many bytes,
     # allocated (pinned on an accelerator) when the engine starts
     host_cache_bytes: int = 4 << 30

@@ -223,3 +223,26 @@ def test_two_processes_evicting_at_once_free_the_overshoot_once(tmp_path):
     assert ours.total_bytes() == budget
     ours.close()
     theirs.close()
+
+
+def test_the_default_budget_counts_the_cache_s_own_bytes(tmp_path, monkeypatch):
+    """The default disk budget is 10% of the free space and of the cache's own blobs: a cache
+    that has filled the space it may use finds the same budget at its next start, not 10% less
+    (and not nothing, on a disk it filled), so a start evicts nothing it kept."""
+    import shutil
+
+    from statechat.cache.store import open_store
+
+    store = open_store(tmp_path, budget_bytes=1 << 30)
+    with store.db.conn:
+        store.db.execute("INSERT INTO models (id, fingerprint, block_size) VALUES (1, 'f', 64)")
+        store.db.execute("INSERT INTO segments (id, model_id, blob, num_blocks, bytes, "
+                         "last_used) VALUES (1, 1, 's1', 1, 100000, ?)", [time.time()])
+    store.close()
+    usage = shutil.disk_usage(tmp_path)
+    for free in (900_000, 0):
+        monkeypatch.setattr(shutil, "disk_usage",
+                            lambda _path, free=free: usage._replace(free=free))
+        again = open_store(tmp_path)
+        assert again.budget == (free + 100_000) // 10
+        again.close()

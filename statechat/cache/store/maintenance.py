@@ -20,13 +20,15 @@ log = logging.getLogger("statechat.cache")
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
 
 
-def default_budget(root: Path) -> int:
-    """10% of the free space of the cache dir's file system (of its nearest existing folder:
-    nothing is created)."""
+def default_budget(root: Path, own_bytes: int = 0) -> int:
+    """10% of the space the cache may count on: the free space of the cache dir's file system
+    (of its nearest existing folder: nothing is created) and `own_bytes`, the cache's own blobs.
+    (Of the free space alone, a cache that filled its budget found a smaller one at each start,
+    and evicted down to it; on a full disk, all of it.)"""
     root = Path(root).absolute()
     while not root.exists() and root != root.parent:
         root = root.parent
-    return int(shutil.disk_usage(root).free * 0.10)
+    return int((shutil.disk_usage(root).free + own_bytes) * 0.10)
 
 
 def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) -> set[str]:

@@ -49,7 +49,8 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.read_only = read_only  # index opened to read alone (index.connect_read_only)
         self.db = (index.connect_read_only if read_only else index.connect)(self.path / INDEX_FILE)
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
-        self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path)
+        self.budget = budget_bytes if budget_bytes is not None else default_budget(
+            self.path, self._own_bytes())
         self.host = HostTier(host_bytes)
         self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
         self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies
@@ -70,6 +71,14 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.engine_idle = threading.Event()  # cleared while the engine launches work
         self.engine_idle.set()
         self._defer_left = 0.0  # what the writer may still wait for the engine in this job
+
+    def _own_bytes(self) -> int:
+        """The bytes of the blobs the index names (0 where it cannot say: a read-only index of
+        no tables yet)."""
+        try:
+            return self.total_bytes()
+        except sqlite3.Error:
+            return 0
 
     def attach(self, fingerprint: str, name: str, model_path: str, dtype: str, block_size: int,
                shapes: dict[str, dict[str, list[int]]], device: torch.device | str = "cpu") -> None:
