@@ -40,6 +40,7 @@ from statechat.cli_cache import cache_app
 from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
+    DiskCacheBytesOpt,
     DtypeOpt,
     FlagsGroup,
     FrequencyPenaltyOpt,
@@ -102,7 +103,7 @@ def run(
     max_tokens: MaxTokensOpt = None,
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
-    dtype: DtypeOpt = None,
+    dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
 ) -> None:
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
@@ -152,7 +153,8 @@ def batch(
     max_tokens: MaxTokensOpt = None, seed: SeedOpt = None,
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
-    dtype: DtypeOpt = None, reasoning_parser: ReasoningParserOpt = None,
+    dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
+    reasoning_parser: ReasoningParserOpt = None,
 ) -> None:
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's

@@ -88,6 +88,10 @@ MemoryFractionOpt = Annotated[float | None, typer.Option(
     "--memory-fraction", help="Share of the accelerator's free memory the KV and GDN state "
     "caches take, in [0.05, 0.98] (default 0.85; on the CPU they take 1 GiB).",
     rich_help_panel=ENGINE)]
+DiskCacheBytesOpt = Annotated[str | None, typer.Option(
+    "--disk-cache-bytes", help="Most the disk cache (--cache-dir) keeps, in bytes or with a "
+    "unit: 500M, 20G, 1T; least recently used entries go first (default: 10% of the free space "
+    "and of the cache's own).", rich_help_panel=ENGINE)]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="float32 | bfloat16 | float16 (default: bfloat16 on accelerators, float32 "
     "on the CPU).", rich_help_panel=ENGINE)]
@@ -143,6 +147,26 @@ def compose_sampling(base: SamplingParams, model: Path, min_max_tokens: int = 1,
         typer.echo(f"statechat: sampling with {', '.join(used)} by default, as the model's "
                    "generation_config.json recommends", err=True)
     return sampling
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str | None) -> int | None:
+    """--disk-cache-bytes' value: a byte count, or a number with a unit of SIZE_UNITS (powers of
+    1024; `20G`, `1.5T`, `500MB`, `64KiB`); None where not given. One line for anything else."""
+    if text is None:
+        return None
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in SIZE_UNITS else ""
+    try:
+        number = float(value[:len(value) - len(unit)])
+    except ValueError:
+        number = -1.0
+    if not 0 <= number * SIZE_UNITS[unit] < 2**63 or not unit and not number.is_integer():
+        raise StatechatError(f"--disk-cache-bytes must be a size such as 500M, 20G or a byte "
+                             f"count, got {text!r:.40}")
+    return int(number * SIZE_UNITS[unit])
 
 
 def parse_template_kwargs(text: str | None) -> dict | None:

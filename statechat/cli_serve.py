@@ -16,6 +16,7 @@ from statechat.api_reasoning import check_parser
 from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
+    DiskCacheBytesOpt,
     DtypeOpt,
     FrequencyPenaltyOpt,
     MaxBatchedTokensOpt,
@@ -65,7 +66,7 @@ def serve(
     max_tokens: MaxTokensOpt = None,
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
-    dtype: DtypeOpt = None,
+    dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
     warm_next_turn: Annotated[bool, typer.Option(help=(
         "While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
         "thinking template drops the reply's reasoning from it, so it is not cached yet)."

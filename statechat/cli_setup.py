@@ -11,11 +11,11 @@ from pathlib import Path
 
 import typer
 
-from statechat.cli_options import compose_sampling
+from statechat.cli_options import compose_sampling, parse_size
 from statechat.errors import StatechatError
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-                "dtype")
+                "dtype", "disk_cache_bytes")
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "max_tokens")
 
@@ -65,8 +65,10 @@ def command_setup(defaults, flags: dict, **sampling):
     """A command's engine config and sampling, from `flags` (its arguments by name: its
     `locals()`) over `defaults`; `sampling`: compose_sampling's other arguments. A bad value is
     one line, before the model loads."""
+    engine = {name: flags.get(name) for name in ENGINE_FLAGS}
+    engine["disk_cache_bytes"] = parse_size(engine["disk_cache_bytes"])
     config = engine_config(flags["model"], flags["cache_dir"], flags["device"], flags["no_cache"],
-                           **{name: flags[name] for name in ENGINE_FLAGS})
+                           **engine)
     return config, compose_sampling(defaults, config.model, **sampling,
                                     **{name: flags[name] for name in SAMPLING_FLAGS})
 

@@ -36,7 +36,7 @@ MIN_STATE_SLOTS = 3
 
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
 FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-               "dtype")
+               "disk_cache_bytes", "dtype")
 # a field's name as a word of its own (not inside a path), dtype only where it leads
 _FIELD_WORD = re.compile(rf"(?<![\w/.-])({'|'.join(FLAG_FIELDS[:-1])})(?![\w/])|^(dtype)\b")
 

@@ -12,13 +12,14 @@ from typer.testing import CliRunner
 
 from statechat import cli, cli_setup
 from statechat.api_http import LOCAL_ORIGINS
+from statechat.errors import StatechatError
 from statechat.paths import EMBEDDED_MODEL
 
 runner = CliRunner()
 SAMPLING_FLAGS = ["--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty",
                   "--frequency-penalty", "--repetition-penalty", "--max-tokens"]
 ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-                "--memory-fraction", "--dtype"]
+                "--memory-fraction", "--dtype", "--disk-cache-bytes"]
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -164,6 +165,10 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
      "--max-model-len 100,000 exceeds the model's 8,192 positions; lower --max-model-len"),
     (["serve", "--chat-template-kwargs", '{"tokenize": false}'],
      "--chat-template-kwargs may not set tokenize"),
+    (["run", "--disk-cache-bytes", "20 gigs"],
+     "--disk-cache-bytes must be a size such as 500M, 20G or a byte count, got '20 gigs'"),
+    (["serve", "--disk-cache-bytes", "-1G"],
+     "--disk-cache-bytes must be a size such as 500M, 20G or a byte count, got '-1G'"),
     (["serve", "--reasoning-parser", "deepseek_r1"],
      "--reasoning-parser must be qwen3, got 'deepseek_r1'"),
     (["batch", str(EMBEDDED_MODEL / "config.json"), "--reasoning-parser", "Qwen3"],
@@ -881,3 +886,21 @@ def test_the_chats_leave_another_program_s_index_db_as_it_is(tmp_path):
                                           "tables: notes."):
         open_chats(tmp_path)
     assert (tmp_path / "index.db").read_bytes() == before
+
+
+@pytest.mark.parametrize("text, size", [
+    ("1048576", 1 << 20), ("500M", 500 << 20), ("20G", 20 << 30), ("1.5t", 3 << 39),
+    ("64KiB", 64 << 10), ("2GB", 2 << 30), ("0", 0), (" 3K ", 3 << 10),
+])
+def test_disk_cache_sizes_are_read_in_powers_of_1024(text, size):
+    from statechat.cli_options import parse_size
+
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "G", "1.5", "1e400G", "10X", "nan", "inf", "-0.5M"])
+def test_a_disk_cache_size_that_is_none_is_one_line(text):
+    from statechat.cli_options import parse_size
+
+    with pytest.raises(StatechatError, match="^--disk-cache-bytes must be a size such as"):
+        parse_size(text)
