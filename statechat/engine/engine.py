@@ -216,7 +216,7 @@ class LLMEngine(Requests):
             if batch is not None:  # (its checkpoint targets hold no state anyone computed)
                 self.scheduler.drop_targets(batch)
             raise
-        now = time.perf_counter()
+        now, posted = time.perf_counter(), False
         try:
             self._time_prefill(batch, t0, now, synchronised=bool(tokens) or prompt is not None)
             updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
@@ -224,7 +224,8 @@ class LLMEngine(Requests):
                 keep_logprobs(batch, logprobs)
             if prompt is not None:
                 keep_prompt_logprobs(batch, self.runner.scored(batch), prompt)
-            self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
+            copies, posted = self.scheduler.postprocess(batch, tokens), True
+            self.runner.copy_slots(copies)
             for seq in updated:
                 if seq.first_token_time is None:
                     seq.first_token_time = now
@@ -238,6 +239,8 @@ class LLMEngine(Requests):
                     updated.append(seq)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         except BaseException:
+            if not posted:  # (its checkpoint slots are neither published nor given back)
+                self.scheduler.drop_targets(batch)
             self._drop_ahead()
             raise
         return updated
