@@ -139,3 +139,24 @@ def test_of_stops_one_token_completes_the_first_to_begin_is_the_reason():
                    text="xxabcdy")
     assert cut_at_stop(seq, 2)
     assert (seq.text, seq.stop_reason) == ("xx", "abc")
+
+
+def test_a_stop_token_on_the_last_token_allowed_ends_with_stop(engine):
+    """A stop token (or EOS) sampled as the max_tokens-th token, or as the token that fills the
+    context, ends the reply with "stop" and its stop_reason, its text dropped, as one sampled
+    earlier does (vLLM's order: stop tokens before length; the model ended it of itself)."""
+    ids = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    k = next(k for k in range(7, 0, -1) if ids[k] not in ids[:k])
+    before = engine.generate([PROMPT], SamplingParams(max_tokens=k, ignore_eos=True))[0]
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=k + 1, ignore_eos=True,
+                                                   stop_token_ids=[ids[k]]))[0]
+    assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == (
+        ids[: k + 1], before.text, "stop", ids[k])
+    eos = engine.tokenizer.eos_token_id
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=1, logit_bias={eos: 100}))[0]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    full = list(range(3, 3 + engine.max_model_len - 1))  # (one token of room left)
+    out = engine.generate([full], SamplingParams(max_tokens=9, logit_bias={eos: 100}))[0]
+    assert (out.token_ids, out.finish_reason) == ([eos], "stop")
+    out = engine.generate([full], SamplingParams(max_tokens=9, ignore_eos=True))[0]
+    assert (len(out.token_ids), out.finish_reason) == (1, "length")

@@ -60,3 +60,8 @@ def test_stop_reason_names_what_stopped_the_reply(client, ask, stream):
     # (<|endoftext|>: generation_config.json's other EOS id, a stop token as vLLM takes it)
     got = ask(client, stream, max_tokens=8, logit_bias={"0": 100})
     assert got == ("", "stop", 0)
+    # a stop token as the last token max_tokens allows: "stop", not "length" (vLLM's order)
+    assert ask(client, stream, max_tokens=1, logit_bias={"2": 100}) == ("", "stop", None)
+    got = ask(client, stream, max_tokens=1, logit_bias={str(token): 100},
+              extra_body={"stop_token_ids": [token]})
+    assert got == ("", "stop", token)
