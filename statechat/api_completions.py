@@ -132,7 +132,8 @@ def parse_completion(body: dict, worker: EngineWorker,
 
 class CompletionShape(Shape):
     """Choices of a text completion: `text` (the echoed prompt first, with echo) and the legacy
-    `logprobs` object; a stream sends text deltas, the last with its finish_reason."""
+    `logprobs` object; a stream sends text deltas, the last with its finish_reason (and each
+    with a stop_reason, null until the last, as vLLM's)."""
 
     object = chunk_object = "text_completion"
     id_prefix = "cmpl"
@@ -151,7 +152,7 @@ class CompletionShape(Shape):
             # prompt's: the first delta)
             return []
         return [{"index": index, "text": self.echoes[index // self.n], "logprobs": None,
-                 "finish_reason": None}]
+                 "finish_reason": None, "stop_reason": None}]
 
     def deltas(self, index: int, event: StreamEvent) -> list[dict]:
         text, logprobs = event.text, None
@@ -166,7 +167,9 @@ class CompletionShape(Shape):
                 logprobs = more if logprobs is None else _joined(logprobs, more)
         if not (text or logprobs or event.output):
             return []
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+        # (stop_reason on every chunk, null until the last: vLLM's completions stream)
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None,
+                  "stop_reason": None}
         if event.output is not None:
             choice.update(finish_reason=finish_reason(event.output),
                           stop_reason=event.output.stop_reason)

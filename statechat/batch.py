@@ -3,7 +3,8 @@
 Input: see batch_lines (one JSON request a line).
 Output, one line per input line, in input order:
     {"id", "text" (with --reasoning-parser: the answer, and "reasoning" beside it),
-     "finish_reason",
+     "finish_reason", "stop_reason" (vLLM's: the stop string or stop token id that ended it,
+     null for the tokenizer's EOS and any other end),
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan", and for a request of a group
      sharing a prefix (below) "shared_prefix": {"tokens", "reused_tokens", "reused_from",
@@ -90,6 +91,7 @@ def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | Non
         "text": out.text,
         **split,
         "finish_reason": out.finish_reason,
+        "stop_reason": out.stop_reason,
         "usage": {
             "prompt_tokens": out.num_prompt_tokens,
             "cached_tokens": out.num_cached_tokens,

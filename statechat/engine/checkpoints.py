@@ -89,10 +89,11 @@ class CheckpointPolicy:
         return [(seq.slot, seq.pending_slot)]
 
     def drop_targets(self, batch) -> None:
-        """A step that failed before its tokens were read (so is never postprocessed): give
-        back the checkpoint slots its prefill chunks asked for, a reply's pending one too. What
-        they hold is not known to be the state they were to take: published, a later request
-        would resume from it (and the disk tier keep it); kept, they were lost for good."""
+        """A step that failed before it was postprocessed (before its tokens were read, or
+        after, before `postprocess`): give back the checkpoint slots its prefill chunks asked
+        for, a reply's pending one too. What they hold is not known to be the state they were
+        to take: published, a later request would resume from it (and the disk tier keep it);
+        kept, they were lost for good."""
         for it in batch.items:
             seq = it.seq
             for _, slot in it.checkpoints:

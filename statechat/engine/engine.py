@@ -63,9 +63,11 @@ class LLMEngine(Requests):
         num_blocks, num_slots = cache_sizes(config, loaded)
         bs = config.block_size
         self.max_model_len = context_limit(config, loaded, num_blocks)
-        self.eos_ids = set(mc.eos_token_ids)
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            self.eos_ids.add(self.tokenizer.eos_token_id)
+        # the tokenizer's EOS ends a reply with no stop_reason; the model's others (a list in
+        # generation_config.json: Qwen's <|endoftext|> beside <|im_end|>) end it as stop
+        # tokens do, naming their id (vLLM's)
+        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_ids = set(mc.eos_token_ids) | {self.eos_token_id} - {None}
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype),
                                              bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
@@ -216,7 +218,7 @@ class LLMEngine(Requests):
             if batch is not None:  # (its checkpoint targets hold no state anyone computed)
                 self.scheduler.drop_targets(batch)
             raise
-        now = time.perf_counter()
+        now, posted = time.perf_counter(), False
         try:
             self._time_prefill(batch, t0, now, synchronised=bool(tokens) or prompt is not None)
             updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
@@ -224,7 +226,8 @@ class LLMEngine(Requests):
                 keep_logprobs(batch, logprobs)
             if prompt is not None:
                 keep_prompt_logprobs(batch, self.runner.scored(batch), prompt)
-            self.runner.copy_slots(self.scheduler.postprocess(batch, tokens))
+            copies, posted = self.scheduler.postprocess(batch, tokens), True
+            self.runner.copy_slots(copies)
             for seq in updated:
                 if seq.first_token_time is None:
                     seq.first_token_time = now
@@ -238,6 +241,8 @@ class LLMEngine(Requests):
                     updated.append(seq)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         except BaseException:
+            if not posted:  # (its checkpoint slots are neither published nor given back)
+                self.scheduler.drop_targets(batch)
             self._drop_ahead()
             raise
         return updated
@@ -274,9 +279,10 @@ class LLMEngine(Requests):
         reason = None
         is_eos = token in self.eos_ids and not p.ignore_eos
         stop_token = is_eos or token in p.stop_token_ids
-        if stop_token:
+        if stop_token:  # (before length: a stop token sampled as the last token allowed is the
+            # model's own end, "stop", and its text is dropped; vLLM's check_stop so orders)
             reason = "stop"
-            seq.stop_reason = None if is_eos else token  # (vLLM's: EOS has none)
+            seq.stop_reason = None if is_eos and token == self.eos_token_id else token
         elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
         shown = len(seq.text)

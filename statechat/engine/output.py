@@ -114,22 +114,32 @@ def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
     Until the first text, the last PROMPT_CONTEXT prompt tokens are decoded before the reply's
     (vLLM's priming), and the reply's text is what they do not already show: a character whose
     first bytes end the prompt (a prompt of token ids may end inside one) shows whole, rather
-    than as U+FFFD for the bytes the reply completes it with."""
+    than as U+FFFD for the bytes the reply completes it with.
+
+    Tokens that decode to nothing (special tokens, which decode skips) are left out of the
+    next decodes unless they follow bytes held back: a run of them costs a token's decode a
+    step, not the run's (a reply of special tokens alone decoded all of it at every step)."""
     ids, num_prompt = seq.token_ids, seq.num_prompt_tokens
     end = len(ids) - num_prompt - drop_last
-    start, read = seq.detok_offsets  # (in the reply's ids)
+    # (in the reply's ids) the context [start, read) shows text already made; [read, gap)
+    # added none and is left out; [gap, end) is decoded after the context
+    start, read, gap = seq.detok_offsets
     if read == 0:
         start = -min(PROMPT_CONTEXT, num_prompt)
-    before = decode(ids[num_prompt + start : num_prompt + read])
-    after = decode(ids[num_prompt + start : num_prompt + end])
+    context = ids[num_prompt + start : num_prompt + read]
+    before = decode(context)
+    after = decode(context + ids[num_prompt + gap : num_prompt + end])
     # (before shows whole characters, which more bytes leave as they were, except for the
     # prompt's unfinished one: its U+FFFD gives way to the character)
     shown = len(before) if after.startswith(before) else len(os.path.commonprefix([before, after]))
     new = after[shown:]
     if final or (new and not new.endswith("\ufffd")):
         seq.text += new
-        seq.detok_offsets = (read, end)
+        seq.detok_offsets = (gap, end, end)
         seq.num_text_tokens = len(ids) - num_prompt
+    elif after == before and not decode(ids[num_prompt + gap : num_prompt + end]):
+        seq.detok_offsets = (start, read, end)  # (no bytes among them: a byte that goes on
+        # a character still held back may add nothing either, yet is kept)
 
 
 def cut_at_stop(seq: Sequence, shown: int) -> bool:

@@ -56,7 +56,8 @@ class Sequence:
     # [(id, logprob)] of the likeliest, rank)
     text: str = ""  # detokenized output so far
     num_text_tokens: int = 0  # output tokens already turned into `text`
-    detok_offsets: tuple[int, int] = (0, 0)  # incremental detokenizer: (context start, read end)
+    detok_offsets: tuple[int, int, int] = (0, 0, 0)  # incremental detokenizer: (context start,
+    # read end, end of the tokens past it that made no text) (output.detokenize)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None  # when its latest token was sampled (perf_counter)

@@ -96,8 +96,8 @@ def test_batch_stdout_and_missing_input(tmp_path, shared_engine, monkeypatch, ca
                                           "--device", "cpu", "--no-cache", "--max-tokens", "4"])
     assert result.exit_code == 0
     record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "usage",
-                                                   "ttft_ms", "cache"}
+    assert record["id"] == "x" and set(record) == {"id", "text", "finish_reason", "stop_reason",
+                                                   "usage", "ttft_ms", "cache"}
     assert record["cache"] == {"reused_from": None, "reused_by_tier": {}, "plan": None}
     monkeypatch.setattr("sys.argv", ["statechat", "batch", str(tmp_path / "missing.jsonl")])
     with pytest.raises(SystemExit) as exit_info:
@@ -127,6 +127,7 @@ def test_a_line_sets_its_own_sampling(tmp_path, shared_engine):
     top1, stop, seeded, again, bad = [json.loads(line) for line in out.read_text().splitlines()]
     assert top1["text"] == greedy
     assert stop["text"] == greedy[:4] and stop["finish_reason"] == "stop"
+    assert stop["stop_reason"] == greedy[4:8] and top1["stop_reason"] is None
     assert seeded["text"] == again["text"]
     # (-1 is off, as 0 is: "must be >= 0" was wrong about it)
     assert bad["error"]["message"] == "top_k must be -1 or 0 (off), or a positive count, got -2"
@@ -715,3 +716,24 @@ def test_reasoning_parser_splits_each_result(tmp_path, loaded, monkeypatch):
     assert CliRunner().invoke(cli.app, args).exit_code == 0
     whole = json.loads(out.read_text().splitlines()[0])
     assert whole["text"] == reply and "reasoning" not in whole
+
+
+def test_a_stop_token_on_the_last_token_allowed_ends_with_stop(tmp_path, shared_engine):
+    """The EOS or a stop token sampled as the max_tokens-th token ends the reply with "stop"
+    (and its stop_reason), as the engine and the server report it, not "length"; the other
+    EOS id of generation_config.json (<|endoftext|>, 0) is named as a stop token."""
+    user = {"messages": [{"role": "user", "content": words(9, 10)}], "max_tokens": 1}
+    lines = [{"id": "eos", **user, "logit_bias": {"2": 100}},
+             {"id": "other", **user, "logit_bias": {"0": 100}},
+             {"id": "stop", **user, "logit_bias": {"40": 100}, "stop_token_ids": [40]},
+             {"id": "cut", **user, "logit_bias": {"40": 100}}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    args = ["batch", str(src), "-o", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
+            "--no-cache"]
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    got = {r["id"]: (r["finish_reason"], r["stop_reason"], r["text"])
+           for r in map(json.loads, out.read_text().splitlines())}
+    assert got["eos"] == ("stop", None, "") and got["other"] == ("stop", 0, "")
+    assert got["stop"] == ("stop", 40, "") and got["cut"][:2] == ("length", None)
+    assert got["cut"][2]  # (token 40 has text: kept where it is no stop)

@@ -72,3 +72,52 @@ def test_the_engine_shows_the_character_a_prompt_began():
     params = SamplingParams(max_tokens=1, logit_bias={last: 100})
     assert engine.generate(prompt, params)[0].text == "中"
     assert "".join(e.text for e in engine.stream(prompt, params)) == "中"
+
+
+def counting(decode, lengths: list[int]):
+    """`decode`, noting the number of ids of each call in `lengths`."""
+    def counted(ids: list[int]) -> str:
+        lengths.append(len(ids))
+        return decode(ids)
+    return counted
+
+
+def test_special_tokens_cost_a_token_each(tokenizer):
+    """A run of tokens that decode to nothing (special tokens, skipped) is not decoded again at
+    every step after it: each decode holds a few ids, however long the run (a reply of 300 once
+    passed 300 ids at its last step). The text around them, and a character the prompt began,
+    come out as a whole decode gives them."""
+    special = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    lengths: list[int] = []
+    decode = counting(fast_decode(tokenizer), lengths)
+    seq = Sequence(tokenizer.encode("Hi"), SamplingParams(max_tokens=300))
+    for i in range(300):
+        seq.token_ids.append(special)
+        detokenize(decode, seq, final=i == 299)
+    assert seq.text == "" and max(lengths) <= 4 + 1, max(lengths)
+    ids = tokenizer.encode("Hello 中文 and 😀")
+    prompt, rest = ids[:-1], ids[-1:]  # (the emoji's last byte ends it)
+    reply = [special] * 50 + rest + [special] * 50 + tokenizer.encode(" x") + [special] * 50
+    lengths.clear()
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply)))
+    for i, token in enumerate(reply):
+        seq.token_ids.append(token)
+        detokenize(decode, seq, final=i == len(reply) - 1)
+    assert tokenizer.decode(prompt).endswith("and \ufffd")
+    assert seq.text == "😀 x"
+    assert max(lengths) <= 4 + 3, max(lengths)
+
+
+def test_the_engine_decodes_a_reply_of_special_tokens_in_bounded_steps():
+    """A reply forced to a special token (logit_bias, ignore_eos) has no text, and no step's
+    decode grows with it."""
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=256),
+                       loaded=loaded)
+    special = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    lengths: list[int] = []
+    engine._decode = counting(engine._decode, lengths)
+    params = SamplingParams(max_tokens=120, logit_bias={special: 100}, ignore_eos=True)
+    out = engine.generate(engine.tokenizer.encode("Hello"), params)[0]
+    assert (out.text, out.token_ids) == ("", [special] * 120)
+    assert len(lengths) >= 240 and max(lengths) <= 4 + 1, max(lengths)

@@ -1,7 +1,8 @@
-"""A step that fails (a device error, an interrupt) before its tokens are read leaves the prefix
-cache as if it had not been asked for: no checkpoint that no step computed (a later request
-would resume from it and answer wrongly), and no state slot kept from the pool for good (the
-cache then reuses nothing, then cannot admit)."""
+"""A step that fails (a device error, an interrupt) before its tokens are read, or after but
+before they are taken in, leaves the prefix cache as if it had not been asked for: no
+checkpoint that no step computed (a later request would resume from it and answer wrongly),
+and no state slot kept from the pool for good (the cache then reuses nothing, then cannot
+admit)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,34 @@ def test_failed_steps_keep_no_state_slot(loaded):
     fail_when(cached, lambda it, slot: True)
     with pytest.raises(RuntimeError, match="device error"):
         cached.generate([prompt], SHORT)
+    want = engine(loaded, enable_prefix_cache=False).generate([prompt], SHORT)[0].token_ids
+    assert cached.generate([prompt], SHORT)[0].token_ids == want
+    again = cached.generate([prompt], SHORT)[0]
+    assert (again.token_ids, again.num_cached_tokens) == (want, 64)
+
+
+def test_a_step_failing_after_its_read_gives_its_checkpoint_slots_back(loaded):
+    """The step's tokens are read, then (before the scheduler takes them in) an interrupt: the
+    checkpoint slot its prefill asked for at 64 comes back to the pool once the request is
+    aborted, as generate aborts it; with two slots in all, the prompt asked again twice still
+    resumes at 64 the second time (the leaked slot left none for a checkpoint)."""
+    cached = engine(loaded, num_state_slots=4)
+    (prompt,) = prompts(100)
+    idle = cached.scheduler.slots.num_available
+    time_prefill = cached._time_prefill
+
+    def failing(batch, *args, **kwargs):
+        if any(it.checkpoints for it in batch.items):
+            cached._time_prefill = time_prefill
+            raise KeyboardInterrupt
+        return time_prefill(batch, *args, **kwargs)
+
+    cached._time_prefill = failing
+    with pytest.raises(KeyboardInterrupt):
+        cached.generate([prompt], SHORT)
+    assert cached._time_prefill is time_prefill  # (it failed where meant to)
+    assert not cached.has_unfinished()
+    assert cached.scheduler.slots.num_available == idle
     want = engine(loaded, enable_prefix_cache=False).generate([prompt], SHORT)[0].token_ids
     assert cached.generate([prompt], SHORT)[0].token_ids == want
     again = cached.generate([prompt], SHORT)[0]

@@ -100,8 +100,9 @@ def test_a_stop_string_in_the_first_min_tokens_is_not_found_later(engine):
 
 def test_stop_reason_names_the_stop_string_or_token(engine):
     """vLLM's stop_reason: the stop string matched (of two, the one that begins first, though
-    listed second), or the stop_token_ids token; None for EOS and for a reply cut at
-    max_tokens. A stream's last output carries it too."""
+    listed second), or the stop_token_ids token, or an EOS id other than the tokenizer's; None
+    for the tokenizer's EOS and for a reply cut at max_tokens. A stream's last output carries
+    it too."""
     full, _ = greedy(engine, 40)
     # `later` begins inside `stop`: it completes with it, or after
     i = next(i for i in range(4, 30)
@@ -117,10 +118,16 @@ def test_stop_reason_names_the_stop_string_or_token(engine):
                                                    ignore_eos=True))[0]
     assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[: ids.index(ids[3]) + 1],
                                                                    "stop", ids[3])
-    eos = min(engine.eos_ids)
+    eos = engine.tokenizer.eos_token_id
     out = engine.generate([PROMPT], SamplingParams(max_tokens=8, logit_bias={eos: 100},
                                                    stop_token_ids=[eos]))[0]
     assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    # generation_config.json's other EOS id (<|endoftext|> beside the tokenizer's <|im_end|>)
+    # ends the reply as a stop token does, named (vLLM's); once its stop_reason was None
+    (other,) = engine.eos_ids - {eos}
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=8, logit_bias={other: 100}))[0]
+    assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == ([other], "", "stop",
+                                                                             other)
     out = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert (out.finish_reason, out.stop_reason) == ("length", None)
 
@@ -132,3 +139,24 @@ def test_of_stops_one_token_completes_the_first_to_begin_is_the_reason():
                    text="xxabcdy")
     assert cut_at_stop(seq, 2)
     assert (seq.text, seq.stop_reason) == ("xx", "abc")
+
+
+def test_a_stop_token_on_the_last_token_allowed_ends_with_stop(engine):
+    """A stop token (or EOS) sampled as the max_tokens-th token, or as the token that fills the
+    context, ends the reply with "stop" and its stop_reason, its text dropped, as one sampled
+    earlier does (vLLM's order: stop tokens before length; the model ended it of itself)."""
+    ids = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    k = next(k for k in range(7, 0, -1) if ids[k] not in ids[:k])
+    before = engine.generate([PROMPT], SamplingParams(max_tokens=k, ignore_eos=True))[0]
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=k + 1, ignore_eos=True,
+                                                   stop_token_ids=[ids[k]]))[0]
+    assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == (
+        ids[: k + 1], before.text, "stop", ids[k])
+    eos = engine.tokenizer.eos_token_id
+    out = engine.generate([PROMPT], SamplingParams(max_tokens=1, logit_bias={eos: 100}))[0]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([eos], "stop", None)
+    full = list(range(3, 3 + engine.max_model_len - 1))  # (one token of room left)
+    out = engine.generate([full], SamplingParams(max_tokens=9, logit_bias={eos: 100}))[0]
+    assert (out.token_ids, out.finish_reason) == ([eos], "stop")
+    out = engine.generate([full], SamplingParams(max_tokens=9, ignore_eos=True))[0]
+    assert (len(out.token_ids), out.finish_reason) == (1, "length")

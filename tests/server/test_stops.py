@@ -1,7 +1,7 @@
 """Stops through the server, as vLLM's answers them: both APIs, streamed or not, cut the reply
 before its stop string and name what stopped it in `stop_reason` (the string, or the
-stop_token_ids token; null for EOS and for a reply cut at max_tokens), and a stream's text is
-the whole reply's."""
+stop_token_ids token or an EOS id other than the tokenizer's; null for the tokenizer's EOS and
+for a reply cut at max_tokens), and a stream's text is the whole reply's."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ def completion(client, stream: bool, **fields) -> tuple[str, str, object]:
         choice = reply.choices[0]
         return choice.text, choice.finish_reason, choice.model_extra["stop_reason"]
     chunks = [c.choices[0] for c in reply if c.choices]
+    # (vLLM's completions stream has the field on every chunk, null until the last; its chat
+    # stream only on the last)
+    assert all(c.model_extra["stop_reason"] is None for c in chunks[:-1])
     return ("".join(c.text for c in chunks), chunks[-1].finish_reason,
             chunks[-1].model_extra["stop_reason"])
 
@@ -54,3 +57,11 @@ def test_stop_reason_names_what_stopped_the_reply(client, ask, stream):
     assert got[1:] == ("stop", token)
     got = ask(client, stream, max_tokens=8, logit_bias={"2": 100})  # (<|im_end|>: EOS)
     assert got == ("", "stop", None)
+    # (<|endoftext|>: generation_config.json's other EOS id, a stop token as vLLM takes it)
+    got = ask(client, stream, max_tokens=8, logit_bias={"0": 100})
+    assert got == ("", "stop", 0)
+    # a stop token as the last token max_tokens allows: "stop", not "length" (vLLM's order)
+    assert ask(client, stream, max_tokens=1, logit_bias={"2": 100}) == ("", "stop", None)
+    got = ask(client, stream, max_tokens=1, logit_bias={str(token): 100},
+              extra_body={"stop_token_ids": [token]})
+    assert got == ("", "stop", token)
