@@ -189,10 +189,11 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def _length(self) -> int | None:
         """The body's Content-Length; None when it is not a plain count of bytes (or the body
-        comes in chunks), and the connection is then closed after the answer."""
+        comes in chunks, or two Content-Lengths disagree), and the connection is then closed
+        after the answer."""
         raw = self.headers.get("Content-Length") or "0"
         if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
-                or len(raw) > 12:
+                or len(raw) > 12 or len(set(self.headers.get_all("Content-Length", ()))) > 1:
             self.close_connection = True
             return None
         return int(raw)
@@ -215,7 +216,8 @@ class JsonHandler(BaseHTTPRequestHandler):
         n = self._length()
         if n is None:
             self._body_read = True  # (not read: the connection closes)
-            raise ApiError(400, "send the request body with a Content-Length of its bytes")
+            raise ApiError(400, "send the request body with one Content-Length (its bytes), not "
+                                "in chunks")
         if n > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
         raw = self.rfile.read(n)
