@@ -55,11 +55,27 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         try:
+            if self._refused_as_not_http():
+                return
             super().handle_one_request()
         except (ConnectionError, TimeoutError):  # the client went (or stalled) mid-request:
             self.close_connection = True  # no one to answer, and no traceback for the log
         finally:
             self.server.connection_state(self, busy=False)
+
+    def _refused_as_not_http(self) -> bool:
+        """Whether the next bytes cannot begin a request line (neither printable ASCII nor
+        white space: a TLS handshake, a client told https://) and got a 400 (then a close),
+        where http.server waited for a newline as the client for an answer, SOCKET_TIMEOUT_S."""
+        first = self.rfile.peek(1)[:1]  # (blocks as the request line's read would; b"": closed)
+        if not first or first.isspace() or 0x20 < first[0] < 0x7F:
+            return False
+        self.rfile.read1(1 << 16)  # (what came with it: an unread rest would reset the answer)
+        self.command = self.headers = None  # (none of an earlier request on this connection)
+        self.requestline, self.request_version = "", self.default_request_version
+        self.send_error(400, "this looks like a TLS handshake: this server speaks plain HTTP, "
+                        "use an http:// URL" if first == b"\x16" else "not an HTTP request line")
+        return True
 
     def finish(self) -> None:
         self.server.connection_state(self, busy=None)
@@ -173,10 +189,11 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def _length(self) -> int | None:
         """The body's Content-Length; None when it is not a plain count of bytes (or the body
-        comes in chunks), and the connection is then closed after the answer."""
+        comes in chunks, or two Content-Lengths disagree), and the connection is then closed
+        after the answer."""
         raw = self.headers.get("Content-Length") or "0"
         if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
-                or len(raw) > 12:
+                or len(raw) > 12 or len(set(self.headers.get_all("Content-Length", ()))) > 1:
             self.close_connection = True
             return None
         return int(raw)
@@ -199,7 +216,8 @@ class JsonHandler(BaseHTTPRequestHandler):
         n = self._length()
         if n is None:
             self._body_read = True  # (not read: the connection closes)
-            raise ApiError(400, "send the request body with a Content-Length of its bytes")
+            raise ApiError(400, "send the request body with one Content-Length (its bytes), not "
+                                "in chunks")
         if n > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
         raw = self.rfile.read(n)
