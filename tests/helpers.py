@@ -100,6 +100,20 @@ def engine_config(device: str) -> dict[str, object]:
     return {"device": device, "memory_fraction": 0.05} if device != "cpu" else {"device": device}
 
 
+def cpu_engine(loaded, **fields):
+    """An LLMEngine on the CPU over `loaded` (a LoadedModel), with these EngineConfig fields."""
+    from statechat.config import EngineConfig
+    from statechat.engine.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=loaded.path, device="cpu", **fields), loaded=loaded)
+
+
+def random_prompts(*lengths: int, seed: int = 3) -> list[list[int]]:
+    """Prompts of these lengths of ids in [3, 300), the same for a seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 300, (n,), generator=gen).tolist() for n in lengths]
+
+
 # Qwen3.5's shape, in brief: an earlier reply's reasoning dropped, a generation prompt that
 # opens <think> (or, with enable_thinking false, closes an empty one at once)
 THINKING = (

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
+from tests.helpers import cpu_engine, random_prompts
 
 REPLY = SamplingParams(max_tokens=80, ignore_eos=True)
 LONG = SamplingParams(max_tokens=30, ignore_eos=True)
@@ -24,13 +24,7 @@ def loaded(tiny_dirs):
     return load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32)
 
 
-def engine(loaded, **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=loaded.path, device="cpu", **kw), loaded=loaded)
-
-
-def prompts(*lengths: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(3)
-    return [torch.randint(3, 300, (n,), generator=gen).tolist() for n in lengths]
+engine, prompts = cpu_engine, random_prompts
 
 
 def fail_when(eng: LLMEngine, asks) -> None:
