@@ -51,18 +51,22 @@ def _reasoning(msg: dict, role: str, i: int) -> dict:
     """An assistant message's reasoning as the template reads it ({"reasoning_content": text},
     Qwen's templates render it in the turns after the last user message), from either name a
     reasoning parser gives it (`reasoning`, `reasoning_content`); {} where there is none."""
-    names = [k for k in ("reasoning_content", "reasoning") if msg.get(k) is not None]
-    if role != "assistant" or not names:
+    given = {k: msg[k] for k in ("reasoning_content", "reasoning") if msg.get(k) is not None}
+    if role != "assistant" or not given:
         return {}
-    text = msg[names[0]]
-    if not isinstance(text, str) or len(names) > 1 and msg[names[1]] != text:
-        raise ApiError(400, f"messages[{i}].{names[-1]} must be a string (and the same text as "
-                            f"{names[0]} where both are given)", f"messages[{i}].{names[-1]}")
+    for name, text in given.items():  # (the 400 names the field at fault)
+        if not isinstance(text, str):
+            raise ApiError(400, f"messages[{i}].{name} must be a string",
+                           f"messages[{i}].{name}")
+    name, text = next(iter(given.items()))
+    if given.get("reasoning", text) != text:
+        raise ApiError(400, f"messages[{i}].reasoning must be the same text as messages[{i}]."
+                            "reasoning_content where both are given", f"messages[{i}].reasoning")
     try:
         text.encode()
     except UnicodeEncodeError:
-        raise ApiError(400, f"messages[{i}].{names[0]} is not valid Unicode (a lone surrogate)",
-                       f"messages[{i}].{names[0]}") from None
+        raise ApiError(400, f"messages[{i}].{name} is not valid Unicode (a lone surrogate)",
+                       f"messages[{i}].{name}") from None
     return {"reasoning_content": text}
 
 

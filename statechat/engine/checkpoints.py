@@ -90,12 +90,16 @@ class CheckpointPolicy:
 
     def drop_targets(self, batch) -> None:
         """A step that failed before it was postprocessed (before its tokens were read, or
-        after, before `postprocess`): give back the checkpoint slots its prefill chunks asked
-        for, a reply's pending one too. What they hold is not known to be the state they were
+        after, before or while `postprocess` took them in): give back the checkpoint slots its
+        prefill chunks asked for, a reply's pending one too, but those of the items postprocess
+        had taken in (published: the prefix cache's; freed too, the next request was handed a
+        slot its boundary still named). What they hold is not known to be the state they were
         to take: published, a later request would resume from it (and the disk tier keep it);
         kept, they were lost for good."""
         for it in batch.items:
             seq = it.seq
+            if it.is_taken_in:
+                continue
             for _, slot in it.checkpoints:
                 if slot == seq.pending_slot:
                     seq.pending_slot = seq.pending_tokens = 0

@@ -30,6 +30,7 @@ from statechat.engine.output import (
     keep_prompt_logprobs,
     next_event,
     request_output,
+    token_end,
 )
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
@@ -275,16 +276,7 @@ class LLMEngine(Requests):
             self._prefill_run = None
 
     def _check_finish(self, seq: Sequence) -> None:
-        p, token = seq.params, seq.token_ids[-1]
-        reason = None
-        is_eos = token in self.eos_ids and not p.ignore_eos
-        stop_token = is_eos or token in p.stop_token_ids
-        if stop_token:  # (before length: a stop token sampled as the last token allowed is the
-            # model's own end, "stop", and its text is dropped; vLLM's check_stop so orders)
-            reason = "stop"
-            seq.stop_reason = None if is_eos and token == self.eos_token_id else token
-        elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
-            reason = "length"
+        reason, stop_token = token_end(seq, self.eos_ids, self.eos_token_id, self.max_model_len)
         shown = len(seq.text)
         # the stop token's id stays in the reply, its text does not (vLLM's, as with a stop
         # string)

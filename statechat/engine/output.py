@@ -142,6 +142,24 @@ def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
         # a character still held back may add nothing either, yet is kept)
 
 
+def token_end(seq: Sequence, eos_ids: set[int], eos_token_id: int | None,
+              max_model_len: int) -> tuple[str | None, bool]:
+    """Whether `seq` ends with its last token, before its text is looked at (cut_at_stop), and
+    whether that token is a stop token (its text is dropped): "stop" for an EOS id (unless
+    ignore_eos) or a stop_token_ids token, which sets seq.stop_reason (its id; None for the
+    tokenizer's EOS, `eos_token_id`: vLLM's), else "length" at max_tokens or the context
+    limit, else None. A stop token comes first: sampled as the last token allowed, it is the
+    model's own end (vLLM's check_stop so orders)."""
+    p, token = seq.params, seq.token_ids[-1]
+    is_eos = token in eos_ids and not p.ignore_eos
+    if is_eos or token in p.stop_token_ids:
+        seq.stop_reason = None if is_eos and token == eos_token_id else token
+        return "stop", True
+    if len(seq.output_ids) >= p.max_tokens or len(seq) >= max_model_len:
+        return "length", False
+    return None, False
+
+
 def cut_at_stop(seq: Sequence, shown: int) -> bool:
     """Cut seq.text at the first of its stop strings, looking from where a stop could begin in
     the text past `shown` characters, and keep the stop matched as seq.stop_reason; whether one

@@ -33,6 +33,8 @@ class ScheduledSeq:
     checkpoints: list[tuple[int, int]] = field(default_factory=list)  # (boundary from start, slot)
     needs_logits: bool = False  # the step reaches the sequence's end: sample a token (unless
     # the request wants none: max_tokens 0)
+    is_taken_in: bool = False  # postprocess has taken its checkpoint slots: published or
+    # pending, no longer the step's to give back (CheckpointPolicy.drop_targets)
 
     def __post_init__(self) -> None:
         seq = self.seq
@@ -233,6 +235,8 @@ class Scheduler(CheckpointPolicy):
                 seq.resume_slot = 0
             for j in range(full_before, seq.num_computed // self.bs if self.use_cache else 0):
                 self.blocks.register(seq.block_table[j], seq.block_hashes[j])
+            it.is_taken_in = True  # (before publishing: a failure past here leaks, never frees,
+            # a slot the prefix cache may name)
             for boundary, slot in it.checkpoints:
                 if slot != seq.pending_slot:  # (a pending state is published when it finishes)
                     self._publish(seq, it.start + boundary, slot)

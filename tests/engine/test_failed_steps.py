@@ -2,7 +2,8 @@
 before they are taken in, leaves the prefix cache as if it had not been asked for: no
 checkpoint that no step computed (a later request would resume from it and answer wrongly),
 and no state slot kept from the pool for good (the cache then reuses nothing, then cannot
-admit)."""
+admit). One that fails while they are taken in keeps the checkpoints published by then whole:
+their slots are not handed to another request."""
 
 from __future__ import annotations
 
@@ -110,3 +111,33 @@ def test_a_step_failing_after_its_read_gives_its_checkpoint_slots_back(loaded):
     assert cached.generate([prompt], SHORT)[0].token_ids == want
     again = cached.generate([prompt], SHORT)[0]
     assert (again.token_ids, again.num_cached_tokens) == (want, 64)
+
+
+def fail_after_publishing(eng: LLMEngine) -> None:
+    """The scheduler's next publish of a checkpoint succeeds, then raises (once)."""
+    publish = eng.scheduler._publish
+
+    def failing(*args, **kwargs):
+        publish(*args, **kwargs)
+        eng.scheduler._publish = publish
+        raise RuntimeError("failed in postprocess")
+
+    eng.scheduler._publish = failing
+
+
+@pytest.mark.parametrize("num_state_slots, reused", [(4, 0), (6, 64)])
+def test_a_checkpoint_published_before_the_failure_is_kept_whole(loaded, num_state_slots, reused):
+    """Prompt p fails after its checkpoint at 64 is published; prompt q then runs, and p asked
+    again gives the cold tokens (its checkpoint's slot, released too, held q's state by then):
+    with two free slots q's checkpoint takes the place of p's, with four p resumes at 64."""
+    cached = engine(loaded, num_state_slots=num_state_slots)
+    p, q = prompts(100, 100)
+    fail_after_publishing(cached)
+    with pytest.raises(RuntimeError, match="failed in postprocess"):
+        cached.generate([p], SHORT)
+    assert not cached.has_unfinished()
+    cold = engine(loaded, enable_prefix_cache=False)
+    assert cached.generate([q], SHORT)[0].token_ids == cold.generate([q], SHORT)[0].token_ids
+    again = cached.generate([p], SHORT)[0]
+    assert again.token_ids == cold.generate([p], SHORT)[0].token_ids
+    assert again.num_cached_tokens == reused

@@ -288,3 +288,20 @@ def test_malformed_messages_name_the_message(messages, field):
     with pytest.raises(ApiError) as info:
         parse_messages(messages)
     assert (info.value.status, info.value.param) == (400, field)
+
+
+@pytest.mark.parametrize("given, field, says", [
+    ({"reasoning_content": 4, "reasoning": "x"}, "reasoning_content", "must be a string"),
+    ({"reasoning_content": "x", "reasoning": 4}, "reasoning", "must be a string"),
+    ({"reasoning_content": 4}, "reasoning_content", "must be a string"),
+    ({"reasoning_content": "x", "reasoning": "y"}, "reasoning",
+     "must be the same text as messages[1].reasoning_content"),
+])
+def test_a_bad_reasoning_sent_back_is_named(given, field, says):
+    """The field that is not a string (or differs from the other name's text) is the one the
+    400 names: it named `reasoning` when reasoning_content was the bad one."""
+    turn = {"role": "assistant", "content": "It is 4.", **given}
+    with pytest.raises(ApiError) as info:
+        parse_messages([{"role": "user", "content": "2+2?"}, turn])
+    assert (info.value.status, info.value.param) == (400, f"messages[1].{field}")
+    assert str(info.value).startswith(f"messages[1].{field} {says}"), str(info.value)
