@@ -904,3 +904,23 @@ def test_a_disk_cache_size_that_is_none_is_one_line(text):
 
     with pytest.raises(StatechatError, match="^--disk-cache-bytes must be a size such as"):
         parse_size(text)
+
+
+def test_gc_takes_a_size_with_a_unit(tmp_path, shared_engine):
+    """`cache gc --max-bytes` reads sizes as --disk-cache-bytes does (`1K`): the cache is at
+    most that size after it; a size it cannot read is one line, and nothing is evicted."""
+    cache = warm_cache(tmp_path)
+
+    def total() -> int:
+        return json.loads(runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir",
+                                                  str(cache)]).stdout)["bytes_total"]
+
+    before = total()
+    bad = runner.invoke(cli.app, ["cache", "gc", "--max-bytes", "1 kilo", "--cache-dir",
+                                  str(cache)])
+    assert bad.exit_code != 0 and total() == before > 1024
+    assert str(bad.exception).startswith("--max-bytes must be a size such as 500M, 20G or")
+    result = runner.invoke(cli.app, ["cache", "gc", "--max-bytes", "1K", "--cache-dir",
+                                     str(cache)])
+    assert result.exit_code == 0, result.output
+    assert total() <= 1024
