@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt
+from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt, parse_size
 from statechat.errors import StatechatError
 
 cache_app = typer.Typer(cls=FlagsGroup, help="Inspect and trim the persistent prefix cache.",
@@ -222,18 +222,18 @@ def _say_dangling(dangling: list[str], remove: bool) -> None:
 @cache_app.command(
     "gc", short_help="Evict least recently used entries down to the byte budget, and orphans.")
 def cache_gc(cache_dir: CacheDirOpt = None,
-             max_bytes: Annotated[int | None, typer.Option(
+             max_bytes: Annotated[str | None, typer.Option(
                  "--max-bytes", help="Evict least recently used entries until the cache is at "
-                                     "most this size (default: the budget, 10% of the free "
-                                     "space and of the cache's own).")] = None) -> None:
+                                     "most this size, in bytes or with a unit: 500M, 20G "
+                                     "(default: the budget, 10% of the free space and of the "
+                                     "cache's own).")] = None) -> None:
     """Evict least recently used entries down to the byte budget, and delete blob files that no
     index row points at."""
-    if max_bytes is not None and max_bytes < 0:
-        raise StatechatError("--max-bytes must be >= 0")
+    limit = parse_size(max_bytes, "--max-bytes")
     root = _root(cache_dir)
     _check_writable(root)
-    freed = _writing(root, "verify", lambda store: store.gc(max_bytes),
-                     lambda: _evict_blobs_first(root, max_bytes))
+    freed = _writing(root, "verify", lambda store: store.gc(limit),
+                     lambda: _evict_blobs_first(root, limit))
     typer.echo(f"freed {_size(freed)}")
 
 

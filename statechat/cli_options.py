@@ -152,9 +152,10 @@ def compose_sampling(base: SamplingParams, model: Path, min_max_tokens: int = 1,
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def parse_size(text: str | None) -> int | None:
-    """--disk-cache-bytes' value: a byte count, or a number with a unit of SIZE_UNITS (powers of
-    1024; `20G`, `1.5T`, `500MB`, `64KiB`); None where not given. One line for anything else."""
+def parse_size(text: str | None, flag: str = "--disk-cache-bytes") -> int | None:
+    """A size flag's value (--disk-cache-bytes, cache gc's --max-bytes): a byte count, or a
+    number with a unit of SIZE_UNITS (powers of 1024; `20G`, `1.5T`, `500MB`, `64KiB`); None
+    where not given. One line naming `flag` for anything else."""
     if text is None:
         return None
     value = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -164,8 +165,8 @@ def parse_size(text: str | None) -> int | None:
     except ValueError:
         number = -1.0
     if not 0 <= number * SIZE_UNITS[unit] < 2**63 or not unit and not number.is_integer():
-        raise StatechatError(f"--disk-cache-bytes must be a size such as 500M, 20G or a byte "
-                             f"count, got {text!r:.40}")
+        raise StatechatError(f"{flag} must be a size such as 500M, 20G or a byte count, got "
+                             f"{text!r:.40}")
     return int(number * SIZE_UNITS[unit])
 
 

@@ -906,3 +906,25 @@ def test_a_disk_cache_size_that_is_none_is_one_line(text):
 
     with pytest.raises(StatechatError, match="^--disk-cache-bytes must be a size such as"):
         parse_size(text)
+
+
+def test_cache_gc_max_bytes_takes_a_size_as_disk_cache_bytes_does(tmp_path, shared_engine):
+    """`cache gc --max-bytes 1M` evicts down to 1 MiB, as `--disk-cache-bytes 1M` sets the budget
+    (it was a bare integer: Typer refused `1M` in a usage error); a bad size is one line."""
+    cache = warm_cache(tmp_path)
+
+    def gc(size: str):
+        return runner.invoke(cli.app, ["cache", "gc", "--max-bytes", size, "--cache-dir",
+                                       str(cache)])
+
+    before = files(cache / "blobs")
+    total = sum(p.stat().st_size for p in (cache / "blobs").rglob("*.safetensors"))
+    assert 0.1 * (1 << 20) < total < 1 << 20
+    result = gc("1M")
+    assert result.exit_code == 0 and result.output == "freed 0 B\n", result.output
+    assert files(cache / "blobs") == before
+    result = gc("0.1M")
+    assert result.exit_code == 0 and not list((cache / "blobs").rglob("*.safetensors"))
+    result = gc("-5")
+    assert isinstance(result.exception, StatechatError) and str(result.exception) == (
+        "--max-bytes must be a size such as 500M, 20G or a byte count, got '-5'")
