@@ -55,8 +55,9 @@ def open_error(path: Path, e: Exception) -> ConfigError:
                            "inside a transaction, say; try again once it is done")
     if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
         # (damaged, or not a database; it holds the chats too, which moving it away hides)
-        advice = (f"`sqlite3 {path} .recover` saves what is left of it (the chats in it too), "
-                  "or move the file away to start afresh")
+        advice = (f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` copies what is left "
+                  "of it (the chats in it too) into a file to put in its place, or move the "
+                  "file away to start afresh")
     elif is_full(e) or on_full_disk(path.parent):  # (SQLite says "disk I/O error" for some)
         # (every SQLite file of statechat's is a cache dir's index.db: the chats are in it too)
         return DiskFullError(f"cannot open {path} ({why}); its disk is full: `statechat cache "

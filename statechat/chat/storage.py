@@ -114,8 +114,8 @@ class ChatFile:
                     raise
                 raise DamagedError(
                     f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
-                    ".recover` saves what is left of them, or move the file away to start "
-                    "afresh") from None
+                    f".recover | sqlite3 {self.file}.recovered` copies what is left of them into "
+                    "a file to put in its place, or move the file away to start afresh") from None
 
 
 def _for_now(error: sqlite3.OperationalError) -> bool:

@@ -42,7 +42,8 @@ class RequestOutput:
     prompt_logprobs: list | None = None  # per prompt token, when asked: None for the first,
     # then (logprob, [(id, logprob)] of the top, rank)
     stop_reason: str | int | None = None  # what stopped it (vLLM's): the stop string matched,
-    # or the stop_token_ids token; None for EOS and for any other end
+    # the stop_token_ids token or an EOS id other than the tokenizer's; None for the
+    # tokenizer's EOS and for any other end
 
 
 @dataclass(frozen=True)

@@ -503,8 +503,10 @@ def test_a_damaged_index_is_one_line(tmp_path, shared_engine, monkeypatch, capsy
         err = capsys.readouterr().err.strip()
         assert exit_info.value.code == 2 and "\n" not in err, (argv, err)
         assert err == (f"statechat: cannot open {cache / 'index.db'} (database disk image is "
-                       f"malformed); `sqlite3 {cache / 'index.db'} .recover` saves what is left "
-                       "of it (the chats in it too), or move the file away to start afresh"), argv
+                       f"malformed); `sqlite3 {cache / 'index.db'} .recover | sqlite3 "
+                       f"{cache / 'index.db'}.recovered` copies what is left of it (the chats in "
+                       "it too) into a file to put in its place, or move the file away to start "
+                       "afresh"), argv
 
 
 def test_a_file_in_place_of_the_blobs_folder_is_one_line(tmp_path, monkeypatch, capsys):

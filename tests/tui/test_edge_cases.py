@@ -527,6 +527,9 @@ def test_a_chat_on_damaged_pages_ends_the_app_in_one_line(loaded, tmp_path, caps
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith(f"statechat: the chats in {tmp_path / 'index.db'} are damaged")
     assert "move the file away" in err and "Traceback" not in err
+    # (`.recover` alone prints SQL: the line pipes it into a file that can take the index's place)
+    index, bare = tmp_path / "index.db", "".join(err.split())  # (the line was wrapped)
+    assert f"`sqlite3{index}.recover|sqlite3{index}.recovered`" in bare
 
 
 def test_a_reply_s_save_on_damaged_pages_ends_the_app_in_one_line(loaded, tmp_path, capsys,
