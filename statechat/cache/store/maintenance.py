@@ -14,7 +14,7 @@ from pathlib import Path
 from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
-from statechat.cache.store.freeing import EVICTION_ORDER, delete_blob_files
+from statechat.cache.store.freeing import EVICTION_ORDER, TMP_MIN_AGE_S, delete_blob_files
 
 log = logging.getLogger("statechat.cache")
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
@@ -117,7 +117,7 @@ class StoreMaintenance:
             log.info("statechat cache: removed %d leftover blob file(s) of an earlier crash "
                      "(%d bytes)", len(found), sum(size for _, size in found))
 
-    def _remove_orphans(self, min_age_s: float = 60.0,
+    def _remove_orphans(self, min_age_s: float = TMP_MIN_AGE_S,
                         remove: bool = True) -> list[tuple[str, int]]:
         """Blob files no row points at (a crash between rename and insert, a lost index), and
         stale temps, as (name under blobs/, bytes); deleted unless `remove` is False. Only files
