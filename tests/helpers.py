@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -98,6 +99,25 @@ def engine_config(device: str) -> dict[str, object]:
     """EngineConfig fields for a module's tiny engine on `device`: on a GPU a small share of
     its memory, so the engine tests that follow size their caches as usual."""
     return {"device": device, "memory_fraction": 0.05} if device != "cpu" else {"device": device}
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str):
+    """`folder` (made) with a tmpfs of `size` (`1M`) mounted on it while the block runs; the
+    test skipped where this user may not mount one (then only the tests that stand in a full
+    disk by patching run)."""
+    import subprocess
+
+    import pytest
+
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                      capture_output=True, check=False).returncode:
+        pytest.skip("cannot mount a small file system here")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
 
 
 def cpu_engine(loaded, **fields):

@@ -21,6 +21,7 @@ from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import ConfigError
 from statechat.model.loader import load_model
+from tests.helpers import small_tmpfs
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 
@@ -149,19 +150,9 @@ def fill(folder) -> None:
 def full_disk(tmp_path):
     """A folder on a small file system filled to the last byte (a tmpfs mounted for the test;
     skipped where this user may not mount one)."""
-    import subprocess
-
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
-                          capture_output=True, check=False)
-    if done.returncode != 0:
-        pytest.skip("cannot mount a small file system here")
-    try:
+    with small_tmpfs(tmp_path / "full", "1M") as mnt:
         fill(mnt)
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("existing", [False, True])

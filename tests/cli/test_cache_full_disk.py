@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from statechat import cli
 from tests.cli.test_commands import warm_cache
+from tests.helpers import small_tmpfs
 
 pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this "
                                                     "build")
@@ -77,24 +78,15 @@ def chats_of(cache) -> list[str]:
 @pytest.mark.parametrize("command", [["clear", "--yes"], ["gc", "--max-bytes", "0"]])
 def test_a_cache_on_a_disk_filled_to_its_last_byte_is_freed(tmp_path, shared_engine, command):
     """On a real full disk (a small tmpfs, filled): SQLite could not open the index to write."""
-    import subprocess
-
     from tests.cache.test_full_disk import fill
 
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs", str(mnt)],
-                      capture_output=True, check=False).returncode:
-        pytest.skip("cannot mount a small file system here")
-    try:
+    with small_tmpfs(tmp_path / "disk", "4M") as mnt:
         cache = chatted(warm_cache(mnt))
         fill(mnt)
         result = runner.invoke(cli.app, ["cache", *command, "--cache-dir", str(cache)])
         assert result.exit_code == 0, result.output
         assert blob_bytes(cache) == 0 and rows(cache) == (0, 0, 0)
         assert chats_of(cache) == ["kept"]
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_clear_on_a_full_disk_deletes_the_blobs_then_their_rows(cache, monkeypatch):
