@@ -1,0 +1,126 @@
+"""Forked conversations arriving together, seeded: the prefix cache changes nothing but the work.
+
+Each round submits several requests at staggered steps, built from the conversations so far:
+a new conversation, the next turn of one, an earlier user message edited, the last reply
+regenerated, a reply continued. Requests of one round often share a prefix that another of
+them is still computing. With the prefix cache on, every request's greedy tokens equal those
+of an engine with it off, under token budgets that chunk prompts, block counts that preempt and
+evict, and several checkpoint intervals. The CPU runs four of the configurations; a GPU
+(Triton kernels, CUDA graphs, asynchronous steps) runs them all, with more seeds.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from statechat.chat.template import render
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+from statechat.model.loader import load_model
+from tests.helpers import BLOCK
+
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel", "slot", "graph", "chunk", "reply"]
+ON_GPU = torch.cuda.is_available()
+# (name, engine overrides); the CPU runs the first four
+CONFIGS = [
+    ("small budget, interval 1", {"max_num_batched_tokens": 128, "checkpoint_interval": 1}),
+    ("defaults", {}),
+    ("few blocks: preempts and evicts", {"num_kv_blocks": 14, "checkpoint_interval": 2}),
+    ("few state slots", {"max_num_batched_tokens": 192, "num_state_slots": 7,
+                         "checkpoint_interval": 3}),
+    ("no graphs, synchronous", {"use_graphs": False, "async_scheduling": False,
+                                "max_num_batched_tokens": 64}),
+]
+CASES = [(name, overrides, seed) for name, overrides in (CONFIGS if ON_GPU else CONFIGS[:4])
+         for seed in ((1, 2, 3) if ON_GPU else (1, 2))]
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Workload:
+    """Conversations (message lists) and the prompts forked from them."""
+
+    def __init__(self, rng: random.Random, tokenizer) -> None:
+        self.rng, self.tok = rng, tokenizer
+        self.convos: list[list[dict]] = []
+
+    def prompt(self) -> tuple[list[int], list[dict] | None]:
+        """One request's token ids and the conversation its reply extends (None: a reply that
+        is not kept as a turn)."""
+        rng, convos = self.rng, self.convos
+        kind = rng.choice(["new", "next", "next", "edit", "regenerate", "continue"])
+        if kind == "new" or not convos:
+            messages = [{"role": "system", "content": words(rng, rng.randint(5, 40))},
+                        {"role": "user", "content": words(rng, rng.randint(5, 60))}]
+            return render(self.tok, messages), messages
+        convo = rng.choice(convos)
+        if kind == "next":
+            messages = convo + [{"role": "user", "content": words(rng, rng.randint(3, 50))}]
+            return render(self.tok, messages), messages
+        turns = [i for i, m in enumerate(convo) if m["role"] == "user"]
+        if kind == "edit":
+            at = rng.choice(turns)
+            messages = convo[:at] + [{"role": "user", "content": words(rng, rng.randint(3, 50))}]
+            return render(self.tok, messages), messages
+        ends = [i for i, m in enumerate(convo) if m["role"] == "assistant"]
+        if kind == "regenerate" and ends:
+            return render(self.tok, convo[:rng.choice(ends)]), None
+        if ends:  # continue a reply
+            return render(self.tok, convo[:rng.choice(ends) + 1], add_generation_prompt=False), None
+        return render(self.tok, convo), None
+
+    def keep(self, messages: list[dict] | None, reply: str) -> None:
+        if messages is not None:
+            self.convos.append(messages + [{"role": "assistant", "content": reply}])
+
+
+def run_round(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]):
+    """Submit the prompts one or two at a time every other step; step until all finish."""
+    pending, seqs, step = list(zip(prompts, params)), [], 0
+    while pending or engine.has_unfinished():
+        if pending and step % 2 == 0:
+            for _ in range(min(len(pending), 1 + step % 4 // 2)):
+                seqs.append(engine.add_request(*pending.pop(0)))
+        engine.step()
+        step += 1
+    return [engine.output(s) for s in seqs]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dirs):
+    path = tiny_dirs["qwen3_5_text"]
+    device = "cuda" if ON_GPU else "cpu"
+    return path, load_model(path, dtype=torch.float32, device=device), device
+
+
+@pytest.mark.parametrize("name, overrides, seed", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_forked_conversations_arriving_together_match_no_cache(model, name, overrides, seed):
+    path, loaded, device = model
+    base = {"model": path, "device": device, "dtype": "float32"}
+    cached = LLMEngine(EngineConfig(**base, **overrides), loaded=loaded)
+    plain = LLMEngine(EngineConfig(**base, **overrides, enable_prefix_cache=False),
+                      loaded=loaded)
+    rng = random.Random(seed)
+    work = Workload(rng, cached.tokenizer)
+    reused = 0
+    for _round in range(5 if ON_GPU else 3):
+        made = [work.prompt() for _ in range(rng.randint(3, 6 if ON_GPU else 4))]
+        prompts = [ids for ids, _ in made]
+        params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in made]
+        got = run_round(cached, prompts, params)
+        want = run_round(plain, prompts, params)
+        for i, (g, w, ids) in enumerate(zip(got, want, prompts)):
+            assert g.token_ids == w.token_ids, f"round {_round} request {i} ({len(ids)} tokens)"
+            assert g.num_cached_tokens % BLOCK == 0 and g.num_cached_tokens < len(ids)
+            assert w.num_cached_tokens == 0
+            reused += g.num_cached_tokens
+        for (_, messages), out in zip(made, got):
+            work.keep(messages, out.text)
+    assert reused > 0, "no request reused a prefix: the workload tests nothing"
