@@ -62,7 +62,9 @@ class GraphReplay:
         with_prefill = max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK
         if with_prefill:
             longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
-        self.model.model.rotary.build_table(longest, self.dtype)
+        # (the runner keeps the table its graphs read: another engine over the same model may
+        # build a longer one, which must not free this one under these graphs)
+        self.rope_table = self.model.model.rotary.build_table(longest, self.dtype)
         # on a stream of this runner's own, not the process-wide default capture stream: a
         # destroyed graph takes its capture stream's cuBLAS workspace with it (see
         # devices.capture_stream); unreachable engines collected before, not during, a capture

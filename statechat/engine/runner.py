@@ -56,6 +56,7 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.sampler_graphs: SamplerGraphs | None = None
+        self.rope_table: torch.Tensor | None = None  # the rotary table its graphs read
         self.eos_ids: set[int] = set()  # (the engine's) barred with stop_token_ids by min_tokens
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
         # pinned buffer for the tokens of a step that a later one was queued after, and the

@@ -81,12 +81,20 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = 1.0 / (self.theta ** (steps / r))
         self.table = None
 
-    def build_table(self, max_len: int, dtype: torch.dtype) -> None:
+    def build_table(self, max_len: int, dtype: torch.dtype) -> torch.Tensor:
         """Tabulate cos and sin of positions 0 .. max_len-1 (the same values `cos_sin` computes):
         then a step gathers its rows in one kernel instead of computing them in several (the
-        caller guarantees positions below max_len)."""
-        positions = torch.arange(max_len, device=self.inv_freq.device)
-        self.table = torch.cat(self._compute(positions, dtype), dim=-1)
+        caller guarantees positions below max_len). Returns the table.
+
+        The table only grows: one that covers max_len in `dtype` is kept. Graphs captured by
+        an engine read the table's memory, and several engines may share this model; the
+        caller keeps the returned table alive as long as its graphs (a longer one built for
+        another engine holds the same values in its first rows)."""
+        table = self.table
+        if table is None or table.dtype != dtype or len(table) < max_len:
+            positions = torch.arange(max_len, device=self.inv_freq.device)
+            self.table = torch.cat(self._compute(positions, dtype), dim=-1)
+        return self.table
 
     def _compute(
         self, positions: torch.Tensor, dtype: torch.dtype

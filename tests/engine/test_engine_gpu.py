@@ -77,6 +77,23 @@ def test_gpu_disk_cache_matches_no_cache(gpu_setup, tmp_path):
     assert all(o.reused_from == "disk" for o in outs if o.num_cached_tokens)
 
 
+def test_two_engines_over_one_model_keep_their_graphs(gpu_setup):
+    """An engine made after another over the same loaded model (a longer rotary table, graphs
+    of its own) leaves the first one's graphs reading live memory: used in turn, both give the
+    tokens of an engine alone (the first gave zeros when the second freed its table)."""
+    path, loaded, prompts, expected = gpu_setup
+    params = SamplingParams(max_tokens=NEW, ignore_eos=True)
+    first = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", max_model_len=512),
+                      loaded=loaded)
+    assert [o.token_ids for o in first.generate(prompts, params)] == expected
+    second = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
+                                    enable_prefix_cache=False), loaded=loaded)
+    gc.collect()
+    torch.cuda.empty_cache()
+    for engine in (first, second, first):
+        assert [o.token_ids for o in engine.generate(prompts, params)] == expected
+
+
 def test_prefill_graphs_match_eager(gpu_setup):
     """One-sequence prefill chunks replayed from CUDA graphs (fresh prompts, resumes from
     checkpoints with checkpoints of their own, chunks cut by a small token budget) give the
