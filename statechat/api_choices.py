@@ -7,8 +7,8 @@ prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, it
 differ, and its choice 0 is the reply the same request with n=1 gets. The other choices of a
 prompt start once choice 0 has computed it, from the engine's prefix cache. When the request
 asks for the prompt's logprobs, choice 0 alone computes them (and its prompt whole); every
-choice of the prompt is given them. `usage` counts each prompt once (cached_tokens included)
-and sums the completion tokens of every choice.
+choice of the prompt is given them. `usage` (api_usage.py) counts each prompt once and sums
+the completion tokens of every choice.
 
 Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.CompletionShape).
 """
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from statechat.api_request import ApiError
+from statechat.api_usage import usage
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker, RequestHandle
@@ -55,6 +56,11 @@ class Shape:
     def fields(self, outputs: list[RequestOutput]) -> dict:
         """A whole response's own fields beside its choices."""
         return {}
+
+    def completion_details(self, outputs: list[RequestOutput]) -> dict | None:
+        """usage's `completion_tokens_details` for every choice's output, or None to leave
+        it out."""
+        return None
 
 
 def finish_reason(out: RequestOutput) -> str:
@@ -258,26 +264,11 @@ def _pump(index: int, handle: RequestHandle, events: queue.SimpleQueue) -> None:
     events.put((index, _END))
 
 
-def usage(outputs: list[RequestOutput], n: int) -> dict:
-    """OpenAI's usage: each prompt counted once (its cached tokens those of its choice that
-    reused the least), the completion tokens of every choice."""
-    prompts = [outputs[k : k + n] for k in range(0, len(outputs), n)]
-    prompt_tokens = sum(group[0].num_prompt_tokens for group in prompts)
-    completion_tokens = sum(out.num_completion_tokens for out in outputs)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {
-            "cached_tokens": sum(min(out.num_cached_tokens for out in group) for group in prompts)},
-    }
-
-
 def response(shape: Shape, head: dict, outputs: list[RequestOutput], n: int) -> dict:
     """The whole (non-streamed) response; `head` holds its id, created and model."""
     return {**head, "object": shape.object,
             "choices": [shape.choice(index, out) for index, out in enumerate(outputs)],
-            "usage": usage(outputs, n), **shape.fields(outputs)}
+            "usage": usage(outputs, n, shape), **shape.fields(outputs)}
 
 
 def stream_chunks(shape: Shape, choices: Choices, include_usage: bool,
@@ -296,4 +287,4 @@ def stream_chunks(shape: Shape, choices: Choices, include_usage: bool,
         if event.output is not None:
             outputs[index] = event.output
     if include_usage:
-        yield {"choices": [], "usage": usage(outputs, choices.n)}
+        yield {"choices": [], "usage": usage(outputs, choices.n, shape)}

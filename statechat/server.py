@@ -197,7 +197,7 @@ class Handler(JsonHandler):
         prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
         params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
                               vocab_size=worker.engine.loaded.config.vocab_size)
-        shape = chat_shape(worker, prompt_ids, self.server.reasoning_parser)
+        shape = chat_shape(worker, body, prompt_ids, self.server.reasoning_parser)
         outputs = self._answer(body, shape, [prompt_ids], params, parse_n(body), "messages")
         if outputs and self.server.next_turns is not None:
             self.server.next_turns.after_reply(body, outputs)

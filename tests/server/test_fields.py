@@ -11,7 +11,7 @@ import threading
 import urllib.request
 from types import SimpleNamespace
 
-from statechat.api_chat import CHAT_FIELDS, chat_prompt
+from statechat.api_chat import CHAT_FIELDS, chat_prompt, chat_shape
 from statechat.api_completions import COMPLETION_FIELDS, parse_completion
 from statechat.api_http import named
 from statechat.api_request import (
@@ -108,6 +108,7 @@ def test_the_known_fields_are_those_read():
     chat = Reads(CHAT)
     worker = SimpleNamespace(render=lambda messages, add, template_kwargs: [1, 2])
     chat_prompt(worker, chat, {})
+    chat_shape(SimpleNamespace(engine=SimpleNamespace(tokenizer=None)), chat, [1, 2], None)
     assert chat.read | SHARED_FIELDS == CHAT_FIELDS
     text = Reads({"prompt": [1, 2, 3]})  # (its other fields go to parse_params, as `shared`)
     loaded = SimpleNamespace(config=SimpleNamespace(vocab_size=300))
