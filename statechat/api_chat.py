@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import threading
 
-from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_messages import continues_final_message, parse_messages
 from statechat.api_reasoning import ReasoningStream, reasoning_tokens, split_reply
 from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag
+from statechat.api_response import Shape, finish_reason
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent

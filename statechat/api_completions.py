@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import (
     TextOffsets,
     completion_logprobs,
@@ -34,6 +33,7 @@ from statechat.api_request import (
     parse_params,
     whole_number,
 )
+from statechat.api_response import Shape, finish_reason
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
 from statechat.engine.worker import EngineWorker
