@@ -82,8 +82,8 @@ def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
                 p.encode()
     except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
         raise ApiError(400, "prompt is not valid Unicode (a lone surrogate)", "prompt") from None
-    tokenizer = worker.engine.tokenizer
-    with worker.tokenizer_lock:
+    texts = sum(len(p) for p in prompts if isinstance(p, str))
+    with worker.tokenizer_for(texts) as tokenizer:
         return prompts, [tokenizer.encode(p, add_special_tokens=add_special_tokens)
                          if isinstance(p, str) else p for p in prompts]
 

@@ -6,8 +6,8 @@ fields are those the parsers read."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
 import urllib.request
 from types import SimpleNamespace
 
@@ -112,7 +112,8 @@ def test_the_known_fields_are_those_read():
     assert chat.read | SHARED_FIELDS == CHAT_FIELDS
     text = Reads({"prompt": [1, 2, 3]})  # (its other fields go to parse_params, as `shared`)
     loaded = SimpleNamespace(config=SimpleNamespace(vocab_size=300))
-    worker = SimpleNamespace(tokenizer_lock=threading.Lock(), max_model_len=100,
+    worker = SimpleNamespace(tokenizer_for=lambda num_chars: contextlib.nullcontext(None),
+                             max_model_len=100,
                              engine=SimpleNamespace(tokenizer=None, loaded=loaded))
     parse_completion(text, worker, DEFAULT_SAMPLING)
     assert text.read | (SHARED_FIELDS - {"top_logprobs"}) == COMPLETION_FIELDS
