@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import threading
 
-from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_messages import continues_final_message, parse_messages
-from statechat.api_reasoning import ReasoningStream, split_reply
-from statechat.api_request import SHARED_FIELDS, ApiError
+from statechat.api_reasoning import ReasoningStream, reasoning_tokens, split_reply
+from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag
+from statechat.api_response import Shape, finish_reason
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent
@@ -24,7 +24,7 @@ log = logging.getLogger("statechat.server")
 
 # the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_generation_prompt",
-                               "chat_template_kwargs"}
+                               "chat_template_kwargs", "include_reasoning"}
 
 
 def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict) -> list[int]:
@@ -98,15 +98,19 @@ class NextTurns:
             self.considered += 1
 
 
-def chat_shape(worker: EngineWorker, prompt_ids: list[int],
+def chat_shape(worker: EngineWorker, body: dict, prompt_ids: list[int],
                reasoning_parser: str | None) -> ChatShape:
     """The shape of a chat's choices for its rendered prompt: split into reasoning and answer
-    when the server has a reasoning parser (`serve --reasoning-parser`)."""
+    when the server has a reasoning parser (`serve --reasoning-parser`), the reasoning left
+    out with the body's `include_reasoning` false (vLLM's field: true or false, taken with no
+    parser too, where it changes nothing; ApiError(400) naming it for another value)."""
     tokenizer = worker.engine.tokenizer
+    include_reasoning = parse_flag(body, "include_reasoning", True)
     if reasoning_parser is None:
         return ChatShape(tokenizer)
     with worker.tokenizer_lock:  # (shared with the other requests' threads)
-        return ChatShape(tokenizer, opens_thinking(tokenizer, prompt_ids))
+        opened = opens_thinking(tokenizer, prompt_ids)
+    return ChatShape(tokenizer, opened, include_reasoning)
 
 
 class ChatShape(Shape):
@@ -115,12 +119,16 @@ class ChatShape(Shape):
     opened `<think>`, else None: no parsing), each reply is split (api_reasoning.py): the
     message's `content` holds the answer alone (null when there is none) and `reasoning`, with
     its old name `reasoning_content` beside it, the reasoning (null when there is none); a
-    stream's deltas carry either, or both where a delta spans `</think>`."""
+    stream's deltas carry either, or both where a delta spans `</think>`. Without
+    `include_reasoning`, the reasoning's fields are left out (a delta of reasoning alone is
+    not sent), the content split as before. With a parser, usage counts the reasoning's tokens
+    (api_reasoning.reasoning_tokens) under `completion_tokens_details.reasoning_tokens`."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def __init__(self, tokenizer, opened: bool | None = None) -> None:
-        self.tokenizer, self.opened = tokenizer, opened
+    def __init__(self, tokenizer, opened: bool | None = None,
+                 include_reasoning: bool = True) -> None:
+        self.tokenizer, self.opened, self.include_reasoning = tokenizer, opened, include_reasoning
         self._streams: dict[int, ReasoningStream] = {}  # choice -> its split, as it streams
 
     def opening(self, index: int) -> list[dict]:
@@ -150,7 +158,7 @@ class ChatShape(Shape):
             rest_reasoning, rest_answer = stream.flush()
             reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
         delta = {"content": answer} if answer else {}
-        if reasoning:
+        if reasoning and self.include_reasoning:
             delta["reasoning"] = delta["reasoning_content"] = reasoning
         return delta
 
@@ -158,7 +166,8 @@ class ChatShape(Shape):
         message = {"role": "assistant", "content": out.text}
         if self.opened is not None:
             reasoning, message["content"] = split_reply(out.text, self.opened)
-            message["reasoning"] = message["reasoning_content"] = reasoning
+            if self.include_reasoning:
+                message["reasoning"] = message["reasoning_content"] = reasoning
         return {"index": index, "message": message,
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
                 "finish_reason": finish_reason(out), "stop_reason": out.stop_reason}
@@ -169,6 +178,17 @@ class ChatShape(Shape):
             return {}
         return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, first.prompt_token_ids,
                                                          first.prompt_logprobs)}
+
+    def completion_details(self, outputs: list[RequestOutput]) -> dict | None:
+        if self.opened is None:
+            return None
+        decode = self._decode_text
+        return {"reasoning_tokens": sum(reasoning_tokens(decode, out.token_ids, out.text,
+                                                         self.opened) for out in outputs)}
+
+    def _decode_text(self, ids: list[int]) -> str:
+        """ids -> text as a reply's is made (no special tokens)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict | None:
         """A choice's `logprobs`: None unless the request asked for them."""

@@ -7,10 +7,8 @@ prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, it
 differ, and its choice 0 is the reply the same request with n=1 gets. The other choices of a
 prompt start once choice 0 has computed it, from the engine's prefix cache. When the request
 asks for the prompt's logprobs, choice 0 alone computes them (and its prompt whole); every
-choice of the prompt is given them. `usage` counts each prompt once (cached_tokens included)
-and sums the completion tokens of every choice.
-
-Each API shapes its choices with a `Shape` (api_chat.ChatShape, api_completions.CompletionShape).
+choice of the prompt is given them. Each API shapes its choices with a `Shape`
+(api_response.py: the whole response, a stream's chunks and `usage`).
 """
 
 from __future__ import annotations
@@ -31,36 +29,6 @@ from statechat.errors import ContextLengthError, ShuttingDownError, StatechatErr
 SEEDS = 2**64  # seeds run to 2**64 - 1: seed + i past that wraps to 0
 POLL_S = 0.5  # how often a wait asks whether the client is still there
 _END = object()
-
-
-class Shape:
-    """How one API writes its choices. A stream sends each choice's `opening` chunks first (a
-    chat's role), then the `deltas` of each event as it comes; a whole response holds one
-    `choice` per RequestOutput. Every method returns dicts of OpenAI's choice objects."""
-
-    object = ""  # the whole response's "object"
-    chunk_object = ""  # a stream chunk's
-    id_prefix = ""
-
-    def opening(self, index: int) -> list[dict]:
-        return []
-
-    def deltas(self, index: int, event: StreamEvent) -> list[dict]:
-        """The stream chunks' choices for `event` of choice `index` (its finish on the last)."""
-        raise NotImplementedError
-
-    def choice(self, index: int, out: RequestOutput) -> dict:
-        raise NotImplementedError
-
-    def fields(self, outputs: list[RequestOutput]) -> dict:
-        """A whole response's own fields beside its choices."""
-        return {}
-
-
-def finish_reason(out: RequestOutput) -> str:
-    """OpenAI's finish_reason, or vLLM's "abort" for a reply the server cut (it was stopped):
-    the client can tell it from a whole one."""
-    return out.finish_reason if out.finish_reason in ("length", "abort") else "stop"
 
 
 def choice_params(params: SamplingParams, i: int, prompt_len: int,
@@ -101,31 +69,28 @@ class Choices:
         token: by then its prompt is in the prefix cache, which they resume from rather than
         each computing it. Only choice 0 asks for the prompt's logprobs (a choice that asks
         computes its whole prompt); the others get its copy (see results and merged). Raises
-        ClientGone (a ConnectionResetError) if the client goes (`gone`) meanwhile."""
+        ClientGone (a ConnectionResetError) if the client goes (`gone`) meanwhile.
+
+        ShuttingDownError if the engine stops before it takes any; once it has taken one, the
+        request is in flight, and a choice it would not take then is answered as its running
+        ones are, aborted (NotRun), not failed with the request."""
         checked = []  # every prompt checked once, before any is queued
         for p, ids in enumerate(prompts):
             with _refused(param, p, len(prompts)):
                 checked.append(worker.engine.check_prompt(ids))
-        config = worker.engine.config
-        later = dataclasses.replace(params, prompt_logprobs=None)
-        made: dict[tuple[int, int], RequestHandle] = {}  # (prompt, choice) -> its request
+        made: dict[tuple[int, int], RequestHandle | NotRun] = {}  # (prompt, choice) -> request
         try:
-            for wave, asked in ((range(1), params), (range(1, n), later)):
-                for p, ids in enumerate(prompts):
-                    for i in wave:
-                        with _refused(param, p, len(prompts)):
-                            made[p, i] = worker.submit(ids, choice_params(
-                                asked, i, len(ids), worker.max_model_len), checked=checked[p])
-                if wave.start or n == 1 or not config.enable_prefix_cache:
-                    continue
-                for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
-                    while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
-                        if gone():
-                            raise ClientGone
+            _submit_waves(worker, prompts, checked, params, n, param, gone, made)
+        except ShuttingDownError:
+            if not made:
+                raise
+            for p, (ids, _) in enumerate(checked):
+                for i in range(n):
+                    made.setdefault((p, i), NotRun(ids))
         except BaseException as e:
             for handle in made.values():
                 handle.abort()
-            if isinstance(e, (ClientGone, ShuttingDownError)):
+            if isinstance(e, ClientGone):
                 e.choices = cls(list(made.values()), n)  # (their ends are still logged)
             raise
         return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n,
@@ -157,7 +122,8 @@ class Choices:
     def ended(self, timeout: float) -> list[tuple[int, RequestOutput]]:
         """(index, output) of every choice once it has ended, finished or aborted (call abort first:
         an abort ends a choice at the engine's next step), waiting up to `timeout` seconds in
-        all; a choice still running then, or one that failed, is left out."""
+        all; a choice still running then, or one that failed, is left out, as is one that never
+        ran (NotRun)."""
         deadline = time.monotonic() + timeout
         for index, handle in enumerate(self.handles):
             left = max(deadline - time.monotonic(), 0)
@@ -167,7 +133,8 @@ class Choices:
                 continue
             with contextlib.suppress(Exception):
                 handle.result(timeout=left)
-        return [(i, h.output) for i, h in enumerate(self.handles) if h.output is not None]
+        return [(i, h.output) for i, h in enumerate(self.handles)
+                if h.output is not None and not isinstance(h, NotRun)]
 
     def merged(self, gone: Callable[[], bool] = lambda: False,
                ) -> Iterator[tuple[int, StreamEvent]]:
@@ -232,6 +199,50 @@ class Choices:
                 yield give(*later)
 
 
+def _submit_waves(worker: EngineWorker, prompts: list[list[int]], checked: list,
+                  params: SamplingParams, n: int, param: str, gone: Callable[[], bool],
+                  made: dict) -> None:
+    """Choices.submit's submits, into `made` as they are made: choice 0 of every prompt, then
+    (once each has started, with the prefix cache on) the others."""
+    config = worker.engine.config
+    later = dataclasses.replace(params, prompt_logprobs=None)
+    for wave, asked in ((range(1), params), (range(1, n), later)):
+        for p, ids in enumerate(prompts):
+            for i in wave:
+                with _refused(param, p, len(prompts)):
+                    made[p, i] = worker.submit(ids, choice_params(
+                        asked, i, len(ids), worker.max_model_len), checked=checked[p])
+        if wave.start or n == 1 or not config.enable_prefix_cache:
+            continue
+        for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
+            while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
+                if gone():
+                    raise ClientGone
+
+
+class NotRun:
+    """A choice of an in-flight request that the engine, stopping, would not take: read as a
+    RequestHandle whose request was aborted before its first step (no tokens, finish_reason
+    "abort"), as the request's running choices end."""
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.output = RequestOutput(
+            request_id="", prompt_token_ids=list(prompt_ids), token_ids=[], text="",
+            finish_reason="abort", num_prompt_tokens=len(prompt_ids), num_cached_tokens=0,
+            num_computed_tokens=0, num_completion_tokens=0, ttft_s=None)
+        self.started, self.ended = threading.Event(), True
+        self.started.set()
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        yield StreamEvent("", [], self.output)
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        return self.output
+
+    def abort(self) -> None:
+        """(Nothing runs.)"""
+
+
 @contextlib.contextmanager
 def _refused(param: str, p: int, num_prompts: int):
     """A prompt the engine refuses as an ApiError(400) naming `param` (and which prompt, of
@@ -256,44 +267,3 @@ def _pump(index: int, handle: RequestHandle, events: queue.SimpleQueue) -> None:
     except Exception as e:  # noqa: BLE001 - raised by Choices.merged in the request's thread
         events.put((index, e))
     events.put((index, _END))
-
-
-def usage(outputs: list[RequestOutput], n: int) -> dict:
-    """OpenAI's usage: each prompt counted once (its cached tokens those of its choice that
-    reused the least), the completion tokens of every choice."""
-    prompts = [outputs[k : k + n] for k in range(0, len(outputs), n)]
-    prompt_tokens = sum(group[0].num_prompt_tokens for group in prompts)
-    completion_tokens = sum(out.num_completion_tokens for out in outputs)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {
-            "cached_tokens": sum(min(out.num_cached_tokens for out in group) for group in prompts)},
-    }
-
-
-def response(shape: Shape, head: dict, outputs: list[RequestOutput], n: int) -> dict:
-    """The whole (non-streamed) response; `head` holds its id, created and model."""
-    return {**head, "object": shape.object,
-            "choices": [shape.choice(index, out) for index, out in enumerate(outputs)],
-            "usage": usage(outputs, n), **shape.fields(outputs)}
-
-
-def stream_chunks(shape: Shape, choices: Choices, include_usage: bool,
-                  gone: Callable[[], bool] = lambda: False) -> Iterator[dict]:
-    """A stream's chunks, less their head (id, object, created, model): every choice's opening,
-    then each event's deltas as they come, then (include_usage: theirs null) one usage chunk;
-    ConnectionResetError if the client goes (`gone`) while they wait (see Choices.merged)."""
-    null = {"usage": None} if include_usage else {}  # (OpenAI's: usage null until the last)
-    for index in range(len(choices.handles)):
-        for choice in shape.opening(index):
-            yield {"choices": [choice], **null}
-    outputs: list[RequestOutput | None] = [None] * len(choices.handles)
-    for index, event in choices.merged(gone):
-        for choice in shape.deltas(index, event):
-            yield {"choices": [choice], **null}
-        if event.output is not None:
-            outputs[index] = event.output
-    if include_usage:
-        yield {"choices": [], "usage": usage(outputs, choices.n)}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from statechat.api_choices import Shape, finish_reason
 from statechat.api_logprobs import (
     TextOffsets,
     completion_logprobs,
@@ -34,6 +33,7 @@ from statechat.api_request import (
     parse_params,
     whole_number,
 )
+from statechat.api_response import Shape, finish_reason
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -82,8 +82,8 @@ def _prompts(raw, worker: EngineWorker, add_special_tokens: bool,
                 p.encode()
     except UnicodeEncodeError:  # JSON's \ud800 escapes make lone surrogates
         raise ApiError(400, "prompt is not valid Unicode (a lone surrogate)", "prompt") from None
-    tokenizer = worker.engine.tokenizer
-    with worker.tokenizer_lock:
+    texts = sum(len(p) for p in prompts if isinstance(p, str))
+    with worker.tokenizer_for(texts) as tokenizer:
         return prompts, [tokenizer.encode(p, add_special_tokens=add_special_tokens)
                          if isinstance(p, str) else p for p in prompts]
 

@@ -17,9 +17,16 @@ reply is reasoning up to the `</think>` it writes, then the answer. The rules:
 A stream gets the same split (ReasoningStream): each delta's text goes to reasoning or to the
 answer as it comes, a delta that spans `</think>` gives both, and a text that may be the start
 of a tag (`</th`) is held back until the next delta says whether it is one.
+
+A reply's reasoning tokens (usage's `completion_tokens_details.reasoning_tokens`) are its
+completion tokens up to and including the one that completes its `</think>` (its own
+`<think>` counted too): all of them for a reply that is all reasoning, none for one that is
+all answer (`reasoning_tokens`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from statechat.errors import ConfigError
 
@@ -90,3 +97,42 @@ def split_reply(text: str, opened: bool) -> tuple[str | None, str | None]:
     reasoning, answer = stream.feed(text)
     rest_reasoning, rest_answer = stream.flush()
     return (reasoning + rest_reasoning) or None, (answer + rest_answer) or None
+
+
+def reasoning_end(text: str, opened: bool) -> int:
+    """Where a whole reply's reasoning ends in `text`, its `</think>` included: 0 for a reply
+    that is all answer, len(text) for one that is all reasoning (split_reply's rules)."""
+    head = text.lstrip()
+    lead = len(text) - len(head)
+    if lead <= MAX_LEAD and head.startswith(OPEN):
+        start = lead + len(OPEN)
+    elif opened:
+        start = 0
+    else:
+        return 0
+    close = text.find(CLOSE, start)
+    return len(text) if close < 0 else close + len(CLOSE)
+
+
+def reasoning_tokens(decode: Callable[[list[int]], str], token_ids: list[int], text: str,
+                     opened: bool) -> int:
+    """The reasoning's share of a reply's completion `token_ids` (whose text is `text`, as
+    `decode` gives it, less what a stop string cut): the tokens up to and including the one
+    whose text completes the reasoning's `</think>`; all of them when the reply has no
+    `</think>` after its reasoning began (its end, its end-of-turn token included, is
+    reasoning); 0 for a reply that is all answer. A binary search of the decoded prefixes
+    (each once a prefix holds the tag, all longer ones do): log2(len) decodes."""
+    end = reasoning_end(text, opened)
+    if end == 0:
+        return 0
+    if not text[:end].endswith(CLOSE):
+        return len(token_ids)
+    start = end - len(CLOSE)
+    low, high = 1, len(token_ids)  # (the tag is complete in the ids[:high] prefix)
+    while low < high:
+        mid = (low + high) // 2
+        if decode(token_ids[:mid]).find(CLOSE, start) >= 0:
+            high = mid
+        else:
+            low = mid + 1
+    return high

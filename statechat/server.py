@@ -10,7 +10,8 @@ share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "typ
 "code"}}. With an API key, every request but /health needs `Authorization: Bearer KEY`. Pages
 of the allowed origins (those of this machine, by default) may call it from a browser (CORS). A
 request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py);
-its choices are submitted, awaited and streamed by api_choices.py, which the two APIs share.
+its choices are submitted, awaited and streamed by api_choices.py, and written as a response or
+a stream's chunks by api_response.py, which the two APIs share.
 Fields of a body that its API does not read (bar those ignored on purpose,
 api_request.IGNORED_FIELDS) are named in one warning line of the log, and the request is
 served without them. Reading bodies, answering JSON, CORS and the errors' shape are
@@ -30,7 +31,7 @@ import uuid
 from http.server import ThreadingHTTPServer
 
 from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_prompt, chat_shape
-from statechat.api_choices import Choices, ClientGone, Shape, response, stream_chunks
+from statechat.api_choices import Choices, ClientGone
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
@@ -47,6 +48,7 @@ from statechat.api_request import (
     parse_stream,
     unknown_fields,
 )
+from statechat.api_response import Shape, response, stream_chunks
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -103,10 +105,10 @@ class ChatServer(ThreadingHTTPServer):
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop as uvicorn does: accept no connection, stop the worker (replies under way end
-        with "abort"; a request that comes meanwhile is a 503; its pending cache writes get up
-        to FLUSH_WAIT_S, and a line says so past it), then close the idle keep-alive
-        connections (a client sees them closed, not hung) and wait up to `wait_s` for the
-        answers still being written."""
+        with "abort", a request's choices not started yet too; a request that comes meanwhile
+        is a 503; its pending cache writes get up to FLUSH_WAIT_S, and a line says so past
+        it), then close the idle keep-alive connections (a client sees them closed, not hung)
+        and wait up to `wait_s` for the answers still being written."""
         self.server_close()
         if not self.worker.shutdown(FLUSH_WAIT_S):
             print(f"statechat: the engine had not stopped after {FLUSH_WAIT_S} s; cache writes "
@@ -197,7 +199,7 @@ class Handler(JsonHandler):
         prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
         params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
                               vocab_size=worker.engine.loaded.config.vocab_size)
-        shape = chat_shape(worker, prompt_ids, self.server.reasoning_parser)
+        shape = chat_shape(worker, body, prompt_ids, self.server.reasoning_parser)
         outputs = self._answer(body, shape, [prompt_ids], params, parse_n(body), "messages")
         if outputs and self.server.next_turns is not None:
             self.server.next_turns.after_reply(body, outputs)
@@ -231,8 +233,7 @@ class Handler(JsonHandler):
             self.close_connection = True
             self._log_ended(e.choices, rid)
             return None
-        except ShuttingDownError as e:  # (the server stops: not the request's fault)
-            self._log_ended(getattr(e, "choices", None), rid)  # (n > 1: choice 0 may have run)
+        except ShuttingDownError as e:  # (the server stops: not the request's fault; none ran)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
         head = {"id": rid, "created": int(time.time()), "model": self.server.model_id}
         try:

@@ -12,6 +12,8 @@ submitted from several threads join the running batch at the next step (continuo
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import queue
 import threading
 import time
@@ -23,6 +25,7 @@ from statechat.engine.sequence import Sequence
 from statechat.errors import ShuttingDownError
 
 _DONE = object()
+LONG_TEXT_CHARS = 1 << 16  # a text past this many characters is tokenized in the long lane
 
 
 class RequestHandle:
@@ -100,6 +103,8 @@ class EngineWorker:
     def __init__(self, engine: LLMEngine, name: str = "statechat-engine") -> None:
         self.engine = engine
         self.tokenizer_lock = threading.Lock()  # guard for render() calls from many threads
+        self._long_lock = threading.Lock()  # the long lane's (see tokenizer_for)
+        self._long_tokenizer = None  # its copy of the tokenizer, made at its first use
         self._inbox: queue.Queue = queue.Queue()
         self._live: dict[int, RequestHandle] = {}  # seq_id -> handle
         self._stopping = False
@@ -110,11 +115,29 @@ class EngineWorker:
     # --- any thread ---------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                template_kwargs: dict | None = None) -> list[int]:
-        """Token ids of a conversation with the model's chat template (serialized)."""
+        """Token ids of a conversation with the model's chat template (serialized, in the
+        lane of its text's length: see tokenizer_for)."""
         from statechat.chat.template import render
 
-        with self.tokenizer_lock:
-            return render(self.engine.tokenizer, messages, add_generation_prompt, template_kwargs)
+        with self.tokenizer_for(_num_chars(messages)) as tokenizer:
+            return render(tokenizer, messages, add_generation_prompt, template_kwargs)
+
+    @contextlib.contextmanager
+    def tokenizer_for(self, num_chars: int):
+        """The tokenizer to encode a text of `num_chars` characters with, held by the caller
+        alone meanwhile. A text past LONG_TEXT_CHARS gets a copy of the tokenizer of its own
+        under a lock of its own (the long lane): a prompt of megabytes, seconds of encoding,
+        holds up the other long ones only, not every request's tokenization. (Encoding
+        releases the GIL, so the lanes run side by side.)"""
+        if num_chars <= LONG_TEXT_CHARS:
+            with self.tokenizer_lock:
+                yield self.engine.tokenizer
+            return
+        with self._long_lock:
+            if self._long_tokenizer is None:
+                with self.tokenizer_lock:  # (copied while no one uses it)
+                    self._long_tokenizer = copy.deepcopy(self.engine.tokenizer)
+            yield self._long_tokenizer
 
     def idle(self) -> bool:
         """Whether no request is queued or running (seen from another thread: the state of a
@@ -231,3 +254,15 @@ class EngineWorker:
         for handle in list(self._live.values()):
             self.engine.abort(handle.seq)
             self._publish(handle)
+
+
+def _num_chars(value) -> int:
+    """The characters of the strings in `value` (messages: their parts' too), to choose a
+    tokenizer's lane by."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_num_chars(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_num_chars(v) for v in value)
+    return 0

@@ -2,7 +2,9 @@
 TimeoutError while the request runs and returns its output once it ends (and at once on every
 later call, as an iteration after it ends at once); a request that failed raises its error on
 every call; `started` is set by the first event, by a failure and by an abort; a request's
-time to first token counts from its submission, also when the worker was inside a step."""
+time to first token counts from its submission, also when the worker was inside a step; a
+long prompt's tokenization (seconds for megabytes) holds up no short prompt's, and gives the
+same ids."""
 
 from __future__ import annotations
 
@@ -117,3 +119,38 @@ def test_time_to_first_token_counts_from_the_submission(worker, monkeypatch):
     release.set()
     first.result(timeout=60)
     assert second.result(timeout=60).ttft_s >= 1.0
+
+
+def test_a_long_prompt_being_tokenized_holds_up_no_short_one(worker, monkeypatch):
+    """(One lock held every request's tokenization behind a 3 MB prompt's 2.4 s, 30 MB's a
+    minute.) The long prompt's encoding is held here until the short one is done."""
+    from statechat.chat import template
+    from statechat.engine.worker import LONG_TEXT_CHARS
+
+    render, entered, release = template.render, threading.Event(), threading.Event()
+
+    def held_render(tokenizer, messages, *args):
+        if len(messages[0]["content"]) > LONG_TEXT_CHARS:
+            entered.set()
+            assert release.wait(30)
+        return render(tokenizer, messages, *args)
+
+    monkeypatch.setattr(template, "render", held_render)
+    long_text = "state cache " * (LONG_TEXT_CHARS // 10)
+    got = {}
+    long = threading.Thread(target=lambda: got.update(long=worker.render(
+        [{"role": "user", "content": long_text}])))
+    long.start()
+    try:
+        assert entered.wait(30)
+        short = threading.Thread(target=lambda: got.update(short=worker.render(
+            [{"role": "user", "content": "hi"}])))
+        short.start()
+        short.join(10)
+        assert "short" in got, "the short prompt waited for the long one"
+    finally:
+        release.set()
+        long.join(30)
+    tokenizer = worker.engine.tokenizer
+    assert got["long"] == render(tokenizer, [{"role": "user", "content": long_text}])
+    assert got["short"] == render(tokenizer, [{"role": "user", "content": "hi"}])

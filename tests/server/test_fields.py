@@ -6,12 +6,12 @@ fields are those the parsers read."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
 import urllib.request
 from types import SimpleNamespace
 
-from statechat.api_chat import CHAT_FIELDS, chat_prompt
+from statechat.api_chat import CHAT_FIELDS, chat_prompt, chat_shape
 from statechat.api_completions import COMPLETION_FIELDS, parse_completion
 from statechat.api_http import named
 from statechat.api_request import (
@@ -108,10 +108,12 @@ def test_the_known_fields_are_those_read():
     chat = Reads(CHAT)
     worker = SimpleNamespace(render=lambda messages, add, template_kwargs: [1, 2])
     chat_prompt(worker, chat, {})
+    chat_shape(SimpleNamespace(engine=SimpleNamespace(tokenizer=None)), chat, [1, 2], None)
     assert chat.read | SHARED_FIELDS == CHAT_FIELDS
     text = Reads({"prompt": [1, 2, 3]})  # (its other fields go to parse_params, as `shared`)
     loaded = SimpleNamespace(config=SimpleNamespace(vocab_size=300))
-    worker = SimpleNamespace(tokenizer_lock=threading.Lock(), max_model_len=100,
+    worker = SimpleNamespace(tokenizer_for=lambda num_chars: contextlib.nullcontext(None),
+                             max_model_len=100,
                              engine=SimpleNamespace(tokenizer=None, loaded=loaded))
     parse_completion(text, worker, DEFAULT_SAMPLING)
     assert text.read | (SHARED_FIELDS - {"top_logprobs"}) == COMPLETION_FIELDS

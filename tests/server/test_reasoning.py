@@ -2,7 +2,9 @@
 reasoning is what comes before `</think>` when the prompt opened `<think>` (or the reply opens
 it itself), a reply cut before `</think>` is all reasoning, one whose prompt did not open it is
 all answer; and a stream, however its text is cut into deltas (`</th` + `ink>` included), gives
-the same two parts, holding back no more than a tag's possible start."""
+the same two parts, holding back no more than a tag's possible start. A reply's reasoning
+tokens are those up to and including the one that completes its `</think>`, all of them when
+it is all reasoning, none when it is all answer, whatever the tokens' cuts."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import itertools
 
 import pytest
 
-from statechat.api_reasoning import ReasoningStream, check_parser, split_reply
+from statechat.api_reasoning import (
+    ReasoningStream,
+    check_parser,
+    reasoning_tokens,
+    split_reply,
+)
 from statechat.errors import ConfigError
 
 CASES = [  # (text, the prompt opened <think>, reasoning, answer)
@@ -84,3 +91,24 @@ def test_only_a_known_parser_is_taken():
     assert check_parser("qwen3") == "qwen3" and check_parser(None) is None
     with pytest.raises(ConfigError, match="^--reasoning-parser must be qwen3, got 'deepseek_r1'$"):
         check_parser("deepseek_r1")
+
+
+TOKEN_CASES = [  # (the reply's tokens' texts, the prompt opened <think>, reasoning tokens)
+    (["plan", "\n", "</think>", "\n\n", "answer"], True, 3),
+    (["pl", "an</", "thi", "nk>\n", "\nans", "wer"], True, 4),  # (the tag cut over tokens)
+    (["still", " thinking", ""], True, 3),  # (cut inside it: all, an end-of-turn included)
+    (["</think>", "answer"], True, 1),
+    (["just", " an", " answer"], False, 0),
+    (["a ", "</think>", " b"], False, 0),
+    (["\n", "<think>", "plan", "</think>", "x"], False, 4),  # (it opens its own)
+    (["<think>", "plan"], False, 2),
+    (["plan</think>a", "</think>b"], True, 1),  # (the first tag ends it)
+    ([], True, 0),
+]
+
+
+@pytest.mark.parametrize("pieces, opened, count", TOKEN_CASES)
+def test_the_reasoning_tokens_are_those_up_to_its_end(pieces, opened, count):
+    decode = lambda ids: "".join(pieces[i] for i in ids)
+    ids = list(range(len(pieces)))
+    assert reasoning_tokens(decode, ids, decode(ids), opened) == count

@@ -3,8 +3,12 @@ by token (the tiny model never writes `</think>` of itself): the message's `reas
 old name `reasoning_content`) holds the reasoning and `content` the answer, whole or streamed
 (each delta carries one or the other, both where it spans the tag), for every choice of n; a
 reply cut inside its reasoning is all reasoning with a null content; `enable_thinking: false`
-leaves it all content; logprobs and usage still count every token; /v1/completions and a server
-without the flag give the raw text; a reasoning sent back reaches the template."""
+leaves it all content; logprobs and usage still count every token, and usage counts the
+reasoning's (completion_tokens_details.reasoning_tokens, summed over choices, whole or
+streamed); `include_reasoning: false` leaves the reasoning's fields out and the content as it
+was; /v1/completions and a server without the flag give the raw text (no reasoning_tokens),
+`include_reasoning` taken and doing nothing there; a reasoning sent back reaches the
+template."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
@@ -33,6 +38,7 @@ from tests.server.conftest import KEY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 REPLY = "Let me see.</think>\n\nIt is 4."
+THOUGHT = "Let me see.</think>"  # (the reasoning's tokens spell it: one a character)
 ASK = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "temperature": 0}
 
 
@@ -78,6 +84,18 @@ def forced(server, monkeypatch):
 
 def post(server, route: str, body: dict) -> list[dict] | dict:
     """The JSON answer, or a stream's chunks."""
+    return answer(server, route, body)[1]
+
+
+def answer(server, route: str, body: dict) -> tuple[int, list[dict] | dict]:
+    """The status and JSON answer (an error's too), or a stream's chunks."""
+    try:
+        return 200, _post(server, route, body)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _post(server, route: str, body: dict) -> list[dict] | dict:
     req = urllib.request.Request(f"{server.url}{route}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
                                           "Authorization": f"Bearer {KEY}"})
@@ -244,3 +262,52 @@ def test_reasoning_sent_back_reaches_the_template(loaded, name):
     with pytest.raises(ApiError) as bad:
         chat_prompt(worker, {"messages": [ASK["messages"][0], {**turn, name: 4}]}, {})
     assert bad.value.status == 400 and bad.value.param == f"messages[1].{name}"
+
+
+def test_usage_counts_the_reasoning_tokens_of_every_choice(server, forced):
+    """(It was left out: a client could not tell the reasoning's cost from the answer's.)"""
+    thought = len(THOUGHT)
+    whole = post(server, "/v1/chat/completions", {**ASK, "n": 2})["usage"]
+    assert whole["completion_tokens_details"] == {"reasoning_tokens": 2 * thought}
+    chunks = post(server, "/v1/chat/completions", {**ASK, "n": 2, "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    assert chunks[-1]["usage"] == {**whole, "prompt_tokens_details": chunks[-1]["usage"][
+        "prompt_tokens_details"]}
+    cut = post(server, "/v1/chat/completions", {**ASK, "max_tokens": 6})["usage"]
+    assert cut["completion_tokens_details"] == {"reasoning_tokens": 6}  # (all reasoning)
+    plain = post(server, "/v1/chat/completions",
+                 {**ASK, "chat_template_kwargs": {"enable_thinking": False}})["usage"]
+    assert plain["completion_tokens_details"] == {"reasoning_tokens": 0}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_leaves_the_reasoning_out(server, forced, stream):
+    """(vLLM's field was ignored: the reasoning went out all the same.)"""
+    body = {**ASK, "n": 2, "include_reasoning": False, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+    reply = post(server, "/v1/chat/completions", body)
+    if not stream:
+        for choice in reply["choices"]:
+            assert choice["message"] == {"role": "assistant", "content": "\n\nIt is 4."}
+        usage = reply["usage"]
+    else:
+        for k in range(2):
+            deltas = [c["choices"][0]["delta"] for c in reply
+                      if c["choices"] and c["choices"][0]["index"] == k]
+            assert not any({"reasoning", "reasoning_content"} & set(d) for d in deltas)
+            assert "".join(d.get("content", "") for d in deltas) == "\n\nIt is 4."
+        usage = reply[-1]["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 2 * len(THOUGHT)}
+
+
+@pytest.mark.parametrize("parser", ["qwen3", None])
+def test_include_reasoning_must_be_true_or_false(server, forced, monkeypatch, parser):
+    monkeypatch.setattr(server, "reasoning_parser", parser)
+    for bad in ("no", 0, [], {}):
+        status, reply = answer(server, "/v1/chat/completions", {**ASK, "include_reasoning": bad})
+        assert status == 400 and reply["error"]["param"] == "include_reasoning", bad
+    if parser is None:  # (taken, and changes nothing: the raw text, no reasoning_tokens)
+        for flag in (True, False):
+            reply = post(server, "/v1/chat/completions", {**ASK, "include_reasoning": flag})
+            assert reply["choices"][0]["message"] == {"role": "assistant", "content": REPLY}
+            assert "completion_tokens_details" not in reply["usage"]

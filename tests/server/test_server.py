@@ -506,10 +506,13 @@ def wait_for(ready, seconds: float = 30) -> None:
         time.sleep(0.005)
 
 
-def test_a_503_after_the_first_choice_started_logs_that_choices_reuse(capsys):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_in_flight_when_the_engine_stops_answers_every_choice(capsys, stream):
     """With n > 1, choice 0 is queued first and the others once it has started; when the engine
-    stops in between, the request is a 503 and choice 0's reuse line is still logged, marked
-    aborted (it ran, so its line is due, as for a client that leaves)."""
+    stops in between, the request (taken before the stop) is answered as one of a single
+    choice is, not with a 503: every choice ends with finish_reason "abort", those the engine
+    would not take with no tokens. Choice 0's reuse line is logged, marked aborted (it ran);
+    the others, which never ran, log none."""
     srv, worker, thread = own_server()
     srv.quiet = False
     engine, gate = worker.engine, threading.Event()
@@ -521,11 +524,11 @@ def test_a_503_after_the_first_choice_started_logs_that_choices_reuse(capsys):
 
     engine.step = gated_step
     content = " ".join(["stop while the first choice runs"] * 30)
-    body = json.dumps({"messages": [{"role": "user", "content": content}], "n": 3,
-                       "max_tokens": 5}).encode()
+    body = {"messages": [{"role": "user", "content": content}], "n": 3, "max_tokens": 5,
+            "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
     try:
         with ThreadPoolExecutor(1) as pool:
-            answer = pool.submit(raw_post, srv, body)
+            answer = pool.submit(post_any, srv, body)
             wait_for(lambda: engine.has_unfinished() or answer.done())  # choice 0 is queued
             stopping = threading.Thread(target=worker.shutdown)
             stopping.start()
@@ -538,9 +541,36 @@ def test_a_503_after_the_first_choice_started_logs_that_choices_reuse(capsys):
         srv.shutdown()
         srv.server_close()
         thread.join(10)
-    assert status == 503 and reply["error"]["code"] == "shutting_down"
+    assert status == 200, reply
+    if stream:
+        choices = [c["choices"][0] for c in reply if c["choices"]]
+        finishes = {c["index"]: c["finish_reason"] for c in choices if c["finish_reason"]}
+        assert not [c for c in choices if c["index"] and c["delta"].get("content")]
+        usage = reply[-1]["usage"]
+    else:
+        finishes = {c["index"]: c["finish_reason"] for c in reply["choices"]}
+        assert [c["message"]["content"] for c in reply["choices"][1:]] == ["", ""]
+        usage = reply["usage"]
+    assert finishes == {0: "abort", 1: "abort", 2: "abort"} and usage["prompt_tokens"] > 700
     lines = [line for line in capsys.readouterr().err.splitlines() if "prompt tokens" in line]
     assert len(lines) == 1 and lines[0].endswith("; aborted")
+
+
+def post_any(server, body: dict) -> tuple[int, dict | list[dict]]:
+    """The status and JSON answer of a chat request, or a stream's chunks."""
+    status, text = 0, ""
+    req = urllib.request.Request(f"{server.url}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    if not body.get("stream"):
+        return status, json.loads(text)
+    return status, [json.loads(line[6:]) for line in text.splitlines()
+                    if line.startswith("data: {")]
 
 
 def test_a_gets_body_is_not_read_as_the_next_request(server):
