@@ -5,7 +5,7 @@ a new conversation, the next turn of one, an earlier user message edited, the la
 regenerated, a reply continued. Requests of one round often share a prefix that another of
 them is still computing. With the prefix cache on, every request's greedy tokens equal those
 of an engine with it off, under token budgets that chunk prompts, block counts that preempt and
-evict, and several checkpoint intervals. The CPU runs four of the configurations; a GPU
+evict, and several checkpoint intervals. The CPU runs five of the configurations; a GPU
 (Triton kernels, CUDA graphs, asynchronous steps) runs them all, with more seeds.
 """
 
@@ -26,17 +26,20 @@ from tests.helpers import BLOCK
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
          "gate", "kernel", "slot", "graph", "chunk", "reply"]
 ON_GPU = torch.cuda.is_available()
-# (name, engine overrides); the CPU runs the first four
+# (name, engine overrides; "disk": a disk tier, and the engine restarted half-way, so that
+# later rounds resume from disk alone); the CPU runs the first five
 CONFIGS = [
     ("small budget, interval 1", {"max_num_batched_tokens": 128, "checkpoint_interval": 1}),
     ("defaults", {}),
     ("few blocks: preempts and evicts", {"num_kv_blocks": 14, "checkpoint_interval": 2}),
     ("few state slots", {"max_num_batched_tokens": 192, "num_state_slots": 7,
                          "checkpoint_interval": 3}),
+    ("disk tier, restarted", {"disk": True, "max_num_batched_tokens": 256,
+                              "checkpoint_interval": 2}),
     ("no graphs, synchronous", {"use_graphs": False, "async_scheduling": False,
                                 "max_num_batched_tokens": 64}),
 ]
-CASES = [(name, overrides, seed) for name, overrides in (CONFIGS if ON_GPU else CONFIGS[:4])
+CASES = [(name, overrides, seed) for name, overrides in (CONFIGS if ON_GPU else CONFIGS[:5])
          for seed in ((1, 2, 3) if ON_GPU else (1, 2))]
 
 
@@ -101,16 +104,21 @@ def model(tiny_dirs):
 
 
 @pytest.mark.parametrize("name, overrides, seed", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
-def test_forked_conversations_arriving_together_match_no_cache(model, name, overrides, seed):
+def test_forked_conversations_arriving_together_match_no_cache(model, name, overrides, seed,
+                                                              tmp_path):
     path, loaded, device = model
-    base = {"model": path, "device": device, "dtype": "float32"}
-    cached = LLMEngine(EngineConfig(**base, **overrides), loaded=loaded)
-    plain = LLMEngine(EngineConfig(**base, **overrides, enable_prefix_cache=False),
-                      loaded=loaded)
+    overrides = dict(overrides)
+    disk = {"cache_dir": tmp_path} if overrides.pop("disk", False) else {}
+    base = {"model": path, "device": device, "dtype": "float32", **overrides}
+    cached = LLMEngine(EngineConfig(**base, **disk), loaded=loaded)
+    plain = LLMEngine(EngineConfig(**base, enable_prefix_cache=False), loaded=loaded)
     rng = random.Random(seed)
     work = Workload(rng, cached.tokenizer)
-    reused = 0
-    for _round in range(5 if ON_GPU else 3):
+    reused, rounds = 0, 5 if ON_GPU else 3
+    for _round in range(rounds):
+        if disk and _round == rounds // 2:  # a new process's engine: the disk tier alone
+            cached.close()
+            cached = LLMEngine(EngineConfig(**base, **disk), loaded=loaded)
         made = [work.prompt() for _ in range(rng.randint(3, 6 if ON_GPU else 4))]
         prompts = [ids for ids, _ in made]
         params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in made]
