@@ -6,7 +6,9 @@ A prefill chunk asks the kernels for checkpoints at the prompt's last boundary s
 state at each block boundary it crosses (and at the prompt's end, where that is one) in a pending
 slot, published as the reply-end checkpoint when the sequence finishes (a reply computed again
 after a preemption keeps its last boundary so too; one that crosses an interval checkpoint drops
-the earlier pending state). A boundary whose hash
+the earlier pending state). A decode's state reaches its slot by a copy after the step
+(`copying`): an interval checkpoint is published, and a pending state kept, only once the copy
+has run (`copied`); a copy that fails leaves neither (`drop_copies`). A boundary whose hash
 already has a checkpoint gets no other, and a checkpoint never waits for a slot: with none free
 it is skipped.
 """
@@ -20,14 +22,16 @@ from statechat.engine.sequence import Sequence
 
 class CheckpointPolicy:
     """The checkpoints of Scheduler (whose `__init__` sets what these read): `slots`, `bs` (the
-    block size), `interval` (blocks between checkpoints of a long prefill; 0: none), `use_cache`
-    and `new_checkpoints` (published since the last take)."""
+    block size), `interval` (blocks between checkpoints of a long prefill; 0: none), `use_cache`,
+    `new_checkpoints` (published since the last take) and `copying` (the slot copies the last
+    postprocess asked for, not run yet: (sequence, boundary, destination slot))."""
 
     slots: SlotPool
     bs: int
     interval: int
     use_cache: bool
     new_checkpoints: list[NewCheckpoint]
+    copying: list[tuple[Sequence, int, int]]
 
     def _checkpoint_targets(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
         if not self.use_cache:
@@ -74,19 +78,40 @@ class CheckpointPolicy:
             return []  # checkpoint, or the same prompt's, computed before)
         if self.interval and b % (self.interval * self.bs) == 0 and not self.slots.has(h):
             slot = self.slots.allocate()
-            if slot is not None:
-                self._publish(seq, b, slot)
+            if slot is not None:  # (published once copied)
                 # the reply's end is at or past this checkpoint now: a state pending at an
                 # earlier boundary would be a checkpoint the policy does not keep
                 self.slots.release(seq.pending_slot)
                 seq.pending_slot = seq.pending_tokens = 0
+                self.copying.append((seq, b, slot))
                 return [(seq.slot, slot)]
         if not seq.pending_slot:
             seq.pending_slot = self.slots.allocate() or 0
         if not seq.pending_slot:
             return []
         seq.pending_tokens = b
+        self.copying.append((seq, b, seq.pending_slot))
         return [(seq.slot, seq.pending_slot)]
+
+    def copied(self) -> None:
+        """The copies `postprocess` asked for have run: publish the interval checkpoints among
+        them (a pending state is published when its sequence finishes)."""
+        copying, self.copying = self.copying, []
+        for seq, boundary, slot in copying:
+            if slot != seq.pending_slot:
+                self._publish(seq, boundary, slot)
+
+    def drop_copies(self) -> None:
+        """The copies `postprocess` asked for did not run, or may not have run whole (a device
+        error, an interrupt, a failure in postprocess itself): give their slots back, unpublished.
+        A pending state among them is dropped, whatever boundary it held before: the copy may
+        have overwritten part of it, and published at its sequence's end a later request would
+        resume from it (and the disk tier keep it)."""
+        copying, self.copying = self.copying, []
+        for seq, _, slot in copying:
+            if slot == seq.pending_slot:
+                seq.pending_slot = seq.pending_tokens = 0
+            self.slots.release(slot)
 
     def drop_targets(self, batch) -> None:
         """A step that failed before it was postprocessed (before its tokens were read, or

@@ -167,10 +167,8 @@ class LLMEngine(Requests):
         return self.scheduler.has_work()
 
     def drop_device_cache(self) -> None:
-        """Forget every cached block and checkpoint of the device tier (no request may run).
-
-        The lower tiers keep theirs: the next request resumes from host memory or disk.
-        """
+        """Forget every cached block and checkpoint of the device tier (no request may run);
+        the lower tiers keep theirs: the next request resumes from host memory or disk."""
         if self.scheduler.has_work():
             raise RuntimeError("drop_device_cache needs an idle engine")
         if self.store is not None:
@@ -229,6 +227,7 @@ class LLMEngine(Requests):
                 keep_prompt_logprobs(batch, self.runner.scored(batch), prompt)
             copies, posted = self.scheduler.postprocess(batch, tokens), True
             self.runner.copy_slots(copies)
+            self.scheduler.copied()  # (on a failure, drop_copies: no checkpoint of a failed copy)
             for seq in updated:
                 if seq.first_token_time is None:
                     seq.first_token_time = now
@@ -242,6 +241,7 @@ class LLMEngine(Requests):
                     updated.append(seq)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         except BaseException:
+            self.scheduler.drop_copies()
             if not posted:  # (its checkpoint slots are neither published nor given back)
                 self.scheduler.drop_targets(batch)
             self._drop_ahead()

@@ -18,6 +18,8 @@ from statechat.engine.sequence import Sequence
 
 PROMPT_CONTEXT = 4  # prompt tokens decoded before a reply's first: they hold at most the 3 bytes
 # of an unfinished character (UTF-8's longest is 4)
+MAX_HELD = 3  # reply tokens held back with no whole character before the text goes on: a
+# character's bytes (4 at most) that begin in the first held token end by the 4th
 
 
 @dataclass(frozen=True)
@@ -112,35 +114,49 @@ def detokenize(decode: Callable[[list[int]], str], seq: Sequence, final: bool,
     a trailing partial UTF-8 character is held back until it completes. `drop_last` (the
     reply's last token, a stop token) adds no text but counts as turned into text.
 
-    Until the first text, the last PROMPT_CONTEXT prompt tokens are decoded before the reply's
-    (vLLM's priming), and the reply's text is what they do not already show: a character whose
-    first bytes end the prompt (a prompt of token ids may end inside one) shows whole, rather
-    than as U+FFFD for the bytes the reply completes it with.
+    Each step decodes seq.detok_window: a context, whose text is shown already, then the tokens
+    held back since (bytes that made no whole character yet), then the new ones. Until the
+    first text, the context is the last PROMPT_CONTEXT prompt tokens (vLLM's priming), and the
+    reply's text is what they do not already show: a character whose first bytes end the prompt
+    (a prompt of token ids may end inside one) shows whole, rather than as U+FFFD for the bytes
+    the reply completes it with.
 
     Tokens that decode to nothing (special tokens, which decode skips) are left out of the
-    next decodes unless they follow bytes held back: a run of them costs a token's decode a
-    step, not the run's (a reply of special tokens alone decoded all of it at every step)."""
+    window: a run of them costs a token's decode a step, not the run's, bytes held back before
+    it or not (such a character still shows whole when its bytes come after the run). More than
+    MAX_HELD tokens held back make the text go on: it shows all but the character they leave
+    unfinished, whose bytes begin the next context (so the window stays a few tokens, and a
+    reply that never finishes a character shows U+FFFD for it, as a decode of it all does)."""
     ids, num_prompt = seq.token_ids, seq.num_prompt_tokens
     end = len(ids) - num_prompt - drop_last
-    # (in the reply's ids) the context [start, read) shows text already made; [read, gap)
-    # added none and is left out; [gap, end) is decoded after the context
-    start, read, gap = seq.detok_offsets
-    if read == 0:
-        start = -min(PROMPT_CONTEXT, num_prompt)
-    context = ids[num_prompt + start : num_prompt + read]
-    before = decode(context)
-    after = decode(context + ids[num_prompt + gap : num_prompt + end])
+    # (window[:read] is the context; the last `unshown` characters of its text are not shown
+    # yet; `seen` reply tokens have been looked at)
+    read, seen, unshown = seq.detok_offsets
+    window = seq.detok_window
+    if seen == 0:
+        window = ids[num_prompt - min(PROMPT_CONTEXT, num_prompt) : num_prompt]
+        read = len(window)
+    added = ids[num_prompt + seen : num_prompt + end]
+    context = decode(window[:read])
+    before = context[: len(context) - unshown]
+    after = decode(window + added)
     # (before shows whole characters, which more bytes leave as they were, except for the
     # prompt's unfinished one: its U+FFFD gives way to the character)
     shown = len(before) if after.startswith(before) else len(os.path.commonprefix([before, after]))
     new = after[shown:]
-    if final or (new and not new.endswith("\ufffd")):
-        seq.text += new
-        seq.detok_offsets = (gap, end, end)
+    held = window[read:] + added
+    if not final and added and not decode(added) and (
+            after == (context if len(window) == read else decode(window))):
+        seq.detok_window, seq.detok_offsets = window, (read, end, unshown)  # (no bytes among
+        # them: a byte that goes on a character still held back may add nothing either, yet is
+        # kept)
+    elif final or (new and not new.endswith("\ufffd")) or len(held) > MAX_HELD:
+        unshown = int(not final and new.endswith("\ufffd"))  # (it may still be completed)
+        seq.text += new[: len(new) - unshown]
+        seq.detok_window, seq.detok_offsets = held, (len(held), end, unshown)
         seq.num_text_tokens = len(ids) - num_prompt
-    elif after == before and not decode(ids[num_prompt + gap : num_prompt + end]):
-        seq.detok_offsets = (start, read, end)  # (no bytes among them: a byte that goes on
-        # a character still held back may add nothing either, yet is kept)
+    else:
+        seq.detok_window, seq.detok_offsets = window + added, (read, end, unshown)
 
 
 def token_end(seq: Sequence, eos_ids: set[int], eos_token_id: int | None,

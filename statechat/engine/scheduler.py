@@ -76,6 +76,7 @@ class Scheduler(CheckpointPolicy):
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
+        self.copying: list[tuple[Sequence, int, int]] = []  # slot copies asked for, not run yet
 
     # --- requests -----------------------------------------------------------------------
     def add(self, seq: Sequence, packed: bytes | None = None) -> None:
@@ -214,7 +215,8 @@ class Scheduler(CheckpointPolicy):
 
     # --- after the step -----------------------------------------------------------------
     def postprocess(self, batch: Batch, tokens: list[int]) -> list[tuple[int, int]]:
-        """Advance sequences by the step's results; return slot copies (src, dst) to run now.
+        """Advance sequences by the step's results; return slot copies (src, dst) to run now,
+        then call `copied` (or, if they failed, or this raised, `drop_copies`).
 
         tokens: one sampled token per item whose `needs_logits`, in item order. Items of
         sequences that finished after the step was queued (a continuation's) are skipped.

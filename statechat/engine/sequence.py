@@ -56,8 +56,10 @@ class Sequence:
     # [(id, logprob)] of the likeliest, rank)
     text: str = ""  # detokenized output so far
     num_text_tokens: int = 0  # output tokens already turned into `text`
-    detok_offsets: tuple[int, int, int] = (0, 0, 0)  # incremental detokenizer: (context start,
-    # read end, end of the tokens past it that made no text) (output.detokenize)
+    detok_window: list[int] = field(default_factory=list)  # incremental detokenizer: the ids
+    # it decodes, a context then tokens held back; detok_offsets: (the context's length, reply
+    # tokens looked at, characters of the context's text not shown yet) (output.detokenize)
+    detok_offsets: tuple[int, int, int] = (0, 0, 0)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None  # when its latest token was sampled (perf_counter)

@@ -1,7 +1,9 @@
 """Text made from token ids as they come, with the embedded model's Qwen3.5 tokenizer (byte-level
 BPE: its tiny vocabulary spells CJK, emoji and accents a byte a token): a stream's deltas join to
 the reply's text, no delta shows U+FFFD for a character split across tokens, and a reply whose
-prompt ends inside a character (a prompt of token ids) shows that character whole."""
+prompt ends inside a character (a prompt of token ids) shows that character whole. Each step
+decodes a few ids, however long a run of special tokens or of bytes that finish no character,
+and the text is then a decode of the whole reply."""
 
 from __future__ import annotations
 
@@ -121,3 +123,47 @@ def test_the_engine_decodes_a_reply_of_special_tokens_in_bounded_steps():
     out = engine.generate(engine.tokenizer.encode("Hello"), params)[0]
     assert (out.text, out.token_ids) == ("", [special] * 120)
     assert len(lengths) >= 240 and max(lengths) <= 4 + 1, max(lengths)
+
+
+def detokenized(decode, prompt: list[int], reply: list[int]) -> str:
+    """The text `detokenize` makes of `reply`'s tokens coming one a step after `prompt`."""
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply)))
+    for i, token in enumerate(reply):
+        seq.token_ids.append(token)
+        detokenize(decode, seq, final=i == len(reply) - 1)
+    return seq.text
+
+
+def test_bytes_that_make_no_character_cost_a_few_tokens_a_step(tokenizer):
+    """A reply that leaves a character unfinished (a byte token, 0xE4, that begins 中) and goes
+    on with special tokens, or with more bytes that never finish one, decodes a few ids a step
+    (it once decoded the whole run again at every step), and its text is the whole reply's
+    decode, U+FFFD and all."""
+    e4, tail = tokenizer.convert_tokens_to_ids("ä"), tokenizer.encode("中")[1:]
+    assert tokenizer.decode([e4]) == "\ufffd" and tokenizer.decode([e4] + tail) == "中"
+    special = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    decode, prompt = fast_decode(tokenizer), tokenizer.encode("Hi")
+    for reply in ([e4] + [special] * 300, [e4] * 300, [e4] * 300 + tail + [special] * 5):
+        lengths: list[int] = []
+        text = detokenized(counting(decode, lengths), prompt, reply)
+        assert text == decode(reply)
+        assert max(lengths) <= 4 + 4 + 1, max(lengths)
+
+
+def test_mixed_bytes_and_special_tokens_give_the_whole_decode(tokenizer):
+    """Replies of byte tokens (whole characters, their pieces and stray ones), special tokens
+    and words, in random order, make the text a decode of the whole reply makes, a few ids a
+    step; a character split by special tokens shows whole."""
+    pieces = [tokenizer.encode(t) for t in ["中", "😀", "ñ", " word", "a"]]
+    pieces.append([tokenizer.convert_tokens_to_ids("<|im_start|>")] * 3)
+    pieces += [p[:1] for p in pieces[:3]] + [p[1:] for p in pieces[:3]]
+    decode, prompt = fast_decode(tokenizer), tokenizer.encode("Hi")
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        order = torch.randint(len(pieces), (30,), generator=gen).tolist()
+        reply = [i for k in order for i in pieces[k]]
+        lengths: list[int] = []
+        assert detokenized(counting(decode, lengths), prompt, reply) == decode(reply), order
+        assert max(lengths) <= 4 + 4, max(lengths)
+    split = pieces[0][:1] + pieces[5] * 20 + pieces[0][1:]
+    assert detokenized(decode, prompt, split) == "中"

@@ -3,7 +3,8 @@ before they are taken in, leaves the prefix cache as if it had not been asked fo
 checkpoint that no step computed (a later request would resume from it and answer wrongly),
 and no state slot kept from the pool for good (the cache then reuses nothing, then cannot
 admit). One that fails while they are taken in keeps the checkpoints published by then whole:
-their slots are not handed to another request."""
+their slots are not handed to another request. A slot copy that fails after them (a decode's
+state at a block boundary) leaves no checkpoint of it, in device memory or on disk."""
 
 from __future__ import annotations
 
@@ -141,3 +142,45 @@ def test_a_checkpoint_published_before_the_failure_is_kept_whole(loaded, num_sta
     again = cached.generate([p], SHORT)[0]
     assert again.token_ids == cold.generate([p], SHORT)[0].token_ids
     assert again.num_cached_tokens == reused
+
+
+def fail_copy(eng: LLMEngine) -> None:
+    """Make the engine's next slot copy fail (once), its targets left holding zeros."""
+    copy_slots = eng.runner.copy_slots
+
+    def failing(copies):
+        if not copies:
+            return copy_slots(copies)
+        eng.runner.copy_slots = copy_slots
+        for pool in eng.runner.caches.conv + eng.runner.caches.ssm:
+            pool[[dst for _, dst in copies]] = 0
+        raise RuntimeError("copy failed")
+
+    eng.runner.copy_slots = failing
+
+
+@pytest.mark.parametrize("interval", [0, 2])
+def test_a_failed_slot_copy_leaves_no_checkpoint(loaded, interval, tmp_path):
+    """A reply's decode reaches 128, where its state is to be copied to a checkpoint slot (the
+    reply-end checkpoint's pending state; with an interval of two blocks, an interval
+    checkpoint), and the copy fails; generate aborts the request. The next turn gives the cold
+    tokens and resumes at the prompt's checkpoint (64), not at 128; and so does it from the disk
+    tier alone, in an engine opened on the same cache dir afterwards."""
+    cached = engine(loaded, checkpoint_interval=interval, cache_dir=tmp_path)
+    (prompt,) = prompts(100)
+    seq = cached.add_request(prompt, REPLY)
+    fail_copy(cached)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        while cached.has_unfinished():
+            cached.step()
+    cached.abort(seq)
+    assert len(seq) == 129  # (128 computed, the failed step's token taken in)
+    turn = prompt + cached.output(seq).token_ids + [5, 6, 7]
+    want = engine(loaded, enable_prefix_cache=False).generate([turn], LONG)[0].token_ids
+    cached.close()
+    fresh = engine(loaded, checkpoint_interval=interval, cache_dir=tmp_path)
+    from_disk = fresh.generate([turn], LONG)[0]
+    fresh.close()
+    assert (from_disk.token_ids, from_disk.num_cached_tokens) == (want, 64)
+    again = cached.generate([turn], LONG)[0]
+    assert (again.token_ids, again.num_cached_tokens) == (want, 64)
