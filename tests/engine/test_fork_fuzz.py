@@ -6,7 +6,8 @@ regenerated, a reply continued. Requests of one round often share a prefix that 
 them is still computing. With the prefix cache on, every request's greedy tokens equal those
 of an engine with it off, under token budgets that chunk prompts, block counts that preempt and
 evict, and several checkpoint intervals. The CPU runs five of the configurations; a GPU
-(Triton kernels, CUDA graphs, asynchronous steps) runs them all, with more seeds.
+(Triton kernels, CUDA graphs, asynchronous steps) runs them all, with more seeds. A tiny MoE
+model runs two of them on both.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 from statechat.model.loader import load_model
-from tests.helpers import BLOCK
+from tests.helpers import BLOCK, make_tiny
 
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
          "gate", "kernel", "slot", "graph", "chunk", "reply"]
@@ -39,8 +40,11 @@ CONFIGS = [
     ("no graphs, synchronous", {"use_graphs": False, "async_scheduling": False,
                                 "max_num_batched_tokens": 64}),
 ]
-CASES = [(name, overrides, seed) for name, overrides in (CONFIGS if ON_GPU else CONFIGS[:5])
+CASES = [("dense", name, overrides, seed)
+         for name, overrides in (CONFIGS if ON_GPU else CONFIGS[:5])
          for seed in ((1, 2, 3) if ON_GPU else (1, 2))]
+# the MoE model (its routed experts' kernels on a GPU) under a chunking budget and few blocks
+CASES += [("moe", name, overrides, 1) for name, overrides in (CONFIGS[0], CONFIGS[2])]
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -97,16 +101,25 @@ def run_round(engine: LLMEngine, prompts: list[list[int]], params: list[Sampling
 
 
 @pytest.fixture(scope="module")
-def model(tiny_dirs):
-    path = tiny_dirs["qwen3_5_text"]
-    device = "cuda" if ON_GPU else "cpu"
-    return path, load_model(path, dtype=torch.float32, device=device), device
+def models(tiny_dirs, tmp_path_factory):
+    """kind -> (path, loaded model, device), each loaded once when first asked for."""
+    device, made = ("cuda" if ON_GPU else "cpu"), {}
+
+    def get(kind: str):
+        if kind not in made:
+            path = tiny_dirs["qwen3_5_text"] if kind == "dense" else make_tiny(
+                tmp_path_factory.mktemp("moe") / "text", layout="qwen3_5_text",
+                dtype="float32", moe=True, seed=3)
+            made[kind] = path, load_model(path, dtype=torch.float32, device=device), device
+        return made[kind]
+    return get
 
 
-@pytest.mark.parametrize("name, overrides, seed", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
-def test_forked_conversations_arriving_together_match_no_cache(model, name, overrides, seed,
-                                                              tmp_path):
-    path, loaded, device = model
+@pytest.mark.parametrize("kind, name, overrides, seed", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in CASES])
+def test_forked_conversations_arriving_together_match_no_cache(models, kind, name, overrides,
+                                                              seed, tmp_path):
+    path, loaded, device = models(kind)
     overrides = dict(overrides)
     disk = {"cache_dir": tmp_path} if overrides.pop("disk", False) else {}
     base = {"model": path, "device": device, "dtype": "float32", **overrides}
