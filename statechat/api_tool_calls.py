@@ -18,7 +18,8 @@ The rules (a stream gives the same result as the whole reply, however it is cut)
   parameter the schema does not know, or types as a string, is a string;
 - closing tags may be missing, as vLLM allows: `</parameter>` before the next parameter or
   `</function>`, `</function>` and `</tool_call>` before the next `<tool_call>` or the reply's
-  end (a reply cut at max_tokens inside a value keeps the value so far);
+  end (a reply cut at max_tokens inside a value keeps the value so far, less the start of a
+  closing tag it was cut in);
 - a `<tool_call>` not followed (after white space) by `<function=NAME>` (a name on one line),
   or cut before its name ends, is not a call: its text stays content, and so does text after
   `</function>` inside a call. Nothing of the reply is lost, nothing raises;
@@ -145,6 +146,7 @@ class ToolCallStream:
         """End the call being read, `body` its text after `<function=NAME>`: its arguments'
         delta, and (as content) any text after its `</function>`."""
         params, _, after = body.partition(FUNC_CLOSE)
+        after = after[:len(after) - tag_start(after, CALL_CLOSE)]  # (a reply cut in the tag)
         name = self._call["function"]["name"]
         arguments = json.dumps(read_parameters(params, self.schemas.get(name)),
                                ensure_ascii=False)
@@ -166,7 +168,10 @@ def read_parameters(text: str, schema: dict | None) -> dict:
         name, is_named, value = part.partition(">")
         if not is_named or "\n" in name or not name.strip():
             continue
-        value = value.split(PARAM_CLOSE, 1)[0]
+        value, is_closed, _ = value.partition(PARAM_CLOSE)
+        if not is_closed:  # (a reply cut inside the closing tag: not the value's)
+            value = value[:len(value) - max(tag_start(value, PARAM_CLOSE),
+                                            tag_start(value, FUNC_CLOSE))]
         value = value.removeprefix("\n").removesuffix("\n")
         arguments[name.strip()] = typed_value(value, properties.get(name.strip()))
     return arguments
@@ -185,6 +190,18 @@ def typed_value(value: str, schema) -> object:
         if "boolean" in kinds and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
         return value
+
+
+def merge_deltas(deltas: list[dict]) -> list[dict]:
+    """Tool-call deltas as one stream delta's `tool_calls` holds them: one entry per call
+    (a call whose name and arguments come in the same piece of text has both)."""
+    merged: dict[int, dict] = {}
+    for delta in deltas:
+        entry = merged.setdefault(delta["index"], {"index": delta["index"]})
+        function = {**entry.get("function", {}), **delta["function"]}
+        entry.update(delta)
+        entry["function"] = function
+    return list(merged.values())
 
 
 def parse_tool_calls(text: str, tools: list[dict] | None) -> tuple[str | None, list[dict]]:

@@ -109,12 +109,14 @@ class EngineWorker:
 
     # --- any thread ---------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               template_kwargs: dict | None = None) -> list[int]:
-        """Token ids of a conversation with the model's chat template (serialized)."""
+               template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a conversation with the model's chat template (serialized); `tools`:
+        the template's (chat/template.render)."""
         from statechat.chat.template import render
 
         with self.tokenizer_lock:
-            return render(self.engine.tokenizer, messages, add_generation_prompt, template_kwargs)
+            return render(self.engine.tokenizer, messages, add_generation_prompt, template_kwargs,
+                          tools)
 
     def idle(self) -> bool:
         """Whether no request is queued or running (seen from another thread: the state of a

@@ -87,8 +87,8 @@ def test_no_tools_at_all_still_parses():
 
 @pytest.mark.parametrize("text, expected", [
     # no </parameter>: the value ends at the next parameter or at </function>
-    ("<tool_call>\n<function=shell>\n<parameter=command>\nls\n<parameter=x>\n1\n</function>\n"
-     "</tool_call>", [("shell", {"command": "ls", "x": "1"})]),
+    ("<tool_call>\n<function=shell>\n<parameter=command>\nls\n<parameter=x>\n1\n</function>"
+     + "\n</tool_call>", [("shell", {"command": "ls", "x": "1"})]),
     # no </function>
     ("<tool_call>\n<function=shell>\n<parameter=command>\nls\n</parameter>\n</tool_call>",
      [("shell", {"command": "ls"})]),
@@ -100,6 +100,11 @@ def test_no_tools_at_all_still_parses():
      + call("shell", command="b"), [("shell", {"command": "a"}), ("shell", {"command": "b"})]),
     # cut (max_tokens) inside a value: the value so far
     ("<tool_call>\n<function=shell>\n<parameter=command>\nrm -", [("shell", {"command": "rm -"})]),
+    # cut inside a closing tag: the tag's start is not the value's, nor content
+    ("<tool_call>\n<function=shell>\n<parameter=command>\nls\n</param",
+     [("shell", {"command": "ls"})]),
+    ("<tool_call>\n<function=shell>\n<parameter=command>\nls\n</parameter>\n</function>\n"
+     + "</tool_c", [("shell", {"command": "ls"})]),
     # a name and nothing else
     ("<tool_call>\n<function=shell>", [("shell", {})]),
     # one line, no newlines at all
@@ -128,7 +133,7 @@ def test_text_after_function_inside_a_call_is_content():
 
 @pytest.mark.parametrize("text", [
     "I would write <tool_call> here.",
-    "Use the <tool_call> tag:\n<tool_call>\n{\"name\": \"shell\"}\n</tool_call>",  # (JSON: not ours)
+    'Use the tag:\n<tool_call>\n{"name": "shell"}\n</tool_call>',  # (JSON: not this format)
     "<tool_call>\n<function=>\n</function>\n</tool_call>",  # (no name)
     "<tool_call>\n<function=a\nb>\n</function></tool_call>",  # (a name across lines)
     "<tool_call>\n<function=" + "x" * 300 + ">",  # (past MAX_NAME)
