@@ -48,8 +48,7 @@ def parse_messages(raw, tools: bool = False) -> list[dict]:
             # answer another conversation)
             field, what = ((f"messages[{i}].tool_calls", "tool calls") if msg.get("tool_calls")
                            else (f"messages[{i}].role", "tool messages"))
-            raise ApiError(400, f"{field}: {what} are not enabled on this server ({ENABLE})",
-                           field)
+            raise ApiError(400, f"{field}: {what} are not enabled here ({ENABLE})", field)
         if role not in (*ROLES, TOOL_ROLE):
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}"
                                 + (f", {TOOL_ROLE}" if tools else ""), f"messages[{i}].role")

@@ -14,7 +14,7 @@ from statechat.api_request import ApiError
 from statechat.errors import ConfigError
 
 PARSERS = ("qwen3_coder",)  # the names --tool-call-parser takes (vLLM's)
-ENABLE = "start the server with --tool-call-parser qwen3_coder"  # (what a 400 without it says)
+ENABLE = "only `statechat serve --tool-call-parser qwen3_coder` takes them"  # (the 400s' hint)
 CHOICES = ("auto", "none")  # the tool_choice values served
 TOOL_FIELDS = ("tools", "tool_choice")  # the fields parse_tools reads
 
@@ -43,10 +43,10 @@ def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if parser is None:
         if tools not in (None, []):
-            raise ApiError(400, f"tools are not enabled on this server: {ENABLE}", "tools")
+            raise ApiError(400, f"tools are not enabled here: {ENABLE}", "tools")
         if choice not in (None, *CHOICES):
-            raise ApiError(400, f"tool_choice is not supported: tools are not enabled on this "
-                                f"server ({ENABLE})", "tool_choice")
+            raise ApiError(400, f"tool_choice {choice!r} is not supported: tools are not enabled "
+                                f"here ({ENABLE})", "tool_choice")
         return None
     if tools is not None and not isinstance(tools, list):
         raise ApiError(400, "tools must be an array of function tools", "tools")
