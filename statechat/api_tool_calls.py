@@ -62,6 +62,7 @@ class ToolCallStream:
         self.dropped = ""  # the white space before the <tool_call> being read
         self.calls: list[dict] = []
         self._call: dict = {}  # the call being read (its id and name)
+        self._seen = 0  # how much of the call's body was searched for its end
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self.held += text
@@ -91,8 +92,11 @@ class ToolCallStream:
             return self._content(content)
         if self.state == "head":
             return self._head(content, deltas)
-        ends = [i for i in (self.held.find(CALL_CLOSE), self.held.find(CALL_OPEN)) if i >= 0]
+        start = max(0, self._seen - len(CALL_CLOSE))  # (a long value is not searched again)
+        ends = [i for i in (self.held.find(CALL_CLOSE, start), self.held.find(CALL_OPEN, start))
+                if i >= 0]
         if not ends:
+            self._seen = len(self.held)
             return False
         end = min(ends)
         body, rest = self.held[:end], self.held[end:]
@@ -128,7 +132,7 @@ class ToolCallStream:
             return self._not_a_call(content)
         if end < 0:
             return False
-        self.held, self.state = head[end + 1:], "body"
+        self.held, self.state, self._seen = head[end + 1:], "body", 0
         self._call = {"id": new_call_id(), "type": "function",
                       "function": {"name": name.strip(), "arguments": ""}}
         deltas.append({"index": len(self.calls), **self._call,
