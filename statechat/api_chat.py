@@ -1,5 +1,6 @@
-"""POST /v1/chat/completions: a body's prompt (its messages through the model's chat template)
-and the shape of its choices (`message`, a stream's `delta`s, `logprobs.content`); vLLM's
+"""POST /v1/chat/completions: a body's prompt (its messages, and its tools with `serve
+--tool-call-parser`, through the model's chat template) and the shape of its choices
+(`message`, a stream's `delta`s, `logprobs.content`, the tool calls parsed); vLLM's
 `prompt_logprobs`, when asked, is a field of the whole response (the rendered prompt's). Once a
 reply is sent, the prefix its conversation's next request will start with is computed while
 the engine has nothing else to do (`warm_after_reply`)."""
@@ -12,11 +13,14 @@ import threading
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_messages import continues_final_message, parse_messages
 from statechat.api_reasoning import ReasoningStream, reasoning_tokens, split_reply
-from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag
+from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_params
 from statechat.api_response import Shape, finish_reason
+from statechat.api_tool_calls import ToolCallStream, merge_deltas, parse_tool_calls
+from statechat.api_tools import TOOL_FIELDS, ToolRequest, parse_tools
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent
+from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker, RequestHandle
 from statechat.errors import StatechatError
 
@@ -27,21 +31,38 @@ CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_genera
                                "chat_template_kwargs", "include_reasoning"}
 
 
-def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict) -> list[int]:
+def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatShape]:
+    """A chat body's prompt ids, sampling and choices' shape, under `server`'s (a ChatServer's)
+    defaults and parsers; ApiError(400) naming the field at fault."""
+    worker = server.worker
+    tools = parse_tools(body, server.tool_call_parser)  # (checked here: not sampling's to refuse)
+    prompt_ids = chat_prompt(worker, body, server.template_kwargs, tools)
+    params = parse_params({k: v for k, v in body.items() if k not in TOOL_FIELDS},
+                          len(prompt_ids), worker.max_model_len, server.sampling,
+                          vocab_size=worker.engine.loaded.config.vocab_size)
+    return prompt_ids, params, chat_shape(worker, body, prompt_ids, server.reasoning_parser,
+                                          tools)
+
+
+def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict,
+                tools: ToolRequest | None = None) -> list[int]:
     """The token ids of the body's conversation, rendered with the server's template variables
-    under the body's own chat_template_kwargs; ApiError(400) naming the field at fault."""
+    under the body's own chat_template_kwargs, and `tools` (api_tools.parse_tools; None: tools
+    off, and so are tool calls in messages); ApiError(400) naming the field at fault."""
     try:
-        messages = parse_messages(body.get("messages"))
+        messages = parse_messages(body.get("messages"), tools=tools is not None)
         return worker.render(messages, not continues_final_message(body, messages),
                              template_kwargs=merge_template_kwargs(
-                                 template_kwargs, body.get("chat_template_kwargs")))
+                                 template_kwargs, body.get("chat_template_kwargs")),
+                             tools=tools.tools if tools is not None else None)
     except StatechatError as e:
         kwargs = str(e).startswith("chat_template_kwargs")
         raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
 
 
 def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
-                     outputs: list[RequestOutput]) -> RequestHandle | None:
+                     outputs: list[RequestOutput],
+                     shape: ChatShape | None = None) -> RequestHandle | None:
     """(Once a chat completion is sent) have the engine compute the prefix the conversation's
     next request starts with: its messages, the reply, and a user message's header
     (chat/next_turn.py). A thinking template renders an earlier reply without its reasoning,
@@ -49,16 +70,22 @@ def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
     that ended of itself (not aborted), and only while the engine serves no other request,
     before the renders and again after them: a busy server spends no work on a turn that may
     not come, and the warm-up, speculative, yields to any request that comes while it runs.
-    The warm-up's handle, or None."""
+    With tools (`shape`'s), they are rendered too, and a reply with tool calls goes in as the
+    message the client got (its calls as the template renders them). The warm-up's handle,
+    or None."""
     if len(outputs) != 1 or outputs[0].finish_reason == "abort" or not worker.idle():
         return None
-    out, messages = outputs[0], parse_messages(body.get("messages"))
+    tools = shape.tools if shape is not None else None
+    out, messages = outputs[0], parse_messages(body.get("messages"), tools=tools is not None)
     kwargs = merge_template_kwargs(template_kwargs, body.get("chat_template_kwargs"))
-    text = out.text
+    reply: str | dict = out.text
     if continues_final_message(body, messages):  # (the reply goes on the last message)
-        text = messages.pop()["content"] + text
+        reply = messages.pop()["content"] + reply
+    elif shape is not None and (message := shape.choice(0, out)["message"]).get("tool_calls"):
+        reply = parse_messages([message], tools=True)[0]
     try:
-        return warm_next_turn(worker, messages, text, out, kwargs, still=worker.idle)
+        return warm_next_turn(worker, messages, reply, out, kwargs, still=worker.idle,
+                              tools=tools.tools if tools is not None else None)
     except StatechatError:  # (the engine stopping, a prefix past the context)
         return None
 
@@ -70,15 +97,16 @@ class NextTurns:
 
     def __init__(self, worker: EngineWorker, template_kwargs: dict) -> None:
         self.worker, self.template_kwargs = worker, template_kwargs
-        self._latest: tuple[dict, list[RequestOutput]] | None = None
+        self._latest: tuple[dict, list[RequestOutput], ChatShape | None] | None = None
         self._ready = threading.Condition()
         self._thread: threading.Thread | None = None
         self.last: RequestHandle | None = None  # the last warm-up submitted
         self.considered = 0  # replies taken from `after_reply` so far (made or not)
 
-    def after_reply(self, body: dict, outputs: list[RequestOutput]) -> None:
+    def after_reply(self, body: dict, outputs: list[RequestOutput],
+                    shape: ChatShape | None = None) -> None:
         with self._ready:
-            self._latest = (body, outputs)
+            self._latest = (body, outputs, shape)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="statechat-next-turn",
                                                 daemon=True)
@@ -89,28 +117,29 @@ class NextTurns:
         while True:
             with self._ready:
                 self._ready.wait_for(lambda: self._latest is not None)
-                (body, outputs), self._latest = self._latest, None
+                (body, outputs, shape), self._latest = self._latest, None
             try:
                 self.last = warm_after_reply(self.worker, body, self.template_kwargs,
-                                             outputs) or self.last
+                                             outputs, shape) or self.last
             except Exception:  # (a warm-up never takes the server down)
                 log.exception("statechat: the next turn's warm-up failed")
             self.considered += 1
 
 
 def chat_shape(worker: EngineWorker, body: dict, prompt_ids: list[int],
-               reasoning_parser: str | None) -> ChatShape:
+               reasoning_parser: str | None, tools: ToolRequest | None = None) -> ChatShape:
     """The shape of a chat's choices for its rendered prompt: split into reasoning and answer
     when the server has a reasoning parser (`serve --reasoning-parser`), the reasoning left
     out with the body's `include_reasoning` false (vLLM's field: true or false, taken with no
-    parser too, where it changes nothing; ApiError(400) naming it for another value)."""
+    parser too, where it changes nothing; ApiError(400) naming it for another value); the
+    answer parsed for tool calls when `tools` (api_tools.parse_tools) say so."""
     tokenizer = worker.engine.tokenizer
     include_reasoning = parse_flag(body, "include_reasoning", True)
     if reasoning_parser is None:
-        return ChatShape(tokenizer)
+        return ChatShape(tokenizer, tools=tools)
     with worker.tokenizer_lock:  # (shared with the other requests' threads)
         opened = opens_thinking(tokenizer, prompt_ids)
-    return ChatShape(tokenizer, opened, include_reasoning)
+    return ChatShape(tokenizer, opened, include_reasoning, tools)
 
 
 class ChatShape(Shape):
@@ -122,14 +151,22 @@ class ChatShape(Shape):
     stream's deltas carry either, or both where a delta spans `</think>`. Without
     `include_reasoning`, the reasoning's fields are left out (a delta of reasoning alone is
     not sent), the content split as before. With a parser, usage counts the reasoning's tokens
-    (api_reasoning.reasoning_tokens) under `completion_tokens_details.reasoning_tokens`."""
+    (api_reasoning.reasoning_tokens) under `completion_tokens_details.reasoning_tokens`. With
+    `tools` that parse (api_tools.ToolRequest), the answer's tool calls (api_tool_calls.py) are
+    the message's `tool_calls`, its text outside them the `content` (null when none), and a
+    reply with calls that ended of itself finishes with "tool_calls"; a stream's deltas carry
+    the content until a call begins, then each call's `tool_calls` entry (its id, type and
+    name, then its arguments whole once it ends)."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     def __init__(self, tokenizer, opened: bool | None = None,
-                 include_reasoning: bool = True) -> None:
+                 include_reasoning: bool = True, tools: ToolRequest | None = None) -> None:
         self.tokenizer, self.opened, self.include_reasoning = tokenizer, opened, include_reasoning
+        self.tools = tools
+        self.is_parsed = tools is not None and tools.is_parsed
         self._streams: dict[int, ReasoningStream] = {}  # choice -> its split, as it streams
+        self._calls: dict[int, ToolCallStream] = {}  # choice -> its tool calls, as it streams
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""},
@@ -143,23 +180,35 @@ class ChatShape(Shape):
                         "logprobs": self._logprobs(event.token_ids, event.logprobs),
                         "finish_reason": None})
         if event.output is not None:
+            calls = index in self._calls and self._calls[index].calls
             out.append({"index": index, "delta": {}, "logprobs": None,
-                        "finish_reason": finish_reason(event.output),
+                        "finish_reason": self._finish(event.output, bool(calls)),
                         "stop_reason": event.output.stop_reason})
         return out
 
     def _delta(self, index: int, event: StreamEvent) -> dict:
         """The `delta` of an event's text: {"content"}, or with a parser the parts it has."""
-        if self.opened is None:
+        if self.opened is None and not self.is_parsed:
             return {"content": event.text} if event.text or event.logprobs else {}
-        stream = self._streams.setdefault(index, ReasoningStream(self.opened))
-        reasoning, answer = stream.feed(event.text)
-        if event.output is not None:
-            rest_reasoning, rest_answer = stream.flush()
-            reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
+        reasoning, answer = "", event.text
+        if self.opened is not None:
+            stream = self._streams.setdefault(index, ReasoningStream(self.opened))
+            reasoning, answer = stream.feed(event.text)
+            if event.output is not None:
+                rest_reasoning, rest_answer = stream.flush()
+                reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
+        calls = []
+        if self.is_parsed:
+            stream = self._calls.setdefault(index, ToolCallStream(self.tools.tools))
+            answer, calls = stream.feed(answer)
+            if event.output is not None:
+                rest, more = stream.flush()
+                answer, calls = answer + rest, calls + more
         delta = {"content": answer} if answer else {}
         if reasoning and self.include_reasoning:
             delta["reasoning"] = delta["reasoning_content"] = reasoning
+        if calls:
+            delta["tool_calls"] = merge_deltas(calls)
         return delta
 
     def choice(self, index: int, out: RequestOutput) -> dict:
@@ -168,9 +217,22 @@ class ChatShape(Shape):
             reasoning, message["content"] = split_reply(out.text, self.opened)
             if self.include_reasoning:
                 message["reasoning"] = message["reasoning_content"] = reasoning
+        calls = []
+        if self.is_parsed:
+            message["content"], calls = parse_tool_calls(message["content"] or "",
+                                                         self.tools.tools)
+        if calls:
+            message["tool_calls"] = calls
         return {"index": index, "message": message,
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
-                "finish_reason": finish_reason(out), "stop_reason": out.stop_reason}
+                "finish_reason": self._finish(out, bool(calls)), "stop_reason": out.stop_reason}
+
+    @staticmethod
+    def _finish(out: RequestOutput, has_calls: bool) -> str:
+        """finish_reason: "tool_calls" for a reply with calls that ended of itself (one cut at
+        max_tokens says "length": its last call may be cut short)."""
+        reason = finish_reason(out)
+        return "tool_calls" if has_calls and reason == "stop" else reason
 
     def fields(self, outputs: list[RequestOutput]) -> dict:
         first = outputs[0]

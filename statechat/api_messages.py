@@ -1,10 +1,14 @@
-"""A chat request's messages, checked: their roles and text, and whether the reply continues
-the last one (vLLM's continue_final_message). Every bad message is an ApiError (400) naming it."""
+"""A chat request's messages, checked: their roles and text, an assistant's tool calls and the
+tools' answers (with tools on: api_tools.py), and whether the reply continues the last one
+(vLLM's continue_final_message). Every bad message is an ApiError (400) naming it."""
 
 from __future__ import annotations
 
+import json
+
 from statechat.api_request import ApiError, parse_flag
-from statechat.chat.template import ROLES
+from statechat.api_tools import ENABLE
+from statechat.chat.template import ROLES, TOOL_ROLE
 
 
 def _content(msg: dict, i: int) -> str:
@@ -25,9 +29,12 @@ def _content(msg: dict, i: int) -> str:
     return content
 
 
-def parse_messages(raw) -> list[dict]:
+def parse_messages(raw, tools: bool = False) -> list[dict]:
     """The body's messages as [{"role", "content"}] (developer is system; text parts joined; an
-    assistant message's reasoning, sent back, as "reasoning_content")."""
+    assistant message's reasoning, sent back, as "reasoning_content"). With `tools` (the
+    server's --tool-call-parser), an assistant's `tool_calls` (their arguments as a mapping,
+    as templates read them) and `tool` messages (with their tool_call_id) too; without, each
+    is a 400 that says how to enable them."""
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "messages must be a non-empty array", "messages")
     out = []
@@ -35,16 +42,61 @@ def parse_messages(raw) -> list[dict]:
         if not isinstance(msg, dict):
             raise ApiError(400, f"messages[{i}] must be an object with a role and a content",
                            f"messages[{i}]")
-        if msg.get("tool_calls"):  # (dropping them would answer another conversation)
-            raise ApiError(400, f"messages[{i}].tool_calls: tool calls are not supported by "
-                                "this server; leave them out", f"messages[{i}].tool_calls")
         role = msg.get("role")
         role = "system" if role == "developer" else role
-        if role not in ROLES:
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}",
-                           f"messages[{i}].role")
-        out.append({"role": role, "content": _content(msg, i), **_reasoning(msg, role, i)})
+        if not tools and (msg.get("tool_calls") or role == TOOL_ROLE):  # (dropping them would
+            # answer another conversation)
+            field, what = ((f"messages[{i}].tool_calls", "tool calls") if msg.get("tool_calls")
+                           else (f"messages[{i}].role", "tool messages"))
+            raise ApiError(400, f"{field}: {what} are not enabled here ({ENABLE})", field)
+        if role not in (*ROLES, TOOL_ROLE):
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}"
+                                + (f", {TOOL_ROLE}" if tools else ""), f"messages[{i}].role")
+        out.append({"role": role, "content": _content(msg, i), **_reasoning(msg, role, i),
+                    **_tool_fields(msg, role, i)})
     return out
+
+
+def _tool_fields(msg: dict, role: str, i: int) -> dict:
+    """An assistant's {"tool_calls"} (arguments as mappings) or a tool message's
+    {"tool_call_id", "name"}, as given; {} where there are none."""
+    if role == TOOL_ROLE:
+        fields = {k: msg[k] for k in ("tool_call_id", "name") if msg.get(k) is not None}
+        for key, value in fields.items():
+            if not isinstance(value, str):
+                raise ApiError(400, f"messages[{i}].{key} must be a string",
+                               f"messages[{i}].{key}")
+        return fields
+    calls = msg.get("tool_calls")
+    if role != "assistant" or not calls:
+        return {}
+    if not isinstance(calls, list):
+        raise ApiError(400, f"messages[{i}].tool_calls must be an array",
+                       f"messages[{i}].tool_calls")
+    return {"tool_calls": [_tool_call(call, f"messages[{i}].tool_calls[{j}]")
+                           for j, call in enumerate(calls)]}
+
+
+def _tool_call(call, where: str) -> dict:
+    """One tool call of an assistant message, its arguments (a JSON string, as OpenAI sends
+    them, or an object; empty or null: none) as a mapping, as vLLM gives templates."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, f"{where} must be an object with a function (a name and its "
+                            "arguments)", where)
+    if call.get("type", "function") != "function" or not isinstance(call.get("id", ""), str):
+        raise ApiError(400, f'{where} must be of type "function", with a string id', where)
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = None
+    if not isinstance(arguments, dict):
+        raise ApiError(400, f"{where}.function.arguments must be a JSON object (or a string of "
+                            "one)", f"{where}.function.arguments")
+    made = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    return {"id": call["id"], **made} if call.get("id") is not None else made
 
 
 def _reasoning(msg: dict, role: str, i: int) -> dict:

@@ -73,7 +73,7 @@ class ReasoningStream:
             reasoning, answer = self.held.split(CLOSE, 1)
             self.is_reasoning, self.held = False, ""
             return reasoning, answer
-        keep = _tag_start(self.held, CLOSE)
+        keep = tag_start(self.held, CLOSE)
         out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         return out, ""
 
@@ -83,7 +83,7 @@ class ReasoningStream:
         return (out, "") if self.is_reasoning else ("", out)
 
 
-def _tag_start(text: str, tag: str) -> int:
+def tag_start(text: str, tag: str) -> int:
     """The length of the longest end of `text` that begins `tag` (0 if none)."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if text.endswith(tag[:n]):

@@ -54,13 +54,15 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
           template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
           completion_max_tokens: int | None = None, warm_next_turn: bool = True,
           allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
-          sock: socket.socket | None = None, reasoning_parser: str | None = None) -> None:
+          sock: socket.socket | None = None, reasoning_parser: str | None = None,
+          tool_call_parser: str | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
     `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
     request, `warm_next_turn` whether replies' next turns are computed, and `allowed_origins`
     the browsers' origins that may call it, `reasoning_parser` what splits a chat reply's
-    reasoning from its answer (ChatServer's); `sock`: the socket `bind` made for
-    host:port, else one is bound here. A ListenError when it cannot listen there."""
+    reasoning from its answer and `tool_call_parser` its tool calls (ChatServer's); `sock`:
+    the socket `bind` made for host:port, else one is bound here. A ListenError when it
+    cannot listen there."""
     import signal
 
     def _stop(signum, frame):
@@ -71,7 +73,8 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
         server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
                             sampling=sampling, completion_max_tokens=completion_max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=allowed_origins,
-                            sock=sock, reasoning_parser=reasoning_parser)
+                            sock=sock, reasoning_parser=reasoning_parser,
+                            tool_call_parser=tool_call_parser)
     except OSError as e:  # (another server took the port first: see bind)
         worker.shutdown()
         raise ListenError(e.errno, e.strerror) from None

@@ -1,6 +1,7 @@
 """`statechat serve`: the OpenAI-compatible HTTP API (statechat/server.py) over one engine, with
 the options that only it takes (--host, --port, --api-key, --allowed-origins,
---served-model-name, --warm-next-turn, --reasoning-parser). cli.py adds it to the app. Its port
+--served-model-name, --warm-next-turn, --reasoning-parser, --tool-call-parser,
+--enable-auto-tool-choice). cli.py adds it to the app. Its port
 is bound before the model loads; an address it cannot listen on is one line that names the flag
 to change."""
 
@@ -13,6 +14,7 @@ import typer
 
 from statechat import cli_setup
 from statechat.api_reasoning import check_parser
+from statechat.api_tools import check_tool_parser
 from statechat.cli_options import (
     CacheDirOpt,
     DeviceOpt,
@@ -72,6 +74,13 @@ def serve(
         "thinking template drops the reply's reasoning from it, so it is not cached yet)."
     ))] = True,
     reasoning_parser: ReasoningParserOpt = None,
+    tool_call_parser: Annotated[str | None, typer.Option(help=(
+        "Take requests' tools and tool calls, and parse the replies' calls into tool_calls, as "
+        "vLLM's parser of that name: qwen3_coder (Qwen3.5's <tool_call><function=...>). "
+        "Default: off, tools are refused."), envvar="STATECHAT_TOOL_CALL_PARSER")] = None,
+    enable_auto_tool_choice: Annotated[bool, typer.Option(help=(
+        "Taken for vLLM's command lines: tool_choice auto is on with --tool-call-parser "
+        "alone."))] = False,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
@@ -90,6 +99,9 @@ def serve(
     except ValueError as e:
         raise StatechatError(f"--allowed-origins: {e}") from None
     check_parser(reasoning_parser)
+    check_tool_parser(tool_call_parser)
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise StatechatError("--enable-auto-tool-choice needs --tool-call-parser qwen3_coder")
     if served_model_name is not None and not served_model_name.strip():
         raise StatechatError("--served-model-name must not be empty")
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())
@@ -102,4 +114,4 @@ def serve(
             api_serve.serve(EngineWorker(engine), name, host, port,
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock,
-                            reasoning_parser=reasoning_parser)
+                            reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser)

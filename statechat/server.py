@@ -30,7 +30,7 @@ import time
 import uuid
 from http.server import ThreadingHTTPServer
 
-from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_prompt, chat_shape
+from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
 from statechat.api_choices import Choices, ClientGone
 from statechat.api_completions import (
     COMPLETION_FIELDS,
@@ -44,11 +44,11 @@ from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
     parse_n,
-    parse_params,
     parse_stream,
     unknown_fields,
 )
 from statechat.api_response import Shape, response, stream_chunks
+from statechat.api_tools import check_tool_parser
 from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
@@ -65,7 +65,8 @@ class ChatServer(ThreadingHTTPServer):
     defaults of every request (sampling, chat-template variables), which a request's own
     fields override, and the origins whose browser pages may call it (CORS; "*" any). A text
     completion's max_tokens defaults to `completion_max_tokens` (OpenAI's 16 unless `serve
-    --max-tokens` was given), and a chat reply is split by `reasoning_parser` (None: not)."""
+    --max-tokens` was given), and a chat reply is split by `reasoning_parser` and parsed for
+    tool calls by `tool_call_parser` (None: not; without it, tools are refused)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -78,7 +79,8 @@ class ChatServer(ThreadingHTTPServer):
                  template_kwargs: dict | None = None, sampling: SamplingParams | None = None,
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True,
                  allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
-                 sock: socket.socket | None = None, reasoning_parser: str | None = None) -> None:
+                 sock: socket.socket | None = None, reasoning_parser: str | None = None,
+                 tool_call_parser: str | None = None) -> None:
         """`sock`: a socket api_serve.bind made (host and port are then its own), else one is
         bound."""
         # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
@@ -97,6 +99,7 @@ class ChatServer(ThreadingHTTPServer):
         self.sampling = sampling or DEFAULT_SAMPLING
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
         self.reasoning_parser = check_parser(reasoning_parser)
+        self.tool_call_parser = check_tool_parser(tool_call_parser)
         self.created = int(time.time())
         self.is_stopping = False  # set by stop(): connections close after their request
         self._connections = threading.Condition()  # guards the two sets below
@@ -195,14 +198,10 @@ class Handler(JsonHandler):
     def _chat(self) -> None:
         body = self._body()
         self._log_unknown(body, CHAT_FIELDS)
-        worker = self.server.worker
-        prompt_ids = chat_prompt(worker, body, self.server.template_kwargs)
-        params = parse_params(body, len(prompt_ids), worker.max_model_len, self.server.sampling,
-                              vocab_size=worker.engine.loaded.config.vocab_size)
-        shape = chat_shape(worker, body, prompt_ids, self.server.reasoning_parser)
+        prompt_ids, params, shape = chat_request(self.server, body)
         outputs = self._answer(body, shape, [prompt_ids], params, parse_n(body), "messages")
         if outputs and self.server.next_turns is not None:
-            self.server.next_turns.after_reply(body, outputs)
+            self.server.next_turns.after_reply(body, outputs, shape)
 
     def _completions(self) -> None:
         body = self._body()

@@ -51,20 +51,23 @@ def _shared_len(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def warm_next_turn(worker, history: list[dict], text: str, out: RequestOutput | None,
-                   template_kwargs: dict | None, still: Callable[[], bool] = lambda: True):
+def warm_next_turn(worker, history: list[dict], reply: str | dict, out: RequestOutput | None,
+                   template_kwargs: dict | None, still: Callable[[], bool] = lambda: True,
+                   tools: list[dict] | None = None):
     """(A worker thread, once a reply's stream ended) have the engine compute the next turn's
     prefix when that saves the next message work, as a speculative request (it yields to any
     other); the request's handle, else None (nothing to do: no cache, no reply text, a prefix
     the reply's checkpoints already cover, one past the context limit, or `still()` false
-    once the prefix is rendered)."""
+    once the prefix is rendered). `reply`: its text, or its whole assistant message (the
+    server's, with tool calls); `tools`: the template's (the request's)."""
     config = worker.engine.config
-    if out is None or not text or not config.enable_prefix_cache:
+    if out is None or not reply or not config.enable_prefix_cache:
         return None
-    history = [*history, {"role": "assistant", "content": text}]
+    message = reply if isinstance(reply, dict) else {"role": "assistant", "content": reply}
+    history = [*history, message]
     prefix = next_turn_prefix(
         lambda messages: worker.render(messages, add_generation_prompt=False,
-                                       template_kwargs=template_kwargs), history)
+                                       template_kwargs=template_kwargs, tools=tools), history)
     if len(prefix) >= worker.max_model_len or not worth_warming(prefix, out, config.block_size):
         return None
     if not still():

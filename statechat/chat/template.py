@@ -8,17 +8,19 @@ import inspect
 from statechat.errors import ConfigError
 
 ROLES = ("system", "user", "assistant")
+TOOL_ROLE = "tool"  # (a tool's answer: the server's, with tools on)
 TURN_START = "<|im_start|>"  # (ChatML, Qwen's: where a turn of the prompt begins)
 
 
 def validate_messages(messages: list[dict]) -> None:
-    """Raise a one-line ConfigError for a malformed message list."""
+    """Raise a one-line ConfigError for a malformed message list (a `tool` message, or an
+    assistant's `tool_calls`, are the server's to check: api_messages.py)."""
     if not isinstance(messages, list) or not messages:
         raise ConfigError("messages must be a non-empty list")
     for i, m in enumerate(messages):
         if (
             not isinstance(m, dict)
-            or m.get("role") not in ROLES
+            or m.get("role") not in (*ROLES, TOOL_ROLE)
             or not isinstance(m.get("content"), str)
         ):
             raise ConfigError(
@@ -82,12 +84,13 @@ def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-           template_kwargs: dict | None = None) -> list[int]:
+           template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
     """Token ids of `messages`, ending with the assistant header when add_generation_prompt.
 
     A last message from the assistant with add_generation_prompt=False is continued
     (its end-of-turn marker is left off), so a reply can be extended. template_kwargs: extra
-    variables of the template (see check_template_kwargs).
+    variables of the template (see check_template_kwargs). tools: OpenAI's function tools, for
+    the template's `tools` (as apply_chat_template gives them; None: none).
     """
     validate_messages(messages)
     extra = check_template_kwargs(tokenizer, template_kwargs) if template_kwargs is not None else {}
@@ -99,6 +102,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
             continue_final_message=continue_last,
             tokenize=True,
             return_dict=False,
+            **({"tools": tools} if tools is not None else {}),
             **extra,
         )
     except Exception as e:  # noqa: BLE001 - the model's own template raised (jinja's errors, ...)

@@ -114,13 +114,14 @@ class EngineWorker:
 
     # --- any thread ---------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               template_kwargs: dict | None = None) -> list[int]:
+               template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation with the model's chat template (serialized, in the
-        lane of its text's length: see tokenizer_for)."""
+        lane of its text's length: see tokenizer_for); `tools`: the template's
+        (chat/template.render)."""
         from statechat.chat.template import render
 
         with self.tokenizer_for(_num_chars(messages)) as tokenizer:
-            return render(tokenizer, messages, add_generation_prompt, template_kwargs)
+            return render(tokenizer, messages, add_generation_prompt, template_kwargs, tools)
 
     @contextlib.contextmanager
     def tokenizer_for(self, num_chars: int):

@@ -601,26 +601,36 @@ def test_serve_refuses_an_allowed_origin_that_is_not_one(monkeypatch):
 
 def test_serve_hands_its_own_options_to_the_server(shared_engine, monkeypatch):
     """--allowed-origins (this machine's pages, by default), --served-model-name (the
-    folder's name by default) and --reasoning-parser (none by default) reach the server; an
-    empty name is one line."""
+    folder's name by default), --reasoning-parser and --tool-call-parser (none by default)
+    reach the server; an empty name, an unknown tool parser and --enable-auto-tool-choice
+    without a parser are one line."""
     got = {}
 
-    def serve(worker, model_id, *args, allowed_origins=None, reasoning_parser=None, **kwargs):
+    def serve(worker, model_id, *args, allowed_origins=None, reasoning_parser=None,
+              tool_call_parser=None, **kwargs):
         worker.shutdown()
         got["origins"], got["name"], got["parser"] = allowed_origins, model_id, reasoning_parser
+        got["tools"] = tool_call_parser
 
     monkeypatch.setattr("statechat.api_serve.serve", serve)
     args = ["serve", "--device", "cpu", "--no-cache", "--model", str(EMBEDDED_MODEL),
             "--port", "0"]
     assert runner.invoke(cli.app, args).exit_code == 0
-    assert got == {"origins": LOCAL_ORIGINS, "name": EMBEDDED_MODEL.name, "parser": None}
+    assert got == {"origins": LOCAL_ORIGINS, "name": EMBEDDED_MODEL.name, "parser": None,
+                   "tools": None}
     result = runner.invoke(cli.app, [*args, "--allowed-origins",
                                      "http://a.example, http://b.example",
                                      "--served-model-name", "my-model",
-                                     "--reasoning-parser", "qwen3"])
+                                     "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
+                                     "--tool-call-parser", "qwen3_coder"])
     assert result.exit_code == 0
     assert got == {"origins": ("http://a.example", "http://b.example"), "name": "my-model",
-                   "parser": "qwen3"}
+                   "parser": "qwen3", "tools": "qwen3_coder"}
+    for bad, said in (
+            (["--tool-call-parser", "hermes"], "--tool-call-parser must be qwen3_coder, got"),
+            (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser")):
+        result = runner.invoke(cli.app, [*args, *bad])
+        assert result.exit_code != 0 and said in str(result.exception or result.output)
     result = runner.invoke(cli.app, [*args, "--served-model-name", " "])
     assert result.exit_code != 0
     assert "--served-model-name must not be empty" in str(result.exception or result.output)

@@ -13,10 +13,9 @@ import torch
 
 from statechat.api_choices import choice_params
 from statechat.api_messages import parse_messages
-from statechat.api_request import parse_n, parse_stream
+from statechat.api_request import ApiError, parse_n, parse_params, parse_stream
 from statechat.engine.sampler import sample
 from statechat.engine.sampling import SamplingParams
-from statechat.server import ApiError, parse_params
 
 
 def params(defaults: SamplingParams | None = None, **body):
