@@ -14,7 +14,12 @@ from pathlib import Path
 from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
-from statechat.cache.store.freeing import EVICTION_ORDER, TMP_MIN_AGE_S, delete_blob_files
+from statechat.cache.store.freeing import (
+    EVICTION_ORDER,
+    TMP_MIN_AGE_S,
+    delete_blob_files,
+    in_use,
+)
 
 log = logging.getLogger("statechat.cache")
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
@@ -121,7 +126,21 @@ class StoreMaintenance:
                         remove: bool = True) -> list[tuple[str, int]]:
         """Blob files no row points at (a crash between rename and insert, a lost index), and
         stale temps, as (name under blobs/, bytes); deleted unless `remove` is False. Only files
-        named as the store names its own (BLOB_NAME) count: anything else is left."""
+        named as the store names its own (BLOB_NAME) count: anything else is left.
+
+        A save keeps its blobs under temporary names until the transaction of their rows
+        renames them (rows.py): so this reads the rows and deletes under the index's write
+        lock, where no save of this version is between its rename and its rows, and leaves the
+        temps of saves under way (`in_use`: a live writer's pid). Files younger than
+        `min_age_s` stay too (an older version's writer renamed a blob before its row)."""
+        if not remove:
+            return self._find_orphans(min_age_s, remove)
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self._find_orphans(min_age_s, remove)
+
+    def _find_orphans(self, min_age_s: float, remove: bool) -> list[tuple[str, int]]:
+        """_remove_orphans' search (and deletions), in its transaction where it deletes."""
         with self.db_lock:
             known = {r[0] for r in self.db.execute(
                 "SELECT blob FROM checkpoints UNION SELECT blob FROM segments")}
@@ -132,8 +151,7 @@ class StoreMaintenance:
                 continue
             with contextlib.suppress(FileNotFoundError):  # (another process removed it)
                 st = f.stat()
-                # a concurrent writer's fresh file may not have its row yet: leave young files
-                if now - st.st_mtime >= min_age_s:
+                if now - st.st_mtime >= min_age_s and not in_use(rel, st.st_mtime, now):
                     if remove:
                         f.unlink()
                     found.append((rel, st.st_size))
