@@ -57,7 +57,9 @@ def _store(root: Path, write: bool = False):
     try:
         yield store
     except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
-        raise open_error(root / "index.db", e) from None
+        # (whole: read with its write-ahead log, which a reader on a full disk may not be)
+        raise open_error(root / "index.db", e,
+                         whole=getattr(store.db, "read_whole", True)) from None
     finally:
         store.close()
 
@@ -85,13 +87,9 @@ def _confirmed(question: str) -> bool:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)
+    from statechat.cache.sqlite_files import size_text
+
+    return size_text(n)
 
 
 def _when(ts) -> str:

@@ -107,7 +107,8 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                                     [json.dumps(shapes), self.model_id])
             except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
                 if not sqlite_files.is_locked(e):
-                    raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
+                    raise sqlite_files.open_error(self.path / INDEX_FILE, e,
+                                                  whole=True) from None
                 self.failed = "locked by another process"
                 log.warning("statechat cache: %s is locked by another process (a `sqlite3` shell "
                             "inside a transaction?), so this model's entry could not be written; "
