@@ -13,13 +13,14 @@ from pathlib import Path
 
 from statechat.cache import index
 from statechat.cache.blobs.write import publish
+from statechat.cache.store.budget import record_budget
 from statechat.cache.store.job import SaveJob
 from statechat.cache.store.marks import ReuseMarks
 
 
 class SaveRows(ReuseMarks):
-    """StoreWriter's rows. Works on the store's db, db_lock, blob_dir and model_id, and the
-    marks of reuses (marks.py)."""
+    """StoreWriter's rows. Works on the store's db, db_lock, blob_dir, model_id, budget and
+    budget_explicit, and the marks of reuses (marks.py)."""
 
     def _insert_rows(self, job: SaveJob, new_blocks: list[tuple[str, str, int]],
                      seg: tuple[str, int, int, str, Path] | None,
@@ -58,6 +59,7 @@ class SaveRows(ReuseMarks):
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
             self._mark_used(marks, hits)
+            record_budget(self.db, self.budget, self.budget_explicit, now)  # (what gc keeps to)
             for name in filter(None, unused):  # (before the commit: nothing raises after it)
                 (self.blob_dir / name).unlink(missing_ok=True)
         self._forget_touches(marks)

@@ -20,9 +20,10 @@ import torch
 from statechat.cache import index, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
+from statechat.cache.store.budget import default_budget
 from statechat.cache.store.failures import FailedSaves
 from statechat.cache.store.job import SaveJob
-from statechat.cache.store.maintenance import StoreMaintenance, default_budget
+from statechat.cache.store.maintenance import StoreMaintenance
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
 from statechat.cache.store.writer import StoreWriter
@@ -51,6 +52,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(
             self.path, self._own_bytes())
+        self.budget_explicit = budget_bytes is not None  # set, not the default (budget.py)
         self.host = HostTier(host_bytes)
         self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
         self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies

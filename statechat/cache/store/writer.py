@@ -23,6 +23,7 @@ import torch
 from statechat.cache import index, sqlite_files
 from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name, temp_name
 from statechat.cache.blobs.write import write_blob
+from statechat.cache.store.budget import record_budget
 from statechat.cache.store.job import SaveJob
 from statechat.cache.store.rows import SaveRows
 
@@ -36,7 +37,8 @@ class StoreWriter(SaveRows):
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
     pending_bytes, pending_lock, max_pending_bytes, touched, hit_counts, errors, failed_saves,
     failed, engine_idle, _defer_left, and host, copy_stream, db, db_lock, fingerprint,
-    blob_dir and budget; a save's rows are written by rows.py, `evict_to` comes from
+    blob_dir, budget and budget_explicit (every write transaction records the budget it evicts
+    down to: budget.py); a save's rows are written by rows.py, `evict_to` comes from
     maintenance.py, `give_up` from state_store.py."""
 
     def _start_writer(self) -> None:
@@ -169,6 +171,7 @@ class StoreWriter(SaveRows):
                 with self.db_lock, self.db.conn:
                     self.db.execute("BEGIN IMMEDIATE")
                     self._mark_used(marks, hits)
+                    record_budget(self.db, self.budget, self.budget_explicit, time.time())
         except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
             self._write_failed(e)
         finally:
