@@ -103,3 +103,25 @@ def test_a_temporary_blob_is_kept_while_its_writer_lives(tmp_path):
     assert store.clear() == 10
     assert names[alive].exists() and not names[dead].exists()
     store.close()
+
+
+def test_a_start_with_nothing_to_sweep_does_not_wait_for_the_write_lock(tmp_path):
+    """The sweep deletes under the index's write lock (no save is then between its rename and
+    its rows); with nothing to sweep it takes no lock, so a start does not wait SQLite's 30 s
+    behind another process's transaction (a `sqlite3` shell inside BEGIN)."""
+    import sqlite3
+    import time
+
+    from statechat.cache.store import open_store
+
+    store = open_store(tmp_path)
+    shell = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")
+    try:
+        start = time.monotonic()
+        store.sweep_leftovers()
+        assert time.monotonic() - start < 5
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+        store.close()

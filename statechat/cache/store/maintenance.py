@@ -134,9 +134,12 @@ class StoreMaintenance:
         renames them (rows.py): so this reads the rows and deletes under the index's write
         lock, where no save of this version is between its rename and its rows, and leaves the
         temps of saves under way (`in_use`: a live writer's pid). Files younger than
-        `min_age_s` stay too (an older version's writer renamed a blob before its row)."""
-        if not remove:
-            return self._find_orphans(min_age_s, remove)
+        `min_age_s` stay too (an older version's writer renamed a blob before its row). Where a
+        look without the lock finds none, the lock is not taken (an engine's start does not
+        wait for another process's transaction when there is nothing to sweep)."""
+        found = self._find_orphans(min_age_s, remove=False)
+        if not remove or not found:
+            return found
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             return self._find_orphans(min_age_s, remove)
