@@ -25,7 +25,7 @@ from statechat.cache.sqlite_files import (
 )
 from statechat.errors import ConfigError
 
-SCHEMA_VERSION = 2  # 2: the disk_budget table (an index of 1 gets it at its next writable open)
+SCHEMA_VERSION = 1
 OWN_TABLES = frozenset({"models", "segments", "blocks", "checkpoints"})  # (migrate's)
 log = logging.getLogger("statechat.cache")
 
@@ -51,6 +51,11 @@ VIEWS = {
 }
 
 
+# the budget the last engine wrote under (store/budget.py): made with the index, and by the
+# first write of an engine in an index made before it (no migration: a start writes nothing)
+DISK_BUDGET_TABLE = """CREATE TABLE IF NOT EXISTS disk_budget (
+    id INTEGER PRIMARY KEY, bytes INTEGER, explicit INTEGER, set_at REAL, pid INTEGER,
+    program TEXT)"""
 BUSY_TIMEOUT_S = 30  # how long a statement waits for a lock that another process holds
 
 
@@ -130,7 +135,7 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
             except BaseException:
                 conn.close()
                 raise
-            if version < 1:  # (a new or empty file: no tables yet)
+            if version < SCHEMA_VERSION:  # (a new or empty file: no tables yet)
                 conn.close()
                 return _empty_index()
             try:
@@ -188,55 +193,45 @@ def touch_chain(db: sqlite_utils.Database, tail: str, now: float) -> None:
 
 
 def migrate(db: sqlite_utils.Database) -> None:
-    """Create the tables, indices and views of SCHEMA_VERSION if they are not there yet (those
-    a version before it lacks, for an index it made)."""
+    """Create the tables, indices and views of SCHEMA_VERSION if they are not there yet."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version >= SCHEMA_VERSION:
         return
     with db.conn:
         db.execute("BEGIN IMMEDIATE")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version >= SCHEMA_VERSION:
+        if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
             return  # another process migrated while we waited for the lock
-        if version < 1:
-            _create_tables(db)
-        db["disk_budget"].create(
-            {"id": int, "bytes": int, "explicit": int, "set_at": float, "pid": int,
-             "program": str}, pk="id", if_not_exists=True)
+        db["models"].create(
+            {"id": int, "fingerprint": str, "name": str, "path": str, "dtype": str,
+             "block_size": int, "shapes": str, "created": float},
+            pk="id", not_null={"fingerprint"}, if_not_exists=True,
+        )
+        db["models"].create_index(["fingerprint"], unique=True, if_not_exists=True)
+        db["segments"].create(
+            {"id": int, "model_id": int, "blob": str, "num_blocks": int, "bytes": int,
+             "checksum": str, "created": float, "last_used": float},
+            pk="id", foreign_keys=[("model_id", "models", "id")], if_not_exists=True,
+        )
+        db["segments"].create_index(["blob"], unique=True, if_not_exists=True)
+        db["blocks"].create(
+            {"hash": str, "model_id": int, "parent": str, "position": int, "segment_id": int,
+             "seg_index": int},
+            pk="hash",
+            foreign_keys=[("model_id", "models", "id"), ("segment_id", "segments", "id")],
+            if_not_exists=True,
+        )
+        db["blocks"].create_index(["segment_id"], if_not_exists=True)
+        db["checkpoints"].create(
+            {"hash": str, "model_id": int, "num_tokens": int, "blob": str, "bytes": int,
+             "checksum": str, "created": float, "last_used": float, "hits": int},
+            pk="hash", foreign_keys=[("model_id", "models", "id")], if_not_exists=True,
+        )
+        db["checkpoints"].create_index(["last_used"], if_not_exists=True)
+        for name, sql in VIEWS.items():
+            db.execute(f"DROP VIEW IF EXISTS {name}")
+            db.execute(f"CREATE VIEW {name} AS {sql}")
+        db.execute(DISK_BUDGET_TABLE)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _create_tables(db: sqlite_utils.Database) -> None:
-    """(migrate's, in its transaction) The tables, indices and views of schema version 1."""
-    db["models"].create(
-        {"id": int, "fingerprint": str, "name": str, "path": str, "dtype": str,
-         "block_size": int, "shapes": str, "created": float},
-        pk="id", not_null={"fingerprint"}, if_not_exists=True,
-    )
-    db["models"].create_index(["fingerprint"], unique=True, if_not_exists=True)
-    db["segments"].create(
-        {"id": int, "model_id": int, "blob": str, "num_blocks": int, "bytes": int,
-         "checksum": str, "created": float, "last_used": float},
-        pk="id", foreign_keys=[("model_id", "models", "id")], if_not_exists=True,
-    )
-    db["segments"].create_index(["blob"], unique=True, if_not_exists=True)
-    db["blocks"].create(
-        {"hash": str, "model_id": int, "parent": str, "position": int, "segment_id": int,
-         "seg_index": int},
-        pk="hash",
-        foreign_keys=[("model_id", "models", "id"), ("segment_id", "segments", "id")],
-        if_not_exists=True,
-    )
-    db["blocks"].create_index(["segment_id"], if_not_exists=True)
-    db["checkpoints"].create(
-        {"hash": str, "model_id": int, "num_tokens": int, "blob": str, "bytes": int,
-         "checksum": str, "created": float, "last_used": float, "hits": int},
-        pk="hash", foreign_keys=[("model_id", "models", "id")], if_not_exists=True,
-    )
-    db["checkpoints"].create_index(["last_used"], if_not_exists=True)
-    for name, sql in VIEWS.items():
-        db.execute(f"DROP VIEW IF EXISTS {name}")
-        db.execute(f"CREATE VIEW {name} AS {sql}")
 
 
 def model_id(

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import sqlite_utils
 
+from statechat.cache import index
+
 DEFAULT_SHARE = 0.10  # the default budget's share of the space the cache may count on
 
 
@@ -49,7 +51,8 @@ def record_budget(db: sqlite_utils.Database, budget: int, explicit: bool, now: f
     """(In the caller's write transaction) Keep in `disk_budget` the budget this engine evicts
     down to: its bytes, whether it was set (`--disk-cache-bytes`) or is the default rule's,
     when it last wrote under it, and which process it is (pid, program). One row: the last
-    writer's."""
+    writer's. The table is made here where the index was made before it."""
+    db.execute(index.DISK_BUDGET_TABLE)
     db.execute("INSERT OR REPLACE INTO disk_budget (id, bytes, explicit, set_at, pid, program) "
                "VALUES (1, ?, ?, ?, ?, ?)",
                [budget, int(explicit), now, os.getpid(), program_name()])
@@ -57,8 +60,8 @@ def record_budget(db: sqlite_utils.Database, budget: int, explicit: bool, now: f
 
 def recorded_budget(db: sqlite_utils.Database) -> dict | None:
     """The budget the last engine wrote under (`record_budget`), as {"bytes", "explicit",
-    "set_at", "pid", "program"}; None where none was recorded (or in an index of schema 1,
-    read without being migrated)."""
+    "set_at", "pid", "program"}; None where none was recorded (or the index was made before
+    the table, and no engine of this version has written to it since)."""
     if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'disk_budget'").fetchone():
         return None
     row = db.execute("SELECT bytes, explicit, set_at, pid, program FROM disk_budget "
