@@ -4,9 +4,10 @@ shows and a plain `statechat cache gc` keeps to.
 
 An engine evicts down to its budget after each save: `--disk-cache-bytes` (`disk_cache_bytes`)
 where given, else the default, 10% of the free space and of the cache's own blobs, taken as it
-starts. The cache commands run apart from any engine, so each save records the budget it evicted
-down to (the last writer's row): gc then evicts down to a budget a user set there, rather than
-to a default that a user who set `20G` never asked for, and stats says which one it is.
+starts. The cache commands run apart from any engine, so every write transaction of an engine
+(a save, the marks of reuses) records the budget it evicts down to (the last writer's row): gc
+then evicts down to a budget a user set there, rather than to a default that a user who set
+`20G` never asked for, and stats says which one it is.
 """
 
 from __future__ import annotations

@@ -28,13 +28,16 @@ EVICTION_ORDER = (
 
 
 def is_pid_alive(pid: int) -> bool:
-    """Whether a process `pid` runs on this machine (one of another user's counts)."""
+    """Whether a process `pid` runs on this machine (one of another user's counts; pid 0, which
+    os.kill takes for this process group, names no writer)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except PermissionError:  # (another user's)
+        return True
+    except (ProcessLookupError, OverflowError):  # (none, or a number no pid can be)
         return False
-    except (PermissionError, OverflowError, ValueError):
-        return pid > 0
     return True
 
 
