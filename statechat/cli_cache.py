@@ -57,7 +57,9 @@ def _store(root: Path, write: bool = False):
     try:
         yield store
     except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
-        raise open_error(root / "index.db", e) from None
+        # (whole: read with its write-ahead log, which a reader on a full disk may not be)
+        raise open_error(root / "index.db", e,
+                         whole=getattr(store.db, "read_whole", True)) from None
     finally:
         store.close()
 
@@ -85,13 +87,9 @@ def _confirmed(question: str) -> bool:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)
+    from statechat.cache.sqlite_files import size_text
+
+    return size_text(n)
 
 
 def _when(ts) -> str:
@@ -113,16 +111,19 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
 def _no_stats(root: Path) -> dict:
     """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty."""
     return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
-            "num_segments": 0, "bytes_total": 0, "bytes_budget": None, "host_bytes_used": 0,
+            "num_segments": 0, "bytes_total": 0, "bytes_budget": None,
+            "bytes_budget_default": None, "budget_recorded": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
 
 
 @cache_app.command(
     "stats", short_help="Checkpoints, blocks, bytes used against the budget, and their models.")
 def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Checkpoints, blocks, bytes used against the budget, and the models they belong to. A
-    folder with no cache (no index.db, no blobs/) is one line saying so (with --json: the
-    figures, empty)."""
+    """Checkpoints, blocks, bytes used against the budget, and the models they belong to. The
+    budget is the one `cache gc` keeps to: set with --disk-cache-bytes by the last engine that
+    wrote (which, and when, are said), else the default (10% of the free space and of the
+    cache's own). A folder with no cache (no index.db, no blobs/) is one line saying so (with
+    --json: the figures, empty)."""
     root = _root(cache_dir)
     if not as_json and not _has_cache(root):
         typer.echo(f"no cache at {root}")
@@ -137,8 +138,25 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     typer.echo(f"segments     {stats.get('num_segments', 0):,}")
     typer.echo(f"bytes        {_size(stats.get('bytes_total'))} "
                f"of {_size(stats.get('bytes_budget'))}")
+    typer.echo(f"budget       {_budget_line(stats)}")
     for m in stats.get("models") or []:
         typer.echo("model        " + ", ".join(f"{k}={v}" for k, v in m.items()))
+
+
+def _budget_line(stats: dict) -> str:
+    """Where `stats`' budget comes from: set with --disk-cache-bytes by the last engine that
+    wrote (which, when), else the default rule's; and the default, where it is not used."""
+    default, rec = stats.get("bytes_budget_default"), stats.get("budget_recorded")
+    rule = "10% of the free space and of the cache's own"
+    if rec and rec.get("explicit"):
+        return (f"{_size(rec['bytes'])}, set with --disk-cache-bytes by `{rec['program']}` "
+                f"(pid {rec['pid']}, last write {_when(rec['set_at'])}); the default would be "
+                f"{_size(default)} ({rule})")
+    line = f"{_size(default)}, the default ({rule}, taken now)"
+    if rec:
+        line += (f"; `{rec['program']}` (pid {rec['pid']}) last wrote under "
+                 f"{_size(rec['bytes'])}, the default as it started, {_when(rec['set_at'])}")
+    return line
 
 
 @cache_app.command("ls")
@@ -225,10 +243,18 @@ def cache_gc(cache_dir: CacheDirOpt = None,
              max_size: Annotated[str | None, typer.Option(
                  "--max-bytes", help="Evict least recently used entries until the cache is at "
                                      "most this size, in bytes or as 500M, 20G (default: the "
-                                     "budget, 10% of the free space and of the cache's own).")
+                                     "budget `cache stats` shows: the last engine's where set "
+                                     "with --disk-cache-bytes, else 10% of the free space and "
+                                     "of the cache's own, so on a full disk 10% of the cache).")
              ] = None) -> None:
     """Evict least recently used entries down to the byte budget, and delete blob files that no
-    index row points at."""
+    index row points at.
+
+    The budget is the one an engine evicts down to: where the last engine that wrote to the
+    cache ran with --disk-cache-bytes, that size (on a full disk too: --max-bytes trims
+    further); else the default, 10% of the free space and of the cache's own blobs, taken now.
+    On a full disk that is 10% of the cache: it gives back 90% of itself, a tenth of the space
+    other files took, as an engine started there would after its first save."""
     max_bytes = parse_size(max_size, "--max-bytes")
     root = _root(cache_dir)
     _check_writable(root)
@@ -243,7 +269,8 @@ def _evict_blobs_first(root: Path, max_bytes: int | None) -> tuple[list[str], in
     from statechat.cache.store.freeing import delete_evicted_blobs
 
     with _store(root) as store:
-        return delete_evicted_blobs(store, store.budget if max_bytes is None else max_bytes)
+        return delete_evicted_blobs(store, store.budgets()["bytes_budget"] if max_bytes is None
+                                    else max_bytes)
 
 
 @cache_app.command(

@@ -91,7 +91,8 @@ MemoryFractionOpt = Annotated[float | None, typer.Option(
 DiskCacheBytesOpt = Annotated[str | None, typer.Option(
     "--disk-cache-bytes", help="Most the disk cache (--cache-dir) keeps, in bytes or with a "
     "unit: 500M, 20G, 1T; least recently used entries go first (default: 10% of the free space "
-    "and of the cache's own).", rich_help_panel=ENGINE)]
+    "and of the cache's own). Recorded in the cache's index: `cache stats` shows it and `cache "
+    "gc` keeps to it.", rich_help_panel=ENGINE)]
 DtypeOpt = Annotated[str | None, typer.Option(
     "--dtype", help="float32 | bfloat16 | float16 (default: bfloat16 on accelerators, float32 "
     "on the CPU).", rich_help_panel=ENGINE)]

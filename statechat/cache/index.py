@@ -15,7 +15,14 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.sqlite_files import is_full, on_full_disk, open_error, open_sqlite
+from statechat.cache.sqlite_files import (
+    free_bytes,
+    is_full,
+    on_full_disk,
+    open_error,
+    open_sqlite,
+    size_text,
+)
 from statechat.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -44,6 +51,11 @@ VIEWS = {
 }
 
 
+# the budget the last engine wrote under (store/budget.py): made with the index, and by the
+# first write of an engine in an index made before it (no migration: a start writes nothing)
+DISK_BUDGET_TABLE = """CREATE TABLE IF NOT EXISTS disk_budget (
+    id INTEGER PRIMARY KEY, bytes INTEGER, explicit INTEGER, set_at REAL, pid INTEGER,
+    program TEXT)"""
 BUSY_TIMEOUT_S = 30  # how long a statement waits for a lock that another process holds
 
 
@@ -131,11 +143,18 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
             except ConfigError:
                 conn.close()
                 raise
+            except sqlite3.DatabaseError as e:  # (as read without its WAL on a full disk?)
+                conn.close()
+                raise open_error(path, e, whole=query != "immutable=1") from None
             wal = path.with_name(path.name + "-wal")
             if query == "immutable=1" and wal.exists() and wal.stat().st_size:
-                log.warning("statechat cache: %s is read-only and its write-ahead log was not "
-                            "read; the latest writes may be missing", path)
-            return sqlite_utils.Database(conn)
+                where = (f"is on a full disk ({size_text(free_bytes(path.parent))} free)"
+                         if on_full_disk(path.parent) else "is read-only")
+                log.warning("statechat cache: %s %s and its write-ahead log was not read; the "
+                            "latest writes may be missing", path, where)
+            db = sqlite_utils.Database(conn)
+            db.read_whole = query != "immutable=1"  # (open_error's `whole`)
+            return db
         raise AssertionError("unreachable")
 
     return open_sqlite(path, attempt)
@@ -211,6 +230,7 @@ def migrate(db: sqlite_utils.Database) -> None:
         for name, sql in VIEWS.items():
             db.execute(f"DROP VIEW IF EXISTS {name}")
             db.execute(f"CREATE VIEW {name} AS {sql}")
+        db.execute(DISK_BUDGET_TABLE)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 

@@ -41,8 +41,11 @@ def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def open_error(path: Path, e: Exception) -> ConfigError:
-    """The one-line error for a SQLite file (cache index, chats) that cannot be opened."""
+def open_error(path: Path, e: Exception, whole: bool = False) -> ConfigError:
+    """The one-line error for a SQLite file (cache index, chats) that cannot be opened or read.
+    On a full disk that is a DiskFullError, a damaged-looking file too unless `whole` (it was
+    read with its write-ahead log): read as immutable, without it, the state a checkpoint cut
+    short by that full disk left in the file reads as damaged."""
     if path.parent.exists() and not path.parent.is_dir():
         return ConfigError(f"{path.parent} is a file; pass a folder")
     if path.is_dir():  # (not a question of permissions)
@@ -53,17 +56,24 @@ def open_error(path: Path, e: Exception) -> ConfigError:
     if is_locked(e):  # (moving a sound index away would lose the cache and the chats)
         return ConfigError(f"{path} is locked by another process ({why}): a `sqlite3` shell "
                            "inside a transaction, say; try again once it is done")
-    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
+    damaged = isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError)
+    if (on_full_disk(path.parent) and not (damaged and whole)) or (is_full(e) and not damaged):
+        # (SQLite says "disk I/O error" for some; and where it cannot make the -shm file, the
+        # index is read as immutable, its write-ahead log unread: a checkpoint that the full
+        # disk cut short then reads as "malformed", which is not damage)
+        seen = (f"{why}, as read without its write-ahead log, which SQLite has no room to read "
+                "on a full disk: no sign of damage" if damaged else why)
+        # (every SQLite file of statechat's is a cache dir's index.db: the chats are in it too)
+        return DiskFullError(f"cannot open {path} ({seen}); its disk is full "
+                             f"({size_text(free_bytes(path.parent))} free): `statechat cache "
+                             f"clear --cache-dir {path.parent}` frees the cache's space (the "
+                             "chats are kept), or free some space on it, or pick a cache dir on "
+                             "another disk")
+    if damaged:
         # (damaged, or not a database; it holds the chats too, which moving it away hides)
         advice = (f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` copies what is left "
                   "of it (the chats in it too) into a file to put in its place, or move the "
                   "file away to start afresh")
-    elif is_full(e) or on_full_disk(path.parent):  # (SQLite says "disk I/O error" for some)
-        # (every SQLite file of statechat's is a cache dir's index.db: the chats are in it too)
-        return DiskFullError(f"cannot open {path} ({why}); its disk is full: `statechat cache "
-                             f"clear --cache-dir {path.parent}` frees the cache's space (the "
-                             "chats are kept), or free some space on it, or pick a cache dir on "
-                             "another disk")
     elif on_read_only_media(path.parent):
         advice = "its folder is on a read-only file system: pick a cache dir you can write to"
     else:
@@ -87,13 +97,32 @@ def is_too_large(error: BaseException) -> bool:
 def on_full_disk(folder: Path) -> bool:
     """Whether the file system of `folder` (or of the nearest folder above it that exists) has
     less than FULL_BYTES left for this user."""
+    free = free_bytes(folder)
+    return free is not None and free < FULL_BYTES
+
+
+def free_bytes(folder: Path) -> int | None:
+    """The bytes this user may still write on the file system of `folder` (or of the nearest
+    folder above it that exists); None where it cannot be told."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
         st = os.statvfs(folder)
     except (OSError, AttributeError):  # (Windows has no statvfs)
-        return False
-    return st.f_bavail * st.f_frsize < FULL_BYTES
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def size_text(n: float | None) -> str:
+    """`n` bytes for people: `512 B`, `1.5 KiB`, ... `20.0 GiB` (powers of 1024); `-` for
+    None."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 def on_read_only_media(folder: Path) -> bool:

@@ -5,6 +5,7 @@ either wrote is usable afterwards."""
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -68,5 +69,37 @@ def test_a_save_raced_by_another_process_leaves_no_orphan_blob(tmp_path, monkeyp
     assert second._remove_orphans(min_age_s=0, remove=False) == []
     assert second.db.execute("SELECT count(*) FROM segments").fetchone()[0] == 1
     assert second.verify()["removed"] == []
+    first.close()
+    second.close()
+
+
+def test_a_slow_save_s_blobs_are_not_swept_by_another_process_s_start(tmp_path, monkeypatch):
+    """Another process's writer, as it starts, sweeps blob files no row names that are older
+    than the grace period: a save whose rows came more than that after its blob was written (a
+    writer stalled, a slow disk) lost its blobs to it, and the checkpoint was not indexed. A
+    temporary file carries its writer's pid (kept while that process lives), and the blob is
+    renamed to its final name in the transaction that writes its row."""
+    import os
+
+    from statechat.cache.store import writer
+    from tests.cache.test_device import HASHES, attached, save
+
+    first, second = attached(tmp_path, "cpu", 0), open_store(tmp_path)
+    real = writer.write_blob
+
+    def stalled(path, *args, **kwargs):  # the blob written an hour ago, then the other's start
+        out = real(path, *args, **kwargs)
+        for f in path.parent.iterdir():
+            os.utime(f, (time.time() - 3600, time.time() - 3600))
+        second.sweep_leftovers()
+        return out
+
+    monkeypatch.setattr(writer, "write_blob", stalled)
+    save(first, "cpu")
+    monkeypatch.undo()
+    assert first.db.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 1
+    assert first.load_checkpoint(HASHES[-1]) is not None
+    report = second.verify()
+    assert report["removed"] == [] and report["orphans"] == [] and report["checked"] == 2
     first.close()
     second.close()

@@ -70,3 +70,58 @@ def test_a_crashed_writer_s_leftover_blobs_go_at_the_next_start(tiny_dirs, tmp_p
     engine.close()
     assert [f.exists() for f in old] == [False, False]
     assert young.exists()
+
+
+def test_a_temporary_blob_is_kept_while_its_writer_lives(tmp_path):
+    """Past the minute's grace, a temporary blob whose writer (the pid in its name) has exited
+    is a leftover, and the start's sweep and `cache clear` delete it; one whose writer still
+    runs is a save under way, and both keep it (a day at most: a pid can be reused)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from statechat.cache.store import open_store
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead, alive = int(gone.stdout), os.getpid()
+    blobs = tmp_path / "blobs" / "kv"
+    blobs.mkdir(parents=True)
+    names = {pid: blobs / f"{'ab' * 16}.safetensors.{pid}.{'01' * 16}.tmp"
+             for pid in (dead, alive)}
+    stale = blobs / f"{'cd' * 16}.safetensors.{alive}.{'02' * 16}.tmp"
+    for f in [*names.values(), stale]:
+        f.write_bytes(b"x" * 10)
+        os.utime(f, (time.time() - 600, time.time() - 600))
+    os.utime(stale, (time.time() - 2 * 86400, time.time() - 2 * 86400))
+    store = open_store(tmp_path)
+    store.sweep_leftovers()
+    assert [names[dead].exists(), names[alive].exists(), stale.exists()] == [False, True, False]
+    names[dead].write_bytes(b"x" * 10)
+    os.utime(names[dead], (time.time() - 600, time.time() - 600))
+    assert store.clear() == 10
+    assert names[alive].exists() and not names[dead].exists()
+    store.close()
+
+
+def test_a_start_with_nothing_to_sweep_does_not_wait_for_the_write_lock(tmp_path):
+    """The sweep deletes under the index's write lock (no save is then between its rename and
+    its rows); with nothing to sweep it takes no lock, so a start does not wait SQLite's 30 s
+    behind another process's transaction (a `sqlite3` shell inside BEGIN)."""
+    import sqlite3
+    import time
+
+    from statechat.cache.store import open_store
+
+    store = open_store(tmp_path)
+    shell = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")
+    try:
+        start = time.monotonic()
+        store.sweep_leftovers()
+        assert time.monotonic() - start < 5
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+        store.close()

@@ -173,7 +173,8 @@ def test_a_cache_on_a_full_disk_says_the_disk_is_full(full_disk, tmp_path, exist
         open_store(cache)
     assert str(error.value).startswith(f"cannot open {cache / 'index.db'} (")
     assert str(error.value).endswith(
-        f"its disk is full: `statechat cache clear --cache-dir {cache}` frees the cache's space "
+        f"its disk is full (0 B free): `statechat cache clear --cache-dir {cache}` frees the "
+        "cache's space "
         "(the chats are kept), or free some space on it, or pick a cache dir on another disk"), \
         error.value
     if existing:  # (and `cache stats` and `ls` read it: they said the same, and exited)

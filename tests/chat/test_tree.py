@@ -86,7 +86,7 @@ def test_tables_are_prefixed_and_leave_others_alone(tmp_path):
     db.close()
     store = open_chats(tmp_path)
     build(store)
-    cache_tables = {"models", "segments", "blocks", "checkpoints"}
+    cache_tables = {"models", "segments", "blocks", "checkpoints", "disk_budget"}
     names = set(store.db.table_names())
     assert {"chat_conversations", "chat_messages"} | cache_tables <= names
     assert all(n.startswith("chat_") for n in names - cache_tables)

@@ -6,6 +6,8 @@ engine say which command frees the space."""
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 
 import pytest
@@ -143,7 +145,65 @@ def test_verify_on_a_full_disk_says_which_command_frees_the_space(cache, monkeyp
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == (
-        f"statechat: cannot open {cache / 'index.db'} (database or disk is full); its disk is "
-        f"full: `statechat cache clear --cache-dir {cache}` frees the cache's space (the chats "
-        "are kept), or free some space on it, or pick a cache dir on another disk")
+    said = capsys.readouterr().err.strip()
+    assert re.fullmatch(
+        re.escape(f"statechat: cannot open {cache / 'index.db'} (database or disk is full); its "
+                  "disk is full (") + r"[0-9,.]+ (B|KiB|MiB|GiB) free" + re.escape(
+            f"): `statechat cache clear --cache-dir {cache}` frees the cache's space (the chats "
+            "are kept), or free some space on it, or pick a cache dir on another disk"), said), said
+
+
+def cut_short_checkpoint(cache) -> None:
+    """Leave `cache`'s index.db as a checkpoint of its write-ahead log that a full disk cut
+    short leaves it: the log kept, the file's first page (its page count, the schema's root)
+    already the log's newest, the pages it points at not yet copied. Read with its log, the
+    index is whole; read without it, SQLite finds it malformed."""
+    import struct
+
+    from statechat.cache import index
+
+    index.connect(cache / "index.db").conn.close()
+    db = sqlite3.connect(cache / "index.db", isolation_level=None)
+    db.execute("PRAGMA wal_autocheckpoint = 0")
+    with db:
+        db.executemany("INSERT INTO models (fingerprint, name, path, dtype, block_size, created) "
+                       "VALUES (?, ?, ?, 'float32', 64, 0)",
+                       [(f"{i:064x}", f"m{i}", "/models" * 100) for i in range(300)])
+    main, wal = (cache / "index.db").read_bytes(), (cache / "index.db-wal").read_bytes()
+    db.close()  # (it folds the log into the file: the files are put back as they were)
+    (cache / "index.db-shm").unlink(missing_ok=True)
+    page = struct.unpack(">I", wal[8:12])[0]
+    frames = {struct.unpack(">I", wal[o:o + 4])[0]: wal[o + 24:o + 24 + page]
+              for o in range(32, len(wal) - 24 - page + 1, 24 + page)}
+    (cache / "index.db").write_bytes(frames[1] + main[page:])
+    (cache / "index.db-wal").write_bytes(wal)
+
+
+@pytest.mark.parametrize("command", ["stats", "ls"])
+def test_an_index_read_on_a_full_disk_is_not_called_damaged(tmp_path, monkeypatch, capsys,
+                                                             command):
+    """On a full disk SQLite cannot make the index's shared-memory file, so the reports read
+    index.db as immutable, without its write-ahead log; a checkpoint the full disk cut short
+    then reads as "malformed", and the line said to `.recover` a sound index. It says the disk
+    is full, and how much is free."""
+    from tests.cache.test_full_disk import fill
+
+    with small_tmpfs(tmp_path / "disk", "4M") as mnt:
+        cache = mnt / "cache"
+        cache.mkdir()
+        cut_short_checkpoint(cache)
+        fill(mnt)
+        monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir", str(cache)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err, err
+        assert ".recover" not in err
+        assert err.startswith(f"statechat: cannot open {cache / 'index.db'} (database disk image "
+                              "is malformed, as read without its write-ahead log, which SQLite "
+                              "has no room to read on a full disk: no sign of damage); its disk "
+                              "is full (0 B free): `statechat cache clear --cache-dir "), err
+        (mnt / "filler").unlink()  # (with room, the same files read whole)
+        stats = runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(cache)])
+        assert stats.exit_code == 0, stats.output
+        assert len(json.loads(stats.stdout)["models"]) == 300

@@ -9,6 +9,7 @@ bytes. The checksum is the crc32 of each piece of PIECE_BYTES of every tensor, f
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 import zlib
@@ -33,9 +34,10 @@ class BlobError(Exception):
         self.damaged = damaged
 
 
-# the files a store writes under its blob directory (and their temps): nothing else is removed
+# the files a store writes under its blob directory (and their temps, which carry the writer's
+# pid; older versions' did not): nothing else is removed
 BLOB_NAME = re.compile(r"(kv/[0-9a-f]{32}|ckpt/[0-9a-f]{2}/[0-9a-f]{64}-[0-9a-f]{8})\.safetensors"
-                       r"(\.[0-9a-f]{32}" + re.escape(TMP_SUFFIX) + ")?")
+                       r"(\.([0-9]+\.)?[0-9a-f]{32}" + re.escape(TMP_SUFFIX) + ")?")
 
 
 def kv_blob_name() -> str:
@@ -50,8 +52,17 @@ def ckpt_blob_name(ckpt_hash: str) -> str:
 
 
 def temp_name(name: str) -> str:
-    """The name a blob is written under before it is renamed to `name` (one of BLOB_NAME's)."""
-    return f"{name}.{uuid.uuid4().hex}{TMP_SUFFIX}"
+    """The name a blob is written under before it is renamed to `name` (one of BLOB_NAME's):
+    it carries this process's pid, so that another process's clean-up leaves it while this
+    one lives (`temp_writer`)."""
+    return f"{name}.{os.getpid()}.{uuid.uuid4().hex}{TMP_SUFFIX}"
+
+
+def temp_writer(name: str) -> int | None:
+    """The pid of the process that writes the temporary blob `name` (a temp_name), None where
+    the name carries none (not a temp, or one of an older version's)."""
+    found = BLOB_NAME.fullmatch(name)
+    return int(found[3][:-1]) if found and found[3] else None
 
 
 @dataclass(frozen=True)

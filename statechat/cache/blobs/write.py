@@ -22,8 +22,11 @@ from statechat.cache.blobs.encoding import (
 
 
 def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
-               pause: Callable[[], None] | None = None) -> tuple[int, str]:
-    """Write atomically; return (bytes on disk, checksum).
+               pause: Callable[[], None] | None = None,
+               temp: Path | None = None) -> tuple[int, str]:
+    """Write atomically; return (bytes on disk, checksum). With `temp` (a temp_name beside
+    `path`), the blob is written and fsynced there and not renamed: `publish(temp, path)`
+    renames it once its row may follow at once (the store does it in the row's transaction).
 
     The file is a plain safetensors file, written in one pass straight from the tensors' memory
     (no serialised copy of the blob): each piece is checksummed and written at its offset, and
@@ -35,7 +38,7 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
     data = {n: memoryview(tensors[n].detach().to("cpu").contiguous().view(torch.uint8)
                           .reshape(-1).numpy()) for n in order}
     header = encode_header(tensors, order, meta, crc="0" * 8)
-    tmp = path.with_name(temp_name(path.name))
+    tmp = temp or path.with_name(temp_name(path.name))
     for attempt in range(3):  # (`cache clear` elsewhere removes empty folders: make it again)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -64,12 +67,21 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if temp is None:
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if temp is None:
+        fsync_dir(path.parent)
     return offset, crc
+
+
+def publish(temp: Path, path: Path) -> None:
+    """Rename the blob written at `temp` (write_blob's) to `path`, durably (the folder
+    fsynced)."""
+    os.replace(temp, path)
+    fsync_dir(path.parent)
 
 
 def _write_all(fd: int, data: memoryview, offset: int) -> None:

@@ -9,12 +9,14 @@ rows once that room is made (cli_cache.py). A row naming a deleted file meanwhil
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
-from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX
+from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX, temp_writer
 
 TMP_MIN_AGE_S = 60.0  # a temporary blob younger than this is a writer's, under way
+TMP_MAX_AGE_S = 24 * 3600.0  # one older is a leftover, even where its writer's pid lives (reused)
 # the rows an eviction deletes, first to last: least recently used first; ties from a chain's
 # end back (a checkpoint's boundary, a segment's first block), a checkpoint before a segment
 # (no NULLS FIRST: SQLite < 3.30). Rows: (kind, key, blob, bytes, last_used, position).
@@ -25,17 +27,44 @@ EVICTION_ORDER = (
     "FROM segments s ORDER BY 5, 6 DESC, 1 LIMIT ?")
 
 
+def is_pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user's counts; pid 0, which
+    os.kill takes for this process group, names no writer)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # (another user's)
+        return True
+    except (ProcessLookupError, OverflowError):  # (none, or a number no pid can be)
+        return False
+    return True
+
+
+def in_use(rel: str, mtime: float, now: float) -> bool:
+    """Whether the temporary blob `rel` (its name under blobs/, last written at `mtime`) may be
+    a save under way: younger than TMP_MIN_AGE_S, or its writer (the pid its name carries) still
+    running and the file younger than TMP_MAX_AGE_S. A save waits any time for its row (a
+    writer stalled, a slow disk): its temp is kept while its process lives."""
+    if not rel.endswith(TMP_SUFFIX):
+        return False
+    age, pid = now - mtime, temp_writer(rel)
+    return age < TMP_MIN_AGE_S or (pid is not None and age < TMP_MAX_AGE_S
+                                   and is_pid_alive(pid))
+
+
 def delete_blob_files(blob_dir: Path) -> int:
     """Delete every file under `blob_dir` named as the store names its own (BLOB_NAME), but a
-    temporary blob younger than TMP_MIN_AGE_S (a writer's under way), then the folders they
-    leave empty; the bytes of the files deleted. Another process may delete them meanwhile."""
+    temporary blob of a save under way (`in_use`), then the folders they leave empty; the
+    bytes of the files deleted. Another process may delete them meanwhile."""
     freed, now = 0, time.time()
     for f in sorted(blob_dir.rglob("*"), reverse=True) if blob_dir.exists() else []:
         # the store's own files, then the folders they leave empty (another file stays)
-        if f.is_file() and BLOB_NAME.fullmatch(f.relative_to(blob_dir).as_posix()):
+        rel = f.relative_to(blob_dir).as_posix()
+        if f.is_file() and BLOB_NAME.fullmatch(rel):
             with contextlib.suppress(FileNotFoundError):  # (another process removed it)
                 st = f.stat()
-                if f.name.endswith(TMP_SUFFIX) and now - st.st_mtime < TMP_MIN_AGE_S:
+                if in_use(rel, st.st_mtime, now):
                     continue
                 f.unlink()
                 freed += st.st_size

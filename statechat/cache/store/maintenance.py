@@ -6,29 +6,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import sqlite3
 import time
-from pathlib import Path
 
 from statechat.cache import index
 from statechat.cache.blobs.encoding import BLOB_NAME, BlobError
 from statechat.cache.blobs.read import read_blob
-from statechat.cache.store.freeing import EVICTION_ORDER, TMP_MIN_AGE_S, delete_blob_files
+from statechat.cache.store.budget import default_budget, gc_budget, recorded_budget
+from statechat.cache.store.freeing import (
+    EVICTION_ORDER,
+    TMP_MIN_AGE_S,
+    delete_blob_files,
+    in_use,
+)
 
 log = logging.getLogger("statechat.cache")
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
-
-
-def default_budget(root: Path, own_bytes: int = 0) -> int:
-    """10% of the space the cache may count on: the free space of the cache dir's file system
-    (of its nearest existing folder: nothing is created) and `own_bytes`, the cache's own blobs.
-    (Of the free space alone, a cache that filled its budget found a smaller one at each start,
-    and evicted down to it; on a full disk, all of it.)"""
-    root = Path(root).absolute()
-    while not root.exists() and root != root.parent:
-        root = root.parent
-    return int((shutil.disk_usage(root).free + own_bytes) * 0.10)
 
 
 def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) -> set[str]:
@@ -46,8 +39,8 @@ def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) ->
 
 class StoreMaintenance:
     """StateStore's budget and reports. Works on the store's state (state_store.py): path,
-    blob_dir, db, db_lock, host and budget; `_discard_checkpoint`, `_discard_segment` and
-    `_unlink_blob` come from reads.py."""
+    blob_dir, db, db_lock, host, budget and budget_explicit; `_discard_checkpoint`,
+    `_discard_segment` and `_unlink_blob` come from reads.py."""
 
     def total_bytes(self) -> int:
         """The bytes of every blob the index has a row for (all models)."""
@@ -98,9 +91,23 @@ class StoreMaintenance:
             if total <= max_bytes or len(rows) < EVICT_BATCH:
                 return freed
 
+    def budgets(self) -> dict:
+        """{"bytes_budget": what this store evicts down to (its own where set, else what a plain
+        `cache gc` keeps to: budget.gc_budget), "bytes_budget_default": the default rule's now,
+        "budget_recorded": the last engine's (budget.recorded_budget)}."""
+        with self.db_lock:
+            recorded = recorded_budget(self.db)
+            default = default_budget(self.path, self.total_bytes())
+        return {"bytes_budget": self.budget if self.budget_explicit
+                else gc_budget(recorded, default),
+                "bytes_budget_default": default, "budget_recorded": recorded}
+
     def gc(self, max_bytes: int | None = None) -> int:
-        """Evict down to `max_bytes` (default: the budget) and delete orphan blob files."""
-        freed = self.evict_to(self.budget if max_bytes is None else max_bytes)
+        """Evict down to `max_bytes` (default: `budgets()`'s, the last engine's budget where a
+        user set it, else the default rule's) and delete orphan blob files."""
+        if max_bytes is None:
+            max_bytes = self.budgets()["bytes_budget"]
+        freed = self.evict_to(max_bytes)
         return freed + sum(size for _, size in self._remove_orphans())
 
     def sweep_leftovers(self) -> None:
@@ -121,7 +128,24 @@ class StoreMaintenance:
                         remove: bool = True) -> list[tuple[str, int]]:
         """Blob files no row points at (a crash between rename and insert, a lost index), and
         stale temps, as (name under blobs/, bytes); deleted unless `remove` is False. Only files
-        named as the store names its own (BLOB_NAME) count: anything else is left."""
+        named as the store names its own (BLOB_NAME) count: anything else is left.
+
+        A save keeps its blobs under temporary names until the transaction of their rows
+        renames them (rows.py): so this reads the rows and deletes under the index's write
+        lock, where no save of this version is between its rename and its rows, and leaves the
+        temps of saves under way (`in_use`: a live writer's pid). Files younger than
+        `min_age_s` stay too (an older version's writer renamed a blob before its row). Where a
+        look without the lock finds none, the lock is not taken (an engine's start does not
+        wait for another process's transaction when there is nothing to sweep)."""
+        found = self._find_orphans(min_age_s, remove=False)
+        if not remove or not found:
+            return found
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self._find_orphans(min_age_s, remove)
+
+    def _find_orphans(self, min_age_s: float, remove: bool) -> list[tuple[str, int]]:
+        """_remove_orphans' search (and deletions), in its transaction where it deletes."""
         with self.db_lock:
             known = {r[0] for r in self.db.execute(
                 "SELECT blob FROM checkpoints UNION SELECT blob FROM segments")}
@@ -132,8 +156,7 @@ class StoreMaintenance:
                 continue
             with contextlib.suppress(FileNotFoundError):  # (another process removed it)
                 st = f.stat()
-                # a concurrent writer's fresh file may not have its row yet: leave young files
-                if now - st.st_mtime >= min_age_s:
+                if now - st.st_mtime >= min_age_s and not in_use(rel, st.st_mtime, now):
                     if remove:
                         f.unlink()
                     found.append((rel, st.st_size))
@@ -235,7 +258,7 @@ class StoreMaintenance:
                 "num_blocks": q("SELECT count(*) FROM blocks").fetchone()[0],
                 "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
                 "bytes_total": self.total_bytes(),
-                "bytes_budget": self.budget,
+                **self.budgets(),
                 **host,
                 "models": models,
             }

@@ -20,9 +20,10 @@ import torch
 from statechat.cache import index, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
+from statechat.cache.store.budget import default_budget
 from statechat.cache.store.failures import FailedSaves
 from statechat.cache.store.job import SaveJob
-from statechat.cache.store.maintenance import StoreMaintenance, default_budget
+from statechat.cache.store.maintenance import StoreMaintenance
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
 from statechat.cache.store.writer import StoreWriter
@@ -51,6 +52,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(
             self.path, self._own_bytes())
+        self.budget_explicit = budget_bytes is not None  # set, not the default (budget.py)
         self.host = HostTier(host_bytes)
         self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
         self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies
@@ -107,7 +109,8 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance):
                                     [json.dumps(shapes), self.model_id])
             except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
                 if not sqlite_files.is_locked(e):
-                    raise sqlite_files.open_error(self.path / INDEX_FILE, e) from None
+                    raise sqlite_files.open_error(self.path / INDEX_FILE, e,
+                                                  whole=True) from None
                 self.failed = "locked by another process"
                 log.warning("statechat cache: %s is locked by another process (a `sqlite3` shell "
                             "inside a transaction?), so this model's entry could not be written; "

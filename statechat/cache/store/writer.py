@@ -16,12 +16,14 @@ import logging
 import queue
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from statechat.cache import index, sqlite_files
-from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name
+from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name, temp_name
 from statechat.cache.blobs.write import write_blob
+from statechat.cache.store.budget import record_budget
 from statechat.cache.store.job import SaveJob
 from statechat.cache.store.rows import SaveRows
 
@@ -35,7 +37,8 @@ class StoreWriter(SaveRows):
     """StateStore's writes. Works on the store's state (state_store.py): queue, writer,
     pending_bytes, pending_lock, max_pending_bytes, touched, hit_counts, errors, failed_saves,
     failed, engine_idle, _defer_left, and host, copy_stream, db, db_lock, fingerprint,
-    blob_dir and budget; a save's rows are written by rows.py, `evict_to` comes from
+    blob_dir, budget and budget_explicit (every write transaction records the budget it evicts
+    down to: budget.py); a save's rows are written by rows.py, `evict_to` comes from
     maintenance.py, `give_up` from state_store.py."""
 
     def _start_writer(self) -> None:
@@ -168,6 +171,7 @@ class StoreWriter(SaveRows):
                 with self.db_lock, self.db.conn:
                     self.db.execute("BEGIN IMMEDIATE")
                     self._mark_used(marks, hits)
+                    record_budget(self.db, self.budget, self.budget_explicit, time.time())
         except Exception as e:  # noqa: BLE001 - a failed write must never stop generation
             self._write_failed(e)
         finally:
@@ -200,6 +204,7 @@ class StoreWriter(SaveRows):
         except BaseException:  # (its transaction rolled back: no row names them)
             for blob in filter(None, (seg, ck)):
                 (self.blob_dir / blob[0]).unlink(missing_ok=True)
+                blob[-1].unlink(missing_ok=True)  # (its temporary file, where not renamed)
             raise
         if missing:  # (its checkpoint was not indexed, and its blob is not kept)
             self._report_unsaved(job, missing + [job.chain or ""], retry=True)
@@ -213,9 +218,9 @@ class StoreWriter(SaveRows):
         if job.unsaved is not None:
             job.unsaved([h for h in hashes if h], retry)
 
-    def _write_segment(self, job: SaveJob, rows: list[int]) -> tuple[str, int, int, str]:
-        """Write the blocks at `rows` of the job as one segment blob: (blob, num_blocks, bytes,
-        checksum)."""
+    def _write_segment(self, job: SaveJob, rows: list[int]) -> tuple[str, int, int, str, Path]:
+        """Write the blocks at `rows` of the job as one segment blob, under its temporary name
+        (renamed with its row, rows.py): (blob, num_blocks, bytes, checksum, temporary file)."""
         new_blocks = [job.blocks[i] for i in rows]
         tensors = job.block_tensors
         if len(rows) < len(job.blocks):
@@ -224,12 +229,15 @@ class StoreWriter(SaveRows):
         block_size = next(iter(tensors.values())).shape[1]
         hashes = [b[0] for b in new_blocks]
         meta = BlobMeta(self.fingerprint, len(new_blocks) * block_size, hashes, "kv")
-        size, crc = write_blob(self.blob_dir / blob, tensors, meta, self._pause)
-        return blob, len(new_blocks), size, crc
+        temp = self.blob_dir / temp_name(blob)
+        size, crc = write_blob(self.blob_dir / blob, tensors, meta, self._pause, temp=temp)
+        return blob, len(new_blocks), size, crc, temp
 
-    def _write_checkpoint(self, job: SaveJob) -> tuple[str, int, str]:
-        """Write the job's checkpoint as a blob: (blob, bytes, checksum)."""
+    def _write_checkpoint(self, job: SaveJob) -> tuple[str, int, str, Path]:
+        """Write the job's checkpoint as a blob under its temporary name: (blob, bytes,
+        checksum, temporary file)."""
         blob = ckpt_blob_name(job.ckpt_hash)
         meta = BlobMeta(self.fingerprint, job.num_tokens, [job.ckpt_hash], "ckpt")
-        size, crc = write_blob(self.blob_dir / blob, job.ckpt, meta, self._pause)
-        return blob, size, crc
+        temp = self.blob_dir / temp_name(blob)
+        size, crc = write_blob(self.blob_dir / blob, job.ckpt, meta, self._pause, temp=temp)
+        return blob, size, crc, temp
