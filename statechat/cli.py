@@ -8,7 +8,8 @@
 Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. The
 options shared by several commands, and their checks, are in cli_options.py; a command's engine
 config and sampling are made from them, and its engine from that config, in cli_setup.py. The
-`serve` command is in cli_serve.py, the `cache` commands in cli_cache.py.
+`serve` command is in cli_serve.py, the `cache` commands in cli_cache.py (their store opened
+in cli_cache_store.py).
 """
 
 from __future__ import annotations

@@ -4,77 +4,27 @@ fails its checks, `gc` and `clear` delete. None of them creates a cache dir or a
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sqlite3
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from statechat.cli_cache_store import (
+    cache_root,
+    check_writable,
+    has_cache,
+    opened_store,
+    writable,
+    writing,
+)
 from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt, parse_size
-from statechat.errors import StatechatError
 
 cache_app = typer.Typer(cls=FlagsGroup, help="Inspect and trim the persistent prefix cache.",
                         no_args_is_help=True)
 # `cache verify`'s exit status, as fsck's: bits that say what it did (0: all was fine)
 VERIFY_REPAIRED = 1  # it removed damaged entries or orphan blobs
 VERIFY_LEFT = 4  # it found problems it left as they are (unreadable blobs, a read-only cache)
-
-
-def _root(cache_dir: Path | None) -> Path:
-    from statechat.paths import cache_dir as resolve_cache_dir
-
-    return resolve_cache_dir(cache_dir)
-
-
-def _writable(root: Path) -> bool:
-    """Whether the cache's folder and index may be changed (not on read-only media, say)."""
-    index_db = root / "index.db"
-    return os.access(root, os.W_OK) and (not index_db.exists() or os.access(index_db, os.W_OK))
-
-
-@contextlib.contextmanager
-def _store(root: Path, write: bool = False):
-    """The store of the cache dir `root`, or None where there is no cache dir yet (a note on
-    stderr says so); its index is closed at the end. The cache commands only read or delete,
-    so they create nothing: the index is opened read-only unless `write`, and a missing
-    index.db is read as empty, not made (its blob files can still be deleted)."""
-    if not root.exists():
-        typer.echo(f"no cache at {root} yet", err=True)
-        yield None
-        return
-    if not root.is_dir():
-        raise StatechatError(f"{root} is a file; pass a folder")
-    try:
-        from statechat.cache.sqlite_files import open_error
-        from statechat.cache.store import open_store
-    except ImportError:
-        raise StatechatError("this build has no persistent cache "
-                             "(statechat.cache.store is missing)") from None
-    store = open_store(root, read_only=not write or not (root / "index.db").exists())
-    try:
-        yield store
-    except sqlite3.DatabaseError as e:  # (a damaged index.db: one line, no traceback)
-        # (whole: read with its write-ahead log, which a reader on a full disk may not be)
-        raise open_error(root / "index.db", e,
-                         whole=getattr(store.db, "read_whole", True)) from None
-    finally:
-        store.close()
-
-
-def _has_cache(root: Path) -> bool:
-    """Whether the cache dir `root` holds a cache: an index.db or a blobs/ folder."""
-    if root.exists() and not root.is_dir():
-        raise StatechatError(f"{root} is a file; pass a folder")
-    return (root / "index.db").exists() or (root / "blobs").exists()
-
-
-def _check_writable(root: Path) -> None:
-    """A one-line error, before `gc` or `clear` starts, for a cache that cannot be changed."""
-    if root.is_dir() and not _writable(root):
-        raise StatechatError(f"the cache at {root} is read-only; nothing was deleted")
 
 
 def _confirmed(question: str) -> bool:
@@ -124,11 +74,11 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     wrote (which, and when, are said), else the default (10% of the free space and of the
     cache's own). A folder with no cache (no index.db, no blobs/) is one line saying so (with
     --json: the figures, empty)."""
-    root = _root(cache_dir)
-    if not as_json and not _has_cache(root):
+    root = cache_root(cache_dir)
+    if not as_json and not has_cache(root):
         typer.echo(f"no cache at {root}")
         return
-    with _store(root) as store:
+    with opened_store(root) as store:
         stats = store.stats() if store else _no_stats(root)
     if as_json:
         typer.echo(json.dumps(stats, indent=2, default=str))
@@ -164,7 +114,7 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
              limit: Annotated[int, typer.Option(help="Show at most this many checkpoints.", min=1,
                                                 max=1_000_000)] = 50) -> None:
     """List checkpoints, most recently used first (stderr says how many --limit left out)."""
-    with _store(_root(cache_dir)) as store:
+    with opened_store(cache_root(cache_dir)) as store:
         rows = store.ls(limit=limit) if store else []
         total = store.stats()["num_checkpoints"] if store and len(rows) == limit else len(rows)
     if total > len(rows):  # (on stderr: stdout stays the table, or the JSON)
@@ -192,9 +142,9 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     Exit status, as fsck's: 0 all was fine; 1 it removed damaged entries or orphan blobs (the
     cache is sound now); 4 it found problems it left (unreadable blobs, a read-only cache); 5
     both; 2 the index could not be opened or is damaged."""
-    root = _root(cache_dir)
-    remove = root.is_dir() and _writable(root)
-    with _store(root, write=remove) as store:
+    root = cache_root(cache_dir)
+    remove = root.is_dir() and writable(root)
+    with opened_store(root, write=remove) as store:
         report = store.verify(remove=remove) if store else {}
     failed, unreadable = report.get("removed") or [], report.get("unreadable") or []
     orphans = report.get("orphans") or []
@@ -256,9 +206,9 @@ def cache_gc(cache_dir: CacheDirOpt = None,
     On a full disk that is 10% of the cache: it gives back 90% of itself, a tenth of the space
     other files took, as an engine started there would after its first save."""
     max_bytes = parse_size(max_size, "--max-bytes")
-    root = _root(cache_dir)
-    _check_writable(root)
-    freed = _writing(root, "verify", lambda store: store.gc(max_bytes),
+    root = cache_root(cache_dir)
+    check_writable(root)
+    freed = writing(root, "verify", lambda store: store.gc(max_bytes),
                      lambda: _evict_blobs_first(root, max_bytes))
     typer.echo(f"freed {_size(freed)}")
 
@@ -268,7 +218,7 @@ def _evict_blobs_first(root: Path, max_bytes: int | None) -> tuple[list[str], in
     alone: their names and bytes."""
     from statechat.cache.store.freeing import delete_evicted_blobs
 
-    with _store(root) as store:
+    with opened_store(root) as store:
         return delete_evicted_blobs(store, store.budgets()["bytes_budget"] if max_bytes is None
                                     else max_bytes)
 
@@ -281,15 +231,15 @@ def cache_clear(cache_dir: CacheDirOpt = None,
     """Delete every cached checkpoint and block (conversations are kept). Asks first, unless
     --yes; any answer but yes (or no terminal to answer on) deletes nothing and exits 1."""
     # (the bytes said are those of the blob files deleted; a folder with no cache is said so)
-    root = _root(cache_dir)
-    if not _has_cache(root):
+    root = cache_root(cache_dir)
+    if not has_cache(root):
         typer.echo(f"no cache at {root}; nothing to delete")
         return
-    _check_writable(root)
+    check_writable(root)
     if not yes and not _confirmed(f"Delete every cache entry in {root}?"):
         typer.echo("Aborted: nothing deleted.", err=True)
         raise typer.Exit(1)
-    freed = _writing(root, "clear --yes", lambda store: store.clear(),
+    freed = writing(root, "clear --yes", lambda store: store.clear(),
                      lambda: _clear_blobs_first(root))
     typer.echo(f"freed {_size(freed)}")
 
@@ -302,25 +252,3 @@ def _clear_blobs_first(root: Path) -> tuple[list[str], int]:
     return [], delete_blob_files(root / "blobs")
 
 
-def _writing(root: Path, then: str, change, blobs_first) -> int:
-    """`change(store)` (bytes freed) on the cache at `root`, its index written. Where its disk
-    is full (no room for the index's journal), `blobs_first()` deletes blob files first, the
-    index not written (freeing.py), and gives (their names, bytes); then the rows naming them
-    go, and `change` runs. If the disk is still full, one line says to run `then` once there
-    is room. The chats are never touched."""
-    from statechat.cache.sqlite_files import DiskFullError
-
-    try:
-        with _store(root, write=True) as store:
-            return change(store) if store else 0
-    except DiskFullError:
-        names, freed = blobs_first()
-    try:
-        with _store(root, write=True) as store:
-            store.forget_blobs(names)
-            return freed + change(store)
-    except DiskFullError:
-        raise StatechatError(
-            f"the disk of {root} is still full after deleting {_size(freed)} of cache blobs; "
-            f"free some space on it, then `statechat cache {then} --cache-dir {root}` deletes "
-            "the index rows left naming them (the chats are kept)") from None
