@@ -104,7 +104,7 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
 
     def _give_back(self, seq: Sequence) -> None:
         """Release the blocks a failed restore left in `seq`'s block table."""
-        for block in seq.block_table:
+        for block in reversed(seq.block_table):  # (the tail first, as Scheduler._release)
             self.blocks.release(block)
         seq.block_table = []
 

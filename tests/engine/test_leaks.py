@@ -30,8 +30,8 @@ def loaded(tiny_dirs):
 def small_engine(loaded, **fields):
     """An engine whose pools run short: few KV blocks (preemptions), few state slots (the
     checkpoints' LRU evicts), small steps (prompts prefill in several chunks)."""
-    config = dict(max_model_len=MAX_LEN, num_kv_blocks=12, num_state_slots=8, max_num_seqs=4,
-                  max_num_batched_tokens=128)
+    config = {"max_model_len": MAX_LEN, "num_kv_blocks": 12, "num_state_slots": 8,
+              "max_num_seqs": 4, "max_num_batched_tokens": 128}
     return cpu_engine(loaded, **{**config, **fields})
 
 
@@ -98,7 +98,8 @@ def fuzz(engine, rng: random.Random, num_requests: int, ended: list) -> Counter:
             if seq.is_finished:
                 history.append(seq.token_ids)
                 ended.append(seq)
-                seen[seq.finish_reason + ("-token" if isinstance(seq.stop_reason, int) else "")] += 1
+                by_token = isinstance(seq.stop_reason, int)
+                seen[seq.finish_reason + "-token" * by_token] += 1
                 seen["preempted"] += seq.num_preemptions > 0
         live = [s for s in live if not s.is_finished]
     return seen
@@ -140,3 +141,69 @@ def test_replies_preempted_mid_decode_give_back_their_pending_states(loaded):
     assert any(pending_when_preempted), "no reply was preempted with a pending state"
     assert [s.finish_reason for s in seqs] == ["length", "length"]
     assert_idle_pools(engine)
+
+
+def conversation(engine, turns: list[list[int]], max_tokens: int = 12) -> list:
+    """Run a chat of these user turns, each prompt the one before with its reply and the next
+    turn; the outputs."""
+    params, context, outs = SamplingParams(max_tokens=max_tokens, ignore_eos=True), [], []
+    for turn in turns:
+        out = engine.generate([context + turn], params)[0]
+        context = context + turn + out.token_ids
+        outs.append(out)
+    return outs
+
+
+def assert_within_pools(engine) -> None:
+    blocks, slots = engine.scheduler.blocks, engine.scheduler.slots
+    assert len(blocks.by_hash) <= blocks.num_blocks
+    assert len(slots.checkpoints) <= slots.num_slots - 1
+
+
+def test_a_flood_evicts_a_conversation_and_its_repeat_equals_a_cold_run(loaded):
+    turns = random_prompts(150, 90, 70, seed=7)
+    cold = conversation(cpu_engine(loaded, max_model_len=MAX_LEN, enable_prefix_cache=False),
+                        turns)
+    engine = small_engine(loaded)
+    warm = conversation(engine, turns)
+    assert warm[-1].num_cached_tokens > 0  # (the turns did resume from the cache)
+    hashes = set(engine.scheduler.blocks.by_hash) | set(engine.scheduler.slots.checkpoints)
+    for prompt in random_prompts(*[200] * 12, seed=8):  # unrelated: 4 blocks each
+        engine.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))
+        assert_within_pools(engine)
+    left = set(engine.scheduler.blocks.by_hash) | set(engine.scheduler.slots.checkpoints)
+    assert not hashes & left, "the flood left some of the conversation cached"
+    again = conversation(engine, turns)
+    assert again[0].num_cached_tokens == 0
+    for a, b, c in zip(cold, warm, again):
+        assert a.token_ids == b.token_ids == c.token_ids
+    assert_idle_pools(engine)
+
+
+def test_an_eviction_takes_a_cached_chain_from_its_tail(loaded):
+    """A prompt that needs one block more than the free ones evicts one of a conversation's
+    cached blocks: its last one (released last), not its first, so that the conversation's
+    next repeat still resumes from the checkpoints before it (the first gone, every cached
+    block after it is of no use) and gives the cold run's tokens."""
+    turns = random_prompts(150, 90, 70, seed=7)
+    cold = conversation(cpu_engine(loaded, max_model_len=MAX_LEN, enable_prefix_cache=False),
+                        turns)
+    engine = small_engine(loaded)
+    conversation(engine, turns)  # (5 full blocks cached; checkpoints at 128, 192, 256, 320)
+    blocks = engine.scheduler.blocks
+    assert len(blocks.evictable) == 5
+    flood = random_prompts((len(blocks.free) + 1) * 64 - 10, seed=99)
+    engine.generate(flood, SamplingParams(max_tokens=1))
+    out = engine.generate([cold_prompt(cold, turns)],
+                          SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert out.token_ids == cold[-1].token_ids
+    assert out.num_cached_tokens == 256
+    assert_idle_pools(engine)
+
+
+def cold_prompt(outs: list, turns: list[list[int]]) -> list[int]:
+    """The last prompt of a conversation of `turns` whose replies were `outs`."""
+    context = []
+    for out, turn in zip(outs[:-1], turns):
+        context += turn + out.token_ids
+    return context + turns[-1]
