@@ -175,3 +175,37 @@ def force_reply(engine, monkeypatch, text: str) -> list[int]:
 
     monkeypatch.setattr(scheduler, "postprocess", forcing)
     return ids
+
+
+def assert_idle_pools(engine) -> None:
+    """Assert that `engine` (an LLMEngine) holds what an idle engine may hold and no more: no
+    request queued, running or queued ahead; every KV block unreferenced, and free or (cached
+    under its hash) evictable, each once; every GDN state slot but the null one free or a
+    published, unpinned checkpoint on the LRU list, each once; no checkpoint published but not
+    taken for the disk tier; the runner keeping no request's generator or penalty row."""
+    sched, prefix = engine.scheduler, engine.prefix
+    assert not sched.waiting and not sched.running, "requests left in the scheduler"
+    assert not sched.new_checkpoints, "checkpoints published but never taken"
+    assert engine._ahead is None, "a step queued ahead"
+    blocks, slots = sched.blocks, sched.slots
+    assert prefix.blocks is blocks and prefix.slots is slots
+    held = {b: r for b, r in enumerate(blocks.ref_count) if r}
+    assert not held, f"KV blocks still referenced: {held}"
+    free, evictable = list(blocks.free), list(blocks.evictable)
+    assert len(set(free)) == len(free), "a KV block free twice"
+    assert not set(free) & set(evictable), "a KV block both free and evictable"
+    assert sorted(free + evictable) == list(range(blocks.num_blocks)), "KV blocks lost"
+    assert all(blocks.hash_of[b] is None for b in free), "a free KV block keeps a hash"
+    assert blocks.by_hash == {blocks.hash_of[b]: b for b in evictable}, "block hashes differ"
+    ckpts = slots.checkpoints
+    assert all(c.refs == 0 for c in ckpts.values()), "a checkpoint still pinned"
+    assert set(slots.lru) == set(ckpts), "the checkpoints' LRU list differs from them"
+    assert slots.hash_of_slot == {c.slot: h for h, c in ckpts.items()}, "slot hashes differ"
+    sfree = list(slots.free)
+    assert len(set(sfree)) == len(sfree), "a state slot free twice"
+    assert 0 not in sfree, "the null slot handed out"
+    assert sorted(sfree + [c.slot for c in ckpts.values()]) == list(range(1, slots.num_slots)), (
+        "state slots lost")
+    runner = engine.runner
+    assert not runner.generators, "per-request generators kept"
+    assert runner.counts is None or not runner.counts.rows, "penalty rows kept"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Iterator, MutableSet
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -22,6 +23,45 @@ SAVED, NO_ROOM, GONE = "saved", "no room", "gone"  # what PrefixCache._save made
 # flush_deferred waits for the writer's last reports (a checkpoint to queue again) while it
 # finishes a job at least this often: one stuck behind another process's lock is left to close
 RETRY_STALL_S = 5.0
+
+
+class RecentHashes(MutableSet):
+    """A set of hashes that keeps the `limit` added last, the oldest forgotten first: what the
+    engine knows to be on disk, which the disk's own LRU forgets as it evicts (one forgotten
+    while on disk costs a copy that the writer then skips, never a wrong answer)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._hashes: dict[bytes, None] = {}  # (in the order added, the latest last)
+
+    def __contains__(self, h: object) -> bool:
+        return h in self._hashes
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._hashes)
+
+    def add(self, h: bytes) -> None:
+        self._hashes.pop(h, None)
+        self._hashes[h] = None
+        if len(self._hashes) > self.limit:
+            del self._hashes[next(iter(self._hashes))]
+
+    def update(self, hashes) -> None:
+        for h in hashes:
+            self.add(h)
+
+    def discard(self, h: bytes) -> None:
+        self._hashes.pop(h, None)
+
+    def difference_update(self, hashes) -> None:
+        for h in hashes:
+            self.discard(h)
+
+    def clear(self) -> None:
+        self._hashes.clear()
 
 
 @dataclass
@@ -44,8 +84,8 @@ class CheckpointWriter:
     store: StateStore | None
     blocks: BlockPool
     slots: SlotPool
-    persisted: set[bytes]
-    stored_ckpts: set[bytes]
+    persisted: RecentHashes
+    stored_ckpts: RecentHashes
     disk_checks: list[Future]
     deferred: dict[bytes, NewCheckpoint]
     unsaved: list[tuple[NewCheckpoint, list[str], bool]]

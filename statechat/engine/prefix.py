@@ -25,7 +25,7 @@ from statechat.cache import sqlite_files
 from statechat.cache.blobs import BlobError
 from statechat.cache.store import Lookup, StateStore
 from statechat.engine.cost import DEVICE, DISK, PAGE_CACHE, CostModel
-from statechat.engine.persist import CheckpointWriter, NewCheckpoint
+from statechat.engine.persist import CheckpointWriter, NewCheckpoint, RecentHashes
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.restore import PrefixRestore
 from statechat.engine.sequence import Sequence
@@ -44,8 +44,11 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
         self.bs = block_size
         self.bytes_per_block, self.bytes_per_slot = bytes_per_block, bytes_per_slot
         self.cost = CostModel(prefill_s_per_token)
-        self.persisted: set[bytes] = set()  # blocks queued for or known on disk
-        self.stored_ckpts: set[bytes] = set()  # checkpoints known on disk (seen at admission)
+        # blocks queued for or known on disk, and checkpoints known on disk (seen at admission):
+        # the latest of them, twice as many as the disk's budget holds
+        budget = store.budget if store is not None else 0
+        self.persisted = RecentHashes(2 * budget // bytes_per_block)
+        self.stored_ckpts = RecentHashes(2 * budget // bytes_per_slot)
         self.disk_checks: list[Future] = []  # blocks on disk, asked while a request computes
         # checkpoints the full write queue turned away: retried after later steps while the
         # device tier still holds them, and saved (waiting for room) when the engine closes
@@ -104,7 +107,7 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
 
     def _give_back(self, seq: Sequence) -> None:
         """Release the blocks a failed restore left in `seq`'s block table."""
-        for block in seq.block_table:
+        for block in reversed(seq.block_table):  # (the tail first, as Scheduler._release)
             self.blocks.release(block)
         seq.block_table = []
 

@@ -11,6 +11,7 @@ from concurrent.futures import wait
 
 from statechat.cache.store import Lookup, StateStore
 from statechat.engine.cost import DEVICE, DISK, HOST, CostModel
+from statechat.engine.persist import RecentHashes
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.sequence import Sequence
 
@@ -23,7 +24,7 @@ class PrefixRestore:
     blocks: BlockPool
     slots: SlotPool
     cost: CostModel
-    persisted: set[bytes]
+    persisted: RecentHashes
     bs: int
     bytes_per_block: int
     bytes_per_slot: int

@@ -173,7 +173,10 @@ class Scheduler(CheckpointPolicy):
         self.waiting.appendleft(seq)
 
     def _release(self, seq: Sequence) -> None:
-        for block in seq.block_table:
+        # the last block first: the LRU then evicts a cached chain from its tail, and what is
+        # left of it stays a prefix that a checkpoint before the gap can resume (its first
+        # block gone, the rest were of no use)
+        for block in reversed(seq.block_table):
             self.blocks.release(block)
         seq.block_table = []
         if seq.resume_slot:
