@@ -47,7 +47,7 @@ def test_a_long_fuzz_on_a_disk_tier_leaks_nothing(loaded, tmp_path):  # noqa: F8
     engine = small_engine(loaded, cache_dir=tmp_path, disk_cache_bytes=BUDGET)
     store, rng, seen = engine.store, random.Random(5), []
     for _ in range(3):
-        fuzz(engine, rng, 80, [])
+        fuzz(engine, rng, 40, [])
         assert_drained(store)
         assert_idle_pools(engine)
         assert_bounded_memory(engine)

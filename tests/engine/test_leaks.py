@@ -110,7 +110,7 @@ def test_a_long_fuzz_leaves_the_pools_whole(loaded, async_scheduling):
     engine = small_engine(loaded, async_scheduling=async_scheduling)
     rng, seen, ended = random.Random(28), Counter(), []
     for _ in range(3):
-        seen += fuzz(engine, rng, 100, ended)
+        seen += fuzz(engine, rng, 50, ended)
         assert_idle_pools(engine)
     cold = cpu_engine(loaded, max_model_len=MAX_LEN, enable_prefix_cache=False)
     outs = cold.generate([s.token_ids[: s.num_prompt_tokens] for s in ended],

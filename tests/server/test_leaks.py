@@ -143,17 +143,17 @@ def rss_kib() -> int:
 
 
 def test_mixed_requests_and_disconnects_leak_nothing(server):
-    statuses = phase(server, 0, 60)  # warm: first-use caches, the warm-up thread
+    statuses = phase(server, 0, 30)  # warm: first-use caches, the warm-up thread
     assert_idle_pools(server.worker.engine)
     assert {200, 0} <= set(statuses), statuses
     threads = threads_after(0)
     tracemalloc.start()
     try:
-        first = phase(server, 1, 120)
+        first = phase(server, 1, 60)
         threads1 = threads_after(threads)
         snap1, rss1 = tracemalloc.take_snapshot(), rss_kib()
         objects1 = live_objects()  # (both counts with snap1's objects)
-        second = phase(server, 1, 120)
+        second = phase(server, 1, 60)
         threads2, objects2 = threads_after(threads), live_objects()
         snap2, rss2 = tracemalloc.take_snapshot(), rss_kib()
     finally:
