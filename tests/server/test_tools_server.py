@@ -1,9 +1,10 @@
 """`serve --tool-call-parser qwen3_coder` end to end, on a tiny checkpoint whose chat template
 (written here, in Qwen3.5's format) renders tools, an assistant's tool calls and the tools'
 answers, with replies forced token by token: the prompt holds the tools and the calls made
-(arguments sent as JSON strings, rendered as mappings; one that is not a JSON object is a 400
-naming it); a reply's calls come back as `tool_calls` with finish_reason "tool_calls", whole
-or streamed (the deltas reassemble to the whole reply's), for every choice of n, beside a
+(arguments sent as JSON strings, rendered as mappings; one that is not a JSON object, a tool
+message without its tool_call_id and every other malformed call are a 400 naming the
+field); a reply's calls come back as `tool_calls` with finish_reason "tool_calls", whole or
+streamed (the deltas reassemble to the whole reply's), for every choice of n, beside a
 reasoning parser, through the openai client; tool_choice none, a request without tools and
 malformed calls leave the text as content; a server without the flag refuses tools with a
 400 that names it; the next turn's warm-up renders the tools and the calls."""
@@ -190,6 +191,40 @@ def test_arguments_that_are_not_a_json_object_are_a_400_naming_them(loaded, argu
         prompt_text(loaded, {"messages": history, "tools": TOOLS})
     assert bad.value.status == 400
     assert bad.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
+def _edited(path: str, value) -> list[dict]:
+    """HISTORY with the field at `path` (dotted; `-` deletes it) set to `value`."""
+    history = json.loads(json.dumps(HISTORY))
+    *keys, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    where = history
+    for key in keys:
+        where = where[key]
+    if value == "-":
+        del where[last]
+    else:
+        where[last] = value
+    return history
+
+
+@pytest.mark.parametrize("path, value, param", [
+    ("2.tool_call_id", "-", "messages[2].tool_call_id"),
+    ("2.tool_call_id", None, "messages[2].tool_call_id"),
+    ("0.tool_calls", HISTORY[1]["tool_calls"], "messages[0].tool_calls"),
+    ("1.tool_calls.0.function", "-", "messages[1].tool_calls[0].function"),
+    ("1.tool_calls.0.function.name", "-", "messages[1].tool_calls[0].function.name"),
+    ("1.tool_calls.0.function.name", "", "messages[1].tool_calls[0].function.name"),
+    ("1.tool_calls.0.type", "code", "messages[1].tool_calls[0].type"),
+    ("1.tool_calls.0.id", 7, "messages[1].tool_calls[0].id"),
+    ("1.tool_calls.0", "call", "messages[1].tool_calls[0]"),
+])
+def test_a_malformed_tool_message_or_call_is_a_400_naming_the_field(loaded, path, value, param):
+    """(A tool message without its tool_call_id, and a user's tool calls, were taken: the
+    calls dropped, the answer rendered as if it answered nothing.)"""
+    with pytest.raises(ApiError) as bad:
+        prompt_text(loaded, {"messages": _edited(path, value), "tools": TOOLS})
+    assert (bad.value.status, bad.value.param) == (400, param)
+    assert bad.value.message.startswith(param)
 
 
 def test_a_reply_with_a_call_is_parsed_for_each_choice(server, monkeypatch):
