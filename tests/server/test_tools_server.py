@@ -383,3 +383,49 @@ def test_the_next_turn_after_a_call_resumes_from_the_warm_up(loaded, monkeypatch
                               history)
     assert len(prefix) >= 2 * 64
     assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
+
+
+# TEMPLATE with Qwen3.5's rule for reasoning: an assistant turn after the last user message
+# (a tool loop's) is rendered with its reasoning, an earlier one without
+THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+    + TEMPLATE.replace(
+        "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}",
+        "{%- else %}{{- '<|im_start|>' + m.role + '\\n' }}"
+        "{%- if m.role == 'assistant' and loop.index0 > ns.last and m.reasoning_content %}"
+        "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
+        "{{- m.content }}")
+)
+
+
+def test_the_warm_up_after_a_call_renders_the_reasoning_as_the_tool_loop_does(
+        tmp_path, monkeypatch):
+    """With Qwen3.5's rule, the request that brings a tool's answer renders the calling turn
+    with its reasoning (no user message after it); the warm-up rendered it as if a user
+    message came next, without it, and that prefix was never reused. It probes with a tool's
+    answer after a reply with calls, so the tool loop's next request resumes past it."""
+    path = tmp_path / "tiny-thinking-tools"
+    shutil.copytree(EMBEDDED_MODEL, path)
+    (path / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+    loaded = load_model(path, dtype=torch.float32)
+    thought = "The user wants the weather of " + "a city, " * 6 + "so I call the tool.</think>\n"
+    ask = {**ASK, "chat_template_kwargs": {}}
+    with serving(loaded, warm_next_turn=True, reasoning_parser="qwen3") as srv:
+        force_reply(srv.worker.engine, monkeypatch, thought + "I will look.\n" + CALL)
+        message = post(srv, ask)["choices"][0]["message"]
+        deadline = time.monotonic() + 60
+        while srv.next_turns.considered < 1 or srv.next_turns.last is None:
+            assert time.monotonic() < deadline, "no warm-up was made"
+            time.sleep(0.02)
+        srv.next_turns.last.result(timeout=60)
+        assert message["reasoning"] and message["tool_calls"]
+        history = [*ask["messages"], message]
+        answers = [{"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                    "content": text} for text in ("Sunny", "Rainy")]
+        reply = post(srv, {**ask, "messages": [*history, answers[0]]})
+    a, b = (render(loaded.tokenizer, parse_messages([*history, answer], tools=True), False,
+                   None, TOOLS) for answer in answers)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)  # (up to the answer)
+    assert "<think>" in loaded.tokenizer.decode(a[:shared])
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == shared // 64 * 64
