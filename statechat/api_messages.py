@@ -59,8 +59,12 @@ def parse_messages(raw, tools: bool = False) -> list[dict]:
 
 def _tool_fields(msg: dict, role: str, i: int) -> dict:
     """An assistant's {"tool_calls"} (arguments as mappings) or a tool message's
-    {"tool_call_id", "name"}, as given; {} where there are none."""
+    {"tool_call_id", "name"}, as given; {} where there are none. A tool message needs its
+    tool_call_id (OpenAI's rule), and only an assistant's message may carry tool calls."""
     if role == TOOL_ROLE:
+        if msg.get("tool_call_id") is None:
+            raise ApiError(400, f"messages[{i}].tool_call_id is missing: a tool message answers "
+                                "the call of that id", f"messages[{i}].tool_call_id")
         fields = {k: msg[k] for k in ("tool_call_id", "name") if msg.get(k) is not None}
         for key, value in fields.items():
             if not isinstance(value, str):
@@ -68,8 +72,11 @@ def _tool_fields(msg: dict, role: str, i: int) -> dict:
                                f"messages[{i}].{key}")
         return fields
     calls = msg.get("tool_calls")
-    if role != "assistant" or not calls:
+    if not calls:
         return {}
+    if role != "assistant":  # (dropping them would answer another conversation)
+        raise ApiError(400, f"messages[{i}].tool_calls: only an assistant message makes tool "
+                            "calls", f"messages[{i}].tool_calls")
     if not isinstance(calls, list):
         raise ApiError(400, f"messages[{i}].tool_calls must be an array",
                        f"messages[{i}].tool_calls")
@@ -80,12 +87,20 @@ def _tool_fields(msg: dict, role: str, i: int) -> dict:
 def _tool_call(call, where: str) -> dict:
     """One tool call of an assistant message, its arguments (a JSON string, as OpenAI sends
     them, or an object; empty or null: none) as a mapping, as vLLM gives templates."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+    if not isinstance(call, dict):
         raise ApiError(400, f"{where} must be an object with a function (a name and its "
                             "arguments)", where)
-    if call.get("type", "function") != "function" or not isinstance(call.get("id", ""), str):
-        raise ApiError(400, f'{where} must be of type "function", with a string id', where)
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise ApiError(400, f"{where}.function must be an object (a name and its arguments)",
+                       f"{where}.function")
+    if not isinstance(function.get("name"), str) or not function["name"].strip():
+        raise ApiError(400, f"{where}.function.name must be a function's name",
+                       f"{where}.function.name")
+    if call.get("type", "function") != "function":
+        raise ApiError(400, f'{where}.type must be "function"', f"{where}.type")
+    if not isinstance(call.get("id", ""), str):
+        raise ApiError(400, f"{where}.id must be a string", f"{where}.id")
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:

@@ -14,8 +14,9 @@ The rules (a stream gives the same result as the whole reply, however it is cut)
   "arguments": a JSON string}}; a NAME that no tool of the request has is kept as a call;
 - a VALUE loses one newline at each end; it stays a string unless the tool's JSON schema types
   the parameter as something else (number, integer, boolean, object, array, null), when it is
-  read as JSON (a boolean's `True` too), falling back to the string when it is not JSON; a
-  parameter the schema does not know, or types as a string, is a string;
+  read as JSON (a boolean's `True` too), falling back to the string when it is not JSON
+  (NaN, Infinity and 1e999 are not: the arguments stay strict JSON); a parameter the schema
+  does not know, or types as a string, is a string;
 - closing tags may be missing, as vLLM allows: `</parameter>` before the next parameter or
   `</function>`, `</function>` and `</tool_call>` before the next `<tool_call>` or the reply's
   end (a reply cut at max_tokens inside a value keeps the value so far, less the start of a
@@ -30,6 +31,7 @@ The rules (a stream gives the same result as the whole reply, however it is cut)
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 from statechat.api_reasoning import tag_start
@@ -183,17 +185,31 @@ def read_parameters(text: str, schema: dict | None) -> dict:
 
 def typed_value(value: str, schema) -> object:
     """`value` as its parameter's schema types it: a string unless the schema gives a type and
-    none of its types is string, then JSON (a boolean's True and False too), else the string."""
+    none of its types is string, then JSON (a boolean's True and False too), else the string.
+    Python's NaN, Infinity and numbers past a float's range are not JSON (a client's strict
+    parser refuses the arguments): a value holding one stays the string."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     kinds = kind if isinstance(kind, list) else [kind]
     if kind is None or "string" in kinds:
         return value
     try:
-        return json.loads(value)
+        return json.loads(value, parse_constant=_not_json, parse_float=_finite)
     except ValueError:
         if "boolean" in kinds and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
         return value
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number's float, ValueError for one past a float's range (1e999)."""
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text} is past a float's range")
+    return number
 
 
 def merge_deltas(deltas: list[dict]) -> list[dict]:

@@ -7,7 +7,8 @@ renders an earlier reply without its reasoning (and without the `<think>` that o
 the next prompt leaves the last one right after the reply's `<|im_start|>assistant\\n`, and the
 next turn would compute the whole answer again. So once a reply ends, the app (or the server)
 renders the conversation as the next turn's prompt will start (the template applied with a
-user message after the reply, cut where that message's text begins) and, when that reaches at
+user message after the reply, or a tool's answer after a reply with tool calls, cut where that
+message's text begins) and, when that reaches at
 least a block past every checkpoint the reply left, has the engine compute it (a request for
 no tokens: its prompt-end checkpoint is saved, as any prompt's). The next message then
 resumes from there.
@@ -25,11 +26,23 @@ PROBES = ("a", "b")  # two user messages whose rendered tokens differ from their
 
 
 def next_turn_prefix(render, history: list[dict]) -> list[int]:
-    """The tokens every next turn's prompt starts with: `history` (ending in the reply) with a
-    user message after it, up to that message's text. `render(messages)`: the template's ids,
-    with no generation prompt."""
-    a, b = (render([*history, {"role": "user", "content": probe}]) for probe in PROBES)
+    """The tokens every next turn's prompt starts with: `history` (ending in the reply) with the
+    next message after it, up to that message's text. `render(messages)`: the template's ids,
+    with no generation prompt. After a reply with tool calls the next message is a tool's
+    answer (to its first call), not a user's: Qwen3.5's template renders the calling turn's
+    reasoning when no user message follows it, and leaves it out when one does."""
+    a, b = (render([*history, _next_message(history[-1], probe)]) for probe in PROBES)
     return a[:_shared_len(a, b)]
+
+
+def _next_message(reply: dict, text: str) -> dict:
+    """The message that follows `reply` in the next turn, with `text`: a user's, or after tool
+    calls the answer to the first."""
+    calls = reply.get("tool_calls")
+    if not calls:
+        return {"role": "user", "content": text}
+    call_id = calls[0].get("id")
+    return {"role": "tool", "content": text, **({"tool_call_id": call_id} if call_id else {})}
 
 
 def worth_warming(prefix: list[int], out: RequestOutput, block_size: int) -> bool:

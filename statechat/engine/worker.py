@@ -116,11 +116,11 @@ class EngineWorker:
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation with the model's chat template (serialized, in the
-        lane of its text's length: see tokenizer_for); `tools`: the template's
-        (chat/template.render)."""
+        lane of its text's length, the tools' and template variables' counted: see
+        tokenizer_for); `tools`: the template's (chat/template.render)."""
         from statechat.chat.template import render
 
-        with self.tokenizer_for(_num_chars(messages)) as tokenizer:
+        with self.tokenizer_for(_num_chars((messages, tools, template_kwargs))) as tokenizer:
             return render(tokenizer, messages, add_generation_prompt, template_kwargs, tools)
 
     @contextlib.contextmanager
@@ -258,8 +258,8 @@ class EngineWorker:
 
 
 def _num_chars(value) -> int:
-    """The characters of the strings in `value` (messages: their parts' too), to choose a
-    tokenizer's lane by."""
+    """The characters of the strings in `value` (messages, tools, template variables: their
+    parts' too), to choose a tokenizer's lane by."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):

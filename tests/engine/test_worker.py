@@ -154,3 +154,23 @@ def test_a_long_prompt_being_tokenized_holds_up_no_short_one(worker, monkeypatch
     tokenizer = worker.engine.tokenizer
     assert got["long"] == render(tokenizer, [{"role": "user", "content": long_text}])
     assert got["short"] == render(tokenizer, [{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("extra", ["tools", "template_kwargs"])
+def test_a_prompt_long_by_its_tools_is_tokenized_in_the_long_lane(worker, extra):
+    """The rendered text is long by the tools (or template variables) rendered with short
+    messages too: a request with megabytes of tool schemas took the short lane, holding up
+    every other request's tokenization. Here a short one's holds the short lane meanwhile."""
+    from statechat.engine.worker import LONG_TEXT_CHARS
+
+    long_text = "state cache " * (LONG_TEXT_CHARS // 10)
+    given = {"tools": [{"type": "function", "function": {"name": "f", "description": long_text}}]}
+    if extra == "template_kwargs":
+        given = {"template_kwargs": {"notes": long_text}}
+    got = {}
+    rendering = threading.Thread(target=lambda: got.update(ids=worker.render(
+        [{"role": "user", "content": "hi"}], **given)))
+    with worker.tokenizer_lock:  # (a short prompt being tokenized)
+        rendering.start()
+        rendering.join(10)
+        assert "ids" in got, "the long render waited in the short lane"

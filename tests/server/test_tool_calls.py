@@ -64,10 +64,18 @@ def test_a_reply_of_calls_alone_has_no_content_and_each_call_its_own_id():
     ("maybe", "7", "7"),  # (a string among its types: a string)
     ("either", "7", 7), ("either", "null", None),
     ("unknown", "5", "5"),  # (a parameter the schema does not know: a string)
+    # (Python reads these, but they are not JSON: a strict client refused the arguments)
+    ("ratio", "NaN", "NaN"), ("ratio", "-Infinity", "-Infinity"), ("ratio", "1e999", "1e999"),
+    ("where", '{"lat": NaN}', '{"lat": NaN}'),
 ])
 def test_values_are_typed_by_the_schema(param, value, typed):
     _, calls = parse_tool_calls(call("get_weather", **{param: value}), TOOLS)
     assert args(calls) == [("get_weather", {param: typed})]
+    json.loads(calls[0]["function"]["arguments"], parse_constant=strict)  # (valid JSON)
+
+
+def strict(name: str):
+    raise AssertionError(f"{name} is not JSON")
 
 
 def test_multi_line_values_keep_their_lines_and_inner_blank_lines():

@@ -1,9 +1,10 @@
 """`serve --tool-call-parser qwen3_coder` end to end, on a tiny checkpoint whose chat template
 (written here, in Qwen3.5's format) renders tools, an assistant's tool calls and the tools'
 answers, with replies forced token by token: the prompt holds the tools and the calls made
-(arguments sent as JSON strings, rendered as mappings; one that is not a JSON object is a 400
-naming it); a reply's calls come back as `tool_calls` with finish_reason "tool_calls", whole
-or streamed (the deltas reassemble to the whole reply's), for every choice of n, beside a
+(arguments sent as JSON strings, rendered as mappings; one that is not a JSON object, a tool
+message without its tool_call_id and every other malformed call are a 400 naming the
+field); a reply's calls come back as `tool_calls` with finish_reason "tool_calls", whole or
+streamed (the deltas reassemble to the whole reply's), for every choice of n, beside a
 reasoning parser, through the openai client; tool_choice none, a request without tools and
 malformed calls leave the text as content; a server without the flag refuses tools with a
 400 that names it; the next turn's warm-up renders the tools and the calls."""
@@ -192,6 +193,40 @@ def test_arguments_that_are_not_a_json_object_are_a_400_naming_them(loaded, argu
     assert bad.value.param == "messages[1].tool_calls[0].function.arguments"
 
 
+def _edited(path: str, value) -> list[dict]:
+    """HISTORY with the field at `path` (dotted; `-` deletes it) set to `value`."""
+    history = json.loads(json.dumps(HISTORY))
+    *keys, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    where = history
+    for key in keys:
+        where = where[key]
+    if value == "-":
+        del where[last]
+    else:
+        where[last] = value
+    return history
+
+
+@pytest.mark.parametrize("path, value, param", [
+    ("2.tool_call_id", "-", "messages[2].tool_call_id"),
+    ("2.tool_call_id", None, "messages[2].tool_call_id"),
+    ("0.tool_calls", HISTORY[1]["tool_calls"], "messages[0].tool_calls"),
+    ("1.tool_calls.0.function", "-", "messages[1].tool_calls[0].function"),
+    ("1.tool_calls.0.function.name", "-", "messages[1].tool_calls[0].function.name"),
+    ("1.tool_calls.0.function.name", "", "messages[1].tool_calls[0].function.name"),
+    ("1.tool_calls.0.type", "code", "messages[1].tool_calls[0].type"),
+    ("1.tool_calls.0.id", 7, "messages[1].tool_calls[0].id"),
+    ("1.tool_calls.0", "call", "messages[1].tool_calls[0]"),
+])
+def test_a_malformed_tool_message_or_call_is_a_400_naming_the_field(loaded, path, value, param):
+    """(A tool message without its tool_call_id, and a user's tool calls, were taken: the
+    calls dropped, the answer rendered as if it answered nothing.)"""
+    with pytest.raises(ApiError) as bad:
+        prompt_text(loaded, {"messages": _edited(path, value), "tools": TOOLS})
+    assert (bad.value.status, bad.value.param) == (400, param)
+    assert bad.value.message.startswith(param)
+
+
 def test_a_reply_with_a_call_is_parsed_for_each_choice(server, monkeypatch):
     force_reply(server.worker.engine, monkeypatch, REPLY)
     reply = post(server, {**ASK, "n": 2})
@@ -348,3 +383,49 @@ def test_the_next_turn_after_a_call_resumes_from_the_warm_up(loaded, monkeypatch
                               history)
     assert len(prefix) >= 2 * 64
     assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
+
+
+# TEMPLATE with Qwen3.5's rule for reasoning: an assistant turn after the last user message
+# (a tool loop's) is rendered with its reasoning, an earlier one without
+THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}"
+    "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+    + TEMPLATE.replace(
+        "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}",
+        "{%- else %}{{- '<|im_start|>' + m.role + '\\n' }}"
+        "{%- if m.role == 'assistant' and loop.index0 > ns.last and m.reasoning_content %}"
+        "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
+        "{{- m.content }}")
+)
+
+
+def test_the_warm_up_after_a_call_renders_the_reasoning_as_the_tool_loop_does(
+        tmp_path, monkeypatch):
+    """With Qwen3.5's rule, the request that brings a tool's answer renders the calling turn
+    with its reasoning (no user message after it); the warm-up rendered it as if a user
+    message came next, without it, and that prefix was never reused. It probes with a tool's
+    answer after a reply with calls, so the tool loop's next request resumes past it."""
+    path = tmp_path / "tiny-thinking-tools"
+    shutil.copytree(EMBEDDED_MODEL, path)
+    (path / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+    loaded = load_model(path, dtype=torch.float32)
+    thought = "The user wants the weather of " + "a city, " * 6 + "so I call the tool.</think>\n"
+    ask = {**ASK, "chat_template_kwargs": {}}
+    with serving(loaded, warm_next_turn=True, reasoning_parser="qwen3") as srv:
+        force_reply(srv.worker.engine, monkeypatch, thought + "I will look.\n" + CALL)
+        message = post(srv, ask)["choices"][0]["message"]
+        deadline = time.monotonic() + 60
+        while srv.next_turns.considered < 1 or srv.next_turns.last is None:
+            assert time.monotonic() < deadline, "no warm-up was made"
+            time.sleep(0.02)
+        srv.next_turns.last.result(timeout=60)
+        assert message["reasoning"] and message["tool_calls"]
+        history = [*ask["messages"], message]
+        answers = [{"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+                    "content": text} for text in ("Sunny", "Rainy")]
+        reply = post(srv, {**ask, "messages": [*history, answers[0]]})
+    a, b = (render(loaded.tokenizer, parse_messages([*history, answer], tools=True), False,
+                   None, TOOLS) for answer in answers)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)  # (up to the answer)
+    assert "<think>" in loaded.tokenizer.decode(a[:shared])
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == shared // 64 * 64
