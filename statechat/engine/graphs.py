@@ -56,9 +56,11 @@ def capturing(capture: Callable, stream: Any) -> Callable:
 
 class DecodeGraphs:
     def __init__(self, model, caches: ModelCaches, max_batch: int, max_blocks: int, pad_slot: int,
-                 device: torch.device, stream: Any = None) -> None:
+                 device: torch.device, stream: Any = None,
+                 rope_table: torch.Tensor | None = None) -> None:
         self.sizes = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_blocks, self.pad_slot = max_blocks, pad_slot
+        self.rope_table = rope_table  # (Context.rope_table: its rows are read by the graphs)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
         capture = capturing(capture, stream)
         B, dev, i32 = max_batch, device, torch.int32
@@ -121,6 +123,7 @@ class DecodeGraphs:
             state_src=self.src[:b], state_dst=self.dst[:b], slot_mapping=self.slot_mapping[:b],
             block_tables=self.tables[:b], context_lens=self.ctx_lens[:b], checkpoints=None,
             logits_indices=None,  # every row: no gather
+            rope_table=self.rope_table,
         )
 
     def _advance(self, b: int, tokens: torch.Tensor) -> None:

@@ -50,8 +50,10 @@ class PrefillGraphs:
     """Graphs of a one-sequence prefill chunk, one per token bucket (see the module docstring)."""
 
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
-                 device: torch.device, stream: Any = None) -> None:
+                 device: torch.device, stream: Any = None,
+                 rope_table: torch.Tensor | None = None) -> None:
         sizes = prefill_buckets(max_tokens)
+        self.rope_table = rope_table  # (Context.rope_table: its rows are read by the graphs)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
         capture = capturing(capture, stream)
         self.B, self.C, self.max_blocks, self.pad_slot = (sizes[-1], sizes[-1] // CHUNK,
@@ -119,7 +121,7 @@ class PrefillGraphs:
             positions=v64[B : B + b], cu_seqlens=cu, is_decode=False, state_src=src,
             state_dst=dst, slot_mapping=v64[2 * B : 2 * B + b], block_tables=self.tables,
             context_lens=ctx, checkpoints=Checkpoints(seq[:c], boundary[:c], slot[:c]),
-            logits_indices=v64[3 * B :], pad_seqs=1,
+            logits_indices=v64[3 * B :], pad_seqs=1, rope_table=self.rope_table,
         )
 
     def _fields32(self, buf: torch.Tensor | np.ndarray) -> tuple:

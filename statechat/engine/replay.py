@@ -62,8 +62,9 @@ class GraphReplay:
         with_prefill = max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK
         if with_prefill:
             longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
-        # (the runner keeps the table its graphs read: another engine over the same model may
-        # build a longer one, which must not free this one under these graphs)
+        # (the runner keeps the table its graphs read, and hands it to its eager steps too
+        # (Context.rope_table): another engine over the same model may build a longer one,
+        # which must not free this one under these graphs)
         self.rope_table = self.model.model.rotary.build_table(longest, self.dtype)
         # on a stream of this runner's own, not the process-wide default capture stream: a
         # destroyed graph takes its capture stream's cuBLAS workspace with it (see
@@ -72,11 +73,11 @@ class GraphReplay:
         gc.collect()
         self.graphs = self._capture("decode", lambda: DecodeGraphs(
             self.model, self.caches, max_batch, max_blocks_per_seq, self.pad_slot, self.device,
-            self.capture_stream))
+            self.capture_stream, self.rope_table))
         if with_prefill:
             self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
                 self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
-                self.device, self.capture_stream))
+                self.device, self.capture_stream, self.rope_table))
         if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
             self.sampler_graphs = SamplerGraphs(self.device)
 

@@ -56,7 +56,8 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.sampler_graphs: SamplerGraphs | None = None
-        self.rope_table: torch.Tensor | None = None  # the rotary table its graphs read
+        self.rope_table: torch.Tensor | None = None  # the rotary table its steps read (None:
+        # computed; see Context.rope_table)
         self.eos_ids: set[int] = set()  # (the engine's) barred with stop_token_ids by min_tokens
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
         # pinned buffer for the tokens of a step that a later one was queued after, and the
@@ -107,6 +108,7 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
             context_lens=self._tensor([it.start + it.num_tokens for it in batch.items], i32),
             checkpoints=checkpoints,
             logits_indices=self._tensor(logits_rows, i64),
+            rope_table=self.rope_table,
         )
         return self._tensor(ids, i64), ctx
 

@@ -34,6 +34,9 @@ class Context:
     by the model at the start of every forward and shared by its GDN layers
     pad_seqs: how many of the last sequences only pad a CUDA graph's shapes (launch tuning
     counts the others)
+    rope_table: [P, 2 rotary_dim] cos | sin of positions 0 .. P-1 in the model dtype
+    (RotaryEmbedding.build_table), P past every position of the step; None: computed from the
+    positions. The engine's own: a table the model holds may be another engine's, shorter
     """
 
     positions: torch.Tensor
@@ -48,6 +51,7 @@ class Context:
     logits_indices: torch.Tensor | None = None
     gdn_layout: object | None = None
     pad_seqs: int = 0
+    rope_table: torch.Tensor | None = None
 
 
 @dataclass

@@ -86,9 +86,9 @@ class RotaryEmbedding(nn.Module):
         then a step gathers its rows in one kernel instead of computing them in several (the
         caller guarantees positions below max_len). Returns the table.
 
-        The table only grows: one that covers max_len in `dtype` is kept. Graphs captured by
-        an engine read the table's memory, and several engines may share this model; the
-        caller keeps the returned table alive as long as its graphs (a longer one built for
+        The table only grows: one that covers max_len in `dtype` is kept. Several engines may
+        share this model: the caller hands the returned table to its steps (Context.rope_table)
+        and keeps it alive as long as the graphs that read its memory (a longer one built for
         another engine holds the same values in its first rows)."""
         table = self.table
         if table is None or table.dtype != dtype or len(table) < max_len:
@@ -104,11 +104,13 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
+        self, positions: torch.Tensor, dtype: torch.dtype, table: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [T, rotary_dim] in `dtype` for positions [T] (views of one tensor when
-        a table of `dtype` was built)."""
-        if self.table is None or self.table.dtype != dtype:
+        """cos, sin: [T, rotary_dim] in `dtype` for positions [T]: rows of `table` (a
+        build_table of the caller's, covering every position: views of one tensor), else
+        computed. Never the table this module holds: another engine over the model may have
+        built it, shorter than the caller's positions."""
+        if table is None or table.dtype != dtype:
             return self._compute(positions, dtype)
-        rows = self.table[positions]
+        rows = table[positions]
         return rows[:, : self.rotary_dim], rows[:, self.rotary_dim :]

@@ -94,7 +94,7 @@ class TextModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(last layer's output, residual stream before it): the final norm adds the two."""
         h = self.embed_tokens(input_ids)
-        cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype)
+        cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype, ctx.rope_table)
         # made by every forward (a graph's capture must not inherit its warm-up's tensors)
         ctx.gdn_layout = None if ctx.is_decode else kernels.chunk_layout(
             ctx.cu_seqlens, input_ids.shape[0], ctx.checkpoints, ctx.pad_seqs)

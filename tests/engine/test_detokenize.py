@@ -3,9 +3,13 @@ BPE: its tiny vocabulary spells CJK, emoji and accents a byte a token): a stream
 the reply's text, no delta shows U+FFFD for a character split across tokens, and a reply whose
 prompt ends inside a character (a prompt of token ids) shows that character whole. Each step
 decodes a few ids, however long a run of special tokens or of bytes that finish no character,
-and the text is then a decode of the whole reply."""
+and the text is then a decode of the whole reply, cut before a stop string where a whole decode
+first shows one."""
 
 from __future__ import annotations
+
+import os
+import random
 
 import pytest
 import torch
@@ -13,7 +17,7 @@ from transformers import AutoTokenizer
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
-from statechat.engine.output import detokenize, fast_decode, next_event
+from statechat.engine.output import cut_at_stop, detokenize, fast_decode, next_event
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence, Status
 from statechat.model.loader import load_model
@@ -167,3 +171,51 @@ def test_mixed_bytes_and_special_tokens_give_the_whole_decode(tokenizer):
         assert max(lengths) <= 4 + 4, max(lengths)
     split = pieces[0][:1] + pieces[5] * 20 + pieces[0][1:]
     assert detokenized(decode, prompt, split) == "中"
+
+
+def one_shot(decode, prompt: list[int], reply: list[int], stops: list[str]) -> tuple[int, str]:
+    """(tokens until the reply ends, its text) from whole decodes: the first prefix of the reply
+    whose text holds a stop ends it there, cut before the stop; the reply's text is what a
+    decode of prompt + reply adds to the prompt's (a character the prompt began shows whole)."""
+    for k in range(1, len(reply) + 1):
+        before, whole = decode(prompt), decode(prompt + reply[:k])
+        text = whole[len(os.path.commonprefix([before, whole])):]
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if hits:
+            return k, text[: min(hits)]
+    return len(reply), text
+
+
+def test_random_replies_with_stops_match_a_whole_decode(tokenizer):
+    """Prompts that end anywhere (inside a character too) and replies of whole characters, their
+    pieces, stray bytes and special tokens, with stop strings: the reply ends at the token a
+    whole decode first shows a stop in, its text and its stream are that decode cut before the
+    stop, and no delta shows a stop."""
+    decode, rng = fast_decode(tokenizer), random.Random(0)
+    texts = ["中", "😀", "ñ", " word", "a", "é", "नम", "\n", "!", "ab"]
+    pieces = [tokenizer.encode(t) for t in texts]
+    pieces += [p[:k] for p in pieces[:7] for k in range(1, len(p))]
+    pieces += [p[k:] for p in pieces[:7] for k in range(1, len(p))]
+    pieces.append([tokenizer.convert_tokens_to_ids("<|im_start|>")])
+    pieces += [[tokenizer.convert_tokens_to_ids(c)] for c in "äðĳ¸"]  # (lone bytes: 0xE4 and
+    # 0xF0 begin a character, 0x91 and 0xB8 go on one)
+    for _ in range(400):
+        ids = tokenizer.encode("".join(rng.choice(texts) for _ in range(rng.randint(1, 4))))
+        prompt = ids[: rng.randint(1, len(ids))]
+        reply = [i for _ in range(rng.randint(1, 20)) for i in rng.choice(pieces)]
+        stops = rng.sample(["中", "ab", "é!", "\n", "ñ w", "😀", "a中", "b", "!"], 2)
+        seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply), stop=stops))
+        streamed, sent_text, sent_tokens = "", 0, 0
+        for n, token in enumerate(reply, start=1):
+            seq.token_ids.append(token)
+            shown = len(seq.text)
+            detokenize(decode, seq, final=n == len(reply))
+            ended = cut_at_stop(seq, shown) or n == len(reply)
+            seq.status = Status.FINISHED if ended else seq.status
+            event, sent_text, sent_tokens = next_event(seq, sent_text, sent_tokens)
+            streamed += event.text if event is not None else ""
+            assert not any(s in streamed for s in stops), (prompt, reply[:n], stops)
+            if ended:
+                break
+        assert (n, seq.text) == one_shot(decode, prompt, reply, stops), (prompt, reply, stops)
+        assert streamed == seq.text

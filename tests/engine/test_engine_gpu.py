@@ -94,6 +94,25 @@ def test_two_engines_over_one_model_keep_their_graphs(gpu_setup):
         assert [o.token_ids for o in engine.generate(prompts, params)] == expected
 
 
+def test_an_eager_engine_reads_no_table_a_graphs_engine_built(gpu_setup):
+    """An eager engine (no rotary table of its own) and, made after it over the same model, an
+    engine with graphs and a short max_model_len, whose capture builds the model's table for its
+    own positions alone: the eager one's long prompt gives the tokens it gave before (its steps
+    indexed that table past its end, a device-side assert)."""
+    path, loaded, _, _ = gpu_setup
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    prompt = [3 + i % 50 for i in range(300)]
+    eager = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", max_model_len=512,
+                                   use_graphs=False, enable_prefix_cache=False), loaded=loaded)
+    alone = eager.generate([prompt], params)[0].token_ids
+    short = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", max_model_len=128,
+                                   max_num_batched_tokens=64, enable_prefix_cache=False),
+                      loaded=loaded)
+    assert len(short.runner.rope_table) < len(prompt)
+    assert eager.generate([prompt], params)[0].token_ids == alone
+    assert short.generate([prompt[:100]], params)[0].finish_reason == "length"
+
+
 def test_prefill_graphs_match_eager(gpu_setup):
     """One-sequence prefill chunks replayed from CUDA graphs (fresh prompts, resumes from
     checkpoints with checkpoints of their own, chunks cut by a small token budget) give the

@@ -3,9 +3,11 @@
 Each round submits several requests at staggered steps, built from the conversations so far:
 a new conversation, the next turn of one, an earlier user message edited, the last reply
 regenerated, a reply continued. Requests of one round often share a prefix that another of
-them is still computing. With the prefix cache on, every request's greedy tokens equal those
-of an engine with it off, under token budgets that chunk prompts, block counts that preempt and
-evict, and several checkpoint intervals. The CPU runs five of the configurations; a GPU
+them is still computing. Requests are greedy or sampled with a seed, some end at a stop
+string, and some are aborted mid-reply (their reply-end checkpoints are kept for later rounds).
+With the prefix cache on, every request's tokens and text equal those of an engine with it off,
+under token budgets that chunk prompts, block counts that preempt and evict, and several
+checkpoint intervals. The CPU runs five of the configurations; a GPU
 (Triton kernels, CUDA graphs, asynchronous steps) runs them all, with more seeds. A tiny MoE
 model runs two of them on both.
 """
@@ -88,16 +90,35 @@ class Workload:
             self.convos.append(messages + [{"role": "assistant", "content": reply}])
 
 
-def run_round(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]):
-    """Submit the prompts one or two at a time every other step; step until all finish."""
-    pending, seqs, step = list(zip(prompts, params)), [], 0
+def request_params(max_tokens: int, rng: random.Random) -> tuple[SamplingParams, int | None]:
+    """One request's sampling parameters, greedy or seeded, a stop string on some, and the
+    number of reply tokens after which it is aborted (None: never)."""
+    kw = {"max_tokens": max_tokens, "ignore_eos": True}
+    if rng.random() < 0.4:
+        kw.update(temperature=1.0, top_p=rng.choice([1.0, 0.9]), seed=rng.randint(0, 1 << 30))
+    if rng.random() < 0.3:
+        kw["stop"] = [rng.choice("aeinorst")]
+    abort = rng.randint(1, kw["max_tokens"]) if rng.random() < 0.25 else None
+    return SamplingParams(**kw), abort
+
+
+def run_round(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
+              aborts: list[int | None]):
+    """Submit the prompts one or two at a time every other step; step until all finish. A
+    request with an abort count is aborted once it has that many reply tokens (a step gives
+    it one at most, so both engines abort it at the same token)."""
+    pending, seqs, step = list(zip(prompts, params, aborts)), [], 0
     while pending or engine.has_unfinished():
         if pending and step % 2 == 0:
             for _ in range(min(len(pending), 1 + step % 4 // 2)):
-                seqs.append(engine.add_request(*pending.pop(0)))
+                ids, p, abort = pending.pop(0)
+                seqs.append((engine.add_request(ids, p), abort))
         engine.step()
         step += 1
-    return [engine.output(s) for s in seqs]
+        for seq, abort in seqs:
+            if abort is not None and not seq.is_finished and len(seq.output_ids) >= abort:
+                engine.abort(seq)
+    return [engine.output(s) for s, _ in seqs]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +146,7 @@ def test_forked_conversations_arriving_together_match_no_cache(models, kind, nam
     base = {"model": path, "device": device, "dtype": "float32", **overrides}
     cached = LLMEngine(EngineConfig(**base, **disk), loaded=loaded)
     plain = LLMEngine(EngineConfig(**base, enable_prefix_cache=False), loaded=loaded)
-    rng = random.Random(seed)
+    rng, draw = random.Random(seed), random.Random(-seed)  # (the workload's, the params')
     work = Workload(rng, cached.tokenizer)
     reused, rounds = 0, 5 if ON_GPU else 3
     for _round in range(rounds):
@@ -134,11 +155,13 @@ def test_forked_conversations_arriving_together_match_no_cache(models, kind, nam
             cached = LLMEngine(EngineConfig(**base, **disk), loaded=loaded)
         made = [work.prompt() for _ in range(rng.randint(3, 6 if ON_GPU else 4))]
         prompts = [ids for ids, _ in made]
-        params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in made]
-        got = run_round(cached, prompts, params)
-        want = run_round(plain, prompts, params)
+        params, aborts = zip(*(request_params(rng.randint(1, 24), draw) for _ in made))
+        got = run_round(cached, prompts, params, aborts)
+        want = run_round(plain, prompts, params, aborts)
         for i, (g, w, ids) in enumerate(zip(got, want, prompts)):
-            assert g.token_ids == w.token_ids, f"round {_round} request {i} ({len(ids)} tokens)"
+            where = f"round {_round} request {i} ({len(ids)} tokens, {params[i]})"
+            assert (g.token_ids, g.text, g.finish_reason) == (w.token_ids, w.text,
+                                                              w.finish_reason), where
             assert g.num_cached_tokens % BLOCK == 0 and g.num_cached_tokens < len(ids)
             assert w.num_cached_tokens == 0
             reused += g.num_cached_tokens
