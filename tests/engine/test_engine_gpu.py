@@ -100,6 +100,8 @@ def test_an_eager_engine_reads_no_table_a_graphs_engine_built(gpu_setup):
     own positions alone: the eager one's long prompt gives the tokens it gave before (its steps
     indexed that table past its end, a device-side assert)."""
     path, loaded, _, _ = gpu_setup
+    # as in a fresh process: earlier tests' engines built a longer table, which only grows
+    loaded.model.model.rotary.table = None
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     prompt = [3 + i % 50 for i in range(300)]
     eager = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32", max_model_len=512,
