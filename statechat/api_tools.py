@@ -4,7 +4,9 @@ as transformers' apply_chat_template gives them (`tools`, OpenAI's function tool
 reply is parsed for calls (api_tool_calls.py) when the request has tools and its tool_choice is
 "auto" (or left out). tool_choice "none" renders the tools (as vLLM does by default) and parses
 nothing; "required" and a named function are a 400 (they would need guided decoding). Without
-the flag, tools, tool calls and tool messages are a 400 that names it."""
+the flag, tools, tool calls and tool messages are a 400 that names it. `statechat batch` takes
+the same flag and reads its lines' tools with the same functions (a 400's message is the line's
+error)."""
 
 from __future__ import annotations
 
@@ -14,17 +16,21 @@ from statechat.api_request import ApiError
 from statechat.errors import ConfigError
 
 PARSERS = ("qwen3_coder",)  # the names --tool-call-parser takes (vLLM's)
-ENABLE = "only `statechat serve --tool-call-parser qwen3_coder` takes them"  # (the 400s' hint)
+# (the 400s' hint; `batch`'s line errors give it too)
+ENABLE = "`statechat serve` and `statechat batch` take them with --tool-call-parser qwen3_coder"
 CHOICES = ("auto", "none")  # the tool_choice values served
 TOOL_FIELDS = ("tools", "tool_choice")  # the fields parse_tools reads
 
 
-def check_tool_parser(name: str | None) -> str | None:
-    """`name` if it is a parser's (None: tools off); a one-line ConfigError naming the choices
-    else (before a model loads)."""
-    if name is None or name in PARSERS:
-        return name
-    raise ConfigError(f"--tool-call-parser must be {' or '.join(PARSERS)}, got {name!r}")
+def check_tool_parser(name: str | None, auto_tool_choice: bool = False) -> str | None:
+    """`name` if it is a parser's (None: tools off), given with vLLM's
+    --enable-auto-tool-choice or not (`auto_tool_choice`, which needs a parser); a one-line
+    ConfigError naming the choices or the flag else (before a model loads)."""
+    if name is not None and name not in PARSERS:
+        raise ConfigError(f"--tool-call-parser must be {' or '.join(PARSERS)}, got {name!r}")
+    if auto_tool_choice and name is None:
+        raise ConfigError(f"--enable-auto-tool-choice needs --tool-call-parser {PARSERS[0]}")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,12 @@
 
 Input: see batch_lines (one JSON request a line).
 Output, one line per input line, in input order:
-    {"id", "text" (with --reasoning-parser: the answer, and "reasoning" beside it),
-     "finish_reason", "stop_reason" (vLLM's: the stop string or stop token id that ended it,
-     null for the tokenizer's EOS and any other end),
+    {"id", "text" (with --reasoning-parser: the answer, and "reasoning" beside it; with
+     --tool-call-parser and tools to call: the text outside the calls, and "tool_calls" beside
+     it where the reply made calls; "" where there is none),
+     "finish_reason" ("tool_calls" for a reply with calls that ended of itself),
+     "stop_reason" (vLLM's: the stop string or stop token id that ended it, null for the
+     tokenizer's EOS and any other end),
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
      "ttft_ms", "cache": {"reused_from", "reused_by_tier", "plan", and for a request of a group
      sharing a prefix (below) "shared_prefix": {"tokens", "reused_tokens", "reused_from",
@@ -41,7 +44,8 @@ def prepare(engine: LLMEngine, job: Job) -> None:
         return
     try:
         check_vocabulary(job.params, engine.loaded.config.vocab_size)
-        ids = render(engine.tokenizer, job.messages, template_kwargs=job.template_kwargs)
+        ids = render(engine.tokenizer, job.messages, template_kwargs=job.template_kwargs,
+                     tools=job.tools.tools if job.tools is not None else None)
         if len(ids) >= engine.max_model_len:
             raise StatechatError(f"the prompt has {len(ids)} tokens; the context limit is "
                                  f"{engine.max_model_len}; shorten the conversation")
@@ -78,19 +82,23 @@ def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], l
 
 
 def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | None) -> dict:
-    from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
-    from statechat.api_reasoning import split_reply
+    """A finished job's record: its reply's text, reasoning and tool calls (and its logprobs
+    and finish_reason) as the server's chat message and choice give them (api_chat.ChatShape),
+    its usage and what it reused of the cache."""
+    from statechat.api_chat import ChatShape
+    from statechat.api_logprobs import vllm_prompt_logprobs
     from statechat.chat.template import opens_thinking
 
-    split = {}  # (with a parser: "text" the answer alone, "" when none, beside "reasoning")
-    if reasoning_parser is not None:
-        reasoning, answer = split_reply(out.text, opens_thinking(tokenizer, job.prompt_ids))
-        split = {"text": answer or "", "reasoning": reasoning}
+    opened = (opens_thinking(tokenizer, job.prompt_ids) if reasoning_parser is not None
+              else None)
+    choice = ChatShape(tokenizer, opened, tools=job.tools).choice(0, out)
+    message = choice["message"]
     record = {
         "id": job.id,
-        "text": out.text,
-        **split,
-        "finish_reason": out.finish_reason,
+        "text": message["content"] or "",  # (the answer alone: "" when none)
+        **({"reasoning": message["reasoning"]} if reasoning_parser is not None else {}),
+        **({"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}),
+        "finish_reason": choice["finish_reason"],
         "stop_reason": out.stop_reason,
         "usage": {
             "prompt_tokens": out.num_prompt_tokens,
@@ -104,8 +112,8 @@ def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | Non
     }
     if job.shared is not None:
         record["cache"]["shared_prefix"] = job.shared
-    if out.logprobs is not None:
-        record["logprobs"] = logprobs_content(tokenizer, out.token_ids, out.logprobs)
+    if choice["logprobs"] is not None:
+        record["logprobs"] = choice["logprobs"]["content"]
     if out.prompt_logprobs is not None:
         record["prompt_logprobs"] = vllm_prompt_logprobs(tokenizer, out.prompt_token_ids,
                                                          out.prompt_logprobs)
@@ -121,7 +129,9 @@ def run_batch(
 ) -> list[dict]:
     """Run every parsed job (parse_lines); call write(record) in input order as results
     become ready. With a `reasoning_parser` (api_reasoning.PARSERS), each result's text is
-    split into "reasoning" and the answer ("text"), as the server splits a chat reply.
+    split into "reasoning" and the answer ("text"), as the server splits a chat reply; a job
+    with tools to call (parsed by BatchDefaults.tool_call_parser) has its reply's calls in
+    "tool_calls", as the server's message has them.
 
     progress(done, total) is called as requests finish. Returns the records. Every request's
     time to first token counts from when the batch is queued, a group's deferred members'

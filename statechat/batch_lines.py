@@ -13,19 +13,24 @@ logprob and those of that many likeliest tokens; or OpenAI's chat form, true wit
 "top_logprobs" as that count), "prompt_logprobs" (the same for each prompt
 token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
 "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
-template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. A
+template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. With
+--tool-call-parser, "tools" and "tool_choice", assistant messages' "tool_calls" and "tool"
+messages are read as the server reads them (api_tools.py, api_messages.py); without it, they
+are the line's error, as they are the server's 400. A
 line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
 model's recommended sampling and the command's flags); other fields are named on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from statechat.api_tools import TOOL_FIELDS, ToolRequest, parse_tools
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
@@ -35,7 +40,7 @@ LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence
 # the other fields a line may have; any more are named on stderr, as ignored
 # ("model": the loaded model answers whatever a line names, as serve's does)
 OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
-                "top_logprobs", "model")
+                "top_logprobs", "model", *TOOL_FIELDS)
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
 # which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
@@ -45,6 +50,7 @@ DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's ow
 class BatchDefaults:
     sampling: SamplingParams = DEFAULT_SAMPLING  # every line's; its own fields win
     template_kwargs: dict | None = None  # chat-template variables; a line's own win
+    tool_call_parser: str | None = None  # --tool-call-parser (None: a line's tools are refused)
 
     def params(self, **line) -> SamplingParams:
         """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
@@ -61,6 +67,7 @@ class Job:
     id: str | int | float | None  # the line's own "id", echoed as given (else "line-N")
     messages: list[dict] | None = None
     template_kwargs: dict | None = None
+    tools: ToolRequest | None = None  # its tools (api_tools.parse_tools; None: tools off)
     prompt_ids: list[int] | None = None  # (set by prepare, once the model is loaded)
     params: SamplingParams | None = None
     error: str | None = None
@@ -107,13 +114,14 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         if "messages" not in req and "prompt" in req:
             raise StatechatError('batch runs chat requests: give "messages", not "prompt" '
                                  "(the completions form)")
-        messages = chat_messages(req.get("messages"))
+        tools = line_tools(req, defaults.tool_call_parser)
+        messages = chat_messages(req.get("messages"), tools is not None)
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
         if kwargs is not None:
             check_template_kwargs(None, kwargs)
     except StatechatError as e:
         return Job(line, rid, error=str(e), unknown=unknown)
-    return Job(line, rid, messages, kwargs, params=params, unknown=unknown)
+    return Job(line, rid, messages, kwargs, tools, params=params, unknown=unknown)
 
 
 def line_params(req: dict, defaults: BatchDefaults) -> SamplingParams:
@@ -158,15 +166,32 @@ def chat_logprobs(given: dict, top) -> bool:
     return False
 
 
-def chat_messages(raw) -> list[dict]:
+def chat_messages(raw, tools: bool = False) -> list[dict]:
     """A line's messages as the server takes a request's (OpenAI's: a "developer" is a system
-    message, a content may be a list of text parts, an assistant's may be null), as
-    [{"role", "content"}]; a one-line StatechatError otherwise."""
+    message, a content may be a list of text parts, an assistant's may be null; with `tools`,
+    an assistant's tool calls and tool messages), as [{"role", "content", ...}]; a one-line
+    StatechatError otherwise, the server's 400 message."""
     from statechat.api_messages import parse_messages
+
+    with api_errors():
+        return parse_messages(raw, tools)
+
+
+def line_tools(req: dict, parser: str | None) -> ToolRequest | None:
+    """A line's tools and tool_choice as the server reads a body's (api_tools.parse_tools: None
+    when `parser`, --tool-call-parser, is None); a one-line StatechatError otherwise, the
+    server's 400 message."""
+    with api_errors():
+        return parse_tools(req, parser)
+
+
+@contextlib.contextmanager
+def api_errors():
+    """The server's ApiError (a 400) as a line's StatechatError, with the same message."""
     from statechat.api_request import ApiError
 
     try:
-        return parse_messages(raw)
+        yield
     except ApiError as e:
         raise StatechatError(e.message) from None
 

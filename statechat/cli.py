@@ -25,6 +25,7 @@ import typer
 
 from statechat import cli_setup
 from statechat.api_reasoning import check_parser
+from statechat.api_tools import check_tool_parser
 from statechat.cli_batch import (
     STDIN,
     Terminated,
@@ -39,6 +40,7 @@ from statechat.cli_batch import (
 )
 from statechat.cli_cache import cache_app
 from statechat.cli_options import (
+    AutoToolChoiceOpt,
     CacheDirOpt,
     DeviceOpt,
     DiskCacheBytesOpt,
@@ -59,6 +61,7 @@ from statechat.cli_options import (
     SeedOpt,
     TemperatureOpt,
     TemplateKwargsOpt,
+    ToolCallParserOpt,
     TopKOpt,
     TopPOpt,
     parse_template_kwargs,
@@ -142,7 +145,8 @@ def batch(
                                           "\"ignore_eos\", \"logprobs\" (a count, or "
                                           "true with \"top_logprobs\"), "
                                           "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
-                                          "\"chat_template_kwargs\"}.")],
+                                          "\"chat_template_kwargs\", \"tools\" and "
+                                          "\"tool_choice\" (with --tool-call-parser)}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
                                                 "(JSONL, input order); default (or '-'): "
                                                 "stdout.")] = None,
@@ -156,6 +160,7 @@ def batch(
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
     reasoning_parser: ReasoningParserOpt = None,
+    tool_call_parser: ToolCallParserOpt = None, enable_auto_tool_choice: AutoToolChoiceOpt = False,
 ) -> None:
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
@@ -174,7 +179,9 @@ def batch(
     # (a bad flag: one line now, not an error on every line)
     config, sampling = command_setup(DEFAULT_SAMPLING, locals(), seed=seed, min_max_tokens=0)
     check_parser(reasoning_parser)
-    defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs))
+    check_tool_parser(tool_call_parser, enable_auto_tool_choice)
+    defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs),
+                             tool_call_parser)
     # (read last: standard input's producer, or a person typing, is not waited on first)
     jobs = parse_lines(read_requests(input), defaults)
     if (ignored := ignored_fields(jobs)) is not None:

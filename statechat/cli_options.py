@@ -73,6 +73,18 @@ ReasoningParserOpt = Annotated[
                  "and answer, as vLLM's parser of that name: qwen3 (Qwen3.5's <think>...</think>). "
                  "Default: off, the reply's text whole.", envvar="STATECHAT_REASONING_PARSER"),
 ]
+ToolCallParserOpt = Annotated[
+    str | None,
+    typer.Option("--tool-call-parser", help="Take requests' tools and tool calls, and parse the "
+                 "replies' calls into tool_calls, as vLLM's parser of that name: qwen3_coder "
+                 "(Qwen3.5's <tool_call><function=...>). Default: off, tools are refused.",
+                 envvar="STATECHAT_TOOL_CALL_PARSER"),
+]
+AutoToolChoiceOpt = Annotated[
+    bool,
+    typer.Option("--enable-auto-tool-choice", help="Taken for vLLM's command lines: tool_choice "
+                 "auto is on with --tool-call-parser alone."),
+]
 
 # Engine: how much the engine holds and computes at once (EngineConfig; None = its default).
 ENGINE = "Engine (sizes and memory)"

@@ -16,6 +16,7 @@ from statechat import cli_setup
 from statechat.api_reasoning import check_parser
 from statechat.api_tools import check_tool_parser
 from statechat.cli_options import (
+    AutoToolChoiceOpt,
     CacheDirOpt,
     DeviceOpt,
     DiskCacheBytesOpt,
@@ -34,6 +35,7 @@ from statechat.cli_options import (
     RepetitionPenaltyOpt,
     TemperatureOpt,
     TemplateKwargsOpt,
+    ToolCallParserOpt,
     TopKOpt,
     TopPOpt,
     parse_template_kwargs,
@@ -74,13 +76,7 @@ def serve(
         "thinking template drops the reply's reasoning from it, so it is not cached yet)."
     ))] = True,
     reasoning_parser: ReasoningParserOpt = None,
-    tool_call_parser: Annotated[str | None, typer.Option(help=(
-        "Take requests' tools and tool calls, and parse the replies' calls into tool_calls, as "
-        "vLLM's parser of that name: qwen3_coder (Qwen3.5's <tool_call><function=...>). "
-        "Default: off, tools are refused."), envvar="STATECHAT_TOOL_CALL_PARSER")] = None,
-    enable_auto_tool_choice: Annotated[bool, typer.Option(help=(
-        "Taken for vLLM's command lines: tool_choice auto is on with --tool-call-parser "
-        "alone."))] = False,
+    tool_call_parser: ToolCallParserOpt = None, enable_auto_tool_choice: AutoToolChoiceOpt = False,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
     /health. Sampling: temperature 1, top-p 1 (OpenAI's), 2,048 tokens (16 for a text
@@ -99,9 +95,7 @@ def serve(
     except ValueError as e:
         raise StatechatError(f"--allowed-origins: {e}") from None
     check_parser(reasoning_parser)
-    check_tool_parser(tool_call_parser)
-    if enable_auto_tool_choice and tool_call_parser is None:
-        raise StatechatError("--enable-auto-tool-choice needs --tool-call-parser qwen3_coder")
+    check_tool_parser(tool_call_parser, enable_auto_tool_choice)
     if served_model_name is not None and not served_model_name.strip():
         raise StatechatError("--served-model-name must not be empty")
     config, sampling = command_setup(DEFAULT_SAMPLING, locals())

@@ -14,8 +14,7 @@ from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
 from statechat.server import ChatServer
-
-KEY = "sk-test-key"
+from tests.helpers import KEY
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ template."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,12 +25,9 @@ from statechat.api_chat import chat_prompt
 from statechat.api_request import ApiError
 from statechat.chat.next_turn import next_turn_prefix
 from statechat.chat.template import render
-from statechat.config import EngineConfig
-from statechat.engine.engine import LLMEngine
-from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
-from statechat.server import ChatServer
+from tests import helpers
 from tests.helpers import THINKING, force_reply, with_template
 from tests.server.conftest import KEY
 
@@ -47,21 +42,10 @@ def loaded():
     return with_template(load_model(EMBEDDED_MODEL, dtype=torch.float32), THINKING)
 
 
-@contextlib.contextmanager
 def serving(loaded, warm_next_turn: bool = False):
-    worker = EngineWorker(LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu",
-                                                 max_model_len=1024), loaded=loaded))
-    srv = ChatServer(worker, "tiny", "127.0.0.1", 0, api_key=KEY, quiet=True,
-                     warm_next_turn=warm_next_turn, reasoning_parser="qwen3")
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        worker.shutdown()
-        thread.join(10)
+    """A server of `loaded` with the reasoning parser (and tools off)."""
+    return helpers.serving(loaded, warm_next_turn=warm_next_turn, reasoning_parser="qwen3",
+                           tool_call_parser=None)
 
 
 @pytest.fixture(scope="module")

@@ -1,27 +1,21 @@
 """`serve --tool-call-parser qwen3_coder` end to end, on a tiny checkpoint whose chat template
-(written here, in Qwen3.5's format) renders tools, an assistant's tool calls and the tools'
-answers, with replies forced token by token: the prompt holds the tools and the calls made
-(arguments sent as JSON strings, rendered as mappings; one that is not a JSON object, a tool
-message without its tool_call_id and every other malformed call are a 400 naming the
-field); a reply's calls come back as `tool_calls` with finish_reason "tool_calls", whole or
-streamed (the deltas reassemble to the whole reply's), for every choice of n, beside a
-reasoning parser, through the openai client; tool_choice none, a request without tools and
-malformed calls leave the text as content; a server without the flag refuses tools with a
-400 that names it; the next turn's warm-up renders the tools and the calls."""
+(tests/helpers.py's TOOLS_TEMPLATE, in Qwen3.5's format) renders tools, an assistant's tool
+calls and the tools' answers, with replies forced token by token: the prompt holds the tools
+and the calls made (arguments sent as JSON strings, rendered as mappings; one that is not a
+JSON object, a tool message without its tool_call_id and every other malformed call are a 400
+naming the field); a reply's calls come back as `tool_calls` with finish_reason "tool_calls",
+whole or streamed (the deltas reassemble to the whole reply's), for every choice of n, beside
+a reasoning parser, through the openai client; tool_choice none, a request without tools and
+malformed calls leave the text as content; a server without the flag refuses tools with a 400
+that names it; the next turn's warm-up renders the tools and the calls."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import threading
 import time
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from statechat.api_chat import chat_prompt
 from statechat.api_messages import parse_messages
@@ -29,99 +23,31 @@ from statechat.api_request import ApiError
 from statechat.api_tools import parse_tools
 from statechat.chat.next_turn import next_turn_prefix
 from statechat.chat.template import render
-from statechat.config import EngineConfig
-from statechat.engine.engine import LLMEngine
-from statechat.engine.worker import EngineWorker
-from statechat.model.loader import load_model
-from statechat.paths import EMBEDDED_MODEL
-from statechat.server import ChatServer
-from tests.helpers import force_reply
-from tests.server.conftest import KEY
+from tests.helpers import (
+    CALL,
+    KEY,
+    REPLY,
+    TOOLS,
+    TOOLS_TEMPLATE,
+    force_reply,
+    post,
+    serving,
+    tools_model,
+)
+from tests.helpers import TOOLS_ASK as ASK
+from tests.helpers import TOOLS_HISTORY as HISTORY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 
-# Qwen3.5's shape for tools, written for these tests: the tools as JSON lines in a system turn,
-# an assistant's calls as <tool_call> blocks after its text (arguments must be a mapping),
-# tool answers in a user turn, a generation prompt that opens <think>
-TEMPLATE = (
-    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\nCall one as <tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n"
-    "</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}{%- endif %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content }}"
-    "{{- '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
-    "{%- for call in m.tool_calls or [] %}"
-    "{%- if call.function.arguments is not mapping %}"
-    "{{- raise_exception('arguments must be a mapping') }}{%- endif %}"
-    "{{- '\\n\\n<tool_call>\\n<function=' + call.function.name + '>\\n' }}"
-    "{%- for name, value in call.function.arguments | items %}"
-    "{{- '<parameter=' + name + '>\\n' + (value if value is string else value | tojson) }}"
-    "{{- '\\n</parameter>\\n' }}{%- endfor %}{{- '</function>\\n</tool_call>' }}{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
-)
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city for some days.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
-CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
-REPLY = "I will look.\n\n" + CALL
-ASK = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}],
-       "temperature": 0, "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": False}}
-
-
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    """The embedded tiny model, copied with TEMPLATE as its chat_template.jinja."""
-    path = tmp_path_factory.mktemp("tools") / "tiny-tools"
-    shutil.copytree(EMBEDDED_MODEL, path)
-    (path / "chat_template.jinja").write_text(TEMPLATE)
-    return load_model(path, dtype=torch.float32)
-
-
-@contextlib.contextmanager
-def serving(loaded, **fields):
-    worker = EngineWorker(LLMEngine(EngineConfig(model=loaded.path, device="cpu",
-                                                 max_model_len=1024), loaded=loaded))
-    srv = ChatServer(worker, "tiny", "127.0.0.1", 0, api_key=KEY, quiet=True,
-                     **{"warm_next_turn": False, "tool_call_parser": "qwen3_coder", **fields})
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        worker.shutdown()
-        thread.join(10)
+    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
 
 
 @pytest.fixture(scope="module")
 def server(loaded):
     with serving(loaded) as srv:
         yield srv
-
-
-def post(server, body: dict) -> list[dict] | dict:
-    """The JSON answer (an error's too), or a stream's chunks."""
-    req = urllib.request.Request(f"{server.url}/v1/chat/completions",
-                                 data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {KEY}"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            text = resp.read().decode()
-    except urllib.error.HTTPError as e:
-        return {"status": e.code, **json.loads(e.read())}
-    if not body.get("stream"):
-        return json.loads(text)
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
 def reassembled(chunks: list[dict], index: int) -> dict:
@@ -163,15 +89,6 @@ def prompt_text(loaded, body: dict) -> str:
         loaded.tokenizer, messages, add, template_kwargs, tools))
     ids = chat_prompt(worker, body, {}, parse_tools(body, "qwen3_coder"))
     return loaded.tokenizer.decode(ids)
-
-
-HISTORY = [
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
-]
 
 
 def test_the_prompt_holds_the_tools_and_the_calls_made(loaded):
@@ -385,12 +302,12 @@ def test_the_next_turn_after_a_call_resumes_from_the_warm_up(loaded, monkeypatch
     assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
 
 
-# TEMPLATE with Qwen3.5's rule for reasoning: an assistant turn after the last user message
-# (a tool loop's) is rendered with its reasoning, an earlier one without
+# TOOLS_TEMPLATE with Qwen3.5's rule for reasoning: an assistant turn after the last user
+# message (a tool loop's) is rendered with its reasoning, an earlier one without
 THINKING_TEMPLATE = (
     "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}"
     "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
-    + TEMPLATE.replace(
+    + TOOLS_TEMPLATE.replace(
         "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}",
         "{%- else %}{{- '<|im_start|>' + m.role + '\\n' }}"
         "{%- if m.role == 'assistant' and loop.index0 > ns.last and m.reasoning_content %}"
@@ -405,10 +322,7 @@ def test_the_warm_up_after_a_call_renders_the_reasoning_as_the_tool_loop_does(
     with its reasoning (no user message after it); the warm-up rendered it as if a user
     message came next, without it, and that prefix was never reused. It probes with a tool's
     answer after a reply with calls, so the tool loop's next request resumes past it."""
-    path = tmp_path / "tiny-thinking-tools"
-    shutil.copytree(EMBEDDED_MODEL, path)
-    (path / "chat_template.jinja").write_text(THINKING_TEMPLATE)
-    loaded = load_model(path, dtype=torch.float32)
+    loaded = tools_model(tmp_path / "tiny-thinking-tools", THINKING_TEMPLATE)
     thought = "The user wants the weather of " + "a city, " * 6 + "so I call the tool.</think>\n"
     ask = {**ASK, "chat_template_kwargs": {}}
     with serving(loaded, warm_next_turn=True, reasoning_parser="qwen3") as srv:
