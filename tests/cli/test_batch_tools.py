@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from statechat import cli, cli_setup
 from statechat.engine.engine import LLMEngine
-from tests.helpers import CALL, REPLY, force_reply, post, serving, tools_model
-from tests.helpers import TOOLS_ASK as ASK
-from tests.helpers import TOOLS_HISTORY as HISTORY
+from tests.helpers import force_reply
+from tests.serving import CALL, REPLY, post, serving, tools_model
+from tests.serving import TOOLS_ASK as ASK
+from tests.serving import TOOLS_HISTORY as HISTORY
 
 BODIES = [  # (each runs as a batch line and as a request to the server)
     ASK,

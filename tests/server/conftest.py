@@ -10,11 +10,9 @@ import torch
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
-from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
-from statechat.server import ChatServer
-from tests.helpers import KEY
+from tests.serving import KEY, serving_engine
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +20,8 @@ def server():
     loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
     engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024),
                        loaded=loaded)
-    worker = EngineWorker(engine)
-    srv = ChatServer(worker, "tiny-qwen3.5", "127.0.0.1", 0, api_key=KEY, quiet=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    worker.shutdown()
-    thread.join(10)
+    with serving_engine(engine, "tiny-qwen3.5") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

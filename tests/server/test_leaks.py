@@ -22,12 +22,10 @@ import torch
 
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
-from statechat.engine.worker import EngineWorker
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
-from statechat.server import ChatServer
 from tests.helpers import assert_idle_pools
-from tests.server.conftest import KEY
+from tests.serving import KEY, serving_engine
 
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
@@ -41,15 +39,8 @@ def server():
     engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=512,
                                     num_kv_blocks=16, num_state_slots=10, max_num_seqs=4,
                                     max_num_batched_tokens=128), loaded=loaded)
-    worker = EngineWorker(engine)
-    srv = ChatServer(worker, "tiny", "127.0.0.1", 0, api_key=KEY, quiet=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    worker.shutdown()
-    thread.join(10)
+    with serving_engine(engine) as srv:
+        yield srv
 
 
 def random_request(rng: random.Random) -> tuple[str, dict, str]:

@@ -27,7 +27,7 @@ from statechat.chat.next_turn import next_turn_prefix
 from statechat.chat.template import render
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
-from tests import helpers
+from tests import serving as served
 from tests.helpers import THINKING, force_reply, with_template
 from tests.server.conftest import KEY
 
@@ -44,7 +44,7 @@ def loaded():
 
 def serving(loaded, warm_next_turn: bool = False):
     """A server of `loaded` with the reasoning parser (and tools off)."""
-    return helpers.serving(loaded, warm_next_turn=warm_next_turn, reasoning_parser="qwen3",
+    return served.serving(loaded, warm_next_turn=warm_next_turn, reasoning_parser="qwen3",
                            tool_call_parser=None)
 
 

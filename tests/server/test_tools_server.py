@@ -23,19 +23,10 @@ from statechat.api_request import ApiError
 from statechat.api_tools import parse_tools
 from statechat.chat.next_turn import next_turn_prefix
 from statechat.chat.template import render
-from tests.helpers import (
-    CALL,
-    KEY,
-    REPLY,
-    TOOLS,
-    TOOLS_TEMPLATE,
-    force_reply,
-    post,
-    serving,
-    tools_model,
-)
-from tests.helpers import TOOLS_ASK as ASK
-from tests.helpers import TOOLS_HISTORY as HISTORY
+from tests.helpers import force_reply
+from tests.serving import CALL, KEY, REPLY, TOOLS, TOOLS_TEMPLATE, post, serving, tools_model
+from tests.serving import TOOLS_ASK as ASK
+from tests.serving import TOOLS_HISTORY as HISTORY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 
