@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from statechat import cli
-from statechat.paths import EMBEDDED_MODEL
+from tests.cli.test_commands import warm_cache
 
 pytest.importorskip("statechat.cache.store", reason="the persistent cache store is not in this "
                                                     "build")
@@ -24,15 +24,7 @@ runner = CliRunner()
 
 def batch(tmp_path, *flags: str):
     """A cache dir written by a batch of two long prompts, run with `flags`."""
-    src, cache = tmp_path / "in.jsonl", tmp_path / "cache"
-    src.write_text("".join(json.dumps({"messages": [{"role": "user",
-                                                     "content": "cache " * (80 + i)}],
-                                       "max_tokens": 2}) + "\n" for i in range(2)))
-    result = runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"),
-                                     "--model", str(EMBEDDED_MODEL), "--device", "cpu",
-                                     "--cache-dir", str(cache), *flags])
-    assert result.exit_code == 0, result.output
-    return cache
+    return warm_cache(tmp_path, *flags)
 
 
 def stats(cache) -> dict:

@@ -200,15 +200,16 @@ def test_batch_help_lists_every_field_a_line_may_set():
         assert f'"{field}"' in result.output, field
 
 
-def warm_cache(tmp_path):
-    """A cache dir with checkpoints and KV blocks, written by a batch of two long prompts."""
+def warm_cache(tmp_path, *flags: str):
+    """A cache dir with checkpoints and KV blocks, written by a batch of two long prompts run
+    with `flags`."""
     src, cache = tmp_path / "in.jsonl", tmp_path / "cache"
     src.write_text("".join(json.dumps({"messages": [{"role": "user",
                                                      "content": "cache " * (80 + i)}],
                                        "max_tokens": 2}) + "\n" for i in range(2)))
     result = runner.invoke(cli.app, ["batch", str(src), "-o", str(tmp_path / "out.jsonl"),
                                      "--model", str(EMBEDDED_MODEL), "--device", "cpu",
-                                     "--cache-dir", str(cache)])
+                                     "--cache-dir", str(cache), *flags])
     assert result.exit_code == 0, result.output
     assert len(list((cache / "blobs").rglob("*.safetensors"))) >= 2
     assert sorted(p.name for p in cache.iterdir()) == ["blobs", "index.db"]
