@@ -267,6 +267,15 @@ def client_of():
         client.close()
 
 
+def wait_for_warm_up(srv) -> None:
+    """Until the server's first next-turn warm-up has been made and has finished."""
+    deadline = time.monotonic() + 60
+    while srv.next_turns.considered < 1 or srv.next_turns.last is None:
+        assert time.monotonic() < deadline, "no warm-up was made"
+        time.sleep(0.02)
+    srv.next_turns.last.result(timeout=60)
+
+
 def test_the_next_turn_after_a_call_resumes_from_the_warm_up(loaded, monkeypatch):
     """The warm-up after a reply with calls renders the tools and the calls as the client
     sends them back (here otherwise than the model wrote them: one newline before the call,
@@ -276,11 +285,7 @@ def test_the_next_turn_after_a_call_resumes_from_the_warm_up(loaded, monkeypatch
     with serving(loaded, warm_next_turn=True) as srv:
         force_reply(srv.worker.engine, monkeypatch, "I will look.\n" + long_call)
         message = post(srv, ASK)["choices"][0]["message"]
-        deadline = time.monotonic() + 60
-        while srv.next_turns.considered < 1 or srv.next_turns.last is None:
-            assert time.monotonic() < deadline, "no warm-up was made"
-            time.sleep(0.02)
-        srv.next_turns.last.result(timeout=60)
+        wait_for_warm_up(srv)
         sent_back = {"role": "assistant", "content": message["content"],
                      "tool_calls": message["tool_calls"]}
         answer = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
@@ -319,11 +324,7 @@ def test_the_warm_up_after_a_call_renders_the_reasoning_as_the_tool_loop_does(
     with serving(loaded, warm_next_turn=True, reasoning_parser="qwen3") as srv:
         force_reply(srv.worker.engine, monkeypatch, thought + "I will look.\n" + CALL)
         message = post(srv, ask)["choices"][0]["message"]
-        deadline = time.monotonic() + 60
-        while srv.next_turns.considered < 1 or srv.next_turns.last is None:
-            assert time.monotonic() < deadline, "no warm-up was made"
-            time.sleep(0.02)
-        srv.next_turns.last.result(timeout=60)
+        wait_for_warm_up(srv)
         assert message["reasoning"] and message["tool_calls"]
         history = [*ask["messages"], message]
         answers = [{"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
