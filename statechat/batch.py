@@ -96,7 +96,8 @@ def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | Non
     record = {
         "id": job.id,
         "text": message["content"] or "",  # (the answer alone: "" when none)
-        **({"reasoning": message["reasoning"]} if reasoning_parser is not None else {}),
+        **({"reasoning": message["reasoning"]}
+           if reasoning_parser is not None and job.include_reasoning else {}),
         **({"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}),
         "finish_reason": choice["finish_reason"],
         "stop_reason": out.stop_reason,

@@ -40,7 +40,7 @@ LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence
 # the other fields a line may have; any more are named on stderr, as ignored
 # ("model": the loaded model answers whatever a line names, as serve's does)
 OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
-                "top_logprobs", "model", *TOOL_FIELDS)
+                "top_logprobs", "model", "include_reasoning", *TOOL_FIELDS)
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
 # which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
@@ -74,6 +74,7 @@ class Job:
     unknown: tuple[str, ...] = ()  # the line's fields batch does not read (ignored)
     result: dict | None = None
     shared: dict | None = None  # its group's warm-up: the shared prefix and where it came from
+    include_reasoning: bool = True  # vLLM's field: false leaves "reasoning" out of its result
 
 
 def parse_lines(lines: Iterable[str], defaults: BatchDefaults) -> list[Job]:
@@ -115,13 +116,17 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
             raise StatechatError('batch runs chat requests: give "messages", not "prompt" '
                                  "(the completions form)")
         tools = line_tools(req, defaults.tool_call_parser)
+        include_reasoning = req.get("include_reasoning")
+        if include_reasoning is not None and not isinstance(include_reasoning, bool):
+            raise StatechatError("include_reasoning must be true or false")
         messages = chat_messages(req.get("messages"), tools is not None)
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
         if kwargs is not None:
             check_template_kwargs(None, kwargs)
     except StatechatError as e:
         return Job(line, rid, error=str(e), unknown=unknown)
-    return Job(line, rid, messages, kwargs, tools, params=params, unknown=unknown)
+    return Job(line, rid, messages, kwargs, tools, params=params, unknown=unknown,
+               include_reasoning=include_reasoning is not False)
 
 
 def line_params(req: dict, defaults: BatchDefaults) -> SamplingParams:

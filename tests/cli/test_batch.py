@@ -706,11 +706,16 @@ def test_reasoning_parser_splits_each_result(tmp_path, loaded, monkeypatch):
     ask = {"messages": [{"role": "user", "content": "2+2?"}]}
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text(json.dumps({"id": "think", **ask}) + "\n" + json.dumps(
-        {"id": "plain", **ask, "chat_template_kwargs": {"enable_thinking": False}}) + "\n")
+        {"id": "plain", **ask, "chat_template_kwargs": {"enable_thinking": False}}) + "\n"
+        + json.dumps({"id": "left out", **ask, "include_reasoning": False}) + "\n"
+        + json.dumps({"id": "bad", **ask, "include_reasoning": "no"}) + "\n")
     args = ["batch", str(src), "-o", str(out), "--device", "cpu", "--no-cache"]
     assert CliRunner().invoke(cli.app, [*args, "--reasoning-parser", "qwen3"]).exit_code == 0
-    think, plain = [json.loads(line) for line in out.read_text().splitlines()]
+    think, plain, left_out, bad = [json.loads(line) for line in out.read_text().splitlines()]
     assert (think["reasoning"], think["text"]) == ("Let me see.", "\n\nIt is 4.")
+    # (vLLM's include_reasoning false: the answer alone; another value is the line's error)
+    assert left_out["text"] == "\n\nIt is 4." and "reasoning" not in left_out
+    assert "include_reasoning must be true or false" in bad["error"]["message"]
     assert (plain["reasoning"], plain["text"]) == (None, reply)
     assert think["usage"]["completion_tokens"] == len(forced)  # (the reasoning's count)
     assert CliRunner().invoke(cli.app, args).exit_code == 0
