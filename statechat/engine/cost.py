@@ -1,6 +1,7 @@
 """The cost model of the prefix cache's plans: measured rates of prefill (seconds per token)
 and of reads from each lower tier (bytes per second, and a latency per blob opened), from which
-PrefixCache predicts whether loading a prefix beats recomputing it.
+PrefixCache predicts whether loading a prefix beats recomputing it, and the scheduler how many
+prefill tokens a step with decodes may take within its time target.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class CostModel:
                 guess = self.prefill_s_per_token
                 rate = min(max(rate, guess / FIRST_PREFILL_RANGE), guess * FIRST_PREFILL_RANGE)
             self.prefill_s_per_token, self.prefill_measured = rate, True
+
+    def prefill_tokens_within(self, seconds: float) -> int:
+        """How many tokens the current prefill rate computes in `seconds`."""
+        return int(seconds / self.prefill_s_per_token)
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:
         """Learn from a load. A disk load with `resident` of its bytes in the page cache teaches
