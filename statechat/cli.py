@@ -48,6 +48,7 @@ from statechat.cli_options import (
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
     MaxNumSeqsOpt,
+    MaxStepMsOpt,
     MaxTokensOpt,
     MemoryFractionOpt,
     MinPOpt,
@@ -105,6 +106,7 @@ def run(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
+    max_step_ms: MaxStepMsOpt = None,
 ) -> None:
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
@@ -155,6 +157,7 @@ def batch(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
+    max_step_ms: MaxStepMsOpt = None,
     reasoning_parser: ReasoningParserOpt = None,
 ) -> None:
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.

@@ -40,7 +40,7 @@ CPU_STEP_MS = 200.0
 
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
 FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-               "disk_cache_bytes", "dtype")
+               "disk_cache_bytes", "max_step_ms", "dtype")
 # a field's name as a word of its own (not inside a path), dtype only where it leads
 _FIELD_WORD = re.compile(rf"(?<![\w/.-])({'|'.join(FLAG_FIELDS[:-1])})(?![\w/])|^(dtype)\b")
 

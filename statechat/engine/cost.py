@@ -38,7 +38,7 @@ class CostModel:
 
     def prefill_tokens_within(self, seconds: float) -> int:
         """How many tokens the current prefill rate computes in `seconds`."""
-        return int(seconds / self.prefill_s_per_token)
+        return int(seconds / max(self.prefill_s_per_token, 1e-12))
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:
         """Learn from a load. A disk load with `resident` of its bytes in the page cache teaches
