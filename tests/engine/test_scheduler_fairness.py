@@ -88,3 +88,19 @@ def test_with_no_time_target_decodes_leave_the_prefill_the_rest_of_the_budget():
     start_decoding(sched, 2)
     sched.add(request(6000))
     assert prefill_tokens(sched.schedule()) == (BUDGET - 2) // BS * BS
+
+
+def test_a_step_that_overran_cuts_the_next_one_at_once():
+    """The learned rate moves 30% per timed step; the cap follows the latest step's own rate
+    when it is slower, so one slow step is not followed by several."""
+    sched = scheduler(1e-3, max_step_s=0.2)
+    cost = sched.prefix.cost
+    cost.observe_prefill(1000, 1.0)  # measured: 1 ms a token
+    start_decoding(sched, 2)
+    long = request(6000)
+    sched.add(long)
+    batch = sched.schedule()
+    assert prefill_tokens(batch) == 192
+    sched.postprocess(batch, [1] * sum(it.needs_logits for it in batch.items))
+    cost.observe_prefill(194, 0.4)  # the step took twice its target (a busy machine, say)
+    assert prefill_tokens(sched.schedule()) == BS  # 97 tokens in 0.2 s, less 2 decodes: 1 block
