@@ -34,8 +34,8 @@ def check_device_name(name: str) -> None:
 # (checkpoints and a reply's pending boundary state take a slot only when one is free)
 MIN_STATE_SLOTS = 3
 
-# the default max_step_ms on the CPU: a stream's worst gap while a long prompt arrives (the
-# chunk cut to it); docs/app.md's measurements
+# the default max_step_ms on the CPU: a stream's gaps while a long prompt arrives, its chunks
+# cut to it (docs/bench.md measures them)
 CPU_STEP_MS = 200.0
 
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)

@@ -42,7 +42,7 @@ class CostModel:
         and the latest timed prefill's own: a step that overran cuts the next one at once (the
         learned rate moves 30% a step, and its first value is held near the guess)."""
         rate = max(self.prefill_s_per_token, self.latest_s_per_token, 1e-12)
-        return int(seconds / rate)
+        return int(min(seconds / rate, 1 << 40))  # (an infinite target: no cap)
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:
         """Learn from a load. A disk load with `resident` of its bytes in the page cache teaches

@@ -83,6 +83,13 @@ def test_with_no_decodes_a_prefill_takes_the_whole_budget():
     assert prefill_tokens(sched.schedule()) == BUDGET
 
 
+def test_an_infinite_time_target_is_no_cap():
+    sched = scheduler(1e-3, max_step_s=float("inf"))
+    start_decoding(sched, 2)
+    sched.add(request(6000))
+    assert prefill_tokens(sched.schedule()) == (BUDGET - 2) // BS * BS
+
+
 def test_with_no_time_target_decodes_leave_the_prefill_the_rest_of_the_budget():
     sched = scheduler(1e-3, max_step_s=0.0)
     start_decoding(sched, 2)
