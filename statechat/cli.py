@@ -50,6 +50,7 @@ from statechat.cli_options import (
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
     MaxNumSeqsOpt,
+    MaxStepMsOpt,
     MaxTokensOpt,
     MemoryFractionOpt,
     MinPOpt,
@@ -108,6 +109,7 @@ def run(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
+    max_step_ms: MaxStepMsOpt = None,
 ) -> None:
     """Chat in the terminal app: branching conversations, each reply reporting cache reuse.
     Sampling: temperature 0.7, top-p 0.95, 1,024 tokens, unless the model's generation config
@@ -159,6 +161,7 @@ def batch(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
+    max_step_ms: MaxStepMsOpt = None,
     reasoning_parser: ReasoningParserOpt = None,
     tool_call_parser: ToolCallParserOpt = None, enable_auto_tool_choice: AutoToolChoiceOpt = False,
 ) -> None:

@@ -96,6 +96,10 @@ MaxNumSeqsOpt = Annotated[int | None, typer.Option(
 MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
     "--max-num-batched-tokens", help="Tokens one step computes, prefill chunks and decodes "
     "together (default 4,096).", rich_help_panel=ENGINE)]
+MaxStepMsOpt = Annotated[float | None, typer.Option(
+    "--max-step-ms", help="While replies stream, a long prompt's prefill is cut into chunks "
+    "that keep each step under this many milliseconds, at the measured prefill rate (default: "
+    "200 on the CPU; off, 0, on accelerators).", rich_help_panel=ENGINE)]
 MemoryFractionOpt = Annotated[float | None, typer.Option(
     "--memory-fraction", help="Share of the accelerator's free memory the KV and GDN state "
     "caches take, in [0.05, 0.98] (default 0.85; on the CPU they take 1 GiB).",

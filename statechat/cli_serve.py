@@ -25,6 +25,7 @@ from statechat.cli_options import (
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
     MaxNumSeqsOpt,
+    MaxStepMsOpt,
     MaxTokensOpt,
     MemoryFractionOpt,
     MinPOpt,
@@ -71,6 +72,7 @@ def serve(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
+    max_step_ms: MaxStepMsOpt = None,
     warm_next_turn: Annotated[bool, typer.Option(help=(
         "While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
         "thinking template drops the reply's reasoning from it, so it is not cached yet)."

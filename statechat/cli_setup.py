@@ -15,7 +15,7 @@ from statechat.cli_options import compose_sampling, parse_size
 from statechat.errors import StatechatError
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-                "dtype", "disk_cache_bytes")
+                "dtype", "disk_cache_bytes", "max_step_ms")
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "max_tokens")
 

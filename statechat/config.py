@@ -34,9 +34,13 @@ def check_device_name(name: str) -> None:
 # (checkpoints and a reply's pending boundary state take a slot only when one is free)
 MIN_STATE_SLOTS = 3
 
+# the default max_step_ms on the CPU: a stream's gaps while a long prompt arrives, its chunks
+# cut to it (docs/bench.md measures them)
+CPU_STEP_MS = 200.0
+
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
 FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-               "disk_cache_bytes", "dtype")
+               "disk_cache_bytes", "max_step_ms", "dtype")
 # a field's name as a word of its own (not inside a path), dtype only where it leads
 _FIELD_WORD = re.compile(rf"(?<![\w/.-])({'|'.join(FLAG_FIELDS[:-1])})(?![\w/])|^(dtype)\b")
 
@@ -82,6 +86,18 @@ class EngineConfig:
     # allocated (pinned on an accelerator) when the engine starts
     host_cache_bytes: int = 4 << 30
     checkpoint_interval: int = 32  # blocks between checkpoints inside long prefills (0 = off)
+    # while replies decode, a step's prefill chunk is cut so that the step's predicted time
+    # (the measured prefill rate) stays under this many ms: a long prompt that arrives does not
+    # stall the streams for a whole budget's chunk (None: 200 on the CPU, where a 4,096-token
+    # chunk takes seconds; 0, and None on accelerators: off, the budget alone)
+    max_step_ms: float | None = None
+
+    def step_target_s(self, device_type: str) -> float:
+        """Seconds a step with decodes should stay under on a device of `device_type` (0: no
+        limit but the token budget)."""
+        if self.max_step_ms is None:
+            return CPU_STEP_MS / 1e3 if device_type == "cpu" else 0.0
+        return self.max_step_ms / 1e3
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -107,6 +123,8 @@ class EngineConfig:
             raise ConfigError(f"num_state_slots must be at least {MIN_STATE_SLOTS} (the null "
                               f"slot, the pad slot and one running sequence's state), got "
                               f"{self.num_state_slots}")
+        if self.max_step_ms is not None and not self.max_step_ms >= 0:
+            raise ConfigError(f"max_step_ms must be 0 (off) or more, got {self.max_step_ms}")
         if self.checkpoint_interval < 0:
             raise ConfigError("checkpoint_interval must be >= 0")
         for name in ("cpu_cache_bytes", "host_cache_bytes", "disk_cache_bytes"):
@@ -141,6 +159,10 @@ class EngineConfig:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ConfigError(f"memory_fraction must be a number, got {value!r:.40}")
         put(self, "memory_fraction", float(value))
+        value = self.max_step_ms
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise ConfigError(f"max_step_ms must be a number, got {value!r:.40}")
+        put(self, "max_step_ms", None if value is None else float(value))
         for name in ("enable_prefix_cache", "use_graphs", "async_scheduling"):
             value = getattr(self, name)
             if not isinstance(value, bool) and (value is not None or name == "enable_prefix_cache"):

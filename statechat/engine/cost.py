@@ -1,6 +1,7 @@
 """The cost model of the prefix cache's plans: measured rates of prefill (seconds per token)
 and of reads from each lower tier (bytes per second, and a latency per blob opened), from which
-PrefixCache predicts whether loading a prefix beats recomputing it.
+PrefixCache predicts whether loading a prefix beats recomputing it, and the scheduler how many
+prefill tokens a step with decodes may take within its time target.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class CostModel:
     def __init__(self, prefill_s_per_token: float) -> None:
         self.prefill_s_per_token = prefill_s_per_token
         self.prefill_measured = False  # until a prefill is timed, the rate is a guess
+        self.latest_s_per_token = 0.0  # the latest timed prefill's own rate, unsmoothed
         self.bandwidth = {HOST: 5e9, DISK: 1e9, PAGE_CACHE: 3e9}  # bytes/s, refined by every load
         self.latency = {HOST: 0.0, DISK: 3e-4}  # per blob opened
 
@@ -27,13 +29,20 @@ class CostModel:
         count, 25-50% off on an H100) within a factor FIRST_PREFILL_RANGE of it (a first run
         that compiled kernels is no rate), later ones move the rate by 30%."""
         if tokens >= 64:
-            rate = seconds / tokens
+            rate = self.latest_s_per_token = seconds / tokens
             if self.prefill_measured:
                 rate = 0.7 * self.prefill_s_per_token + 0.3 * rate
             else:
                 guess = self.prefill_s_per_token
                 rate = min(max(rate, guess / FIRST_PREFILL_RANGE), guess * FIRST_PREFILL_RANGE)
             self.prefill_s_per_token, self.prefill_measured = rate, True
+
+    def prefill_tokens_within(self, seconds: float) -> int:
+        """How many tokens a prefill computes in `seconds`, at the slower of the learned rate
+        and the latest timed prefill's own: a step that overran cuts the next one at once (the
+        learned rate moves 30% a step, and its first value is held near the guess)."""
+        rate = max(self.prefill_s_per_token, self.latest_s_per_token, 1e-12)
+        return int(min(seconds / rate, 1 << 40))  # (an infinite target: no cap)
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, resident: float = 0.0) -> None:
         """Learn from a load. A disk load with `resident` of its bytes in the page cache teaches

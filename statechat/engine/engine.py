@@ -92,6 +92,7 @@ class LLMEngine(Requests):
         self.scheduler = Scheduler(
             blocks, slots, self.prefix, self.fingerprint, bs, config.max_num_seqs,
             config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
+            config.step_target_s(loaded.device.type),
         )
         self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of prefill steps
         # that have not synchronised yet (see _time_prefill)

@@ -2,11 +2,15 @@
 
 Each step: every decoding sequence gets one token first (so a long prompt never starves
 decodes), then prefills share what is left of the token budget, in chunks that end on block
-boundaries (a prompt's last chunk excepted). When KV blocks run out the newest running sequence
-is preempted: it gives everything back and is recomputed later (from the prefix cache when it
-can). Prefill chunks ask the kernels to leave GDN checkpoints at the boundaries the policy wants;
-decodes copy the state at block boundaries so that a reply's end can be checkpointed (which
-boundaries, and their publishing: checkpoints.py).
+boundaries (a prompt's last chunk excepted). While decodes run, the prefills' share is also cut
+to what the measured prefill rate computes within the step's time target (`max_step_s`; at
+least one block, so a prompt always progresses): a long prompt arriving does not stall the
+streams for a whole budget's chunk. With no decodes, prefills take the whole budget. When KV
+blocks run out the newest running sequence is preempted: it gives everything back and is
+recomputed later (from the prefix cache when it can). Prefill chunks ask the kernels to leave
+GDN checkpoints at the boundaries the policy wants; decodes copy the state at block boundaries
+so that a reply's end can be checkpointed (which boundaries, and their publishing:
+checkpoints.py).
 """
 
 from __future__ import annotations
@@ -67,12 +71,14 @@ class Scheduler(CheckpointPolicy):
         max_num_batched_tokens: int,
         checkpoint_interval: int,
         enable_prefix_cache: bool = True,
+        max_step_s: float = 0.0,
     ) -> None:
         self.blocks, self.slots, self.prefix, self.root = blocks, slots, prefix, hash_root
         self.bs = block_size
         self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
         self.interval = checkpoint_interval
         self.use_cache = enable_prefix_cache
+        self.max_step_s = max_step_s  # a step with decodes: its time target (0: none)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
@@ -99,6 +105,7 @@ class Scheduler(CheckpointPolicy):
             if decoding and self._ensure_blocks(seq, seq.num_computed + 1, items):
                 items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
                 budget -= 1
+        budget = min(budget, self._prefill_cap(len(items)))
         for seq in [s for s in self.running if not s.is_decoding]:
             if budget <= 0 or seq.status != Status.RUNNING:
                 continue
@@ -113,6 +120,17 @@ class Scheduler(CheckpointPolicy):
             items.append(item)
             budget -= item.num_tokens
         return Batch(items)
+
+    def _prefill_cap(self, num_decodes: int) -> int:
+        """The prefill tokens a step with `num_decodes` decodes may take: with decodes and a
+        time target, what the measured prefill rate computes within it less the decodes (each
+        counted as a prefill token), whole blocks and at least one; else the whole budget.
+        (The rate is learned from these steps too, per token of theirs: a step that overran
+        raises it and cuts the next one, so the steps settle at the target.)"""
+        if not num_decodes or self.max_step_s <= 0:
+            return self.budget
+        tokens = self.prefix.cost.prefill_tokens_within(self.max_step_s) - num_decodes
+        return max(tokens // self.bs * self.bs, self.bs)
 
     def _admit(self, seq: Sequence) -> bool:
         """Move a waiting sequence to running, reusing the longest cached prefix."""

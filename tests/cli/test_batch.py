@@ -286,9 +286,9 @@ def test_a_failed_run_keeps_the_earlier_results_and_links_are_written_through(
 
 
 def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
-    """--max-model-len, --max-num-seqs, --max-num-batched-tokens, --memory-fraction, --dtype and
-    --disk-cache-bytes reach the engine: a prompt over the asked context limit is that line's
-    error."""
+    """--max-model-len, --max-num-seqs, --max-num-batched-tokens, --memory-fraction, --dtype,
+    --disk-cache-bytes and --max-step-ms reach the engine: a prompt over the asked context limit
+    is that line's error."""
     from statechat.engine.engine import LLMEngine
 
     made = []
@@ -302,13 +302,13 @@ def test_engine_flags_size_the_engine(tmp_path, loaded, monkeypatch):
         "batch", str(src), "--output", str(out), "--model", str(EMBEDDED_MODEL), "--device", "cpu",
         "--max-tokens", "4", "--max-model-len", "128", "--max-num-seqs", "3",
         "--max-num-batched-tokens", "192", "--memory-fraction", "0.5", "--dtype", "float32",
-        "--disk-cache-bytes", "1.5M", "--cache-dir", str(tmp_path / "cache"),
+        "--disk-cache-bytes", "1.5M", "--cache-dir", str(tmp_path / "cache"), "--max-step-ms", "50",
     ])
     assert result.exit_code == 0, result.output
     (config,) = made
     assert (config.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
-            config.memory_fraction, config.dtype, config.disk_cache_bytes) == (
-        128, 3, 192, 0.5, "float32", 3 << 19)
+            config.memory_fraction, config.dtype, config.disk_cache_bytes, config.max_step_ms) == (
+        128, 3, 192, 0.5, "float32", 3 << 19, 50.0)
     long, short = [json.loads(line) for line in out.read_text().splitlines()]
     assert long["error"]["message"].endswith(
         "; the context limit is 128; shorten the conversation"), long  # (as serve says it: it

@@ -19,7 +19,7 @@ runner = CliRunner()
 SAMPLING_FLAGS = ["--temperature", "--top-p", "--top-k", "--min-p", "--presence-penalty",
                   "--frequency-penalty", "--repetition-penalty", "--max-tokens"]
 ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-                "--memory-fraction", "--dtype", "--disk-cache-bytes"]
+                "--memory-fraction", "--dtype", "--disk-cache-bytes", "--max-step-ms"]
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -157,6 +157,7 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
      "--dtype must be float32, bfloat16 or float16, got 'float64'"),
     (["run", "--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
     (["serve", "--max-model-len", "1"], "--max-model-len must be at least 2 tokens, got 1"),
+    (["serve", "--max-step-ms", "-5"], "--max-step-ms must be 0 (off) or more, got -5.0"),
     (["run", "--max-num-batched-tokens", "32"],
      "--max-num-batched-tokens must be at least one block (64 tokens), got 32"),
     (["run", "--model", str(EMBEDDED_MODEL), "--max-model-len", "100000"],

@@ -1,8 +1,9 @@
 """The engine's greedy tokens equal transformers' greedy `generate` for each prompt alone.
 
 Eight prompts of mixed lengths join at different steps (continuous batching), on the CPU in
-float32; the same holds with a token budget small enough to force chunked prefill and with so
-few KV blocks that sequences are preempted and recomputed.
+float32; the same holds with a token budget small enough to force chunked prefill, with so
+few KV blocks that sequences are preempted and recomputed, and with prefills cut to one block a
+step while others decode (a step time target too short for more).
 """
 
 from __future__ import annotations
@@ -82,6 +83,20 @@ def count_continuations(engine: LLMEngine) -> list[int]:
     return count
 
 
+def mixed_prefills(engine: LLMEngine) -> list[int]:
+    """The prefill tokens of each step that also decodes, as the engine schedules them."""
+    sizes, schedule = [], engine.scheduler.schedule
+
+    def recorded():
+        batch = schedule()
+        if any(it.seq.is_decoding for it in batch.items):
+            sizes.append(sum(it.num_tokens for it in batch.items if not it.seq.is_decoding))
+        return batch
+
+    engine.scheduler.schedule = recorded
+    return sizes
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize(
     "overrides",
@@ -89,17 +104,20 @@ def count_continuations(engine: LLMEngine) -> list[int]:
         {},
         {"max_num_batched_tokens": 64},
         {"num_kv_blocks": 10, "max_num_batched_tokens": 256},
+        {"max_step_ms": 1e-6},  # (a prefill beside decodes: one block a step)
     ],
-    ids=["plain", "chunked", "preempted"],
+    ids=["plain", "chunked", "preempted", "step-capped"],
 )
 def test_staggered_batch_matches_transformers(setup, overrides, async_scheduling):
     path, loaded, prompts, expected = setup
     engine = LLMEngine(EngineConfig(model=path, device="cpu", async_scheduling=async_scheduling,
                                     **overrides), loaded=loaded)
-    continued = count_continuations(engine)
+    continued, mixed = count_continuations(engine), mixed_prefills(engine)
     seqs = run_staggered(engine, prompts)
     for i, (seq, e) in enumerate(zip(seqs, expected)):
         assert seq.output_ids == e, f"prompt {i} ({LENGTHS[i]} tokens)"
+    if "max_step_ms" in overrides:  # the late prompts joined while others decoded, a block a step
+        assert max(mixed) == 64 and mixed.count(64) >= 6
     if "num_kv_blocks" in overrides:
         assert sum(s.num_preemptions for s in seqs) > 0
     assert (continued[0] > 10) == async_scheduling

@@ -189,6 +189,9 @@ def test_params_that_are_not_sampling_params_are_one_line(engine):
         ({"memory_fraction": "0.5"}, "memory_fraction must be a number, got '0.5'"),
         ({"enable_prefix_cache": "no"}, "enable_prefix_cache must be True or False, got 'no'"),
         ({"host_cache_bytes": -5}, "host_cache_bytes must be 0 or more, got -5"),
+        ({"max_step_ms": "200"}, "max_step_ms must be a number, got '200'"),
+        ({"max_step_ms": -1}, "max_step_ms must be 0 (off) or more, got -1.0"),
+        ({"max_step_ms": float("nan")}, "max_step_ms must be 0 (off) or more, got nan"),
         ({"model": None}, "model must be a path, got NoneType"),
     ],
 )
@@ -198,6 +201,13 @@ def test_config_fields_of_the_wrong_type_are_one_line(fields, says):
     with pytest.raises(ConfigError) as err:
         EngineConfig(**{"model": "m", **fields})
     assert str(err.value) == says
+
+
+def test_the_step_time_target_is_200_ms_on_the_cpu_and_off_elsewhere_unless_set():
+    assert EngineConfig(model="m").step_target_s("cpu") == 0.2
+    assert EngineConfig(model="m").step_target_s("cuda") == 0.0
+    assert EngineConfig(model="m", max_step_ms=50).step_target_s("cuda") == 0.05
+    assert EngineConfig(model="m", max_step_ms=0).step_target_s("cpu") == 0.0
 
 
 def test_config_takes_numpy_counts_and_a_str_path():

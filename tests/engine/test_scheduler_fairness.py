@@ -1,0 +1,113 @@
+"""A long prompt that arrives while replies decode is prefilled in chunks that keep each step
+within the step's time target (at the cost model's prefill rate), whole blocks and at least one,
+so the streams keep flowing; with no decodes running it takes the whole token budget.
+
+Plain Python: a scheduler over its pools, with a cost model whose rate is set, not measured.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from statechat.engine.cost import CostModel
+from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.scheduler import Scheduler
+from statechat.engine.sequence import Sequence
+
+BS, BUDGET = 64, 4096
+
+
+def scheduler(rate: float, max_step_s: float) -> Scheduler:
+    """A scheduler with room for long prompts whose cost model prices a token at `rate` s."""
+    prefix = SimpleNamespace(cost=CostModel(rate))
+    return Scheduler(BlockPool(1024), SlotPool(32), prefix, b"root", BS, max_num_seqs=16,
+                     max_num_batched_tokens=BUDGET, checkpoint_interval=0,
+                     enable_prefix_cache=False, max_step_s=max_step_s)
+
+
+def request(num_tokens: int) -> Sequence:
+    return Sequence(list(range(num_tokens)), SamplingParams(max_tokens=1000, ignore_eos=True))
+
+
+def start_decoding(sched: Scheduler, count: int) -> None:
+    """Admit `count` short prompts and run their prefill: they decode from the next step."""
+    for _ in range(count):
+        sched.add(request(10))
+    batch = sched.schedule()
+    sched.postprocess(batch, [1] * len(batch.items))
+    assert all(seq.is_decoding for seq in sched.running)
+
+
+def prefill_tokens(batch) -> int:
+    return sum(it.num_tokens for it in batch.items if not it.seq.is_decoding)
+
+
+@pytest.mark.parametrize(("rate", "decodes", "expected"), [
+    (1e-3, 2, 192),  # 200 tokens within 0.2 s, less 2 decodes: 198, three whole blocks
+    (1e-4, 8, 1984),  # 2000, less 8: 1992, 31 blocks
+    (1.0, 1, BS),  # a slower rate than a block per step: still one block, the prompt moves on
+])
+def test_a_step_with_decodes_takes_no_more_prefill_than_its_time_allows(rate, decodes,
+                                                                          expected):
+    sched = scheduler(rate, max_step_s=0.2)
+    start_decoding(sched, decodes)
+    long = request(6000)
+    sched.add(long)
+    done = 0
+    while long.num_uncomputed > 1000:
+        batch = sched.schedule()
+        assert sum(it.seq.is_decoding for it in batch.items) == decodes  # every stream advances
+        assert prefill_tokens(batch) == expected
+        sched.postprocess(batch, [1] * sum(it.needs_logits for it in batch.items))
+        done += expected
+        assert long.num_computed == done
+
+
+def test_the_cap_is_shared_by_prefills_and_a_prompts_last_chunk_ends_it():
+    sched = scheduler(1e-3, max_step_s=0.2)
+    start_decoding(sched, 1)
+    first, second = request(100), request(5000)
+    sched.add(first)
+    sched.add(second)
+    batch = sched.schedule()  # 199 tokens: the first prompt whole, one block of the second
+    chunks = {id(it.seq): it.num_tokens for it in batch.items}
+    assert chunks[id(first)] == 100 and chunks[id(second)] == BS
+
+
+def test_with_no_decodes_a_prefill_takes_the_whole_budget():
+    sched = scheduler(1e-3, max_step_s=0.2)
+    sched.add(request(6000))
+    assert prefill_tokens(sched.schedule()) == BUDGET
+
+
+def test_an_infinite_time_target_is_no_cap():
+    sched = scheduler(1e-3, max_step_s=float("inf"))
+    start_decoding(sched, 2)
+    sched.add(request(6000))
+    assert prefill_tokens(sched.schedule()) == (BUDGET - 2) // BS * BS
+
+
+def test_with_no_time_target_decodes_leave_the_prefill_the_rest_of_the_budget():
+    sched = scheduler(1e-3, max_step_s=0.0)
+    start_decoding(sched, 2)
+    sched.add(request(6000))
+    assert prefill_tokens(sched.schedule()) == (BUDGET - 2) // BS * BS
+
+
+def test_a_step_that_overran_cuts_the_next_one_at_once():
+    """The learned rate moves 30% per timed step; the cap follows the latest step's own rate
+    when it is slower, so one slow step is not followed by several."""
+    sched = scheduler(1e-3, max_step_s=0.2)
+    cost = sched.prefix.cost
+    cost.observe_prefill(1000, 1.0)  # measured: 1 ms a token
+    start_decoding(sched, 2)
+    long = request(6000)
+    sched.add(long)
+    batch = sched.schedule()
+    assert prefill_tokens(batch) == 192
+    sched.postprocess(batch, [1] * sum(it.needs_logits for it in batch.items))
+    cost.observe_prefill(194, 0.4)  # the step took twice its target (a busy machine, say)
+    assert prefill_tokens(sched.schedule()) == BS  # 97 tokens in 0.2 s, less 2 decodes: 1 block
