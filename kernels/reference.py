@@ -428,6 +428,9 @@ def qk_norm_rope_store(
     return rmsnorm_rope(q, q_weight, cos, sin, eps)
 
 
+QUERY_TILE = 256  # paged_attention's queries a pass: its scores stay [Hq, 256, context]
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -459,13 +462,16 @@ def paged_attention(
                 .repeat_interleave(rep, dim=1))
         vals = (v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:n_ctx].to(dt)
                 .repeat_interleave(rep, dim=1))
-        qs = q[s:e].to(dt)
-        scores = torch.einsum("thd,shd->hts", qs, keys) * scale
-        q_pos = torch.arange(n_ctx - (e - s), n_ctx, device=q.device)
-        causal = torch.arange(n_ctx, device=q.device)[None, :] <= q_pos[:, None]
-        scores = scores.masked_fill(~causal[None], float("-inf"))
-        probs = scores.float().softmax(-1).to(dt)
-        out[s:e] = torch.einsum("hts,shd->thd", probs, vals)
+        first = n_ctx - (e - s)  # the position of the sequence's first new token
+        for t0 in range(s, e, QUERY_TILE):  # (a tile's scores at a time: memory, not FLOPs)
+            t1 = min(e, t0 + QUERY_TILE)
+            n_keys = first + t1 - s  # the keys its last query sees; later ones are all masked
+            scores = torch.einsum("thd,shd->hts", q[t0:t1].to(dt), keys[:n_keys]) * scale
+            q_pos = torch.arange(first + t0 - s, first + t1 - s, device=q.device)
+            causal = torch.arange(n_keys, device=q.device)[None, :] <= q_pos[:, None]
+            scores = scores.masked_fill(~causal[None], float("-inf"))
+            probs = scores.float().softmax(-1).to(dt)
+            out[t0:t1] = torch.einsum("hts,shd->thd", probs, vals[:n_keys])
     out = out.to(q.dtype)
     return out if gate is None else out * torch.sigmoid(gate)
 

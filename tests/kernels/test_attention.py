@@ -195,3 +195,28 @@ def test_split_widths_name_the_narrowest_table_of_each_launch_form(monkeypatch):
     assert attention.split_widths(token, 2, 40) == [1, 4, 34]
     splits = [attention._launch_shape(token, 1, 2, w)[3] for w in (3, 4, 33, 34, 65, 66)]
     assert splits == [1, 2, 16, 17, 32, 33]
+
+
+def test_the_reference_scores_a_tile_of_queries_at_a_time(monkeypatch):
+    """The reference attention (the CPU engine's) holds the scores of QUERY_TILE queries at a
+    time, over the keys they see, and gives what the whole chunk's scores at once give: a
+    4,096-token chunk over an 8k context took gigabytes of scores, and seconds, on the CPU."""
+    torch.manual_seed(0)
+    q, k_cache, v_cache, tables, cu, ctx = make_batch([600, 1, 300], [700, 50, 300], 4, 2, 16,
+                                                      torch.float32, "cpu")
+    args = (q, k_cache, v_cache, tables, cu, ctx, 0.25)
+    widths, einsum = [], torch.einsum
+
+    def recorded(eq, *operands):
+        out = einsum(eq, *operands)
+        if eq.startswith("thd"):
+            widths.append(out.shape[1:])  # (the scores: [Hq, queries, keys])
+        return out
+
+    monkeypatch.setattr(torch, "einsum", recorded)
+    tiled = reference.paged_attention(*args)
+    assert max(t for t, _ in widths) == reference.QUERY_TILE == 256
+    assert (256, 356) in widths  # (the first tile of the 600: the 100 cached keys and its own)
+    monkeypatch.setattr(reference, "QUERY_TILE", 1 << 20)
+    whole = reference.paged_attention(*args)
+    torch.testing.assert_close(tiled, whole, rtol=1e-6, atol=1e-6)
