@@ -1,0 +1,64 @@
+"""The engine's and the cache's warnings reach the user of the app: Python's logging wrote them
+to standard error, which Textual takes while it draws and drops, so a cache dir whose disk
+filled during a session said nothing (its checkpoints unsaved, no reuse after a restart). They
+show as notices, and those logged as the app closes are kept for `statechat run` to print once
+the terminal is its own again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from statechat.config import EngineConfig
+from statechat.engine.sampling import SamplingParams
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui.app import StatechatApp
+from tests.helpers import small_tmpfs
+from tests.tui.test_app import long_text, make_app, send, views, wait_ready
+
+
+def notices(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def test_a_cache_dir_whose_disk_fills_says_so_in_a_notice(loaded, tmp_path):
+    with small_tmpfs(tmp_path / "cache", "1M") as cache_dir:
+        async def run():
+            config = EngineConfig(model=EMBEDDED_MODEL, device="cpu", cache_dir=cache_dir)
+            app = StatechatApp(config, tmp_path, loaded=loaded,
+                               sampling=SamplingParams(max_tokens=40, ignore_eos=True))
+            async with app.run_test(size=(120, 50), notifications=True) as pilot:
+                await wait_ready(pilot, app)
+                for i in range(6):
+                    await send(pilot, app, long_text(i, 150))
+                    await pilot.pause(0.3)  # (the cache's writer thread saves behind)
+                    if any("could not persist" in n for n in notices(app)):
+                        break
+                full = [n for n in notices(app) if "could not persist" in n]
+                assert full and "No space left on device" in full[0], notices(app)
+                assert app.is_running and views(app)[-1].message.stats.get("completion_tokens")
+            return app
+
+        app = asyncio.run(run())
+    assert app.log_notices not in logging.getLogger("statechat").handlers
+
+
+def test_warnings_logged_as_the_app_closes_are_kept_for_after_it(loaded, tmp_path):
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            shutdown = app.worker.shutdown
+
+            def warn_then_shutdown(*args, **kwargs):
+                logging.getLogger("statechat.cache").warning("statechat cache: 3 more checkpoints "
+                                                             "could not be persisted (full)")
+                return shutdown(*args, **kwargs)
+
+            app.worker.shutdown = warn_then_shutdown
+            await pilot.press("ctrl+q")
+        return app
+
+    app = asyncio.run(run())
+    assert app.log_notices.late == [
+        "statechat cache: 3 more checkpoints could not be persisted (full)"]
