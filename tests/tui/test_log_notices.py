@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from statechat.chat.tree import open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
@@ -62,3 +63,38 @@ def test_warnings_logged_as_the_app_closes_are_kept_for_after_it(loaded, tmp_pat
     app = asyncio.run(run())
     assert app.log_notices.late == [
         "statechat cache: 3 more checkpoints could not be persisted (full)"]
+
+
+def test_a_reply_that_cannot_be_saved_as_the_app_quits_is_said_after_it(loaded, tmp_path,
+                                                                         monkeypatch):
+    """Ctrl+Q while a reply streams, the chats' file full (its stop could not be saved): it was
+    dropped unsaid. A line says so once the app has closed, and what was saved as it streamed
+    is there at the next start, marked unfinished."""
+    from statechat.chat.tree import BusyError
+    from statechat.tui import replies
+    from tests.tui.test_edge_cases import long_reply_app, start_long_reply
+
+    monkeypatch.setattr(replies, "SAVE_INTERVAL_S", 0.05)
+
+    async def run():
+        app = long_reply_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            reply_id = app.streaming_reply_id
+            while not app.chats.message(reply_id).content:
+                await pilot.pause(0.05)
+
+            def full(*args, **kwargs):
+                raise BusyError("the chats in X could not be saved (database or disk is full); "
+                                "free some disk space and try again")
+
+            monkeypatch.setattr(app.chats, "update", full)
+            await pilot.press("ctrl+q")
+        return app, reply_id
+
+    app, reply_id = asyncio.run(run())
+    assert len(app.log_notices.late) == 1, app.log_notices.late
+    assert app.log_notices.late[0].startswith("statechat: the reply streaming as the app quit "
+                                              "was not saved (the chats in X could not be saved")
+    kept = open_chats(tmp_path).message(reply_id)
+    assert kept.content and kept.stats == {"unfinished": True}
