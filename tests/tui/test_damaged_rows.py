@@ -96,3 +96,31 @@ def test_chats_with_rows_edited_by_hand_open_and_the_others_work(loaded, tmp_pat
             assert views(app)[3].message.stats.get("completion_tokens")
 
     asyncio.run(run())
+
+
+def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path):
+    """A chat whose first message is a reply or a system message (its role edited by hand, or
+    written by another program): r or c on it ended the app in a traceback (no message before
+    it to answer again). They say what to pick, and the app goes on."""
+    chats = open_chats(tmp_path)
+    conv = chats.create("first is a reply")
+    first = chats.add(conv.id, None, "user", "asks")
+    chats.add(conv.id, first.id, "assistant", "replies")
+    with chats.db.conn:
+        chats.db.execute("UPDATE chat_messages SET role = 'assistant' WHERE id = ?", [first.id])
+    chats.close()
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50), notifications=True) as pilot:
+            await wait_ready(pilot, app)
+            for key in ("r", "c"):
+                views(app)[0].focus()
+                await pilot.pause()
+                await pilot.press(key)
+                await pilot.pause(0.2)
+                assert app.is_running and app.handle is None
+                assert app._notifications and "Pick a reply" in list(app._notifications)[-1].message
+            assert [v.message.content for v in views(app)] == ["asks", "replies"]
+
+    asyncio.run(run())
