@@ -120,8 +120,6 @@ def run(
         chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
                                 template_kwargs=parse_template_kwargs(chat_template_kwargs))
         chat_app.run()
-    for line in chat_app.log_notices.late:  # (warnings logged as it closed, the terminal its
-        print(line, file=sys.stderr)  # own again: the cache's writes that failed, say)
     global _app_closed
     _app_closed = chat_app.is_closed  # (the engine stopped in time: its cache writes are done)
     if chat_app.return_code:

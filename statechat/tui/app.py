@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -95,7 +96,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.quit_signals: tuple[int, ...] = ()  # QUIT_SIGNALS, while the app handles them
         self._handlers_before: dict[int, object] = {}  # (theirs before the app took them)
         self.log_notices = LogNotices(self)  # the engine's and cache's warnings, as notices;
-        # those logged as it closes kept in `log_notices.late`
+        # those logged as it closes kept in `log_notices.late`, printed after it (`run`)
 
     def compose(self) -> ComposeResult:
         """The chat list | the banner, the branch shown and the message box."""
@@ -198,6 +199,14 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         convs = self.chats.conversations()
         self.open_conversation(convs[0].id if convs else None)
         self._focus_composer()
+
+    def run(self, *args, **kwargs):
+        """Textual's `run`; then the warnings logged as the app closed (the cache's writes that
+        failed, say), printed now that the terminal is the caller's again."""
+        result = super().run(*args, **kwargs)
+        for line in self.log_notices.late:
+            print(line, file=sys.stderr)
+        return result
 
     def on_warned(self, event: Warned) -> None:
         """A warning of the engine or the cache (log_notices.py), in a notice."""

@@ -25,8 +25,8 @@ class LogNotices(logging.Handler):
     """Posts each WARNING (or worse) record of LOGGER to `app` as Warned, from any thread
     (Textual's post_message is thread-safe and never waits: a cache writer thread that warns
     while the app waits on it, as it quits, is not held). Once the app is closing, the
-    records' lines are kept in `late`, for the caller to print once the terminal is its own
-    again (`statechat run` does)."""
+    records' lines are kept in `late`, for the app to print once the terminal is its
+    caller's again (StatechatApp.run does)."""
 
     def __init__(self, app) -> None:
         super().__init__(logging.WARNING)

@@ -44,25 +44,27 @@ def test_a_cache_dir_whose_disk_fills_says_so_in_a_notice(loaded, tmp_path):
     assert app.log_notices not in logging.getLogger("statechat").handlers
 
 
-def test_warnings_logged_as_the_app_closes_are_kept_for_after_it(loaded, tmp_path):
-    async def run():
-        app = make_app(loaded, tmp_path)
-        async with app.run_test(size=(120, 50)) as pilot:
-            await wait_ready(pilot, app)
-            shutdown = app.worker.shutdown
+def test_warnings_logged_as_the_app_closes_are_printed_after_it(loaded, tmp_path, capsys):
+    """(`statechat run` runs the app with `run`, which gives the terminal back before it
+    prints them: a notice would be drawn on a screen about to go.)"""
+    line = "statechat cache: 3 more checkpoints could not be persisted (full)"
 
-            def warn_then_shutdown(*args, **kwargs):
-                logging.getLogger("statechat.cache").warning("statechat cache: 3 more checkpoints "
-                                                             "could not be persisted (full)")
-                return shutdown(*args, **kwargs)
+    async def quit_as_the_cache_warns(pilot):
+        app = pilot.app
+        await wait_ready(pilot, app)
+        shutdown = app.worker.shutdown
 
-            app.worker.shutdown = warn_then_shutdown
-            await pilot.press("ctrl+q")
-        return app
+        def warn_then_shutdown(*args, **kwargs):
+            logging.getLogger("statechat.cache").warning(line)
+            return shutdown(*args, **kwargs)
 
-    app = asyncio.run(run())
-    assert app.log_notices.late == [
-        "statechat cache: 3 more checkpoints could not be persisted (full)"]
+        app.worker.shutdown = warn_then_shutdown
+        await pilot.press("ctrl+q")
+
+    app = make_app(loaded, tmp_path)
+    app.run(headless=True, size=(120, 50), auto_pilot=quit_as_the_cache_warns)
+    assert app.return_code == 0 and app.log_notices.late == [line]
+    assert capsys.readouterr().err.splitlines()[-1:] == [line]
 
 
 def test_a_reply_that_cannot_be_saved_as_the_app_quits_is_said_after_it(loaded, tmp_path,
