@@ -172,10 +172,11 @@ class ChatStore(ChatFile):
         with self._locked():
             rows = self.db.execute(
                 f"""WITH RECURSIVE up(id, depth, seen) AS (
-                      SELECT ?1, 0, ?1 UNION ALL
+                      SELECT ?1, 0, ',' || ?1 UNION ALL
                       SELECT m.parent_id, up.depth + 1, up.seen || ',' || m.parent_id
                       FROM {MESSAGES} m JOIN up ON m.id = up.id
-                      WHERE m.parent_id IS NOT NULL AND instr(up.seen, m.parent_id) = 0)
+                      WHERE m.parent_id IS NOT NULL
+                        AND instr(up.seen || ',', ',' || m.parent_id || ',') = 0)
                     SELECT m.* FROM up JOIN {MESSAGES} m ON m.id = up.id ORDER BY up.depth DESC""",
                 [msg_id],
             )
