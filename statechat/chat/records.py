@@ -4,6 +4,7 @@ its errors, GoneError, DamagedError and BusyError.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from statechat.cache.sqlite_files import (
@@ -15,6 +16,7 @@ from statechat.cache.sqlite_files import (
 )
 from statechat.errors import StatechatError
 
+UNTITLED = "(untitled)"  # a chat whose row holds no title (edited by hand)
 UNFINISHED = {"unfinished": True}  # the stats of a reply saved as it streams, until it ends
 
 
@@ -56,6 +58,20 @@ class Message:
     def as_chat(self) -> dict:
         return {"role": self.role, "content": self.content}
 
+    @classmethod
+    def of_row(cls, row: dict) -> Message:
+        """A chat_messages row as a Message. A row edited by hand or by another program reads
+        as what it can be, and the chat stays usable: a content or role that is no text
+        (NULL) as "" or "unknown", stats that are no JSON object as none (they are shown,
+        never computed with)."""
+        try:
+            stats = json.loads(row["stats"]) if row.get("stats") else {}
+        except (ValueError, RecursionError):
+            stats = {}
+        return cls(row["id"], row["conversation_id"], row["parent_id"],
+                   _text(row["role"], "unknown"), _text(row["content"], ""),
+                   row["created"], stats if isinstance(stats, dict) else {})
+
 
 @dataclass(frozen=True)
 class Conversation:
@@ -64,3 +80,16 @@ class Conversation:
     created: float
     updated: float
     current_leaf: str | None
+
+    @classmethod
+    def of_row(cls, row: dict) -> Conversation:
+        """A chat_conversations row as a Conversation; a title that is no text (NULL, a row
+        edited by hand) reads as UNTITLED, as one chat's row must not keep the others from
+        being listed."""
+        return cls(row["id"], _text(row["title"], UNTITLED), row["created"], row["updated"],
+                   row["current_leaf"])
+
+
+def _text(value, default: str) -> str:
+    """A column read as text: `default` for NULL, a number as its digits."""
+    return default if value is None else str(value)

@@ -46,7 +46,7 @@ class ChatStore(ChatFile):
         """All conversations, most recently updated first."""
         with self._locked():
             rows = self.db[CONVERSATIONS].rows_where(order_by="updated desc")
-            return [Conversation(**r) for r in rows]
+            return [Conversation.of_row(r) for r in rows]
 
     def has_conversation(self, conv_id: str) -> bool:
         """False once it is deleted (here, or by another process on the same file)."""
@@ -55,7 +55,7 @@ class ChatStore(ChatFile):
 
     def conversation(self, conv_id: str) -> Conversation:
         with self._locked():
-            return Conversation(**self.db[CONVERSATIONS].get(conv_id))
+            return Conversation.of_row(self.db[CONVERSATIONS].get(conv_id))
 
     def create(self, title: str = "New chat") -> Conversation:
         now = time.time()
@@ -72,15 +72,7 @@ class ChatStore(ChatFile):
 
     # --- messages -----------------------------------------------------------------------
     def _message(self, row: dict) -> Message:
-        """A row as a Message; stats that are no JSON object (a hand-edited row) read as none:
-        they are shown, never computed with, and the chat stays usable."""
-        try:
-            stats = json.loads(row["stats"]) if row.get("stats") else {}
-        except (ValueError, RecursionError):
-            stats = {}
-        stats = stats if isinstance(stats, dict) else {}
-        return Message(row["id"], row["conversation_id"], row["parent_id"], row["role"],
-                       row["content"], row["created"], stats)
+        return Message.of_row(row)
 
     def message(self, msg_id: str) -> Message:
         with self._locked():
@@ -175,13 +167,16 @@ class ChatStore(ChatFile):
             return self.path(leaf) if leaf else []
 
     def path(self, msg_id: str) -> list[Message]:
-        """The messages from the root down to `msg_id` (included), in order."""
+        """The messages from the root down to `msg_id` (included), in order. Parents that
+        loop (rows edited by hand) end the path where one comes round again (it hung)."""
         with self._locked():
             rows = self.db.execute(
-                f"""WITH RECURSIVE up(id, depth) AS (
-                      SELECT ?, 0 UNION ALL
-                      SELECT m.parent_id, up.depth + 1 FROM {MESSAGES} m JOIN up ON m.id = up.id
-                      WHERE m.parent_id IS NOT NULL)
+                f"""WITH RECURSIVE up(id, depth, seen) AS (
+                      SELECT ?1, 0, ',' || ?1 UNION ALL
+                      SELECT m.parent_id, up.depth + 1, up.seen || ',' || m.parent_id
+                      FROM {MESSAGES} m JOIN up ON m.id = up.id
+                      WHERE m.parent_id IS NOT NULL
+                        AND instr(up.seen || ',', ',' || m.parent_id || ',') = 0)
                     SELECT m.* FROM up JOIN {MESSAGES} m ON m.id = up.id ORDER BY up.depth DESC""",
                 [msg_id],
             )
@@ -208,14 +203,14 @@ class ChatStore(ChatFile):
     def select(self, msg_id: str) -> str:
         """Show the branch through `msg_id`: follow active children down; return the new leaf."""
         with self._locked():
-            leaf = msg_id
+            leaf, seen = msg_id, {msg_id}
             while True:
                 row = self.db[MESSAGES].get(leaf)
-                kids = self.children(leaf)
-                if not kids:
+                ids = [k.id for k in self.children(leaf) if k.id not in seen]  # (a loop of
+                if not ids:  # parents, edited by hand, came round again: it ends there)
                     break
-                ids = [k.id for k in kids]
                 leaf = row["active_child"] if row["active_child"] in ids else ids[-1]
+                seen.add(leaf)
             self._set_leaf(self.message(msg_id).conversation_id, leaf)
             return leaf
 
@@ -233,9 +228,9 @@ class ChatStore(ChatFile):
         with self._locked():
             rows = self.db.execute(
                 f"""WITH RECURSIVE sub(id) AS (
-                      SELECT id FROM {MESSAGES} WHERE parent_id = ? UNION ALL
+                      SELECT id FROM {MESSAGES} WHERE parent_id = ?1 UNION
                       SELECT m.id FROM {MESSAGES} m JOIN sub ON m.parent_id = sub.id)
-                    SELECT count(*) FROM sub""", [msg_id])
+                    SELECT count(*) FROM sub WHERE id != ?1""", [msg_id])
             return rows.fetchone()[0]
 
     def delete_branch(self, msg_id: str) -> None:
@@ -246,7 +241,7 @@ class ChatStore(ChatFile):
             with self.db.conn:
                 self.db.execute(
                     f"""WITH RECURSIVE sub(id) AS (
-                          SELECT ? UNION ALL
+                          SELECT ? UNION
                           SELECT m.id FROM {MESSAGES} m JOIN sub ON m.parent_id = sub.id)
                         DELETE FROM {MESSAGES} WHERE id IN (SELECT id FROM sub)""",
                     [msg_id],
@@ -268,7 +263,7 @@ class ChatStore(ChatFile):
             self.db.execute(
                 f"""WITH RECURSIVE up(id, child) AS (
                       SELECT parent_id, id FROM {MESSAGES} WHERE id = :leaf
-                      UNION ALL
+                      UNION
                       SELECT m.parent_id, m.id FROM {MESSAGES} m JOIN up ON m.id = up.id)
                     UPDATE {MESSAGES}
                     SET active_child = (SELECT child FROM up WHERE up.id = {MESSAGES}.id)

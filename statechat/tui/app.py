@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -30,6 +31,7 @@ from statechat.errors import StatechatError
 from statechat.tui.conversations import ConversationsMixin
 from statechat.tui.format import clean, sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
+from statechat.tui.log_notices import LogNotices, Warned
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
@@ -93,6 +95,8 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self._close_lock = threading.Lock()  # (orders the load's hand-over and the close)
         self.quit_signals: tuple[int, ...] = ()  # QUIT_SIGNALS, while the app handles them
         self._handlers_before: dict[int, object] = {}  # (theirs before the app took them)
+        self.log_notices = LogNotices(self)  # the engine's and cache's warnings, as notices;
+        # those logged as it closes kept in `log_notices.late`, printed after it (`run`)
 
     def compose(self) -> ComposeResult:
         """The chat list | the banner, the branch shown and the message box."""
@@ -117,6 +121,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
     def on_mount(self) -> None:
         """Handle QUIT_SIGNALS, show the loading screen and start the load behind it."""
         self._handle_quit_signals()
+        self.log_notices.install()
         screen = LoadingScreen(str(self.config.model))
         self.push_screen(screen)
         self.load(screen)
@@ -195,6 +200,19 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         self.open_conversation(convs[0].id if convs else None)
         self._focus_composer()
 
+    def run(self, *args, **kwargs):
+        """Textual's `run`; then the warnings logged as the app closed (the cache's writes that
+        failed, say), printed now that the terminal is the caller's again."""
+        result = super().run(*args, **kwargs)
+        for line in self.log_notices.late:
+            print(line, file=sys.stderr)
+        return result
+
+    def on_warned(self, event: Warned) -> None:
+        """A warning of the engine or the cache (log_notices.py), in a notice."""
+        self.notify(event.text, severity="error" if event.is_error else "warning",
+                    timeout=10, markup=False)
+
     # --- closing ------------------------------------------------------------------------
     def _handle_quit_signals(self) -> None:
         """Quit on QUIT_SIGNALS as on Ctrl+Q (Python's default ended the process: the reply
@@ -260,4 +278,5 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
         if self.chats is not None:
             self.chats.close()
         self.is_closed = stopped
+        self.log_notices.remove()
         self._release_quit_signals()  # (a signal during the close waited for its end)

@@ -172,8 +172,9 @@ class ConversationsMixin:
         """r, or a reply's `regenerate`: a new reply beside it (or under a user message)."""
         if self.is_closing or self._busy():
             return
-        msg = self._target(msg_id, "Pick a reply to regenerate.")
-        if msg is None:
+        hint = "Pick a reply to regenerate."
+        msg = self._target(msg_id, hint)
+        if msg is None or self._first_reply(msg, hint):
             return
         parent = msg if msg.role == "user" else self.chats.message(msg.parent_id)
         self.start_reply(parent, focus=True)
@@ -191,8 +192,19 @@ class ConversationsMixin:
         if not msg.content:
             self.notify(hint)
             return
+        if self._first_reply(msg, hint):
+            return
         parent = self.chats.message(msg.parent_id)
         self.start_reply(parent, focus=True, start=self.continuation_of(msg))
+
+    def _first_reply(self, msg: Message, hint: str) -> bool:
+        """Whether `msg` is a chat's first message and no user's (a row edited by hand): no
+        prompt comes before it to answer again (r and c ended the app in a traceback); `hint`
+        is said."""
+        if msg.role == "user" or msg.parent_id is not None:
+            return False
+        self.notify(hint)
+        return True
 
     def action_prev_branch(self, msg_id: str | None = None) -> None:
         """[ or ‹: show the message's previous sibling and the branch under it."""

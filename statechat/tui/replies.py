@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import sqlite3
 import time
@@ -35,6 +36,7 @@ TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctr
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 SAVE_INTERVAL_S = 2.0  # a streaming reply's text saved this often (a crash keeps it)
 NEW_REPLY = Start()  # what a reply that continues none begins with: nothing
+log = logging.getLogger("statechat.tui")
 
 
 class RepliesMixin:
@@ -268,12 +270,16 @@ class RepliesMixin:
             output = dataclasses.replace(output, finish_reason=reason)
             stats = reply_stats(output, len(start.token_ids), self.worker.max_model_len)
             token_ids = self._made_ids(start, output, handle.params)
-        # (what ended the app, said in its line already; a full disk: no one left to tell)
-        with contextlib.suppress(DamagedError, BusyError):
+        try:
             if start.adds_nothing(text, stats.get("finish_reason")):  # (it ended as Ctrl+Q came)
                 self._delete_continuation(reply_id, start.of)
             else:
                 self._save_reply(reply_id, text, {**stats, **thinking}, token_ids)
+        except DamagedError:  # (what ended the app, said in its line already)
+            pass
+        except BusyError as e:  # (a full disk: said once the app has closed, log_notices.py)
+            log.warning("statechat: the reply streaming as the app quit was not saved (%s); "
+                        "what was saved of it as it streamed is kept, as unfinished", e)
 
     def _end_streaming(self, stats: dict) -> dict:
         """No reply streams any more; `stats` of the one that did, with `thinking` where its

@@ -10,10 +10,13 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.markup import escape
 from textual.widgets import Static
 
 from statechat.chat.tree import Message
 from statechat.tui.format import clean, split_thinking, status_line
+
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
 class MessageView(Vertical, can_focus=True):
@@ -45,7 +48,8 @@ class MessageView(Vertical, can_focus=True):
         yield Static(Text(self.status), classes="status")
 
     def _header(self) -> str:
-        role = {"user": "You", "assistant": "Assistant", "system": "System"}[self.message.role]
+        role = ROLE_NAMES.get(self.message.role) or escape(clean(self.message.role))  # (a
+        # row edited by hand: its role as it is, as text)
         mid = self.message.id
         parts = [f"[b]{role}[/b]"]
         if self.num_siblings > 1:

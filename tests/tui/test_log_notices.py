@@ -1,0 +1,102 @@
+"""The engine's and the cache's warnings reach the user of the app: Python's logging wrote them
+to standard error, which Textual takes while it draws and drops, so a cache dir whose disk
+filled during a session said nothing (its checkpoints unsaved, no reuse after a restart). They
+show as notices, and those logged as the app closes are kept for `statechat run` to print once
+the terminal is its own again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from statechat.chat.tree import open_chats
+from statechat.config import EngineConfig
+from statechat.engine.sampling import SamplingParams
+from statechat.paths import EMBEDDED_MODEL
+from statechat.tui.app import StatechatApp
+from tests.helpers import small_tmpfs
+from tests.tui.test_app import long_text, make_app, send, views, wait_ready
+
+
+def notices(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def test_a_cache_dir_whose_disk_fills_says_so_in_a_notice(loaded, tmp_path):
+    with small_tmpfs(tmp_path / "cache", "1M") as cache_dir:
+        async def run():
+            config = EngineConfig(model=EMBEDDED_MODEL, device="cpu", cache_dir=cache_dir)
+            app = StatechatApp(config, tmp_path, loaded=loaded,
+                               sampling=SamplingParams(max_tokens=40, ignore_eos=True))
+            async with app.run_test(size=(120, 50), notifications=True) as pilot:
+                await wait_ready(pilot, app)
+                for i in range(6):
+                    await send(pilot, app, long_text(i, 150))
+                    await pilot.pause(0.3)  # (the cache's writer thread saves behind)
+                    if any("could not persist" in n for n in notices(app)):
+                        break
+                full = [n for n in notices(app) if "could not persist" in n]
+                assert full and "No space left on device" in full[0], notices(app)
+                assert app.is_running and views(app)[-1].message.stats.get("completion_tokens")
+            return app
+
+        app = asyncio.run(run())
+    assert app.log_notices not in logging.getLogger("statechat").handlers
+
+
+def test_warnings_logged_as_the_app_closes_are_printed_after_it(loaded, tmp_path, capsys):
+    """(`statechat run` runs the app with `run`, which gives the terminal back before it
+    prints them: a notice would be drawn on a screen about to go.)"""
+    line = "statechat cache: 3 more checkpoints could not be persisted (full)"
+
+    async def quit_as_the_cache_warns(pilot):
+        app = pilot.app
+        await wait_ready(pilot, app)
+        shutdown = app.worker.shutdown
+
+        def warn_then_shutdown(*args, **kwargs):
+            logging.getLogger("statechat.cache").warning(line)
+            return shutdown(*args, **kwargs)
+
+        app.worker.shutdown = warn_then_shutdown
+        await pilot.press("ctrl+q")
+
+    app = make_app(loaded, tmp_path)
+    app.run(headless=True, size=(120, 50), auto_pilot=quit_as_the_cache_warns)
+    assert app.return_code == 0 and app.log_notices.late == [line]
+    assert capsys.readouterr().err.splitlines()[-1:] == [line]
+
+
+def test_a_reply_that_cannot_be_saved_as_the_app_quits_is_said_after_it(loaded, tmp_path,
+                                                                         monkeypatch):
+    """Ctrl+Q while a reply streams, the chats' file full (its stop could not be saved): it was
+    dropped unsaid. A line says so once the app has closed, and what was saved as it streamed
+    is there at the next start, marked unfinished."""
+    from statechat.chat.tree import BusyError
+    from statechat.tui import replies
+    from tests.tui.test_edge_cases import long_reply_app, start_long_reply
+
+    monkeypatch.setattr(replies, "SAVE_INTERVAL_S", 0.05)
+
+    async def run():
+        app = long_reply_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await start_long_reply(pilot, app)
+            reply_id = app.streaming_reply_id
+            while not app.chats.message(reply_id).content:
+                await pilot.pause(0.05)
+
+            def full(*args, **kwargs):
+                raise BusyError("the chats in X could not be saved (database or disk is full); "
+                                "free some disk space and try again")
+
+            monkeypatch.setattr(app.chats, "update", full)
+            await pilot.press("ctrl+q")
+        return app, reply_id
+
+    app, reply_id = asyncio.run(run())
+    assert len(app.log_notices.late) == 1, app.log_notices.late
+    assert app.log_notices.late[0].startswith("statechat: the reply streaming as the app quit "
+                                              "was not saved (the chats in X could not be saved")
+    kept = open_chats(tmp_path).message(reply_id)
+    assert kept.content and kept.stats == {"unfinished": True}
