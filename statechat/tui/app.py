@@ -33,6 +33,7 @@ from statechat.tui.format import clean, sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
 from statechat.tui.log_notices import LogNotices, Warned
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
+from statechat.tui.stopping import StoppingMixin
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -52,7 +53,7 @@ class AppClosed(Exception):
     """The app quit while the engine was loading: the load stops."""
 
 
-class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, App):
+class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin, App):
     """`statechat run`: chat with `config`'s model; conversations are kept in `chat_dir`.
     `loaded`: a model already loaded (tests), else the app loads `config.model`."""
 

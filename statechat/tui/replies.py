@@ -5,8 +5,8 @@ A reply streams from a `@work(thread=True)` worker that reads an EngineWorker ha
 updates the screen with `call_from_thread`, at most every STREAM_INTERVAL_S; it is saved with
 its stats (TTFT, decode rate, prefix reused) and the token ids its text was made of when it
 ends, and every SAVE_INTERVAL_S before, as unfinished (so that a crash keeps what was shown).
-Esc stops it; a reply streaming when the app quits is kept as Esc keeps it
-(`_keep_stopped_reply`). One reply streams at a time. Once the app is quitting (`is_closing`),
+Esc stops it; a reply streaming when the app quits is kept as Esc keeps it (stopping.py,
+`_keep_stopped_reply`). One reply streams at a time. Once the app is quitting (`is_closing`),
 Enter sends nothing and the screen is left alone.
 """
 
@@ -255,32 +255,6 @@ class RepliesMixin:
         known); False if another statechat deleted it meanwhile."""
         return self.chats.update(reply_id, content=text, stats=stats, token_ids=token_ids)
 
-    def _keep_stopped_reply(self) -> None:
-        """At exit, save the reply that was streaming (the engine is shut down: its sequence
-        holds the last of it) as Esc leaves one: its text so far and a 'stopped' status. Its
-        stream's own `_finish_reply`, too late now, does nothing."""
-        handle, reply_id, start = self.handle, self.streaming_reply_id, self.streaming_start
-        token_ids, thinking = None, self._end_streaming({})
-        if handle.seq is None:  # (the engine refused it: it never began)
-            text, stats = start.text, {"error": "statechat quit before the reply began"}
-        else:
-            output = self.worker.engine.output(handle.seq)
-            text = start.text + output.text
-            reason = output.finish_reason or "abort"  # (the engine did not stop in time)
-            output = dataclasses.replace(output, finish_reason=reason)
-            stats = reply_stats(output, len(start.token_ids), self.worker.max_model_len)
-            token_ids = self._made_ids(start, output, handle.params)
-        try:
-            if start.adds_nothing(text, stats.get("finish_reason")):  # (it ended as Ctrl+Q came)
-                self._delete_continuation(reply_id, start.of)
-            else:
-                self._save_reply(reply_id, text, {**stats, **thinking}, token_ids)
-        except DamagedError:  # (what ended the app, said in its line already)
-            pass
-        except BusyError as e:  # (a full disk: said once the app has closed, log_notices.py)
-            log.warning("statechat: the reply streaming as the app quit was not saved (%s); "
-                        "what was saved of it as it streamed is kept, as unfinished", e)
-
     def _end_streaming(self, stats: dict) -> dict:
         """No reply streams any more; `stats` of the one that did, with `thinking` where its
         prompt opened its reasoning (kept, so that it shows as such once it ended: a reply
@@ -290,15 +264,6 @@ class RepliesMixin:
         self.handle = self.streaming_conv_id = self.streaming_reply_id = None
         self.streaming_start, self.streaming_thinking = NEW_REPLY, False
         return stats
-
-    def action_stop(self) -> None:
-        """Esc: cancel an edit first (its box is what the user is looking at), else stop the
-        streaming reply."""
-        composer = self.query_one(Composer)
-        if composer.editing:
-            composer.end_edit()
-        elif self.handle is not None:
-            self.handle.abort()
 
     def _busy(self) -> bool:
         """Whether a reply streams (the user is told): sending and changing branches wait."""
