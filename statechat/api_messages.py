@@ -105,7 +105,7 @@ def _tool_call(call, where: str) -> dict:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past json's stack: not taken either)
             arguments = None
     if not isinstance(arguments, dict):
         raise ApiError(400, f"{where}.function.arguments must be a JSON object (or a string of "

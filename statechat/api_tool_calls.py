@@ -15,7 +15,9 @@ The rules (a stream gives the same result as the whole reply, however it is cut)
 - a VALUE loses one newline at each end; it stays a string unless the tool's JSON schema types
   the parameter as something else (number, integer, boolean, object, array, null), when it is
   read as JSON (a boolean's `True` too), falling back to the string when it is not JSON
-  (NaN, Infinity and 1e999 are not: the arguments stay strict JSON); a parameter the schema
+  (NaN, Infinity and 1e999 are not: the arguments stay strict JSON; nor is a value nesting
+  deeper than MAX_DEPTH, which json's reader and writer, both recursive, may refuse with a
+  RecursionError); a parameter the schema
   does not know, or types as a string, is a string;
 - closing tags may be missing, as vLLM allows: `</parameter>` before the next parameter or
   `</function>`, `</function>` and `</tool_call>` before the next `<tool_call>` or the reply's
@@ -40,6 +42,9 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
 MAX_NAME = 256  # characters a function's name may have (past it, the tag is not a call)
+# how deep a typed value may nest (deeper, it stays the string: a reply of a thousand "[" made
+# json.loads, or the arguments' json.dumps, raise RecursionError, ending a batch or a response)
+MAX_DEPTH = 100
 
 
 def new_call_id() -> str:
@@ -187,17 +192,34 @@ def typed_value(value: str, schema) -> object:
     """`value` as its parameter's schema types it: a string unless the schema gives a type and
     none of its types is string, then JSON (a boolean's True and False too), else the string.
     Python's NaN, Infinity and numbers past a float's range are not JSON (a client's strict
-    parser refuses the arguments): a value holding one stays the string."""
+    parser refuses the arguments): a value holding one stays the string, as does one nesting
+    deeper than MAX_DEPTH."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     kinds = kind if isinstance(kind, list) else [kind]
     if kind is None or "string" in kinds:
         return value
     try:
-        return json.loads(value, parse_constant=_not_json, parse_float=_finite)
+        typed = json.loads(value, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:  # (nested past the reader's stack: past MAX_DEPTH too)
+        return value
     except ValueError:
         if "boolean" in kinds and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
         return value
+    return typed if _depth(typed) <= MAX_DEPTH else value
+
+
+def _depth(value) -> int:
+    """How deep a JSON value nests (a list or object: one more than its deepest item; 0 for a
+    scalar), walked without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict)
+                                                  else item))
+    return deepest
 
 
 def _not_json(name: str) -> float:

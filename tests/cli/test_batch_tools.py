@@ -32,6 +32,8 @@ BAD_BODIES = [  # (the server's 400s; the batch line's errors)
     {**ASK, "tool_choice": "required"},
     {**ASK, "messages": [*HISTORY[:2], {"role": "tool", "content": "Sunny"}]},
     {**ASK, "messages": [*HISTORY[:1], {**HISTORY[1], "tool_calls": [{"id": "c"}]}]},
+    {**ASK, "messages": [*HISTORY[:1], {**HISTORY[1], "tool_calls": [{  # (json's reader raised)
+        "id": "c", "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}]}]},
 ]
 
 

@@ -1,8 +1,9 @@
 """The qwen3_coder tool-call parser (statechat/api_tool_calls.py) on replies written by hand:
 calls become OpenAI's tool calls with JSON arguments typed by the tool's schema, several calls,
 values of many lines, missing closing tags, unknown functions (kept), text before, between and
-after calls (content), and malformed calls (their text stays content, nothing lost, nothing
-raised); a stream cut anywhere gives the same content and calls as the whole reply."""
+after calls (content), malformed calls (their text stays content, nothing lost, nothing
+raised) and values nested too deep for json (their text); a stream cut anywhere gives the same
+content and calls as the whole reply."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 
 import pytest
 
-from statechat.api_tool_calls import ToolCallStream, parse_tool_calls
+from statechat.api_tool_calls import MAX_DEPTH, ToolCallStream, parse_tool_calls
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -76,6 +77,27 @@ def test_values_are_typed_by_the_schema(param, value, typed):
 
 def strict(name: str):
     raise AssertionError(f"{name} is not JSON")
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 990, 5000])
+def test_a_value_nested_past_max_depth_stays_the_string(depth):
+    """A degenerate reply (a model repeating "[") nesting past what json's recursive reader or
+    writer takes: the value stays its text, and nothing raises (a batch's other lines, a
+    server's response, go on)."""
+    deep = "[" * depth + "]" * depth
+    reply = call("get_weather", tags=deep, days="3")
+    _, calls = parse_tool_calls(reply, TOOLS)
+    assert args(calls) == [("get_weather", {"tags": deep, "days": 3})]
+    stream = ToolCallStream(TOOLS)  # (the server's stream ends its calls the same way)
+    stream.feed(reply)
+    stream.flush()
+    assert stream.calls[0]["function"]["arguments"] == calls[0]["function"]["arguments"]
+
+
+def test_a_value_nested_max_depth_deep_is_read():
+    deep = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    _, calls = parse_tool_calls(call("get_weather", tags=deep), TOOLS)
+    assert json.loads(calls[0]["function"]["arguments"])["tags"] == json.loads(deep)
 
 
 def test_multi_line_values_keep_their_lines_and_inner_blank_lines():

@@ -91,7 +91,8 @@ def test_the_prompt_holds_the_tools_and_the_calls_made(loaded):
     assert "<tool_response>\nSunny, 21 C\n</tool_response>" in text
 
 
-@pytest.mark.parametrize("arguments", ['"Paris"', "[1, 2]", "{'city': 'Paris'}", "{", 5])
+@pytest.mark.parametrize("arguments", ['"Paris"', "[1, 2]", "{'city': 'Paris'}", "{", 5,
+                                       '{"a": ' + "[" * 5000 + "]" * 5000 + "}"])
 def test_arguments_that_are_not_a_json_object_are_a_400_naming_them(loaded, arguments):
     history = json.loads(json.dumps(HISTORY))
     history[1]["tool_calls"][0]["function"]["arguments"] = arguments
