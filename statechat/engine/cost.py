@@ -24,12 +24,17 @@ class CostModel:
         self.bandwidth = {HOST: 5e9, DISK: 1e9, PAGE_CACHE: 3e9}  # bytes/s, refined by every load
         self.latency = {HOST: 0.0, DISK: 3e-4}  # per blob opened
 
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
+    def observe_prefill(self, tokens: int, seconds: float, capped: bool = False) -> None:
         """Learn from a prefill run: the first one replaces the engine's guess (a rough FLOP
         count, 25-50% off on an H100) within a factor FIRST_PREFILL_RANGE of it (a first run
-        that compiled kernels is no rate), later ones move the rate by 30%."""
+        that compiled kernels is no rate), later ones move the rate by 30%. A run of `capped`
+        steps (chunks cut to a step time beside decodes) sets only the latest rate: its small
+        chunks and decode rows cost more a token than a prompt computed alone, the rate
+        the prefix cache prices a recompute at."""
         if tokens >= 64:
             rate = self.latest_s_per_token = seconds / tokens
+            if capped:
+                return
             if self.prefill_measured:
                 rate = 0.7 * self.prefill_s_per_token + 0.3 * rate
             else:

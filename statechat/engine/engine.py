@@ -94,7 +94,7 @@ class LLMEngine(Requests):
             config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
             config.step_target_s(loaded.device.type),
         )
-        self._prefill_run: tuple[float, int] | None = None  # (start, tokens) of prefill steps
+        self._prefill_run: tuple | None = None  # (start, tokens, any capped) of prefill steps
         # that have not synchronised yet (see _time_prefill)
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                                  else loaded.device.type == "cuda")
@@ -269,11 +269,11 @@ class LLMEngine(Requests):
         device is done, so prefill steps are timed together, from the first one to the next step
         that reads sampled tokens (a prompt's last chunk, or a decode)."""
         if not batch.is_decode:
-            start, tokens = self._prefill_run or (t0, 0)
-            self._prefill_run = (start, tokens + batch.num_tokens)
+            start, tokens, capped = self._prefill_run or (t0, 0, False)
+            self._prefill_run = (start, tokens + batch.num_tokens, capped or batch.capped)
         if synchronised and self._prefill_run is not None:
-            start, tokens = self._prefill_run
-            self.prefix.cost.observe_prefill(tokens, now - start)
+            self.prefix.cost.observe_prefill(self._prefill_run[1], now - self._prefill_run[0],
+                                             self._prefill_run[2])
             self._prefill_run = None
 
     def _check_finish(self, seq: Sequence) -> None:

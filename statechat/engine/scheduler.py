@@ -50,6 +50,7 @@ class ScheduledSeq:
 class Batch:
     items: list[ScheduledSeq]
     is_decode: bool = False  # every item feeds one token of an ongoing reply
+    capped: bool = False  # its prefills were cut to the step's time target (_prefill_cap)
 
     def __post_init__(self) -> None:
         self.is_decode = bool(self.items) and all(it.seq.is_decoding for it in self.items)
@@ -105,7 +106,8 @@ class Scheduler(CheckpointPolicy):
             if decoding and self._ensure_blocks(seq, seq.num_computed + 1, items):
                 items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
                 budget -= 1
-        budget = min(budget, self._prefill_cap(len(items)))
+        cap = self._prefill_cap(len(items))
+        capped, budget = cap < budget, min(budget, cap)
         for seq in [s for s in self.running if not s.is_decoding]:
             if budget <= 0 or seq.status != Status.RUNNING:
                 continue
@@ -119,14 +121,15 @@ class Scheduler(CheckpointPolicy):
                 break
             items.append(item)
             budget -= item.num_tokens
-        return Batch(items)
+        return Batch(items, capped=capped)
 
     def _prefill_cap(self, num_decodes: int) -> int:
         """The prefill tokens a step with `num_decodes` decodes may take: with decodes and a
         time target, what the measured prefill rate computes within it less the decodes (each
         counted as a prefill token), whole blocks and at least one; else the whole budget.
-        (The rate is learned from these steps too, per token of theirs: a step that overran
-        raises it and cuts the next one, so the steps settle at the target.)"""
+        (These steps are timed as capped, Batch.capped: they set the latest rate, which the
+        cap follows when it is the slower, so a step that overran cuts the next one and the
+        steps settle at the target; the learned rate stays a prompt's alone.)"""
         if not num_decodes or self.max_step_s <= 0:
             return self.budget
         tokens = self.prefix.cost.prefill_tokens_within(self.max_step_s) - num_decodes

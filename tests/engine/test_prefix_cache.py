@@ -127,7 +127,11 @@ def test_prefill_rate_is_timed_over_a_whole_chunked_prompt(tiny_dirs):
     engine = LLMEngine(EngineConfig(model=path, device="cpu", max_num_batched_tokens=64),
                        loaded=load_model(path, dtype=torch.float32))
     seen = []
-    engine.prefix.cost.observe_prefill = lambda tokens, seconds: seen.append((tokens, seconds))
+
+    def observed(tokens: int, seconds: float, capped: bool) -> None:
+        seen.append((tokens, seconds))
+
+    engine.prefix.cost.observe_prefill = observed
     engine.generate([list(range(3, 3 + 300))], SamplingParams(max_tokens=3, ignore_eos=True))
     assert [tokens for tokens, _ in seen] == [300]
     assert seen[0][1] > 0

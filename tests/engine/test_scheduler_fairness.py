@@ -111,3 +111,48 @@ def test_a_step_that_overran_cuts_the_next_one_at_once():
     sched.postprocess(batch, [1] * sum(it.needs_logits for it in batch.items))
     cost.observe_prefill(194, 0.4)  # the step took twice its target (a busy machine, say)
     assert prefill_tokens(sched.schedule()) == BS  # 97 tokens in 0.2 s, less 2 decodes: 1 block
+
+
+def test_capped_steps_teach_the_cap_but_not_the_rate_a_recompute_is_priced_at():
+    """A step cut to its time target says so (Batch.capped), and the engine's timing of it
+    sets only the latest rate, which the cap follows: its small chunks and decode rows cost
+    more a token than a prompt computed alone, and the prefix cache prices a recompute at the
+    learned rate (it leaned to loading after a stream had run beside a long prompt)."""
+    sched = scheduler(1e-3, max_step_s=0.2)
+    cost = sched.prefix.cost
+    cost.observe_prefill(1000, 1.0)
+    start_decoding(sched, 2)
+    sched.add(request(6000))
+    assert sched.schedule().capped
+    cost.observe_prefill(194, 0.4, capped=True)
+    assert cost.prefill_s_per_token == 1e-3 and cost.latest_s_per_token == 0.4 / 194
+    alone = scheduler(1e-3, max_step_s=0.2)
+    alone.add(request(6000))
+    assert not alone.schedule().capped  # (no decodes: the whole budget)
+
+
+def test_the_engine_times_capped_steps_as_capped(tiny_dirs):
+    """On the CPU engine (a time target of 1 us: one block a step beside a stream), the prefill
+    runs that include capped steps reach the cost model as capped, and leave its rate alone."""
+    import torch
+
+    from statechat.config import EngineConfig
+    from statechat.engine.engine import LLMEngine
+    from statechat.model.loader import load_model
+
+    path = tiny_dirs["qwen3_5_text"]
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", max_step_ms=0.001,
+                                    enable_prefix_cache=False),
+                       loaded=load_model(path, dtype=torch.float32))
+    cost, seen = engine.prefix.cost, []
+    observe = cost.observe_prefill
+    cost.observe_prefill = lambda tokens, seconds, capped=False: (
+        seen.append(capped), observe(tokens, seconds, capped))
+    engine.add_request(list(range(3, 40)), SamplingParams(max_tokens=60, ignore_eos=True))
+    engine.step()
+    engine.step()  # (the stream decodes)
+    rate = cost.prefill_s_per_token
+    engine.add_request([3 + i % 300 for i in range(400)], SamplingParams(max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    assert True in seen and cost.prefill_s_per_token == rate
