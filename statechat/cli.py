@@ -144,10 +144,11 @@ def batch(
                                           "\"top_k\", \"min_p\", \"presence_penalty\", "
                                           "\"frequency_penalty\", \"repetition_penalty\", "
                                           "\"seed\", \"stop\", \"stop_token_ids\", "
-                                          "\"ignore_eos\", \"logprobs\" (a count, or "
+                                          "\"ignore_eos\", \"n\" (1), \"logprobs\" (a count, or "
                                           "true with \"top_logprobs\"), "
                                           "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
-                                          "\"chat_template_kwargs\", \"tools\" and "
+                                          "\"chat_template_kwargs\", \"include_reasoning\" "
+                                          "(with --reasoning-parser), \"tools\" and "
                                           "\"tool_choice\" (with --tool-call-parser)}.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
                                                 "(JSONL, input order); default (or '-'): "
