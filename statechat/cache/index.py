@@ -132,6 +132,9 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
                                                or is_full(e) or on_full_disk(path.parent)):
                     continue  # (read-only media or files, a full disk: no -shm file can be made)
                 raise
+            except sqlite3.DatabaseError as e:  # (damaged, or as read without its WAL?)
+                conn.close()
+                raise open_error(path, e, whole=query != "immutable=1") from None
             except BaseException:
                 conn.close()
                 raise

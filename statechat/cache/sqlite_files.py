@@ -41,11 +41,11 @@ def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def open_error(path: Path, e: Exception, whole: bool = False) -> ConfigError:
+def open_error(path: Path, e: Exception, whole: bool = True) -> ConfigError:
     """The one-line error for a SQLite file (cache index, chats) that cannot be opened or read.
-    On a full disk that is a DiskFullError, a damaged-looking file too unless `whole` (it was
-    read with its write-ahead log): read as immutable, without it, the state a checkpoint cut
-    short by that full disk left in the file reads as damaged."""
+    On a full disk that is a DiskFullError, a damaged-looking file too where not `whole` (read
+    as immutable, without its write-ahead log, the state a checkpoint cut short by that full
+    disk left in the file reads as damaged); a file read whole that reads as damaged is."""
     if path.parent.exists() and not path.parent.is_dir():
         return ConfigError(f"{path.parent} is a file; pass a folder")
     if path.is_dir():  # (not a question of permissions)

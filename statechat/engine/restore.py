@@ -41,8 +41,7 @@ class PrefixRestore:
                 try:
                     groups = self.store.load_blocks([h.hex() for h in need])
                 except BaseException:  # (an unusable blob, a failed index: a plan again)
-                    for block in held.values():
-                        self.blocks.release(block)
+                    self._release_held(held)
                     raise
                 t_read = time.perf_counter()
                 for group_hashes, tensors in groups:
@@ -60,6 +59,13 @@ class PrefixRestore:
                 return t_read, t_write, (nbytes, resident)
             self.cost.observe_load(tier, nbytes, time.perf_counter() - t_start, resident)
         return t_read, t_write, None
+
+    def _release_held(self, held: dict[bytes, int]) -> None:
+        """Give back the blocks a restore took (`held`: hash -> block, in the chain's order)
+        the last first, as Scheduler._release does: the LRU then evicts the chain from its tail
+        (its first block gone, the rest would be of no use)."""
+        for block in reversed(held.values()):
+            self.blocks.release(block)
 
     @staticmethod
     def _no_room(seq: Sequence) -> int:
@@ -80,8 +86,7 @@ class PrefixRestore:
                 held[h] = self.blocks.lookup(h)
                 self.blocks.acquire(held[h])
         if len(need) > self.blocks.num_available:
-            for block in held.values():
-                self.blocks.release(block)
+            self._release_held(held)
             return self._no_room(seq)
         held.update((h, self.blocks.allocate()) for h in need)
         t_start, nbytes = time.perf_counter(), 0

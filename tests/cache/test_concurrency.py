@@ -79,7 +79,6 @@ def test_a_slow_save_s_blobs_are_not_swept_by_another_process_s_start(tmp_path, 
     writer stalled, a slow disk) lost its blobs to it, and the checkpoint was not indexed. A
     temporary file carries its writer's pid (kept while that process lives), and the blob is
     renamed to its final name in the transaction that writes its row."""
-    import os
 
     from statechat.cache.store import writer
     from tests.cache.test_device import HASHES, attached, save
@@ -87,11 +86,12 @@ def test_a_slow_save_s_blobs_are_not_swept_by_another_process_s_start(tmp_path, 
     first, second = attached(tmp_path, "cpu", 0), open_store(tmp_path)
     real = writer.write_blob
 
-    def stalled(path, *args, **kwargs):  # the blob written an hour ago, then the other's start
+    def stalled(path, *args, **kwargs):  # the other's start an hour after the blob's write
         out = real(path, *args, **kwargs)
-        for f in path.parent.iterdir():
-            os.utime(f, (time.time() - 3600, time.time() - 3600))
-        second.sweep_leftovers()
+        real_time = time.time
+        with monkeypatch.context() as later:  # (not its files' times put back: this process
+            later.setattr(time, "time", lambda: real_time() + 3600)  # wrote them after it began)
+            second.sweep_leftovers()
         return out
 
     monkeypatch.setattr(writer, "write_blob", stalled)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from statechat.cache.store import open_store
@@ -72,7 +73,7 @@ def test_a_crashed_writer_s_leftover_blobs_go_at_the_next_start(tiny_dirs, tmp_p
     assert young.exists()
 
 
-def test_a_temporary_blob_is_kept_while_its_writer_lives(tmp_path):
+def test_a_temporary_blob_is_kept_while_its_writer_lives(tmp_path, monkeypatch):
     """Past the minute's grace, a temporary blob whose writer (the pid in its name) has exited
     is a leftover, and the start's sweep and `cache clear` delete it; one whose writer still
     runs is a save under way, and both keep it (a day at most: a pid can be reused)."""
@@ -92,16 +93,43 @@ def test_a_temporary_blob_is_kept_while_its_writer_lives(tmp_path):
              for pid in (dead, alive)}
     stale = blobs / f"{'cd' * 16}.safetensors.{alive}.{'02' * 16}.tmp"
     for f in [*names.values(), stale]:
-        f.write_bytes(b"x" * 10)
-        os.utime(f, (time.time() - 600, time.time() - 600))
+        f.write_bytes(b"x" * 10)  # (written now, by this process: ten minutes old below)
     os.utime(stale, (time.time() - 2 * 86400, time.time() - 2 * 86400))
     store = open_store(tmp_path)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 600)
     store.sweep_leftovers()
     assert [names[dead].exists(), names[alive].exists(), stale.exists()] == [False, True, False]
     names[dead].write_bytes(b"x" * 10)
-    os.utime(names[dead], (time.time() - 600, time.time() - 600))
     assert store.clear() == 10
     assert names[alive].exists() and not names[dead].exists()
+    store.close()
+
+
+def test_a_temporary_blob_of_a_reused_pid_is_a_leftover(tmp_path):
+    """A server killed mid-save (an out-of-memory kill) and restarted in its container has its
+    predecessor's pid (often 1): the temporary blobs the dead one left carry a live pid, and
+    were kept a day, outside the budget, by the sweep and by `cache clear` alike. A live pid
+    is their writer only if its process started before they were written."""
+    import os
+    import time
+
+    from statechat.cache.store import open_store
+
+    if not os.path.exists(f"/proc/{os.getpid()}/stat"):
+        pytest.skip("no /proc: a process's start time cannot be told here")
+    blobs = tmp_path / "blobs" / "kv"
+    blobs.mkdir(parents=True)
+    left = [blobs / f"{c * 32}.safetensors.{os.getpid()}.{'01' * 16}.tmp" for c in "ab"]
+    for f in left:  # (three hours old: written before this process started)
+        f.write_bytes(b"x" * 10)
+        os.utime(f, (time.time() - 3 * 3600, time.time() - 3 * 3600))
+    store = open_store(tmp_path)
+    store.sweep_leftovers()
+    assert not left[0].exists()
+    left[1].write_bytes(b"x" * 10)
+    os.utime(left[1], (time.time() - 3 * 3600, time.time() - 3 * 3600))
+    assert store.clear() == 10
     store.close()
 
 

@@ -207,3 +207,26 @@ def test_an_index_read_on_a_full_disk_is_not_called_damaged(tmp_path, monkeypatc
         stats = runner.invoke(cli.app, ["cache", "stats", "--json", "--cache-dir", str(cache)])
         assert stats.exit_code == 0, stats.output
         assert len(json.loads(stats.stdout)["models"]) == 300
+
+
+@pytest.mark.parametrize("command", ["stats", "verify"])
+def test_a_damaged_index_read_whole_on_a_full_disk_is_not_called_sound(tmp_path, monkeypatch,
+                                                                        capsys, command):
+    """Read with its write-ahead log (stats' first try, verify's writable open), a damaged
+    index.db is damaged, full disk or not: the line said it was read without its log and showed
+    "no sign of damage", and sent the user to `cache clear`, for a file that is not a database
+    at all."""
+    from tests.cache.test_full_disk import fill
+
+    with small_tmpfs(tmp_path / "disk", "1M") as mnt:
+        cache = mnt / "cache"
+        cache.mkdir()
+        (cache / "index.db").write_bytes(b"notes of another program, not a database\n" * 100)
+        fill(mnt)
+        monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir", str(cache)])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err, err
+        assert err.startswith(f"statechat: cannot open {cache / 'index.db'} (file is not a "
+                              "database); `sqlite3 "), err

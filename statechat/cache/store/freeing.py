@@ -9,6 +9,7 @@ rows once that room is made (cli_cache.py). A row naming a deleted file meanwhil
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from pathlib import Path
@@ -17,6 +18,9 @@ from statechat.cache.blobs.encoding import BLOB_NAME, TMP_SUFFIX, temp_writer
 
 TMP_MIN_AGE_S = 60.0  # a temporary blob younger than this is a writer's, under way
 TMP_MAX_AGE_S = 24 * 3600.0  # one older is a leftover, even where its writer's pid lives (reused)
+# a process started this much after a temporary blob's mtime may still have written it (the boot
+# time is in whole seconds, and some file systems keep mtimes to 1 or 2 s)
+PID_START_SLACK_S = 2.0
 # the rows an eviction deletes, first to last: least recently used first; ties from a chain's
 # end back (a checkpoint's boundary, a segment's first block), a checkpoint before a segment
 # (no NULLS FIRST: SQLite < 3.30). Rows: (kind, key, blob, bytes, last_used, position).
@@ -41,16 +45,43 @@ def is_pid_alive(pid: int) -> bool:
     return True
 
 
+def pid_started_at(pid: int) -> float | None:
+    """The unix time the process `pid` started (from Linux's /proc), None where it cannot be
+    told (no /proc, the process gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # (starttime, ticks)
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+@functools.cache
+def _boot_time() -> int:
+    lines = Path("/proc/stat").read_text().splitlines()
+    return next(int(line.split()[1]) for line in lines if line.startswith("btime "))
+
+
+def is_writer(pid: int, mtime: float) -> bool:
+    """Whether the process `pid` may be the one that last wrote a file at `mtime`: it runs,
+    and it started before then (where that can be told). A pid is reused: a server restarted
+    in a container after a kill -9 (an out-of-memory kill) has its predecessor's, often 1."""
+    if not is_pid_alive(pid):
+        return False
+    started = pid_started_at(pid)
+    return started is None or started <= mtime + PID_START_SLACK_S
+
+
 def in_use(rel: str, mtime: float, now: float) -> bool:
     """Whether the temporary blob `rel` (its name under blobs/, last written at `mtime`) may be
     a save under way: younger than TMP_MIN_AGE_S, or its writer (the pid its name carries) still
-    running and the file younger than TMP_MAX_AGE_S. A save waits any time for its row (a
-    writer stalled, a slow disk): its temp is kept while its process lives."""
+    running, started before the file was last written (`is_writer`), and the file younger than
+    TMP_MAX_AGE_S. A save waits any time for its row (a writer stalled, a slow disk): its temp
+    is kept while its process lives."""
     if not rel.endswith(TMP_SUFFIX):
         return False
     age, pid = now - mtime, temp_writer(rel)
     return age < TMP_MIN_AGE_S or (pid is not None and age < TMP_MAX_AGE_S
-                                   and is_pid_alive(pid))
+                                   and is_writer(pid, mtime))
 
 
 def delete_blob_files(blob_dir: Path) -> int:
