@@ -247,7 +247,7 @@ def test_restores_from_a_recycling_ring_give_the_no_cache_tokens(tiny_dirs, tmp_
     engine = LLMEngine(EngineConfig(**common, cache_dir=tmp_path / "cache", checkpoint_interval=2,
                                     host_cache_bytes=3 * per_save), loaded=loaded)
     engine.prefix.cost.prefill_s_per_token = 1.0  # loading always wins: restores are exercised
-    engine.prefix.cost.observe_prefill = lambda tokens, seconds: None
+    engine.prefix.cost.observe_prefill = lambda *timed: None
     outs = [engine.generate([p], params)[0] for p in prompts]
     engine.close()
     assert [o.token_ids for o in outs] == want

@@ -289,7 +289,7 @@ def test_a_failed_restore_leaves_no_checkpoint_read_running(plain, tmp_path):
     saved_prompt(plain, tmp_path)
     second = on_cache_dir(plain, tmp_path)
     second.prefix.cost.prefill_s_per_token = 1.0  # loading always wins
-    second.prefix.cost.observe_prefill = lambda tokens, seconds: None
+    second.prefix.cost.observe_prefill = lambda *timed: None
     reads, running = [], []
     ahead, read = second.store.read_checkpoint_ahead, second.store.read_checkpoint
     second.store.read_checkpoint_ahead = lambda h: reads.append(ahead(h)) or reads[-1]
