@@ -179,6 +179,16 @@ def cut_short_checkpoint(cache) -> None:
     (cache / "index.db-wal").write_bytes(wal)
 
 
+def one_line_error(monkeypatch, capsys, *argv: str) -> str:
+    """The one line `statechat ARGV` prints on stderr as it exits with status 2."""
+    monkeypatch.setattr("sys.argv", ["statechat", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err, err
+    return err
+
+
 @pytest.mark.parametrize("command", ["stats", "ls"])
 def test_an_index_read_on_a_full_disk_is_not_called_damaged(tmp_path, monkeypatch, capsys,
                                                              command):
@@ -193,11 +203,7 @@ def test_an_index_read_on_a_full_disk_is_not_called_damaged(tmp_path, monkeypatc
         cache.mkdir()
         cut_short_checkpoint(cache)
         fill(mnt)
-        monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir", str(cache)])
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main()
-        err = capsys.readouterr().err.strip()
-        assert exit_info.value.code == 2 and "\n" not in err, err
+        err = one_line_error(monkeypatch, capsys, "cache", command, "--cache-dir", str(cache))
         assert ".recover" not in err
         assert err.startswith(f"statechat: cannot open {cache / 'index.db'} (database disk image "
                               "is malformed, as read without its write-ahead log, which SQLite "
@@ -223,10 +229,6 @@ def test_a_damaged_index_read_whole_on_a_full_disk_is_not_called_sound(tmp_path,
         cache.mkdir()
         (cache / "index.db").write_bytes(b"notes of another program, not a database\n" * 100)
         fill(mnt)
-        monkeypatch.setattr("sys.argv", ["statechat", "cache", command, "--cache-dir", str(cache)])
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main()
-        err = capsys.readouterr().err.strip()
-        assert exit_info.value.code == 2 and "\n" not in err, err
+        err = one_line_error(monkeypatch, capsys, "cache", command, "--cache-dir", str(cache))
         assert err.startswith(f"statechat: cannot open {cache / 'index.db'} (file is not a "
                               "database); `sqlite3 "), err
