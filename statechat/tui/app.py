@@ -31,7 +31,7 @@ from statechat.errors import StatechatError
 from statechat.tui.conversations import ConversationsMixin
 from statechat.tui.format import clean, sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
-from statechat.tui.log_notices import LogNotices, Warned
+from statechat.tui.log_notices import NOTICE_S, LogNotices, Warned
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.stopping import StoppingMixin
 from statechat.tui.widgets.chat_view import ChatView
@@ -212,7 +212,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
     def on_warned(self, event: Warned) -> None:
         """A warning of the engine or the cache (log_notices.py), in a notice."""
         self.notify(event.text, severity="error" if event.is_error else "warning",
-                    timeout=10, markup=False)
+                    timeout=NOTICE_S, markup=False)
 
     # --- closing ------------------------------------------------------------------------
     def _handle_quit_signals(self) -> None:
