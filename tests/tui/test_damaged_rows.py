@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from statechat.chat.tree import open_chats
 from statechat.tui.widgets.conversation_list import ConversationList
 from tests.tui.test_app import header, make_app, send, views, wait_ready
@@ -98,16 +100,25 @@ def test_chats_with_rows_edited_by_hand_open_and_the_others_work(loaded, tmp_pat
     asyncio.run(run())
 
 
-def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path):
+FIRST_NO_USER_S = {  # a chat's first message made no user's, by hand
+    "its role": ("UPDATE chat_messages SET role = 'assistant' WHERE id = ?", ["asks", "replies"]),
+    "its user's row deleted": ("DELETE FROM chat_messages WHERE id = ?", ["replies"]),
+}
+
+
+@pytest.mark.parametrize("edit", FIRST_NO_USER_S)
+def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path, edit):
     """A chat whose first message is a reply or a system message (its role edited by hand, or
-    written by another program): r or c on it ended the app in a traceback (no message before
-    it to answer again). They say what to pick, and the app goes on."""
+    written by another program; or its user's message deleted with `sqlite3`, the reply's
+    parent now no row): r or c on it ended the app in a traceback (no message before it to
+    answer again). They say what to pick, and the app goes on."""
+    sql, shown = FIRST_NO_USER_S[edit]
     chats = open_chats(tmp_path)
     conv = chats.create("first is a reply")
     first = chats.add(conv.id, None, "user", "asks")
     chats.add(conv.id, first.id, "assistant", "replies")
     with chats.db.conn:
-        chats.db.execute("UPDATE chat_messages SET role = 'assistant' WHERE id = ?", [first.id])
+        chats.db.execute(sql, [first.id])
     chats.close()
 
     async def run():
@@ -121,6 +132,6 @@ def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path):
                 await pilot.pause(0.2)
                 assert app.is_running and app.handle is None
                 assert app._notifications and "Pick a reply" in list(app._notifications)[-1].message
-            assert [v.message.content for v in views(app)] == ["asks", "replies"]
+            assert [v.message.content for v in views(app)] == shown
 
     asyncio.run(run())
