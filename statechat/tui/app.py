@@ -270,14 +270,16 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
         the cache's pending writes finish), then close the chats. Nothing here waits on a
         fixed interval: the time is the engine's (the step under way, the cache writes)."""
         self._begin_closing()
-        stopped = True
-        if self.worker is not None:  # (it aborts a reply still streaming; the cache's writes
-            # may take the store's 60 s and its writer's 10 s)
-            stopped = self.worker.shutdown(timeout=SHUTDOWN_S)
-        if self.handle is not None and stopped:  # (else the engine still runs: not read)
-            self._keep_stopped_reply()
-        if self.chats is not None:
-            self.chats.close()
-        self.is_closed = stopped
-        self.log_notices.remove()
-        self._release_quit_signals()  # (a signal during the close waited for its end)
+        try:
+            stopped = True
+            if self.worker is not None:  # (it aborts a reply still streaming; the cache's
+                # writes may take the store's 60 s and its writer's 10 s)
+                stopped = self.worker.shutdown(timeout=SHUTDOWN_S)
+            if self.handle is not None and stopped:  # (else the engine still runs: not read)
+                self._keep_stopped_reply()
+            if self.chats is not None:
+                self.chats.close()
+            self.is_closed = stopped
+        finally:  # (a close that raised left the handler, holding the app, on the logger)
+            self.log_notices.remove()
+            self._release_quit_signals()  # (a signal during the close waited for its end)

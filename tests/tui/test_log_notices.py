@@ -144,3 +144,35 @@ def test_a_flood_of_warnings_shows_a_few_notices_and_prints_the_rest_after(loade
             for i in range(MAX_NOTICES - 1, 40)}  # first notices, "the same failure"'s one)
     assert held <= set(late)
     assert logging.getLogger("statechat").handlers == []
+
+
+def test_an_app_whose_close_fails_leaves_no_handler_behind(loaded, tmp_path):
+    """The notices' handler stayed on the `statechat` logger when the app's close raised (an
+    engine whose shutdown failed): it held the closed app (its engine, its model) for the rest
+    of the process, and kept every later warning of another app run in it."""
+    async def close_fails(pilot):
+        await wait_ready(pilot, pilot.app)
+
+        def fails(*args, **kwargs):
+            raise RuntimeError("the engine's shutdown failed")
+
+        pilot.app.worker.shutdown = fails
+        await pilot.press("ctrl+q")
+
+    first = make_app(loaded, tmp_path)
+    try:
+        first.run(headless=True, size=(120, 50), auto_pilot=close_fails)
+    except RuntimeError:
+        pass
+    assert logging.getLogger("statechat").handlers == []
+
+    async def second():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50), notifications=True) as pilot:
+            await wait_ready(pilot, app)
+            logging.getLogger("statechat.engine").warning("statechat: the second app's")
+            await pilot.pause(0.1)
+            assert notices(app) == ["statechat: the second app's"]
+
+    asyncio.run(second())
+    assert first.log_notices.late == [] and logging.getLogger("statechat").handlers == []
