@@ -2,7 +2,8 @@
 
 The app is put together from one mixin per concern: layout.py (fitting the terminal, moving
 focus), conversations.py (opening chats; editing, regenerating, switching and deleting
-branches) and replies.py (sending a message, streaming its reply). This module builds the
+branches), replies.py (sending a message, streaming its reply) and stopping.py (Esc, and the
+reply streaming at exit). This module builds the
 screen, loads the engine in a thread behind a progress screen, and closes everything when the
 app quits (Ctrl+Q; SIGTERM and SIGHUP quit as it does). Conversations live in
 `<cache_dir>/index.db` (chat/tree.py): editing or regenerating adds a branch, nothing is
