@@ -161,10 +161,18 @@ class ChatStore(ChatFile):
             ).rowcount > 0
 
     def branch(self, conv_id: str) -> list[Message]:
-        """The messages from the root to the current leaf, in order."""
+        """The messages from the root to the current leaf, in order. A leaf whose row is gone,
+        or none, in a chat with messages (rows edited by hand) reads as its newest message (the
+        chat read as empty, its messages hidden)."""
         with self._locked():
             leaf = self.conversation(conv_id).current_leaf
-            return self.path(leaf) if leaf else []
+            path = self.path(leaf) if leaf else []
+            if path:
+                return path
+            newest = self.db.execute(f"SELECT id FROM {MESSAGES} WHERE conversation_id = ? "
+                                     "ORDER BY created DESC, rowid DESC LIMIT 1",
+                                     [conv_id]).fetchone()
+            return self.path(newest[0]) if newest else []
 
     def path(self, msg_id: str) -> list[Message]:
         """The messages from the root down to `msg_id` (included), in order. Parents that

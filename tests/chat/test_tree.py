@@ -255,3 +255,23 @@ def test_a_reply_s_token_ids_are_kept_with_its_text_and_only_with_it(tmp_path):
         assert store.token_ids(reply.id) is None, edited
     store.delete_branch(reply.id)
     assert store.token_ids(reply.id) is None
+
+
+@pytest.mark.parametrize("edit", ["DELETE FROM chat_messages WHERE id = :leaf",
+                                  "UPDATE chat_conversations SET current_leaf = NULL"])
+def test_a_chat_whose_leaf_row_is_gone_reads_its_newest_branch(tmp_path, edit):
+    """The current leaf's row deleted by hand (`sqlite3`: the last reply), or the chat's leaf
+    set to NULL: the chat read as empty, every message of it hidden, and the next message sent
+    began a new root. It reads as the branch of its newest message."""
+    store = open_chats(tmp_path)
+    conv, *_, a2 = build(store)
+    other = store.create("another")
+    store.add(other.id, None, "user", "another's newer question")
+    with store.db.conn:
+        store.db.execute(edit, {"leaf": a2.id})
+    expected = ["first question", "first answer", "second question"]
+    if "NULL" in edit:
+        expected.append("second answer")
+    assert contents(store, conv.id) == expected
+    assert contents(store, other.id) == ["another's newer question"]
+    assert contents(store, store.create("empty").id) == []
