@@ -145,7 +145,9 @@ class ChatStore(ChatFile):
             ids = json.loads(rows[0][0]) if rows and rows[0][0] else None
         except (ValueError, RecursionError):
             return None
-        is_ids = isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+        # (an id is an int32: a larger one, edited by hand, made the tokenizer raise
+        # OverflowError as `c` continued the reply, and the app end in its traceback)
+        is_ids = isinstance(ids, list) and all(type(i) is int and 0 <= i < 2**31 for i in ids)
         return ids if is_ids else None
 
     def save_unfinished(self, msg_id: str, content: str) -> bool:

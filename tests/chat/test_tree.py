@@ -249,7 +249,7 @@ def test_a_reply_s_token_ids_are_kept_with_its_text_and_only_with_it(tmp_path):
     other = store.add(conv.id, user.id, "assistant", "")
     store.update(other.id, content="x", token_ids=[5], stats=UNFINISHED)
     assert store.save_unfinished(other.id, "x and more") and store.token_ids(other.id) is None
-    for edited in ("[1, -2]", "[1, true]", "{oops", '"7"', "[[1]]"):
+    for edited in ("[1, -2]", "[1, true]", "{oops", '"7"', "[[1]]", f"[1, {2**40}]"):
         store.db.execute("UPDATE chat_messages SET token_ids = ? WHERE id = ?",
                          [edited, reply.id])
         assert store.token_ids(reply.id) is None, edited
