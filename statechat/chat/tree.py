@@ -145,7 +145,9 @@ class ChatStore(ChatFile):
             ids = json.loads(rows[0][0]) if rows and rows[0][0] else None
         except (ValueError, RecursionError):
             return None
-        is_ids = isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)
+        # (an id is an int32: a larger one, edited by hand, made the tokenizer raise
+        # OverflowError as `c` continued the reply, and the app end in its traceback)
+        is_ids = isinstance(ids, list) and all(type(i) is int and 0 <= i < 2**31 for i in ids)
         return ids if is_ids else None
 
     def save_unfinished(self, msg_id: str, content: str) -> bool:
@@ -161,10 +163,18 @@ class ChatStore(ChatFile):
             ).rowcount > 0
 
     def branch(self, conv_id: str) -> list[Message]:
-        """The messages from the root to the current leaf, in order."""
+        """The messages from the root to the current leaf, in order. A leaf whose row is gone,
+        or none, in a chat with messages (rows edited by hand) reads as its newest message (the
+        chat read as empty, its messages hidden)."""
         with self._locked():
             leaf = self.conversation(conv_id).current_leaf
-            return self.path(leaf) if leaf else []
+            path = self.path(leaf) if leaf else []
+            if path:
+                return path
+            newest = self.db.execute(f"SELECT id FROM {MESSAGES} WHERE conversation_id = ? "
+                                     "ORDER BY created DESC, rowid DESC LIMIT 1",
+                                     [conv_id]).fetchone()
+            return self.path(newest[0]) if newest else []
 
     def path(self, msg_id: str) -> list[Message]:
         """The messages from the root down to `msg_id` (included), in order. Parents that

@@ -2,7 +2,8 @@
 
 The app is put together from one mixin per concern: layout.py (fitting the terminal, moving
 focus), conversations.py (opening chats; editing, regenerating, switching and deleting
-branches) and replies.py (sending a message, streaming its reply). This module builds the
+branches), replies.py (sending a message, streaming its reply) and stopping.py (Esc, and the
+reply streaming at exit). This module builds the
 screen, loads the engine in a thread behind a progress screen, and closes everything when the
 app quits (Ctrl+Q; SIGTERM and SIGHUP quit as it does). Conversations live in
 `<cache_dir>/index.db` (chat/tree.py): editing or regenerating adds a branch, nothing is
@@ -31,7 +32,7 @@ from statechat.errors import StatechatError
 from statechat.tui.conversations import ConversationsMixin
 from statechat.tui.format import clean, sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
-from statechat.tui.log_notices import LogNotices, Warned
+from statechat.tui.log_notices import NOTICE_S, LogNotices, Warned
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.stopping import StoppingMixin
 from statechat.tui.widgets.chat_view import ChatView
@@ -212,7 +213,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
     def on_warned(self, event: Warned) -> None:
         """A warning of the engine or the cache (log_notices.py), in a notice."""
         self.notify(event.text, severity="error" if event.is_error else "warning",
-                    timeout=10, markup=False)
+                    timeout=NOTICE_S, markup=False)
 
     # --- closing ------------------------------------------------------------------------
     def _handle_quit_signals(self) -> None:
@@ -270,14 +271,16 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
         the cache's pending writes finish), then close the chats. Nothing here waits on a
         fixed interval: the time is the engine's (the step under way, the cache writes)."""
         self._begin_closing()
-        stopped = True
-        if self.worker is not None:  # (it aborts a reply still streaming; the cache's writes
-            # may take the store's 60 s and its writer's 10 s)
-            stopped = self.worker.shutdown(timeout=SHUTDOWN_S)
-        if self.handle is not None and stopped:  # (else the engine still runs: not read)
-            self._keep_stopped_reply()
-        if self.chats is not None:
-            self.chats.close()
-        self.is_closed = stopped
-        self.log_notices.remove()
-        self._release_quit_signals()  # (a signal during the close waited for its end)
+        try:
+            stopped = True
+            if self.worker is not None:  # (it aborts a reply still streaming; the cache's
+                # writes may take the store's 60 s and its writer's 10 s)
+                stopped = self.worker.shutdown(timeout=SHUTDOWN_S)
+            if self.handle is not None and stopped:  # (else the engine still runs: not read)
+                self._keep_stopped_reply()
+            if self.chats is not None:
+                self.chats.close()
+            self.is_closed = stopped
+        finally:  # (a close that raised left the handler, holding the app, on the logger)
+            self.log_notices.remove()
+            self._release_quit_signals()  # (a signal during the close waited for its end)

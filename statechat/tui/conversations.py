@@ -174,10 +174,11 @@ class ConversationsMixin:
             return
         hint = "Pick a reply to regenerate."
         msg = self._target(msg_id, hint)
-        if msg is None or self._first_reply(msg, hint):
+        if msg is None:
             return
-        parent = msg if msg.role == "user" else self.chats.message(msg.parent_id)
-        self.start_reply(parent, focus=True)
+        parent = msg if msg.role == "user" else self._prompt_of(msg, hint)
+        if parent is not None:
+            self.start_reply(parent, focus=True)
 
     def action_continue_reply(self, msg_id: str | None = None) -> None:
         """c, or a reply's `continue`: a new reply beside it that goes on from its text (the
@@ -192,19 +193,18 @@ class ConversationsMixin:
         if not msg.content:
             self.notify(hint)
             return
-        if self._first_reply(msg, hint):
-            return
-        parent = self.chats.message(msg.parent_id)
-        self.start_reply(parent, focus=True, start=self.continuation_of(msg))
+        parent = self._prompt_of(msg, hint)
+        if parent is not None:
+            self.start_reply(parent, focus=True, start=self.continuation_of(msg))
 
-    def _first_reply(self, msg: Message, hint: str) -> bool:
-        """Whether `msg` is a chat's first message and no user's (a row edited by hand): no
-        prompt comes before it to answer again (r and c ended the app in a traceback); `hint`
-        is said."""
-        if msg.role == "user" or msg.parent_id is not None:
-            return False
-        self.notify(hint)
-        return True
+    def _prompt_of(self, msg: Message, hint: str) -> Message | None:
+        """The message `msg` answers (its parent); None, `hint` said, where there is none: a
+        chat's first message that is no user's, or one whose parent's row is gone (rows edited
+        by hand: r and c ended the app in a traceback, with no prompt to answer again)."""
+        parent = None if msg.parent_id is None else self.chats.find(msg.parent_id)
+        if parent is None:
+            self.notify(hint)
+        return parent
 
     def action_prev_branch(self, msg_id: str | None = None) -> None:
         """[ or ‹: show the message's previous sibling and the branch under it."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import re
 import sqlite3
 import time
@@ -23,9 +22,9 @@ from textual import work
 
 from statechat.chat.continuing import Start, reply_start, text_token_ids
 from statechat.chat.next_turn import warm_next_turn
-from statechat.chat.template import opens_thinking
+from statechat.chat.template import ROLES, TOOL_ROLE, opens_thinking
 from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
-from statechat.errors import ContextLengthError, StatechatError
+from statechat.errors import ConfigError, ContextLengthError, StatechatError
 from statechat.tui.conversations import GONE
 from statechat.tui.format import chat_title, reply_stats, status_line
 from statechat.tui.widgets.chat_view import ChatView
@@ -36,7 +35,6 @@ TOO_LONG_HINT = "edit a message (e) to make it shorter, or start a new chat (Ctr
 STREAM_INTERVAL_S = 0.05  # screen updates while streaming, at most this often
 SAVE_INTERVAL_S = 2.0  # a streaming reply's text saved this often (a crash keeps it)
 NEW_REPLY = Start()  # what a reply that continues none begins with: nothing
-log = logging.getLogger("statechat.tui")
 
 
 class RepliesMixin:
@@ -89,9 +87,10 @@ class RepliesMixin:
         reply shows first)."""
         # a reply with no text (one that failed, or was stopped before its first token) was
         # never the model's turn: an empty assistant turn would teach the model to say nothing
-        history = [m.as_chat() for m in self.chats.path(parent.id)
-                   if not (m.role == "assistant" and not m.content)]
+        path = self.chats.path(parent.id)
+        history = [m.as_chat() for m in path if not (m.role == "assistant" and not m.content)]
         try:
+            check_roles(path)
             ids = self.worker.render(history, template_kwargs=self.template_kwargs)
             with self.worker.tokenizer_lock:  # (shared with the stream's thread)
                 thinking = opens_thinking(self.worker.engine.tokenizer, ids)
@@ -270,3 +269,13 @@ class RepliesMixin:
         if self.handle is not None:
             self.notify("A reply is streaming; press Esc to stop it first.", severity="warning")
         return self.handle is not None
+
+
+def check_roles(path: list[Message]) -> None:
+    """Raise ConfigError naming the first message of the branch `path` whose role no chat
+    template takes (a row edited by hand; NULL reads as `unknown`), and how to go on."""
+    for i, m in enumerate(path, 1):
+        if m.role not in (*ROLES, TOOL_ROLE):
+            raise ConfigError(f"message {i} of this branch has the role '{m.role}', which the "
+                              "chat template does not take (a row edited by hand); edit a "
+                              "message before it (e) or start a new chat (Ctrl+N)")

@@ -249,9 +249,29 @@ def test_a_reply_s_token_ids_are_kept_with_its_text_and_only_with_it(tmp_path):
     other = store.add(conv.id, user.id, "assistant", "")
     store.update(other.id, content="x", token_ids=[5], stats=UNFINISHED)
     assert store.save_unfinished(other.id, "x and more") and store.token_ids(other.id) is None
-    for edited in ("[1, -2]", "[1, true]", "{oops", '"7"', "[[1]]"):
+    for edited in ("[1, -2]", "[1, true]", "{oops", '"7"', "[[1]]", f"[1, {2**40}]"):
         store.db.execute("UPDATE chat_messages SET token_ids = ? WHERE id = ?",
                          [edited, reply.id])
         assert store.token_ids(reply.id) is None, edited
     store.delete_branch(reply.id)
     assert store.token_ids(reply.id) is None
+
+
+@pytest.mark.parametrize("edit", ["DELETE FROM chat_messages WHERE id = :leaf",
+                                  "UPDATE chat_conversations SET current_leaf = NULL"])
+def test_a_chat_whose_leaf_row_is_gone_reads_its_newest_branch(tmp_path, edit):
+    """The current leaf's row deleted by hand (`sqlite3`: the last reply), or the chat's leaf
+    set to NULL: the chat read as empty, every message of it hidden, and the next message sent
+    began a new root. It reads as the branch of its newest message."""
+    store = open_chats(tmp_path)
+    conv, *_, a2 = build(store)
+    other = store.create("another")
+    store.add(other.id, None, "user", "another's newer question")
+    with store.db.conn:
+        store.db.execute(edit, {"leaf": a2.id})
+    expected = ["first question", "first answer", "second question"]
+    if "NULL" in edit:
+        expected.append("second answer")
+    assert contents(store, conv.id) == expected
+    assert contents(store, other.id) == ["another's newer question"]
+    assert contents(store, store.create("empty").id) == []

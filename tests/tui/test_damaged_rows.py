@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from statechat.chat.tree import open_chats
+from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import header, make_app, send, views, wait_ready
+from tests.tui.test_app import header, make_app, send, views, wait_idle, wait_ready
 
 LOOP = ("UPDATE chat_messages SET parent_id = (SELECT id FROM chat_messages m WHERE "
         "m.conversation_id = chat_messages.conversation_id AND m.role = 'assistant') "
@@ -98,16 +101,25 @@ def test_chats_with_rows_edited_by_hand_open_and_the_others_work(loaded, tmp_pat
     asyncio.run(run())
 
 
-def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path):
+FIRST_NO_USER_S = {  # a chat's first message made no user's, by hand
+    "its role": ("UPDATE chat_messages SET role = 'assistant' WHERE id = ?", ["asks", "replies"]),
+    "its user's row deleted": ("DELETE FROM chat_messages WHERE id = ?", ["replies"]),
+}
+
+
+@pytest.mark.parametrize("edit", FIRST_NO_USER_S)
+def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path, edit):
     """A chat whose first message is a reply or a system message (its role edited by hand, or
-    written by another program): r or c on it ended the app in a traceback (no message before
-    it to answer again). They say what to pick, and the app goes on."""
+    written by another program; or its user's message deleted with `sqlite3`, the reply's
+    parent now no row): r or c on it ended the app in a traceback (no message before it to
+    answer again). They say what to pick, and the app goes on."""
+    sql, shown = FIRST_NO_USER_S[edit]
     chats = open_chats(tmp_path)
     conv = chats.create("first is a reply")
     first = chats.add(conv.id, None, "user", "asks")
     chats.add(conv.id, first.id, "assistant", "replies")
     with chats.db.conn:
-        chats.db.execute("UPDATE chat_messages SET role = 'assistant' WHERE id = ?", [first.id])
+        chats.db.execute(sql, [first.id])
     chats.close()
 
     async def run():
@@ -121,6 +133,36 @@ def test_r_and_c_on_a_first_message_that_is_no_user_s_say_so(loaded, tmp_path):
                 await pilot.pause(0.2)
                 assert app.is_running and app.handle is None
                 assert app._notifications and "Pick a reply" in list(app._notifications)[-1].message
-            assert [v.message.content for v in views(app)] == ["asks", "replies"]
+            assert [v.message.content for v in views(app)] == shown
+
+    asyncio.run(run())
+
+
+def test_a_branch_with_a_role_no_template_takes_says_which_and_what_to_do(loaded, tmp_path):
+    """A reply whose role was set by hand to one no chat template takes (NULL reads as
+    `unknown`): every message sent after it got a reply whose error named roles and a message
+    index the user never saw ("message 1 must be {'role': one of system/user/assistant, ...}").
+    It names the message and its role, and how to go on; a branch edited around it works."""
+    chats = open_chats(tmp_path)
+    conv = chats.create("a role set by hand")
+    first = chats.add(conv.id, None, "user", "asks")
+    reply = chats.add(conv.id, first.id, "assistant", "replies")
+    with chats.db.conn:
+        chats.db.execute("UPDATE chat_messages SET role = NULL WHERE id = ?", [reply.id])
+    chats.close()
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "and on")
+            error = views(app)[-1].message.stats["error"]
+            assert error.startswith("message 2 of this branch has the role 'unknown'"), error
+            assert "(e)" in error
+            app.query_one(Composer).start_edit(first.id, "asks again")
+            await pilot.press("enter")
+            await wait_idle(pilot, app)
+            assert views(app)[0].message.content == "asks again"
+            assert views(app)[-1].message.stats.get("completion_tokens")
 
     asyncio.run(run())

@@ -100,3 +100,79 @@ def test_a_reply_that_cannot_be_saved_as_the_app_quits_is_said_after_it(loaded, 
                                               "was not saved (the chats in X could not be saved")
     kept = open_chats(tmp_path).message(reply_id)
     assert kept.content and kept.stats == {"unfinished": True}
+
+
+def test_a_flood_of_warnings_shows_a_few_notices_and_prints_the_rest_after(loaded, tmp_path,
+                                                                           capsys):
+    """A failing disk can warn hundreds of times a second, from the cache's threads: each was a
+    notice of its own, and Textual mounting thousands of them held the app for seconds (12 s
+    for 1,500). A line already showing is not shown again; past a few at once, the lines are
+    held (one notice says so) and printed after the app, each once with its count."""
+    import threading
+
+    from statechat.tui.log_notices import MAX_NOTICES
+
+    async def flood(pilot):
+        app = pilot.app
+        await wait_ready(pilot, app)
+        log = logging.getLogger("statechat.cache")
+
+        def warn():
+            for i in range(1500):
+                log.warning("statechat cache: the same failure")
+                log.warning("statechat cache: failure %d", i % 40)
+
+        thread = threading.Thread(target=warn)
+        thread.start()
+        thread.join()
+        await pilot.pause()
+        shown.extend(notices(app))
+        await send(pilot, app, "still there")
+        assert views(app)[-1].message.stats.get("completion_tokens")
+        await pilot.press("ctrl+q")
+
+    shown: list[str] = []
+    app = make_app(loaded, tmp_path)
+    app.run(headless=True, size=(120, 50), auto_pilot=flood)
+    assert app.return_code == 0
+    assert len(shown) <= MAX_NOTICES + 1 and shown.count("statechat cache: the same failure") == 1
+    assert any("printed when statechat quits" in n for n in shown), shown
+    printed = [line for line in capsys.readouterr().err.splitlines() if "failure" in line]
+    late = app.log_notices.late
+    assert set(late) <= set(printed) and len(late) == len(set(late)) <= 40
+    held = {f"statechat cache: failure {i} (x{len(range(i, 1500, 40))})"  # (those past the
+            for i in range(MAX_NOTICES - 1, 40)}  # first notices, "the same failure"'s one)
+    assert held <= set(late)
+    assert logging.getLogger("statechat").handlers == []
+
+
+def test_an_app_whose_close_fails_leaves_no_handler_behind(loaded, tmp_path):
+    """The notices' handler stayed on the `statechat` logger when the app's close raised (an
+    engine whose shutdown failed): it held the closed app (its engine, its model) for the rest
+    of the process, and kept every later warning of another app run in it."""
+    async def close_fails(pilot):
+        await wait_ready(pilot, pilot.app)
+
+        def fails(*args, **kwargs):
+            raise RuntimeError("the engine's shutdown failed")
+
+        pilot.app.worker.shutdown = fails
+        await pilot.press("ctrl+q")
+
+    first = make_app(loaded, tmp_path)
+    try:
+        first.run(headless=True, size=(120, 50), auto_pilot=close_fails)
+    except RuntimeError:
+        pass
+    assert logging.getLogger("statechat").handlers == []
+
+    async def second():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(120, 50), notifications=True) as pilot:
+            await wait_ready(pilot, app)
+            logging.getLogger("statechat.engine").warning("statechat: the second app's")
+            await pilot.pause(0.1)
+            assert notices(app) == ["statechat: the second app's"]
+
+    asyncio.run(second())
+    assert first.log_notices.late == [] and logging.getLogger("statechat").handlers == []
