@@ -10,6 +10,7 @@ reply."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from rich.console import Console
 
@@ -163,6 +164,11 @@ def test_a_continuation_that_adds_nothing_is_not_kept(loaded, tmp_path):
             assert [m.id for m in app.chats.siblings(old.id)] == [old.id]
             assert [v.message.id for v in views(app)] == [m.id for m in app.chats.branch(
                 app.conv_id)] and views(app)[1].message.id == old.id
+            # (the chat is shown again, and its reply focused, once the screen has redrawn: on
+            # a loaded machine that can come some frames after the reply ended)
+            end = time.monotonic() + 10
+            while app.focused is not views(app)[1] and time.monotonic() < end:
+                await pilot.pause(0.05)
             assert app.focused is views(app)[1] and "1/" not in header(views(app)[1])
             assert status(views(app)[1]) == line and app.handle is None
             assert notices(app)[-1] == "The reply is already complete: nothing was added."
