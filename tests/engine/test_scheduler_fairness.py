@@ -155,4 +155,4 @@ def test_the_engine_times_capped_steps_as_capped(tiny_dirs):
     engine.add_request([3 + i % 300 for i in range(400)], SamplingParams(max_tokens=1))
     while engine.has_unfinished():
         engine.step()
-    assert True in seen and cost.prefill_s_per_token == rate
+    assert any(seen) and cost.prefill_s_per_token == rate  # (some run was capped)
