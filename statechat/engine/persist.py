@@ -27,8 +27,9 @@ RETRY_STALL_S = 5.0
 
 class RecentHashes(MutableSet):
     """A set of hashes that keeps the `limit` added last, the oldest forgotten first: what the
-    engine knows to be on disk, which the disk's own LRU forgets as it evicts (one forgotten
-    while on disk costs a copy that the writer then skips, never a wrong answer)."""
+    engine knows to be on disk, which the disk's own LRU forgets as it evicts. One forgotten
+    while still on disk costs a copy that the writer then skips, or, where the device tier no
+    longer holds its block, a checkpoint left unsaved (a later miss); never a wrong answer."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
