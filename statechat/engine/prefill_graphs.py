@@ -79,6 +79,7 @@ class PrefillGraphs:
         # padding's, stays zeros. As wide as a whole bucket, which either sequence may span.
         self.tables = torch.zeros(2, max(max_blocks, self.B // CHUNK), dtype=torch.int32,
                                   device=device)
+        self.first_seq = torch.zeros(1, dtype=torch.int64, device=device)  # (the logits row's)
         self.graphs: dict[int, Any] = {}  # bucket -> its CUDAGraph or NPUGraph
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
@@ -121,7 +122,8 @@ class PrefillGraphs:
             positions=v64[B : B + b], cu_seqlens=cu, is_decode=False, state_src=src,
             state_dst=dst, slot_mapping=v64[2 * B : 2 * B + b], block_tables=self.tables,
             context_lens=ctx, checkpoints=Checkpoints(seq[:c], boundary[:c], slot[:c]),
-            logits_indices=v64[3 * B :], pad_seqs=1, rope_table=self.rope_table,
+            logits_indices=v64[3 * B :], logits_seqs=self.first_seq, pad_seqs=1,
+            rope_table=self.rope_table,
         )
 
     def _fields32(self, buf: torch.Tensor | np.ndarray) -> tuple:

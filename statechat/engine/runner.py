@@ -69,10 +69,12 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
 
-    def prepare(self, batch: Batch) -> tuple[torch.Tensor, Context]:
-        """Host lists -> one Context for the step (a single host-to-device copy per field)."""
+    def prepare(self, batch: Batch, every_row: bool = False) -> tuple[torch.Tensor, Context]:
+        """Host lists -> one Context for the step (a single host-to-device copy per field).
+        A step with prompt tokens runs its last layer past the mixer on the logits rows alone
+        (Context.logits_seqs) unless `every_row` (a step that scores its prompt reads them all)."""
         bs = self.block_size
-        ids, positions, slot_mapping, cu, logits_rows = [], [], [], [0], []
+        ids, positions, slot_mapping, cu, logits_rows, logits_seqs = [], [], [], [0], [], []
         ck_seq, ck_boundary, ck_slot = [], [], []
         max_blocks = max(len(it.seq.block_table) for it in batch.items)
         tables = []
@@ -85,6 +87,7 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
             cu.append(cu[-1] + n)
             if it.needs_logits:
                 logits_rows.append(cu[-1] - 1)
+                logits_seqs.append(i)
             tables.append(seq.block_table + [0] * (max_blocks - len(seq.block_table)))
             for boundary, slot in it.checkpoints:
                 ck_seq.append(i)
@@ -108,6 +111,8 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
             context_lens=self._tensor([it.start + it.num_tokens for it in batch.items], i32),
             checkpoints=checkpoints,
             logits_indices=self._tensor(logits_rows, i64),
+            logits_seqs=(None if batch.is_decode or every_row  # (a decode step's rows are all
+                         else self._tensor(logits_seqs, i64)),  # logits rows)
             rope_table=self.rope_table,
         )
         return self._tensor(ids, i64), ctx
@@ -137,7 +142,7 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         elif bucket is not None:
             logits, greedy = self._replay_prefill(batch.items[0], bucket)
         elif scored:  # (never a graph: every row's output is read)
-            input_ids, ctx = self.prepare(batch)
+            input_ids, ctx = self.prepare(batch, every_row=True)
             rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
             # queued: a copy from pageable memory after it would wait for it)
             with torch.inference_mode():

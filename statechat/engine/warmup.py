@@ -119,6 +119,7 @@ def warm_forward(runner: ModelRunner, n: int, length: int = CHUNK, width: int = 
         block_tables=torch.zeros(n, blocks, dtype=i32, device=dev),
         context_lens=torch.full((n,), context, dtype=i32, device=dev),
         checkpoints=checkpoints, logits_indices=(cu[1:] - 1).to(i64),
+        logits_seqs=None if length == 1 else torch.arange(n, dtype=i64, device=dev),
         rope_table=runner.rope_table,
     )
     runner.model(torch.zeros(n * length, dtype=i64, device=dev), ctx, runner.caches)

@@ -51,8 +51,12 @@ class Attention(nn.Module):
         ctx: Context,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        picked: bool = False,
     ) -> torch.Tensor:
-        """The layer after its q/k/v projection: proj [T, 2 Hq D + 2 Hkv D] -> [T, hidden]."""
+        """The layer after its q/k/v projection: proj [T, 2 Hq D + 2 Hkv D] -> [T, hidden], or
+        with `picked` [M, hidden] for the rows of ctx.logits_indices alone (see
+        Context.logits_seqs), which attend as the last token of their sequences: a decode
+        step's attention. Every row's keys and values are stored either way."""
         T = proj.shape[0]
         kv_dim = self.num_kv_heads * self.head_dim
         qg, k, v = proj.split([2 * self.num_heads * self.head_dim, kv_dim, kv_dim], dim=-1)
@@ -64,8 +68,15 @@ class Attention(nn.Module):
             q, k, v, self.q_norm.weight, self.k_norm.weight, *cos_sin, self.q_norm.eps,
             k_cache, v_cache, ctx.slot_mapping,
         )
+        tables, cu, lens = ctx.block_tables, ctx.cu_seqlens, ctx.context_lens
+        if picked:
+            rows, seqs = ctx.logits_indices, ctx.logits_seqs
+            T = rows.shape[0]
+            if not T:
+                return proj.new_empty(0, self.o_proj.weight.shape[0])
+            q, gate, tables, lens = q[rows], gate[rows], tables[seqs], lens[seqs]
+            cu = torch.arange(T + 1, dtype=torch.int32, device=q.device)  # one query each
         o = kernels.paged_attention(  # gated in its epilogue: out * sigmoid(gate)
-            q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens, ctx.context_lens, self.scale,
-            gate,
+            q, k_cache, v_cache, tables, cu, lens, self.scale, gate
         )
         return kernels.linear(o.reshape(T, -1), self.o_proj.weight)

@@ -30,6 +30,11 @@ class Context:
     block_tables: [N, max_blocks] int32, KV blocks of each sequence, in order
     context_lens: [N] int32, tokens in the KV cache for each sequence after this step
     logits_indices: [M] int64, rows of the packed batch whose logits are returned (None = all)
+    logits_seqs: [M] int64, the sequence of each logits row, given only when each row is the
+    last of its sequence in the step (no sequence has two; a sequence may have none): then
+    nothing reads the other rows' outputs of the last layer, which runs its attention queries,
+    output projection and feed-forward on the logits rows alone (TextModel.forward returns
+    only those rows). None: every row runs the whole model
     gdn_layout: the GDN kernels' chunk bookkeeping for this step (kernels.chunk_layout), made
     by the model at the start of every forward and shared by its GDN layers
     pad_seqs: how many of the last sequences only pad a CUDA graph's shapes (launch tuning
@@ -49,6 +54,7 @@ class Context:
     context_lens: torch.Tensor
     checkpoints: Checkpoints | None = None
     logits_indices: torch.Tensor | None = None
+    logits_seqs: torch.Tensor | None = None
     gdn_layout: object | None = None
     pad_seqs: int = 0
     rope_table: torch.Tensor | None = None

@@ -57,7 +57,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         """input_ids: [T] -> float32 logits [M, vocab] for the rows in ctx.logits_indices (and,
         with_argmax, their argmax [M], which a decode step's lm_head GEMV finds as it goes)."""
         h, residual = self.model(input_ids, ctx, caches)
-        return self.logits(h, residual, ctx.logits_indices, with_argmax)
+        rows = None if ctx.logits_seqs is not None else ctx.logits_indices  # (picked already)
+        return self.logits(h, residual, rows, with_argmax)
 
     @torch.inference_mode()
     def logits(
@@ -92,16 +93,17 @@ class TextModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, ctx: Context, caches: ModelCaches
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(last layer's output, residual stream before it): the final norm adds the two."""
+        """(last layer's output, residual stream before it): the final norm adds the two.
+        Every row's, or with ctx.logits_seqs those of ctx.logits_indices alone, in their order."""
         h = self.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(ctx.positions, h.dtype, ctx.rope_table)
         # made by every forward (a graph's capture must not inherit its warm-up's tensors)
         ctx.gdn_layout = None if ctx.is_decode else kernels.chunk_layout(
             ctx.cu_seqlens, input_ids.shape[0], ctx.checkpoints, ctx.pad_seqs)
         residual = None
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             h, residual = layer(h, residual, cos_sin, ctx, caches)
-        return h, residual
+        return self.layers[-1](h, residual, cos_sin, ctx, caches, last=True)
 
 
 class DecoderLayer(nn.Module):
@@ -126,9 +128,16 @@ class DecoderLayer(nn.Module):
     def forward(
         self, h: torch.Tensor, residual: torch.Tensor | None,
         cos_sin: tuple[torch.Tensor, torch.Tensor], ctx: Context, caches: ModelCaches,
+        last: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(block output, residual stream before it): the caller's next norm adds the two, so
-        the residual adds cost no kernel of their own. `residual` is None for the first layer."""
+        the residual adds cost no kernel of their own. `residual` is None for the first layer.
+
+        The model's last layer (`last`) with ctx.logits_seqs: its token mixer still writes
+        every row's keys and values or GDN state, but from there on only the logits rows run
+        (for attention, from its queries on), and only they are returned. A prefill's other
+        rows are most of its tokens: at 32k this skips one of the six attention layers'
+        work."""
         mixer = self.linear_attn if self.is_gdn else self.self_attn
         i = self.cache_index
         # a GDN layer's decode conv runs with its in-projection (see GatedDeltaNet.mix)
@@ -141,10 +150,16 @@ class DecoderLayer(nn.Module):
             proj, residual = kernels.add_rmsnorm_linear(
                 h, residual, norm.weight, norm.eps, mixer.w_first, conv
             )
+        picked = last and ctx.logits_seqs is not None
         if self.is_gdn:
             x = mixer.mix(proj, ctx, caches.conv[i], caches.ssm[i])
         else:
-            x = mixer.mix(proj, cos_sin, ctx, caches.k[i], caches.v[i])
+            x = mixer.mix(proj, cos_sin, ctx, caches.k[i], caches.v[i], picked)
+        if picked:  # (attention picked its rows itself)
+            rows = ctx.logits_indices
+            x, residual = (x[rows] if self.is_gdn else x), residual[rows]
+            if not len(rows):  # no row's logits wanted (a chunk in mid-prompt)
+                return x, residual
         norm = self.post_attention_layernorm
         if isinstance(self.mlp, SparseMoeBlock):
             x, residual = norm.add(x, residual)
