@@ -99,3 +99,38 @@ def test_logits_rows_alone_change_nothing(models, name, wanted, backend):
     for field in ("k", "v", "conv", "ssm"):  # every row's keys, values and states all the same
         for a, b in zip(getattr(got_caches, field), getattr(want_caches, field)):
             assert torch.equal(a, b), field
+
+
+def test_the_engine_picks_the_rows_of_its_prefill_steps(tiny_dirs):
+    """The engine's steps with prompt tokens pick their logits rows (the sequences that sample,
+    in order; none for a chunk in mid-prompt), beside a decode that shares the step; decode
+    steps and a step that scores its prompt run every row."""
+    from statechat.engine.sampling import SamplingParams
+    from tests.helpers import cpu_engine, random_prompts
+
+    loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32)
+    eng = cpu_engine(loaded, max_num_batched_tokens=128, enable_prefix_cache=False)
+    seen, prepare = [], eng.runner.prepare
+
+    def recording(batch, every_row=False):
+        ids, ctx = prepare(batch, every_row)
+        picked = None if ctx.logits_seqs is None else ctx.logits_seqs.tolist()
+        seen.append((batch.is_decode, every_row, picked,
+                     [i for i, it in enumerate(batch.items) if it.needs_logits]))
+        return ids, ctx
+
+    eng.runner.prepare = recording
+    short, long = random_prompts(20, 300)
+    eng.generate([long], SamplingParams(max_tokens=1))  # alone: chunks in mid-prompt
+    eng.add_request(short, SamplingParams(max_tokens=8, ignore_eos=True))
+    eng.step()  # the short prompt's whole prefill: it samples
+    eng.add_request(long, SamplingParams(max_tokens=2, ignore_eos=True))  # beside its decode
+    eng.add_request(short, SamplingParams(max_tokens=1, prompt_logprobs=1))
+    while eng.has_unfinished():
+        eng.step()
+    prefills = [s for s in seen if not s[0] and not s[1]]
+    assert prefills and all(picked == wanted for _, _, picked, wanted in prefills)
+    assert [] in [picked for *_, picked, _ in prefills]  # a chunk in mid-prompt samples nothing
+    assert any(len(wanted) > 1 for *_, wanted in prefills)  # a decode beside a chunk
+    assert all(picked is None for decode, every_row, picked, _ in seen if decode or every_row)
+    assert any(every_row for _, every_row, _, _ in seen)  # the scored prompt's step
