@@ -52,13 +52,11 @@ class ConversationsMixin:
             stays = "; your text stays in the box, to send as a new message" if keep else ""
             self.notify(f"Edit ended: its message is no longer shown{stays}.")
         views = []
-        for msg in branch:
+        for msg, (pos, num_sibs) in zip(branch, self.chats.places(branch)):
             thinking = False
             if msg.id == self.streaming_reply_id:  # (streaming here: no status until it ends)
                 msg, thinking = dataclasses.replace(msg, stats={}), self.streaming_thinking
-            sibs = self.chats.siblings(msg.id)
-            pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
-            views.append(MessageView(msg, pos, len(sibs), thinking=thinking))
+            views.append(MessageView(msg, pos, num_sibs, thinking=thinking))
         chat = self.query_one(ChatView)
         if isinstance(self.focused, MessageView):  # (its view is replaced: the box holds the
             # focus, until the view of `focus_id` is built; else Textual moved it to the chat
