@@ -58,6 +58,11 @@ def long_chat(chat_dir: Path, num_messages: int) -> tuple[str, str, str]:
     return conv.id, near_end, near_start
 
 
+def say(line: str) -> None:
+    """Print `line` now (to the real stderr: the app's run captures stdout)."""
+    print(line, file=sys.__stderr__, flush=True)
+
+
 async def time_switches(app: StatechatApp, pilot, msg_id: str, repeats: int) -> list[float]:
     """ms of each switch from `msg_id` to its sibling and back, `repeats` times."""
     times = []
@@ -81,10 +86,10 @@ async def bench(args) -> None:
                 await pilot.pause(0.05)
             await pilot.pause()
             assert app.conv_id == conv_id
-            print(f"{len(app.query_one(ChatView).views())} messages shown")
+            say(f"{len(app.query_one(ChatView).views())} messages shown")
             for name, at in (("near the end", near_end), ("near the start", near_start)):
                 times = await time_switches(app, pilot, at, args.repeats)
-                print(f"switch {name}: median {statistics.median(times):.0f} ms "
+                say(f"switch {name}: median {statistics.median(times):.0f} ms "
                       f"({', '.join(f'{t:.0f}' for t in times)})")
             await pilot.press("ctrl+q")
 
