@@ -8,6 +8,9 @@ Tables (in `<cache_dir>/index.db`, WAL, beside the cache's own tables; all prefi
 (and `thinking` where its prompt opened its reasoning: tui/format.py).
 `token_ids` is a JSON array, or NULL: the token ids a reply's content was made of, its stop
 token left out (a continuation feeds them back as they were made: chat/continuing.py).
+  chat_state(key, value)
+holds the app's state between runs: `last_viewed`, the id of the chat it showed last (made at
+the first write: a file of an earlier statechat, or one that cannot be written, has none).
 ChatStore (tree.py) keeps the conversation trees in them.
 """
 
@@ -24,7 +27,7 @@ from statechat.cache.index import refuse_foreign
 from statechat.cache.sqlite_files import is_locked, is_unusable, open_sqlite, primary_code
 from statechat.chat.records import BUSY_ADVICE, BusyError, DamagedError
 
-CONVERSATIONS, MESSAGES = "chat_conversations", "chat_messages"
+CONVERSATIONS, MESSAGES, STATE = "chat_conversations", "chat_messages", "chat_state"
 # chat_messages' columns that came after its first version: a file made before them gets them
 # as it opens (their rows NULL; an earlier statechat on the same file leaves them NULL too)
 NEWER_COLUMNS = {"token_ids": str}
@@ -92,6 +95,24 @@ class ChatFile:
             finally:
                 self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         self.columns = set(table.columns_dict)
+
+    def last_viewed(self) -> str | None:
+        """The id of the chat `set_last_viewed` saved last (it may since be deleted); None if
+        none was."""
+        with self._locked():
+            if not self.db[STATE].exists():
+                return None
+            row = self.db.execute(f"SELECT value FROM {STATE} WHERE key = 'last_viewed'")
+            value = (row.fetchone() or [None])[0]
+        return value if isinstance(value, str) else None
+
+    def set_last_viewed(self, conv_id: str) -> None:
+        """Save `conv_id` as the chat viewed last (chat_state is made here, once)."""
+        with self._locked(), self.db.conn:
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {STATE} "
+                            "(key TEXT PRIMARY KEY, value TEXT)")
+            self.db.execute(f"INSERT INTO {STATE} (key, value) VALUES ('last_viewed', ?) "
+                            "ON CONFLICT(key) DO UPDATE SET value = excluded.value", [conv_id])
 
     def close(self) -> None:
         self.db.conn.close()

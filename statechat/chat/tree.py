@@ -204,6 +204,29 @@ class ChatStore(ChatFile):
             rows = self.db[MESSAGES].rows_where(where, args, order_by="created, rowid")
             return [self._message(r) for r in rows]
 
+    def places(self, msgs: list[Message]) -> list[tuple[int, int]]:
+        """Each message's place among its siblings as `siblings` orders them, (its position
+        from 1, their number), read in one query (`siblings` for each message of a 300-message
+        branch took 0.15 s); (1, 1) for a message deleted meanwhile."""
+        with self._locked():
+            rows = self.db.execute(
+                f"""SELECT id, parent_id, conversation_id FROM {MESSAGES}
+                    WHERE parent_id IN (SELECT value FROM json_each(?1))
+                       OR (parent_id IS NULL AND conversation_id IN
+                           (SELECT value FROM json_each(?2)))
+                    ORDER BY created, rowid""",
+                [json.dumps([m.parent_id for m in msgs if m.parent_id is not None]),
+                 json.dumps([m.conversation_id for m in msgs if m.parent_id is None])],
+            ).fetchall()
+        groups: dict[tuple[str | None, str | None], list[str]] = {}  # (a root's siblings:
+        for msg_id, parent_id, conv_id in rows:  # its chat's roots)
+            groups.setdefault((parent_id, None if parent_id else conv_id), []).append(msg_id)
+        places = []
+        for m in msgs:
+            sibs = groups.get((m.parent_id, None if m.parent_id else m.conversation_id), [])
+            places.append((sibs.index(m.id) + 1, len(sibs)) if m.id in sibs else (1, 1))
+        return places
+
     def children(self, msg_id: str) -> list[Message]:
         with self._locked():
             rows = self.db[MESSAGES].rows_where("parent_id = ?", [msg_id],

@@ -79,6 +79,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
         self.worker = None  # EngineWorker, once loaded
         self.chats: ChatStore | None = None
         self.conv_id: str | None = None
+        self.viewed_saved: str | None = None  # the chat saved as viewed last (conversations.py)
         self.handle = None  # the RequestHandle being streamed
         self.streaming_conv_id: str | None = None  # the chat of the reply being streamed
         self.streaming_reply_id: str | None = None  # the reply being streamed
@@ -198,8 +199,7 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
                           f"{sampling_line(self.sampling)}")
         self.is_embedded = is_embedded(self.loaded.path)
         self._fit(self.size)
-        convs = self.chats.conversations()
-        self.open_conversation(convs[0].id if convs else None)
+        self.open_conversation(self.first_chat())
         self._focus_composer()
 
     def run(self, *args, **kwargs):

@@ -12,10 +12,11 @@ quitting (`is_closing`), the actions do nothing: the widgets they would fill are
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
-from statechat.chat.tree import Message
+from statechat.chat.tree import BusyError, Message
 from statechat.tui.format import clean, one_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
@@ -28,12 +29,12 @@ CONFIRM_S = 5.0  # a delete asked about is done by its key pressed again within 
 
 class ConversationsMixin:
     """StatechatApp's chat and branch actions. The app has `chats` (the ChatStore), `conv_id`
-    (the chat shown), `handle`, `streaming_conv_id`, `streaming_reply_id` and
-    `streaming_thinking` (the reply streaming, and whether its prompt opened its reasoning),
-    `is_closing` (the app is quitting), `delete_asked` (the delete asked about: its target
-    and when, None once done or lapsed), `focus_pending` (the message to focus once its view is
-    built), `_busy()`, `start_reply()` and `continuation_of()`
-    (replies.py), and `_focus_composer()` (layout.py)."""
+    (the chat shown), `viewed_saved` (the chat saved as viewed last), `handle`,
+    `streaming_conv_id`, `streaming_reply_id` and `streaming_thinking` (the reply streaming,
+    and whether its prompt opened its reasoning), `is_closing` (the app is quitting),
+    `delete_asked` (the delete asked about: its target and when, None once done or lapsed),
+    `focus_pending` (the message to focus once its view is built), `_busy()`, `start_reply()`
+    and `continuation_of()` (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
@@ -42,6 +43,7 @@ class ConversationsMixin:
             self.notify(GONE.format("That chat"), severity="warning")
             conv_id = None
         self.conv_id = conv_id
+        self._save_viewed(conv_id)
         self.query_one(ConversationList).show(self.chats.conversations(), conv_id)
         branch = self.chats.branch(conv_id) if conv_id else []
         composer = self.query_one(Composer)
@@ -52,13 +54,11 @@ class ConversationsMixin:
             stays = "; your text stays in the box, to send as a new message" if keep else ""
             self.notify(f"Edit ended: its message is no longer shown{stays}.")
         views = []
-        for msg in branch:
+        for msg, (pos, num_sibs) in zip(branch, self.chats.places(branch)):
             thinking = False
             if msg.id == self.streaming_reply_id:  # (streaming here: no status until it ends)
                 msg, thinking = dataclasses.replace(msg, stats={}), self.streaming_thinking
-            sibs = self.chats.siblings(msg.id)
-            pos = next(i for i, s in enumerate(sibs) if s.id == msg.id) + 1
-            views.append(MessageView(msg, pos, len(sibs), thinking=thinking))
+            views.append(MessageView(msg, pos, num_sibs, thinking=thinking))
         chat = self.query_one(ChatView)
         if isinstance(self.focused, MessageView):  # (its view is replaced: the box holds the
             # focus, until the view of `focus_id` is built; else Textual moved it to the chat
@@ -68,6 +68,25 @@ class ConversationsMixin:
         if focus_id:
             self.focus_pending = focus_id
             self.call_after_refresh(self._focus_view, focus_id)
+
+    def _save_viewed(self, conv_id: str | None) -> None:
+        """Save `conv_id` as the chat viewed last (a restart opens it), unless it is saved
+        already or None (a new chat, saved once its first message makes it); a file that cannot
+        be written for now keeps the one saved before (it is no chat's content)."""
+        if conv_id is None or conv_id == self.viewed_saved:
+            return
+        with contextlib.suppress(BusyError):
+            self.chats.set_last_viewed(conv_id)
+            self.viewed_saved = conv_id
+
+    def first_chat(self) -> str | None:
+        """The chat a start shows: the one viewed last, else (none saved, or it was deleted)
+        the one updated last; None where there is none."""
+        convs = self.chats.conversations()
+        last = self.chats.last_viewed()
+        if any(c.id == last for c in convs):
+            return last
+        return convs[0].id if convs else None
 
     def _focus_view(self, msg_id: str) -> None:
         """(Once the views are built) focus the view of `msg_id`, if it is shown."""

@@ -275,3 +275,26 @@ def test_a_chat_whose_leaf_row_is_gone_reads_its_newest_branch(tmp_path, edit):
     assert contents(store, conv.id) == expected
     assert contents(store, other.id) == ["another's newer question"]
     assert contents(store, store.create("empty").id) == []
+
+
+def test_places_are_each_message_s_among_its_siblings(tmp_path):
+    """`places` (one query for a whole branch) gives what `siblings` gives message by message:
+    a root's siblings are its chat's roots (another chat's are not), and a message deleted
+    meanwhile is (1, 1)."""
+    store = open_chats(tmp_path)
+    conv, u1, a1, u2, a2 = build(store)
+    other = store.create("other")
+    store.add(other.id, None, "user", "another chat's root")
+    store.add(conv.id, None, "user", "a second root")
+    store.add(conv.id, a1.id, "user", "an edit")
+    store.add(conv.id, u2.id, "assistant", "a regenerate")
+    store.add(conv.id, u2.id, "assistant", "another")
+    path = [u1, a1, u2, a2]
+    expected = []
+    for m in path:
+        ids = [s.id for s in store.siblings(m.id)]
+        expected.append((ids.index(m.id) + 1, len(ids)))
+    assert expected == [(1, 2), (1, 1), (1, 2), (1, 3)]
+    assert store.places(path) == expected
+    store.delete_branch(a2.id)
+    assert store.places(path) == [*expected[:3], (1, 1)]

@@ -41,6 +41,14 @@ class MessageView(Vertical, can_focus=True):
         self.text, self.status = message.content, status_line(message.stats)
         self.thinking = thinking or message.stats.get("thinking") is True
 
+    def shows_as(self, other: MessageView) -> bool:
+        """Whether this view shows what `other` would: the same message (id, text, stats), the
+        same text and status line now (a reply streaming shows its text so far), the same
+        place among its siblings, its reasoning shown alike."""
+        return (self.message == other.message and self.text == other.text
+                and self.status == other.status and self.thinking == other.thinking
+                and (self.position, self.num_siblings) == (other.position, other.num_siblings))
+
     def compose(self) -> ComposeResult:
         """Its header (role, branch switcher, links), its text, its status line."""
         yield Static(self._header(), classes="header")
