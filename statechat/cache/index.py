@@ -88,11 +88,7 @@ def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
     makes them alone); an index, whose tables `migrate` makes all at once (the schema version
     set with them, lost by a `sqlite3 .dump` reload) and which may hold a user's own tables too.
     Anything else is another program's: tables of its own, or a version of its own."""
-    tables = {r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    index_tables = OWN_TABLES <= tables and "fingerprint" in {
-        r[1] for r in conn.execute("PRAGMA table_info(models)")}
+    tables, version, index_tables = _schema(conn)
     if index_tables or (not version and not tables & OWN_TABLES
                         and all(t.startswith("chat_") for t in tables)):
         return
@@ -101,6 +97,26 @@ def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
            f"it has a schema version of another program's, {version}" if version and not
            tables & OWN_TABLES else "its tables are not the index's")
     raise ConfigError(f"{path} is not a statechat cache index ({why}); pick another cache dir")
+
+
+def _schema(conn: sqlite3.Connection) -> tuple[set[str], int, bool]:
+    """(the file's tables, its schema version, whether the tables are the index's), read in one
+    transaction: another process's `migrate` that commits between two reads would otherwise
+    show its version without its tables (a new cache dir opened by two processes at once was
+    called another program's)."""
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN")
+    try:
+        tables = {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        index_tables = OWN_TABLES <= tables and "fingerprint" in {
+            r[1] for r in conn.execute("PRAGMA table_info(models)")}
+    finally:
+        if began:
+            conn.execute("COMMIT")
+    return tables, version, index_tables
 
 
 def connect_read_only(path: Path) -> sqlite_utils.Database:

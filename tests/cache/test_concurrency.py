@@ -4,11 +4,13 @@ either wrote is usable afterwards."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
 import torch
 
+from statechat.cache import index
 from statechat.cache.store import open_store
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
@@ -103,3 +105,42 @@ def test_a_slow_save_s_blobs_are_not_swept_by_another_process_s_start(tmp_path, 
     assert report["removed"] == [] and report["orphans"] == [] and report["checked"] == 2
     first.close()
     second.close()
+
+
+class Rows(list):
+    def fetchone(self):
+        return self[0] if self else None
+
+
+class MigratedBetweenReads:
+    """A connection after whose first read of the file's tables another connection makes the
+    index (its migration committed): the moment another process's start can land on."""
+
+    def __init__(self, conn: sqlite3.Connection, path) -> None:
+        self.conn, self.path, self.done = conn, path, False
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.conn.in_transaction
+
+    def execute(self, sql: str, *args) -> Rows:
+        rows = Rows(self.conn.execute(sql, *args).fetchall())
+        if "sqlite_master" in sql and not self.done:
+            self.done = True
+            index.connect(self.path).conn.close()
+        return rows
+
+
+def test_an_index_made_by_another_process_between_two_reads_is_taken_as_ours(tmp_path):
+    """Two processes opening a new cache dir at once: the index one of them makes (tables and
+    schema version in one transaction) while the other reads the file was called another
+    program's (its version read after, its tables before, the commit), and that engine failed
+    to start."""
+    path = tmp_path / "index.db"
+    sqlite3.connect(path).execute("PRAGMA journal_mode = WAL").connection.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    racing = MigratedBetweenReads(conn, path)
+    index.refuse_foreign(racing, path)  # raised ConfigError: "a schema version of another
+    assert racing.done  # program's, 1"
+    index.refuse_foreign(conn, path)  # (and the index it made is one)
+    conn.close()
