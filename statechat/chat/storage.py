@@ -33,6 +33,7 @@ CONVERSATIONS, MESSAGES, STATE = "chat_conversations", "chat_messages", "chat_st
 NEWER_COLUMNS = {"token_ids": str}
 BUSY_TIMEOUT_S = 30  # how long a use of the file waits for another process's lock
 ADD_COLUMN_WAIT_S = 1.0  # how long an open waits for it to add NEWER_COLUMNS (else: later)
+STATE_WAIT_S = 1.0  # how long `set_last_viewed` waits for another process's lock (else: not saved)
 
 
 class ChatFile:
@@ -107,12 +108,20 @@ class ChatFile:
         return value if isinstance(value, str) else None
 
     def set_last_viewed(self, conv_id: str) -> None:
-        """Save `conv_id` as the chat viewed last (chat_state is made here, once)."""
-        with self._locked(), self.db.conn:
-            self.db.execute(f"CREATE TABLE IF NOT EXISTS {STATE} "
-                            "(key TEXT PRIMARY KEY, value TEXT)")
-            self.db.execute(f"INSERT INTO {STATE} (key, value) VALUES ('last_viewed', ?) "
-                            "ON CONFLICT(key) DO UPDATE SET value = excluded.value", [conv_id])
+        """Save `conv_id` as the chat viewed last (chat_state is made here, once). It is no
+        chat's content: where another process holds the file locked, BusyError after
+        STATE_WAIT_S, not BUSY_TIMEOUT_S (a chat opened, or the app started, would hang)."""
+        with self._locked():
+            self.db.execute(f"PRAGMA busy_timeout = {int(STATE_WAIT_S * 1000)}")
+            try:
+                with self.db.conn:
+                    self.db.execute(f"CREATE TABLE IF NOT EXISTS {STATE} "
+                                    "(key TEXT PRIMARY KEY, value TEXT)")
+                    self.db.execute(f"INSERT INTO {STATE} (key, value) VALUES ('last_viewed', ?) "
+                                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                                    [conv_id])
+            finally:
+                self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
 
     def close(self) -> None:
         self.db.conn.close()

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
+import pytest
 import sqlite_utils
 
-from statechat.chat.tree import open_chats
+from statechat.chat.storage import BUSY_TIMEOUT_S
+from statechat.chat.tree import BusyError, open_chats
 
 # chat_messages as statechat made it before `token_ids`
 OLD_MESSAGES = """CREATE TABLE chat_messages (id TEXT PRIMARY KEY, conversation_id TEXT
@@ -100,3 +103,23 @@ def test_an_old_file_another_process_holds_locked_opens_at_once(tmp_path):
     assert store.update(reply.id, content="a new answer", token_ids=[1, 2])
     assert store.token_ids(reply.id) == [1, 2]
     store.close()
+
+
+def test_the_chat_viewed_last_is_not_waited_for_while_another_process_holds_the_file(tmp_path):
+    """Saving the chat viewed last (each chat opened, and the app's start) gives up within
+    about a second, not the 30 s a chat's own write waits, and keeps the one saved before;
+    writes after it wait as long as before."""
+    chats = open_chats(tmp_path)
+    first, second = chats.create("first").id, chats.create("second").id
+    chats.set_last_viewed(first)
+    other = sqlite3.connect(tmp_path / "index.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # (another process writing)
+    began = time.monotonic()
+    with pytest.raises(BusyError):
+        chats.set_last_viewed(second)
+    assert time.monotonic() - began < 10
+    assert chats.db.execute("PRAGMA busy_timeout").fetchone()[0] == BUSY_TIMEOUT_S * 1000
+    other.execute("ROLLBACK")
+    assert chats.last_viewed() == first
+    chats.set_last_viewed(second)
+    assert open_chats(tmp_path).last_viewed() == second
