@@ -42,8 +42,8 @@ class ConversationsMixin:
         if conv_id is not None and not self.chats.has_conversation(conv_id):
             self.notify(GONE.format("That chat"), severity="warning")
             conv_id = None
-        self.conv_id = conv_id
-        self._save_viewed(conv_id)
+        switched, self.conv_id = conv_id != self.conv_id, conv_id
+        self._save_viewed(conv_id, switched)
         self.query_one(ConversationList).show(self.chats.conversations(), conv_id)
         branch = self.chats.branch(conv_id) if conv_id else []
         composer = self.query_one(Composer)
@@ -69,11 +69,13 @@ class ConversationsMixin:
             self.focus_pending = focus_id
             self.call_after_refresh(self._focus_view, focus_id)
 
-    def _save_viewed(self, conv_id: str | None) -> None:
-        """Save `conv_id` as the chat viewed last (a restart opens it), unless it is saved
-        already or None (a new chat, saved once its first message makes it); a file that cannot
-        be written for now keeps the one saved before (it is no chat's content)."""
-        if conv_id is None or conv_id == self.viewed_saved:
+    def _save_viewed(self, conv_id: str | None, switched: bool) -> None:
+        """Save `conv_id` as the chat viewed last (a restart opens it), unless it is None (a
+        new chat, saved once its first message makes it) or was shown and saved already
+        (`switched`: it was not shown before; another statechat may have saved its own since);
+        a file that cannot be written for now keeps the one saved before (it is no chat's
+        content)."""
+        if conv_id is None or (conv_id == self.viewed_saved and not switched):
             return
         with contextlib.suppress(BusyError):
             self.chats.set_last_viewed(conv_id)

@@ -78,3 +78,22 @@ def test_a_file_without_the_state_table_opens_the_one_updated_last(loaded, tmp_p
     chats.close()
     assert started(loaded, tmp_path) == newer
     assert open_chats(tmp_path).last_viewed() == newer
+
+
+def test_a_chat_opened_again_after_another_statechat_opened_one_is_saved_again(loaded, tmp_path):
+    """Two `statechat run` on one cache dir: a chat this one opens again, after the other one
+    saved its own as viewed last, is the one a restart opens (it was taken as saved already)."""
+    older, newer = two_chats(tmp_path)
+
+    async def then(app, pilot):
+        await open_older(app, pilot)
+        other = open_chats(tmp_path)  # (the other statechat opens the newer chat)
+        other.set_last_viewed(newer)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        await open_older(app, pilot)
+        assert other.last_viewed() == older
+        other.close()
+
+    started(loaded, tmp_path, then=then)
+    assert started(loaded, tmp_path) == older
