@@ -114,7 +114,7 @@ def _schema(conn: sqlite3.Connection) -> tuple[set[str], int, bool]:
         index_tables = OWN_TABLES <= tables and "fingerprint" in {
             r[1] for r in conn.execute("PRAGMA table_info(models)")}
     finally:
-        if began:
+        if began and conn.in_transaction:  # (SQLite may have rolled it back on an error)
             conn.execute("COMMIT")
     return tables, version, index_tables
 
