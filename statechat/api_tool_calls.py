@@ -22,7 +22,9 @@ The rules (a stream gives the same result as the whole reply, however it is cut)
 - closing tags may be missing, as vLLM allows: `</parameter>` before the next parameter or
   `</function>`, `</function>` and `</tool_call>` before the next `<tool_call>` or the reply's
   end (a reply cut at max_tokens inside a value keeps the value so far, less the start of a
-  closing tag it was cut in);
+  closing tag it was cut in); a `<tool_call>` inside a value (after a `<parameter=` not yet
+  closed by `</parameter>` or `</function>`) is the value's text, not the next call, as in
+  vLLM's parser (a `</tool_call>` there still ends the call, as in vLLM's);
 - a `<tool_call>` not followed (after white space) by `<function=NAME>` (a name on one line),
   or cut before its name ends, is not a call: its text stays content, and so does text after
   `</function>` inside a call. Nothing of the reply is lost, nothing raises;
@@ -100,8 +102,7 @@ class ToolCallStream:
         if self.state == "head":
             return self._head(content, deltas)
         start = max(0, self._seen - len(CALL_CLOSE))  # (a long value is not searched again)
-        ends = [i for i in (self.held.find(CALL_CLOSE, start), self.held.find(CALL_OPEN, start))
-                if i >= 0]
+        ends = [i for i in (self.held.find(CALL_CLOSE, start), self._next_call(start)) if i >= 0]
         if not ends:
             self._seen = len(self.held)
             return False
@@ -110,6 +111,14 @@ class ToolCallStream:
         self.held = rest.removeprefix(CALL_CLOSE)
         self._end_call(body, content, deltas)
         return True
+
+    def _next_call(self, start: int) -> int:
+        """Where the first `<tool_call>` from `start` of the call's held body is that begins
+        another call (-1 if none): one inside a parameter's value is the value's text."""
+        i = self.held.find(CALL_OPEN, start)
+        while i >= 0 and in_value(self.held[:i]):
+            i = self.held.find(CALL_OPEN, i + len(CALL_OPEN))
+        return i
 
     def _content(self, content: list[str]) -> bool:
         """Content up to a `<tool_call>` (then read its head), else up to the white space or
@@ -166,6 +175,13 @@ class ToolCallStream:
         self.state = "content"
         if after.strip():
             content.append(after.rstrip())
+
+
+def in_value(body: str) -> bool:
+    """Whether a call's `body` (its text after `<function=NAME>`) ends inside a parameter's
+    value: after its last `<parameter=`, with no `</parameter>` or `</function>` after that."""
+    i = body.rfind(PARAM_OPEN)
+    return i >= 0 and PARAM_CLOSE not in body[i:] and FUNC_CLOSE not in body[i:]
 
 
 def read_parameters(text: str, schema: dict | None) -> dict:

@@ -2,7 +2,7 @@
 calls become OpenAI's tool calls with JSON arguments typed by the tool's schema, several calls,
 values of many lines, missing closing tags, unknown functions (kept), text before, between and
 after calls (content), malformed calls (their text stays content, nothing lost, nothing
-raised) and values nested too deep for json (their text); a stream cut anywhere gives the same
+raised), values nested too deep for json (their text) and values holding `<tool_call>` (theirs); a stream cut anywhere gives the same
 content and calls as the whole reply."""
 
 from __future__ import annotations
@@ -146,6 +146,19 @@ def test_missing_closing_tags(text, expected):
     assert args(calls) == expected and content is None
 
 
+@pytest.mark.parametrize("value", [
+    "Write <tool_call> to call a tool.",
+    "<tool_call>\n<function=shell>\n",  # (a call's opening, quoted)
+])
+def test_a_tool_call_tag_inside_a_value_is_the_value_s(value):
+    """(It ended the call: the value was cut at the tag and the rest read as another call,
+    or as content.)"""
+    text = call("shell", command=value) + "\n" + call("get_weather", city="Oslo")
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert args(calls) == [("shell", {"command": value}), ("get_weather", {"city": "Oslo"})]
+    assert content is None
+
+
 def test_text_between_and_after_calls_is_content():
     text = ("Checking.\n\n" + call("shell", command="a") + "\n\nThen this.\n"
             + call("shell", command="b") + "\n\nDone.\n")
@@ -206,6 +219,7 @@ SAMPLES = [
     "a <tool_call> b\n" + call("shell", command="ls") + "\n<tool_call>\n<function=f",
     "text <tool_c then </tool_call> and <function=x> alone\n\n",
     "<tool_call>\n<function=shell>\n<parameter=command>\nls\n</function>\nafter\n",
+    call("shell", command="say <tool_call>\n<function=x> here") + "\n" + call("f"),
 ]
 
 
