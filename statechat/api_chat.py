@@ -16,7 +16,7 @@ from statechat.api_reasoning import ReasoningStream, reasoning_tokens, split_rep
 from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_params
 from statechat.api_response import Shape, finish_reason
 from statechat.api_tool_calls import ToolCallStream, merge_deltas, parse_tool_calls
-from statechat.api_tools import TOOL_FIELDS, ToolRequest, parse_tools
+from statechat.api_tools import TOOL_FIELDS, ToolRequest, force_call, parse_tools, unthinking
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent
@@ -36,7 +36,11 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     defaults and parsers; ApiError(400) naming the field at fault."""
     worker = server.worker
     tools = parse_tools(body, server.tool_call_parser)  # (checked here: not sampling's to refuse)
-    prompt_ids = chat_prompt(worker, body, server.template_kwargs, tools)
+    prompt_ids = force_call(
+        chat_prompt(worker, body, server.template_kwargs, tools), tools, worker.engine.tokenizer,
+        lambda: chat_prompt(worker, {**body, "chat_template_kwargs": unthinking(
+            body.get("chat_template_kwargs"))}, server.template_kwargs, tools),
+        worker.tokenizer_lock)  # (tool_choice "required" or a function: a call's opening)
     params = parse_params({k: v for k, v in body.items() if k not in TOOL_FIELDS},
                           len(prompt_ids), worker.max_model_len, server.sampling,
                           vocab_size=worker.engine.loaded.config.vocab_size)
@@ -44,11 +48,12 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
                                           tools)
 
 
-def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict,
+def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict | None,
                 tools: ToolRequest | None = None) -> list[int]:
     """The token ids of the body's conversation, rendered with the server's template variables
     under the body's own chat_template_kwargs, and `tools` (api_tools.parse_tools; None: tools
-    off, and so are tool calls in messages); ApiError(400) naming the field at fault."""
+    off, and so are tool calls in messages); ApiError(400) naming the field at fault. (A
+    forced call's opening is chat_request's to add: api_tools.force_call.)"""
     try:
         messages = parse_messages(body.get("messages"), tools=tools is not None)
         return worker.render(messages, not continues_final_message(body, messages),
@@ -78,7 +83,7 @@ def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
     tools = shape.tools if shape is not None else None
     out, messages = outputs[0], parse_messages(body.get("messages"), tools=tools is not None)
     kwargs = merge_template_kwargs(template_kwargs, body.get("chat_template_kwargs"))
-    reply: str | dict = out.text
+    reply: str | dict = (shape.forced if shape is not None else "") + out.text
     if continues_final_message(body, messages):  # (the reply goes on the last message)
         reply = messages.pop()["content"] + reply
     elif shape is not None and (message := shape.choice(0, out)["message"]).get("tool_calls"):
@@ -156,7 +161,9 @@ class ChatShape(Shape):
     the message's `tool_calls`, its text outside them the `content` (null when none), and a
     reply with calls that ended of itself finishes with "tool_calls"; a stream's deltas carry
     the content until a call begins, then each call's `tool_calls` entry (its id, type and
-    name, then its arguments whole once it ends)."""
+    name, then its arguments whole once it ends). A call's opening that the request forced
+    (ToolRequest.forced: in the prompt, not in the engine's text) is parsed as the start of
+    each reply's answer, so its call's entry comes with the first delta."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
@@ -165,6 +172,7 @@ class ChatShape(Shape):
         self.tokenizer, self.opened, self.include_reasoning = tokenizer, opened, include_reasoning
         self.tools = tools
         self.is_parsed = tools is not None and tools.is_parsed
+        self.forced = tools.forced if self.is_parsed else ""  # (the reply's start: in the prompt)
         self._streams: dict[int, ReasoningStream] = {}  # choice -> its split, as it streams
         self._calls: dict[int, ToolCallStream] = {}  # choice -> its tool calls, as it streams
 
@@ -199,7 +207,9 @@ class ChatShape(Shape):
                 reasoning, answer = reasoning + rest_reasoning, answer + rest_answer
         calls = []
         if self.is_parsed:
-            stream = self._calls.setdefault(index, ToolCallStream(self.tools.tools))
+            if index not in self._calls:  # (the forced start, parsed before the first text)
+                self._calls[index], answer = ToolCallStream(self.tools.tools), self.forced + answer
+            stream = self._calls[index]
             answer, calls = stream.feed(answer)
             if event.output is not None:
                 rest, more = stream.flush()
@@ -219,8 +229,8 @@ class ChatShape(Shape):
                 message["reasoning"] = message["reasoning_content"] = reasoning
         calls = []
         if self.is_parsed:
-            message["content"], calls = parse_tool_calls(message["content"] or "",
-                                                         self.tools.tools)
+            message["content"], calls = parse_tool_calls(
+                self.forced + (message["content"] or ""), self.tools.tools)
         if calls:
             message["tool_calls"] = calls
         return {"index": index, "message": message,

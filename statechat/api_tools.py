@@ -2,23 +2,42 @@
 `--tool-call-parser qwen3_coder` (off by default, as in vLLM). The tools go to the chat template
 as transformers' apply_chat_template gives them (`tools`, OpenAI's function tools as sent); the
 reply is parsed for calls (api_tool_calls.py) when the request has tools and its tool_choice is
-"auto" (or left out). tool_choice "none" renders the tools (as vLLM does by default) and parses
-nothing; "required" and a named function are a 400 (they would need guided decoding). Without
-the flag, tools, tool calls and tool messages are a 400 that names it. `statechat batch` takes
-the same flag and reads its lines' tools with the same functions (a 400's message is the line's
-error)."""
+not "none". tool_choice "none" renders the tools (as vLLM does by default) and parses nothing.
+
+statechat has no guided decoding: "required" and a named function
+({"type": "function", "function": {"name": X}}) are served by starting the reply with the
+opening of a call, in Qwen3.5's format (`force_call`): `<tool_call>` and a newline for
+"required" (the model names the function), that and `<function=X>` and a newline for X. The
+forced text goes to the engine as prompt tokens after the generation prompt (so `usage` counts
+it in prompt_tokens), and the reply is parsed as the forced text followed by the generated text
+(ToolRequest.forced), so a call comes back as `tool_calls`, as with "auto". A prompt that opens
+a think block is first rendered again with `enable_thinking` false (as Qwen's templates close
+an empty one), or, where the template ignores that, has the block closed empty: a forced call
+is made without reasoning. A continuation that does not make a call (a model that writes no
+`<function=NAME>` after "required"'s opening) gives what "auto" gives for the same text: the
+forced opening and the rest as content, nothing lost. A named function that is not among the
+tools, or "required" with no tools, is a 400 naming tool_choice.
+
+Without the flag, tools, tool calls, tool messages and a tool_choice other than auto or none
+are a 400 that names it. `statechat batch` takes the same flag and reads its lines' tools with
+the same functions (a 400's message is the line's error)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
 
 from statechat.api_request import ApiError
+from statechat.api_tool_calls import CALL_OPEN, FUNC_OPEN, MAX_NAME
 from statechat.errors import ConfigError
 
 PARSERS = ("qwen3_coder",)  # the names --tool-call-parser takes (vLLM's)
 # (the 400s' hint; `batch`'s line errors give it too)
 ENABLE = "`statechat serve` and `statechat batch` take them with --tool-call-parser qwen3_coder"
-CHOICES = ("auto", "none")  # the tool_choice values served
+CHOICES = ("auto", "none")  # the tool_choice values served without the flag
+REQUIRED = "required"  # (and a named function: served with it, by a forced call opening)
+CLOSE_THINKING = "\n</think>\n\n"  # (what a prompt still in its think block gets before one)
 TOOL_FIELDS = ("tools", "tool_choice")  # the fields parse_tools reads
 
 
@@ -35,17 +54,20 @@ def check_tool_parser(name: str | None, auto_tool_choice: bool = False) -> str |
 
 @dataclasses.dataclass(frozen=True)
 class ToolRequest:
-    """What a chat request asks of tools: `tools` for the template (None: none given), and
-    whether its reply is parsed for calls (`is_parsed`)."""
+    """What a chat request asks of tools: `tools` for the template (None: none given),
+    whether its reply is parsed for calls (`is_parsed`), and the opening of a call its reply is
+    made to begin with (`forced`, "" for none: tool_choice "required" or a named function),
+    which goes into the prompt and is parsed as the reply's start."""
 
     tools: list[dict] | None = None
     is_parsed: bool = False
+    forced: str = ""
 
 
 def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
     """The body's tools and tool_choice (None when `parser` is None: tools off); ApiError(400)
-    naming the field at fault, and then for any of them but an empty tools, or tool_choice
-    auto or none."""
+    naming the field at fault (with `parser` None, for any of them but an empty tools, or
+    tool_choice auto or none)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if parser is None:
         if tools not in (None, []):
@@ -58,13 +80,61 @@ def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
         raise ApiError(400, "tools must be an array of function tools", "tools")
     for i, tool in enumerate(tools or ()):
         _check_tool(tool, i)
-    if choice not in (None, *CHOICES):
-        if choice == "required" or isinstance(choice, dict):
-            which = '"required"' if choice == "required" else "naming a function"
-            raise ApiError(400, f"tool_choice {which} is not supported by this server; use "
-                                "auto or none", "tool_choice")
-        raise ApiError(400, "tool_choice must be auto or none", "tool_choice")
-    return ToolRequest(tools or None, bool(tools) and choice != "none")
+    forced = _forced(choice, tools or [])
+    return ToolRequest(tools or None, bool(tools) and choice != "none", forced)
+
+
+def _forced(choice, tools: list[dict]) -> str:
+    """The call opening a (checked) tool_choice forces on the reply ("" for auto, none or
+    none given); ApiError(400) naming tool_choice for another value, "required" with no
+    tools, or a function that is not among `tools`."""
+    if choice in (None, *CHOICES):
+        return ""
+    if choice == REQUIRED:
+        if not tools:
+            raise ApiError(400, 'tool_choice "required" needs tools to call; give tools',
+                           "tool_choice")
+        return CALL_OPEN + "\n"
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or choice.get("type", "function") != "function":
+        raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": '
+                            '"function", "function": {"name": ...}}', "tool_choice")
+    if name not in {t["function"]["name"] for t in tools}:
+        raise ApiError(400, f"tool_choice names the function {name[:80]!r}, which is not among "
+                            "tools", "tool_choice")
+    return f"{CALL_OPEN}\n{FUNC_OPEN}{name}>\n"
+
+
+def unthinking(template_kwargs: dict | None) -> dict:
+    """Template variables with `enable_thinking` false over `template_kwargs` (a request's,
+    merged and checked: an object or None)."""
+    return {**(template_kwargs or {}), "enable_thinking": False}
+
+
+def force_call(ids: list[int], tools: ToolRequest | None, tokenizer,
+               render_unthinking: Callable[[], list[int]],
+               lock: contextlib.AbstractContextManager | None = None) -> list[int]:
+    """The prompt `ids` (rendered, ending with its generation prompt) with the token ids of
+    `tools.forced` after it (`ids` as they are where nothing is forced). A prompt that opens a
+    think block (chat/template.opens_thinking) is first rendered again by `render_unthinking`
+    (the same conversation with `unthinking` variables), and where that still opens one, its
+    block is closed empty (CLOSE_THINKING) before the forced text. `lock` (reusable, such as a
+    threading.Lock) is held while `tokenizer` is used, not while rendering."""
+    from statechat.chat.template import opens_thinking
+
+    if tools is None or not tools.forced:
+        return ids
+    lock = lock if lock is not None else contextlib.nullcontext()
+    with lock:
+        opened = opens_thinking(tokenizer, ids)
+    if opened:
+        ids = render_unthinking()
+        with lock:
+            opened = opens_thinking(tokenizer, ids)
+    text = (CLOSE_THINKING if opened else "") + tools.forced
+    with lock:
+        return [*ids, *tokenizer.encode(text, add_special_tokens=False)]
 
 
 def _check_tool(tool, i: int) -> None:
@@ -76,8 +146,11 @@ def _check_tool(tool, i: int) -> None:
     if not isinstance(function, dict):
         raise ApiError(400, f"{where}.function must be an object with a name", f"{where}.function")
     name = function.get("name")
-    if not isinstance(name, str) or not name.strip() or "\n" in name or ">" in name:
-        raise ApiError(400, f"{where}.function.name must be a name on one line",
+    if not isinstance(name, str) or not name.strip() or name != name.strip() \
+            or any(c in name for c in "\n<>") or len(name) > MAX_NAME:
+        # (the parser reads no call of such a name: its calls would be content)
+        raise ApiError(400, f"{where}.function.name must be a name on one line, without < or >"
+                            f" or white space at its ends, of at most {MAX_NAME} characters",
                        f"{where}.function.name")
     for key, kind, what in (("description", str, "a string"), ("parameters", dict,
                                                                 "an object (a JSON schema)")):

@@ -36,16 +36,22 @@ from statechat.errors import StatechatError
 
 
 def prepare(engine: LLMEngine, job: Job) -> None:
-    """Render a parsed job's prompt with the model's tokenizer and check it against the model
-    (vocabulary, context limit); a failure becomes the job's one-line error."""
+    """Render a parsed job's prompt with the model's tokenizer (and the call's opening that its
+    tool_choice forces, api_tools.force_call) and check it against the model (vocabulary,
+    context limit); a failure becomes the job's one-line error."""
+    from statechat.api_tools import force_call, unthinking
     from statechat.chat.template import render
 
     if job.error is not None:
         return
     try:
         check_vocabulary(job.params, engine.loaded.config.vocab_size)
-        ids = render(engine.tokenizer, job.messages, template_kwargs=job.template_kwargs,
-                     tools=job.tools.tools if job.tools is not None else None)
+        tools = job.tools.tools if job.tools is not None else None
+        ids = force_call(  # (a tool_choice that forces a call: its opening, as the server's)
+            render(engine.tokenizer, job.messages, template_kwargs=job.template_kwargs,
+                   tools=tools), job.tools, engine.tokenizer,
+            lambda: render(engine.tokenizer, job.messages, tools=tools,
+                           template_kwargs=unthinking(job.template_kwargs)))
         if len(ids) >= engine.max_model_len:
             raise StatechatError(f"the prompt has {len(ids)} tokens; the context limit is "
                                  f"{engine.max_model_len}; shorten the conversation")

@@ -2,8 +2,8 @@
 calls become OpenAI's tool calls with JSON arguments typed by the tool's schema, several calls,
 values of many lines, missing closing tags, unknown functions (kept), text before, between and
 after calls (content), malformed calls (their text stays content, nothing lost, nothing
-raised), values nested too deep for json (their text) and values holding `<tool_call>` (theirs); a stream cut anywhere gives the same
-content and calls as the whole reply."""
+raised), values nested too deep for json (their text) and values holding `<tool_call>`
+(theirs); a stream cut anywhere gives the same content and calls as the whole reply."""
 
 from __future__ import annotations
 
