@@ -1,9 +1,11 @@
 """`statechat batch --tool-call-parser qwen3_coder`, on the tiny checkpoint whose template
 renders tools (tests/helpers.py's TOOLS_TEMPLATE), with replies forced to hold a call: each
 line's result has the text, reasoning, tool calls, finish_reason and token counts of the
-server's whole response to the same body (with and without `--reasoning-parser qwen3`); a line
-with bad tools or a bad tool message has the server's 400 message as its error while the
-others run; without the flag, tools are a line error that names it."""
+server's whole response to the same body (with and without `--reasoning-parser qwen3`), as do
+lines whose tool_choice forces a call ("required", a named function: the call's opening in the
+prompt, as the server's); a line with bad tools, a bad tool_choice or a bad tool message has the
+server's 400 message as its error while the others run; without the flag, tools are a line
+error that names it."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ THOUGHT = "The user wants weather.</think>\n\n"
 BAD_BODIES = [  # (the server's 400s; the batch line's errors)
     {**ASK, "tools": {"type": "function"}},
     {**ASK, "tools": [{"type": "function", "function": {"name": ""}}]},
-    {**ASK, "tool_choice": "required"},
+    {**ASK, "tools": [], "tool_choice": "required"},
+    {**ASK, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+    {**ASK, "tools": [{"type": "function", "function": {"name": "a<b"}}]},
     {**ASK, "messages": [*HISTORY[:2], {"role": "tool", "content": "Sunny"}]},
     {**ASK, "messages": [*HISTORY[:1], {**HISTORY[1], "tool_calls": [{"id": "c"}]}]},
     {**ASK, "messages": [*HISTORY[:1], {**HISTORY[1], "tool_calls": [{  # (json's reader raised)
@@ -106,6 +110,35 @@ def test_each_result_is_the_server_s_whole_response(tmp_path, monkeypatch, loade
                                                                           "days": 3}
     assert (called.get("reasoning"), called["text"]) == (
         ("The user wants weather.", "\n\nI will look.") if reasoning else (None, "I will look."))
+
+
+@pytest.mark.parametrize("kind, reasoning", [("required", False), ("named", False),
+                                             ("named", True)])
+def test_a_forced_call_is_the_server_s_whole_response(tmp_path, monkeypatch, loaded, kind,
+                                                      reasoning):
+    """The call's opening is in the prompt (prompt_tokens as the server's; with thinking on,
+    rendered as with it off) and parsed as the reply's start: the call comes back whole."""
+    rest = ("<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+            "</function>\n</tool_call>")
+    choice, reply = {"required": ("required", "<function=get_weather>\n" + rest),
+                     "named": ({"type": "function", "function": {"name": "get_weather"}},
+                               rest)}[kind]
+    body = {**ASK, "tool_choice": choice, **({"chat_template_kwargs": {}} if reasoning else {})}
+    flags = ["--tool-call-parser", "qwen3_coder", *(["--reasoning-parser", "qwen3"]
+                                                    if reasoning else [])]
+    with serving(loaded, **({"reasoning_parser": "qwen3"} if reasoning else {})) as srv:
+        force_reply(srv.worker.engine, monkeypatch, reply)
+        answer = post(srv, body)
+    result, (record,) = run_batch(tmp_path, monkeypatch, loaded, [body], *flags, reply=reply)
+    assert result.exit_code == 0, result.output
+    choice, usage = answer["choices"][0], answer["usage"]
+    assert without_ids(record["tool_calls"]) == without_ids(choice["message"]["tool_calls"])
+    assert json.loads(record["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris",
+                                                                             "days": 3}
+    assert (record["text"], record["finish_reason"]) == ("", "tool_calls")
+    assert record.get("reasoning") is None and choice["message"].get("reasoning") is None
+    assert record["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+    assert record["usage"]["completion_tokens"] == usage["completion_tokens"]
 
 
 def test_a_bad_line_has_the_server_s_400_message_and_the_others_run(tmp_path, monkeypatch,
