@@ -14,7 +14,8 @@ logprob and those of that many likeliest tokens; or OpenAI's chat form, true wit
 token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
 "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
 template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. With
---tool-call-parser, "tools" and "tool_choice", assistant messages' "tool_calls" and "tool"
+--tool-call-parser, "tools" and "tool_choice" ("required" or a named function: the reply
+starts with a call's opening, as the server's), assistant messages' "tool_calls" and "tool"
 messages are read as the server reads them (api_tools.py, api_messages.py); without it, they
 are the line's error, as they are the server's 400. A
 line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
