@@ -102,9 +102,8 @@ class Scheduler(CheckpointPolicy):
 
     # --- scheduling ---------------------------------------------------------------------
     def schedule(self) -> Batch:
-        """The next step: every decode first, then prefill chunks as prefill_plan shares them
-        (fewest tokens left first, the oldest prompt never starved), for the running prompts
-        and those `_admit_waiting` admits."""
+        """The next step: every decode, then the prefill chunks prefill_plan shares out among
+        the running prompts and those `_admit_waiting` admits."""
         items: list[ScheduledSeq] = []
         budget = self.budget
         for seq in list(self.running):
