@@ -2,15 +2,17 @@
 
 Each step: every decoding sequence gets one token first (so a long prompt never starves
 decodes), then prefills share what is left of the token budget, in chunks that end on block
-boundaries (a prompt's last chunk excepted). While decodes run, the prefills' share is also cut
-to what the measured prefill rate computes within the step's time target (`max_step_s`; at
-least one block, so a prompt always progresses): a long prompt arriving does not stall the
-streams for a whole budget's chunk. With no decodes, prefills take the whole budget. When KV
-blocks run out the newest running sequence is preempted: it gives everything back and is
-recomputed later (from the prefix cache when it can). Prefill chunks ask the kernels to leave
-GDN checkpoints at the boundaries the policy wants; decodes copy the state at block boundaries
-so that a reply's end can be checkpointed (which boundaries, and their publishing:
-checkpoints.py).
+boundaries (a prompt's last chunk excepted): fewest tokens left first, so a short prompt is not
+kept waiting for a long one's whole prefill, and the oldest prompt in flight at least a block a
+step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order. While
+decodes run, the prefills' share is also cut to what the measured prefill rate computes within
+the step's time target (`max_step_s`; at least one block, so a prompt always progresses): a
+long prompt arriving does not stall the streams for a whole budget's chunk. With no decodes,
+prefills take the whole budget. When KV blocks run out the newest running sequence is
+preempted: it gives everything back and is recomputed later (from the prefix cache when it
+can). Prefill chunks ask the kernels to leave GDN checkpoints at the boundaries the policy
+wants; decodes copy the state at block boundaries so that a reply's end can be checkpointed
+(which boundaries, and their publishing: checkpoints.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from statechat.cache.hashing import chain_hashes
 from statechat.engine.checkpoints import CheckpointPolicy
 from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.prefill_plan import blocks_needed, plan_prefills
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
@@ -99,6 +102,8 @@ class Scheduler(CheckpointPolicy):
 
     # --- scheduling ---------------------------------------------------------------------
     def schedule(self) -> Batch:
+        """The next step: every decode, then the prefill chunks prefill_plan shares out among
+        the running prompts and those `_admit_waiting` admits."""
         items: list[ScheduledSeq] = []
         budget = self.budget
         for seq in list(self.running):
@@ -107,21 +112,41 @@ class Scheduler(CheckpointPolicy):
                 items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
                 budget -= 1
         cap = self._prefill_cap(len(items))
-        capped, budget = cap < budget, min(budget, cap)
-        for seq in [s for s in self.running if not s.is_decoding]:
-            if budget <= 0 or seq.status != Status.RUNNING:
-                continue
-            item = self._prefill_chunk(seq, budget, items)
-            if item is not None:
-                items.append(item)
-                budget -= item.num_tokens
-        while self.waiting and budget > 0 and self._admit(self.waiting[0]):
-            item = self._prefill_chunk(self.running[-1], budget, items)
-            if item is None:
-                break
-            items.append(item)
-            budget -= item.num_tokens
+        capped, share = cap < budget, min(budget, cap)
+        seqs = [s for s in self.running if not s.is_decoding and s.status == Status.RUNNING]
+        seqs, sizes = self._admit_waiting(seqs, share, budget)
+        for seq, num_tokens in zip(seqs, sizes):  # (oldest first: see _ensure_blocks)
+            if num_tokens and seq.status == Status.RUNNING:
+                item = self._prefill_chunk(seq, num_tokens, items)
+                if item is not None:
+                    items.append(item)
         return Batch(items, capped=capped)
+
+    def _admit_waiting(self, seqs: list[Sequence], share: int,
+                       budget: int) -> tuple[list[Sequence], list[int]]:
+        """Admit waiting sequences in arrival order while each gets a chunk beside `seqs` (the
+        running prompts; it may take a longer one's share) and return the prompts with their
+        planned chunks (plan_prefills). One that gets none stays admitted for a later step;
+        while one is so, a newcomer is admitted only if its whole prompt would get a chunk (each
+        holds a slot; a cached prefix may leave one short, known only once admitted). One whose
+        chunk wants more blocks than are free gives way at once (preempted), as the newest
+        sequence does whenever blocks run out."""
+        sizes = plan_prefills(seqs, share, budget, self.bs)
+        while self.waiting and share > 0:
+            head = self.waiting[0]
+            if 0 in sizes and not plan_prefills(seqs + [head], share, budget, self.bs)[-1]:
+                break
+            if not self._admit(head):
+                break
+            planned = plan_prefills(seqs + [head], share, budget, self.bs)
+            if planned[-1] and blocks_needed(seqs + [head], planned, self.bs) > (
+                    self.blocks.num_available):
+                self.preempt(head)
+                break
+            seqs, sizes = seqs + [head], planned
+            if not planned[-1]:
+                break
+        return seqs, sizes
 
     def _prefill_cap(self, num_decodes: int) -> int:
         """The prefill tokens a step with `num_decodes` decodes may take: with decodes and a

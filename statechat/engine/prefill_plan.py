@@ -1,0 +1,66 @@
+"""How a step's prefill tokens are shared among the prompts being prefilled: fewest tokens left
+first, so a short prompt is not kept waiting for a long one's whole prefill (vLLM's
+`long_prefill_token_threshold` and `max_long_partial_prefills` let short prompts jump the queue
+too; here the order is by tokens left, with no threshold to tune), and the oldest prompt in
+flight gets at least one block (or its last chunk) whenever the step has room for a chunk, so
+that no stream of shorter prompts starves it. Once it is done the next oldest is guaranteed so,
+and so on: every admitted prompt finishes.
+
+Plain arithmetic over sequences: nothing is allocated here. Scheduler.schedule plans a step with
+`plan_prefills`, then asks for the chunks' blocks in admission order (so that when blocks run
+out the newest sequence is still the one that gives way).
+"""
+
+from __future__ import annotations
+
+from statechat.engine.sequence import Sequence
+
+
+def chunk_len(seq: Sequence, limit: int, block_size: int) -> int:
+    """Tokens of the next prefill chunk of `seq` of at most `limit` tokens: it ends on a block
+    boundary unless it ends the sequence's tokens (0: no such chunk fits in `limit`)."""
+    if limit <= 0:
+        return 0
+    start = seq.num_computed
+    end = start + min(seq.num_uncomputed, limit)
+    if end < len(seq):
+        end = end // block_size * block_size
+    return max(end - start, 0)
+
+
+def blocks_needed(seqs: list[Sequence], sizes: list[int], block_size: int) -> int:
+    """KV blocks that chunks of `sizes` tokens of `seqs` need beyond those they hold."""
+    return sum(max(-(-(s.num_computed + n) // block_size) - len(s.block_table), 0)
+               for s, n in zip(seqs, sizes) if n)
+
+
+def plan_prefills(seqs: list[Sequence], share: int, budget: int, block_size: int) -> list[int]:
+    """Prefill tokens for each of `seqs` (prompts being prefilled, oldest first) in a step that
+    may spend `share` tokens on prefills (its time target's cap, or all of `budget`) and no
+    more than `budget` (the step's token budget left after its decodes).
+
+    Prompts with fewer tokens left go first (ties: the older first), each taking its chunk
+    (whole blocks, a prompt's last chunk excepted) of what is left of `share`. If that leaves
+    the oldest prompt less than one block (or its last chunk), it gets that block first and the
+    others share the rest of `share` after it; a share of a single block (a step cut to its
+    time target on a slow machine) is theirs whole, so such a step may take two blocks."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_uncomputed)  # (stable)
+    sizes = _fill(seqs, order, [0] * len(seqs), share, block_size)
+    reserve = chunk_len(seqs[0], min(block_size, budget), block_size) if seqs else 0
+    if sizes and sizes[0] < reserve:
+        # its block comes out of the share, but for a share of one block: then the others keep
+        # theirs (else a short prompt would wait for the long one's whole prefill)
+        others = min(max(share - reserve, min(share, block_size)), budget - reserve)
+        sizes = [reserve] + [0] * (len(seqs) - 1)
+        sizes = _fill(seqs, [i for i in order if i], sizes, reserve + others, block_size)
+    return sizes
+
+
+def _fill(seqs: list[Sequence], order: list[int], sizes: list[int], limit: int,
+          block_size: int) -> list[int]:
+    """Give each of `seqs` in `order` its chunk of what `sizes` leave of `limit` tokens."""
+    used = sum(sizes)
+    for i in order:
+        sizes[i] = chunk_len(seqs[i], limit - used, block_size)
+        used += sizes[i]
+    return sizes
