@@ -48,3 +48,28 @@ def test_the_next_turn_after_a_forced_call_resumes_from_the_warm_up(loaded, monk
                               history)
     assert len(prefix) >= 2 * 64
     assert turn["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
+
+
+@pytest.mark.parametrize("kind", ["required", "named"])
+def test_a_continued_message_s_forced_call_is_warmed_as_the_client_sends_it_back(
+        loaded, monkeypatch, kind):
+    """With continue_final_message, the client sends back its own start of the message and the
+    reply's calls; the warm-up rendered the start and the call's markup as plain text (and a
+    user's message after it, not the tool's answer), a prefix the next request never had."""
+    choice, reply = CASES[kind]
+    start = {"role": "assistant", "content": "Let me look that up."}
+    body = {**ASK, "messages": [*ASK["messages"], start], "tool_choice": choice,
+            "continue_final_message": True, "add_generation_prompt": False}
+    with serving(loaded, warm_next_turn=True) as srv:
+        force_reply(srv.worker.engine, monkeypatch, reply)
+        message = post(srv, body)["choices"][0]["message"]
+        wait_for_warm_up(srv)
+        (made,) = message["tool_calls"]
+        sent_back = {"role": "assistant", "content": start["content"] + (message["content"] or ""),
+                     "tool_calls": message["tool_calls"]}
+        answer = {"role": "tool", "tool_call_id": made["id"], "content": "Sunny"}
+        turn = post(srv, {**ASK, "messages": [*ASK["messages"], sent_back, answer]})
+    history = parse_messages([*ASK["messages"], sent_back], tools=True)
+    prefix = next_turn_prefix(lambda ms: render(loaded.tokenizer, ms, False,
+                                                ASK["chat_template_kwargs"], TOOLS), history)
+    assert turn["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prefix) // 64 * 64
