@@ -76,18 +76,21 @@ def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
     before the renders and again after them: a busy server spends no work on a turn that may
     not come, and the warm-up, speculative, yields to any request that comes while it runs.
     With tools (`shape`'s), they are rendered too, and a reply with tool calls goes in as the
-    message the client got (its calls as the template renders them). The warm-up's handle,
-    or None."""
+    message the client got (its calls as the template renders them; a continued message's
+    start before its content). The warm-up's handle, or None."""
     if len(outputs) != 1 or outputs[0].finish_reason == "abort" or not worker.idle():
         return None
     tools = shape.tools if shape is not None else None
     out, messages = outputs[0], parse_messages(body.get("messages"), tools=tools is not None)
     kwargs = merge_template_kwargs(template_kwargs, body.get("chat_template_kwargs"))
     reply: str | dict = (shape.forced if shape is not None else "") + out.text
-    if continues_final_message(body, messages):  # (the reply goes on the last message)
-        reply = messages.pop()["content"] + reply
-    elif shape is not None and (message := shape.choice(0, out)["message"]).get("tool_calls"):
+    start = messages.pop()["content"] if continues_final_message(body, messages) else ""
+    if shape is not None and (message := shape.choice(0, out)["message"]).get("tool_calls"):
+        # (a continued message's calls: its start and the reply's content, then the calls)
+        message = {**message, "content": start + (message["content"] or "")}
         reply = parse_messages([message], tools=True)[0]
+    else:  # (the reply goes on the last message, where it continues one)
+        reply = start + reply
     try:
         return warm_next_turn(worker, messages, reply, out, kwargs, still=worker.idle,
                               tools=tools.tools if tools is not None else None)

@@ -119,7 +119,8 @@ def force_call(ids: list[int], tools: ToolRequest | None, tokenizer,
     `tools.forced` after it (`ids` as they are where nothing is forced). A prompt that opens a
     think block (chat/template.opens_thinking) is first rendered again by `render_unthinking`
     (the same conversation with `unthinking` variables), and where that still opens one, its
-    block is closed empty (CLOSE_THINKING) before the forced text. `lock` (reusable, such as a
+    block is closed empty (CLOSE_THINKING) before the forced text, the prompt's white space
+    before it encoded with it (as the template's own empty block is). `lock` (reusable, such as a
     threading.Lock) is held while `tokenizer` is used, not while rendering."""
     from statechat.chat.template import opens_thinking
 
@@ -132,9 +133,24 @@ def force_call(ids: list[int], tools: ToolRequest | None, tokenizer,
         ids = render_unthinking()
         with lock:
             opened = opens_thinking(tokenizer, ids)
-    text = (CLOSE_THINKING if opened else "") + tools.forced
     with lock:
-        return [*ids, *tokenizer.encode(text, add_special_tokens=False)]
+        if opened:  # (the prompt's last newline goes with the closing: Qwen's "\n\n" token)
+            ids, tail = _without_blank_tail(ids, tokenizer)
+            return [*ids, *tokenizer.encode(tail + CLOSE_THINKING + tools.forced,
+                                            add_special_tokens=False)]
+        return [*ids, *tokenizer.encode(tools.forced, add_special_tokens=False)]
+
+
+def _without_blank_tail(ids: list[int], tokenizer, most: int = 4) -> tuple[list[int], str]:
+    """`ids` less the tokens of white space alone that end them (at most `most`), and their
+    text: encoded again with the text after it, as the template's text is encoded whole."""
+    k = len(ids)
+    while k > max(0, len(ids) - most):
+        piece = tokenizer.decode(ids[k - 1:k], skip_special_tokens=False)
+        if not piece or piece.strip():
+            break
+        k -= 1
+    return ids[:k], tokenizer.decode(ids[k:], skip_special_tokens=False)
 
 
 def _check_tool(tool, i: int) -> None:

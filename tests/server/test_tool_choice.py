@@ -201,3 +201,20 @@ def test_without_the_flag_a_forcing_choice_stays_a_400_naming_it(loaded, choice)
         answer = post(srv, {**ASK, "tools": None, "tool_choice": choice})
     assert answer["status"] == 400 and answer["error"]["param"] == "tool_choice"
     assert "--tool-call-parser qwen3_coder" in answer["error"]["message"]
+
+
+def test_a_block_closed_empty_is_tokenized_as_the_template_writes_one(loaded):
+    """Where "\\n\\n" is one token (Qwen's), the closed block is `<think>`, "\\n\\n", `</think>`
+    as the template renders an empty one, not `<think>`, "\\n", "\\n" (the generation prompt's
+    newline, then the closing text's own): a spelling the model never saw."""
+    from transformers import AddedToken, AutoTokenizer
+
+    from statechat.api_tools import ToolRequest, force_call
+
+    tokenizer = AutoTokenizer.from_pretrained(loaded.path)
+    tokenizer.add_tokens([AddedToken("\n\n", normalized=False)])
+    prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)
+    forced = ToolRequest(TOOLS, True, OPENING["named"])
+    got = force_call(prompt, forced, tokenizer, lambda: prompt)  # (a template that ignores it)
+    assert got == tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                                   + OPENING["named"], add_special_tokens=False)
