@@ -64,3 +64,28 @@ def _fill(seqs: list[Sequence], order: list[int], sizes: list[int], limit: int,
         sizes[i] = chunk_len(seqs[i], limit - used, block_size)
         used += sizes[i]
     return sizes
+
+
+def awaits_prefix(head: Sequence, seqs: list[Sequence], block_size: int, interval: int) -> bool:
+    """Whether waiting `head` shares a prefix with one of `seqs` (prompts being prefilled) past
+    a boundary where that one will leave a checkpoint (its prompt's last, or a multiple of
+    `interval` blocks) and has not computed yet: admitted once it has, `head` resumes there;
+    admitted now, it would compute that prefix a second time beside it (reuse is decided at
+    admission)."""
+    hashes = head.block_hashes[: (len(head) - 1) // block_size]  # (what its reuse may take)
+    for seq in seqs:
+        shared, done = _shared_blocks(hashes, seq.block_hashes), seq.num_computed // block_size
+        last = (seq.num_prompt_tokens - 1) // block_size
+        if done < last <= shared or (interval and done < shared // interval * interval):
+            return True
+    return False
+
+
+def _shared_blocks(a: list[bytes], b: list[bytes]) -> int:
+    """Leading blocks two chains of block hashes share (a chained hash names its whole prefix,
+    so a match at block k means all before it match too)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if a[mid - 1] == b[mid - 1] else (lo, mid - 1)
+    return lo

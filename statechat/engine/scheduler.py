@@ -24,7 +24,7 @@ from statechat.cache.hashing import chain_hashes
 from statechat.engine.checkpoints import CheckpointPolicy
 from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
-from statechat.engine.prefill_plan import blocks_needed, plan_prefills
+from statechat.engine.prefill_plan import awaits_prefix, blocks_needed, plan_prefills
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
@@ -130,10 +130,14 @@ class Scheduler(CheckpointPolicy):
         while one is so, a newcomer is admitted only if its whole prompt would get a chunk (each
         holds a slot; a cached prefix may leave one short, known only once admitted). One whose
         chunk wants more blocks than are free gives way at once (preempted), as the newest
-        sequence does whenever blocks run out."""
+        sequence does whenever blocks run out. One that shares a prefix with a prompt in flight
+        waits while that prompt computes a checkpoint of it (awaits_prefix), to resume there."""
         sizes = plan_prefills(seqs, share, budget, self.bs)
         while self.waiting and share > 0:
             head = self.waiting[0]
+            if (self.use_cache and head.params.prompt_logprobs is None
+                    and awaits_prefix(head, seqs, self.bs, self.interval)):
+                break
             if 0 in sizes and not plan_prefills(seqs + [head], share, budget, self.bs)[-1]:
                 break
             if not self._admit(head):
