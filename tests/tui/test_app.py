@@ -53,6 +53,15 @@ async def wait_idle(pilot, app, timeout: float = 30) -> None:
     await pilot.pause(0.05)
 
 
+async def press_quit(pilot) -> None:
+    """Ctrl+Q once the scroll that a focus move queued has run: `pilot.press` waits for the
+    animator, and an animation started after the app's loop ended never completes (a test that
+    moved the focus just before could wait forever on a loaded machine: test_bench_switch.py)."""
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.press("ctrl+q")
+
+
 async def send(pilot, app, text: str) -> None:
     app.query_one(Composer).focus()
     app.query_one(Composer).set_text(text)
@@ -132,7 +141,7 @@ def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
             msgs = views(app)
             assert len(msgs) == 6 and msgs[2].message.content == long_text(2)
             assert "1/2" in header(msgs[2])
-            await pilot.press("ctrl+q")
+            await press_quit(pilot)
 
     async def second_run():
         app = make_app(loaded, tmp_path)

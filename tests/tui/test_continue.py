@@ -20,7 +20,16 @@ from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from tests.helpers import BLOCK, THINKING, with_template
-from tests.tui.test_app import header, long_text, send, status, views, wait_idle, wait_ready
+from tests.tui.test_app import (
+    header,
+    long_text,
+    press_quit,
+    send,
+    status,
+    views,
+    wait_idle,
+    wait_ready,
+)
 from tests.tui.test_edge_cases import focus_message, notices, start_long_reply
 
 # a reply long enough that its end's checkpoint lies blocks past its prompt's
@@ -230,7 +239,7 @@ def test_quitting_while_a_continuation_streams_keeps_all_of_it(loaded, tmp_path)
             while new_id is None or views(app)[1].text == old:  # (some of it shown)
                 new_id = app.streaming_reply_id
                 await pilot.pause(0.05)
-            await pilot.press("ctrl+q")
+            await press_quit(pilot)
         return old, new_id
 
     async def second_run(old, new_id):
@@ -256,7 +265,7 @@ def test_a_continuation_is_there_after_a_restart_and_resumes_from_disk(loaded, t
             await send(pilot, app, "hello there")
             await press_c(pilot, app)
             shown = [(v.message.id, v.message.content) for v in views(app)]
-            await pilot.press("ctrl+q")
+            await press_quit(pilot)
         return shown
 
     async def second_run(before):

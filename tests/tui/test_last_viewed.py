@@ -8,7 +8,7 @@ import asyncio
 
 from statechat.chat.tree import open_chats
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import make_app, views, wait_ready
+from tests.tui.test_app import make_app, press_quit, views, wait_ready
 
 
 def two_chats(chat_dir) -> tuple[str, str]:
@@ -37,7 +37,7 @@ def started(loaded, chat_dir, then=None) -> str | None:
                 [app.chats.branch(app.conv_id)[0].content] if app.conv_id else [])
             if then is not None:
                 await then(app, pilot)
-            await pilot.press("ctrl+q")
+            await press_quit(pilot)
 
     asyncio.run(run())
     return first[0]
