@@ -4,15 +4,15 @@ Each step: every decoding sequence gets one token first (so a long prompt never 
 decodes), then prefills share what is left of the token budget, in chunks that end on block
 boundaries (a prompt's last chunk excepted): fewest tokens left first, so a short prompt is not
 kept waiting for a long one's whole prefill, and the oldest prompt in flight at least a block a
-step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order. While
-decodes run, the prefills' share is also cut to what the measured prefill rate computes within
-the step's time target (`max_step_s`; at least one block, so a prompt always progresses): a
-long prompt arriving does not stall the streams for a whole budget's chunk. With no decodes,
-prefills take the whole budget. When KV blocks run out the newest running sequence is
-preempted: it gives everything back and is recomputed later (from the prefix cache when it
-can). Prefill chunks ask the kernels to leave GDN checkpoints at the boundaries the policy
-wants; decodes copy the state at block boundaries so that a reply's end can be checkpointed
-(which boundaries, and their publishing: checkpoints.py).
+step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order
+(admission.py). While decodes run, the prefills' share is also cut to what the measured prefill
+rate computes within the step's time target (`max_step_s`; at least one block, so a prompt
+always progresses): a long prompt arriving does not stall the streams for a whole budget's
+chunk. With no decodes, prefills take the whole budget. When KV blocks run out the newest
+running sequence is preempted: it gives everything back and is recomputed later (from the
+prefix cache when it can). Prefill chunks ask the kernels to leave GDN checkpoints at the
+boundaries the policy wants; decodes copy the state at block boundaries so that a reply's end
+can be checkpointed (which boundaries, and their publishing: checkpoints.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from statechat.cache.hashing import chain_hashes
+from statechat.engine.admission import Admission
 from statechat.engine.checkpoints import CheckpointPolicy
 from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
-from statechat.engine.prefill_plan import awaits_prefix, blocks_needed, plan_prefills
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
@@ -63,7 +63,7 @@ class Batch:
         return sum(it.num_tokens for it in self.items)
 
 
-class Scheduler(CheckpointPolicy):
+class Scheduler(Admission, CheckpointPolicy):
     def __init__(
         self,
         blocks: BlockPool,
@@ -122,36 +122,6 @@ class Scheduler(CheckpointPolicy):
                     items.append(item)
         return Batch(items, capped=capped)
 
-    def _admit_waiting(self, seqs: list[Sequence], share: int,
-                       budget: int) -> tuple[list[Sequence], list[int]]:
-        """Admit waiting sequences in arrival order while each gets a chunk beside `seqs` (the
-        running prompts; it may take a longer one's share) and return the prompts with their
-        planned chunks (plan_prefills). One that gets none stays admitted for a later step;
-        while one is so, a newcomer is admitted only if its whole prompt would get a chunk (each
-        holds a slot; a cached prefix may leave one short, known only once admitted). One whose
-        chunk wants more blocks than are free gives way at once (preempted), as the newest
-        sequence does whenever blocks run out. One that shares a prefix with a prompt in flight
-        waits while that prompt computes a checkpoint of it (awaits_prefix), to resume there."""
-        sizes = plan_prefills(seqs, share, budget, self.bs)
-        while self.waiting and share > 0:
-            head = self.waiting[0]
-            if (self.use_cache and head.params.prompt_logprobs is None
-                    and awaits_prefix(head, seqs, self.bs, self.interval)):
-                break
-            if 0 in sizes and not plan_prefills(seqs + [head], share, budget, self.bs)[-1]:
-                break
-            if not self._admit(head):
-                break
-            planned = plan_prefills(seqs + [head], share, budget, self.bs)
-            if planned[-1] and blocks_needed(seqs + [head], planned, self.bs) > (
-                    self.blocks.num_available):
-                self.preempt(head)
-                break
-            seqs, sizes = seqs + [head], planned
-            if not planned[-1]:
-                break
-        return seqs, sizes
-
     def _prefill_cap(self, num_decodes: int) -> int:
         """The prefill tokens a step with `num_decodes` decodes may take: with decodes and a
         time target, what the measured prefill rate computes within it less the decodes (each
@@ -163,28 +133,6 @@ class Scheduler(CheckpointPolicy):
             return self.budget
         tokens = self.prefix.cost.prefill_tokens_within(self.max_step_s) - num_decodes
         return max(tokens // self.bs * self.bs, self.bs)
-
-    def _admit(self, seq: Sequence) -> bool:
-        """Move a waiting sequence to running, reusing the longest cached prefix."""
-        if len(self.running) >= self.max_num_seqs:
-            return False
-        slot = self.slots.allocate()
-        if slot is None:
-            return False
-        seq.slot = slot
-        reused = 0
-        if self.use_cache:  # (without the cache nothing ever looks a block up by its hash)
-            seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
-            if seq.params.prompt_logprobs is None:  # (one that asks scores every prompt token,
-                # so computes them all, as vLLM's does; its blocks are still shared after it)
-                reused = self.prefix.reuse(seq)
-        # the admission that runs is the one reported (an earlier one, preempted at once for
-        # want of blocks, may have restored more or less, and computed nothing)
-        seq.num_restored, seq.num_cached_tokens = reused, min(reused, seq.num_prompt_tokens)
-        seq.status = Status.RUNNING
-        self.waiting.remove(seq)
-        self.running.append(seq)
-        return True
 
     def _prefill_chunk(self, seq: Sequence, budget: int,
                        items: list[ScheduledSeq]) -> ScheduledSeq | None:
