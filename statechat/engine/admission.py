@@ -1,6 +1,15 @@
 """Admission: which waiting sequences the Scheduler admits in a step, each with the longest cached
 prefix it can reuse (PrefixCache.reuse, which may load a prefix from the host tier or disk).
-Plain Python over sequences and pools, no tensors.
+
+Waiting sequences are admitted in arrival order. One whose first chunk would want more KV blocks
+than are free gives way at once (preempted, as the newest sequence does whenever blocks run
+out), and it is tried again only once as many blocks are spare beyond the running prompts'
+chunks as that admission took (its restore's and its chunk's): while other replies hold the
+blocks, it does not restore its prefix again at every step. A sequence's reported reuse
+(`num_cached_tokens`, `cache_plan`, `reused_from`, `reused_by_tier`) is that of its latest
+admission that computed something: one that gave way (or was aborted) before computing keeps
+what it reported before it, so a request aborted while it waits reports what one never admitted
+does. Plain Python over sequences and pools, no tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ from statechat.engine.sequence import Sequence, Status
 
 class Admission:
     """The admission of Scheduler (whose `__init__` sets what these read, and whose `preempt`
-    gives a sequence's blocks and slots back)."""
+    gives a sequence's blocks and slots back): `short` is (seq_id, blocks its admission took,
+    hash of the last block it restored) of the latest admission that gave way for want of
+    blocks, and `reported` keeps, per running sequence, what it reported before its admission."""
 
     blocks: BlockPool
     slots: SlotPool
@@ -28,6 +39,8 @@ class Admission:
     max_num_seqs: int
     waiting: deque[Sequence]
     running: list[Sequence]
+    short: tuple[int, int, bytes | None]
+    reported: dict[int, tuple]
 
     def _admit_waiting(self, seqs: list[Sequence], share: int,
                        budget: int) -> tuple[list[Sequence], list[int]]:
@@ -35,9 +48,10 @@ class Admission:
         running prompts; it may take a longer one's share) and return the prompts with their
         planned chunks (plan_prefills). One that gets none stays admitted for a later step;
         while one is so, a newcomer is admitted only if its whole prompt would get a chunk (each
-        holds a slot; a cached prefix may leave one short, known only once admitted). One whose
-        chunk wants more blocks than are free gives way at once (preempted), as the newest
-        sequence does whenever blocks run out. One that shares a prefix with a prompt in flight
+        holds a slot; a cached prefix may leave one short, known only once admitted). One is
+        admitted only while a block is spare beyond the chunks of those before it (as many as
+        its last try took, after one that gave way). One whose chunk wants more blocks than are
+        free gives way at once (preempted). One that shares a prefix with a prompt in flight
         waits while that prompt computes a checkpoint of it (awaits_prefix), to resume there."""
         sizes = plan_prefills(seqs, share, budget, self.bs)
         while self.waiting and share > 0:
@@ -45,19 +59,36 @@ class Admission:
             if (self.use_cache and head.params.prompt_logprobs is None
                     and awaits_prefix(head, seqs, self.bs, self.interval)):
                 break
-            if 0 in sizes and not plan_prefills(seqs + [head], share, budget, self.bs)[-1]:
+            planned = plan_prefills(seqs + [head], share, budget, self.bs)
+            if 0 in sizes and not planned[-1]:
+                break
+            free = self.blocks.num_available
+            if free - blocks_needed(seqs, planned[:-1], self.bs) < self._blocks_wanted(head):
                 break
             if not self._admit(head):
                 break
             planned = plan_prefills(seqs + [head], share, budget, self.bs)
             if planned[-1] and blocks_needed(seqs + [head], planned, self.bs) > (
                     self.blocks.num_available):
+                took = free - self.blocks.num_available  # (its restore's blocks)
+                restored = head.num_restored // self.bs
+                self.short = (head.seq_id, took + blocks_needed([head], planned[-1:], self.bs),
+                              head.block_hashes[restored - 1] if restored else None)
                 self.preempt(head)
                 break
             seqs, sizes = seqs + [head], planned
             if not planned[-1]:
                 break
         return seqs, sizes
+
+    def _blocks_wanted(self, head: Sequence) -> int:
+        """Spare blocks `head` waits for: as many as its last try took, if that gave way for
+        want of blocks and the last block it restored is still cached on the device (else its
+        restore would differ); one (for its first chunk) otherwise."""
+        seq_id, wanted, tail = self.short
+        if seq_id != head.seq_id or (tail is not None and self.blocks.lookup(tail) is None):
+            return 1
+        return wanted
 
     def _admit(self, seq: Sequence) -> bool:
         """Move a waiting sequence to running, reusing the longest cached prefix."""
@@ -68,15 +99,24 @@ class Admission:
             return False
         seq.slot = slot
         reused = 0
+        self.reported[seq.seq_id] = (seq.num_cached_tokens, seq.cache_plan, seq.reused_from,
+                                     seq.reused_by_tier)
         if self.use_cache:  # (without the cache nothing ever looks a block up by its hash)
             seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
             if seq.params.prompt_logprobs is None:  # (one that asks scores every prompt token,
                 # so computes them all, as vLLM's does; its blocks are still shared after it)
                 reused = self.prefix.reuse(seq)
-        # the admission that runs is the one reported (an earlier one, preempted at once for
-        # want of blocks, may have restored more or less, and computed nothing)
         seq.num_restored, seq.num_cached_tokens = reused, min(reused, seq.num_prompt_tokens)
         seq.status = Status.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
         return True
+
+    def _forget_admission(self, seq: Sequence) -> None:
+        """`seq` gives its blocks and slots back (preempted or finished): an admission that
+        computed nothing leaves the reuse reported before it, and no tokens computed."""
+        before = self.reported.pop(seq.seq_id, None)
+        if before is not None and seq.num_computed == seq.num_restored:
+            (seq.num_cached_tokens, seq.cache_plan, seq.reused_from,
+             seq.reused_by_tier) = before
+            seq.num_computed = seq.num_restored = 0

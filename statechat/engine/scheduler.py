@@ -87,6 +87,9 @@ class Scheduler(Admission, CheckpointPolicy):
         self.running: list[Sequence] = []
         self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
         self.copying: list[tuple[Sequence, int, int]] = []  # slot copies asked for, not run yet
+        self.short: tuple[int, int, bytes | None] = (-1, 0, None)  # the latest admission that
+        # gave way for want of blocks (Admission)
+        self.reported: dict[int, tuple] = {}  # seq_id -> its reuse reported before admission
 
     # --- requests -----------------------------------------------------------------------
     def add(self, seq: Sequence, packed: bytes | None = None) -> None:
@@ -177,6 +180,7 @@ class Scheduler(Admission, CheckpointPolicy):
         for block in reversed(seq.block_table):
             self.blocks.release(block)
         seq.block_table = []
+        self._forget_admission(seq)
         if seq.resume_slot:
             self.slots.unpin(seq.resume_slot)
             seq.resume_slot = 0

@@ -3,9 +3,10 @@ whole KV cache, exact blocks among them), many sharing prefixes (forks, repeats)
 for no tokens or for prompt logprobs, under random token budgets, step time caps, block and
 slot counts, sequence limits and checkpoint intervals. Every step schedules something while
 work remains (the engine raises on an empty one), stays within its budget, every request
-finishes within a bounded number of steps, reuse is reported in whole blocks short of the
-prompt (or all of it, for one preempted mid-reply), and at the end every KV block is free and
-no checkpoint is pinned.
+finishes within a bounded number of steps, a waiting request that has computed nothing reports
+no reuse (an admission that gave way at once for want of blocks reported its restore), reuse is
+reported in whole blocks short of the prompt (or all of it, for one preempted mid-reply), and
+at the end every KV block is free and no checkpoint is pinned.
 
 Plain Python: a scheduler over its pools and a prefix cache of the device tier alone; the engine
 loop is mimicked (a request ends at max_tokens, or with its prompt when it asks for none).
@@ -92,6 +93,9 @@ def run(seed: int) -> None:
                  [len(s) for s in sched.waiting], blocks.num_available, slots.num_available)
         assert batch.items, f"seed {seed}, step {step}: nothing scheduled, {state} ({cfg})"
         assert batch.num_tokens <= cfg["budget"], f"seed {seed}: over budget ({cfg})"
+        for seq in sched.waiting:  # (one admitted, then given way before computing: no reuse)
+            assert seq.num_recomputed or (seq.num_cached_tokens, seq.cache_plan) == (-1, None), (
+                f"seed {seed}, step {step}: a waiting request reports reuse ({cfg})")
         sched.postprocess(batch, [rng.randrange(50) for it in batch.items if it.needs_logits])
         sched.copied()
         end_step(sched, batch, max_len)
