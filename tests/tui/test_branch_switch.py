@@ -56,10 +56,13 @@ def drawn(widget: Widget) -> list[str]:
 
 
 async def switch(pilot, app, msg_id: str, step: int) -> None:
-    """Focus `msg_id`'s view and press [ or ] on it."""
+    """Focus `msg_id`'s view and press [ or ] on it; return once the scroll to the focused view
+    has ended (the screen is compared with another run's: a scroll still under way is not)."""
     app.query_one(ChatView).view_of(msg_id).focus()
     await pilot.pause()
     await pilot.press("right_square_bracket" if step > 0 else "left_square_bracket")
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
     await pilot.pause()
 
 
@@ -74,6 +77,8 @@ def run_switches(loaded, chat_dir, switches, rebuild: bool = False) -> list[tupl
         app = make_app(loaded, chat_dir)
         async with app.run_test(size=(100, 40)) as pilot:
             await wait_ready(pilot, app)
+            await pilot.wait_for_scheduled_animations()  # (the opening scroll, if any)
+            await pilot.pause()
             got.append((views(app), shown(app), screen_lines(app), None))
             for index, step in switches:
                 await switch(pilot, app, views(app)[index].message.id, step)
