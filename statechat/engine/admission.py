@@ -99,13 +99,20 @@ class Admission:
             return False
         seq.slot = slot
         reused = 0
-        self.reported[seq.seq_id] = (seq.num_cached_tokens, seq.cache_plan, seq.reused_from,
-                                     seq.reused_by_tier)
+        before = (seq.num_cached_tokens, seq.cache_plan, seq.reused_from, seq.reused_by_tier)
         if self.use_cache:  # (without the cache nothing ever looks a block up by its hash)
             seq.block_hashes = chain_hashes(self.root, seq.token_ids, self.bs, seq.block_hashes)
             if seq.params.prompt_logprobs is None:  # (one that asks scores every prompt token,
                 # so computes them all, as vLLM's does; its blocks are still shared after it)
-                reused = self.prefix.reuse(seq)
+                try:
+                    reused = self.prefix.reuse(seq)
+                except BaseException:  # (it stays waiting, as it was: the step raises)
+                    (seq.num_cached_tokens, seq.cache_plan, seq.reused_from,
+                     seq.reused_by_tier) = before
+                    self.slots.release(slot)
+                    seq.slot = 0
+                    raise
+        self.reported[seq.seq_id] = before
         seq.num_restored, seq.num_cached_tokens = reused, min(reused, seq.num_prompt_tokens)
         seq.status = Status.RUNNING
         self.waiting.remove(seq)

@@ -12,6 +12,7 @@ engine with a host tier, whose restore reads the host's blocks and checkpoint.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from statechat.config import EngineConfig
@@ -159,3 +160,25 @@ def test_a_request_aborted_while_it_waits_for_blocks_reports_no_reuse(tiny_dirs,
         assert (got.finish_reason, got.num_cached_tokens, got.num_computed_tokens) == (
             "abort", 0, 0)
         assert (got.cache_plan, got.reused_from, got.reused_by_tier) == (None, None, None)
+
+
+def test_an_admission_whose_restore_raises_leaves_nothing_reported(monkeypatch):
+    """A restore that fails (a device error while loading: the step raises) leaves the request
+    waiting as it was: no reuse, no plan, and no entry kept for it in `reported` (which holds
+    running sequences alone) nor its working slot held, so that aborting it then leaks
+    nothing."""
+    sched, _, first = setup(256, monkeypatch)
+
+    def failing(seq: Sequence) -> int:
+        seq.cache_plan = {"choice": "load"}  # (planned, then its load failed)
+        raise RuntimeError("device error")
+
+    monkeypatch.setattr(sched.prefix, "reuse", failing)
+    waits = request(first + [6], 3)
+    sched.add(waits)
+    free_slots = sched.slots.num_available
+    with pytest.raises(RuntimeError):
+        sched.schedule()
+    assert waits in sched.waiting and sched.reported == {}
+    assert (waits.slot, sched.slots.num_available) == (0, free_slots)
+    assert (waits.num_cached_tokens, waits.cache_plan, waits.reused_from) == (-1, None, None)
