@@ -25,6 +25,7 @@ from statechat.engine.admission import Admission
 from statechat.engine.checkpoints import CheckpointPolicy
 from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
+from statechat.engine.prefill_plan import chunk_len
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
@@ -140,9 +141,7 @@ class Scheduler(Admission, CheckpointPolicy):
     def _prefill_chunk(self, seq: Sequence, budget: int,
                        items: list[ScheduledSeq]) -> ScheduledSeq | None:
         start = seq.num_computed
-        end = start + min(seq.num_uncomputed, budget)
-        if end < len(seq):
-            end = end // self.bs * self.bs
+        end = start + chunk_len(seq, budget, self.bs)
         if end <= start or not self._ensure_blocks(seq, end, items):
             return None
         src = seq.resume_slot or (seq.slot if start > 0 else 0)
