@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import time
 
+from textual.widget import AwaitMount
+
 from statechat.chat.tree import BusyError, Message
 from statechat.tui.format import clean, one_line
 from statechat.tui.widgets.chat_view import ChatView
@@ -64,10 +66,13 @@ class ConversationsMixin:
             # focus, until the view of `focus_id` is built; else Textual moved it to the chat
             # list, where Delete deletes the chat, and which a narrow terminal shows instead)
             composer.focus()
-        chat.show(views)
+        built = chat.show(views)
         if focus_id:
             self.focus_pending = focus_id
-            self.call_after_refresh(self._focus_view, focus_id)
+            # (a worker, not the app's queue: a view removed before it was built, by a
+            # switch just after, never says it is built; the next switch cancels this one)
+            self.run_worker(self._focus_once_built(built, focus_id), group="focus view",
+                            exclusive=True)
 
     def _save_viewed(self, conv_id: str | None, switched: bool) -> None:
         """Save `conv_id` as the chat viewed last (a restart opens it), unless it is None (a
@@ -89,6 +94,14 @@ class ConversationsMixin:
         if any(c.id == last for c in convs):
             return last
         return convs[0].id if convs else None
+
+    async def _focus_once_built(self, built: AwaitMount, msg_id: str) -> None:
+        """Focus the view of `msg_id` once the views just mounted are built and laid out. Its
+        scroll into view is reckoned then: reckoned before (a busy machine), the view could
+        seem in sight already, and the chat, left anchored, ended scrolled to its bottom with
+        the focused message out of sight."""
+        await built
+        self.call_after_refresh(self._focus_view, msg_id)
 
     def _focus_view(self, msg_id: str) -> None:
         """(Once the views are built) focus the view of `msg_id`, if it is shown."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 
 import pytest
 from textual.geometry import Region
@@ -56,11 +57,16 @@ def drawn(widget: Widget) -> list[str]:
 
 
 async def switch(pilot, app, msg_id: str, step: int) -> None:
-    """Focus `msg_id`'s view and press [ or ] on it; return once the scroll to the focused view
-    has ended (the screen is compared with another run's: a scroll still under way is not)."""
+    """Focus `msg_id`'s view and press [ or ] on it; return once the view to focus is focused
+    and the scroll to it has ended (the screen is compared with another run's: a scroll still
+    under way is not)."""
     app.query_one(ChatView).view_of(msg_id).focus()
     await pilot.pause()
     await pilot.press("right_square_bracket" if step > 0 else "left_square_bracket")
+    end = time.monotonic() + 30
+    while app.focus_pending is not None:  # (focused once the new views are built)
+        assert time.monotonic() < end, "the view to focus was never focused"
+        await pilot.pause(0.01)
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
     await pilot.pause()
@@ -137,3 +143,33 @@ def test_switch_to_a_longer_then_a_shorter_branch(loaded, tmp_path):
     (before, *_), (longer, *_), (shorter, *_) = runs
     assert (len(before), len(longer), len(shorter)) == (NUM_MESSAGES, near_end + 5, NUM_MESSAGES)
     assert shared(before, longer) == near_end and shared(longer, shorter) == near_end
+
+
+def test_the_focused_message_is_in_sight_when_views_build_slowly(loaded, tmp_path, monkeypatch):
+    """A busy machine: each new view's parts are composed a while after the switch laid the chat
+    out. The switch still ends with the focused message on screen (it was focused while the views
+    had no height, seemed in sight at the top, and the chat, still anchored, then went to its
+    bottom: CI saw it once, as a screen unlike the oracle's)."""
+    branched_chat(tmp_path)
+    compose = Widget._on_compose
+
+    async def slow_compose(self, event) -> None:
+        if isinstance(self, MessageView):
+            await asyncio.sleep(0.05)
+        await compose(self, event)
+
+    seen = []
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await wait_ready(pilot, app)
+            monkeypatch.setattr(Widget, "_on_compose", slow_compose)
+            for index, step in [(0, 1), (0, -1), (NUM_MESSAGES - 3, 1)]:
+                await switch(pilot, app, views(app)[index].message.id, step)
+                await pilot.pause(0.3)
+                seen.append(app.screen.can_view_entire(app.focused))
+            app.exit()
+
+    asyncio.run(run())
+    assert seen == [True, True, True]

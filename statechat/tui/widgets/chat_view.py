@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.widget import AwaitMount
 
 from statechat.tui.widgets.message_view import MessageView
 
@@ -31,11 +32,12 @@ class ChatView(VerticalScroll, can_focus=False):
         """Anchor to the bottom: the view stays scrolled there while a reply grows."""
         self.anchor()
 
-    def show(self, views: list[MessageView]) -> None:
+    def show(self, views: list[MessageView]) -> AwaitMount:
         """Show `views` in place of the views shown, scrolled to the bottom. The views shown
         that begin the same (each `shows_as` the one of `views` in its place: a branch switched
         below them) are kept, not built again (300 messages took 2 s); those after the first
-        that differs are replaced by the rest of `views`."""
+        that differs are replaced by the rest of `views`. Returns what awaits the new views'
+        build (their parts composed and mounted: only then are their heights known)."""
         num_kept = 0
         for old, new in zip(self.shown, views):
             if not old.shows_as(new):
@@ -43,9 +45,10 @@ class ChatView(VerticalScroll, can_focus=False):
             num_kept += 1
         if num_kept < len(self.shown):
             self.remove_children(self.shown[num_kept:])
-        self.mount_all(views[num_kept:])
+        built = self.mount_all(views[num_kept:])
         self.shown = self.shown[:num_kept] + views[num_kept:]
         self.anchor()
+        return built
 
     def views(self) -> list[MessageView]:
         """The views shown, first to last (not those being replaced)."""
