@@ -162,6 +162,7 @@ class LLMEngine(Requests):
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         self.runner.forget(seq.seq_id)
         self._prefill_run = None  # its unsynchronised chunks must not time the next request
+        self._forget_ended_ahead()
         self._busy(False)
 
     def has_unfinished(self) -> bool:
@@ -196,9 +197,9 @@ class LLMEngine(Requests):
         ahead, self._ahead = self._ahead, None
         t0, batch = time.perf_counter(), None
         try:
-            if ahead is not None and any(not it.seq.is_finished for it in ahead.batch.items):
+            if ahead is not None:  # (one whose sequences all ended was forgotten: unread)
                 launched = ahead
-            else:  # (a continuation whose sequences all ended is dropped unread)
+            else:
                 batch = self.scheduler.schedule()
                 if not batch.items:
                     self._busy(False)
@@ -241,6 +242,7 @@ class LLMEngine(Requests):
                     self.runner.forget(seq.seq_id)
                     updated.append(seq)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
+            self._forget_ended_ahead()
         except BaseException:
             self.scheduler.drop_copies()
             if not posted:  # (its checkpoint slots are neither published nor given back)
@@ -248,6 +250,12 @@ class LLMEngine(Requests):
             self._drop_ahead()
             raise
         return updated
+
+    def _forget_ended_ahead(self) -> None:
+        """Forget the step queued ahead once its sequences have all ended (a stop token, an
+        abort): its tokens are never read, and an idle engine holds no step."""
+        if self._ahead is not None and all(it.seq.is_finished for it in self._ahead.batch.items):
+            self._ahead = None
 
     def _drop_ahead(self) -> None:
         """After a step failed past its tokens' read: the step queued after it has moved its

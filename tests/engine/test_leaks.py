@@ -143,6 +143,28 @@ def test_replies_preempted_mid_decode_give_back_their_pending_states(loaded):
     assert_idle_pools(engine)
 
 
+@pytest.mark.parametrize("ending", ["stop token", "abort"])
+def test_a_reply_that_ends_with_a_step_queued_ahead_leaves_none(loaded, ending):
+    """Async scheduling queues the next decode step before a step's token is read; the reply
+    ends on that token (a stop token id) or is aborted meanwhile. The idle engine then keeps no
+    step queued ahead (it kept it, naming the ended reply, until the next request came)."""
+    engine = small_engine(loaded, async_scheduling=True)
+    prompt = random_prompts(40, seed=3)[0]
+    free_run = engine.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    stop = free_run.token_ids[6]  # (mid-block: 40 + 6 tokens)
+    params = SamplingParams(max_tokens=12, ignore_eos=True,
+                            stop_token_ids=() if ending == "abort" else (stop,))
+    seq = engine.add_request(prompt, params)
+    while engine.has_unfinished():
+        engine.step()
+        if ending == "abort" and len(seq.output_ids) == 5:
+            assert engine._ahead is not None  # (the case under test)
+            engine.abort(seq)
+    if ending == "stop token":
+        assert seq.stop_reason == stop and len(seq.output_ids) <= 7
+    assert_idle_pools(engine)
+
+
 def conversation(engine, turns: list[list[int]], max_tokens: int = 12) -> list:
     """Run a chat of these user turns, each prompt the one before with its reply and the next
     turn; the outputs."""
