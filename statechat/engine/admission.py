@@ -1,7 +1,12 @@
 """Admission: which waiting sequences the Scheduler admits in a step, each with the longest cached
 prefix it can reuse (PrefixCache.reuse, which may load a prefix from the host tier or disk).
 
-Waiting sequences are admitted in arrival order. One whose first chunk would want more KV blocks
+Waiting sequences are admitted in arrival order, but for a fork of a prompt in flight that waits
+for their shared checkpoint (awaits_prefix): it keeps its place in the queue while those behind
+it are admitted past it, so a request that shares nothing with it does not wait for another's
+prefill. (Forks of that fork need no more: whatever one shares with it beyond what the prompt in
+flight holds, it shares that prompt's part too, so it waits for the same checkpoint; once the
+fork is admitted it is in flight itself.) One whose first chunk would want more KV blocks
 than are free gives way at once (preempted, as the newest sequence does whenever blocks run
 out), and it is tried again only once as many blocks are spare beyond the running prompts'
 chunks as that admission took (its restore's and its chunk's): while other replies hold the
@@ -51,14 +56,18 @@ class Admission:
         holds a slot; a cached prefix may leave one short, known only once admitted). One is
         admitted only while a block is spare beyond the chunks of those before it (as many as
         its last try took, after one that gave way). One whose chunk wants more blocks than are
-        free gives way at once (preempted). One that shares a prefix with a prompt in flight
-        waits while that prompt computes a checkpoint of it (awaits_prefix), to resume there."""
+        free gives way at once (preempted), back in its place; no later one is admitted then.
+        One that shares a prefix with a prompt in flight waits while that prompt computes a
+        checkpoint of it (awaits_prefix), to resume there: it keeps its place at the queue's
+        front, and those behind it are tried in turn."""
         sizes = plan_prefills(seqs, share, budget, self.bs)
-        while self.waiting and share > 0:
-            head = self.waiting[0]
+        passed = 0  # forks passed over: they keep their places, at the queue's front
+        while len(self.waiting) > passed and share > 0:
+            head = self.waiting[passed]
             if (self.use_cache and head.params.prompt_logprobs is None
                     and awaits_prefix(head, seqs, self.bs, self.interval)):
-                break
+                passed += 1
+                continue
             planned = plan_prefills(seqs + [head], share, budget, self.bs)
             if 0 in sizes and not planned[-1]:
                 break
@@ -75,6 +84,8 @@ class Admission:
                 self.short = (head.seq_id, took + blocks_needed([head], planned[-1:], self.bs),
                               head.block_hashes[restored - 1] if restored else None)
                 self.preempt(head)
+                self.waiting.popleft()  # (back in its place, behind the forks passed over)
+                self.waiting.insert(passed, head)
                 break
             seqs, sizes = seqs + [head], planned
             if not planned[-1]:
