@@ -10,7 +10,11 @@ fork is admitted it is in flight itself.) One whose first chunk would want more 
 than are free gives way at once (preempted, as the newest sequence does whenever blocks run
 out), and it is tried again only once as many blocks are spare beyond the running prompts'
 chunks as that admission took (its restore's and its chunk's): while other replies hold the
-blocks, it does not restore its prefix again at every step. A sequence's reported reuse
+blocks, it does not restore its prefix again at every step. Likewise one preempted while it ran
+for want of blocks (its next chunk's, or an older sequence's) is tried again only once as many
+are spare as it held alone and its next chunk wants (_give_way): a prompt that fits the KV cache
+alone but not beside the replies streaming waits for them, rather than computing its first
+chunks again every few steps only to be preempted at the same point. A sequence's reported reuse
 (`num_cached_tokens`, `cache_plan`, `reused_from`, `reused_by_tier`) is that of its latest
 admission that computed something: one that gave way (or was aborted) before computing keeps
 what it reported before it, so a request aborted while it waits reports what one never admitted
@@ -30,9 +34,10 @@ from statechat.engine.sequence import Sequence, Status
 
 class Admission:
     """The admission of Scheduler (whose `__init__` sets what these read, and whose `preempt`
-    gives a sequence's blocks and slots back): `short` is (seq_id, blocks its admission took,
-    hash of the last block it restored) of the latest admission that gave way for want of
-    blocks, and `reported` keeps, per running sequence, what it reported before its admission."""
+    gives a sequence's blocks and slots back): `short` is (seq_id, blocks it waits for, hash of
+    the last block its admission restored, or None) of the latest sequence that gave way for
+    want of blocks (at admission, or preempted: _give_way), and `reported` keeps, per running
+    sequence, what it reported before its admission."""
 
     blocks: BlockPool
     slots: SlotPool
@@ -92,10 +97,24 @@ class Admission:
                 break
         return seqs, sizes
 
+    def _give_way(self, seq: Sequence, num_tokens: int) -> None:
+        """Preempt running `seq` for want of KV blocks (its own, for `num_tokens` tokens; or an
+        older sequence's: 0) and remember what it waits for before it is admitted again: the
+        blocks it held alone (those it shares with a running sequence cost nothing to take back)
+        and those its next chunk wants beyond them (at least one). Admitted again sooner, it
+        would recompute (or restore) what it held only to be preempted at the same point, every
+        few steps, until the replies holding the other blocks end. Unlike a restore's count this
+        one holds even once its prefix leaves the device: computing it again takes as many."""
+        alone = sum(self.blocks.ref_count[b] == 1 for b in seq.block_table)
+        more = max(-(-num_tokens // self.bs) - len(seq.block_table), 1)
+        self.short = (seq.seq_id, min(alone + more, self.blocks.num_blocks), None)
+        self.preempt(seq)
+
     def _blocks_wanted(self, head: Sequence) -> int:
         """Spare blocks `head` waits for: as many as its last try took, if that gave way for
         want of blocks and the last block it restored is still cached on the device (else its
-        restore would differ); one (for its first chunk) otherwise."""
+        restore would differ), or as _give_way counted if it was preempted so; one (for its
+        first chunk) otherwise."""
         seq_id, wanted, tail = self.short
         if seq_id != head.seq_id or (tail is not None and self.blocks.lookup(tail) is None):
             return 1
