@@ -1,11 +1,20 @@
 """Admission: which waiting sequences the Scheduler admits in a step, each with the longest cached
 prefix it can reuse (PrefixCache.reuse, which may load a prefix from the host tier or disk).
 
-Waiting sequences are admitted in arrival order. One whose first chunk would want more KV blocks
+Waiting sequences are admitted in arrival order, but for a fork of a prompt in flight that waits
+for their shared checkpoint (awaits_prefix): it keeps its place in the queue while those behind
+it are admitted past it, so a request that shares nothing with it does not wait for another's
+prefill. (Forks of that fork need no more: whatever one shares with it beyond what the prompt in
+flight holds, it shares that prompt's part too, so it waits for the same checkpoint; once the
+fork is admitted it is in flight itself.) One whose first chunk would want more KV blocks
 than are free gives way at once (preempted, as the newest sequence does whenever blocks run
 out), and it is tried again only once as many blocks are spare beyond the running prompts'
 chunks as that admission took (its restore's and its chunk's): while other replies hold the
-blocks, it does not restore its prefix again at every step. A sequence's reported reuse
+blocks, it does not restore its prefix again at every step. Likewise one preempted while it ran
+for want of blocks (its next chunk's, or an older sequence's) is tried again only once as many
+are spare as it held alone and its next chunk wants (_give_way): a prompt that fits the KV cache
+alone but not beside the replies streaming waits for them, rather than computing its first
+chunks again every few steps only to be preempted at the same point. A sequence's reported reuse
 (`num_cached_tokens`, `cache_plan`, `reused_from`, `reused_by_tier`) is that of its latest
 admission that computed something: one that gave way (or was aborted) before computing keeps
 what it reported before it, so a request aborted while it waits reports what one never admitted
@@ -25,9 +34,10 @@ from statechat.engine.sequence import Sequence, Status
 
 class Admission:
     """The admission of Scheduler (whose `__init__` sets what these read, and whose `preempt`
-    gives a sequence's blocks and slots back): `short` is (seq_id, blocks its admission took,
-    hash of the last block it restored) of the latest admission that gave way for want of
-    blocks, and `reported` keeps, per running sequence, what it reported before its admission."""
+    gives a sequence's blocks and slots back): `short` is (seq_id, blocks it waits for, hash of
+    the last block its admission restored, or None) of the latest sequence that gave way for
+    want of blocks (at admission, or preempted: _give_way), and `reported` keeps, per running
+    sequence, what it reported before its admission."""
 
     blocks: BlockPool
     slots: SlotPool
@@ -51,14 +61,18 @@ class Admission:
         holds a slot; a cached prefix may leave one short, known only once admitted). One is
         admitted only while a block is spare beyond the chunks of those before it (as many as
         its last try took, after one that gave way). One whose chunk wants more blocks than are
-        free gives way at once (preempted). One that shares a prefix with a prompt in flight
-        waits while that prompt computes a checkpoint of it (awaits_prefix), to resume there."""
+        free gives way at once (preempted), back in its place; no later one is admitted then.
+        One that shares a prefix with a prompt in flight waits while that prompt computes a
+        checkpoint of it (awaits_prefix), to resume there: it keeps its place at the queue's
+        front, and those behind it are tried in turn."""
         sizes = plan_prefills(seqs, share, budget, self.bs)
-        while self.waiting and share > 0:
-            head = self.waiting[0]
+        passed = 0  # forks passed over: they keep their places, at the queue's front
+        while len(self.waiting) > passed and share > 0:
+            head = self.waiting[passed]
             if (self.use_cache and head.params.prompt_logprobs is None
                     and awaits_prefix(head, seqs, self.bs, self.interval)):
-                break
+                passed += 1
+                continue
             planned = plan_prefills(seqs + [head], share, budget, self.bs)
             if 0 in sizes and not planned[-1]:
                 break
@@ -75,16 +89,32 @@ class Admission:
                 self.short = (head.seq_id, took + blocks_needed([head], planned[-1:], self.bs),
                               head.block_hashes[restored - 1] if restored else None)
                 self.preempt(head)
+                self.waiting.popleft()  # (back in its place, behind the forks passed over)
+                self.waiting.insert(passed, head)
                 break
             seqs, sizes = seqs + [head], planned
             if not planned[-1]:
                 break
         return seqs, sizes
 
+    def _give_way(self, seq: Sequence, num_tokens: int) -> None:
+        """Preempt running `seq` for want of KV blocks (its own, for `num_tokens` tokens; or an
+        older sequence's: 0) and remember what it waits for before it is admitted again: the
+        blocks it held alone (those it shares with a running sequence cost nothing to take back)
+        and those its next chunk wants beyond them (at least one). Admitted again sooner, it
+        would recompute (or restore) what it held only to be preempted at the same point, every
+        few steps, until the replies holding the other blocks end. Unlike a restore's count this
+        one holds even once its prefix leaves the device: computing it again takes as many."""
+        alone = sum(self.blocks.ref_count[b] == 1 for b in seq.block_table)
+        more = max(-(-num_tokens // self.bs) - len(seq.block_table), 1)
+        self.short = (seq.seq_id, min(alone + more, self.blocks.num_blocks), None)
+        self.preempt(seq)
+
     def _blocks_wanted(self, head: Sequence) -> int:
         """Spare blocks `head` waits for: as many as its last try took, if that gave way for
         want of blocks and the last block it restored is still cached on the device (else its
-        restore would differ); one (for its first chunk) otherwise."""
+        restore would differ), or as _give_way counted if it was preempted so; one (for its
+        first chunk) otherwise."""
         seq_id, wanted, tail = self.short
         if seq_id != head.seq_id or (tail is not None and self.blocks.lookup(tail) is None):
             return 1

@@ -4,15 +4,17 @@ Each step: every decoding sequence gets one token first (so a long prompt never 
 decodes), then prefills share what is left of the token budget, in chunks that end on block
 boundaries (a prompt's last chunk excepted): fewest tokens left first, so a short prompt is not
 kept waiting for a long one's whole prefill, and the oldest prompt in flight at least a block a
-step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order
-(admission.py). While decodes run, the prefills' share is also cut to what the measured prefill
-rate computes within the step's time target (`max_step_s`; at least one block, so a prompt
-always progresses): a long prompt arriving does not stall the streams for a whole budget's
-chunk. With no decodes, prefills take the whole budget. When KV blocks run out the newest
-running sequence is preempted: it gives everything back and is recomputed later (from the
-prefix cache when it can). Prefill chunks ask the kernels to leave GDN checkpoints at the
-boundaries the policy wants; decodes copy the state at block boundaries so that a reply's end
-can be checkpointed (which boundaries, and their publishing: checkpoints.py).
+step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order, a fork
+that waits for a checkpoint of a prompt in flight passed over in its place (admission.py).
+While decodes run, the prefills' share is also cut to what the measured prefill rate computes
+within the step's time target (`max_step_s`; at least one block, so a prompt always
+progresses): a long prompt arriving does not stall the streams for a whole budget's chunk. With
+no decodes, prefills take the whole budget. When KV blocks run out the newest running sequence
+is preempted: it gives everything back and is recomputed later (from the prefix cache when it
+can), once as many blocks are spare as it held and its next chunk wants (admission.py).
+Prefill chunks ask the kernels to leave GDN checkpoints at the boundaries the policy wants;
+decodes copy the state at block boundaries so that a reply's end can be checkpointed (which
+boundaries, and their publishing: checkpoints.py).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class Scheduler(Admission, CheckpointPolicy):
         self.running: list[Sequence] = []
         self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
         self.copying: list[tuple[Sequence, int, int]] = []  # slot copies asked for, not run yet
-        self.short: tuple[int, int, bytes | None] = (-1, 0, None)  # the latest admission that
+        self.short: tuple[int, int, bytes | None] = (-1, 0, None)  # the latest sequence that
         # gave way for want of blocks (Admission)
         self.reported: dict[int, tuple] = {}  # seq_id -> its reuse reported before admission
 
@@ -148,7 +150,8 @@ class Scheduler(Admission, CheckpointPolicy):
         return ScheduledSeq(seq, start, end - start, src, self._checkpoint_targets(seq, start, end))
 
     def _ensure_blocks(self, seq: Sequence, num_tokens: int, items: list[ScheduledSeq]) -> bool:
-        """Give `seq` blocks for `num_tokens` tokens, preempting newer sequences if needed."""
+        """Give `seq` blocks for `num_tokens` tokens, preempting newer sequences if needed (the
+        newest first, `seq` itself last: Admission._give_way)."""
         need = (num_tokens + self.bs - 1) // self.bs - len(seq.block_table)
         while need > self.blocks.num_available:
             scheduled = {id(it.seq) for it in items}
@@ -156,7 +159,7 @@ class Scheduler(Admission, CheckpointPolicy):
             if not victims:
                 return False
             victim = victims[-1]
-            self.preempt(victim)
+            self._give_way(victim, num_tokens if victim is seq else 0)
             if victim is seq:
                 return False
         for _ in range(max(need, 0)):
