@@ -236,8 +236,8 @@ class RepliesMixin:
         if self.is_closing:
             return
         self.notify("The reply is already complete: nothing was added.")
-        focused = self.focused_message()  # (a continuation that ended before its view was
-        # built is about to be focused)
+        focused = self.focused_message()  # (a continuation's view is focused as it is shown,
+        # built or not)
         self.open_conversation(self.conv_id,
                                focus_id=continued_id if focused == reply_id else focused)
 

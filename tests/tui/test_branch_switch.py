@@ -57,15 +57,15 @@ def drawn(widget: Widget) -> list[str]:
 
 
 async def switch(pilot, app, msg_id: str, step: int) -> None:
-    """Focus `msg_id`'s view and press [ or ] on it; return once the view to focus is focused
-    and the scroll to it has ended (the screen is compared with another run's: a scroll still
-    under way is not)."""
+    """Focus `msg_id`'s view and press [ or ] on it; return once the new views are built, the
+    chat scrolled to the focused one, and that scroll has ended (the screen is compared with
+    another run's: a scroll still under way is not)."""
     app.query_one(ChatView).view_of(msg_id).focus()
     await pilot.pause()
     await pilot.press("right_square_bracket" if step > 0 else "left_square_bracket")
     end = time.monotonic() + 30
-    while app.focus_pending is not None:  # (focused once the new views are built)
-        assert time.monotonic() < end, "the view to focus was never focused"
+    while app.query_one(ChatView).is_settling:  # (scrolled to once the new views are built)
+        assert time.monotonic() < end, "the new views were never built"
         await pilot.pause(0.01)
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()

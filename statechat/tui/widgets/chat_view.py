@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widget import AwaitMount
+from textual.worker import WorkerState
 
 from statechat.tui.widgets.message_view import MessageView
 
@@ -27,17 +29,18 @@ class ChatView(VerticalScroll, can_focus=False):
         # the views shown: those replaced stay in the DOM a moment, and a streamed update
         # sent to one of them would be lost
         self.shown: list[MessageView] = []
+        self.settling = None  # the worker that waits for the views shown to be built (`show`)
 
     def on_mount(self) -> None:
         """Anchor to the bottom: the view stays scrolled there while a reply grows."""
         self.anchor()
 
-    def show(self, views: list[MessageView]) -> AwaitMount:
-        """Show `views` in place of the views shown, scrolled to the bottom. The views shown
-        that begin the same (each `shows_as` the one of `views` in its place: a branch switched
-        below them) are kept, not built again (300 messages took 2 s); those after the first
-        that differs are replaced by the rest of `views`. Returns what awaits the new views'
-        build (their parts composed and mounted: only then are their heights known)."""
+    def show(self, views: list[MessageView]) -> None:
+        """Show `views` in place of the views shown, scrolled to the bottom, or, where one of
+        them is focused, to it once they are built (`_settle`). The views shown that begin the
+        same (each `shows_as` the one of `views` in its place: a branch switched below them)
+        are kept, not built again (300 messages took 2 s); those after the first that differs
+        are replaced by the rest of `views`."""
         num_kept = 0
         for old, new in zip(self.shown, views):
             if not old.shows_as(new):
@@ -45,10 +48,32 @@ class ChatView(VerticalScroll, can_focus=False):
             num_kept += 1
         if num_kept < len(self.shown):
             self.remove_children(self.shown[num_kept:])
-        built = self.mount_all(views[num_kept:])
+        self.mount_all(views[num_kept:])
         self.shown = self.shown[:num_kept] + views[num_kept:]
         self.anchor()
-        return built
+        self.settling = self.run_worker(self._settle(), group="settle", exclusive=True)
+
+    @property
+    def is_settling(self) -> bool:
+        """Whether views shown are still being built, or the scroll that follows their build
+        has not run yet."""
+        return self.settling is not None and self.settling.state in (
+            WorkerState.PENDING, WorkerState.RUNNING)
+
+    async def _settle(self) -> None:
+        """Once every view shown is built and laid out, scroll the focused one, if it is one of
+        them, into sight. Only then are their heights known: a view focused, or moved to
+        (Up, Down), while they are built (a busy machine, a long chat) seemed in sight in a
+        chat of no height, and the chat, left anchored to its bottom, went there once they had
+        their heights, the focused message out of sight. (A worker: the next `show` cancels
+        this one, and waits for every view it shows.)"""
+        await AwaitMount(self, [v for v in self.views() if not v.is_mounted])
+        refreshed = asyncio.Event()
+        self.call_after_refresh(refreshed.set)
+        await refreshed.wait()
+        focused = self.screen.focused
+        if focused in self.shown and not self.screen.can_view_entire(focused):
+            self.screen.scroll_to_center(focused, origin_visible=True)
 
     def views(self) -> list[MessageView]:
         """The views shown, first to last (not those being replaced)."""
