@@ -75,6 +75,16 @@ class ChatView(VerticalScroll, can_focus=False):
         if focused in self.shown and not self.screen.can_view_entire(focused):
             self.screen.scroll_to_center(focused, origin_visible=True)
 
+    def hold_for_reader(self, growing: MessageView) -> None:
+        """Call before `growing` (the streaming reply) grows: while another view, in sight, has
+        focus (the user reads it), the chat stops following its bottom, and stays where it is
+        (it followed the reply, and pushed the message read out of sight). Once scrolled back
+        to its bottom (End, the wheel), it follows again (Textual's anchor)."""
+        focused = self.screen.focused
+        if (self.is_anchored and focused in self.shown and focused is not growing
+                and self.can_view_partial(focused)):
+            self.release_anchor()
+
     def views(self) -> list[MessageView]:
         """The views shown, first to last (not those being replaced)."""
         return list(self.shown)
