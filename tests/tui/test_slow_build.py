@@ -144,3 +144,29 @@ def test_a_message_focused_while_its_branch_builds_ends_in_sight(loaded, tmp_pat
             app.exit()
 
     asyncio.run(run())
+
+
+def test_a_message_moved_to_while_an_opened_chat_builds_ends_in_sight(loaded, tmp_path,
+                                                                     monkeypatch):
+    """A chat opened from the list, and Shift+Tab and Up (to a message that ends above the
+    screen) pressed before its views are built: the message focused is in sight once they
+    are (Up scrolled to it in a chat of no height, and the chat then went to its bottom)."""
+    ids = branched_chat(tmp_path)
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await wait_ready(pilot, app)
+            app.open_conversation(ids["other"])
+            await settled(pilot, app)
+            with held_builds(monkeypatch) as go:
+                app.open_conversation(ids["conv"])
+                type_keys(app, "shift+tab", *["up"] * 9)
+                await until(lambda: app.focused is views(app)[-10], "the focus moves")
+                assert not views(app)[-1].is_mounted  # (still held)
+                go.set()
+                await settled(pilot, app)
+            assert app.screen.can_view_entire(views(app)[-10])
+            app.exit()
+
+    asyncio.run(run())
