@@ -69,7 +69,7 @@ class ConversationsMixin:
         elif isinstance(self.focused, MessageView):  # (its view is replaced, or another chat
             # shown: the box takes the focus; else Textual moved it to the chat list, where
             # Delete deletes the chat, and which a narrow terminal shows instead)
-            composer.focus()
+            chat.screen.set_focus(composer)
 
     def _save_viewed(self, conv_id: str | None, switched: bool) -> None:
         """Save `conv_id` as the chat viewed last (a restart opens it), unless it is None (a
