@@ -14,10 +14,9 @@ import pytest
 from textual import events
 from textual.widget import Widget
 
-from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.message_view import MessageView
-from tests.tui.test_app import make_app, views, wait_ready
+from tests.tui.test_app import make_app, settled, views, wait_ready
 from tests.tui.test_branch_switch import branched_chat
 
 KEYS = {"[": "left_square_bracket", "]": "right_square_bracket"}
@@ -53,16 +52,6 @@ async def until(condition, what: str, timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < end, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
-
-
-async def settled(pilot, app) -> None:
-    """Wait until every view shown is built, laid out, and the scrolls that follow have run."""
-    chat = app.query_one(ChatView)
-    await until(lambda: all(v.is_mounted for v in views(app)) and not chat.is_settling,
-                "the views to be built")
-    await pilot.pause()
-    await pilot.wait_for_scheduled_animations()
-    await pilot.pause()
 
 
 async def switched_while_held(pilot, app, go: asyncio.Event, msg_id: str, *then: str) -> None:
