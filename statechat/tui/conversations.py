@@ -61,15 +61,15 @@ class ConversationsMixin:
                 msg, thinking = dataclasses.replace(msg, stats={}), self.streaming_thinking
             views.append(MessageView(msg, pos, num_sibs, thinking=thinking))
         chat = self.query_one(ChatView)
+        if isinstance(self.focused, MessageView):  # (its view may be replaced: the box takes
+            # the focus; else Textual moved it to the chat list, where Delete deletes the chat,
+            # and which a narrow terminal shows instead)
+            chat.screen.set_focus(composer)
         chat.show(views)
         target = chat.view_of(focus_id) if focus_id else None
         if target is not None:  # (now, built or not: the keys pressed next act on its message,
             # not typed into the box; the chat scrolls to it once it is built: ChatView.show)
             chat.screen.set_focus(target, scroll_visible=False)
-        elif isinstance(self.focused, MessageView):  # (its view is replaced, or another chat
-            # shown: the box takes the focus; else Textual moved it to the chat list, where
-            # Delete deletes the chat, and which a narrow terminal shows instead)
-            chat.screen.set_focus(composer)
 
     def _save_viewed(self, conv_id: str | None, switched: bool) -> None:
         """Save `conv_id` as the chat viewed last (a restart opens it), unless it is None (a

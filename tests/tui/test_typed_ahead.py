@@ -11,9 +11,9 @@ import pytest
 
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
-from tests.tui.test_app import make_app, views, wait_ready
+from tests.tui.test_app import make_app, settled, views, wait_ready
 from tests.tui.test_branch_switch import branched_chat
-from tests.tui.test_slow_build import settled, type_keys
+from tests.tui.test_slow_build import type_keys
 
 
 @pytest.mark.parametrize("first", ["ctrl+o", "ctrl+n"])
@@ -50,6 +50,26 @@ def test_a_key_typed_after_a_switch_acts_on_the_message_it_focused(loaded, tmp_p
             composer = app.query_one(Composer)
             assert composer.editing == views(app)[0].message.id != ids["first"]
             assert composer.text == views(app)[0].message.content
+            app.exit()
+
+    asyncio.run(run())
+
+
+def test_a_chat_shown_anew_while_a_message_is_focused_focuses_the_box(loaded, tmp_path):
+    """Another chat shown while a message has focus (as when another statechat deleted the
+    message a key was for): the box takes the focus, not the chat list, where Delete deletes
+    a chat and which a narrow terminal shows in place of the chat."""
+    ids = branched_chat(tmp_path)
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await wait_ready(pilot, app)
+            app.query_one(ChatView).view_of(ids["first"]).focus()
+            await pilot.pause()
+            app.open_conversation(ids["other"])
+            await settled(pilot, app)
+            assert app.focused is app.query_one(Composer)
             app.exit()
 
     asyncio.run(run())

@@ -71,6 +71,8 @@ class ChatView(VerticalScroll, can_focus=False):
         refreshed = asyncio.Event()
         self.call_after_refresh(refreshed.set)
         await refreshed.wait()
+        if not self.is_attached:  # (the app is closing)
+            return
         focused = self.screen.focused
         if focused in self.shown and not self.screen.can_view_entire(focused):
             self.screen.scroll_to_center(focused, origin_visible=True)
