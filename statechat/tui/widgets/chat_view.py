@@ -12,6 +12,8 @@ from textual.worker import WorkerState
 
 from statechat.tui.widgets.message_view import MessageView
 
+SETTLE_FRAMES = 50  # the most screen refreshes a chat waits for its new views to be laid out
+
 
 class ChatView(VerticalScroll, can_focus=False):
     """Holds one MessageView per message of the branch; up/down move between them.
@@ -68,14 +70,22 @@ class ChatView(VerticalScroll, can_focus=False):
         their heights, the focused message out of sight. (A worker: the next `show` cancels
         this one, and waits for every view it shows.)"""
         await AwaitMount(self, [v for v in self.views() if not v.is_mounted])
-        refreshed = asyncio.Event()
-        self.call_after_refresh(refreshed.set)
-        await refreshed.wait()
+        for _ in range(SETTLE_FRAMES):  # (a loaded machine lays the views out some frames
+            # after they are built; a chat not shown, as on a narrow terminal listing the
+            # chats, never does)
+            refreshed = asyncio.Event()
+            self.call_after_refresh(refreshed.set)
+            await refreshed.wait()
+            if all(v.size.height for v in self.shown):
+                break
         if not self.is_attached:  # (the app is closing)
             return
         focused = self.screen.focused
         if focused in self.shown and not self.screen.can_view_entire(focused):
-            self.screen.scroll_to_center(focused, origin_visible=True)
+            # (at once, not animated: the layout is done, and an animation could outlive the
+            # app's loop, which a quit then waits on: test_bench_switch.py)
+            self.screen.scroll_to_center(focused, animate=False, origin_visible=True,
+                                         immediate=True)
 
     def hold_for_reader(self, growing: MessageView) -> None:
         """Call before `growing` (the streaming reply) grows: while another view, in sight, has
