@@ -90,7 +90,6 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
         # (next_turn.py)
         self.delete_asked: tuple[tuple[str, str], float] | None = None  # the delete asked
         # about (("chat" or "branch", id), when), done by its key again (conversations.py)
-        self.focus_pending: str | None = None  # the message to focus once its view is built
         self.is_embedded = False  # the random-weight model: its banner shows
         self.is_ready = False  # the engine and the chats are up, the chat shown
         self.is_closing = False  # set as the app quits: the load stops, late callbacks return

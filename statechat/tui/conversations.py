@@ -16,8 +16,6 @@ import contextlib
 import dataclasses
 import time
 
-from textual.widget import AwaitMount
-
 from statechat.chat.tree import BusyError, Message
 from statechat.tui.format import clean, one_line
 from statechat.tui.widgets.chat_view import ChatView
@@ -35,12 +33,13 @@ class ConversationsMixin:
     `streaming_conv_id`, `streaming_reply_id` and `streaming_thinking` (the reply streaming,
     and whether its prompt opened its reasoning), `is_closing` (the app is quitting),
     `delete_asked` (the delete asked about: its target and when, None once done or lapsed),
-    `focus_pending` (the message to focus once its view is built), `_busy()`, `start_reply()`
+    `_busy()`, `start_reply()`
     and `continuation_of()` (replies.py), and `_focus_composer()` (layout.py)."""
 
     def open_conversation(self, conv_id: str | None, focus_id: str | None = None) -> None:
         """Show `conv_id`'s current branch (None: a new chat) and the list of chats; with
-        `focus_id`, focus that message's view once it is built (the focused view is replaced)."""
+        `focus_id`, focus that message's view (the focused view is replaced), scrolled into
+        sight once it is built."""
         if conv_id is not None and not self.chats.has_conversation(conv_id):
             self.notify(GONE.format("That chat"), severity="warning")
             conv_id = None
@@ -62,17 +61,15 @@ class ConversationsMixin:
                 msg, thinking = dataclasses.replace(msg, stats={}), self.streaming_thinking
             views.append(MessageView(msg, pos, num_sibs, thinking=thinking))
         chat = self.query_one(ChatView)
-        if isinstance(self.focused, MessageView):  # (its view is replaced: the box holds the
-            # focus, until the view of `focus_id` is built; else Textual moved it to the chat
-            # list, where Delete deletes the chat, and which a narrow terminal shows instead)
-            composer.focus()
-        built = chat.show(views)
-        if focus_id:
-            self.focus_pending = focus_id
-            # (a worker, not the app's queue: a view removed before it was built, by a
-            # switch just after, never says it is built; the next switch cancels this one)
-            self.run_worker(self._focus_once_built(built, focus_id), group="focus view",
-                            exclusive=True)
+        if isinstance(self.focused, MessageView):  # (its view may be replaced: the box takes
+            # the focus; else Textual moved it to the chat list, where Delete deletes the chat,
+            # and which a narrow terminal shows instead)
+            chat.screen.set_focus(composer)
+        chat.show(views)
+        target = chat.view_of(focus_id) if focus_id else None
+        if target is not None:  # (now, built or not: the keys pressed next act on its message,
+            # not typed into the box; the chat scrolls to it once it is built: ChatView.show)
+            chat.screen.set_focus(target, scroll_visible=False)
 
     def _save_viewed(self, conv_id: str | None, switched: bool) -> None:
         """Save `conv_id` as the chat viewed last (a restart opens it), unless it is None (a
@@ -95,26 +92,8 @@ class ConversationsMixin:
             return last
         return convs[0].id if convs else None
 
-    async def _focus_once_built(self, built: AwaitMount, msg_id: str) -> None:
-        """Focus the view of `msg_id` once the views just mounted are built and laid out. Its
-        scroll into view is reckoned then: reckoned before (a busy machine), the view could
-        seem in sight already, and the chat, left anchored, ended scrolled to its bottom with
-        the focused message out of sight."""
-        await built
-        self.call_after_refresh(self._focus_view, msg_id)
-
-    def _focus_view(self, msg_id: str) -> None:
-        """(Once the views are built) focus the view of `msg_id`, if it is shown."""
-        if self.focus_pending == msg_id:
-            self.focus_pending = None
-        view = self.query_one(ChatView).view_of(msg_id)
-        if view is not None:
-            view.focus()
-
     def focused_message(self) -> str | None:
-        """The id of the message focused, or to be focused once its view is built."""
-        if self.focus_pending is not None:
-            return self.focus_pending
+        """The id of the message focused, if one is."""
         return self.focused.message.id if isinstance(self.focused, MessageView) else None
 
     def on_conversation_list_open(self, event: ConversationList.Open) -> None:

@@ -47,6 +47,18 @@ class LayoutMixin:
         if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
             self._fit(self.size)
 
+    def _on_key(self, event: events.Key) -> None:
+        """A key typed on a message (MessageView._on_key) that reaches the app after a key
+        before it moved the focus (a burst of keys, typed fast or while the app was busy:
+        Ctrl+O then text) goes on to the widget focused now, as typed: Textual hands each key
+        to the widget focused as it comes, and the text was lost (its e, r, d acted on the
+        message). Keys whose focus did not move go on to the app's bindings."""
+        typed_on = getattr(event, "typed_on", None)
+        if typed_on is not None and self.focused not in (typed_on, None):
+            event.stop()
+            event.prevent_default()
+            self.post_message(events.Key(event.key, event.character))
+
     def on_paste(self, event: events.Paste) -> None:
         """A paste made while a message or the chat list has focus (Textual gives it to the
         focused widget, and these take no text: it was lost) goes into the box at its cursor,
@@ -99,7 +111,7 @@ class LayoutMixin:
 
     def _focus_composer(self) -> None:
         self.query_one("#main").display = True  # (hidden while the list fills a narrow terminal)
-        self.query_one(Composer).focus()
+        self.screen.set_focus(self.query_one(Composer))  # (now: the keys typed next go to it)
 
     def action_focus_list(self) -> None:
         """Ctrl+L: focus the chat list (shown, even on a narrow terminal), read again: another

@@ -196,8 +196,10 @@ class RepliesMixin:
     def _show_text(self, reply_id: str, text: str) -> None:
         if self.is_closing:
             return
-        view = self.query_one(ChatView).view_of(reply_id)
+        chat = self.query_one(ChatView)
+        view = chat.view_of(reply_id)
         if view is not None:
+            chat.hold_for_reader(view)
             view.set_text(text)
 
     def _made_ids(self, start: Start, output, params) -> list[int] | None:
@@ -219,11 +221,13 @@ class RepliesMixin:
         # (quitting: it is saved, with its stats, and the screen is left to the exit)
         if not self._save_reply(reply_id, text, stats, token_ids) or self.is_closing:
             return
-        view = self.query_one(ChatView).view_of(reply_id)
+        chat = self.query_one(ChatView)
+        view = chat.view_of(reply_id)
         saved = self.chats.find(reply_id)  # (its text: `text`, as saved)
         if view is not None and saved is None:  # (another statechat deleted it just now)
             self.open_conversation(self.conv_id)
         elif view is not None:
+            chat.hold_for_reader(view)
             view.set_message(saved)
             view.set_status(status_line(stats))
         self.query_one(ConversationList).show(self.chats.conversations(), self.conv_id)
@@ -236,8 +240,8 @@ class RepliesMixin:
         if self.is_closing:
             return
         self.notify("The reply is already complete: nothing was added.")
-        focused = self.focused_message()  # (a continuation that ended before its view was
-        # built is about to be focused)
+        focused = self.focused_message()  # (a continuation's view is focused as it is shown,
+        # built or not)
         self.open_conversation(self.conv_id,
                                focus_id=continued_id if focused == reply_id else focused)
 

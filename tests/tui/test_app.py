@@ -41,7 +41,21 @@ async def wait_ready(pilot, app, timeout: float = 30) -> None:
     while app.chats is None or app.screen.id == "loading":
         assert time.monotonic() < end, "the app did not finish loading"
         await pilot.pause(0.05)
-    await pilot.pause()  # (the first chat's views, mounted as it loaded, are built)
+    await settled(pilot, app, timeout)  # (the first chat's views, mounted as it loaded)
+
+
+async def settled(pilot, app, timeout: float = 30) -> None:
+    """Wait until every view the chat shows is built and laid out, the chat scrolled to the
+    focused one (ChatView._settle), and the scrolls that follow have ended: on a loaded
+    machine that can come some frames after a fixed pause."""
+    chat = app.query_one(ChatView)
+    end = time.monotonic() + timeout
+    while not all(v.is_mounted for v in views(app)) or chat.is_settling:
+        assert time.monotonic() < end, "the chat's views were never built"
+        await asyncio.sleep(0.01)  # (not pilot.pause: it waits for every view to be built)
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
 
 
 async def wait_idle(pilot, app, timeout: float = 30) -> None:
@@ -137,7 +151,7 @@ def test_stream_edit_regenerate_switch_restart(loaded, tmp_path, monkeypatch):
             # 4. switch the edited message back to the original branch
             await focus_message(pilot, app, 2)
             await pilot.press("left_square_bracket")
-            await pilot.pause(0.1)
+            await settled(pilot, app)
             msgs = views(app)
             assert len(msgs) == 6 and msgs[2].message.content == long_text(2)
             assert "1/2" in header(msgs[2])

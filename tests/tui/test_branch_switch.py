@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 
 import pytest
 from textual.geometry import Region
@@ -16,7 +15,15 @@ from textual.widget import Widget
 from statechat.chat.tree import open_chats
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.message_view import MessageView
-from tests.tui.test_app import header, make_app, screen_lines, status, views, wait_ready
+from tests.tui.test_app import (
+    header,
+    make_app,
+    screen_lines,
+    settled,
+    status,
+    views,
+    wait_ready,
+)
 
 NUM_MESSAGES = 24
 
@@ -57,19 +64,13 @@ def drawn(widget: Widget) -> list[str]:
 
 
 async def switch(pilot, app, msg_id: str, step: int) -> None:
-    """Focus `msg_id`'s view and press [ or ] on it; return once the view to focus is focused
-    and the scroll to it has ended (the screen is compared with another run's: a scroll still
-    under way is not)."""
+    """Focus `msg_id`'s view and press [ or ] on it; return once the new views are built, the
+    chat scrolled to the focused one, and that scroll has ended (the screen is compared with
+    another run's: a scroll still under way is not)."""
     app.query_one(ChatView).view_of(msg_id).focus()
     await pilot.pause()
     await pilot.press("right_square_bracket" if step > 0 else "left_square_bracket")
-    end = time.monotonic() + 30
-    while app.focus_pending is not None:  # (focused once the new views are built)
-        assert time.monotonic() < end, "the view to focus was never focused"
-        await pilot.pause(0.01)
-    await pilot.pause()
-    await pilot.wait_for_scheduled_animations()
-    await pilot.pause()
+    await settled(pilot, app)
 
 
 def run_switches(loaded, chat_dir, switches, rebuild: bool = False) -> list[tuple]:
@@ -82,9 +83,7 @@ def run_switches(loaded, chat_dir, switches, rebuild: bool = False) -> list[tupl
     async def run():
         app = make_app(loaded, chat_dir)
         async with app.run_test(size=(100, 40)) as pilot:
-            await wait_ready(pilot, app)
-            await pilot.wait_for_scheduled_animations()  # (the opening scroll, if any)
-            await pilot.pause()
+            await wait_ready(pilot, app)  # (the opening scroll, if any, ended)
             got.append((views(app), shown(app), screen_lines(app), None))
             for index, step in switches:
                 await switch(pilot, app, views(app)[index].message.id, step)

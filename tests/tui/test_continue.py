@@ -25,6 +25,7 @@ from tests.tui.test_app import (
     long_text,
     press_quit,
     send,
+    settled,
     status,
     views,
     wait_idle,
@@ -284,7 +285,7 @@ def test_a_continuation_is_there_after_a_restart_and_resumes_from_disk(loaded, t
             assert stats["cached_tokens"] == reply_end(prompt[:-len(kept)], kept)
             await focus_message(pilot, app, 1)
             await pilot.press("left_square_bracket", "left_square_bracket")  # the first reply
-            await pilot.pause(0.1)
+            await settled(pilot, app)
             assert "1/3" in header(views(app)[1])
             assert before[1][1].startswith(views(app)[1].message.content)
 

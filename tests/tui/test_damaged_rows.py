@@ -14,7 +14,7 @@ import pytest
 from statechat.chat.tree import open_chats
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import header, make_app, send, views, wait_idle, wait_ready
+from tests.tui.test_app import header, make_app, send, settled, views, wait_idle, wait_ready
 
 LOOP = ("UPDATE chat_messages SET parent_id = (SELECT id FROM chat_messages m WHERE "
         "m.conversation_id = chat_messages.conversation_id AND m.role = 'assistant') "
@@ -86,10 +86,10 @@ def test_chats_with_rows_edited_by_hand_open_and_the_others_work(loaded, tmp_pat
                                                     "null content")}
             assert app.chats.conversation(ids["null title"]).title == "(untitled)"
             app.open_conversation(ids["tool role"])
-            await pilot.pause(0.1)
+            await settled(pilot, app)
             assert app.is_running and header(views(app)[1]).startswith("tool")
             app.open_conversation(ids["null content"])
-            await pilot.pause(0.1)
+            await settled(pilot, app)
             assert app.is_running and [v.message.content for v in views(app)] == [
                 "null content asks", ""]
             app.open_conversation(ids["sound"])

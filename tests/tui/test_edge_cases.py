@@ -8,6 +8,7 @@ streams, and a message sent while the disk is full."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from textual import events
@@ -615,7 +616,9 @@ def test_a_full_disk_keeps_the_message_in_the_box(loaded, tmp_path):
             await wait_idle(pilot, app)
             assert app.is_running and app.query_one(Composer).text == text
             assert any("disk is full" in n for n in notices(app))
-            await pilot.pause(0.2)  # (the notice shows)
+            end = time.monotonic() + 10  # (the notice shows: some frames later when loaded)
+            while "[/old]" not in " ".join(screen_lines(app)) and time.monotonic() < end:
+                await pilot.pause(0.05)
             assert app.is_running and "[/old]" in " ".join(screen_lines(app))
             assert [v.message.content for v in views(app)][:1] == ["first"]
             db.execute("PRAGMA max_page_count = 1073741823")

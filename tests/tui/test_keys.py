@@ -9,6 +9,7 @@ chat list and d on a message ask before they delete (the key again deletes)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from textual import events
 
@@ -17,7 +18,16 @@ from statechat.tui import conversations
 from statechat.tui.conversations import GONE
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
-from tests.tui.test_app import header, make_app, send, status, views, wait_idle, wait_ready
+from tests.tui.test_app import (
+    header,
+    make_app,
+    send,
+    settled,
+    status,
+    views,
+    wait_idle,
+    wait_ready,
+)
 from tests.tui.test_edge_cases import focus_message, long_reply_app, notices, start_long_reply
 
 
@@ -36,7 +46,7 @@ def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
             await pilot.press("up")
             assert app.focused is views(app)[0]
             await pilot.press("down", "d", "d")  # the sibling shown instead is focused
-            await pilot.pause(0.1)
+            await settled(pilot, app)
             assert app.focused is views(app)[1] and "2/2" in header(views(app)[1])
             await pilot.press("delete")  # (on the chat list, it deleted the chat)
             assert len(app.chats.conversations()) == 1
@@ -47,7 +57,7 @@ def test_focus_stays_on_the_reply_after_regenerate_and_delete(loaded, tmp_path):
             assert app.focused is views(app)[1] and "3/3" in header(views(app)[1])
             for _ in range(3):  # the last reply deleted: its message is focused
                 await pilot.press("d", "d")
-                await pilot.pause(0.1)
+                await settled(pilot, app)
             assert len(views(app)) == 1 and app.focused is views(app)[0]
 
     asyncio.run(run())
@@ -177,7 +187,10 @@ def test_up_pressed_fast_moves_one_message_a_key(loaded, tmp_path):
             assert app.focused is views(app)[5]
             for _ in range(4):  # (queued before the first is handled, as a terminal sends them)
                 app._driver.send_message(events.Key("up", None))
-            await pilot.pause(0.2)
+            end = time.monotonic() + 10  # (a loaded machine handles them some frames later)
+            while app.focused is not views(app)[1] and time.monotonic() < end:
+                await pilot.pause(0.05)
+            await pilot.pause(0.1)  # (and no further)
             assert app.focused is views(app)[1]
 
     asyncio.run(run())

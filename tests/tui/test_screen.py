@@ -222,6 +222,20 @@ def test_tab_leaves_the_chat_list_on_a_narrow_terminal(loaded, tmp_path, size):
 RESIZES = [(30, 8), (120, 40), (18, 6), (10, 4), (3, 12), (1, 1), (120, 40)]
 
 
+async def chat_laid_out(pilot, app, timeout: float = 10) -> bool:
+    """Whether, within `timeout`, the messages are on screen and the box wider than 40 columns
+    (the layout at the last size: a loaded machine draws it some frames after a pause)."""
+    chat, composer = app.query_one(ChatView), app.query_one(Composer)
+    end = time.monotonic() + timeout
+    while True:
+        if (all(chat.region.overlaps(v.region) for v in views(app))
+                and composer.size.width > 40):
+            return True
+        if time.monotonic() > end:
+            return False
+        await pilot.pause(0.02)
+
+
 def test_resizing_through_tiny_terminals_keeps_the_chat(loaded, tmp_path):
     """Growing a 30x8 terminal back crashed the app: the chat list came back 28 columns wide
     while the screen was still 30, so the box had no column for its placeholder. Here the box
@@ -239,10 +253,9 @@ def test_resizing_through_tiny_terminals_keeps_the_chat(loaded, tmp_path):
                         await pilot.resize_terminal(*size)
                         await pilot.pause(0.05)
                         assert app.is_running, f"the app died at {size}"
-                chat, shown = app.query_one(ChatView), views(app)
+                shown = views(app)
                 assert len(shown) == 2 and shown[0].message.content == "hello"
-                assert all(chat.region.overlaps(v.region) for v in shown)
-                assert composer.text == draft and composer.size.width > 40
+                assert await chat_laid_out(pilot, app) and composer.text == draft
 
     asyncio.run(run())
 

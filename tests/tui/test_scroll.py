@@ -1,0 +1,61 @@
+"""Where the chat stays while a reply streams: at its bottom, following the reply, while the box
+or the reply has focus; still, while the user reads a message above (focused, in sight), which
+the growing reply pushed out of sight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from statechat.tui.app import StatechatApp
+from statechat.tui.widgets.chat_view import ChatView
+from tests.tui.test_app import views
+from tests.tui.test_edge_cases import long_reply_app, start_long_reply
+
+
+def grow_by_hand(monkeypatch) -> list:
+    """The streamed text no longer reaches the screen of itself (the tiny model's text grows a
+    few characters at a time); the list it returns gets the real `_show_text`, to show as
+    much text as a test wants."""
+    show = StatechatApp._show_text
+    monkeypatch.setattr(StatechatApp, "_show_text", lambda self, reply_id, text: None)
+    return [show]
+
+
+async def grow(pilot, app, show, rows: int) -> None:
+    """Show the streaming reply as `rows` rows of text; wait until the chat is laid out anew."""
+    reply = views(app)[-1]
+    show(app, app.streaming_reply_id, "\n\n".join(f"line {i}" for i in range(rows)))
+    end = time.monotonic() + 30
+    while reply.size.height < rows:
+        assert time.monotonic() < end, "the reply's new text was never laid out"
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+def test_a_message_read_above_a_streaming_reply_stays_in_sight(loaded, tmp_path, monkeypatch):
+    async def run():
+        app = long_reply_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 30)) as pilot:
+            [show] = grow_by_hand(monkeypatch)
+            await start_long_reply(pilot, app)
+            await pilot.press("shift+tab")  # the reply: the chat follows it
+            chat = app.query_one(ChatView)
+            await grow(pilot, app, show, 4)  # (both messages in sight)
+            await pilot.press("up")  # the message asked, in sight: the chat holds still
+            asked = views(app)[0]
+            await pilot.pause()
+            await pilot.wait_for_scheduled_animations()
+            assert app.focused is asked and app.screen.can_view_entire(asked)
+            for rows in (30, 60):
+                await grow(pilot, app, show, rows)
+                assert app.screen.can_view_entire(asked), rows
+            await pilot.press("down")  # the reply again, and its end: followed again
+            await pilot.press("end")
+            await grow(pilot, app, show, 80)
+            assert chat.scroll_y == chat.max_scroll_y > 0
+            app.handle.abort()
+            await pilot.pause(0.1)
+            app.exit()
+
+    asyncio.run(run())
