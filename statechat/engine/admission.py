@@ -34,10 +34,10 @@ from statechat.engine.sequence import Sequence, Status
 
 class Admission:
     """The admission of Scheduler (whose `__init__` sets what these read, and whose `preempt`
-    gives a sequence's blocks and slots back): `short` is (seq_id, blocks it waits for, hash of
-    the last block its admission restored, or None) of the latest sequence that gave way for
-    want of blocks (at admission, or preempted: _give_way), and `reported` keeps, per running
-    sequence, what it reported before its admission."""
+    gives a sequence's blocks and slots back): each sequence that gave way for want of blocks
+    (at admission, or preempted: _give_way) keeps what it waits for in its `blocks_short` until
+    it is admitted again (one that gave way later, queued ahead of it, does not cut it short),
+    and `reported` keeps, per running sequence, what it reported before its admission."""
 
     blocks: BlockPool
     slots: SlotPool
@@ -49,7 +49,6 @@ class Admission:
     max_num_seqs: int
     waiting: deque[Sequence]
     running: list[Sequence]
-    short: tuple[int, int, bytes | None]
     reported: dict[int, tuple]
 
     def _admit_waiting(self, seqs: list[Sequence], share: int,
@@ -86,9 +85,9 @@ class Admission:
                     self.blocks.num_available):
                 took = free - self.blocks.num_available  # (its restore's blocks)
                 restored = head.num_restored // self.bs
-                self.short = (head.seq_id, took + blocks_needed([head], planned[-1:], self.bs),
-                              head.block_hashes[restored - 1] if restored else None)
                 self.preempt(head)
+                head.blocks_short = (took + blocks_needed([head], planned[-1:], self.bs),
+                              head.block_hashes[restored - 1] if restored else None)
                 self.waiting.popleft()  # (back in its place, behind the forks passed over)
                 self.waiting.insert(passed, head)
                 break
@@ -107,16 +106,18 @@ class Admission:
         one holds even once its prefix leaves the device: computing it again takes as many."""
         alone = sum(self.blocks.ref_count[b] == 1 for b in seq.block_table)
         more = max(-(-num_tokens // self.bs) - len(seq.block_table), 1)
-        self.short = (seq.seq_id, min(alone + more, self.blocks.num_blocks), None)
         self.preempt(seq)
+        seq.blocks_short = (min(alone + more, self.blocks.num_blocks), None)
 
     def _blocks_wanted(self, head: Sequence) -> int:
         """Spare blocks `head` waits for: as many as its last try took, if that gave way for
         want of blocks and the last block it restored is still cached on the device (else its
         restore would differ), or as _give_way counted if it was preempted so; one (for its
         first chunk) otherwise."""
-        seq_id, wanted, tail = self.short
-        if seq_id != head.seq_id or (tail is not None and self.blocks.lookup(tail) is None):
+        if head.blocks_short is None:
+            return 1
+        wanted, tail = head.blocks_short
+        if tail is not None and self.blocks.lookup(tail) is None:
             return 1
         return wanted
 
@@ -143,6 +144,7 @@ class Admission:
                     seq.slot = 0
                     raise
         self.reported[seq.seq_id] = before
+        seq.blocks_short = None
         seq.num_restored, seq.num_cached_tokens = reused, min(reused, seq.num_prompt_tokens)
         seq.status = Status.RUNNING
         self.waiting.remove(seq)

@@ -90,8 +90,6 @@ class Scheduler(Admission, CheckpointPolicy):
         self.running: list[Sequence] = []
         self.new_checkpoints: list[NewCheckpoint] = []  # published since the last take
         self.copying: list[tuple[Sequence, int, int]] = []  # slot copies asked for, not run yet
-        self.short: tuple[int, int, bytes | None] = (-1, 0, None)  # the latest sequence that
-        # gave way for want of blocks (Admission)
         self.reported: dict[int, tuple] = {}  # seq_id -> its reuse reported before admission
 
     # --- requests -----------------------------------------------------------------------

@@ -47,6 +47,9 @@ class Sequence:
     num_restored: int = 0  # tokens its latest admission took from the cache (not computed)
     num_recomputed: int = 0  # tokens it computed, then gave up when preempted
     num_preemptions: int = 0
+    blocks_short: tuple[int, bytes | None] | None = None  # since it last gave way for want of
+    # KV blocks (Admission): the spare blocks it waits for, and the hash of the last block its
+    # admission restored (None: none, or preempted while it ran)
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string matched or stop token id (vLLM's)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per

@@ -4,7 +4,8 @@ for want of blocks (its next chunk's, or a growing reply's), it waits until as m
 spare as it held and its next chunk wants, rather than recomputing its first chunks every few
 steps beside the replies (before: a 400-token prompt beside two 3-block replies on 10 blocks was
 admitted 8 times and recomputed 1,792 tokens; beside two growing ones, 20 times and 5,056). It
-is admitted again in the step after the replies give their blocks back.
+is admitted again in the step after the replies give their blocks back. Each sequence that gave
+way keeps its own wait: a reply preempted after it (queued ahead of it) does not cut it short.
 
 Plain Python: a scheduler over its pools and a prefix cache of the device tier alone.
 """
@@ -116,3 +117,31 @@ def test_blocks_shared_with_a_running_reply_are_not_waited_for():
     while not prompt.is_finished:
         step(sched)
     assert prompt.num_preemptions == 1 and prompt.num_cached_tokens == 256
+
+
+def test_a_reply_that_gives_way_after_a_waiting_prompt_leaves_it_its_wait():
+    """A prompt that gave way for want of blocks waits for them; a reply preempted later for an
+    older one's next block goes back ahead of it and waits too. Once the older reply ends, the
+    preempted one runs again, and the prompt still waits for as many blocks as it held: it is
+    not admitted beside the reply only to be preempted again as that one's prefill grows
+    (it was: its own wait was the latest one's, which the reply's replaced)."""
+    sched = scheduler(16, 2)
+    rng = random.Random(0)
+    old = request([rng.randrange(1000) for _ in range(60)], 700)  # (12 blocks at its end)
+    reply = request([rng.randrange(1000) for _ in range(300)], 600)  # (15 at its end)
+    for seq in (old, reply):
+        sched.add(seq)
+    while not old.is_decoding or not reply.is_decoding:
+        step(sched)
+    prompt = request([rng.randrange(1000) for _ in range(700)], 1)  # (11 blocks)
+    sched.add(prompt)
+    while not prompt.num_preemptions:
+        step(sched)
+    first_run = prompt.num_recomputed  # (what it computed before it gave way)
+    while not reply.num_preemptions:
+        step(sched)
+    assert list(sched.waiting) == [reply, prompt]
+    while not prompt.is_finished:
+        step(sched)
+    assert (prompt.num_preemptions, prompt.num_recomputed) == (1, first_run)
+    assert reply.num_preemptions == 1 and not old.num_preemptions
