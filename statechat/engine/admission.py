@@ -87,7 +87,7 @@ class Admission:
                 restored = head.num_restored // self.bs
                 self.preempt(head)
                 head.blocks_short = (took + blocks_needed([head], planned[-1:], self.bs),
-                              head.block_hashes[restored - 1] if restored else None)
+                                     head.block_hashes[restored - 1] if restored else None)
                 self.waiting.popleft()  # (back in its place, behind the forks passed over)
                 self.waiting.insert(passed, head)
                 break
