@@ -47,17 +47,22 @@ class LayoutMixin:
         if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
             self._fit(self.size)
 
-    def _on_key(self, event: events.Key) -> None:
-        """A key typed on a message (MessageView._on_key) that reaches the app after a key
-        before it moved the focus (a burst of keys, typed fast or while the app was busy:
-        Ctrl+O then text) goes on to the widget focused now, as typed: Textual hands each key
-        to the widget focused as it comes, and the text was lost (its e, r, d acted on the
-        message). Keys whose focus did not move go on to the app's bindings."""
-        typed_on = getattr(event, "typed_on", None)
-        if typed_on is not None and self.focused not in (typed_on, None):
-            event.stop()
-            event.prevent_default()
-            self.post_message(events.Key(event.key, event.character))
+    async def on_event(self, event: events.Event) -> None:
+        """A key pressed while a message has focus acts as it comes, through the bindings of
+        the message, the chat and the app (a message takes no text). Textual hands it to the
+        focused widget and acts on it once it comes back here, so in a burst of keys (typed
+        fast, or while the app was busy: Ctrl+O then text) every key went to the message, and
+        the message's e, r, d acted on the text. A key no binding takes goes on as Textual
+        sends it."""
+        if (isinstance(event, events.Key) and not event.is_forwarded
+                and isinstance(self.focused, MessageView)):
+            if event.key == "escape":  # (as Textual's screen does with an Esc that passes it)
+                self.screen.clear_selection()
+            if await self._check_bindings(event.key, priority=True):
+                return
+            if await self._check_bindings(event.key):
+                return
+        await super().on_event(event)
 
     def on_paste(self, event: events.Paste) -> None:
         """A paste made while a message or the chat list has focus (Textual gives it to the

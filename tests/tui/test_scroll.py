@@ -59,3 +59,31 @@ def test_a_message_read_above_a_streaming_reply_stays_in_sight(loaded, tmp_path,
             app.exit()
 
     asyncio.run(run())
+
+
+def test_end_follows_the_reply_again_while_the_message_read_is_in_sight(loaded, tmp_path,
+                                                                         monkeypatch):
+    """End while the message read (focused) is still in sight at the chat's bottom, the reply
+    short: the chat follows the reply again as it grows (it stayed, the message still in
+    sight, and the reply's end went out of sight below)."""
+    async def run():
+        app = long_reply_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 30)) as pilot:
+            [show] = grow_by_hand(monkeypatch)
+            await start_long_reply(pilot, app)
+            await pilot.press("shift+tab", "up")  # the message asked, read
+            asked = views(app)[0]
+            chat = app.query_one(ChatView)
+            await grow(pilot, app, show, 10)  # (the chat a few rows taller than the screen)
+            assert chat.scroll_y == 0 < chat.max_scroll_y
+            await pilot.press("end")
+            await pilot.pause()
+            assert app.focused is asked and chat.can_view_partial(asked)
+            for rows in (30, 60):
+                await grow(pilot, app, show, rows)
+                assert chat.scroll_y == chat.max_scroll_y > 0, rows
+            app.handle.abort()
+            await pilot.pause(0.1)
+            app.exit()
+
+    asyncio.run(run())

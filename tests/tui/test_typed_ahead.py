@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from textual import events
 
+from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from tests.tui.test_app import make_app, settled, views, wait_ready
 from tests.tui.test_branch_switch import branched_chat
-from tests.tui.test_slow_build import type_keys
+from tests.tui.test_slow_build import type_keys, until
 
 
 @pytest.mark.parametrize("first", ["ctrl+o", "ctrl+n"])
@@ -31,6 +33,35 @@ def test_text_typed_after_a_key_that_focuses_the_box_lands_in_it(loaded, tmp_pat
             assert app.focused is app.query_one(Composer)
             assert app.query_one(Composer).text == "a great read"
             assert app.handle is None and not app._notifications
+            app.exit()
+
+    asyncio.run(run())
+
+
+def test_text_typed_as_the_box_takes_the_focus_keeps_its_order(loaded, tmp_path, monkeypatch):
+    """Ctrl+O then text, the last of it coming from the terminal just as Ctrl+O focuses the
+    box, before the text typed before it has gone through: the box holds the text in the order
+    it was typed (the later keys went straight to the box, ahead of those sent on from the
+    message: ' worldhello')."""
+    branched_chat(tmp_path)
+    focus_input = StatechatApp.action_focus_input
+
+    def focus_input_then_type(app) -> None:
+        focus_input(app)
+        for char in " world":  # (as the driver posts them: to the app, now)
+            app.post_message(events.Key("space" if char == " " else char, char))
+
+    async def run():
+        app = make_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await wait_ready(pilot, app)
+            views(app)[-1].focus()
+            await pilot.pause()
+            monkeypatch.setattr(StatechatApp, "action_focus_input", focus_input_then_type)
+            type_keys(app, "ctrl+o", *"hello")
+            await until(lambda: app.query_one(Composer).text.count("o") == 2, "the text")
+            await settled(pilot, app)
+            assert app.query_one(Composer).text == "hello world"
             app.exit()
 
     asyncio.run(run())

@@ -32,6 +32,8 @@ class ChatView(VerticalScroll, can_focus=False):
         # sent to one of them would be lost
         self.shown: list[MessageView] = []
         self.settling = None  # the worker that waits for the views shown to be built (`show`)
+        self.held_for: MessageView | None = None  # the view focused the chat last stood
+        # still for (`hold_for_reader`), until the focus moves
 
     def on_mount(self) -> None:
         """Anchor to the bottom: the view stays scrolled there while a reply grows."""
@@ -91,11 +93,18 @@ class ChatView(VerticalScroll, can_focus=False):
         """Call before `growing` (the streaming reply) grows: while another view, in sight, has
         focus (the user reads it), the chat stops following its bottom, and stays where it is
         (it followed the reply, and pushed the message read out of sight). Once scrolled back
-        to its bottom (End, the wheel), it follows again (Textual's anchor)."""
+        to its bottom (End, the wheel), it follows again (Textual's anchor), the message read
+        in sight or not, until the focus moves (it stopped again at once while the message was
+        still in sight: End did nothing)."""
         focused = self.screen.focused
         if (self.is_anchored and focused in self.shown and focused is not growing
-                and self.can_view_partial(focused)):
+                and focused is not self.held_for and self.can_view_partial(focused)):
+            self.held_for = focused
             self.release_anchor()
+
+    def on_descendant_focus(self) -> None:
+        """A view focused anew: the chat may stand still for it (`hold_for_reader`)."""
+        self.held_for = None
 
     def views(self) -> list[MessageView]:
         """The views shown, first to last (not those being replaced)."""

@@ -7,7 +7,6 @@ from typing import ClassVar
 from rich.console import Group
 from rich.markdown import Markdown
 from rich.text import Text
-from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -55,11 +54,6 @@ class MessageView(Vertical, can_focus=True):
         yield Static(self._header(), classes="header")
         yield Static(self._body(), classes="body")
         yield Static(Text(self.status), classes="status")
-
-    def _on_key(self, event: events.Key) -> None:
-        """Mark a key handed to this view (it had focus as the key came) as typed on it: the
-        app sends it on should a key before it have moved the focus (LayoutMixin._on_key)."""
-        event.typed_on = self
 
     def _header(self) -> str:
         role = ROLE_NAMES.get(self.message.role) or escape(clean(self.message.role))  # (a
