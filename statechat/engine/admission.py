@@ -85,11 +85,9 @@ class Admission:
                     self.blocks.num_available):
                 took = free - self.blocks.num_available  # (its restore's blocks)
                 restored = head.num_restored // self.bs
-                self.preempt(head)
+                self.preempt(head, at=passed)  # (back in its place, behind the forks passed)
                 head.blocks_short = (took + blocks_needed([head], planned[-1:], self.bs),
                                      head.block_hashes[restored - 1] if restored else None)
-                self.waiting.popleft()  # (back in its place, behind the forks passed over)
-                self.waiting.insert(passed, head)
                 break
             seqs, sizes = seqs + [head], planned
             if not planned[-1]:

@@ -164,14 +164,15 @@ class Scheduler(Admission, CheckpointPolicy):
             seq.block_table.append(self.blocks.allocate())
         return True
 
-    def preempt(self, seq: Sequence) -> None:
-        """Give back everything `seq` holds; it will be recomputed (from cache if possible)."""
+    def preempt(self, seq: Sequence, at: int = 0) -> None:
+        """Give back everything `seq` holds; it will be recomputed (from cache if possible). It
+        waits at index `at` of the queue (its front: it came before those waiting)."""
         self._release(seq)
         seq.status = Status.WAITING
         seq.num_recomputed += seq.num_computed - seq.num_restored  # (restored: not computed)
         seq.num_computed = seq.num_restored = 0
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.insert(at, seq)
 
     def _release(self, seq: Sequence) -> None:
         # the last block first: the LRU then evicts a cached chain from its tail, and what is

@@ -131,9 +131,9 @@ def test_replies_preempted_mid_decode_give_back_their_pending_states(loaded):
     pending_when_preempted = []
     preempt = engine.scheduler.preempt
 
-    def spied(seq) -> None:
+    def spied(seq, **where) -> None:
         pending_when_preempted.append(seq.pending_slot)
-        preempt(seq)
+        preempt(seq, **where)
 
     engine.scheduler.preempt = spied
     while engine.has_unfinished():
