@@ -75,13 +75,13 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
         """Restore the cheapest usable prefix of `seq` into its block table and resume slot. An
         index error meanwhile plans it again from device memory alone; one that says the index
         is unusable (sqlite_files.is_unusable) turns the disk tier off too, while a transient one (a
-        lock another process held past the busy timeout) costs this request's disk hit alone."""
+        lock another process held past the busy timeout) costs this request's disk hit alone.
+        A restore that raises, whatever the error, has given back all it took (_undo)."""
         self.disk_tier_on()
         for _ in range(3):  # a blob failing verification (or unreadable) drops out; plan again
             try:
                 return self._reuse_once(seq)
             except sqlite3.DatabaseError as e:
-                self._give_back(seq)
                 if sqlite_files.is_unusable(e):
                     self.index_failed(e)  # (logged once by the store)
                 else:
@@ -89,7 +89,6 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
                                 "request goes on from memory", e)
                 return self._reuse_from_memory(seq)
             except BlobError:
-                self._give_back(seq)
                 # what this prompt was taken to have on disk may be what failed: its blocks
                 # and checkpoints are saved again once computed (the writer skips those still
                 # on disk)
@@ -104,12 +103,6 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
             return self._reuse_once(seq)
         finally:
             self.store = store
-
-    def _give_back(self, seq: Sequence) -> None:
-        """Release the blocks a failed restore left in `seq`'s block table."""
-        for block in reversed(seq.block_table):  # (the tail first, as Scheduler._release)
-            self.blocks.release(block)
-        seq.block_table = []
 
     def _reuse_once(self, seq: Sequence) -> int:
         hashes = seq.block_hashes[: (len(seq) - 1) // self.bs]  # leave one token to compute

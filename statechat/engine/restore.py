@@ -31,18 +31,14 @@ class PrefixRestore:
 
     def _load_blocks(self, need: list[bytes], held: dict, tiers: list[str], lower: Lookup,
                      t_start: float, with_ckpt: bool) -> tuple[float, float, tuple | None]:
-        """Read the lower-tier blocks `need` into their device blocks `held[h]` (all of `held`
-        released if one is unusable). A load from one tier teaches its rate, unless its disk
-        blocks are read alongside the checkpoint (`with_ckpt`): then (bytes, cached share) is
-        returned for one observation of both. Returns (read done, written, that pair)."""
+        """Read the lower-tier blocks `need` into their device blocks `held[h]`. A load from one
+        tier teaches its rate, unless its disk blocks are read alongside the checkpoint
+        (`with_ckpt`): then (bytes, cached share) is returned for one observation of both.
+        Returns (read done, written, that pair)."""
         t_read = t_start
         if need:  # host-tier tensors are the store's arena: held still until copies are launched
             with self.store.reading():
-                try:
-                    groups = self.store.load_blocks([h.hex() for h in need])
-                except BaseException:  # (an unusable blob, a failed index: a plan again)
-                    self._release_held(held)
-                    raise
+                groups = self.store.load_blocks([h.hex() for h in need])
                 t_read = time.perf_counter()
                 for group_hashes, tensors in groups:
                     block_ids = [held[bytes.fromhex(h)] for h in group_hashes]
@@ -67,6 +63,18 @@ class PrefixRestore:
         for block in reversed(held.values()):
             self.blocks.release(block)
 
+    def _undo(self, seq: Sequence, held: dict[bytes, int], slot: list[int]) -> None:
+        """A restore that raised gives back all it took (its blocks; its checkpoint's slot,
+        taken or pinned), whatever the error: `seq` holds nothing, as before it began. Blocks
+        already loaded and registered stay cached, and a checkpoint slot registered too."""
+        self._release_held(held)
+        seq.block_table = []
+        if seq.resume_slot:
+            self.slots.unpin(seq.resume_slot)
+            seq.resume_slot = 0
+        elif slot:
+            self.slots.release(slot[0])
+
     @staticmethod
     def _no_room(seq: Sequence) -> int:
         """The device has no free blocks or state slot to load the chosen prefix into: the
@@ -89,6 +97,18 @@ class PrefixRestore:
             self._release_held(held)
             return self._no_room(seq)
         held.update((h, self.blocks.allocate()) for h in need)
+        slot: list[int] = []  # (the checkpoint's slot, while taken but not yet registered)
+        try:
+            return self._load(seq, hashes, tiers, lower, need, held, ckpt_on_device, slot)
+        except BaseException:  # (an unusable blob or index, and any other error alike)
+            self._undo(seq, held, slot)
+            raise
+
+    def _load(self, seq: Sequence, hashes: list[bytes], tiers: list[str], lower: Lookup,
+              need: list[bytes], held: dict[bytes, int], ckpt_on_device: bool,
+              slot: list[int]) -> int:
+        """_restore's loads into the blocks `held` it took (`need`'s from lower tiers) and the
+        checkpoint's slot (kept in `slot` until registered, for _undo)."""
         t_start, nbytes = time.perf_counter(), 0
         last = hashes[-1]
         # a checkpoint on disk alone is read while the blocks are (one in the host tier is read
@@ -113,16 +133,16 @@ class PrefixRestore:
         ck_tier = DEVICE
         if not ckpt_on_device:
             t0 = time.perf_counter()
-            # (a failed read raises here, as load_checkpoint would: the caller releases the
-            # blocks, now registered, and plans again)
+            # (a failed read raises here, as load_checkpoint would: the blocks, now
+            # registered, are given back, and the caller plans again)
             read = ckpt_read.result() if ckpt_read is not None else None
             with self.store.reading():
                 ck_tier = (DISK if read is not None or not self.store.host.has("ckpt", last.hex())
                            else HOST)
                 tensors = read if read is not None else self.store.load_checkpoint(last.hex())
-                slot = self.slots.allocate()
-                self.runner.write_slot(slot, tensors)
-            self.slots.register(last, slot, len(hashes) * self.bs)
+                slot.append(self.slots.allocate())
+                self.runner.write_slot(slot[0], tensors)
+            self.slots.register(last, slot.pop(), len(hashes) * self.bs)
             resident = lower.cached("ckpt", last.hex())
             if together is not None:  # blocks and checkpoint, both from disk, as one load
                 total = together[0] + self.bytes_per_slot

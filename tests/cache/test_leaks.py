@@ -12,6 +12,8 @@ import os
 import random
 import threading
 
+import pytest
+
 from statechat.cache.blobs.encoding import TMP_SUFFIX
 from tests.engine.test_leaks import fuzz, loaded, small_engine  # noqa: F401 (a fixture)
 from tests.helpers import assert_idle_pools
@@ -62,3 +64,32 @@ def test_a_long_fuzz_on_a_disk_tier_leaks_nothing(loaded, tmp_path):  # noqa: F8
     left = [t.name for t in set(threading.enumerate()) - threads]
     # (but the blob readers' pools, a few threads for the life of the process)
     assert all(n.startswith(("statechat-blob_", "statechat-segment_")) for n in left), left
+
+
+def test_a_restore_that_fails_unexpectedly_leaks_nothing(loaded, tmp_path):  # noqa: F811
+    """A restore from the lower tiers that raises an error neither of an index nor of a blob (a
+    device copy failing, say) fails its step; the request, aborted as the server's worker does,
+    leaves no block or slot behind, and the same prompt is then served from the cache."""
+    from statechat.engine.sampling import SamplingParams
+    from tests.helpers import random_prompts
+
+    engine = small_engine(loaded, cache_dir=tmp_path, disk_cache_bytes=BUDGET)
+    prompt, params = random_prompts(300)[0], SamplingParams(max_tokens=3, ignore_eos=True)
+    first = engine.generate([prompt], params)[0]
+    engine.store.flush()
+    engine.drop_device_cache()
+    write_blocks = engine.runner.write_blocks
+
+    def failing(*_args):
+        raise RuntimeError("a device copy failed")
+
+    engine.runner.write_blocks = failing
+    seq = engine.add_request(prompt, params)
+    with pytest.raises(RuntimeError, match="device copy"):
+        engine.step()
+    engine.abort(seq)
+    assert_idle_pools(engine)
+    engine.runner.write_blocks = write_blocks
+    again = engine.generate([prompt], params)[0]
+    assert again.token_ids == first.token_ids and again.num_cached_tokens > 0
+    engine.close()
