@@ -26,6 +26,13 @@ from statechat.engine.scheduler import Batch
 log = logging.getLogger("statechat.engine")
 T = TypeVar("T")
 
+# A step of several sequences that one graph cannot replay (decodes beside prefill chunks, or
+# chunks of several prompts) replays the decodes' graph and each chunk's prefill graph in turn,
+# if it has at most this many chunks: each replay reads every weight once (an edit's 84-token
+# chunk takes 2.3 ms on an H100), while the eager step costs the host some 25 ms of launches
+# whatever its size (docs/bench.md, session 32)
+MAX_SPLIT_CHUNKS = 4
+
 
 class GraphReplay:
     """Capture and replay of ModelRunner's graphs (`self.graphs`, `self.prefill_graphs`,
@@ -111,6 +118,65 @@ class GraphReplay:
             feed=feed,
             follows=follows,
         )
+
+    def _split_buckets(self, batch: Batch) -> list[int | None] | None:
+        """How a step of several sequences replays as one graph a part (_replay_split): each
+        item's prefill bucket, None for a decode; None if it does not (a decode step, a chunk
+        no bucket serves, decodes the decode graphs do not, more than MAX_SPLIT_CHUNKS
+        chunks)."""
+        items = batch.items
+        if batch.is_decode or self.prefill_graphs is None or len(items) < 2:
+            return None
+        decodes = [it for it in items if it.seq.is_decoding]
+        if len(items) - len(decodes) > MAX_SPLIT_CHUNKS:
+            return None
+        if decodes and (self.graphs is None or not self.graphs.can_run(
+                len(decodes), max(len(it.seq.block_table) for it in decodes))):
+            return None
+        buckets = [None if it.seq.is_decoding
+                   else self.prefill_graphs.bucket(it.num_tokens, len(it.seq.block_table))
+                   for it in items]
+        if any(b is None for b, it in zip(buckets, items) if not it.seq.is_decoding):
+            return None
+        return buckets
+
+    def _replay_split(self, batch: Batch, buckets: list[int | None]
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Replay a step of several sequences as the decode graph (its decodes) and one prefill
+        graph a chunk (`buckets`, of _split_buckets), in turn: the sequences share nothing the
+        step computes. Returns the logits rows and their argmax, in item order, of the items
+        that sample (None if none does), each replay's copied out before the next replay, which
+        may reuse its memory."""
+        row = {i: j for j, i in enumerate(i for i, it in enumerate(batch.items)
+                                          if it.needs_logits)}
+        kept: list[torch.Tensor] = []  # [logits, argmax] of the rows that sample
+        decodes = [i for i, b in enumerate(buckets) if b is None]
+        if decodes:
+            logits, greedy = self._replay_decode(Batch([batch.items[i] for i in decodes]),
+                                                 None, None)
+            own = [k for k, i in enumerate(decodes) if i in row]
+            if len(own) < len(decodes):
+                logits, greedy = logits[own], greedy[own]
+            self._keep_rows(kept, len(row), [row[decodes[k]] for k in own], logits, greedy)
+        for i, b in enumerate(buckets):
+            if b is not None:
+                logits, greedy = self._replay_prefill(batch.items[i], b)
+                if i in row:
+                    self._keep_rows(kept, len(row), [row[i]], logits, greedy)
+        return (kept[0], kept[1]) if kept else (None, None)
+
+    def _keep_rows(self, kept: list[torch.Tensor], num_rows: int, rows: list[int],
+                   logits: torch.Tensor, greedy: torch.Tensor) -> None:
+        """Copy a replay's logits and argmax into rows `rows` of `kept`'s (made on the first
+        call: [num_rows, vocab] and [num_rows])."""
+        if not rows:
+            return
+        if not kept:
+            kept += [logits.new_empty(num_rows, logits.shape[-1]),
+                     greedy.new_empty(num_rows)]
+        index = self._tensor(rows, torch.int64)
+        kept[0].index_copy_(0, index, logits)
+        kept[1].index_copy_(0, index, greedy.view(-1))
 
     def _prefill_bucket(self, batch: Batch, width: int) -> int | None:
         if batch.is_decode or self.prefill_graphs is None or len(batch.items) != 1:

@@ -55,6 +55,7 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         self.counts: TokenCounts | None = None  # of the requests with penalties, once one came
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.split_steps = 0  # steps replayed as several graphs (GraphReplay._replay_split)
         self.sampler_graphs: SamplerGraphs | None = None
         self.rope_table: torch.Tensor | None = None  # the rotary table its steps read (None:
         # computed; see Context.rope_table)
@@ -134,6 +135,7 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         width = max(len(it.seq.block_table) for it in batch.items)
         scored = [] if batch.is_decode else self.scored(batch)  # (a decode step scores nothing)
         bucket = None if scored else self._prefill_bucket(batch, width)
+        split = None if scored or bucket is not None else self._split_buckets(batch)
         greedy = prompt = None  # a replayed graph's argmax of the logits; the prompt's table
         if (batch.is_decode and self.graphs is not None
                 and self.graphs.can_run(len(batch.items), width)):
@@ -141,6 +143,9 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
             replay = self.graphs.replays
         elif bucket is not None:
             logits, greedy = self._replay_prefill(batch.items[0], bucket)
+        elif split is not None:  # (several graphs: their rows copied into one tensor)
+            logits, greedy = self._replay_split(batch, split)
+            self.split_steps += 1
         elif scored:  # (never a graph: every row's output is read)
             input_ids, ctx = self.prepare(batch, every_row=True)
             rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
@@ -160,7 +165,8 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         counts = None
         if any(p.uses_penalties for p in params):
             counts = self._counts(wanted, logits.shape[-1])
-        graphs = self.sampler_graphs if greedy is not None else None  # (logits of a graph)
+        # (the sampler's graphs read logits in a graph's static buffer: not a split step's)
+        graphs = self.sampler_graphs if greedy is not None and split is None else None
         drawn_from = logits
         biases = self._biases(batch, logits.shape[-1]) if any(p.uses_bias for p in params) else None
         if biases:  # (a graph's argmax and sampling do not see them: this step is eager)

@@ -1,0 +1,138 @@
+"""GPU benchmark of steps that mix sequences: decodes beside a new prompt's chunk, or chunks of
+a few prompts at once. Such a step replays the decode graph and each chunk's prefill graph in
+turn ("split"), or runs eagerly ("eager": the engine's path before session 32, forced here by
+turning the split off on the same engine). Both in one process, alternating, on bench_e2e's
+random-weight model (hidden 1024, 24 layers, vocab 248320, bf16).
+
+    python3 scripts/bench_mixed.py [--layers 24] [--runs 5] [--out DIR]
+
+Measured, per path (median of --runs):
+- a prompt of P tokens arriving while N streams decode (256-token prompts): the step that
+  mixes them (each stream's gap between two tokens), and the prompt's time to first token;
+- two prompts (100 and 300 tokens) arriving together at an idle engine: time to both first
+  tokens;
+- an 8k prompt arriving while 8 streams decode: the streams' longest gap, and the prompt's
+  time to first token (its chunks of the 4096-token budget share steps with the decodes).
+A markdown table is printed last and written to DIR/bench_mixed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from bench_common import ids, log, row, sync, write_table
+from bench_e2e import build_model
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.sampling import SamplingParams
+
+STREAM = SamplingParams(max_tokens=100_000, ignore_eos=True)
+FIRST = SamplingParams(max_tokens=1, ignore_eos=True)
+
+
+def set_split(engine: LLMEngine, on: bool) -> None:
+    """Turn the split replay of mixed steps on (the engine's own) or off (eager steps)."""
+    runner = engine.runner
+    if on:
+        runner.__dict__.pop("_split_buckets", None)
+    else:
+        runner._split_buckets = lambda batch: None
+
+
+def start_streams(engine: LLMEngine, n: int, seed: int) -> list:
+    seqs = [engine.add_request(ids(256, seed + i), STREAM) for i in range(n)]
+    while any(not s.output_ids for s in seqs):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    return seqs
+
+
+def stop(engine: LLMEngine, seqs: list) -> None:
+    for s in seqs:
+        engine.abort(s)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def arrival(engine: LLMEngine, streams: int, prompt: int, seed: int) -> tuple[float, float]:
+    """(longest step while the prompt prefills, the prompt's time to first token), seconds."""
+    seqs = start_streams(engine, streams, seed) if streams else []
+    sync()
+    new = engine.add_request(ids(prompt, seed + 999), FIRST)
+    t0, worst = time.perf_counter(), 0.0
+    while not new.is_finished:
+        t = time.perf_counter()
+        engine.step()
+        worst = max(worst, time.perf_counter() - t)
+    ttft = time.perf_counter() - t0
+    stop(engine, seqs)
+    return worst, ttft
+
+
+def together(engine: LLMEngine, seed: int) -> float:
+    """Seconds until both of two prompts arriving at once have their first token."""
+    sync()
+    t0 = time.perf_counter()
+    seqs = [engine.add_request(ids(n, seed + n), FIRST) for n in (100, 300)]
+    while not all(s.is_finished for s in seqs):
+        engine.step()
+    return time.perf_counter() - t0
+
+
+def median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    log(torch.cuda.get_device_name(), "torch", torch.__version__)
+    path = Path("/tmp/statechat-e2e")
+    if not (path / "config.json").exists():
+        build_model(path, args.layers)  # (transformers' copy is not needed here)
+        torch.cuda.empty_cache()
+    engine = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False,
+                                    memory_fraction=0.5, max_model_len=16384, max_num_seqs=64))
+    for on in (True, False):  # warm-up: every path once
+        set_split(engine, on)
+        arrival(engine, 8, 100, 1)
+        together(engine, 2)
+    cases = [(1, 100), (8, 100), (32, 100), (8, 1000)]
+    results: dict = {}
+    for run in range(args.runs):
+        for on in (True, False):
+            set_split(engine, on)
+            for streams, prompt in cases:
+                worst, first = arrival(engine, streams, prompt, 10 * run)
+                results.setdefault(("gap", streams, prompt, on), []).append(worst)
+                results.setdefault(("ttft", streams, prompt, on), []).append(first)
+            results.setdefault(("together", on), []).append(together(engine, 10 * run))
+            if run < 2:  # (the long prompt: fewer runs)
+                worst, first = arrival(engine, 8, 8192, 10 * run)
+                results.setdefault(("gap", 8, 8192, on), []).append(worst)
+                results.setdefault(("ttft", 8, 8192, on), []).append(first)
+    log("split steps:", engine.runner.split_steps)
+    for streams, prompt in cases + [(8, 8192)]:
+        split = [results[(k, streams, prompt, True)] for k in ("gap", "ttft")]
+        eager = [results[(k, streams, prompt, False)] for k in ("gap", "ttft")]
+        row(f"{prompt}-token prompt beside {streams} streams: longest step / TTFT (ms)",
+            f"{median_ms(split[0])} / {median_ms(split[1])}", "",
+            f"eager: {median_ms(eager[0])} / {median_ms(eager[1])}")
+    row("two prompts (100, 300 tokens) at once: both first tokens (ms)",
+        median_ms(results[("together", True)]), "",
+        f"eager: {median_ms(results[('together', False)])}")
+    write_table(args.out, "bench_mixed")
+
+
+if __name__ == "__main__":
+    main()
