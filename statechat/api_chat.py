@@ -16,7 +16,14 @@ from statechat.api_reasoning import ReasoningStream, reasoning_tokens, split_rep
 from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_params
 from statechat.api_response import Shape, finish_reason
 from statechat.api_tool_calls import ToolCallStream, merge_deltas, parse_tool_calls
-from statechat.api_tools import TOOL_FIELDS, ToolRequest, force_call, parse_tools, unthinking
+from statechat.api_tools import (
+    TOOL_FIELDS,
+    ToolRequest,
+    end_at_call,
+    force_call,
+    parse_tools,
+    unthinking,
+)
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent
@@ -44,6 +51,7 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     params = parse_params({k: v for k, v in body.items() if k not in TOOL_FIELDS},
                           len(prompt_ids), worker.max_model_len, server.sampling,
                           vocab_size=worker.engine.loaded.config.vocab_size)
+    params, tools = end_at_call(params, tools)  # (a named function: one call, then the end)
     return prompt_ids, params, chat_shape(worker, body, prompt_ids, server.reasoning_parser,
                                           tools)
 
@@ -162,11 +170,13 @@ class ChatShape(Shape):
     (api_reasoning.reasoning_tokens) under `completion_tokens_details.reasoning_tokens`. With
     `tools` that parse (api_tools.ToolRequest), the answer's tool calls (api_tool_calls.py) are
     the message's `tool_calls`, its text outside them the `content` (null when none), and a
-    reply with calls that ended of itself finishes with "tool_calls"; a stream's deltas carry
-    the content until a call begins, then each call's `tool_calls` entry (its id, type and
-    name, then its arguments whole once it ends). A call's opening that the request forced
-    (ToolRequest.forced: in the prompt, not in the engine's text) is parsed as the start of
-    each reply's answer, so its call's entry comes with the first delta."""
+    reply with calls that ended of itself finishes with "tool_calls" ("stop" for a named
+    function's, whose stop the server added: its stop_reason null, api_tools.end_at_call); a
+    stream's deltas carry the content until a call begins, then each call's `tool_calls`
+    entry (its id, type and name, then its arguments whole once it ends). A call's opening
+    that the request forced (ToolRequest.forced: in the prompt, not in the engine's text) is
+    parsed as the start of each reply's answer, so its call's entry comes with the first
+    delta."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
@@ -194,7 +204,7 @@ class ChatShape(Shape):
             calls = index in self._calls and self._calls[index].calls
             out.append({"index": index, "delta": {}, "logprobs": None,
                         "finish_reason": self._finish(event.output, bool(calls)),
-                        "stop_reason": event.output.stop_reason})
+                        "stop_reason": self._stop_reason(event.output)})
         return out
 
     def _delta(self, index: int, event: StreamEvent) -> dict:
@@ -238,14 +248,22 @@ class ChatShape(Shape):
             message["tool_calls"] = calls
         return {"index": index, "message": message,
                 "logprobs": self._logprobs(out.token_ids, out.logprobs),
-                "finish_reason": self._finish(out, bool(calls)), "stop_reason": out.stop_reason}
+                "finish_reason": self._finish(out, bool(calls)),
+                "stop_reason": self._stop_reason(out)}
 
-    @staticmethod
-    def _finish(out: RequestOutput, has_calls: bool) -> str:
+    def _finish(self, out: RequestOutput, has_calls: bool) -> str:
         """finish_reason: "tool_calls" for a reply with calls that ended of itself (one cut at
-        max_tokens says "length": its last call may be cut short)."""
+        max_tokens says "length": its last call may be cut short), but "stop" for a named
+        function's call (OpenAI's and vLLM's)."""
         reason = finish_reason(out)
-        return "tool_calls" if has_calls and reason == "stop" else reason
+        named = self.is_parsed and self.tools.is_named
+        return "tool_calls" if has_calls and reason == "stop" and not named else reason
+
+    def _stop_reason(self, out: RequestOutput) -> str | int | None:
+        """The output's stop_reason; None where it is the stop the server added (a named
+        function's call end, api_tools.end_at_call): the model's own end, as vLLM's."""
+        added = self.tools.stop if self.tools is not None else None
+        return None if added is not None and out.stop_reason == added else out.stop_reason
 
     def fields(self, outputs: list[RequestOutput]) -> dict:
         first = outputs[0]

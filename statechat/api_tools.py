@@ -18,6 +18,19 @@ is made without reasoning. A continuation that does not make a call (a model tha
 forced opening and the rest as content, nothing lost. A named function that is not among the
 tools, or "required" with no tools, is a 400 naming tool_choice.
 
+A named function gets exactly one call, as vLLM's guided decoding and OpenAI give it
+(`end_at_call`): `</tool_call>` is added to the request's stop strings, so the reply ends where
+the model closes the call (a second call or text after it is never generated; the parser reads
+the call whole without its closing tag), with finish_reason "stop" (OpenAI's and vLLM's for a
+named function; "required" and "auto" say "tool_calls") and stop_reason null, as for the
+model's own end; completion_tokens counts the tokens generated, the closing tag's included. A
+request's own stop strings still apply: one that matches inside the call ends it there (the
+call holds the parameters read so far, stop_reason names that stop), as max_tokens does
+(finish_reason "length"); min_tokens holds the call's end off as it holds off every stop
+(vLLM's rule), so a reply shorter than it may go on past the call. With 64 stop strings
+(MAX_STOPS) already, a named function is a 400 naming stop. "required" is left as it is: one
+or more calls (vLLM's rule), then whatever the model writes, as "auto" reads it.
+
 Without the flag, tools, tool calls, tool messages and a tool_choice other than auto or none
 are a 400 that names it. `statechat batch` takes the same flag and reads its lines' tools with
 the same functions (a 400's message is the line's error)."""
@@ -29,7 +42,8 @@ import dataclasses
 from collections.abc import Callable
 
 from statechat.api_request import ApiError
-from statechat.api_tool_calls import CALL_OPEN, FUNC_OPEN, MAX_NAME
+from statechat.api_tool_calls import CALL_CLOSE, CALL_OPEN, FUNC_OPEN, MAX_NAME
+from statechat.engine.sampling import MAX_STOPS, SamplingParams
 from statechat.errors import ConfigError
 
 PARSERS = ("qwen3_coder",)  # the names --tool-call-parser takes (vLLM's)
@@ -57,11 +71,19 @@ class ToolRequest:
     """What a chat request asks of tools: `tools` for the template (None: none given),
     whether its reply is parsed for calls (`is_parsed`), and the opening of a call its reply is
     made to begin with (`forced`, "" for none: tool_choice "required" or a named function),
-    which goes into the prompt and is parsed as the reply's start."""
+    which goes into the prompt and is parsed as the reply's start. `stop`: a stop string the
+    server added to the request's own (end_at_call's), whose match is reported as no
+    stop_reason (None: none added)."""
 
     tools: list[dict] | None = None
     is_parsed: bool = False
     forced: str = ""
+    stop: str | None = None
+
+    @property
+    def is_named(self) -> bool:
+        """Whether tool_choice named the function (its opening names it): one call is made."""
+        return FUNC_OPEN in self.forced
 
 
 def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
@@ -104,6 +126,22 @@ def _forced(choice, tools: list[dict]) -> str:
         raise ApiError(400, f"tool_choice names the function {name[:80]!r}, which is not among "
                             "tools", "tool_choice")
     return f"{CALL_OPEN}\n{FUNC_OPEN}{name}>\n"
+
+
+def end_at_call(params: SamplingParams, tools: ToolRequest | None,
+                ) -> tuple[SamplingParams, ToolRequest | None]:
+    """(`params`, `tools`) of a named function's request made to end where its call ends, as
+    guided decoding ends it: CALL_CLOSE among the stop strings (the engine cuts the reply
+    before it; the parser reads a call whole without it), and `tools.stop` set to it where the
+    request's own stops did not have it. Another request's, as they are. ApiError(400) naming
+    stop where the request gave MAX_STOPS of them already (one more is the call's end)."""
+    if tools is None or not tools.is_named or CALL_CLOSE in params.stop:
+        return params, tools
+    if len(params.stop) >= MAX_STOPS:
+        raise ApiError(400, f"stop may hold at most {MAX_STOPS - 1} strings with a named "
+                            "tool_choice (the call's end is one more)", "stop")
+    return (dataclasses.replace(params, stop=(*params.stop, CALL_CLOSE)),
+            dataclasses.replace(tools, stop=CALL_CLOSE))
 
 
 def unthinking(template_kwargs: dict | None) -> dict:

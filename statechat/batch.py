@@ -5,7 +5,8 @@ Output, one line per input line, in input order:
     {"id", "text" (with --reasoning-parser: the answer, and "reasoning" beside it; with
      --tool-call-parser and tools to call: the text outside the calls, and "tool_calls" beside
      it where the reply made calls; "" where there is none),
-     "finish_reason" ("tool_calls" for a reply with calls that ended of itself),
+     "finish_reason" ("tool_calls" for a reply with calls that ended of itself, "stop" for a
+     named tool_choice's call, as the server's),
      "stop_reason" (vLLM's: the stop string or stop token id that ended it, null for the
      tokenizer's EOS and any other end),
      "usage": {"prompt_tokens", "cached_tokens", "completion_tokens"},
@@ -106,7 +107,7 @@ def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | Non
            if reasoning_parser is not None and job.include_reasoning else {}),
         **({"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}),
         "finish_reason": choice["finish_reason"],
-        "stop_reason": out.stop_reason,
+        "stop_reason": choice["stop_reason"],  # (the server's: not a stop it added itself)
         "usage": {
             "prompt_tokens": out.num_prompt_tokens,
             "cached_tokens": out.num_cached_tokens,

@@ -15,7 +15,8 @@ token after the first, with its rank; such a line computes its whole prompt), "m
 "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
 template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. With
 --tool-call-parser, "tools" and "tool_choice" ("required" or a named function: the reply
-starts with a call's opening, as the server's), assistant messages' "tool_calls" and "tool"
+starts with a call's opening, as the server's; a named function's ends with its call, a stop
+added to the line's, as the server's), assistant messages' "tool_calls" and "tool"
 messages are read as the server reads them (api_tools.py, api_messages.py); without it, they
 are the line's error, as they are the server's 400. A
 line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
@@ -31,7 +32,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from statechat.api_tools import TOOL_FIELDS, ToolRequest, parse_tools
+from statechat.api_tools import TOOL_FIELDS, ToolRequest, end_at_call, parse_tools
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
@@ -117,6 +118,8 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
             raise StatechatError('batch runs chat requests: give "messages", not "prompt" '
                                  "(the completions form)")
         tools = line_tools(req, defaults.tool_call_parser)
+        with api_errors():  # (a named function: one call, then the end, as the server's)
+            params, tools = end_at_call(params, tools)
         include_reasoning = req.get("include_reasoning")
         if include_reasoning is not None and not isinstance(include_reasoning, bool):
             raise StatechatError("include_reasoning must be true or false")

@@ -3,7 +3,8 @@ renders tools (tests/helpers.py's TOOLS_TEMPLATE), with replies forced to hold a
 line's result has the text, reasoning, tool calls, finish_reason and token counts of the
 server's whole response to the same body (with and without `--reasoning-parser qwen3`), as do
 lines whose tool_choice forces a call ("required", a named function: the call's opening in the
-prompt, as the server's); a line with bad tools, a bad tool_choice or a bad tool message has the
+prompt, as the server's; a named function's reply ends with its one call, as the server's); a
+line with bad tools, a bad tool_choice or a bad tool message has the
 server's 400 message as its error while the others run; without the flag, tools are a line
 error that names it."""
 
@@ -135,10 +136,45 @@ def test_a_forced_call_is_the_server_s_whole_response(tmp_path, monkeypatch, loa
     assert without_ids(record["tool_calls"]) == without_ids(choice["message"]["tool_calls"])
     assert json.loads(record["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris",
                                                                              "days": 3}
-    assert (record["text"], record["finish_reason"]) == ("", "tool_calls")
+    assert (record["text"], record["finish_reason"]) == ("", {"required": "tool_calls",
+                                                              "named": "stop"}[kind])
     assert record.get("reasoning") is None and choice["message"].get("reasoning") is None
     assert record["usage"]["prompt_tokens"] == usage["prompt_tokens"]
     assert record["usage"]["completion_tokens"] == usage["completion_tokens"]
+
+
+def test_a_named_choice_s_line_ends_with_its_call(tmp_path, monkeypatch, loaded):
+    """A model that goes on after the named call (a second call, text) is stopped at the
+    call's end, as the server stops it: one call, finish_reason "stop", stop_reason null,
+    completion_tokens those generated up to the call's end; a line's own stop inside the call
+    cuts it there, as the server's."""
+    rest = ("<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+            "</function>\n</tool_call>")
+    reply = rest + "\n<tool_call>\n<function=get_weather>\n</function>\n</tool_call>\nDone."
+    body = {**ASK, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    bodies = [body, {**body, "stop": "days"}]
+    with serving(loaded) as srv:
+        force_reply(srv.worker.engine, monkeypatch, reply)
+        answers = [post(srv, b) for b in bodies]
+    result, records = run_batch(tmp_path, monkeypatch, loaded, bodies,
+                                "--tool-call-parser", "qwen3_coder", reply=reply)
+    assert result.exit_code == 0, result.output
+    for record, answer in zip(records, answers, strict=True):
+        choice = answer["choices"][0]
+        assert without_ids(record["tool_calls"]) == without_ids(choice["message"]["tool_calls"])
+        assert (record["finish_reason"], record["stop_reason"]) == (choice["finish_reason"],
+                                                                   choice["stop_reason"])
+        assert record["usage"]["completion_tokens"] == answer["usage"]["completion_tokens"]
+    whole_call, cut = records
+    (made,) = whole_call["tool_calls"]
+    assert json.loads(made["function"]["arguments"]) == {"city": "Paris", "days": 3}
+    assert (whole_call["text"], whole_call["finish_reason"], whole_call["stop_reason"]) == (
+        "", "stop", None)
+    spelt = [i for ch in rest for i in loaded.tokenizer.encode(ch, add_special_tokens=False)]
+    assert whole_call["usage"]["completion_tokens"] == len(spelt)
+    (made,) = cut["tool_calls"]
+    assert json.loads(made["function"]["arguments"]) == {"city": "Paris"}
+    assert cut["stop_reason"] == "days"
 
 
 def test_a_bad_line_has_the_server_s_400_message_and_the_others_run(tmp_path, monkeypatch,

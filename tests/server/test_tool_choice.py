@@ -3,11 +3,12 @@ the tiny checkpoint whose template renders tools (tests/serving.py's TOOLS_TEMPL
 forced token by token: the engine's prompt is the rendered one with the call's opening after
 it (with thinking on, rendered as with enable_thinking false, or its think block closed empty
 where the template ignores that), counted in prompt_tokens; the opening and the model's
-continuation parse into `tool_calls` for the function (finish_reason "tool_calls"), with no
-markup in the content, whole or streamed alike (the random model's own replies too), beside a
-reasoning parser; a continuation that makes no call gives what auto gives for the same text;
-a function not among the tools, "required" without tools, another value and a tool name the
-parser cannot read are a 400 naming the field; without the flag they stay a 400 naming it."""
+continuation parse into `tool_calls` for the function (finish_reason "tool_calls", "stop" for
+a named function's, as OpenAI's and vLLM's), with no markup in the content, whole or streamed
+alike (the random model's own replies too), beside a reasoning parser; a continuation that
+makes no call gives what auto gives for the same text; a function not among the tools,
+"required" without tools, another value and a tool name the parser cannot read are a 400
+naming the field; without the flag they stay a 400 naming it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 OPENING = {"required": "<tool_call>\n", "named": "<tool_call>\n<function=get_weather>\n"}
 CHOICE = {"required": "required", "named": NAMED}
 CONTINUED = {"required": "<function=get_weather>\n" + REST, "named": REST}
+FINISH = {"required": "tool_calls", "named": "stop"}  # (OpenAI's and vLLM's for each)
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +80,14 @@ def test_the_opening_and_its_continuation_are_the_function_s_call(server, monkey
     chunks = post(server, {**body, "stream": True})
     for k, choice in enumerate(choices):
         got = whole(choice)
-        assert got["finish_reason"] == "tool_calls" and got["content"] is None
+        assert got["finish_reason"] == FINISH[kind] and got["content"] is None
         (made,) = got["tool_calls"]
         assert made["function"]["name"] == "get_weather"
         assert json.loads(made["function"]["arguments"]) == {"city": "Paris", "days": 3}
         assert without_ids(reassembled(chunks, k)) == without_ids(got)
     usage = post(server, body)["usage"]
-    assert usage["completion_tokens"] == 2 * len(forced)  # (the continuation alone)
+    # (the continuation alone; a named call's ends with its `</tool_call>`, no end of turn)
+    assert usage["completion_tokens"] == 2 * (len(forced) - (kind == "named"))
 
 
 def test_a_named_function_is_the_one_called_of_several(loaded, server, monkeypatch):
