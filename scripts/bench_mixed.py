@@ -9,8 +9,8 @@ random-weight model (hidden 1024, 24 layers, vocab 248320, bf16).
 Measured, per path (median of --runs):
 - a prompt of P tokens arriving while N streams decode (256-token prompts): the step that
   mixes them (each stream's gap between two tokens), and the prompt's time to first token;
-- two prompts (100 and 300 tokens) arriving together at an idle engine: time to both first
-  tokens;
+- 2 to 8 prompts (100 and 300 tokens) arriving together at an idle engine: time to every
+  first token (split whatever their count, to show where the eager step is the faster);
 - an 8k prompt arriving while 8 streams decode: the streams' longest gap, and the prompt's
   time to first token (its chunks of the 4096-token budget share steps with the decodes).
 A markdown table is printed last and written to DIR/bench_mixed.md.
@@ -29,16 +29,20 @@ from bench_common import ids, log, row, sync, write_table
 from bench_e2e import build_model
 
 from statechat.config import EngineConfig
+from statechat.engine import replay
 from statechat.engine.engine import LLMEngine
 from statechat.engine.sampling import SamplingParams
 
 STREAM = SamplingParams(max_tokens=100_000, ignore_eos=True)
 FIRST = SamplingParams(max_tokens=1, ignore_eos=True)
+TOGETHER = (2, 4, 6, 8)  # prompts arriving at once
 
 
-def set_split(engine: LLMEngine, on: bool) -> None:
-    """Turn the split replay of mixed steps on (the engine's own) or off (eager steps)."""
+def set_split(engine: LLMEngine, on: bool, limit: int = replay.MAX_SPLIT_CHUNKS) -> None:
+    """Turn the split replay of mixed steps on (the engine's own, for steps of up to `limit`
+    chunks) or off (eager steps)."""
     runner = engine.runner
+    replay.MAX_SPLIT_CHUNKS = limit
     if on:
         runner.__dict__.pop("_split_buckets", None)
     else:
@@ -76,11 +80,12 @@ def arrival(engine: LLMEngine, streams: int, prompt: int, seed: int) -> tuple[fl
     return worst, ttft
 
 
-def together(engine: LLMEngine, seed: int) -> float:
-    """Seconds until both of two prompts arriving at once have their first token."""
+def together(engine: LLMEngine, k: int, seed: int) -> float:
+    """Seconds until each of k prompts (100 and 300 tokens in turn) arriving at once at an idle
+    engine has its first token."""
     sync()
     t0 = time.perf_counter()
-    seqs = [engine.add_request(ids(n, seed + n), FIRST) for n in (100, 300)]
+    seqs = [engine.add_request(ids(100 + 200 * (i % 2), seed + i), FIRST) for i in range(k)]
     while not all(s.is_finished for s in seqs):
         engine.step()
     return time.perf_counter() - t0
@@ -106,7 +111,7 @@ def main() -> None:
     for on in (True, False):  # warm-up: every path once
         set_split(engine, on)
         arrival(engine, 8, 100, 1)
-        together(engine, 2)
+        together(engine, 2, 2)
     cases = [(1, 100), (8, 100), (32, 100), (8, 1000)]
     results: dict = {}
     for run in range(args.runs):
@@ -116,7 +121,10 @@ def main() -> None:
                 worst, first = arrival(engine, streams, prompt, 10 * run)
                 results.setdefault(("gap", streams, prompt, on), []).append(worst)
                 results.setdefault(("ttft", streams, prompt, on), []).append(first)
-            results.setdefault(("together", on), []).append(together(engine, 10 * run))
+            for k in TOGETHER:  # (split whatever the count: where the eager step wins)
+                set_split(engine, on, limit=max(TOGETHER))
+                results.setdefault(("together", k, on), []).append(together(engine, k, run))
+                set_split(engine, on)
             if run < 2:  # (the long prompt: fewer runs)
                 worst, first = arrival(engine, 8, 8192, 10 * run)
                 results.setdefault(("gap", 8, 8192, on), []).append(worst)
@@ -128,9 +136,10 @@ def main() -> None:
         row(f"{prompt}-token prompt beside {streams} streams: longest step / TTFT (ms)",
             f"{median_ms(split[0])} / {median_ms(split[1])}", "",
             f"eager: {median_ms(eager[0])} / {median_ms(eager[1])}")
-    row("two prompts (100, 300 tokens) at once: both first tokens (ms)",
-        median_ms(results[("together", True)]), "",
-        f"eager: {median_ms(results[('together', False)])}")
+    for k in TOGETHER:
+        row(f"{k} prompts (100, 300 tokens in turn) at once: every first token (ms)",
+            median_ms(results[("together", k, True)]), "",
+            f"eager: {median_ms(results[('together', k, False)])}")
     write_table(args.out, "bench_mixed")
 
 

@@ -1,6 +1,8 @@
 """The runner's graphs (CUDA graphs; NPU graphs through torch_npu, opted into): their capture at
 start (decode steps by batch bucket, one-sequence prefill chunks by length bucket; the sampler's
-are captured while serving) and the replay of a step on them.
+are captured while serving) and the replay of a step on them: one graph, or for a step of
+several sequences that no one graph serves, the decode graph and a prefill graph a chunk in
+turn (_replay_split).
 
 A mixin of ModelRunner (engine/runner.py), which owns the tensors they read and write and
 chooses, per step, between a replay and an eager forward.
@@ -28,10 +30,11 @@ T = TypeVar("T")
 
 # A step of several sequences that one graph cannot replay (decodes beside prefill chunks, or
 # chunks of several prompts) replays the decodes' graph and each chunk's prefill graph in turn,
-# if it has at most this many chunks: each replay reads every weight once (an edit's 84-token
-# chunk takes 2.3 ms on an H100), while the eager step costs the host some 25 ms of launches
-# whatever its size (docs/bench.md, session 32)
-MAX_SPLIT_CHUNKS = 4
+# if it has at most this many chunks. Each replay reads every weight again (2-3 ms for a short
+# chunk of a 0.75B model on an H100), while the eager step's launches cost the host 15-22 ms
+# whatever its size: 2, 4, 6 and 8 short prompts at once took 5.1, 9.8, 14.6 and 19.4 ms split
+# against 15.4, 20.3, 22.4 and 21.0 eagerly (docs/bench.md, session 32)
+MAX_SPLIT_CHUNKS = 6
 
 
 class GraphReplay:
