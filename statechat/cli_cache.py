@@ -42,6 +42,10 @@ def _size(n: int | None) -> str:
     return size_text(n)
 
 
+def _count(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else "-"
+
+
 def _when(ts) -> str:
     import datetime
 
@@ -124,10 +128,10 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
     typer.echo(f"{'tokens':>8}  {'size':>10}  {'hits':>5}  {'created':16}  {'last used':16}  model")
-    for r in rows:
-        typer.echo(f"{r.get('num_tokens', 0):>8,}  {_size(r.get('bytes')):>10}  "
-                   f"{r.get('hits', 0):>5}  {_when(r.get('created')):16}  "
-                   f"{_when(r.get('last_used')):16}  {r.get('model', '')}")
+    for r in rows:  # (a NULL that a hand edit left, as "-")
+        typer.echo(f"{_count(r.get('num_tokens')):>8}  {_size(r.get('bytes')):>10}  "
+                   f"{_count(r.get('hits')):>5}  {_when(r.get('created')):16}  "
+                   f"{_when(r.get('last_used')):16}  {r.get('model') or '-'}")
     if not rows:
         typer.echo("(no checkpoints yet)")
 

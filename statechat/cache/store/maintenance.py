@@ -264,11 +264,13 @@ class StoreMaintenance:
             }
 
     def ls(self, limit: int = 50) -> list[dict]:
-        """The `limit` most recently used checkpoints, newest first, as dicts."""
+        """The `limit` most recently used checkpoints, newest first, as dicts; every one that
+        `stats` counts, its "model" None where its models row is gone (an index edited by
+        hand: `verify` removes it)."""
         with self.db_lock:
             cur = self.db.execute(
                 "SELECT c.num_tokens, c.bytes, c.created, c.last_used, c.hits, m.name, c.hash "
-                "FROM checkpoints c JOIN models m ON m.id = c.model_id "
+                "FROM checkpoints c LEFT JOIN models m ON m.id = c.model_id "
                 "ORDER BY c.last_used DESC LIMIT ?", [limit])
             cols = ("num_tokens", "bytes", "created", "last_used", "hits", "model", "hash")
             return [dict(zip(cols, r)) for r in cur]
