@@ -93,8 +93,10 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     typer.echo(f"bytes        {_size(stats.get('bytes_total'))} "
                f"of {_size(stats.get('bytes_budget'))}")
     typer.echo(f"budget       {_budget_line(stats)}")
-    for m in stats.get("models") or []:
-        typer.echo("model        " + ", ".join(f"{k}={v}" for k, v in m.items()))
+    for m in stats.get("models") or []:  # (its size in the total's unit, not the view's MB)
+        typer.echo(f"model        {m.get('name')} (id {m.get('id')}, {m.get('dtype')}, "
+                   f"{m.get('block_size')}-token blocks): {m.get('checkpoints', 0):,} "
+                   f"checkpoints, {m.get('blocks', 0):,} blocks, {_size(m.get('bytes'))}")
 
 
 def _budget_line(stats: dict) -> str:

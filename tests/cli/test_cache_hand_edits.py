@@ -54,3 +54,13 @@ def test_ls_lists_the_checkpoints_of_a_deleted_model_row(tmp_path, shared_engine
     assert count > 0 and len(rows) == count and all(r["model"] is None for r in rows)
     assert cache_cmd(cache, "verify").exit_code == 1  # (they belong to no model: removed)
     assert json.loads(cache_cmd(cache, "ls", "--json").stdout) == []
+
+
+def test_stats_gives_a_model_s_size_in_the_unit_of_the_total(tmp_path, shared_engine):
+    """(Its model line said `mb=2.409`, decimal MB, under `bytes 2.3 MiB`: two sizes that
+    seemed to disagree.)"""
+    cache = warm_cache(tmp_path)
+    lines = cache_cmd(cache, "stats").stdout.splitlines()
+    total = next(line for line in lines if line.startswith("bytes")).split()[1:3]
+    model = next(line for line in lines if line.startswith("model"))
+    assert model.endswith(" ".join(total)) and "tiny-qwen3.5" in model

@@ -245,13 +245,19 @@ class StoreMaintenance:
 
     def stats(self) -> dict:
         """What the cache dir holds: counts of checkpoints, blocks and segments, bytes against
-        the budget, this process's host tier, and a row per model (the cache_models view)."""
+        the budget, this process's host tier, and a row per model (the cache_models view, with
+        its exact "bytes" beside the view's rounded "mb")."""
         # the host tier's figures first, apart: a restore holds its lock while it takes db_lock
         host = self.host.stats()  # this process's host tier: used, capacity, not kept
         with self.db_lock:
             q = self.db.execute
             cols = ("id", "name", "dtype", "block_size", "checkpoints", "blocks", "mb")
             models = [dict(zip(cols, r)) for r in q("SELECT * FROM cache_models")]
+            sizes = dict(q("SELECT model_id, sum(coalesce(bytes, 0)) FROM (SELECT model_id, "
+                           "bytes FROM checkpoints UNION ALL SELECT model_id, bytes FROM "
+                           "segments) GROUP BY model_id"))
+            for m in models:
+                m["bytes"] = sizes.get(m["id"], 0)
             return {
                 "path": str(self.path),
                 "num_checkpoints": q("SELECT count(*) FROM checkpoints").fetchone()[0],
