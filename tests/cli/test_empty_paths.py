@@ -48,3 +48,4 @@ def test_a_path_flag_given_still_reads_as_given(tmp_path, monkeypatch, capsys):
                                      str(tmp_path / "c")])
     cli.main()
     assert capsys.readouterr().out.strip() == str(tmp_path / "c")
+
