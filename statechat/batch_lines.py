@@ -97,20 +97,24 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         return Job(line, None, error=f"line {line} is not valid JSON ({str(e)[:200]})")
     if not isinstance(req, dict):
         return Job(line, None, error=f"line {line} must be a JSON object")
-    url = "/v1/chat/completions"
-    if isinstance(req.get("body"), dict) and "messages" not in req:  # (OpenAI's batch format)
-        url = req.get("url")
-        req = {**req["body"], "id": req.get("custom_id")}
+    url, id_field, body = "/v1/chat/completions", "id", req
+    if "body" in req and "messages" not in req:  # (OpenAI's batch format)
+        url, id_field, body = req.get("url"), "custom_id", req["body"]
+        req = {**body, "id": req.get("custom_id")} if isinstance(body, dict) else \
+            {"id": req.get("custom_id")}
     rid = req.get("id")
     if rid is None:
         rid = f"line-{line}"
     elif isinstance(rid, bool) or not isinstance(rid, str | int | float) \
             or (isinstance(rid, float) and not math.isfinite(rid)):
-        return Job(line, None, error=f'line {line}: "id" must be a string or a number, got '
-                                     f"{json.dumps(rid)[:60]}")
+        return Job(line, None, error=f'line {line}: "{id_field}" must be a string or a number, '
+                                     f"got {json.dumps(rid)[:60]}")
     if url != "/v1/chat/completions":  # (its custom_id still names its error record)
         return Job(line, rid, error=f'line {line}: "url" must be "/v1/chat/completions" (batch '
                                     f"runs chat requests), got {json.dumps(url)[:60]}")
+    if not isinstance(body, dict):
+        return Job(line, rid, error=f'line {line}: "body" must be a JSON object (the chat '
+                                    f"request), got {json.dumps(body)[:60]}")
     unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS))
     try:
         params = line_params(req, defaults)

@@ -99,15 +99,17 @@ def results(output: Path | None, direct: bool):
     write that fails is one line (OutputError)."""
     if output is None:
         try:
-            yield sys.stdout
+            with said_when_stopped(Counted(sys.stdout), "went to standard output") as sink:
+                yield sink
         except OutputError:  # (what stdout still buffers would fail again as Python exits)
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise
         return
     if direct:
-        with closing(output_call(output, open, output, "w", encoding="utf-8"), output) as f:
-            yield f
+        with closing(output_call(output, open, output, "w", encoding="utf-8"), output) as f, \
+                said_when_stopped(Counted(f), f"are in {output}") as sink:
+            yield sink
         return
     fd, tmp = output_call(output, tempfile.mkstemp, prefix=f".{output.name}.", suffix=".partial",
                            dir=output.parent)
@@ -126,6 +128,32 @@ def results(output: Path | None, direct: bool):
         raise
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+class Counted:
+    """A results stream that counts the lines written to it (one per result)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.lines = stream, 0
+
+    def write(self, text: str) -> None:
+        self.stream.write(text)
+        self.lines += text.count("\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def said_when_stopped(sink: Counted, where: str):
+    """Yield `sink`; Ctrl+C or SIGTERM meanwhile is Interrupted, whose line says how many
+    results went where (`where`: "went to standard output", say), as a results file's does."""
+    try:
+        yield sink
+    except KeyboardInterrupt as e:
+        done = (f"the first {sink.lines:,} results (input order) {where}" if sink.lines
+                else "no request had finished")
+        raise Interrupted(f"interrupted; {done}", getattr(e, "exit_code", 130)) from None
 
 
 def give_mode(tmp: Path, output: Path) -> None:

@@ -42,6 +42,10 @@ def _size(n: int | None) -> str:
     return size_text(n)
 
 
+def _count(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else "-"
+
+
 def _when(ts) -> str:
     import datetime
 
@@ -89,8 +93,10 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     typer.echo(f"bytes        {_size(stats.get('bytes_total'))} "
                f"of {_size(stats.get('bytes_budget'))}")
     typer.echo(f"budget       {_budget_line(stats)}")
-    for m in stats.get("models") or []:
-        typer.echo("model        " + ", ".join(f"{k}={v}" for k, v in m.items()))
+    for m in stats.get("models") or []:  # (its size in the total's unit, not the view's MB)
+        typer.echo(f"model        {m.get('name')} (id {m.get('id')}, {m.get('dtype')}, "
+                   f"{m.get('block_size')}-token blocks): {m.get('checkpoints', 0):,} "
+                   f"checkpoints, {m.get('blocks', 0):,} blocks, {_size(m.get('bytes'))}")
 
 
 def _budget_line(stats: dict) -> str:
@@ -124,10 +130,10 @@ def cache_ls(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False,
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
     typer.echo(f"{'tokens':>8}  {'size':>10}  {'hits':>5}  {'created':16}  {'last used':16}  model")
-    for r in rows:
-        typer.echo(f"{r.get('num_tokens', 0):>8,}  {_size(r.get('bytes')):>10}  "
-                   f"{r.get('hits', 0):>5}  {_when(r.get('created')):16}  "
-                   f"{_when(r.get('last_used')):16}  {r.get('model', '')}")
+    for r in rows:  # (a NULL that a hand edit left, as "-")
+        typer.echo(f"{_count(r.get('num_tokens')):>8}  {_size(r.get('bytes')):>10}  "
+                   f"{_count(r.get('hits')):>5}  {_when(r.get('created')):16}  "
+                   f"{_when(r.get('last_used')):16}  {r.get('model') or '-'}")
     if not rows:
         typer.echo("(no checkpoints yet)")
 

@@ -32,7 +32,7 @@ def opened_store(root: Path, write: bool = False):
     so they create nothing: the index is opened read-only unless `write`, and a missing
     index.db is read as empty, not made (its blob files can still be deleted)."""
     if not root.exists():
-        typer.echo(f"no cache at {root} yet", err=True)
+        typer.echo(f"statechat: no cache at {root} yet", err=True)
         yield None
         return
     if not root.is_dir():

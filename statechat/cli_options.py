@@ -40,9 +40,25 @@ def _flags_without_value(params: list) -> list:
     return params
 
 
+def _path(flag: str, what: str):
+    """The parser of a path flag: an empty value (`--cache-dir "$DIR"` with DIR unset) is one
+    line naming the flag, not the current folder that Path("") names. An empty variable
+    (STATECHAT_CACHE_DIR=) never comes here: click reads it as unset."""
+    def parse(value: str | Path) -> Path:
+        if isinstance(value, Path):  # (a default, already a path)
+            return value
+        if not value.strip():
+            raise ConfigError(f"{flag} is empty; {what}")
+        return Path(value)
+
+    return parse
+
+
 ModelOpt = Annotated[
     Path | None,
-    typer.Option("--model", help="Qwen3.5 checkpoint directory (default: one in the HF cache, "
+    typer.Option("--model", parser=_path("--model", "pass a Qwen3.5 checkpoint directory, or "
+                                         "leave it out for the default"), metavar="<path>",
+                 help="Qwen3.5 checkpoint directory (default: one in the HF cache, "
                  "else the embedded tiny random-weight model).", envvar="STATECHAT_MODEL"),
 ]
 DeviceOpt = Annotated[
@@ -50,7 +66,9 @@ DeviceOpt = Annotated[
 ]
 CacheDirOpt = Annotated[
     Path | None,
-    typer.Option("--cache-dir", help="Cache and conversation directory (default: "
+    typer.Option("--cache-dir", parser=_path("--cache-dir", "pass a folder, or leave it out "
+                                             "for the default"), metavar="<path>",
+                 help="Cache and conversation directory (default: "
                  "$STATECHAT_CACHE_DIR, else $XDG_DATA_HOME/statechat, "
                  "~/.local/share/statechat when that is unset).",
                  envvar="STATECHAT_CACHE_DIR"),

@@ -77,3 +77,23 @@ def test_sigterm_with_results_on_standard_output_exits_143(tmp_path, shared_engi
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 143
+
+
+@pytest.mark.parametrize(("stop", "code"), [(ctrl_c, 130), (sigterm, 143)])
+def test_a_batch_stopped_on_standard_output_says_how_many_results_it_wrote(
+        tmp_path, shared_engine, monkeypatch, capsys, stop, code):
+    """(It stopped without a word: the user could not tell a stop from the end of the run, nor
+    where to resume, unless the progress bar was in sight.)"""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 2 + 3 * i}) + "\n" for i in range(4)))
+    stop_after(monkeypatch, 2, stop)
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "--model",
+                                     str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == code
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [0, 1]
+    assert err.strip().splitlines()[-1] == ("statechat: interrupted; the first 2 results (input "
+                                            "order) went to standard output")

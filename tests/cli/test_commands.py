@@ -939,3 +939,10 @@ def test_gc_takes_a_size_with_a_unit(tmp_path, shared_engine):
                                      str(cache)])
     assert result.exit_code == 0, result.output
     assert total() <= 1024
+
+
+def test_the_note_of_a_missing_cache_dir_is_statechat_s(tmp_path):
+    """(Every other line statechat writes on stderr starts `statechat:`; this one did not, so
+    a script's 2> log could not tell it from another program's.)"""
+    result = runner.invoke(cli.app, ["cache", "ls", "--cache-dir", str(tmp_path / "no")])
+    assert result.stderr == f"statechat: no cache at {tmp_path / 'no'} yet\n"

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from statechat.cache.sqlite_files import is_full, is_too_large
+from statechat.cache.sqlite_files import is_full, is_locked, is_too_large
 
 log = logging.getLogger("statechat.cache")
 REPEAT_S = 600.0  # a cause's count of failures not shown is said at most this often (and at close)
@@ -66,6 +66,10 @@ class FailedSaves:
             return ("; a blob is larger than a file may be there (the file size limit, `ulimit "
                     "-f`, or the file system's largest file): raise the limit, or pick a cache "
                     "dir on another file system")
+        if is_locked(error):  # (transient: the next save tries again)
+            return (f"; another process held {self.path / 'index.db'} locked past SQLite's "
+                    "wait (a `sqlite3` shell inside a transaction, say): the saves after it "
+                    "go on once it is done")
         return ""
 
 

@@ -25,8 +25,9 @@ PID_START_SLACK_S = 2.0
 # end back (a checkpoint's boundary, a segment's first block), a checkpoint before a segment
 # (no NULLS FIRST: SQLite < 3.30). Rows: (kind, key, blob, bytes, last_used, position).
 EVICTION_ORDER = (
-    "SELECT 'ckpt', hash, blob, bytes, last_used, num_tokens / (SELECT block_size FROM models "
-    "WHERE id = c.model_id) FROM checkpoints c UNION ALL SELECT 'kv', id, blob, bytes, "
+    "SELECT 'ckpt', hash, blob, coalesce(bytes, 0), last_used, num_tokens / (SELECT block_size "
+    "FROM models WHERE id = c.model_id) FROM checkpoints c UNION ALL SELECT 'kv', id, blob, "
+    "coalesce(bytes, 0), "
     "last_used, coalesce((SELECT min(position) FROM blocks WHERE segment_id = s.id), 1 << 62) "
     "FROM segments s ORDER BY 5, 6 DESC, 1 LIMIT ?")
 

@@ -245,13 +245,19 @@ class StoreMaintenance:
 
     def stats(self) -> dict:
         """What the cache dir holds: counts of checkpoints, blocks and segments, bytes against
-        the budget, this process's host tier, and a row per model (the cache_models view)."""
+        the budget, this process's host tier, and a row per model (the cache_models view, with
+        its exact "bytes" beside the view's rounded "mb")."""
         # the host tier's figures first, apart: a restore holds its lock while it takes db_lock
         host = self.host.stats()  # this process's host tier: used, capacity, not kept
         with self.db_lock:
             q = self.db.execute
             cols = ("id", "name", "dtype", "block_size", "checkpoints", "blocks", "mb")
             models = [dict(zip(cols, r)) for r in q("SELECT * FROM cache_models")]
+            sizes = dict(q("SELECT model_id, sum(coalesce(bytes, 0)) FROM (SELECT model_id, "
+                           "bytes FROM checkpoints UNION ALL SELECT model_id, bytes FROM "
+                           "segments) GROUP BY model_id"))
+            for m in models:
+                m["bytes"] = sizes.get(m["id"], 0)
             return {
                 "path": str(self.path),
                 "num_checkpoints": q("SELECT count(*) FROM checkpoints").fetchone()[0],
@@ -264,11 +270,13 @@ class StoreMaintenance:
             }
 
     def ls(self, limit: int = 50) -> list[dict]:
-        """The `limit` most recently used checkpoints, newest first, as dicts."""
+        """The `limit` most recently used checkpoints, newest first, as dicts; every one that
+        `stats` counts, its "model" None where its models row is gone (an index edited by
+        hand: `verify` removes it)."""
         with self.db_lock:
             cur = self.db.execute(
                 "SELECT c.num_tokens, c.bytes, c.created, c.last_used, c.hits, m.name, c.hash "
-                "FROM checkpoints c JOIN models m ON m.id = c.model_id "
+                "FROM checkpoints c LEFT JOIN models m ON m.id = c.model_id "
                 "ORDER BY c.last_used DESC LIMIT ?", [limit])
             cols = ("num_tokens", "bytes", "created", "last_used", "hits", "model", "hash")
             return [dict(zip(cols, r)) for r in cur]
