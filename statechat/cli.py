@@ -200,13 +200,14 @@ def batch(
     engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
     warn_if_embedded(engine.loaded.path)
 
-    with contextlib.ExitStack() as stack:  # (exits in reverse: the cache flushed, then the file)
+    with contextlib.ExitStack() as stack:  # (exits in reverse: the results in place, then the
+        # cache flushed, which may wait long for a lock another process holds on its index)
         stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
         stack.enter_context(_exit_status_of(Terminated))  # (Typer's is 130, Ctrl+C's)
+        stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
         sink = stack.enter_context(results(output, direct))
         progress = stack.enter_context(progress_bar())
         task = progress.add_task("batch", total=None)
-        stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
         records = run_batch(engine, jobs, lambda rec: write_records(sink, output, [rec]),
                             lambda done, total: progress.update(task, completed=done, total=total),
                             reasoning_parser)

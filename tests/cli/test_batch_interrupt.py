@@ -97,3 +97,23 @@ def test_a_batch_stopped_on_standard_output_says_how_many_results_it_wrote(
     assert [json.loads(line)["id"] for line in out.splitlines()] == [0, 1]
     assert err.strip().splitlines()[-1] == ("statechat: interrupted; the first 2 results (input "
                                             "order) went to standard output")
+
+
+def test_the_results_are_in_place_before_the_cache_is_flushed(tmp_path, shared_engine,
+                                                              monkeypatch):
+    """The engine's close, which flushes the cache's writes and may wait on a lock another
+    process holds on the index (some 37 s), comes after -o FILE holds every result: FILE
+    appeared only once the flush was over."""
+    from statechat.engine.engine import LLMEngine
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 2}) + "\n" for i in range(3)))
+    seen = []
+    monkeypatch.setattr(LLMEngine, "close", lambda self: seen.append(
+        out.read_text() if out.exists() else None))
+    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "-o", str(out), "--model",
+                                     str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
+    cli.main()  # (a run with no failure returns)
+    assert len(seen) == 1 and seen[0] is not None
+    assert [json.loads(line)["id"] for line in seen[0].splitlines()] == [0, 1, 2]
