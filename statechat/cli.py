@@ -249,12 +249,24 @@ def main() -> None:
     except typer.Abort as e:  # (Ctrl+C; SIGTERM in a batch is 143)
         code = getattr(e.__cause__, "exit_code", 130)
     except Exception as e:
-        # usage errors of Typer's click: they know how to show themselves
+        # errors of Typer's click: a usage error is one line (click's own form is four: usage,
+        # hint, blank, error); the others (help asked by no arguments) show themselves
         if not (callable(getattr(e, "show", None)) and hasattr(e, "exit_code")):
             raise
-        e.show()
+        if _is_usage_error(e):
+            help_hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            typer.secho(f"statechat: {e.format_message()}{help_hint}", fg="red", err=True)
+        else:
+            e.show()
         code = e.exit_code
     _exit(code if isinstance(code, int) else 0)
+
+
+def _is_usage_error(e: Exception) -> bool:
+    """Whether `e` is a usage error of click (or of the copy of click that Typer 0.2x carries),
+    other than the one that shows a command's help when it is given no arguments."""
+    names = {cls.__name__ for cls in type(e).__mro__}
+    return "UsageError" in names and "NoArgsIsHelpError" not in names
 
 
 def _exit(code: int) -> None:
