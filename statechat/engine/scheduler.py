@@ -196,7 +196,10 @@ class Scheduler(Admission, CheckpointPolicy):
         (LLMEngine's async scheduling): nothing waits to be admitted, `batch` decodes every
         running sequence, none can end by length with it, and none completes a block with it.
         (A completed block copies the GDN state after `batch` into a checkpoint slot, and the
-        step after would already have moved that state on; it may also need a new block.)
+        step after would already have moved that state on; it may also need a new block.) Nor
+        may a row of `batch` read its state from another slot than its own: a reply preempted
+        and resumed from a checkpoint, all but its last token restored (the decode graphs feed
+        the step after from their inputs advanced in place, which keep each row's source slot).
         A sequence that ends on a stop token or string still costs the step after one wasted
         row: its slot and blocks are given back only to be reused by later work on the same
         stream."""
@@ -204,7 +207,8 @@ class Scheduler(Admission, CheckpointPolicy):
             return False
         for it in batch.items:
             seq = it.seq
-            if seq.status != Status.RUNNING or (it.start + 1) % self.bs == 0:
+            if (seq.status != Status.RUNNING or (it.start + 1) % self.bs == 0
+                    or it.src_slot != seq.slot):
                 return False
             made = len(seq) - seq.num_prompt_tokens  # (output_ids would copy the reply)
             if made + 1 >= seq.params.max_tokens or it.start + 2 >= max_len:

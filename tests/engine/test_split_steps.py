@@ -2,7 +2,8 @@
 chunks of a few prompts) replays the decode graph and each chunk's prefill graph in turn
 (GraphReplay._replay_split) instead of running eagerly. On the CPU, with stand-in graphs: which
 steps split, and the rows put back in item order though each replay reuses its output buffer.
-On a GPU: such steps give the tokens, logprobs and cache reuse of eager steps."""
+Through a CPU engine whose "graphs" are eager forwards of each part, and on a GPU: such
+steps give the tokens, logprobs and cache reuse of eager steps."""
 
 from __future__ import annotations
 
@@ -97,6 +98,76 @@ def test_a_split_step_whose_chunks_all_stop_mid_prompt_samples_nothing():
     items = [item(False, 64, logits=False), item(False, 64, logits=False)]
     assert runner._replay_split(Batch(items), [192, 192]) == (None, None)
     assert runner.replayed == ["prefill 64", "prefill 64"]
+
+
+def eager_parts(runner, max_decodes: int = 4) -> list[str]:
+    """Make a CPU runner split steps as one with graphs does (_split_buckets, _replay_split),
+    each "graph" an eager forward of its part (the decodes, or one chunk) whose logits go into
+    one buffer of its kind, overwritten by the next such replay. Returns the replays' log."""
+    vocab = runner.loaded.config.vocab_size
+    out = {"decode": torch.empty(max_decodes, vocab), "prefill": torch.empty(1, vocab)}
+    replayed: list[str] = []
+    runner.graphs = SimpleNamespace(can_run=lambda n, width: n <= max_decodes, replays=0)
+    runner.prefill_graphs = SimpleNamespace(bucket=lambda n, width: 192 if n <= 128 else None)
+
+    def replay(kind: str, batch: Batch, feed=None):
+        ids, ctx = runner.prepare(batch)
+        logits = runner.model(feed if feed is not None else ids, ctx, runner.caches)
+        buf = out[kind][: max(len(logits), 1)]
+        buf.fill_(float("nan"))  # (a chunk that samples nothing: no row to read)
+        buf[: len(logits)] = logits
+        replayed.append(kind)
+        return buf, buf.argmax(-1)
+
+    def replay_decode(batch, feed, follows):
+        assert all(it.seq.is_decoding for it in batch.items)
+        runner.graphs.replays += 1
+        return replay("decode", batch, feed)
+
+    runner._replay_decode = replay_decode
+    runner._replay_prefill = lambda it, bucket: replay("prefill", Batch([it]))
+    return replayed
+
+
+def test_split_steps_sample_as_eager_steps_on_the_cpu(tiny_dirs):
+    """Decodes beside one or two prompts' chunks, with every kind of sampling work (seeds,
+    logprobs, penalties, logit bias and min_tokens) and preemptions that resume a reply from
+    the prefix cache: the split steps give the tokens and logprobs of eager steps, and leave
+    the pools as they do."""
+    from statechat.model.loader import load_model
+    from tests.helpers import assert_idle_pools, cpu_engine
+
+    loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32)
+    g = torch.Generator().manual_seed(17)
+    base = torch.randint(3, 300, (200,), generator=g).tolist()
+    prompts = [base] + [(base[:150] if k % 2 else []) + torch.randint(3, 300, (n,),
+                                                                      generator=g).tolist()
+                        for k, n in enumerate([5, 40, 70, 130, 9, 64, 1, 100])]
+    params = PARAMS + [SamplingParams(max_tokens=12, min_tokens=8, logit_bias={5: 3.0}),
+                       SamplingParams(max_tokens=12, repetition_penalty=1.3)]
+    runs, replayed = {}, []
+    for split in (True, False):
+        engine = cpu_engine(loaded, max_model_len=512, num_kv_blocks=9, num_state_slots=12,
+                            max_num_seqs=6, max_num_batched_tokens=128)
+        if split:
+            replayed = eager_parts(engine.runner)
+        seqs, pending, step = [], list(prompts), 0
+        while pending or engine.has_unfinished():
+            for _ in range(1 if step < 4 else 2) if step % 2 == 0 else ():
+                if pending:  # (later two at once: steps of two prompts' last chunks)
+                    seqs.append(engine.add_request(pending.pop(0),
+                                                   params[len(seqs) % len(params)]))
+            engine.step()
+            step += 1
+        assert_idle_pools(engine)
+        runs[split] = [(s.output_ids, s.num_cached_tokens, s.num_preemptions,
+                        [(round(lp, 4), [t for t, _ in top]) for lp, top in s.logprobs])
+                       for s in seqs]
+        if split:
+            assert engine.runner.split_steps >= 3
+    assert runs[True] == runs[False]
+    assert "decode" in replayed and "prefill" in replayed
+    assert any(preempted for _, _, preempted, _ in runs[True])
 
 
 # --- on a GPU -----------------------------------------------------------------------------
