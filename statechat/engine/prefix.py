@@ -94,6 +94,7 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
                 # on disk)
                 self.stored_ckpts.difference_update(seq.block_hashes)
                 self.persisted.difference_update(seq.block_hashes)
+        seq.cache_plan.update(choice="recompute", load_failed=True)  # (each try found a bad blob)
         return 0
 
     def _reuse_from_memory(self, seq: Sequence) -> int:

@@ -304,6 +304,8 @@ def test_a_failed_restore_leaves_no_checkpoint_read_running(plain, tmp_path):
     second.close()
     assert len(running) == 3 and running == [0, 0, 0]  # three attempts, never two reads at once
     assert out.num_cached_tokens == 0
+    # (the plan says what happened: it said "load", the choice of its last attempt)
+    assert out.cache_plan["choice"] == "recompute" and out.cache_plan["load_failed"]
     assert out.token_ids == no_cache_tokens(engine, [PROMPT + [7, 8, 9]])[0][:4]
 
 
