@@ -16,6 +16,7 @@ import asyncio
 import signal
 import sys
 import threading
+from collections import deque
 from pathlib import Path
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
 from statechat.tui.log_notices import NOTICE_S, LogNotices, Warned
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.stopping import StoppingMixin
+from statechat.tui.typed_ahead import TypedAheadMixin
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
@@ -54,7 +56,8 @@ class AppClosed(Exception):
     """The app quit while the engine was loading: the load stops."""
 
 
-class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin, App):
+class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
+                   App):
     """`statechat run`: chat with `config`'s model; conversations are kept in `chat_dir`.
     `loaded`: a model already loaded (tests), else the app loads `config.model`."""
 
@@ -97,6 +100,9 @@ class StatechatApp(LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
         self._close_lock = threading.Lock()  # (orders the load's hand-over and the close)
         self.quit_signals: tuple[int, ...] = ()  # QUIT_SIGNALS, while the app handles them
         self._handlers_before: dict[int, object] = {}  # (theirs before the app took them)
+        self.keys_held: deque = deque()  # keys that came while the one before was out,
+        self.key_out = None  # its KeyDone, and the Timer that checks it was not lost
+        self.key_watch = None  # (typed_ahead.py)
         self.log_notices = LogNotices(self)  # the engine's and cache's warnings, as notices;
         # those logged as it closes kept in `log_notices.late`, printed after it (`run`)
 

@@ -47,23 +47,6 @@ class LayoutMixin:
         if isinstance(event.widget, ConversationList):  # (hidden again on a narrow terminal)
             self._fit(self.size)
 
-    async def on_event(self, event: events.Event) -> None:
-        """A key pressed while a message has focus acts as it comes, through the bindings of
-        the message, the chat and the app (a message takes no text). Textual hands it to the
-        focused widget and acts on it once it comes back here, so in a burst of keys (typed
-        fast, or while the app was busy: Ctrl+O then text) every key went to the message, and
-        the message's e, r, d acted on the text. A key no binding takes goes on as Textual
-        sends it."""
-        if (isinstance(event, events.Key) and not event.is_forwarded
-                and isinstance(self.focused, MessageView)):
-            if event.key == "escape":  # (as Textual's screen does with an Esc that passes it)
-                self.screen.clear_selection()
-            if await self._check_bindings(event.key, priority=True):
-                return
-            if await self._check_bindings(event.key):
-                return
-        await super().on_event(event)
-
     def on_paste(self, event: events.Paste) -> None:
         """A paste made while a message or the chat list has focus (Textual gives it to the
         focused widget, and these take no text: it was lost) goes into the box at its cursor,
@@ -125,7 +108,7 @@ class LayoutMixin:
         if self.chats is not None:
             chats.show(self.chats.conversations(), self.conv_id)
         chats.display = True  # (a narrow terminal hides it while it is not focused)
-        chats.focus()
+        self.screen.set_focus(chats)  # (now: the keys typed next go to it)
 
     def action_focus_input(self) -> None:
         """Ctrl+O: focus the message box."""

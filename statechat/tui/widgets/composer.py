@@ -92,7 +92,7 @@ class Composer(TextArea):
         self.placeholder = EDIT_PLACEHOLDER
         self.border_title = "editing: Enter makes a new branch, Esc cancels"
         self.add_class("editing")
-        self.focus()
+        self.screen.set_focus(self)  # (now, not after the keys already queued: they edit)
 
     def end_edit(self, keep: bool = False) -> None:
         """Leave an edit (sent, cancelled, or its message gone): the text put aside comes back,

@@ -33,21 +33,30 @@ class ConversationList(ListView):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.conv_ids: list[str] = []  # the chats listed, in order
+        self.rows: list[tuple[str, str]] = []  # (id, title) of each, as listed
+        self.is_highlighting = False  # items just built, their highlight not set yet
 
     def show(self, conversations: list[Conversation], current: str | None) -> None:
-        """Replace the items; highlight `current`, or, while the list has focus, the chat the
-        user highlighted (a reply ending meanwhile moved the highlight to its chat, which the
-        next Delete then deleted)."""
+        """Replace the items (kept where they list the same chats, titled the same); highlight
+        `current`, or, while the list has focus, the chat the user highlighted (a reply ending
+        meanwhile moved the highlight to its chat, which the next Delete then deleted)."""
         chosen = self._conv_at(self.index) if self.has_focus else None
-        self.conv_ids = [c.id for c in conversations]
+        rows = [(c.id, one_line(clean(c.title))) for c in conversations]
+        ids = [conv_id for conv_id, _ in rows]
+        keep = chosen if chosen in ids else current
+        index = ids.index(keep) if keep in ids else None
+        if rows == self.rows and not self.is_highlighting:  # (the same: kept, highlighted now,
+            # so that Down pressed just after Ctrl+L moves from there, not undone once built)
+            self._highlight(index)
+            return
+        self.conv_ids, self.rows, self.is_highlighting = ids, rows, True
         self.clear()
-        self.extend(ListItem(Label(one_line(clean(c.title)), markup=False)) for c in conversations)
-        keep = chosen if chosen in self.conv_ids else current
-        index = self.conv_ids.index(keep) if keep in self.conv_ids else None
+        self.extend(ListItem(Label(title, markup=False)) for _, title in rows)
         self.call_after_refresh(self._highlight, index)
 
     def _highlight(self, index: int | None) -> None:
         """Highlight the item at `index`; with none, the first while the list has focus."""
+        self.is_highlighting = False
         self.index = 0 if index is None and self.has_focus and self.conv_ids else index
 
     def on_focus(self) -> None:
