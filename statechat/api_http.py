@@ -16,19 +16,12 @@ import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
+from statechat.api_cors import CORS_MAX_AGE_S, CORS_METHODS, origin_allowed
 from statechat.api_request import ApiError
 
 MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
-CORS_METHODS = "GET, HEAD, POST, OPTIONS"
-# the default --allowed-origins: pages served from this machine, on any port (`:*`). vLLM's
-# default is any origin; but a page of any site could then read this server's answers, and its
-# `cached_tokens` would tell that page which prefixes the cache holds (the chats of `run` on
-# the same cache dir among them)
-LOCAL_ORIGINS = tuple(f"{scheme}://{host}:*" for host in ("localhost", "127.0.0.1", "[::1]")
-                      for scheme in ("http", "https"))
-CORS_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
 # C0, DEL and C1 control characters as `\xNN` in a log line (backslashes are left as they are:
 # api_request.named has escaped a field's name already)
 CONTROL_CHARS = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))})
@@ -194,15 +187,23 @@ class JsonHandler(BaseHTTPRequestHandler):
                                                                   self.server.api_key.encode())
 
     def _length(self) -> int | None:
-        """The body's Content-Length; None when it is not a plain count of bytes (or the body
-        comes in chunks, or two Content-Lengths disagree), and the connection is then closed
-        after the answer."""
-        raw = self.headers.get("Content-Length") or "0"
-        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
-                or len(raw) > 12 or len(set(self.headers.get_all("Content-Length", ()))) > 1:
+        """The body's Content-Length; None (and the connection closed after the answer) when
+        `_length_problem` has one."""
+        if self._length_problem():
             self.close_connection = True
             return None
-        return int(raw)
+        return int(self.headers.get("Content-Length") or "0")
+
+    def _length_problem(self) -> str | None:
+        """What keeps the body's length from being read, for a 400, or None."""
+        raw = self.headers.get("Content-Length") or "0"
+        if self.headers.get("Transfer-Encoding"):
+            return "send the request body with one Content-Length (its bytes), not in chunks"
+        if len(set(self.headers.get_all("Content-Length", ()))) > 1:
+            return "two Content-Lengths disagree; send one"
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+            return f"Content-Length must be a count of bytes, got {raw[:20]!r}"
+        return None
 
     def _drain(self) -> None:
         """Read an unread request body so the connection stays usable, and so that a client
@@ -222,8 +223,7 @@ class JsonHandler(BaseHTTPRequestHandler):
         n = self._length()
         if n is None:
             self._body_read = True  # (not read: the connection closes)
-            raise ApiError(400, "send the request body with one Content-Length (its bytes), not "
-                                "in chunks")
+            raise ApiError(400, self._length_problem())
         if n > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
         raw = self.rfile.read(n)
@@ -256,43 +256,3 @@ class JsonHandler(BaseHTTPRequestHandler):
             return True
         except (OSError, ValueError):  # (not a sign the client left)
             return False
-
-
-def parse_allowed_origins(text: str) -> tuple[str, ...]:
-    """`--allowed-origins`: origins separated by commas (or a JSON list of them, vLLM's form),
-    each `scheme://host[:port]`, `scheme://host:*` for any port, `null` (a page of a file), or
-    "*" for any origin; "" for none. Lower-cased, as browsers send them. A value that is none
-    of these raises ValueError naming it."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            items = json.loads(text)
-        except ValueError:
-            items = None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ValueError(f"{text!r} is not a JSON list of origins")
-    else:
-        items = text.split(",")
-    origins = tuple(i.strip().rstrip("/").lower() for i in items if i.strip())
-    for origin in origins:
-        scheme, sep, host = origin.partition("://")
-        if origin not in ("*", "null") and not (sep and scheme.isalpha() and host
-                                                 and "/" not in host):
-            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], "
-                             "scheme://host:* for any port, null, or *)")
-    return origins
-
-
-def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a request's Origin is one of `allowed` (parse_allowed_origins'): the same
-    origin, or one of a `scheme://host:*` entry's host with any port or none."""
-    origin = origin.lower()
-    for entry in allowed:
-        if entry == "*" or entry == origin:
-            return True
-        if entry.endswith(":*"):
-            base = entry[:-2]
-            port = origin.removeprefix(base + ":") if origin.startswith(base + ":") else None
-            if origin == base or (port is not None and port.isdigit()):
-                return True
-    return False

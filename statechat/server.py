@@ -38,7 +38,8 @@ from statechat.api_completions import (
     CompletionShape,
     parse_completion,
 )
-from statechat.api_http import LOCAL_ORIGINS, JsonHandler
+from statechat.api_cors import LOCAL_ORIGINS
+from statechat.api_http import JsonHandler
 from statechat.api_reasoning import check_parser
 from statechat.api_request import (
     DEFAULT_SAMPLING,

@@ -73,3 +73,20 @@ def test_a_request_line_in_absolute_form_reaches_its_route(server):
         status, _, answer = _read_answer(conn)
     assert b" 200 " in status, answer
     assert json.loads(answer)["usage"]["completion_tokens"] == 2
+
+
+def test_a_bad_content_length_is_named_as_such(server):
+    """A Content-Length that is no count of bytes was told "not in chunks", as a chunked body
+    is: the 400 now says what is wrong with each."""
+    host, port = server.server_address[:2]
+    count = "Content-Length must be a count of bytes, got "
+    for header, says in [(b"Content-Length: -1", count + "'-1'"),
+                         (b"Content-Length: 1.5", count + "'1.5'"),
+                         (b"Content-Length: 2\r\nContent-Length: 3", "Content-Lengths disagree"),
+                         (b"Transfer-Encoding: chunked", "not in chunks")]:
+        with socket.create_connection((host, port), timeout=5) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n"
+                         + AUTH + b"\r\n{}")
+            status, _, body = _read_answer(conn)
+        assert b" 400 " in status, header
+        assert says in json.loads(body)["error"]["message"], (header, body)
