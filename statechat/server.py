@@ -56,9 +56,8 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.errors import ShuttingDownError
 
-# each route's methods (a 405's Allow header)
 ROUTES = {"/health": "GET, HEAD", "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST",
-          "/v1/completions": "POST"}
+          "/v1/completions": "POST"}  # each route's methods (a 405's Allow header)
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
