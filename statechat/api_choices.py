@@ -267,3 +267,20 @@ def _pump(index: int, handle: RequestHandle, events: queue.SimpleQueue) -> None:
     except Exception as e:  # noqa: BLE001 - raised by Choices.merged in the request's thread
         events.put((index, e))
     events.put((index, _END))
+
+
+def reuse_line(out: RequestOutput, rid: str) -> str:
+    """The log line of a choice that ended (`rid`: its response's id, and its index where
+    there are several): the prompt tokens it reused, from which tier, and computed, its new
+    tokens, the prefix cache's plan with both predictions, and whether it was aborted."""
+    plan, choice = out.cache_plan or {}, ""
+    if plan.get("candidate_tokens"):
+        choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
+                  f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
+                  f"{plan['predicted_recompute_s'] * 1e3:.1f} ms")
+    if "disk_resident" in plan:
+        choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
+    tier = f" from {out.reused_from}" if out.reused_from else ""
+    return (f"{rid}: reused {out.num_cached_tokens:,} of {out.num_prompt_tokens:,} prompt "
+            f"tokens{tier}; computed {out.num_computed_tokens:,}; {out.num_completion_tokens} "
+            f"new{choice}{'; aborted' if out.finish_reason == 'abort' else ''}")

@@ -1,10 +1,10 @@
 """The HTTP side of the API server (server.py): requests on keep-alive connections, bodies
 read with a bound (a refused one drained, so the client reads the answer), JSON answers, and
-every error in OpenAI's shape, http.server's own included, a closed connection noticed while
-its answer is made (`_gone`), and field names fit for a log line (`named`). The server tracks
-which connections are idle (`connection_state`), so that a stop can close them. Browsers' CORS
-as vLLM's server answers it: every answer to an allowed `Origin` says so, and a preflight
-(OPTIONS with `Access-Control-Request-Method`) is answered without the API key."""
+every error in OpenAI's shape, http.server's own included, and a closed connection noticed
+while its answer is made (`_gone`). The server tracks which connections are idle
+(`connection_state`), so that a stop can close them. Browsers' CORS as vLLM's server answers
+it: every answer to an allowed `Origin` says so, and a preflight (OPTIONS with
+`Access-Control-Request-Method`) is answered without the API key."""
 
 from __future__ import annotations
 
@@ -16,23 +16,14 @@ import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
+from statechat.api_cors import CORS_MAX_AGE_S, CORS_METHODS, origin_allowed
 from statechat.api_request import ApiError
 
 MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
-MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
-MAX_NAME_CHARS = 40  # of each name logged
-CORS_METHODS = "GET, HEAD, POST, OPTIONS"
-# the default --allowed-origins: pages served from this machine, on any port (`:*`). vLLM's
-# default is any origin; but a page of any site could then read this server's answers, and its
-# `cached_tokens` would tell that page which prefixes the cache holds (the chats of `run` on
-# the same cache dir among them)
-LOCAL_ORIGINS = tuple(f"{scheme}://{host}:*" for host in ("localhost", "127.0.0.1", "[::1]")
-                      for scheme in ("http", "https"))
-CORS_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
 # C0, DEL and C1 control characters as `\xNN` in a log line (backslashes are left as they are:
-# `named` has escaped a field's name already)
+# api_request.named has escaped a field's name already)
 CONTROL_CHARS = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))})
 
 
@@ -40,7 +31,7 @@ class JsonHandler(BaseHTTPRequestHandler):
     """A handler whose routes raise ApiError for their errors (`_guard` answers them). Its
     server has `api_key`, `allowed_origins` (parse_allowed_origins'), `quiet` and
     `connection_state(handler, busy)`; a subclass says which methods it serves in
-    `_methods_message`."""
+    `_methods_message` and `_allow`."""
 
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S
@@ -95,6 +86,10 @@ class JsonHandler(BaseHTTPRequestHandler):
             self.send_header("Access-Control-Allow-Origin", origin)
             if origin != "*":
                 self.send_header("Vary", "Origin")
+        if self.request_version == "HTTP/1.0" and not self.close_connection:
+            # (an HTTP/1.0 client that asked for keep-alive keeps the connection only when told
+            # so; untold, it waited for a close, as the server for its next request)
+            self.send_header("Connection", "keep-alive")
         super().end_headers()
 
     def _allowed_origin(self) -> str | None:
@@ -136,11 +131,13 @@ class JsonHandler(BaseHTTPRequestHandler):
         self._send_json(error.status, error.body())
         return True
 
-    def _send_json(self, status: int, body: dict) -> None:
+    def _send_json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -153,12 +150,14 @@ class JsonHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.request_version = self.protocol_version  # (an unparsed line reads as HTTP/0.9,
         # which gets no status line or headers)
+        headers = {}
         if code == HTTPStatus.NOT_IMPLEMENTED and self.command:  # (an unknown method)
             code, message = HTTPStatus.METHOD_NOT_ALLOWED, self._methods_message()
+            headers = self._allow()
         kind = "server_error" if code >= 500 else "invalid_request_error"
         error = "method_not_allowed" if code == HTTPStatus.METHOD_NOT_ALLOWED else None
         self._send_json(code, ApiError(code, message or HTTPStatus(code).phrase, code=error,
-                                       kind=kind).body())
+                                       kind=kind).body(), headers)
 
     def _guard(self, route, is_open: bool = False) -> None:
         """Run `route`, answering its ApiError; with an API key, only an `is_open` route
@@ -178,7 +177,7 @@ class JsonHandler(BaseHTTPRequestHandler):
             route()
         except ApiError as e:
             self._drain()
-            self._send_json(e.status, e.body())
+            self._send_json(e.status, e.body(), e.headers)
         else:
             self._drain()  # (a body its route did not read, a GET's: not the next request)
 
@@ -188,15 +187,23 @@ class JsonHandler(BaseHTTPRequestHandler):
                                                                   self.server.api_key.encode())
 
     def _length(self) -> int | None:
-        """The body's Content-Length; None when it is not a plain count of bytes (or the body
-        comes in chunks, or two Content-Lengths disagree), and the connection is then closed
-        after the answer."""
-        raw = self.headers.get("Content-Length") or "0"
-        if self.headers.get("Transfer-Encoding") or not (raw.isascii() and raw.isdigit()) \
-                or len(raw) > 12 or len(set(self.headers.get_all("Content-Length", ()))) > 1:
+        """The body's Content-Length; None (and the connection closed after the answer) when
+        `_length_problem` has one."""
+        if self._length_problem():
             self.close_connection = True
             return None
-        return int(raw)
+        return int(self.headers.get("Content-Length") or "0")
+
+    def _length_problem(self) -> str | None:
+        """What keeps the body's length from being read, for a 400, or None."""
+        raw = self.headers.get("Content-Length") or "0"
+        if self.headers.get("Transfer-Encoding"):
+            return "send the request body with one Content-Length (its bytes), not in chunks"
+        if len(set(self.headers.get_all("Content-Length", ()))) > 1:
+            return "two Content-Lengths disagree; send one"
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+            return f"Content-Length must be a count of bytes, got {raw[:20]!r}"
+        return None
 
     def _drain(self) -> None:
         """Read an unread request body so the connection stays usable, and so that a client
@@ -216,8 +223,7 @@ class JsonHandler(BaseHTTPRequestHandler):
         n = self._length()
         if n is None:
             self._body_read = True  # (not read: the connection closes)
-            raise ApiError(400, "send the request body with one Content-Length (its bytes), not "
-                                "in chunks")
+            raise ApiError(400, self._length_problem())
         if n > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
         raw = self.rfile.read(n)
@@ -233,6 +239,10 @@ class JsonHandler(BaseHTTPRequestHandler):
     def _methods_message(self) -> str:
         return f"method {self.command} is not supported here"
 
+    def _allow(self) -> dict[str, str]:
+        """The Allow header of a 405 (HTTP requires one): the methods its route takes."""
+        return {}
+
     def _gone(self) -> bool:
         """Whether the client closed its connection while it waits for the answer (it sends
         nothing more then, so a readable socket with no data is a closed one)."""
@@ -246,54 +256,3 @@ class JsonHandler(BaseHTTPRequestHandler):
             return True
         except (OSError, ValueError):  # (not a sign the client left)
             return False
-
-
-def named(names: list[str]) -> str:
-    """The first MAX_LOGGED_FIELDS names for a log line, each escaped (no control characters)
-    and cut to MAX_NAME_CHARS, then how many more there are."""
-    shown = []
-    for name in names[:MAX_LOGGED_FIELDS]:
-        name = name if name.isprintable() else repr(name)[1:-1]
-        shown.append(name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 3] + "...")
-    more = len(names) - len(shown)
-    return ", ".join(shown) + (f" and {more} more" if more else "")
-
-
-def parse_allowed_origins(text: str) -> tuple[str, ...]:
-    """`--allowed-origins`: origins separated by commas (or a JSON list of them, vLLM's form),
-    each `scheme://host[:port]`, `scheme://host:*` for any port, `null` (a page of a file), or
-    "*" for any origin; "" for none. Lower-cased, as browsers send them. A value that is none
-    of these raises ValueError naming it."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            items = json.loads(text)
-        except ValueError:
-            items = None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ValueError(f"{text!r} is not a JSON list of origins")
-    else:
-        items = text.split(",")
-    origins = tuple(i.strip().rstrip("/").lower() for i in items if i.strip())
-    for origin in origins:
-        scheme, sep, host = origin.partition("://")
-        if origin not in ("*", "null") and not (sep and scheme.isalpha() and host
-                                                 and "/" not in host):
-            raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], "
-                             "scheme://host:* for any port, null, or *)")
-    return origins
-
-
-def origin_allowed(origin: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a request's Origin is one of `allowed` (parse_allowed_origins'): the same
-    origin, or one of a `scheme://host:*` entry's host with any port or none."""
-    origin = origin.lower()
-    for entry in allowed:
-        if entry == "*" or entry == origin:
-            return True
-        if entry.endswith(":*"):
-            base = entry[:-2]
-            port = origin.removeprefix(base + ":") if origin.startswith(base + ":") else None
-            if origin == base or (port is not None and port.isdigit()):
-                return True
-    return False

@@ -50,8 +50,11 @@ def parse_messages(raw, tools: bool = False) -> list[dict]:
                            else (f"messages[{i}].role", "tool messages"))
             raise ApiError(400, f"{field}: {what} are not enabled here ({ENABLE})", field)
         if role not in (*ROLES, TOOL_ROLE):
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}"
-                                + (f", {TOOL_ROLE}" if tools else ""), f"messages[{i}].role")
+            taken = (*ROLES[:1], "developer", *ROLES[1:], *((TOOL_ROLE,) if tools else ()))
+            given = repr(msg.get("role"))  # (cut: a role may be a string of megabytes)
+            given = given if len(given) <= 40 else given[:37] + "..."
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(taken)}, got "
+                                f"{given}", f"messages[{i}].role")
         out.append({"role": role, "content": _content(msg, i), **_reasoning(msg, role, i),
                     **_tool_fields(msg, role, i)})
     return out

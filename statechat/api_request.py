@@ -12,6 +12,8 @@ from statechat.errors import StatechatError
 
 DEFAULT_MAX_TOKENS = 2048
 MAX_N = 16  # choices a request may ask for per prompt (each is an engine request of its own)
+MAX_LOGGED_FIELDS = 20  # unknown fields a log line names (the others are counted)
+MAX_NAME_CHARS = 40  # of each name logged
 # the server's own sampling (OpenAI's defaults), under the model's recommended sampling, the
 # command's flags and a request's own fields; its max_tokens is capped to the room left (a
 # request's own past that room is a 400)
@@ -46,13 +48,15 @@ SHARED_FIELDS = frozenset({
 
 
 class ApiError(Exception):
-    """An error sent to the client as OpenAI's error object."""
+    """An error sent to the client as OpenAI's error object; `headers`: HTTP headers its
+    answer carries besides (a 405's Allow)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+                 code: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
-        self.code, self.kind = code, kind
+        self.code, self.kind, self.headers = code, kind, headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -267,3 +271,14 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
     if not stream:
         raise ApiError(400, "stream_options needs stream true", "stream_options")
     return stream, parse_flag(options, "include_usage")
+
+
+def named(names: list[str]) -> str:
+    """The first MAX_LOGGED_FIELDS names for a log line, each escaped (no control characters)
+    and cut to MAX_NAME_CHARS, then how many more there are."""
+    shown = []
+    for name in names[:MAX_LOGGED_FIELDS]:
+        name = name if name.isprintable() else repr(name)[1:-1]
+        shown.append(name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 3] + "...")
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")

@@ -10,7 +10,7 @@ import gc
 import socket
 import sys
 
-from statechat.api_http import LOCAL_ORIGINS
+from statechat.api_cors import LOCAL_ORIGINS
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.server import ChatServer

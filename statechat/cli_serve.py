@@ -85,7 +85,7 @@ def serve(
     completion; --max-tokens sets both), unless the model's generation config, the flags or a
     request's own fields say otherwise."""
     from statechat import api_serve
-    from statechat.api_http import LOCAL_ORIGINS, parse_allowed_origins
+    from statechat.api_cors import LOCAL_ORIGINS, parse_allowed_origins
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name

@@ -31,18 +31,20 @@ import uuid
 from http.server import ThreadingHTTPServer
 
 from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
-from statechat.api_choices import Choices, ClientGone
+from statechat.api_choices import Choices, ClientGone, reuse_line
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
     CompletionShape,
     parse_completion,
 )
-from statechat.api_http import LOCAL_ORIGINS, JsonHandler, named
+from statechat.api_cors import LOCAL_ORIGINS
+from statechat.api_http import JsonHandler
 from statechat.api_reasoning import check_parser
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     ApiError,
+    named,
     parse_n,
     parse_stream,
     unknown_fields,
@@ -54,7 +56,8 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.errors import ShuttingDownError
 
-ROUTES = ("/health", "/v1/models", "/v1/chat/completions", "/v1/completions")
+ROUTES = {"/health": "GET, HEAD", "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST",
+          "/v1/completions": "POST"}  # each route's methods (a 405's Allow header)
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
@@ -156,7 +159,13 @@ class Handler(JsonHandler):
 
     # --- routes -------------------------------------------------------------------------
     def _route(self) -> str:
-        return self.path.split("?")[0].rstrip("/") or "/"
+        """The target's path, less its query, trailing slash, and scheme and host when it is
+        in absolute form (`http://host:port/v1/models`, which HTTP/1.1 servers must take)."""
+        path = self.path.split("?")[0]
+        scheme, sep, rest = path.partition("://")
+        if sep and scheme.lower() in ("http", "https"):
+            path = "/" + rest.partition("/")[2]
+        return path.rstrip("/") or "/"
 
     def do_GET(self) -> None:  # (HEAD: the same answers, without their bodies)
         routes = {"/health": self._health, "/v1/models": self._models}
@@ -181,10 +190,16 @@ class Handler(JsonHandler):
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
                 "/health; POST /v1/chat/completions, /v1/completions")
 
+    def _allow(self) -> dict[str, str]:
+        methods = ROUTES.get(self._route())
+        return {"Allow": methods} if methods else {}
+
     def _unrouted(self) -> None:
-        """A 405 for a route served to another method, else a 404."""
+        """A 405 for a route served to another method (its Allow header naming those it
+        takes), else a 404."""
         if self._route() in ROUTES:
-            raise ApiError(405, self._methods_message(), code="method_not_allowed")
+            raise ApiError(405, self._methods_message(), code="method_not_allowed",
+                           headers=self._allow())
         raise ApiError(404, f"no route {self.command} {self.path}", code="not_found")
 
     def _health(self) -> None:
@@ -282,18 +297,4 @@ class Handler(JsonHandler):
             choices.abort()
             many = len(choices.handles) > 1
             for i, out in choices.ended(ABORT_WAIT_S):
-                self._log_reuse(out, f"{rid} choice {i}" if many else rid)
-
-    def _log_reuse(self, out: RequestOutput, rid: str) -> None:
-        plan, choice = out.cache_plan or {}, ""
-        if plan.get("candidate_tokens"):
-            choice = (f"; {plan['choice']}: loading {plan['candidate_tokens']:,} tokens predicted "
-                      f"{plan['predicted_load_s'] * 1e3:.1f} ms, recomputing them "
-                      f"{plan['predicted_recompute_s'] * 1e3:.1f} ms")
-        if "disk_resident" in plan:
-            choice += f" (page cache held {plan['disk_resident']:.0%} of the disk part)"
-        tier = f" from {out.reused_from}" if out.reused_from else ""
-        self.log_message("%s: reused %s of %s prompt tokens%s; computed %s; %s new%s%s", rid,
-                         f"{out.num_cached_tokens:,}", f"{out.num_prompt_tokens:,}", tier,
-                         f"{out.num_computed_tokens:,}", out.num_completion_tokens, choice,
-                         "; aborted" if out.finish_reason == "abort" else "")
+                self.log_message("%s", reuse_line(out, f"{rid} choice {i}" if many else rid))

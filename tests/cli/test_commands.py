@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from statechat import cli, cli_setup
-from statechat.api_http import LOCAL_ORIGINS
+from statechat.api_cors import LOCAL_ORIGINS
 from statechat.errors import StatechatError
 from statechat.paths import EMBEDDED_MODEL
 

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from statechat.api_http import LOCAL_ORIGINS, origin_allowed, parse_allowed_origins
+from statechat.api_cors import LOCAL_ORIGINS, origin_allowed, parse_allowed_origins
 
 from .conftest import KEY
 

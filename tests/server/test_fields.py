@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 from statechat.api_chat import CHAT_FIELDS, chat_prompt, chat_shape
 from statechat.api_completions import COMPLETION_FIELDS, parse_completion
-from statechat.api_http import named
 from statechat.api_request import (
     DEFAULT_SAMPLING,
     SHARED_FIELDS,
+    named,
     parse_params,
     parse_stream,
     unknown_fields,

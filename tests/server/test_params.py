@@ -289,6 +289,17 @@ def test_malformed_messages_name_the_message(messages, field):
     assert (info.value.status, info.value.param) == (400, field)
 
 
+@pytest.mark.parametrize("tools, roles", [(False, "system, developer, user, assistant"),
+                                           (True, "system, developer, user, assistant, tool")])
+def test_a_bad_role_is_shown_with_every_role_taken(tools, roles):
+    """The 400 shows the role given and every role taken: it left out `developer`, which is
+    taken (as system), and did not say what was wrong with a role such as "User"."""
+    for role in ("User", "function", None):
+        with pytest.raises(ApiError) as info:
+            parse_messages([{"role": role, "content": "hi"}], tools=tools)
+        assert str(info.value) == f"messages[0].role must be one of {roles}, got {role!r}"
+
+
 @pytest.mark.parametrize("given, field, says", [
     ({"reasoning_content": 4, "reasoning": "x"}, "reasoning_content", "must be a string"),
     ({"reasoning_content": "x", "reasoning": 4}, "reasoning", "must be a string"),
