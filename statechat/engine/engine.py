@@ -243,6 +243,9 @@ class LLMEngine(Requests):
                     updated.append(seq)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
             self._forget_ended_ahead()
+            if not self.scheduler.has_work():  # (a run of prompts that sampled nothing, as a
+                # warm-up's, is never timed: the next request's must not count the idle gap)
+                self._prefill_run = None
         except BaseException:
             self.scheduler.drop_copies()
             if not posted:  # (its checkpoint slots are neither published nor given back)
