@@ -7,10 +7,23 @@ from __future__ import annotations
 import asyncio
 import time
 
+from statechat.config import EngineConfig
+from statechat.engine.sampling import SamplingParams
+from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.chat_view import ChatView
 from tests.tui.test_app import views
-from tests.tui.test_edge_cases import long_reply_app, start_long_reply
+from tests.tui.test_edge_cases import start_long_reply
+
+# as long as the embedded model's context allows: these tests take 15 s or more on a busy CI
+# machine, and the reply must still be streaming at their end (4,000 tokens were not)
+ENDLESS_REPLY = SamplingParams(max_tokens=8000, ignore_eos=True)
+
+
+def long_reply_app(loaded, chat_dir) -> StatechatApp:
+    """An app on `chat_dir` whose replies stream for longer than any test here runs."""
+    return StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), chat_dir,
+                        loaded=loaded, sampling=ENDLESS_REPLY)
 
 
 def grow_by_hand(monkeypatch) -> list:
@@ -54,6 +67,7 @@ def test_a_message_read_above_a_streaming_reply_stays_in_sight(loaded, tmp_path,
             await pilot.press("end")
             await grow(pilot, app, show, 80)
             assert chat.scroll_y == chat.max_scroll_y > 0
+            assert app.handle is not None, "the reply ended before the test did"
             app.handle.abort()
             await pilot.pause(0.1)
             app.exit()
@@ -82,6 +96,7 @@ def test_end_follows_the_reply_again_while_the_message_read_is_in_sight(loaded, 
             for rows in (30, 60):
                 await grow(pilot, app, show, rows)
                 assert chat.scroll_y == chat.max_scroll_y > 0, rows
+            assert app.handle is not None, "the reply ended before the test did"
             app.handle.abort()
             await pilot.pause(0.1)
             app.exit()
