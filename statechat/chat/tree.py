@@ -28,6 +28,8 @@ from statechat.chat.records import (
 )
 from statechat.chat.storage import CONVERSATIONS, MESSAGES, ChatFile
 
+GONE = "{what} {id} is gone (deleted, here or by another statechat process on this cache dir)"
+
 # (the store's callers import its records and errors from here, as before storage.py)
 __all__ = ["UNFINISHED", "BusyError", "ChatStore", "Conversation", "DamagedError", "GoneError",
            "Message", "open_chats"]
@@ -54,8 +56,18 @@ class ChatStore(ChatFile):
             return self.db[CONVERSATIONS].count_where("id = ?", [conv_id]) > 0
 
     def conversation(self, conv_id: str) -> Conversation:
+        """The chat `conv_id`; GoneError once it is deleted."""
         with self._locked():
-            return Conversation.of_row(self.db[CONVERSATIONS].get(conv_id))
+            return Conversation.of_row(self._row(CONVERSATIONS, conv_id))
+
+    def _row(self, table: str, key: str) -> dict:
+        """The row of `table` whose id is `key`; GoneError, naming it, where there is none (a
+        deletion, here or by another process, between a caller's check and this use)."""
+        rows = list(self.db[table].rows_where("id = ?", [key]))
+        if not rows:
+            what = "chat" if table == CONVERSATIONS else "message"
+            raise GoneError(GONE.format(what=what, id=key))
+        return rows[0]
 
     def create(self, title: str = "New chat") -> Conversation:
         now = time.time()
@@ -75,8 +87,9 @@ class ChatStore(ChatFile):
         return Message.of_row(row)
 
     def message(self, msg_id: str) -> Message:
+        """The message `msg_id`; GoneError once it is deleted (`find` returns None instead)."""
         with self._locked():
-            return self._message(self.db[MESSAGES].get(msg_id))
+            return self._message(self._row(MESSAGES, msg_id))
 
     def find(self, msg_id: str) -> Message | None:
         """The message, or None once it is deleted (here, or by another process)."""
@@ -238,7 +251,7 @@ class ChatStore(ChatFile):
         with self._locked():
             leaf, seen = msg_id, {msg_id}
             while True:
-                row = self.db[MESSAGES].get(leaf)
+                row = self._row(MESSAGES, leaf)
                 ids = [k.id for k in self.children(leaf) if k.id not in seen]  # (a loop of
                 if not ids:  # parents, edited by hand, came round again: it ends there)
                     break

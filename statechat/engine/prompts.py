@@ -16,8 +16,10 @@ from statechat.errors import ConfigError, ContextLengthError
 def encode(tokenizer, prompt: str | list[int] | np.ndarray) -> list[int]:
     """A prompt's token ids: a string is tokenized; a list, tuple or 1-D integer numpy array
     of ids is taken as it is (check_prompt checks the ids); anything else is a one-line
-    ConfigError."""
+    ConfigError, as is a string that is not valid Unicode (a lone surrogate: the tokenizer
+    raised a TypeError about its own input types)."""
     if isinstance(prompt, str):
+        _check_unicode(prompt)
         return tokenizer.encode(prompt)
     if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and (
             prompt.size == 0 or np.issubdtype(prompt.dtype, np.integer)):
@@ -55,6 +57,16 @@ def check_prompt(
         bad = next(t for t in ids if not 0 <= t < vocab)
         raise ConfigError(f"token id {bad} is outside the model's vocabulary (0 to {vocab - 1})")
     return ids, packed
+
+
+def _check_unicode(text: str) -> None:
+    """A one-line ConfigError for text that UTF-8 cannot encode: a lone surrogate (`"\\ud800"`
+    in JSON, or a file read with errors="surrogateescape")."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"the prompt is not valid Unicode: it holds a lone surrogate "
+                          f"(U+{ord(text[e.start]):04X}) at character {e.start}") from None
 
 
 def _describe(value) -> str:

@@ -1,7 +1,8 @@
 """What a continuation is given: a reply's kept ids where they make its text (its text
-tokenized where none were kept, or they no longer match it), never the stop token that closed
-it nor the part of a character an aborted reply held back, and, for a reply cut inside a
-character, the ids before that character, so that the model writes it whole."""
+tokenized where none were kept, or they no longer match it, or hold an id no token has), never
+the stop token that closed it nor the part of a character an aborted reply held back, and, for
+a reply cut inside a character, the ids before that character, so that the model writes it
+whole."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def test_kept_ids_that_make_the_text_are_fed_back_as_they_are(tokenizer):
     assert reply_start(tokenizer, text, None) == Start(text, tuple(encode(tokenizer, text)))
     edited = text + " and more"  # (the row's text changed by hand: its ids are not its own)
     assert reply_start(tokenizer, edited, made).token_ids == tuple(encode(tokenizer, edited))
+
+
+def test_kept_ids_past_the_tokenizer_are_not_fed_back(tokenizer):
+    # (the row's ids changed by hand: an id no token has decodes to nothing, so they still
+    # "made" the text, and the continuation was refused as a prompt with an id outside the
+    # vocabulary, in a reply the user could not mend)
+    made = [69, len(tokenizer) + 5, 69]
+    text = tokenizer.decode(made)
+    assert text == "aa"
+    assert reply_start(tokenizer, text, made) == Start(text, tuple(encode(tokenizer, text)))
 
 
 def test_a_reply_cut_inside_a_character_goes_on_from_before_it(tokenizer):

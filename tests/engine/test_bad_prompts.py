@@ -1,6 +1,8 @@
 """A prompt the engine cannot run is refused with a one-line ConfigError before anything is
-queued: empty, too long for the context, or with a token id outside the vocabulary (which would
-index past the embedding table; on a GPU that is an assert that ends the process)."""
+queued: empty, too long for the context, text that is not valid Unicode (a lone surrogate, which
+the tokenizer refused with a TypeError naming its own types), or with a token id outside the
+vocabulary (which would index past the embedding table; on a GPU that is an assert that ends
+the process)."""
 
 from __future__ import annotations
 
@@ -35,12 +37,16 @@ def engine(tiny_dirs, engine_device):
         ([1, 2, "vocab", 4], "token id {vocab} is outside the model's vocabulary (0 to {last})"),
         ([1, 2**40], "token ids must be integers from 0 to {last}"),
         ([1, 2.5], "token ids must be integers from 0 to {last}"),
+        ("a \ud800 b",
+         "the prompt is not valid Unicode: it holds a lone surrogate (U+D800) at character 2"),
     ],
-    ids=["empty", "too-long", "negative", "past-the-vocab", "past-int32", "not-an-int"],
+    ids=["empty", "too-long", "negative", "past-the-vocab", "past-int32", "not-an-int",
+         "lone-surrogate"],
 )
 def test_refused_with_one_line_and_nothing_queued(engine, prompt, message):
     vocab = engine.loaded.config.vocab_size
-    prompt = [vocab if t == "vocab" else t for t in prompt]
+    if isinstance(prompt, list):
+        prompt = [vocab if t == "vocab" else t for t in prompt]
     good = [5, 6, 7]
     with pytest.raises(ConfigError) as info:
         engine.generate([good, prompt], SamplingParams(max_tokens=2, ignore_eos=True))
