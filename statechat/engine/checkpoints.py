@@ -2,15 +2,15 @@
 and their publishing in the device tier. Plain Python over sequences and slots, no tensors.
 
 A prefill chunk asks the kernels for checkpoints at the prompt's last boundary short of its end
-(its very end too for a request of no tokens) and every `interval` blocks; a decode keeps the
-state at each block boundary it crosses (and at the prompt's end, where that is one) in a pending
-slot, published as the reply-end checkpoint when the sequence finishes (a reply computed again
-after a preemption keeps its last boundary so too; one that crosses an interval checkpoint drops
-the earlier pending state). A decode's state reaches its slot by a copy after the step
-(`copying`): an interval checkpoint is published, and a pending state kept, only once the copy
-has run (`copied`); a copy that fails leaves neither (`drop_copies`). A boundary whose hash
-already has a checkpoint gets no other, and a checkpoint never waits for a slot: with none free
-it is skipped.
+(its very end too where that is a boundary, or for a request of no tokens) and every `interval`
+blocks; a decode keeps the state at each block boundary it crosses (and at the prompt's end,
+where that is one the prefill left none at) in a pending slot, published as the reply-end
+checkpoint when the sequence finishes (a reply computed again after a preemption keeps its last
+boundary so too; one that crosses an interval checkpoint drops the earlier pending state). A
+decode's state reaches its slot by a copy after the step (`copying`): an interval checkpoint is
+published, and a pending state kept, only once the copy has run (`copied`); a copy that fails
+leaves neither (`drop_copies`). A boundary whose hash already has a checkpoint gets no other, and
+a checkpoint never waits for a slot: with none free it is skipped.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ class CheckpointPolicy:
         if not self.use_cache:
             return []
         # the prompt's last boundary short of its end, which the same prompt again resumes
-        # from (it computes at least its last token); a request for no tokens (a prefix
-        # computed ahead of a longer prompt) keeps its very end as well
+        # from (it computes at least its last token); its very end as well where that is a
+        # boundary (an edited reply resumes there, whatever boundaries the reply crosses) or for
+        # a request of no tokens (a prefix computed ahead of a longer prompt)
         n = seq.num_prompt_tokens
         marks = {(n - 1) // self.bs * self.bs}
-        if seq.params.max_tokens == 0:
+        if seq.params.max_tokens == 0 or n % self.bs == 0:
             marks.add(n // self.bs * self.bs)
         # a reply computed again after a preemption: its last boundary short of its end is
         # where a decode would have left the reply-end checkpoint's pending state

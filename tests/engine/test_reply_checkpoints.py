@@ -51,3 +51,18 @@ def test_a_reply_keeps_no_checkpoint_before_an_interval_one_it_crossed(loaded):
     assert cached.generate([fork], SHORT)[0].num_cached_tokens == 64
     turn = prompt + reply + [5, 6]
     assert cached.generate([turn], SHORT)[0].num_cached_tokens == 192
+
+
+def test_a_prompt_that_ends_on_a_boundary_keeps_it_for_an_edited_reply(loaded):
+    """A 128-token prompt (two whole blocks) whose reply runs past 192: an edit of the reply
+    resumes at the prompt's end, 128 (DESIGN.md: an edited reply costs at most 63 prompt
+    tokens), and a regenerate at 64, since it must compute the prompt's last token again."""
+    cached = engine(loaded, checkpoint_interval=0)
+    (prompt,) = prompts(128)
+    reply = cached.generate([prompt], REPLY)[0].token_ids
+    fork = (prompt + reply)[:150] + [5, 6]
+    got = cached.generate([fork], SHORT)[0]
+    want = engine(loaded, enable_prefix_cache=False).generate([fork], SHORT)[0]
+    assert got.num_cached_tokens == 128
+    assert got.token_ids == want.token_ids
+    assert cached.generate([prompt], SHORT)[0].num_cached_tokens == 64
