@@ -22,6 +22,8 @@ from statechat.api_request import ApiError
 MAX_BODY_BYTES = 32 << 20
 DRAIN_BYTES = 4 * MAX_BODY_BYTES  # a refused body read (and dropped) so the client gets the answer
 SOCKET_TIMEOUT_S = 300  # a connection that sends or reads nothing for this long is closed
+MAX_BLANK_BYTES = 64  # CR and LF bytes skipped before a request line (RFC 9112 2.2 asks for one
+# empty line: a body's stray CRLF); past them, what comes is read as the request line
 # C0, DEL and C1 control characters as `\xNN` in a log line (backslashes are left as they are:
 # api_request.named has escaped a field's name already)
 CONTROL_CHARS = str.maketrans({c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))})
@@ -46,6 +48,7 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         try:
+            self._skip_empty_lines()
             if self._refused_as_not_http():
                 return
             super().handle_one_request()
@@ -53,6 +56,16 @@ class JsonHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # no one to answer, and no traceback for the log
         finally:
             self.server.connection_state(self, busy=False)
+
+    def _skip_empty_lines(self) -> None:
+        """Skip the empty lines before a request line (up to MAX_BLANK_BYTES of CR and LF), as
+        HTTP asks of a server: a client whose body ends with a CRLF its Content-Length leaves
+        out sends one before its next request, which http.server read as an empty request
+        line, closing the connection unanswered. (Blocks as the request line's read would.)"""
+        for _ in range(MAX_BLANK_BYTES):
+            if self.rfile.peek(1)[:1] not in (b"\r", b"\n"):  # (b"": closed)
+                return
+            self.rfile.read(1)
 
     def _refused_as_not_http(self) -> bool:
         """Whether the next bytes cannot begin a request line (neither printable ASCII nor

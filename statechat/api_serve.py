@@ -65,10 +65,10 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
     cannot listen there."""
     import signal
 
-    def _stop(signum, frame):
+    def _interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
                             sampling=sampling, completion_max_tokens=completion_max_tokens,
@@ -87,9 +87,21 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
         with frozen_heap():
             server.serve_forever()
     except KeyboardInterrupt:
-        pass
+        print("statechat: stopping: replies under way end with \"abort\", pending cache writes "
+              "are flushed (Ctrl-C again quits at once)", file=sys.stderr)
     finally:
+        _stop(server)
+
+
+def _stop(server: ChatServer) -> None:
+    """Stop the server; a second Ctrl-C or SIGTERM meanwhile (a KeyboardInterrupt) ends it at
+    once, with a line saying what is lost."""
+    try:
         server.stop()
+    except KeyboardInterrupt:
+        print("statechat: stopped at once; cache writes still pending are lost (the cache "
+              "stays usable)", file=sys.stderr)
+        raise
 
 
 @contextlib.contextmanager

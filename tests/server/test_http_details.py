@@ -1,7 +1,9 @@
 """HTTP details a client relies on: an HTTP/1.0 client that asks for keep-alive is told it got
 it (else it waits for a close that never comes), a 405 says which methods its route takes (the
-Allow header HTTP requires), and a request line in absolute form (`POST http://host/v1/...`,
-as a client sends it to a proxy) reaches its route."""
+Allow header HTTP requires), a request line in absolute form (`POST http://host/v1/...`,
+as a client sends it to a proxy) reaches its route, and empty lines before a request line
+(a body's stray CRLF on a keep-alive connection) are skipped, as HTTP asks, not read as a
+request line that ends the connection unanswered."""
 
 from __future__ import annotations
 
@@ -90,3 +92,40 @@ def test_a_bad_content_length_is_named_as_such(server):
             status, _, body = _read_answer(conn)
         assert b" 400 " in status, header
         assert says in json.loads(body)["error"]["message"], (header, body)
+
+
+def test_empty_lines_before_a_request_line_are_skipped(server):
+    """A client that ends its body with a CRLF its Content-Length does not count leaves an
+    empty line before its next request on the connection (RFC 9112 2.2: a server ignores
+    it); that request was read as an empty request line, and the connection closed without
+    an answer, as was a request sent after an empty line on a new connection."""
+    host, port = server.server_address[:2]
+    body = json.dumps({"prompt": [1, 2], "max_tokens": 1}).encode()
+    post = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + AUTH
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    with socket.create_connection((host, port), timeout=30) as conn:
+        conn.sendall(post + b"\r\n")  # (the stray CRLF)
+        status, _, answer = _read_answer_kept(conn)
+        assert b" 200 " in status and json.loads(answer)["choices"]
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, answer = _read_answer_kept(conn)
+        assert b" 200 " in status and json.loads(answer) == {"status": "ok"}
+    with socket.create_connection((host, port), timeout=30) as conn:
+        conn.sendall(b"\r\n\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status, _, answer = _read_answer(conn)
+        assert b" 200 " in status and json.loads(answer) == {"status": "ok"}
+
+
+def _read_answer_kept(conn: socket.socket) -> tuple[bytes, dict[str, str], bytes]:
+    """One answer read off a kept-alive HTTP/1.1 connection, to its Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, "the connection closed before the answer's head"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    while len(body) < int(headers["content-length"]):
+        body += conn.recv(65536)
+    return status.encode(), headers, body
