@@ -268,8 +268,11 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
         return stream, False
     if not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object", "stream_options")
-    if not stream:
+    if not stream and options:  # (an empty object asks nothing: vLLM takes it too)
         raise ApiError(400, "stream_options needs stream true", "stream_options")
+    if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):
+        raise ApiError(400, "stream_options.include_usage must be true or false",
+                       "stream_options.include_usage")
     return stream, parse_flag(options, "include_usage")
 
 

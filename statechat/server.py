@@ -2,7 +2,7 @@
 
     POST /v1/chat/completions   (stream true/false, n choices; usage...cached_tokens)
     POST /v1/completions        (the legacy text API: prompts as text or token ids, echo)
-    GET  /v1/models
+    GET  /v1/models, /v1/models/ID (the served model; a 404 for another id)
     GET  /health
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
@@ -27,6 +27,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from http.server import ThreadingHTTPServer
 
@@ -58,6 +59,7 @@ from statechat.errors import ShuttingDownError
 
 ROUTES = {"/health": "GET, HEAD", "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST",
           "/v1/completions": "POST"}  # each route's methods (a 405's Allow header)
+MODEL_ROUTE = "/v1/models/"  # + a model's id (which may hold slashes): OpenAI's retrieve
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
@@ -168,8 +170,10 @@ class Handler(JsonHandler):
         return path.rstrip("/") or "/"
 
     def do_GET(self) -> None:  # (HEAD: the same answers, without their bodies)
+        route = self._route()
         routes = {"/health": self._health, "/v1/models": self._models}
-        self._guard(routes.get(self._route(), self._unrouted), is_open=self._route() == "/health")
+        handler = self._model if route.startswith(MODEL_ROUTE) else routes.get(route)
+        self._guard(handler or self._unrouted, is_open=route == "/health")
 
     def do_POST(self) -> None:
         routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions}
@@ -188,16 +192,17 @@ class Handler(JsonHandler):
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
-                "/health; POST /v1/chat/completions, /v1/completions")
+                "/v1/models/ID, /health; POST /v1/chat/completions, /v1/completions")
 
     def _allow(self) -> dict[str, str]:
-        methods = ROUTES.get(self._route())
+        route = self._route()
+        methods = ROUTES["/v1/models"] if route.startswith(MODEL_ROUTE) else ROUTES.get(route)
         return {"Allow": methods} if methods else {}
 
     def _unrouted(self) -> None:
         """A 405 for a route served to another method (its Allow header naming those it
         takes), else a 404."""
-        if self._route() in ROUTES:
+        if self._allow():
             raise ApiError(405, self._methods_message(), code="method_not_allowed",
                            headers=self._allow())
         raise ApiError(404, f"no route {self.command} {self.path}", code="not_found")
@@ -205,10 +210,21 @@ class Handler(JsonHandler):
     def _health(self) -> None:
         self._send_json(200, {"status": "ok"})
 
+    def _model_card(self) -> dict:
+        return {"id": self.server.model_id, "object": "model", "created": self.server.created,
+                "owned_by": "statechat", "max_model_len": self.server.worker.max_model_len}
+
     def _models(self) -> None:
-        model = {"id": self.server.model_id, "object": "model", "created": self.server.created,
-                 "owned_by": "statechat", "max_model_len": self.server.worker.max_model_len}
-        self._send_json(200, {"object": "list", "data": [model]})
+        self._send_json(200, {"object": "list", "data": [self._model_card()]})
+
+    def _model(self) -> None:
+        """GET /v1/models/ID (the id percent-encoded or not): the served model, as OpenAI's
+        retrieve answers; a 404 in OpenAI's words for any other id."""
+        wanted = urllib.parse.unquote(self._route()[len(MODEL_ROUTE):])
+        if wanted != self.server.model_id:
+            raise ApiError(404, f"The model `{wanted}` does not exist.", "model",
+                           code="model_not_found")
+        self._send_json(200, self._model_card())
 
     def _chat(self) -> None:
         body = self._body()

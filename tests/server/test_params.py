@@ -237,18 +237,23 @@ def test_choice_seeds_and_room():
     ({"stream_options": {"include_usage": True}}, "stream_options needs stream true"),
     ({"stream": True, "stream_options": 3}, "stream_options must be an object"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}},
-     "include_usage must be true or false"),
+     "stream_options.include_usage must be true or false"),
 ])
 def test_bad_stream_options_are_400s(body, message):
+    """Each a 400 whose param names the field as the body nests it."""
     with pytest.raises(ApiError) as info:
         parse_stream(body)
     assert (info.value.status, info.value.message) == (400, message)
+    assert message.startswith(info.value.param + " ")
 
 
 def test_stream_options():
+    """include_usage read; an empty stream_options asks nothing, so it is taken without
+    streaming as well (as vLLM takes it)."""
     assert parse_stream({"stream": True, "stream_options": {"include_usage": True}}) == (True, True)
     assert parse_stream({"stream": True}) == (True, False)
     assert parse_stream({"stream": None, "stream_options": None}) == (False, False)
+    assert parse_stream({"stream_options": {}}) == (False, False)
 
 
 def test_max_completion_tokens_wins_and_stop_and_model_fields():

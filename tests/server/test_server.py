@@ -207,17 +207,27 @@ def test_server_sampling_defaults_fill_what_a_request_leaves_out(client, server,
 
 
 def test_models_and_health(client, server):
+    """The model list, OpenAI's retrieve of the served model (a 404 in OpenAI's shape for
+    another id, a 405 naming GET for another method), and /health."""
     assert [m.id for m in client.models.list().data] == ["tiny-qwen3.5"]
+    card = client.models.retrieve("tiny-qwen3.5")
+    assert card.id == "tiny-qwen3.5" and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.models.retrieve("Qwen/Qwen3.5-9B")
+    assert gone.value.body["code"] == "model_not_found" and "Qwen/Qwen3.5-9B" in gone.value.message
+    status, body = raw_post(server, b"{}", path="/v1/models/tiny-qwen3.5")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"
     req = urllib.request.Request(f"{server.url}/health", headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert json.loads(resp.read()) == {"status": "ok"}
 
 
-def raw_post(server, body: bytes, key: str | None = KEY) -> tuple[int, dict]:
+def raw_post(server, body: bytes, key: str | None = KEY,
+             path: str = "/v1/chat/completions") -> tuple[int, dict]:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(f"{server.url}/v1/chat/completions", data=body, headers=headers)
+    req = urllib.request.Request(f"{server.url}{path}", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
