@@ -15,9 +15,10 @@ from tests.serving import KEY
 AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
 
 
-def _read_answer(conn: socket.socket) -> tuple[bytes, dict[str, str], bytes]:
+def _read_answer(conn: socket.socket, kept: bool = False) -> tuple[bytes, dict[str, str], bytes]:
     """One answer read off `conn` as an HTTP/1.0 client reads it: to its Content-Length when
-    the server said `Connection: keep-alive`, else to the connection's close."""
+    the server said `Connection: keep-alive` (or, `kept`, on an HTTP/1.1 connection kept
+    alive), else to the connection's close."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
@@ -26,7 +27,7 @@ def _read_answer(conn: socket.socket) -> tuple[bytes, dict[str, str], bytes]:
     head, _, body = data.partition(b"\r\n\r\n")
     status, *lines = head.decode().split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    if headers.get("connection", "").lower() == "keep-alive":
+    if kept or headers.get("connection", "").lower() == "keep-alive":
         while len(body) < int(headers["content-length"]):
             body += conn.recv(65536)
     else:
@@ -105,27 +106,12 @@ def test_empty_lines_before_a_request_line_are_skipped(server):
             + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     with socket.create_connection((host, port), timeout=30) as conn:
         conn.sendall(post + b"\r\n")  # (the stray CRLF)
-        status, _, answer = _read_answer_kept(conn)
+        status, _, answer = _read_answer(conn, kept=True)
         assert b" 200 " in status and json.loads(answer)["choices"]
         conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        status, _, answer = _read_answer_kept(conn)
+        status, _, answer = _read_answer(conn, kept=True)
         assert b" 200 " in status and json.loads(answer) == {"status": "ok"}
     with socket.create_connection((host, port), timeout=30) as conn:
         conn.sendall(b"\r\n\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         status, _, answer = _read_answer(conn)
         assert b" 200 " in status and json.loads(answer) == {"status": "ok"}
-
-
-def _read_answer_kept(conn: socket.socket) -> tuple[bytes, dict[str, str], bytes]:
-    """One answer read off a kept-alive HTTP/1.1 connection, to its Content-Length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        assert chunk, "the connection closed before the answer's head"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.decode().split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    while len(body) < int(headers["content-length"]):
-        body += conn.recv(65536)
-    return status.encode(), headers, body
