@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import torch
 
 KEY = "sk-test-key"  # the API key of the test servers
@@ -120,3 +121,18 @@ def post(server, body: dict) -> list[dict] | dict:
     if not body.get("stream"):
         return json.loads(text)
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def tools_fixtures():
+    """A test module's fixtures `loaded` (tools_model, once a module) and `server` (it served
+    by `serving`): `loaded, server = tools_fixtures()` at the module's top level."""
+    @pytest.fixture(scope="module")
+    def loaded(tmp_path_factory):
+        return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
+
+    @pytest.fixture(scope="module")
+    def server(loaded):
+        with serving(loaded) as srv:
+            yield srv
+
+    return loaded, server

@@ -19,7 +19,7 @@ import pytest
 from statechat.chat.template import render
 from tests.helpers import force_reply
 from tests.server.test_tools_server import reassembled, whole, without_ids
-from tests.serving import TOOLS, TOOLS_TEMPLATE, post, serving, tools_model
+from tests.serving import TOOLS, TOOLS_TEMPLATE, post, serving, tools_fixtures, tools_model
 from tests.serving import TOOLS_ASK as ASK
 
 SHELL = {"type": "function", "function": {"name": "shell", "parameters": {
@@ -34,15 +34,7 @@ CONTINUED = {"required": "<function=get_weather>\n" + REST, "named": REST}
 FINISH = {"required": "tool_calls", "named": "stop"}  # (OpenAI's and vLLM's for each)
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with serving(loaded) as srv:
-        yield srv
+loaded, server = tools_fixtures()
 
 
 def submitted(server, monkeypatch) -> list[list[int]]:

@@ -18,21 +18,13 @@ from tests.helpers import force_reply
 from tests.server.test_tool_choice import BOTH, NAMED, REST
 from tests.server.test_tools_server import reassembled, whole, without_ids
 from tests.serving import TOOLS_ASK as ASK
-from tests.serving import post, serving, tools_model
+from tests.serving import post, tools_fixtures
 
 SECOND = ("\n<tool_call>\n<function=shell>\n<parameter=command>\nls\n</parameter>\n"
           "</function>\n</tool_call>\nDone.")  # (what a model may write after the named call)
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with serving(loaded) as srv:
-        yield srv
+loaded, server = tools_fixtures()
 
 
 def spelt(loaded, text: str) -> list[int]:

@@ -13,7 +13,7 @@ from statechat.chat.next_turn import next_turn_prefix
 from statechat.chat.template import render
 from tests.helpers import force_reply
 from tests.server.test_tools_server import wait_for_warm_up
-from tests.serving import TOOLS, post, serving, tools_model
+from tests.serving import TOOLS, post, serving, tools_fixtures
 from tests.serving import TOOLS_ASK as ASK
 
 CITY = "Paris, " + "the city of light, " * 8
@@ -22,9 +22,7 @@ CASES = {"required": ("required", "<function=get_weather>\n" + REST),
          "named": ({"type": "function", "function": {"name": "get_weather"}}, REST)}
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
+loaded, _ = tools_fixtures()
 
 
 @pytest.mark.parametrize("kwargs", [{"enable_thinking": False}, {}])

@@ -25,21 +25,23 @@ from statechat.api_tools import parse_tools
 from statechat.chat.next_turn import next_turn_prefix
 from statechat.chat.template import render
 from tests.helpers import force_reply
-from tests.serving import CALL, KEY, REPLY, TOOLS, TOOLS_TEMPLATE, post, serving, tools_model
+from tests.serving import (
+    CALL,
+    KEY,
+    REPLY,
+    TOOLS,
+    TOOLS_TEMPLATE,
+    post,
+    serving,
+    tools_fixtures,
+    tools_model,
+)
 from tests.serving import TOOLS_ASK as ASK
 from tests.serving import TOOLS_HISTORY as HISTORY
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with serving(loaded) as srv:
-        yield srv
+loaded, server = tools_fixtures()
 
 
 def reassembled(chunks: list[dict], index: int) -> dict:
