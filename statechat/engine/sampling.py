@@ -97,8 +97,10 @@ class SamplingParams:
         if not isinstance(stop, list | tuple) or not all(isinstance(x, str) and x for x in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings, "
                               f"got {_show(self.stop)}")
-        ids = self.stop_token_ids
-        if not isinstance(ids, list | tuple):
+        ids = self.stop_token_ids  # (as a prompt's ids: a list, tuple, range or 1-D int array)
+        if isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer):
+            ids = ids.tolist()
+        if not isinstance(ids, list | tuple | range):
             raise ConfigError(f"stop_token_ids must be a list of integers, got {_show(ids)}")
         put(self, "stop", tuple(stop))
         put(self, "stop_token_ids", tuple(_integer("stop_token_ids", t) for t in ids))

@@ -149,6 +149,15 @@ def test_one_prompt_is_a_batch_of_one(engine, prompt):
         (o.prompt_token_ids, o.token_ids) for o in want]
 
 
+def test_stop_token_ids_take_what_a_prompt_takes():
+    """A tuple, range or 1-D integer numpy array of ids, as a prompt's (an array was
+    refused); a float array stays a one-line error."""
+    for ids in ((5, 6), range(5, 7), np.array([5, 6]), np.array([5, 6], dtype=np.int32)):
+        assert SamplingParams(stop_token_ids=ids).stop_token_ids == (5, 6)
+    with pytest.raises(ConfigError, match="stop_token_ids must be a list of integers"):
+        SamplingParams(stop_token_ids=np.array([5.0, 6.0]))
+
+
 def test_ids_of_numpy_integers_come_back_as_ints(engine):
     """(They once stayed numpy integers in prompt_token_ids, which json.dumps refuses.)"""
     out = engine.generate([[np.int64(5), np.int32(6), True]], greedy(2))[0]
