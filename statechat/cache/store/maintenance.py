@@ -179,13 +179,16 @@ class StoreMaintenance:
                 "SELECT hash, model_id, blob, checksum FROM checkpoints").fetchall()
             segs = self.db.execute(
                 "SELECT id, model_id, blob, checksum, num_blocks FROM segments").fetchall()
+            members: dict[int, dict] = {}  # segment id -> {seg_index: hash} of its block rows
+            for sid, i, h in self.db.execute("SELECT segment_id, seg_index, hash FROM blocks"):
+                members.setdefault(sid, {})[i] = h
         checked, removed, unreadable = 0, [], []
         for h, mid, blob, crc in ckpts:
             checked += 1
             fp, shapes = models.get(mid, ("", {}))
             try:
                 expected = {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}
-                read_blob(self.blob_dir / blob, fp, expected, crc)
+                read_blob(self.blob_dir / blob, fp, expected, crc, hashes={0: h})
             except BlobError as e:
                 if not self._still_indexed("checkpoints", "hash", h, blob):
                     checked -= 1  # (evicted meanwhile, by a running engine: not damage)
@@ -198,7 +201,7 @@ class StoreMaintenance:
             fp, shapes = models.get(mid, ("", {}))
             try:
                 expected = {k: (n, *v) for k, v in shapes.get("block", {}).items()}
-                read_blob(self.blob_dir / blob, fp, expected, crc)
+                read_blob(self.blob_dir / blob, fp, expected, crc, hashes=members.get(sid))
             except BlobError as e:
                 if not self._still_indexed("segments", "id", sid, blob):
                     checked -= 1
@@ -233,7 +236,7 @@ class StoreMaintenance:
                 self.db.conn.executemany("DELETE FROM checkpoints WHERE hash = ?",
                                          [(h,) for h, _ in dangling])
         for _, blob in dangling if remove else []:
-            self._unlink_blob(blob)
+            self._unlink_blob(blob, unless_named=True)
         return [blob for _, blob in dangling]
 
     def _still_indexed(self, table: str, key: str, value: object, blob: str) -> bool:

@@ -125,7 +125,7 @@ class StoreReads:
         blob, _, crc = row
         try:
             tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc,
-                                self.device)
+                                self.device, hashes={0: h})
         except BlobError as e:
             self._discard_checkpoint(h, blob, str(e), e.damaged)
             raise
@@ -178,7 +178,8 @@ class StoreReads:
         def read(blob: str, members: list[tuple[str, int]]) -> dict[str, torch.Tensor]:
             num_blocks, crc = rows[members[0][0]][3], rows[members[0][0]][2]
             return read_blob(self.blob_dir / blob, self.fingerprint,
-                             self._shapes("kv", num_blocks), crc, self.device)
+                             self._shapes("kv", num_blocks), crc, self.device,
+                             hashes={i: h for h, i in members})
 
         # segments are read concurrently (each one's pieces in parallel too): a long prefix is
         # many segments of one checkpoint interval each
@@ -218,14 +219,22 @@ class StoreReads:
         log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
-        self._unlink_blob(blob)
+        self._unlink_blob(blob, unless_named=True)
 
-    def _unlink_blob(self, blob: str) -> None:
+    def _unlink_blob(self, blob: str, unless_named: bool = False) -> None:
         """Delete the file of an index row's `blob`, if it is named as the store names its own
         (BLOB_NAME): a row damaged or edited to name another file ("/home/me/notes.txt",
-        "../x") loses its row, never that file."""
-        if BLOB_NAME.fullmatch(blob):
-            (self.blob_dir / blob).unlink(missing_ok=True)
+        "../x") loses its row, never that file. `unless_named`: kept where another row still
+        names it (a row edited to name another row's blob is dropped alone)."""
+        if not BLOB_NAME.fullmatch(blob):
+            return
+        if unless_named:
+            with self.db_lock:
+                if self.db.execute("SELECT 1 FROM checkpoints WHERE blob = ? UNION ALL "
+                                   "SELECT 1 FROM segments WHERE blob = ? LIMIT 1",
+                                   [blob, blob]).fetchone():
+                    return
+        (self.blob_dir / blob).unlink(missing_ok=True)
 
     def _set_aside(self, blob: str, why: str, then: str = RECOMPUTING) -> None:
         """Leave an unreadable blob out of plans for UNREADABLE_S (a lookup's), or just keep it
@@ -249,4 +258,4 @@ class StoreReads:
             if seg:
                 self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [seg[0]])
                 self.db.execute("DELETE FROM segments WHERE id = ?", [seg[0]])
-        self._unlink_blob(blob)
+        self._unlink_blob(blob, unless_named=True)
