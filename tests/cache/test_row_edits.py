@@ -1,12 +1,15 @@
 """Index rows edited by hand to name the wrong data never give a wrong answer: a checkpoint row
 naming another checkpoint's blob, or block rows whose `seg_index` (or `segment_id`) point at
 another block's keys and values, are each a miss with one warning and the same tokens as no
-cache; `statechat cache verify` finds them too, and a row dropped for naming another row's
-blob leaves that blob to the row it belongs to."""
+cache, and so is a row naming no blob (NULL), rather than a TypeError; `statechat cache
+verify` finds them too, and a row dropped for naming another row's blob leaves that blob to the
+row it belongs to."""
 
 from __future__ import annotations
 
 import sqlite3
+
+import pytest
 
 from statechat.cache.store import open_store
 from tests.cache import test_corruption as corruption
@@ -76,3 +79,26 @@ def test_verify_finds_rows_naming_the_wrong_data(warm_cache):
     assert (warm_cache / "blobs" / blob).exists()  # the 128-token row still names it
     db = sqlite3.connect(warm_cache / "index.db")
     assert db.execute("SELECT num_tokens FROM checkpoints").fetchall() == [(128,)]
+
+
+@pytest.mark.parametrize("table", ["checkpoints", "segments"])
+def test_a_row_naming_no_blob_is_a_miss(model, warm_cache, caplog, table):
+    """The 192-token checkpoint's row, or the segment of its last block, names no blob."""
+    where = ("num_tokens = 192" if table == "checkpoints" else
+             "id = (SELECT max(segment_id) FROM blocks)")
+    edit(warm_cache, (f"UPDATE {table} SET blob = NULL WHERE {where}", []))
+    out, warnings = rerun(model, warm_cache, caplog)  # (not a TypeError)
+    assert out.num_cached_tokens == 128, "the prefix before the edited row is still used"
+    assert len(warnings) == 1 and "names no blob" in warnings[0], warnings
+    db = sqlite3.connect(warm_cache / "index.db")  # (dropped: the next request is quiet)
+    assert db.execute(f"SELECT count(*) FROM {table} WHERE blob IS NULL").fetchone() == (0,)
+
+
+def test_verify_drops_rows_naming_no_blob(warm_cache):
+    edit(warm_cache, ("UPDATE checkpoints SET blob = NULL WHERE num_tokens = 192", []))
+    store = open_store(warm_cache)
+    try:
+        report = store.verify()
+    finally:
+        store.close()
+    assert len(report["removed"]) == 1 and report["ok"] == report["checked"] - 1
