@@ -214,7 +214,7 @@ def test_verify_passes_over_what_an_engine_evicts_while_it_reads(warm_cache, mon
 
     read, evicted = maintenance.read_blob, []
 
-    def evict_first(path, *args):
+    def evict_first(path, *args, **kwargs):
         if not evicted:  # (another process's eviction: the row first, then the blob)
             db = sqlite3.connect(warm_cache / "index.db")
             rel = path.relative_to(warm_cache / "blobs").as_posix()
@@ -226,7 +226,7 @@ def test_verify_passes_over_what_an_engine_evicts_while_it_reads(warm_cache, mon
             db.close()
             path.unlink()
             evicted.append(rel)
-        return read(path, *args)
+        return read(path, *args, **kwargs)
 
     monkeypatch.setattr(maintenance, "read_blob", evict_first)
     store = open_store(warm_cache)

@@ -460,10 +460,10 @@ def test_verify_s_exit_status_tells_a_sound_cache_from_a_repaired_one(tmp_path, 
     unreadable = min((cache / "blobs").rglob("*.safetensors"))
     read_blob = maintenance.read_blob
 
-    def refused(path, *args):
+    def refused(path, *args, **kwargs):
         if path == unreadable:
             raise BlobError(f"cannot read {path} (Permission denied)", damaged=False)
-        return read_blob(path, *args)
+        return read_blob(path, *args, **kwargs)
 
     monkeypatch.setattr(maintenance, "read_blob", refused)
     left = runner.invoke(cli.app, verify)

@@ -120,9 +120,13 @@ def encode_header(tensors: dict[str, torch.Tensor], order: list[str], meta: Blob
 
 
 def check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
-                 expected: dict[str, tuple[int, ...]]) -> None:
+                 expected: dict[str, tuple[int, ...]], hashes: dict[int, str] | None = None,
+                 ) -> None:
     """Raise BlobError unless the header of `blob` is this cache format's, of the model
-    `fingerprint`, and holds exactly the `expected` tensors with their shapes."""
+    `fingerprint`, holds exactly the `expected` tensors with their shapes, and, given `hashes`
+    ({index in its metadata's `hashes`: hex hash}), covers those blocks at those places (an
+    index row edited to name another blob, or another block of one, is a miss, not another
+    prefix's state)."""
     if meta.get("format_version") != str(CACHE_FORMAT_VERSION):
         raise BlobError(f"blob {blob} has cache format {meta.get('format_version')}")
     if meta.get("fingerprint") != fingerprint:
@@ -132,3 +136,16 @@ def check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
     for name, shape in expected.items():
         if tuple(entries[name][1]) != tuple(shape):
             raise BlobError(f"blob {blob} tensor {name} has shape {list(entries[name][1])}")
+    if hashes and not _covers(meta.get("hashes"), hashes):
+        raise BlobError(f"blob {blob} is not what its index rows say (another prefix's data)")
+
+
+def _covers(text: object, hashes: dict[int, str]) -> bool:
+    """Whether the metadata's `hashes` (JSON text of a list of hex hashes) holds each of
+    `hashes` at its index."""
+    try:
+        listed = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return False
+    return isinstance(listed, list) and all(
+        isinstance(i, int) and 0 <= i < len(listed) and listed[i] == h for i, h in hashes.items())

@@ -53,8 +53,10 @@ def checksum(tensors: dict[str, torch.Tensor]) -> str:
 def read_blob(
     path: Path, fingerprint: str, expected: dict[str, tuple[int, ...]],
     checksum_in_index: str | None = None, device: torch.device | str | None = None,
+    hashes: dict[int, str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Load and verify a blob; raise BlobError saying what is wrong.
+    """Load and verify a blob; raise BlobError saying what is wrong. `hashes` ({index in the
+    blob's metadata `hashes`: hex hash}): the blocks its index rows say it holds, and where.
 
     The tensors are views of one buffer: on `device` if it is a CUDA device with room for it,
     else in host memory (pinned for another accelerator). The header is checked before the
@@ -76,7 +78,7 @@ def read_blob(
                             damaged=False) from None
         except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
             raise BlobError(f"blob {path.name} is unreadable ({_first_line(e)})") from None
-        check_header(path.name, meta, entries, fingerprint, expected)
+        check_header(path.name, meta, entries, fingerprint, expected, hashes)
         try:
             buf, crc = _read_data(fd, data_start, entries, device)
         except OSError as e:

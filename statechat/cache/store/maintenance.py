@@ -19,6 +19,7 @@ from statechat.cache.store.freeing import (
     delete_blob_files,
     in_use,
 )
+from statechat.cache.store.reads import blob_path
 
 log = logging.getLogger("statechat.cache")
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
@@ -35,6 +36,11 @@ def _whole_chains(heads: list[str], parents: dict[str, str], roots: set[str]) ->
             h = parents[h]
         (whole if h in whole else broken).update(path)
     return {h for h in heads if h in whole}
+
+
+def _label(blob: str | None, row: str) -> str:
+    """How `verify` names a row's blob: its name, or for a row naming none (NULL) the row."""
+    return blob if isinstance(blob, str) and blob else f"{row} (no blob file)"
 
 
 class StoreMaintenance:
@@ -179,35 +185,41 @@ class StoreMaintenance:
                 "SELECT hash, model_id, blob, checksum FROM checkpoints").fetchall()
             segs = self.db.execute(
                 "SELECT id, model_id, blob, checksum, num_blocks FROM segments").fetchall()
-        checked, removed, unreadable = 0, [], []
+            members: dict[int, dict] = {}  # segment id -> {seg_index: hash} of its block rows
+            for sid, i, h in self.db.execute("SELECT segment_id, seg_index, hash FROM blocks"):
+                members.setdefault(sid, {})[i] = h
+        checked, removed, unreadable, damaged_segments = 0, [], [], set()
         for h, mid, blob, crc in ckpts:
             checked += 1
             fp, shapes = models.get(mid, ("", {}))
             try:
                 expected = {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}
-                read_blob(self.blob_dir / blob, fp, expected, crc)
+                read_blob(blob_path(self.blob_dir, blob, f"checkpoint {h[:12]}"), fp, expected,
+                          crc, hashes={0: h})
             except BlobError as e:
                 if not self._still_indexed("checkpoints", "hash", h, blob):
                     checked -= 1  # (evicted meanwhile, by a running engine: not damage)
                     continue
                 if remove:
                     self._discard_checkpoint(h, blob, str(e), e.damaged, then="")
-                (removed if e.damaged else unreadable).append(blob)
+                (removed if e.damaged else unreadable).append(_label(blob, f"checkpoint {h}"))
         for sid, mid, blob, crc, n in segs:
             checked += 1
             fp, shapes = models.get(mid, ("", {}))
             try:
                 expected = {k: (n, *v) for k, v in shapes.get("block", {}).items()}
-                read_blob(self.blob_dir / blob, fp, expected, crc)
+                read_blob(blob_path(self.blob_dir, blob, f"segment {sid}"), fp, expected, crc,
+                          hashes=members.get(sid))
             except BlobError as e:
                 if not self._still_indexed("segments", "id", sid, blob):
                     checked -= 1
                     continue
                 if remove:
-                    self._discard_segment(blob, str(e), e.damaged, then="")
-                (removed if e.damaged else unreadable).append(blob)
+                    self._discard_segment(blob, str(e), e.damaged, then="", sid=sid)
+                (removed if e.damaged else unreadable).append(_label(blob, f"segment {sid}"))
+                damaged_segments.add(blob)
         orphans = self._remove_orphans(remove=remove)
-        dangling = self._remove_dangling(set(removed), remove)
+        dangling = self._remove_dangling(damaged_segments, remove)
         bad = {*removed, *unreadable, *dangling}  # (a damaged checkpoint may dangle too)
         return {"checked": checked, "ok": checked - len(bad),
                 "removed": removed, "unreadable": unreadable, "dangling": dangling,
@@ -233,14 +245,14 @@ class StoreMaintenance:
                 self.db.conn.executemany("DELETE FROM checkpoints WHERE hash = ?",
                                          [(h,) for h, _ in dangling])
         for _, blob in dangling if remove else []:
-            self._unlink_blob(blob)
+            self._unlink_blob(blob, unless_named=True)
         return [blob for _, blob in dangling]
 
     def _still_indexed(self, table: str, key: str, value: object, blob: str) -> bool:
         """Whether the row of `blob` (`key` = `value` in `table`) is still in the index: another
         process's engine evicts rows, then their blobs, while `verify` reads."""
         with self.db_lock:
-            return self.db.execute(f"SELECT 1 FROM {table} WHERE {key} = ? AND blob = ?",
+            return self.db.execute(f"SELECT 1 FROM {table} WHERE {key} = ? AND blob IS ?",
                                    [value, blob]).fetchone() is not None
 
     def stats(self) -> dict:

@@ -12,6 +12,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,14 @@ _SEGMENT_POOL = ThreadPoolExecutor(4, thread_name_prefix="statechat-segment")
 SAMPLE_MIN_BYTES = 4 << 20  # the smallest blob that times the page cache's rate at start
 
 Groups = list[tuple[list[str], dict[str, torch.Tensor]]]  # (hashes, {k.{i}, v.{i}: [n, ...]})
+
+
+def blob_path(blob_dir: Path, blob: object, what: str) -> Path:
+    """The file of an index row's `blob`; BlobError where the row names none (NULL, an empty
+    text: a hand edit), `what` naming the row."""
+    if not isinstance(blob, str) or not blob:
+        raise BlobError(f"{what} names no blob file")
+    return blob_dir / blob
 
 
 class StoreReads:
@@ -52,12 +61,17 @@ class StoreReads:
             disk_ckpts = index.checkpoints_present(self.db, wanted_ckpts) if wanted_ckpts else {}
         found.blob_dir = self.blob_dir
         unreadable = self._unreadable_now()
+        # (a row naming no blob, NULL by a hand edit, is planned as a cold one: its read fails)
         for h, row in disk_blocks.items():
             if row[0] not in unreadable:
-                found.blocks[h], found.block_blobs[h] = "disk", row[0]
+                found.blocks[h] = "disk"
+                if isinstance(row[0], str):
+                    found.block_blobs[h] = row[0]
         for h, row in disk_ckpts.items():
             if row[0] not in unreadable:
-                found.ckpts[h], found.ckpt_blobs[h] = "disk", row[0]
+                found.ckpts[h] = "disk"
+                if isinstance(row[0], str):
+                    found.ckpt_blobs[h] = row[0]
         return found
 
     def _unreadable_now(self) -> set[str]:
@@ -124,8 +138,9 @@ class StoreReads:
             raise BlobError(f"checkpoint {h[:12]} is no longer in the index")
         blob, _, crc = row
         try:
-            tensors = read_blob(self.blob_dir / blob, self.fingerprint, self._shapes("ckpt"), crc,
-                                self.device)
+            tensors = read_blob(blob_path(self.blob_dir, blob, f"checkpoint {h[:12]}"),
+                                self.fingerprint, self._shapes("ckpt"), crc, self.device,
+                                hashes={0: h})
         except BlobError as e:
             self._discard_checkpoint(h, blob, str(e), e.damaged)
             raise
@@ -170,30 +185,33 @@ class StoreReads:
         BlobError if any is not in the index or its segment is unusable (removed, logged)."""
         with self.db_lock:
             rows = index.blocks_present(self.db, missing)
-        by_segment: dict[str, list[tuple[str, int]]] = {}
+        by_segment: dict[int, list[tuple[str, int]]] = {}  # segment id -> (hash, seg_index)
         for h in missing:
             if h not in rows:
                 raise BlobError(f"block {h[:12]} is no longer in the index")
-            by_segment.setdefault(rows[h][0], []).append((h, rows[h][1]))
-        def read(blob: str, members: list[tuple[str, int]]) -> dict[str, torch.Tensor]:
+            by_segment.setdefault(rows[h][4], []).append((h, rows[h][1]))
+        blobs = {sid: rows[members[0][0]][0] for sid, members in by_segment.items()}
+
+        def read(sid: int, members: list[tuple[str, int]]) -> dict[str, torch.Tensor]:
             num_blocks, crc = rows[members[0][0]][3], rows[members[0][0]][2]
-            return read_blob(self.blob_dir / blob, self.fingerprint,
-                             self._shapes("kv", num_blocks), crc, self.device)
+            return read_blob(blob_path(self.blob_dir, blobs[sid], f"segment {sid}"),
+                             self.fingerprint, self._shapes("kv", num_blocks), crc, self.device,
+                             hashes={i: h for h, i in members})
 
         # segments are read concurrently (each one's pieces in parallel too): a long prefix is
         # many segments of one checkpoint interval each
-        futures = {blob: _SEGMENT_POOL.submit(read, blob, members)
-                   for blob, members in by_segment.items()}
+        futures = {sid: _SEGMENT_POOL.submit(read, sid, members)
+                   for sid, members in by_segment.items()}
         wait(futures.values())
-        failed = [(blob, f.exception()) for blob, f in futures.items() if f.exception() is not None]
-        for blob, error in failed:
+        failed = [(sid, f.exception()) for sid, f in futures.items() if f.exception() is not None]
+        for sid, error in failed:
             if isinstance(error, BlobError):
-                self._discard_segment(blob, str(error), error.damaged)
+                self._discard_segment(blobs[sid], str(error), error.damaged, sid=sid)
         if failed:
             raise failed[0][1]
         groups: Groups = []
-        for blob, members in by_segment.items():
-            tensors = futures[blob].result()
+        for sid, members in by_segment.items():
+            tensors = futures[sid].result()
             idx = [i for _, i in members]
             if idx == list(range(idx[0], idx[0] + len(idx))):
                 picked = {name: t[idx[0] : idx[0] + len(idx)] for name, t in tensors.items()}
@@ -218,14 +236,22 @@ class StoreReads:
         log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
-        self._unlink_blob(blob)
+        self._unlink_blob(blob, unless_named=True)
 
-    def _unlink_blob(self, blob: str) -> None:
+    def _unlink_blob(self, blob: str, unless_named: bool = False) -> None:
         """Delete the file of an index row's `blob`, if it is named as the store names its own
         (BLOB_NAME): a row damaged or edited to name another file ("/home/me/notes.txt",
-        "../x") loses its row, never that file."""
-        if BLOB_NAME.fullmatch(blob):
-            (self.blob_dir / blob).unlink(missing_ok=True)
+        "../x") loses its row, never that file. `unless_named`: kept where another row still
+        names it (a row edited to name another row's blob is dropped alone)."""
+        if not isinstance(blob, str) or not BLOB_NAME.fullmatch(blob):
+            return
+        if unless_named:
+            with self.db_lock:
+                if self.db.execute("SELECT 1 FROM checkpoints WHERE blob = ? UNION ALL "
+                                   "SELECT 1 FROM segments WHERE blob = ? LIMIT 1",
+                                   [blob, blob]).fetchone():
+                    return
+        (self.blob_dir / blob).unlink(missing_ok=True)
 
     def _set_aside(self, blob: str, why: str, then: str = RECOMPUTING) -> None:
         """Leave an unreadable blob out of plans for UNREADABLE_S (a lookup's), or just keep it
@@ -237,16 +263,19 @@ class StoreReads:
         with self.db_lock:
             self.unreadable[blob] = time.monotonic()
 
-    def _discard_segment(self, blob: str, why: str, damaged: bool = True,
-                         then: str = RECOMPUTING) -> None:
-        """Drop a damaged segment's rows and blob (see _discard_checkpoint)."""
+    def _discard_segment(self, blob: str | None, why: str, damaged: bool = True,
+                         then: str = RECOMPUTING, sid: int | None = None) -> None:
+        """Drop a damaged segment's rows and blob (see _discard_checkpoint): the segment `sid`,
+        else the one naming `blob`."""
         if not damaged:
             self._set_aside(blob, why, then)
             return
         log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
-            seg = self.db.execute("SELECT id FROM segments WHERE blob = ?", [blob]).fetchone()
+            seg = (self.db.execute("SELECT id FROM segments WHERE id = ?", [sid]).fetchone()
+                   if sid is not None else
+                   self.db.execute("SELECT id FROM segments WHERE blob = ?", [blob]).fetchone())
             if seg:
                 self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [seg[0]])
                 self.db.execute("DELETE FROM segments WHERE id = ?", [seg[0]])
-        self._unlink_blob(blob)
+        self._unlink_blob(blob, unless_named=True)
