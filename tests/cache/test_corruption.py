@@ -210,9 +210,9 @@ def test_verify_and_gc_remove_only_files_named_as_blobs(warm_cache):
 def test_verify_passes_over_what_an_engine_evicts_while_it_reads(warm_cache, monkeypatch):
     """A live engine deletes a row, then its blob, between verify's list of rows and its read
     of the blob: no damage to report (the cache was sound), nothing removed."""
-    from statechat.cache.store import maintenance
+    from statechat.cache.store import verify as verify_module
 
-    read, evicted = maintenance.read_blob, []
+    read, evicted = verify_module.read_blob, []
 
     def evict_first(path, *args, **kwargs):
         if not evicted:  # (another process's eviction: the row first, then the blob)
@@ -228,7 +228,7 @@ def test_verify_passes_over_what_an_engine_evicts_while_it_reads(warm_cache, mon
             evicted.append(rel)
         return read(path, *args, **kwargs)
 
-    monkeypatch.setattr(maintenance, "read_blob", evict_first)
+    monkeypatch.setattr(verify_module, "read_blob", evict_first)
     store = open_store(warm_cache)
     report = store.verify()
     store.close()

@@ -444,7 +444,7 @@ def test_verify_s_exit_status_tells_a_sound_cache_from_a_repaired_one(tmp_path, 
     """0: all was fine; 1: it removed what failed (fsck's "errors corrected"); 4: it found
     what it left (a blob it could not read); 5: both. (It exited 0 after removing entries.)"""
     from statechat.cache.blobs import BlobError
-    from statechat.cache.store import maintenance
+    from statechat.cache.store import verify as verify_module
 
     cache = warm_cache(tmp_path)
     verify = ["cache", "verify", "--cache-dir", str(cache)]
@@ -458,14 +458,14 @@ def test_verify_s_exit_status_tells_a_sound_cache_from_a_repaired_one(tmp_path, 
     assert not blob.exists()
     assert runner.invoke(cli.app, verify).exit_code == 0  # (sound again)
     unreadable = min((cache / "blobs").rglob("*.safetensors"))
-    read_blob = maintenance.read_blob
+    read_blob = verify_module.read_blob
 
     def refused(path, *args, **kwargs):
         if path == unreadable:
             raise BlobError(f"cannot read {path} (Permission denied)", damaged=False)
         return read_blob(path, *args, **kwargs)
 
-    monkeypatch.setattr(maintenance, "read_blob", refused)
+    monkeypatch.setattr(verify_module, "read_blob", refused)
     left = runner.invoke(cli.app, verify)
     assert left.exit_code == 4 and "unreadable, kept 1" in left.stdout, left.output
     orphan = cache / "blobs" / "kv" / f"{'cd' * 16}.safetensors"

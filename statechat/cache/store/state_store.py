@@ -1,7 +1,7 @@
 """StateStore: the cache dir (index.db + blobs/), a host tier and a write-behind thread, bound
 to one model by `attach`. This module holds the store's state and how it is opened; its
-methods live by concern in reads.py, writer.py and maintenance.py. The host tier (arena.py) is
-a ring in memory allocated when the store is attached.
+methods live by concern in reads.py, writer.py, maintenance.py and verify.py. The host tier
+(arena.py) is a ring in memory allocated when the store is attached.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from statechat.cache.store.job import SaveJob
 from statechat.cache.store.maintenance import StoreMaintenance
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
+from statechat.cache.store.verify import StoreVerify
 from statechat.cache.store.writer import StoreWriter
 from statechat.errors import ConfigError
 
@@ -34,7 +35,7 @@ BLOB_DIR = "blobs"
 log = logging.getLogger("statechat.cache")
 
 
-class StateStore(StoreReads, StoreWriter, StoreMaintenance):
+class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
     """The cache dir: index.db + blobs/, a host tier, and a write-behind thread."""
 
     def __init__(self, root: Path, budget_bytes: int | None = None, host_bytes: int = 0,
