@@ -65,7 +65,7 @@ class ConversationsMixin:
             # the focus; else Textual moved it to the chat list, where Delete deletes the chat,
             # and which a narrow terminal shows instead)
             chat.screen.set_focus(composer)
-        chat.show(views)
+        chat.show(views, growing_id=self.streaming_reply_id)
         target = chat.view_of(focus_id) if focus_id else None
         if target is not None:  # (now, built or not: the keys pressed next act on its message,
             # not typed into the box; the chat scrolls to it once it is built: ChatView.show)
