@@ -93,6 +93,7 @@ class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixi
         # (next_turn.py)
         self.delete_asked: tuple[tuple[str, str], float] | None = None  # the delete asked
         # about (("chat" or "branch", id), when), done by its key again (conversations.py)
+        self.delete_question = None  # the notice asking it (a textual Notification)
         self.is_embedded = False  # the random-weight model: its banner shows
         self.is_ready = False  # the engine and the chats are up, the chat shown
         self.is_closing = False  # set as the app quits: the load stops, late callbacks return

@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import time
 
+from textual.notifications import Notification, Notify
+
 from statechat.chat.tree import BusyError, Message
 from statechat.tui.format import clean, one_line
 from statechat.tui.widgets.chat_view import ChatView
@@ -33,6 +35,7 @@ class ConversationsMixin:
     `streaming_conv_id`, `streaming_reply_id` and `streaming_thinking` (the reply streaming,
     and whether its prompt opened its reasoning), `is_closing` (the app is quitting),
     `delete_asked` (the delete asked about: its target and when, None once done or lapsed),
+    `delete_question` (the notice that asks it, None once gone),
     `_busy()`, `start_reply()`
     and `continuation_of()` (replies.py), and `_focus_composer()` (layout.py)."""
 
@@ -65,7 +68,7 @@ class ConversationsMixin:
             # the focus; else Textual moved it to the chat list, where Delete deletes the chat,
             # and which a narrow terminal shows instead)
             chat.screen.set_focus(composer)
-        chat.show(views)
+        chat.show(views, growing_id=self.streaming_reply_id)
         target = chat.view_of(focus_id) if focus_id else None
         if target is not None:  # (now, built or not: the keys pressed next act on its message,
             # not typed into the box; the chat scrolls to it once it is built: ChatView.show)
@@ -126,21 +129,31 @@ class ConversationsMixin:
 
     def on_list_view_highlighted(self) -> None:
         """The chat list's highlight moved: a delete asked about lapses."""
-        self.delete_asked = None
+        self._lapse_question()
 
     def on_descendant_focus(self) -> None:
         """The focus moved: a delete asked about lapses (the layout's own handler runs too)."""
+        self._lapse_question()
+
+    def _lapse_question(self) -> None:
+        """No delete is asked about any more: its question leaves the screen (it stayed up to
+        CONFIRM_S, saying to press the key again, over what was focused then)."""
         self.delete_asked = None
+        if self.delete_question is not None:
+            self._unnotify(self.delete_question)  # (Textual's own way to take one back)
+            self.delete_question = None
 
     def _confirmed(self, target: tuple[str, str], question: str) -> bool:
         """Whether a delete of `target` (("chat" or "branch", its id)) is the one that confirms
         it: asked just before (within CONFIRM_S, nothing moved since). Else ask `question`, in
         a notice that lasts as long as the question holds."""
-        asked, self.delete_asked = self.delete_asked, None
+        asked = self.delete_asked
+        self._lapse_question()
         if asked is not None and asked[0] == target and time.monotonic() - asked[1] < CONFIRM_S:
             return True
         self.delete_asked = (target, time.monotonic())
-        self.notify(question, timeout=CONFIRM_S, markup=False)
+        self.delete_question = Notification(question, timeout=CONFIRM_S)  # (no markup)
+        self.post_message(Notify(self.delete_question))  # (what `notify` does, keeping it)
         return False
 
     def _target(self, msg_id: str | None, hint: str | None = None,

@@ -38,7 +38,12 @@ class LayoutMixin:
         self._fit(event.size)
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
-        """The chat list focused: on a narrow terminal it shows, in place of the chat."""
+        """The chat list focused: on a narrow terminal it shows, in place of the chat. A part
+        focused outside the widget maximized (the palette's Maximize) brings that back: Up
+        from a message maximized focused a message not shown, and `e` then a box not shown."""
+        maximized = self.screen.maximized
+        if maximized is not None and event.widget not in maximized.walk_children(with_self=True):
+            self.screen.minimize()
         if isinstance(event.widget, ConversationList):  # (it fills a narrow terminal)
             self._fit(self.size)
 

@@ -219,13 +219,17 @@ class RepliesMixin:
             self._drop_continuation(reply_id, start.of)
             return
         # (quitting: it is saved, with its stats, and the screen is left to the exit)
-        if not self._save_reply(reply_id, text, stats, token_ids) or self.is_closing:
+        is_saved = self._save_reply(reply_id, text, stats, token_ids)
+        if self.is_closing:
             return
         chat = self.query_one(ChatView)
         view = chat.view_of(reply_id)
-        saved = self.chats.find(reply_id)  # (its text: `text`, as saved)
-        if view is not None and saved is None:  # (another statechat deleted it just now)
-            self.open_conversation(self.conv_id)
+        saved = self.chats.find(reply_id) if is_saved else None  # (its text: `text`, as saved)
+        if view is not None and saved is None:  # (another statechat deleted it, or its chat,
+            # as it streamed or just after its save: it stayed, with no status line)
+            if self.chats.has_conversation(self.conv_id):
+                self.notify(GONE.format("The reply"), severity="warning")
+            self.open_conversation(self.conv_id)  # (it says so of a chat gone)
         elif view is not None:
             chat.hold_for_reader(view)
             view.set_message(saved)

@@ -83,9 +83,12 @@ class TypedAheadMixin:
         bindings of the message, the chat and the app (a message takes no text; Textual's
         route, the message then the app, came after the next keys had gone to the message).
         Any other goes Textual's way (the app's priority bindings, else the focused widget),
-        and is out until its KeyDone comes back."""
+        and is out until its KeyDone comes back (so does Esc on a message maximized, which
+        Textual's way minimizes)."""
         focused = self.focused
-        if isinstance(event, events.Key) and isinstance(focused, MessageView):
+        if isinstance(event, events.Key) and isinstance(focused, MessageView) and not (
+                event.key == "escape" and self.screen.maximized is not None):  # (Textual's way:
+            # Esc brings a message maximized back into the chat; the app's stop ran instead)
             if event.key == "escape":  # (as Textual's screen does with an Esc that passes it)
                 self.screen.clear_selection()
             if await self._check_bindings(event.key, priority=True):

@@ -1,18 +1,20 @@
 """Where the chat stays while a reply streams: at its bottom, following the reply, while the box
 or the reply has focus; still, while the user reads a message above (focused, in sight), which
-the growing reply pushed out of sight."""
+the growing reply pushed out of sight; at the end of a continuation of a reply taller than the
+chat, where its new text streams."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+from statechat.chat.tree import open_chats
 from statechat.config import EngineConfig
 from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.chat_view import ChatView
-from tests.tui.test_app import views
+from tests.tui.test_app import settled, views, wait_ready
 from tests.tui.test_edge_cases import start_long_reply
 
 # as long as the embedded model's context allows: these tests take 15 s or more on a busy CI
@@ -96,6 +98,44 @@ def test_end_follows_the_reply_again_while_the_message_read_is_in_sight(loaded, 
             for rows in (30, 60):
                 await grow(pilot, app, show, rows)
                 assert chat.scroll_y == chat.max_scroll_y > 0, rows
+            assert app.handle is not None, "the reply ended before the test did"
+            app.handle.abort()
+            await pilot.pause(0.1)
+            app.exit()
+
+    asyncio.run(run())
+
+
+def test_a_continuation_of_a_long_reply_streams_in_sight(loaded, tmp_path, monkeypatch):
+    """c on a reply taller than the chat: the continuation, focused, shows the reply's end,
+    where its new text streams, and follows it as it grows (the chat showed the reply's top,
+    the new text streaming out of sight below it)."""
+    old = "\n\n".join(f"line {i}" for i in range(40))
+    chats = open_chats(tmp_path)
+    conv = chats.create("a long reply")
+    asked = chats.add(conv.id, None, "user", "a long reply, please")
+    chats.add(conv.id, asked.id, "assistant", old, stats={"finish_reason": "length"})
+    chats.close()
+
+    async def run():
+        app = long_reply_app(loaded, tmp_path)
+        async with app.run_test(size=(100, 30)) as pilot:
+            [show] = grow_by_hand(monkeypatch)
+            await wait_ready(pilot, app)
+            await pilot.press("shift+tab", "c")  # (the reply's own end: in sight)
+            await settled(pilot, app)
+            chat = app.query_one(ChatView)
+            assert app.focused is views(app)[-1] and app.handle is not None
+            assert chat.scroll_y == chat.max_scroll_y > 0
+            reply = views(app)[-1]
+            rows = reply.size.height
+            show(app, app.streaming_reply_id, old + "\n\nnew line 1\n\nnew line 2")
+            end = time.monotonic() + 30
+            while reply.size.height < rows + 4:
+                assert time.monotonic() < end, "the reply's new text was never laid out"
+                await pilot.pause(0.02)
+            await pilot.pause()
+            assert chat.scroll_y == chat.max_scroll_y
             assert app.handle is not None, "the reply ended before the test did"
             app.handle.abort()
             await pilot.pause(0.1)

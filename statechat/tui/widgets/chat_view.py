@@ -34,14 +34,19 @@ class ChatView(VerticalScroll, can_focus=False):
         self.settling = None  # the worker that waits for the views shown to be built (`show`)
         self.held_for: MessageView | None = None  # the view focused the chat last stood
         # still for (`hold_for_reader`), until the focus moves
+        self.growing_id: str | None = None  # the message whose view grows at its end (the
+        # reply streaming), if it is shown
 
     def on_mount(self) -> None:
         """Anchor to the bottom: the view stays scrolled there while a reply grows."""
         self.anchor()
 
-    def show(self, views: list[MessageView]) -> None:
+    def show(self, views: list[MessageView], growing_id: str | None = None) -> None:
         """Show `views` in place of the views shown, scrolled to the bottom, or, where one of
-        them is focused, to it once they are built (`_settle`). The views shown that begin the
+        them is focused, to it once they are built (`_settle`), unless it is the view of
+        `growing_id` (the reply streaming: its end, where it grows, is at the bottom; a
+        continuation of a long reply showed the reply's top, its new text streaming out of
+        sight below). The views shown that begin the
         same (each `shows_as` the one of `views` in its place: a branch switched below them)
         are kept, not built again (300 messages took 2 s); those after the first that differs
         are replaced by the rest of `views`."""
@@ -54,6 +59,7 @@ class ChatView(VerticalScroll, can_focus=False):
             self.remove_children(self.shown[num_kept:])
         self.mount_all(views[num_kept:])
         self.shown = self.shown[:num_kept] + views[num_kept:]
+        self.growing_id = growing_id
         self.anchor()
         self.settling = self.run_worker(self._settle(), group="settle", exclusive=True)
 
@@ -83,7 +89,8 @@ class ChatView(VerticalScroll, can_focus=False):
         if not self.is_attached:  # (the app is closing)
             return
         focused = self.screen.focused
-        if focused in self.shown and not self.screen.can_view_entire(focused):
+        if (focused in self.shown and focused.message.id != self.growing_id
+                and not self.screen.can_view_entire(focused)):
             # (at once, not animated: the layout is done, and an animation could outlive the
             # app's loop, which a quit then waits on: test_bench_switch.py)
             self.screen.scroll_to_center(focused, animate=False, origin_visible=True,
