@@ -102,3 +102,30 @@ def test_verify_drops_rows_naming_no_blob(warm_cache):
     finally:
         store.close()
     assert len(report["removed"]) == 1 and report["ok"] == report["checked"] - 1
+
+
+def test_verify_keeps_the_checkpoints_of_a_segment_it_cannot_open(warm_cache, monkeypatch):
+    """A segment blob that cannot be opened (permissions, an I/O error) is reported and kept,
+    and so are the checkpoints whose chain runs through it: only damage makes them dangle."""
+    import os
+
+    db = sqlite3.connect(warm_cache / "index.db")
+    (blob,) = db.execute("SELECT blob FROM segments ORDER BY id LIMIT 1").fetchone()
+    before = db.execute("SELECT count(*) FROM checkpoints").fetchone()
+    db.close()
+    path, real_open = warm_cache / "blobs" / blob, os.open
+
+    def refuse(p, *args, **kwargs):
+        if str(p) == str(path):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_open(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    store = open_store(warm_cache)
+    try:
+        report = store.verify()
+    finally:
+        store.close()
+    assert report["unreadable"] == [blob] and report["dangling"] == [], report
+    db = sqlite3.connect(warm_cache / "index.db")
+    assert db.execute("SELECT count(*) FROM checkpoints").fetchone() == before

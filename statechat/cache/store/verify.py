@@ -84,7 +84,8 @@ class StoreVerify:
                 if remove:
                     self._discard_segment(blob, str(e), e.damaged, then="", sid=sid)
                 (removed if e.damaged else unreadable).append(_label(blob, f"segment {sid}"))
-                damaged_segments.add(blob)
+                if e.damaged:  # (one that cannot be read is kept: its chains stay whole)
+                    damaged_segments.add(blob)
         orphans = self._remove_orphans(remove=remove)
         dangling = self._remove_dangling(damaged_segments, remove)
         bad = {*removed, *unreadable, *dangling}  # (a damaged checkpoint may dangle too)
