@@ -185,33 +185,36 @@ class StoreReads:
         BlobError if any is not in the index or its segment is unusable (removed, logged)."""
         with self.db_lock:
             rows = index.blocks_present(self.db, missing)
-        by_segment: dict[int, list[tuple[str, int]]] = {}  # segment id -> (hash, seg_index)
+        # (segment id, its blob) -> [(hash, seg_index)]: an id alone may name two segments, one
+        # evicted by another process between two of blocks_present's queries and one it saved
+        # after (SQLite gives the highest id again once it is free)
+        by_segment: dict[tuple[int, str | None], list[tuple[str, int]]] = {}
         for h in missing:
             if h not in rows:
                 raise BlobError(f"block {h[:12]} is no longer in the index")
-            by_segment.setdefault(rows[h][4], []).append((h, rows[h][1]))
-        blobs = {sid: rows[members[0][0]][0] for sid, members in by_segment.items()}
+            by_segment.setdefault((rows[h][4], rows[h][0]), []).append((h, rows[h][1]))
 
-        def read(sid: int, members: list[tuple[str, int]]) -> dict[str, torch.Tensor]:
+        def read(seg: tuple[int, str | None],
+                 members: list[tuple[str, int]]) -> dict[str, torch.Tensor]:
             num_blocks, crc = rows[members[0][0]][3], rows[members[0][0]][2]
-            return read_blob(blob_path(self.blob_dir, blobs[sid], f"segment {sid}"),
+            return read_blob(blob_path(self.blob_dir, seg[1], f"segment {seg[0]}"),
                              self.fingerprint, self._shapes("kv", num_blocks), crc, self.device,
                              hashes={i: h for h, i in members})
 
         # segments are read concurrently (each one's pieces in parallel too): a long prefix is
         # many segments of one checkpoint interval each
-        futures = {sid: _SEGMENT_POOL.submit(read, sid, members)
-                   for sid, members in by_segment.items()}
+        futures = {seg: _SEGMENT_POOL.submit(read, seg, members)
+                   for seg, members in by_segment.items()}
         wait(futures.values())
-        failed = [(sid, f.exception()) for sid, f in futures.items() if f.exception() is not None]
-        for sid, error in failed:
+        failed = [(seg, f.exception()) for seg, f in futures.items() if f.exception() is not None]
+        for (sid, blob), error in failed:
             if isinstance(error, BlobError):
-                self._discard_segment(blobs[sid], str(error), error.damaged, sid=sid)
+                self._discard_segment(blob, str(error), error.damaged, sid=sid)
         if failed:
             raise failed[0][1]
         groups: Groups = []
-        for sid, members in by_segment.items():
-            tensors = futures[sid].result()
+        for seg, members in by_segment.items():
+            tensors = futures[seg].result()
             idx = [i for _, i in members]
             if idx == list(range(idx[0], idx[0] + len(idx))):
                 picked = {name: t[idx[0] : idx[0] + len(idx)] for name, t in tensors.items()}
@@ -234,8 +237,9 @@ class StoreReads:
             self._set_aside(blob, why, then)
             return
         log.warning("statechat cache: %s; dropped it%s", why, then)
-        with self.db_lock, self.db.conn:
-            self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [h])
+        with self.db_lock, self.db.conn:  # (its row alone: not one another process saved
+            # since, naming a new blob)
+            self.db.execute("DELETE FROM checkpoints WHERE hash = ? AND blob IS ?", [h, blob])
         self._unlink_blob(blob, unless_named=True)
 
     def _unlink_blob(self, blob: str, unless_named: bool = False) -> None:
@@ -265,14 +269,16 @@ class StoreReads:
 
     def _discard_segment(self, blob: str | None, why: str, damaged: bool = True,
                          then: str = RECOMPUTING, sid: int | None = None) -> None:
-        """Drop a damaged segment's rows and blob (see _discard_checkpoint): the segment `sid`,
-        else the one naming `blob`."""
+        """Drop a damaged segment's rows and blob (see _discard_checkpoint): the segment `sid`
+        while it still names `blob` (another process may have freed the id and saved a new
+        segment under it), else the one naming `blob`."""
         if not damaged:
             self._set_aside(blob, why, then)
             return
         log.warning("statechat cache: %s; dropped it%s", why, then)
         with self.db_lock, self.db.conn:
-            seg = (self.db.execute("SELECT id FROM segments WHERE id = ?", [sid]).fetchone()
+            seg = (self.db.execute("SELECT id FROM segments WHERE id = ? AND blob IS ?",
+                                   [sid, blob]).fetchone()
                    if sid is not None else
                    self.db.execute("SELECT id FROM segments WHERE blob = ?", [blob]).fetchone())
             if seg:
