@@ -129,3 +129,12 @@ def test_verify_keeps_the_checkpoints_of_a_segment_it_cannot_open(warm_cache, mo
     assert report["unreadable"] == [blob] and report["dangling"] == [], report
     db = sqlite3.connect(warm_cache / "index.db")
     assert db.execute("SELECT count(*) FROM checkpoints").fetchone() == before
+
+
+def test_an_engine_starts_beside_a_large_checkpoint_row_naming_no_blob(model, warm_cache,
+                                                                       caplog):
+    """(A start times a read of a recent large checkpoint: such a row raised a TypeError.)"""
+    edit(warm_cache, ("UPDATE checkpoints SET blob = NULL, bytes = ? WHERE num_tokens = 192",
+                      [64 << 20]))
+    out, warnings = rerun(model, warm_cache, caplog)
+    assert out.num_cached_tokens == 128 and len(warnings) == 1, warnings

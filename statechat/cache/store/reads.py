@@ -94,7 +94,7 @@ class StoreReads:
                 "SELECT blob, bytes, checksum FROM checkpoints WHERE model_id = ? AND bytes >= ? "
                 "ORDER BY last_used DESC LIMIT 4", [self.model_id, SAMPLE_MIN_BYTES]).fetchall()
         for blob, size, crc in rows:
-            if resident_fraction(self.blob_dir / blob) < 0.99:
+            if not isinstance(blob, str) or resident_fraction(self.blob_dir / blob) < 0.99:
                 continue
             times = []
             for _ in range(2):
