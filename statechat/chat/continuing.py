@@ -42,17 +42,21 @@ class Start:
         return self.of is not None and text == self.text and finish_reason == "stop"
 
 
-def reply_start(tokenizer, text: str, stored: list[int] | None) -> Start:
+def reply_start(tokenizer, text: str, stored: list[int] | None,
+                vocab_size: int | None = None) -> Start:
     """The Start of a continuation of the reply whose text is `text`: `stored` (its ids as the
     chats' store kept them) where they decode to exactly that text, else the text tokenized
     (a reply saved as it streamed, or by an earlier statechat, keeps none; a row edited by
-    hand may no longer match its ids, or hold one no token has, which decodes to nothing). A
+    hand may no longer match its ids, or hold one the model has not, at or past `vocab_size`
+    (the model's; the tokenizer's length if None), which decodes to nothing). A model's
+    vocabulary may be longer than its tokenizer's (Qwen3.5 pads it): an id between the two
+    decodes to nothing too, but the model sampled it, and it is fed back as it was made. A
     reply that ends inside a character (cut there at max tokens, say: its first bytes show as
     U+FFFD at its end) goes on from before that character, which the model then writes whole
     (fed back, the bytes would show as a second U+FFFD after the first), so the Start's text is
     the reply's without that U+FFFD."""
-    if (stored is None or max(stored, default=-1) >= len(tokenizer)
-            or _decode(tokenizer, stored) != text):
+    limit = len(tokenizer) if vocab_size is None else vocab_size
+    if stored is None or max(stored, default=-1) >= limit or _decode(tokenizer, stored) != text:
         return Start(text, tuple(tokenizer.encode(text, add_special_tokens=False)))
     for cut in range(min(MAX_PART_TOKENS, len(stored)) + 1):
         whole = stored[:len(stored) - cut]

@@ -120,7 +120,8 @@ class RepliesMixin:
         of (chat/continuing.py)."""
         stored = self.chats.token_ids(reply.id)
         with self.worker.tokenizer_lock:  # (the tokenizer is shared with the stream's thread)
-            start = reply_start(self.worker.engine.tokenizer, reply.content, stored)
+            start = reply_start(self.worker.engine.tokenizer, reply.content, stored,
+                                self.worker.engine.loaded.config.vocab_size)
         return dataclasses.replace(start, of=reply.id)
 
     def _add(self, parent_id: str | None, role: str, content: str,

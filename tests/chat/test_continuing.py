@@ -47,6 +47,17 @@ def test_kept_ids_past_the_tokenizer_are_not_fed_back(tokenizer):
     text = tokenizer.decode(made)
     assert text == "aa"
     assert reply_start(tokenizer, text, made) == Start(text, tuple(encode(tokenizer, text)))
+    assert reply_start(tokenizer, text, made, vocab_size=len(tokenizer) + 5) == Start(
+        text, tuple(encode(tokenizer, text)))
+
+
+def test_kept_ids_in_the_model_s_padded_vocabulary_are_fed_back(tokenizer):
+    # (a model's vocabulary may run past its tokenizer's, as Qwen3.5's does: an id sampled
+    # there decodes to nothing, and is fed back as made, so the reply's checkpoints match)
+    made = [69, len(tokenizer) + 5, 69]
+    text = tokenizer.decode(made)
+    got = reply_start(tokenizer, text, made, vocab_size=len(tokenizer) + 64)
+    assert got == Start(text, tuple(made))
 
 
 def test_a_reply_cut_inside_a_character_goes_on_from_before_it(tokenizer):
