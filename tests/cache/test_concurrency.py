@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -82,7 +83,7 @@ def test_a_slow_save_s_blobs_are_not_swept_by_another_process_s_start(tmp_path, 
     temporary file carries its writer's pid (kept while that process lives), and the blob is
     renamed to its final name in the transaction that writes its row."""
 
-    from statechat.cache.store import writer
+    from statechat.cache.store import maintenance, writer
     from tests.cache.test_device import HASHES, attached, save
 
     first, second = attached(tmp_path, "cpu", 0), open_store(tmp_path)
@@ -90,9 +91,12 @@ def test_a_slow_save_s_blobs_are_not_swept_by_another_process_s_start(tmp_path, 
 
     def stalled(path, *args, **kwargs):  # the other's start an hour after the blob's write
         out = real(path, *args, **kwargs)
-        real_time = time.time
-        with monkeypatch.context() as later:  # (not its files' times put back: this process
-            later.setattr(time, "time", lambda: real_time() + 3600)  # wrote them after it began)
+        # (not its files' times put back: this process wrote them after it began; and the
+        # sweep's clock alone moved: time.time itself, moved in this writer thread, made the
+        # main thread's flush see its deadline pass and return before the save was done)
+        an_hour_on = SimpleNamespace(time=lambda: time.time() + 3600)
+        with monkeypatch.context() as later:
+            later.setattr(maintenance, "time", an_hour_on)
             second.sweep_leftovers()
         return out
 
