@@ -82,8 +82,9 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
         worker.shutdown()
         raise
     auth = " (API key required)" if api_key else ""
-    print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops", file=sys.stderr)
-    try:
+    try:  # (from here a signal stops the server: the worker with it)
+        print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops",
+              file=sys.stderr)
         with frozen_heap():
             server.serve_forever()
     except KeyboardInterrupt:
