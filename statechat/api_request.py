@@ -63,13 +63,15 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
-def parse_flag(body: dict, key: str, default: bool = False) -> bool:
-    """A true/false field; left out or null is `default`."""
+def parse_flag(body: dict, key: str, default: bool = False, within: str = "") -> bool:
+    """A true/false field; left out or null is `default`. `within`: the object `body` is
+    in the request (`stream_options`), for the error's name of the field."""
     value = body.get(key)
     if value is None:  # (left out, or null: OpenAI's schema allows it)
         return default
     if not isinstance(value, bool):
-        raise ApiError(400, f"{key} must be true or false", key)
+        name = f"{within}.{key}" if within else key
+        raise ApiError(400, f"{name} must be true or false", name)
     return value
 
 
@@ -270,10 +272,7 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
         raise ApiError(400, "stream_options must be an object", "stream_options")
     if not stream and options:  # (an empty object asks nothing: vLLM takes it too)
         raise ApiError(400, "stream_options needs stream true", "stream_options")
-    if options.get("include_usage") is not None and not isinstance(options["include_usage"], bool):
-        raise ApiError(400, "stream_options.include_usage must be true or false",
-                       "stream_options.include_usage")
-    return stream, parse_flag(options, "include_usage")
+    return stream, parse_flag(options, "include_usage", within="stream_options")
 
 
 def named(names: list[str]) -> str:
