@@ -22,6 +22,7 @@ from kernels import CHUNK
 from statechat.devices import accelerator, capture_stream, graph_api
 from statechat.engine.graphs import DecodeGraphs
 from statechat.engine.prefill_graphs import PREFILL_BUCKETS, PrefillGraphs, prefill_buckets
+from statechat.engine.prefill_staging import Chunk
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.scheduler import Batch
 
@@ -122,19 +123,25 @@ class GraphReplay:
             follows=follows,
         )
 
-    def _split_buckets(self, batch: Batch) -> list[int | None] | None:
+    def _split_buckets(self, batch: Batch) -> list[int | tuple[int, int] | None] | None:
         """How a step of several sequences replays as one graph a part (_replay_split): each
-        item's prefill bucket, None for a decode; None if it does not (a decode step, a chunk
-        no bucket serves, decodes the decode graphs do not, more than MAX_SPLIT_CHUNKS
-        chunks)."""
+        item's prefill bucket, or for two chunks or more that a packed graph serves, its
+        (bucket, slots) key, the same for each; None for a decode. None if it does not replay
+        (a decode step, a chunk no graph serves, decodes the decode graphs do not, more than
+        MAX_SPLIT_CHUNKS chunks that no packed graph serves)."""
         items = batch.items
         if batch.is_decode or self.prefill_graphs is None or len(items) < 2:
             return None
         decodes = [it for it in items if it.seq.is_decoding]
-        if len(items) - len(decodes) > MAX_SPLIT_CHUNKS:
-            return None
         if decodes and (self.graphs is None or not self.graphs.can_run(
                 len(decodes), max(len(it.seq.block_table) for it in decodes))):
+            return None
+        chunks = [it for it in items if not it.seq.is_decoding]
+        packed = self.prefill_graphs.packed_bucket(
+            [it.num_tokens for it in chunks], max(len(it.seq.block_table) for it in chunks))
+        if packed is not None:
+            return [None if it.seq.is_decoding else packed for it in items]
+        if len(chunks) > MAX_SPLIT_CHUNKS:
             return None
         buckets = [None if it.seq.is_decoding
                    else self.prefill_graphs.bucket(it.num_tokens, len(it.seq.block_table))
@@ -143,13 +150,13 @@ class GraphReplay:
             return None
         return buckets
 
-    def _replay_split(self, batch: Batch, buckets: list[int | None]
+    def _replay_split(self, batch: Batch, buckets: list[int | tuple[int, int] | None]
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Replay a step of several sequences as the decode graph (its decodes) and one prefill
-        graph a chunk (`buckets`, of _split_buckets), in turn: the sequences share nothing the
-        step computes. Returns the logits rows and their argmax, in item order, of the items
-        that sample (None if none does), each replay's copied out before the next replay, which
-        may reuse its memory."""
+        """Replay a step of several sequences as the decode graph (its decodes) and one packed
+        graph for its chunks or one prefill graph a chunk (`buckets`, of _split_buckets), in
+        turn: the sequences share nothing the step computes. Returns the logits rows and their
+        argmax, in item order, of the items that sample (None if none does), each replay's
+        copied out before the next replay, which may reuse its memory."""
         row = {i: j for j, i in enumerate(i for i, it in enumerate(batch.items)
                                           if it.needs_logits)}
         kept: list[torch.Tensor] = []  # [logits, argmax] of the rows that sample
@@ -161,8 +168,14 @@ class GraphReplay:
             if len(own) < len(decodes):
                 logits, greedy = logits[own], greedy[own]
             self._keep_rows(kept, len(row), [row[decodes[k]] for k in own], logits, greedy)
+        packed = [i for i, b in enumerate(buckets) if isinstance(b, tuple)]
+        if packed:
+            own = [k for k, i in enumerate(packed) if i in row]
+            logits, greedy = self._replay_packed([batch.items[i] for i in packed],
+                                                 buckets[packed[0]], own)
+            self._keep_rows(kept, len(row), [row[packed[k]] for k in own], logits, greedy)
         for i, b in enumerate(buckets):
-            if b is not None:
+            if isinstance(b, int):
                 logits, greedy = self._replay_prefill(batch.items[i], b)
                 if i in row:
                     self._keep_rows(kept, len(row), [row[i]], logits, greedy)
@@ -186,12 +199,23 @@ class GraphReplay:
             return None
         return self.prefill_graphs.bucket(batch.items[0].num_tokens, width)
 
-    def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _chunk(self, it) -> Chunk:
+        """A step item's part of a prefill graph's inputs."""
         seq, s, n, bs = it.seq, it.start, it.num_tokens, self.block_size
         positions = np.arange(s, s + n)
         slot_mapping = (np.asarray(seq.block_table, dtype=np.int64)[positions // bs] * bs
                         + positions % bs)
-        return self.prefill_graphs.run(
-            bucket, ids=seq.token_ids[s : s + n], start=s, slot_mapping=slot_mapping,
-            src=it.src_slot, dst=seq.slot, table=seq.block_table, checkpoints=it.checkpoints,
-        )
+        return Chunk(seq.token_ids[s : s + n], s, slot_mapping, it.src_slot, seq.slot,
+                     seq.block_table, it.checkpoints)
+
+    def _replay_prefill(self, it, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.prefill_graphs.run(bucket, self._chunk(it))
+
+    def _replay_packed(self, items: list, key: tuple[int, int], rows: list[int]
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Replay the packed graph `key` for the chunks `items`: the logits and argmax of those
+        at `rows` (None if none), made from the graph's output rows after the replay."""
+        h, residual = self.prefill_graphs.run_packed(key, [self._chunk(it) for it in items])
+        if not rows:
+            return None, None
+        return self.model.logits(h, residual, self._tensor(rows, torch.int64), with_argmax=True)

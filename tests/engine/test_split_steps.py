@@ -38,7 +38,8 @@ class StandIn(GraphReplay):
         self.replayed: list[str] = []
         self.graphs = SimpleNamespace(can_run=lambda n, width: n <= max_decodes and width <= 8)
         self.prefill_graphs = SimpleNamespace(
-            bucket=lambda n, width: 192 if n <= 128 and width <= 8 else None)
+            bucket=lambda n, width: 192 if n <= 128 and width <= 8 else None,
+            packed_bucket=lambda lens, width: None)
         self.decode_out = torch.zeros(max_decodes, VOCAB)
         self.prefill_out = torch.zeros(1, VOCAB)
 
@@ -108,7 +109,8 @@ def eager_parts(runner, max_decodes: int = 4) -> list[str]:
     out = {"decode": torch.empty(max_decodes, vocab), "prefill": torch.empty(1, vocab)}
     replayed: list[str] = []
     runner.graphs = SimpleNamespace(can_run=lambda n, width: n <= max_decodes, replays=0)
-    runner.prefill_graphs = SimpleNamespace(bucket=lambda n, width: 192 if n <= 128 else None)
+    runner.prefill_graphs = SimpleNamespace(bucket=lambda n, width: 192 if n <= 128 else None,
+                                            packed_bucket=lambda lens, width: None)
 
     def replay(kind: str, batch: Batch, feed=None):
         ids, ctx = runner.prepare(batch)

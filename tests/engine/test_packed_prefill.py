@@ -1,0 +1,171 @@
+"""Steps of several prompts' chunks replay one packed prefill graph (prefill_graphs.py), whose
+inputs are staged in a padded layout (prefill_staging.py): the chunks, one-token paddings for
+the unused sequence slots, and a last padding sequence of at least a block. On the CPU, through
+an engine whose "graphs" run the real staged layout eagerly (the model forward on the staged
+inputs, its outputs copied into fixed buffers as a replay writes them): such steps give the
+tokens, logprobs and cache reuse of eager steps, and leave the pools as they do. Which steps
+take a packed graph, and what fits a bucket. On a GPU, the captured graphs do the same."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine
+from statechat.engine.prefill_graphs import (
+    PACKED_SLOTS,
+    PrefillGraphs,
+    _forward,
+    packed_buckets,
+    prefill_buckets,
+)
+from statechat.engine.prefill_staging import PrefillStaging, checkpoint_entries, fits
+from statechat.engine.sampling import SamplingParams
+from statechat.engine.scheduler import Batch
+from tests.engine.test_split_steps import PARAMS, StandIn, item
+
+
+class EagerGraph:
+    """A stand-in graph: its replay runs the forward on the staged inputs and writes the
+    results into the fixed outputs a captured graph would write."""
+
+    def __init__(self, args: tuple, log: list, key: tuple[int, int]):
+        self.args, self.log, self.key = args, log, key
+        self.out = tuple(t.clone() for t in _forward(*args))
+
+    def replay(self) -> None:
+        for buf, new in zip(self.out, _forward(*self.args)):
+            buf.copy_(new)
+        self.log.append(self.key)
+
+
+def eager_graphs(runner, budget: int, max_blocks: int) -> list[tuple[int, int]]:
+    """Give a CPU runner PrefillGraphs whose graphs are EagerGraphs over the real staging, for
+    a token budget. Returns the log of replayed (bucket, slots) keys."""
+    sizes = prefill_buckets(budget)
+    keys = [(b, 1) for b in sizes] + [(b, k) for b in packed_buckets(sizes)
+                                      for k in PACKED_SLOTS]
+    pg = PrefillGraphs.__new__(PrefillGraphs)
+    pg.max_blocks, pg.replays, pg.graphs, pg.out, log = max_blocks, 0, {}, {}, []
+    pg.staging = PrefillStaging(sizes[-1], max(PACKED_SLOTS), max_blocks, runner.pad_slot,
+                                runner.device)
+    for b, k in keys:
+        pg.staging.stage(b, k, [])
+        args = (runner.model, pg.staging.ids(b), pg.staging.context(b, k, None), runner.caches)
+        pg.graphs[b, k] = EagerGraph(args, log, (b, k))
+        pg.out[b, k] = pg.graphs[b, k].out
+    pg.sizes = sorted(b for b, k in keys if k == 1)
+    pg.packed = sorted((key for key in keys if key[1] > 1), key=lambda key: key[::-1])
+    runner.prefill_graphs = pg
+    return log
+
+
+def test_which_buckets_have_packed_graphs():
+    assert packed_buckets(prefill_buckets(256)) == [128, 192, 256, 320]
+    assert packed_buckets(prefill_buckets(8192)) == [
+        128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8256]
+
+
+def test_what_fits_a_bucket():
+    assert fits(64, 1, 128, 1) and not fits(65, 1, 128, 1)
+    assert fits(60, 2, 128, 4) and not fits(63, 2, 128, 4)  # (two one-token paddings)
+    assert not fits(10, 5, 1024, 4)  # (more chunks than slots)
+    # the checkpoint list: one a block of the bucket, and one more for each slot past the
+    # first (each chunk may hold one boundary more than its whole blocks)
+    assert checkpoint_entries(128, 1) == 2 and checkpoint_entries(256, 8) == 11
+
+
+def test_steps_of_several_chunks_take_a_packed_graph():
+    runner = StandIn()
+    runner.prefill_graphs.packed_bucket = (
+        lambda lens, width: (256, 4) if 2 <= len(lens) <= 4 and sum(lens) <= 180 else None)
+    runner._replay_packed = lambda items, key, rows: (
+        runner.replayed.append(f"packed {key} x{len(items)}")
+        or (torch.zeros(len(rows), 7), torch.zeros(len(rows), dtype=torch.long)))
+    assert runner._split_buckets(Batch([item(False, 100), item(False, 5)])) == [(256, 4)] * 2
+    assert runner._split_buckets(Batch([item(True), item(False, 9), item(False, 9)])) == [
+        None, (256, 4), (256, 4)]
+    # one chunk keeps its own graph; chunks no packed graph serves split, up to the limit
+    assert runner._split_buckets(Batch([item(True), item(False, 9)])) == [None, 192]
+    assert runner._split_buckets(Batch([item(False, 100), item(False, 100)])) == [192, 192]
+    items = [item(True), item(False, 30), item(False, 7, logits=False), item(False, 50)]
+    logits, _ = runner._replay_split(Batch(items), runner._split_buckets(Batch(items)))
+    assert runner.replayed == ["decode x1", "packed (256, 4) x3"]
+    assert logits.shape == (3, 7)
+
+
+def test_packed_steps_sample_as_eager_steps_on_the_cpu(tiny_dirs):
+    """Bursts of two to seven prompts (fresh, and resuming a shared prefix from the cache, with
+    checkpoints in their chunks), every kind of sampling work, a budget that cuts them into
+    chunks: the packed layout gives the eager steps' tokens, logprobs and reuse."""
+    from statechat.model.loader import load_model
+    from tests.helpers import assert_idle_pools, cpu_engine
+
+    loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32)
+    g = torch.Generator().manual_seed(23)
+    base = torch.randint(3, 300, (150,), generator=g).tolist()
+    lengths = [5, 40, 70, 130, 9, 64, 1, 100, 12, 33, 2, 66, 80]
+    prompts = [(base[:140] if k % 3 == 1 else []) + torch.randint(3, 300, (n,),
+                                                                  generator=g).tolist()
+               for k, n in enumerate(lengths)]
+    runs, log = {}, []
+    for packed in (True, False):
+        engine = cpu_engine(loaded, max_model_len=512, num_kv_blocks=40, num_state_slots=24,
+                            max_num_seqs=8, max_num_batched_tokens=256)
+        if packed:
+            log = eager_graphs(engine.runner, 256, 8)
+        engine.generate([base], SamplingParams(max_tokens=2))  # (a prefix to resume)
+        seqs = []
+        for burst in (prompts[:2], prompts[2:9], prompts[9:]):
+            seqs += [engine.add_request(p, PARAMS[(len(seqs) + j) % len(PARAMS)])
+                     for j, p in enumerate(burst)]
+            while engine.has_unfinished():
+                engine.step()
+        assert_idle_pools(engine)
+        runs[packed] = [(s.output_ids, s.num_cached_tokens,
+                         [(round(lp, 4), [t for t, _ in top]) for lp, top in s.logprobs])
+                        for s in seqs]
+    assert runs[True] == runs[False]
+    assert {k for _, k in log} >= {1, 2, 4, 8}  # (one-chunk steps and bursts of each size)
+    assert any(cached for _, cached, _ in runs[True])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_packed_graphs_match_eager_steps(tiny_dirs):
+    from statechat.model.loader import load_model
+
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32, device="cuda")
+    g = torch.Generator().manual_seed(29)
+    base = torch.randint(3, loaded.config.vocab_size, (150,), generator=g).tolist()
+    prompts = [(base[:140] if k % 3 == 1 else []) + torch.randint(
+        3, loaded.config.vocab_size, (n,), generator=g).tolist()
+        for k, n in enumerate([5, 40, 70, 130, 9, 64, 1, 100, 12, 33, 2, 66, 80, 7, 300, 20])]
+    runs = {}
+    for graphs in (True, False):
+        engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
+                                        use_graphs=graphs, max_num_batched_tokens=512),
+                           loaded=loaded)
+        engine.generate([base], SamplingParams(max_tokens=2))
+        seqs = []
+        for burst in (prompts[:2], prompts[2:9], prompts[9:]):
+            seqs += [engine.add_request(p, PARAMS[(len(seqs) + j) % len(PARAMS)])
+                     for j, p in enumerate(burst)]
+            while engine.has_unfinished():
+                engine.step()
+        runs[graphs] = [(s.output_ids, s.num_cached_tokens, s.logprobs) for s in seqs]
+        if graphs:
+            assert engine.runner.prefill_graphs.replays >= 3
+            assert engine.runner.split_steps >= 3
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    for (ids, cached, logprobs), (ids_e, cached_e, logprobs_e) in zip(runs[True], runs[False]):
+        assert ids == ids_e and cached == cached_e
+        for (lp, top), (lp_e, top_e) in zip(logprobs, logprobs_e):
+            assert lp == pytest.approx(lp_e, abs=1e-4)
+            assert [t for t, _ in top] == [t for t, _ in top_e]
+    assert any(cached for _, cached, _ in runs[True])
