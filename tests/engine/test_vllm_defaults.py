@@ -2,7 +2,8 @@
 as the checkpoint's generation_config.json recommends (vLLM's LLM.generate without
 sampling_params), not with SamplingParams' own defaults; and SamplingParams takes vLLM's None
 for `stop`, `stop_token_ids` and `logit_bias` (none) and for `max_tokens` (up to the context
-limit), where a vLLM user's code passes it."""
+limit), where a vLLM user's code passes it; EngineConfig takes vLLM's dtype "auto" and a
+torch.dtype."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from statechat.engine.sampling import SamplingParams
+from statechat.errors import ConfigError
 from statechat.model.loader import load_model
 from tests.helpers import cpu_engine
 
@@ -50,3 +52,15 @@ def test_none_is_vllms_none(loaded):
     engine = cpu_engine(loaded, max_model_len=64)
     out = engine.generate([PROMPT], SamplingParams(max_tokens=None, ignore_eos=True))[0]
     assert out.finish_reason == "length" and len(PROMPT) + len(out.token_ids) == 64
+
+
+def test_dtype_auto_and_torch_dtypes(tiny_dirs):
+    """EngineConfig takes vLLM's dtype="auto" (the device's default) and a torch.dtype."""
+    from statechat.config import EngineConfig
+
+    model = tiny_dirs["qwen3_5_text"]
+    assert EngineConfig(model=model, dtype="auto").dtype is None
+    assert EngineConfig(model=model, dtype=torch.bfloat16).dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="dtype must be float32, bfloat16 or float16, got "
+                                          "'float64'"):
+        EngineConfig(model=model, dtype=torch.float64)
