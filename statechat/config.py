@@ -60,7 +60,8 @@ def flags_named():
 class EngineConfig:
     model: Path  # checkpoint directory
     device: str = "auto"  # auto | cpu | cuda | npu
-    dtype: str | None = None  # None: float32 on the CPU, bfloat16 on accelerators
+    dtype: str | None = None  # None (or vLLM's "auto"): float32 on the CPU, bfloat16 on
+    # accelerators; a torch dtype is taken as its name
     block_size: int = 64  # tokens per KV block and checkpoint granularity (a multiple of 64)
     max_num_seqs: int = 64  # sequences running at once
     max_num_batched_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
@@ -163,6 +164,10 @@ class EngineConfig:
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise ConfigError(f"max_step_ms must be a number, got {value!r:.40}")
         put(self, "max_step_ms", None if value is None else float(value))
+        value = self.dtype  # (vLLM's "auto"; a torch.dtype, checked by its name: torch is
+        # not imported to build a config)
+        if isinstance(value, str) and value == "auto" or type(value).__module__ == "torch":
+            put(self, "dtype", None if value == "auto" else str(value).removeprefix("torch."))
         for name in ("enable_prefix_cache", "use_graphs", "async_scheduling"):
             value = getattr(self, name)
             if not isinstance(value, bool) and (value is not None or name == "enable_prefix_cache"):

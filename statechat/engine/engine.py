@@ -69,6 +69,10 @@ class LLMEngine(Requests):
         # tokens do, naming their id (vLLM's)
         self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | {self.eos_token_id} - {None}
+        # a request given no params samples as the checkpoint recommends (its
+        # generation_config.json), the other fields SamplingParams' defaults: vLLM's
+        # LLM.generate without sampling_params
+        self.default_params = SamplingParams(**dict(mc.sampling_defaults))
         self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype),
                                              bs)
         self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
@@ -139,8 +143,9 @@ class LLMEngine(Requests):
         request_id: str = "", arrival_time: float | None = None,
     ) -> Sequence:
         """Queue a prompt that `check_prompt` passed, with the bytes it returned; its time to
-        first token counts from `arrival_time` (a perf_counter reading) when given, else now."""
-        params = SamplingParams() if params is None else params
+        first token counts from `arrival_time` (a perf_counter reading) when given, else now.
+        No params: `default_params`, the checkpoint's recommended sampling."""
+        params = self.default_params if params is None else params
         check_vocabulary(params, self.loaded.config.vocab_size)
         seq = Sequence(ids, params, request_id=request_id)
         if arrival_time is not None:

@@ -28,15 +28,17 @@ class Requests:
     ) -> list[RequestOutput]:
         """Run all prompts together (continuous batching); outputs in input order. One prompt (a
         string, or a flat list of token ids) is a batch of one, as vLLM's LLM.generate takes
-        it. On an error (a bad prompt or params, or a failed step) none of them stays queued."""
+        it. On an error (a bad prompt or params, or a failed step) none of them stays queued.
+        No params (or None for a prompt): the checkpoint's recommended sampling
+        (`default_params`), as vLLM's LLM.generate takes it from generation_config.json."""
         prompts = _as_batch(prompts)
-        params = SamplingParams() if params is None else params
+        params = self.default_params if params is None else params
         plist = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} but "
                               f"{len(plist)} sampling params: give one for each prompt, or one "
                               "for all")
-        plist = [SamplingParams() if sp is None else sp for sp in plist]
+        plist = [self.default_params if sp is None else sp for sp in plist]
         checked = [self.check_prompt(p) for p in prompts]  # all checked before any is queued
         for sp in plist:
             check_vocabulary(sp, self.loaded.config.vocab_size)

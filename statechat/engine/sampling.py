@@ -25,6 +25,7 @@ MAX_LOGPROBS = 20  # most likely tokens a request may ask the log-probabilities 
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's and vLLM's range)
 MAX_BIAS = 100.0  # a logit bias lies in [-100, 100] (OpenAI's range)
 MAX_BIASES = 1024  # tokens a request may bias
+NO_TOKEN_CAP = 2**63 - 1  # max_tokens None (vLLM's): no cap but the context limit
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of tokens
     # in the prompt or the output; 1 = off; taken within PENALTY_BOUNDS
     seed: int | None = None  # per-request generator; None = nondeterministic
-    max_tokens: int = 256
+    max_tokens: int = 256  # None (vLLM's): up to the context limit, kept as NO_TOKEN_CAP
     min_tokens: int = 0  # EOS (unless ignore_eos) and stop_token_ids are barred, and stop
     # strings not looked for, until this many tokens are generated (vLLM's min_tokens)
     stop: tuple[str, ...] = field(default=())  # stop strings (not included in the text)
@@ -85,6 +86,8 @@ class SamplingParams:
         if self.top_k < -1:
             raise ConfigError(f"top_k must be -1 or 0 (off), or a positive count, got {self.top_k}")
         put(self, "top_k", max(self.top_k, 0))  # (vLLM's -1 is off, as 0 is)
+        if self.max_tokens is None:
+            put(self, "max_tokens", NO_TOKEN_CAP)
         put(self, "max_tokens", _integer("max_tokens", self.max_tokens))
         if self.max_tokens < 0:  # (0: the prompt alone is computed, for its prompt_logprobs)
             raise ConfigError(f"max_tokens must be >= 0, got {_show(self.max_tokens)}")
@@ -93,6 +96,9 @@ class SamplingParams:
             if not -(2**63) <= self.seed < 2**64:
                 raise ConfigError("seed must be an integer from -2**63 to 2**64 - 1, "
                                   f"got {_show(self.seed)}")
+        for name in ("stop", "stop_token_ids", "logit_bias"):  # (vLLM's None: none)
+            if getattr(self, name) is None:
+                put(self, name, ())
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, list | tuple) or not all(isinstance(x, str) and x for x in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings, "
