@@ -69,7 +69,8 @@ def input_name(input: Path) -> str:
 
 def read_requests(input: Path) -> list[str]:
     """The lines of a batch's input file (or pipe: bash's `<(...)`), or of standard input for
-    `-` (a byte-order mark is read past); a StatechatError if it cannot be read as UTF-8 text.
+    `-` (a byte-order mark starting a line is read past); a StatechatError if it cannot be
+    read as UTF-8 text.
     Lines end at LF, CRLF or CR alone: not at U+2028, U+0085 and the like, which a JSON string may
     hold as they are."""
     try:
@@ -83,8 +84,10 @@ def read_requests(input: Path) -> list[str]:
                                  "('-' reads them from standard input)")
         else:
             data = input.read_bytes()
-        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
-        return re.split("\r\n|\r|\n", text)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        # (a byte-order mark starting any line is read past: files saved by an editor that
+        # writes one, joined with `cat`, have one at each file's first line)
+        return [line.removeprefix("\ufeff") for line in re.split("\r\n|\r|\n", text)]
     except UnicodeDecodeError as e:
         raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); "
                              "save it as UTF-8") from None

@@ -1,6 +1,7 @@
 """A batch line's fields are told as they were read: a completions line's "prompt", which is
 the line's error, is not also named as ignored on stderr; and "n" is taken as the server takes
-it (1.0 is 1; true is not a count, and is the line's error, not one sample)."""
+it (1.0 is 1; true is not a count, and is the line's error, not one sample); and a byte-order
+mark starting any line of the input is read past, as the first line's is."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def test_n_is_read_as_the_server_reads_it(n, error):
         assert job.error is None and job.params.max_tokens == 256
     else:
         assert job.error.startswith(error)
+
+
+def test_a_byte_order_mark_starting_any_line_is_read_past(tmp_path):
+    """Two files saved with a byte-order mark and joined with `cat` run both: the second file's
+    first line was `not valid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))`."""
+    from statechat.cli_batch import read_requests
+
+    one = "\ufeff" + json.dumps({"id": "a", "messages": MESSAGES}) + "\r\n"
+    src = tmp_path / "joined.jsonl"
+    src.write_bytes((one + one.replace('"a"', '"b"')).encode())
+    jobs = parse_lines(read_requests(src), BatchDefaults())
+    assert [(job.id, job.error) for job in jobs] == [("a", None), ("b", None)]
