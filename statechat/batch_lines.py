@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from statechat.api_request import whole_number
 from statechat.api_tools import TOOL_FIELDS, ToolRequest, end_at_call, parse_tools
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
@@ -115,7 +116,8 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     if not isinstance(body, dict):
         return Job(line, rid, error=f'line {line}: "body" must be a JSON object (the chat '
                                     f"request), got {json.dumps(body)[:60]}")
-    unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS))
+    unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS
+                           and not (k == "prompt" and "messages" not in req)))  # (its error)
     try:
         params = line_params(req, defaults)
         if "messages" not in req and "prompt" in req:
@@ -151,7 +153,8 @@ def line_params(req: dict, defaults: BatchDefaults) -> SamplingParams:
     if not isinstance(given.get("ignore_eos", False), bool):
         raise StatechatError(f"ignore_eos must be true or false, got "
                              f"{json.dumps(given['ignore_eos'])[:60]}")
-    if req.get("n") not in (None, 1):  # (null: left out, as OpenAI's schema allows)
+    if req.get("n") is not None and whole_number(req["n"]) != 1:  # (null: left out, as
+        # OpenAI's schema allows; 1.0 is 1, as the server reads it, and true is not)
         raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
                              "own, with its own seed")
     try:

@@ -69,7 +69,8 @@ def input_name(input: Path) -> str:
 
 def read_requests(input: Path) -> list[str]:
     """The lines of a batch's input file (or pipe: bash's `<(...)`), or of standard input for
-    `-` (a byte-order mark is read past); a StatechatError if it cannot be read as UTF-8 text.
+    `-` (a byte-order mark starting a line is read past); a StatechatError if it cannot be
+    read as UTF-8 text.
     Lines end at LF, CRLF or CR alone: not at U+2028, U+0085 and the like, which a JSON string may
     hold as they are."""
     try:
@@ -83,8 +84,10 @@ def read_requests(input: Path) -> list[str]:
                                  "('-' reads them from standard input)")
         else:
             data = input.read_bytes()
-        text = data.decode("utf-8-sig") if isinstance(data, bytes) else data
-        return re.split("\r\n|\r|\n", text)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        # (a byte-order mark starting any line is read past: files saved by an editor that
+        # writes one, joined with `cat`, have one at each file's first line)
+        return [line.removeprefix("\ufeff") for line in re.split("\r\n|\r|\n", text)]
     except UnicodeDecodeError as e:
         raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); "
                              "save it as UTF-8") from None
@@ -111,8 +114,8 @@ def results(output: Path | None, direct: bool):
                 said_when_stopped(Counted(f), f"are in {output}") as sink:
             yield sink
         return
-    fd, tmp = output_call(output, tempfile.mkstemp, prefix=f".{output.name}.", suffix=".partial",
-                           dir=output.parent)
+    fd, tmp = output_call(output, tempfile.mkstemp, suffix=".partial", dir=output.parent,
+                          prefix=f".{fitted(output, len('..') + 8 + len('.partial'))}.")
     try:
         with closing(os.fdopen(fd, "w", encoding="utf-8"), output) as f:
             yield f
@@ -175,13 +178,34 @@ def keep_partial(tmp: Path, output: Path) -> str:
         count = tmp.read_bytes().count(b"\n")
         if not count:
             return f"no request had finished; {output} is left as it was"
-        kept = next(path for n in itertools.count(1) if not (path := output.with_name(
-            f"{output.name}.partial" + (f".{n}" if n > 1 else ""))).exists())
+        kept = next(path for n in itertools.count(1)
+                    if not (path := partial_path(output, n)).exists())
         give_mode(tmp, kept)
         os.replace(tmp, kept)
     except OSError as e:
         return f"the finished results could not be kept ({e.strerror}); {output} is left as it was"
     return f"the first {count:,} results (input order) are in {kept}; {output} is left as it was"
+
+
+def partial_path(output: Path, n: int) -> Path:
+    """Where the n-th kept partial results of `output` go: OUTPUT.partial, OUTPUT.partial.2,
+    ... (OUTPUT's name cut short where the whole would be too long a name)."""
+    end = ".partial" + (f".{n}" if n > 1 else "")
+    return output.with_name(fitted(output, len(end)) + end)
+
+
+def fitted(output: Path, room: int) -> str:
+    """`output`'s name, cut short where needed so that `room` more bytes still make a name its
+    file system takes (a results file named near the 255-byte limit has a temporary file and a
+    FILE.partial beside it)."""
+    try:
+        most = os.pathconf(output.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    name = output.name
+    while name and len(os.fsencode(name)) + room > most:
+        name = name[:-1]
+    return name
 
 
 def output_call(output: Path, fn, *args, **kwargs):
