@@ -19,6 +19,12 @@ from statechat.cache.store.freeing import (
 
 log = logging.getLogger("statechat.cache")
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
+# the segments none of whose blocks lies on a checkpoint's chain: (id, blob, bytes)
+ORPHAN_SEGMENTS = (
+    "WITH RECURSIVE up(hash) AS (SELECT hash FROM checkpoints UNION SELECT b.parent FROM "
+    "blocks b JOIN up ON b.hash = up.hash) SELECT s.id, s.blob, coalesce(s.bytes, 0) FROM "
+    "segments s WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.segment_id = s.id AND b.hash "
+    "IN (SELECT hash FROM up))")
 
 
 class StoreMaintenance:
@@ -48,7 +54,12 @@ class StoreMaintenance:
 
         The total is summed inside each write transaction, which deletes up to EVICT_BATCH
         rows: another process on the same cache dir may evict at the same time, and a total
-        read before its deletions would have both free the whole overshoot."""
+        read before its deletions would have both free the whole overshoot.
+
+        A segment none of whose blocks lies on a checkpoint's chain (its checkpoints evicted, or
+        a save whose checkpoint was not indexed) can never be resumed from: where the total is
+        past the budget, such segments go first, and those that the evicted checkpoints leave
+        go with them (`_drop_orphan_segments`)."""
         freed = 0
         if self.total_bytes() <= max_bytes:  # (the common case, without the write lock)
             return 0
@@ -56,9 +67,11 @@ class StoreMaintenance:
             with self.db_lock, self.db.conn:
                 self.db.execute("BEGIN IMMEDIATE")
                 total = self.total_bytes()
+                gone = self._drop_orphan_segments() if total > max_bytes else []
+                total -= sum(size for _, size in gone)
                 rows = self.db.execute(EVICTION_ORDER,
                                        [EVICT_BATCH if total > max_bytes else 0]).fetchall()
-                gone = []
+                evicted = 0
                 for kind, key, blob, size, _, _ in rows:
                     if total <= max_bytes:
                         break
@@ -67,13 +80,28 @@ class StoreMaintenance:
                     else:
                         self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
                         self.db.execute("DELETE FROM segments WHERE id = ?", [key])
-                    gone.append(blob)
+                    gone.append((blob, size))
                     total -= size
-                    freed += size
-            for blob in gone:
+                    evicted += 1
+                if evicted:  # (the segments that only the evicted checkpoints stood on)
+                    orphans = self._drop_orphan_segments()
+                    gone += orphans
+                    total -= sum(size for _, size in orphans)
+            for blob, size in gone:
                 self._unlink_blob(blob)
+                freed += size
             if total <= max_bytes or len(rows) < EVICT_BATCH:
                 return freed
+
+    def _drop_orphan_segments(self) -> list[tuple[str, int]]:
+        """(In evict_to's transaction) Delete the rows of the segments none of whose blocks lies
+        on a checkpoint's chain (the checkpoint's block and those before it): their (blob,
+        bytes), the blobs to delete once the transaction commits."""
+        rows = self.db.execute(ORPHAN_SEGMENTS).fetchall()
+        for seg_id, _, _ in rows:
+            self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [seg_id])
+            self.db.execute("DELETE FROM segments WHERE id = ?", [seg_id])
+        return [(blob, size) for _, blob, size in rows]
 
     def budgets(self) -> dict:
         """{"bytes_budget": what this store evicts down to (its own where set, else what a plain
