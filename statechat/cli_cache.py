@@ -65,7 +65,7 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
 def _no_stats(root: Path) -> dict:
     """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty."""
     return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
-            "num_segments": 0, "bytes_total": 0, "bytes_budget": None,
+            "num_segments": 0, "bytes_total": 0, "bytes_index": 0, "bytes_budget": None,
             "bytes_budget_default": None, "budget_recorded": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
 
@@ -93,6 +93,8 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     typer.echo(f"bytes        {_size(stats.get('bytes_total'))} "
                f"of {_size(stats.get('bytes_budget'))}")
     typer.echo(f"budget       {_budget_line(stats)}")
+    typer.echo(f"index        {_size(stats.get('bytes_index'))} (index.db, the chats in it too, "
+               "and its write-ahead log: beside the budget, which counts the blobs)")
     for m in stats.get("models") or []:  # (its size in the total's unit, not the view's MB)
         typer.echo(f"model        {m.get('name')} (id {m.get('id')}, {m.get('dtype')}, "
                    f"{m.get('block_size')}-token blocks): {m.get('checkpoints', 0):,} "

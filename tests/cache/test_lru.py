@@ -255,7 +255,6 @@ def test_an_eviction_leaves_no_segment_that_no_checkpoint_stands_on(tmp_path):
     from statechat.cache.store import open_store
 
     store = open_store(tmp_path, budget_bytes=1 << 30)
-    store.index_bytes = lambda: 0  # (the rows' own sizes alone, for round numbers)
     rows_made = [  # (segment id, [(block, parent, position)], checkpoint at its last, when used)
         (1, [("x0", "fp", 0), ("x1", "x0", 1)], 0.0),  # a chat's first turn
         (3, [("z0", "fp", 0), ("z1", "z0", 1)], 1.0),  # another chat

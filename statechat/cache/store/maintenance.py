@@ -18,6 +18,7 @@ from statechat.cache.store.freeing import (
 )
 
 log = logging.getLogger("statechat.cache")
+INDEX_FILE = "index.db"  # the index, in the cache dir (beside blobs/)
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
 # the segments none of whose blocks lies on a checkpoint's chain: (id, blob, bytes)
 ORPHAN_SEGMENTS = (
@@ -40,6 +41,16 @@ class StoreMaintenance:
                 "+ (SELECT coalesce(sum(bytes),0) FROM segments)"
             ).fetchone()
         return int(row[0])
+
+    def index_bytes(self) -> int:
+        """The bytes of the index's files: index.db (the chats in it too), its write-ahead log
+        and the log's shared memory (-wal, -shm), as they are now. The budget does not count
+        them (budget.bound_log keeps the log small)."""
+        size = 0
+        for name in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):  # (none yet, or gone: a read-only cache's)
+                size += (self.path / f"{INDEX_FILE}{name}").stat().st_size
+        return size
 
     def evict_to(self, max_bytes: int) -> int:
         """Delete least recently used checkpoints and segments until the total fits; bytes freed.
@@ -195,6 +206,7 @@ class StoreMaintenance:
                 "num_blocks": q("SELECT count(*) FROM blocks").fetchone()[0],
                 "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
                 "bytes_total": self.total_bytes(),
+                "bytes_index": self.index_bytes(),
                 **self.budgets(),
                 **host,
                 "models": models,
