@@ -148,7 +148,8 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     on a read-only cache everything is reported and kept).
 
     Exit status, as fsck's: 0 all was fine; 1 it removed damaged entries or orphan blobs (the
-    cache is sound now); 4 it found problems it left (unreadable blobs, a read-only cache); 5
+    cache is sound now); 4 it found problems it left (unreadable blobs, a models row edited
+    so that it no longer matches its blobs, a read-only cache); 5
     both; 2 the index could not be opened or is damaged."""
     root = cache_root(cache_dir)
     remove = root.is_dir() and writable(root)
@@ -176,9 +177,15 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
             typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")
     dangling = report.get("dangling") or []
     _say_dangling(dangling, remove)
+    mismatched = report.get("mismatched_models") or []
+    for m in mismatched:
+        typer.echo(f"model row {m['id']} ({m['name']}) does not match its {m['blobs']:,} blobs, "
+                   "which are sound (its fingerprint or shapes edited by hand?): kept them, as "
+                   "an engine of that model still resumes from them; put the row back as it "
+                   "was, or `statechat cache clear` deletes them")
     found = bool(failed or orphans or dangling)
     status = ((VERIFY_REPAIRED if remove and found else 0)
-              | (VERIFY_LEFT if unreadable or (found and not remove) else 0))
+              | (VERIFY_LEFT if unreadable or mismatched or (found and not remove) else 0))
     if status:
         raise typer.Exit(status)
 
