@@ -7,13 +7,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import signal
 import socket
 import sys
+import threading
 
 from statechat.api_cors import LOCAL_ORIGINS
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 from statechat.server import ChatServer
+
+STOP_POLL_S = 0.1  # how often a stop under way looks for a second Ctrl-C or SIGTERM
 
 
 class ListenError(OSError):
@@ -63,18 +67,24 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
     reasoning from its answer and `tool_call_parser` its tool calls (ChatServer's); `sock`:
     the socket `bind` made for host:port, else one is bound here. A ListenError when it
     cannot listen there."""
-    import signal
-
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    signals = StopSignals()
+    before = {n: signal.signal(n, signals.caught) for n in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server = ChatServer(worker, model_id, host, port, api_key, template_kwargs=template_kwargs,
-                            sampling=sampling, completion_max_tokens=completion_max_tokens,
-                            warm_next_turn=warm_next_turn, allowed_origins=allowed_origins,
-                            sock=sock, reasoning_parser=reasoning_parser,
-                            tool_call_parser=tool_call_parser)
+        _serve(worker, model_id, host, port, api_key, signals, sock=sock,
+               template_kwargs=template_kwargs, sampling=sampling,
+               completion_max_tokens=completion_max_tokens, warm_next_turn=warm_next_turn,
+               allowed_origins=allowed_origins, reasoning_parser=reasoning_parser,
+               tool_call_parser=tool_call_parser)
+    finally:  # (SIGINT back to Python's KeyboardInterrupt, SIGTERM to what it was)
+        for n, handler in before.items():
+            signal.signal(n, handler)
+
+
+def _serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: str | None,
+           signals: StopSignals, sock: socket.socket | None, **server_kwargs) -> None:
+    """`serve` once its signals are `signals`'s: the server made, served, stopped."""
+    try:
+        server = ChatServer(worker, model_id, host, port, api_key, sock=sock, **server_kwargs)
     except OSError as e:  # (another server took the port first: see bind)
         worker.shutdown()
         raise ListenError(e.errno, e.strerror) from None
@@ -91,18 +101,53 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
         print("statechat: stopping: replies under way end with \"abort\", pending cache writes "
               "are flushed (Ctrl-C again quits at once)", file=sys.stderr)
     finally:
-        _stop(server)
+        _stop(server, signals)
 
 
-def _stop(server: ChatServer) -> None:
-    """Stop the server; a second Ctrl-C or SIGTERM meanwhile (a KeyboardInterrupt) ends it at
-    once, with a line saying what is lost."""
+class StopSignals:
+    """Ctrl-C and SIGTERM while `serve` runs (`caught`, their handler): the first raises
+    KeyboardInterrupt, which ends serve_forever; each later one sets `again`, which `_stop`
+    looks at every STOP_POLL_S. (Raised too, a second one that landed before the stop's wait
+    began, as its first line printed, was taken there: the stop then waited it all out. And a
+    signal that lands just before a lock's wait begins is handled only when the wait ends.)"""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.again = threading.Event()
+
+    def caught(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            raise KeyboardInterrupt
+        self.again.set()
+
+
+def _stop(server: ChatServer, signals: StopSignals) -> None:
+    """Stop the server (in a thread of its own, while this one waits for it); a second Ctrl-C
+    or SIGTERM (`signals.again`, or a first one now, a KeyboardInterrupt) ends it at once, with
+    a line saying what is lost, as a KeyboardInterrupt."""
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def stop() -> None:
+        try:
+            server.stop()
+        except BaseException as e:  # noqa: BLE001 - raised again in the main thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=stop, name="statechat-stop", daemon=True).start()
     try:
-        server.stop()
+        while not done.wait(STOP_POLL_S):
+            if signals.again.is_set():
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         print("statechat: stopped at once; cache writes still pending are lost (the cache "
               "stays usable)", file=sys.stderr)
         raise
+    if failed:
+        raise failed[0]
 
 
 @contextlib.contextmanager

@@ -65,7 +65,7 @@ def cache_path(cache_dir: CacheDirOpt = None) -> None:
 def _no_stats(root: Path) -> dict:
     """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty."""
     return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
-            "num_segments": 0, "bytes_total": 0, "bytes_budget": None,
+            "num_segments": 0, "bytes_total": 0, "bytes_index": 0, "bytes_budget": None,
             "bytes_budget_default": None, "budget_recorded": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
 
@@ -93,6 +93,8 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
     typer.echo(f"bytes        {_size(stats.get('bytes_total'))} "
                f"of {_size(stats.get('bytes_budget'))}")
     typer.echo(f"budget       {_budget_line(stats)}")
+    typer.echo(f"index        {_size(stats.get('bytes_index'))} (index.db, the chats in it too, "
+               "and its write-ahead log: beside the budget, which counts the blobs)")
     for m in stats.get("models") or []:  # (its size in the total's unit, not the view's MB)
         typer.echo(f"model        {m.get('name')} (id {m.get('id')}, {m.get('dtype')}, "
                    f"{m.get('block_size')}-token blocks): {m.get('checkpoints', 0):,} "
@@ -146,7 +148,8 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
     on a read-only cache everything is reported and kept).
 
     Exit status, as fsck's: 0 all was fine; 1 it removed damaged entries or orphan blobs (the
-    cache is sound now); 4 it found problems it left (unreadable blobs, a read-only cache); 5
+    cache is sound now); 4 it found problems it left (unreadable blobs, a models row edited
+    so that it no longer matches its blobs, a read-only cache); 5
     both; 2 the index could not be opened or is damaged."""
     root = cache_root(cache_dir)
     remove = root.is_dir() and writable(root)
@@ -174,9 +177,15 @@ def cache_verify(cache_dir: CacheDirOpt = None) -> None:
             typer.echo(f"  {'removed' if remove else 'found'} orphan {item}")
     dangling = report.get("dangling") or []
     _say_dangling(dangling, remove)
+    mismatched = report.get("mismatched_models") or []
+    for m in mismatched:
+        typer.echo(f"model row {m['id']} ({m['name']}) does not match its {m['blobs']:,} blobs, "
+                   "which are sound (its fingerprint or shapes edited by hand?): kept them, as "
+                   "an engine of that model still resumes from them; put the row back as it "
+                   "was, or `statechat cache clear` deletes them")
     found = bool(failed or orphans or dangling)
     status = ((VERIFY_REPAIRED if remove and found else 0)
-              | (VERIFY_LEFT if unreadable or (found and not remove) else 0))
+              | (VERIFY_LEFT if unreadable or mismatched or (found and not remove) else 0))
     if status:
         raise typer.Exit(status)
 

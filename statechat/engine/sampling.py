@@ -152,13 +152,18 @@ def _show(value) -> str:
 def check_vocabulary(params: SamplingParams, vocab_size: int) -> None:
     """ConfigError for params that are not a SamplingParams (a dict of its fields, say), or
     with a logit_bias token id outside a model's vocabulary (one past it is, on a GPU, an
-    assert that ends the process)."""
+    assert that ends the process), or a stop_token_ids id outside it (never sampled: the stop
+    it asks for would never come)."""
     if not isinstance(params, SamplingParams):
         raise ConfigError(f"sampling params must be a SamplingParams, got "
                           f"{type(params).__name__}; build one with SamplingParams(**fields)")
     if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
         raise ConfigError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "
                           f"model's vocabulary (0 to {vocab_size - 1})")
+    bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ConfigError(f"stop_token_ids token id {bad} is outside the model's vocabulary "
+                          f"(0 to {vocab_size - 1})")
 
 
 def _biases(value) -> tuple[tuple[int, float], ...]:

@@ -246,3 +246,40 @@ def test_the_default_budget_counts_the_cache_s_own_bytes(tmp_path, monkeypatch):
         again = open_store(tmp_path)
         assert again.budget == (free + 100_000) // 10
         again.close()
+
+
+def test_an_eviction_leaves_no_segment_that_no_checkpoint_stands_on(tmp_path):
+    """A segment whose blocks lie on no checkpoint's chain can never be resumed from: once the
+    budget evicts the checkpoints above it, it goes too (it stayed, wasted space in a tiny
+    budget: 130 KB of a 300 KB one). A segment that a later checkpoint still stands on stays."""
+    from statechat.cache.store import open_store
+
+    store = open_store(tmp_path, budget_bytes=1 << 30)
+    rows_made = [  # (segment id, [(block, parent, position)], checkpoint at its last, when used)
+        (1, [("x0", "fp", 0), ("x1", "x0", 1)], 0.0),  # a chat's first turn
+        (3, [("z0", "fp", 0), ("z1", "z0", 1)], 1.0),  # another chat
+        (2, [("y2", "x1", 2)], 2.0),  # the first chat's next turn, on its blocks
+    ]
+    now = time.time()
+    with store.db.conn:
+        store.db.execute("INSERT INTO models (id, fingerprint, block_size) VALUES (1, 'fp', 64)")
+        for seg_id, blocks, used in rows_made:
+            store.db.execute("INSERT INTO segments (id, model_id, blob, num_blocks, bytes, "
+                             "last_used) VALUES (?, 1, ?, ?, 100, ?)",
+                             [seg_id, f"s{seg_id}", len(blocks), now + used])
+            for i, (h, parent, pos) in enumerate(blocks):
+                store.db.execute("INSERT INTO blocks (hash, model_id, parent, position, "
+                                 "segment_id, seg_index) VALUES (?, 1, ?, ?, ?, ?)",
+                                 [h, parent, pos, seg_id, i])
+            store.db.execute("INSERT INTO checkpoints (hash, model_id, num_tokens, blob, bytes, "
+                             "last_used, hits) VALUES (?, 1, ?, ?, 100, ?, 0)",
+                             [blocks[-1][0], 64 * (blocks[-1][2] + 1), f"c{seg_id}",
+                              now + used])
+        store.db.execute("UPDATE segments SET last_used = ? WHERE id = 1", [now + 2.0])  # (y2's
+        # save marked the chain under it used)
+    store.evict_to(450)  # the checkpoints x1 and z1 go, the least recently used
+    left = store.db.execute("SELECT 'kv', id FROM segments UNION ALL "
+                            "SELECT 'ckpt', hash FROM checkpoints").fetchall()
+    assert sorted(map(tuple, left)) == [("ckpt", "y2"), ("kv", 1), ("kv", 2)]
+    assert store.total_bytes() == 300
+    store.close()

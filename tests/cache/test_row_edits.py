@@ -138,3 +138,27 @@ def test_an_engine_starts_beside_a_large_checkpoint_row_naming_no_blob(model, wa
                       [64 << 20]))
     out, warnings = rerun(model, warm_cache, caplog)
     assert out.num_cached_tokens == 128 and len(warnings) == 1, warnings
+
+
+@pytest.mark.parametrize("change", [
+    "fingerprint = 'ab' || substr(fingerprint, 3)", "shapes = NULL", "shapes = '{}'"])
+def test_verify_keeps_a_model_s_blobs_when_its_row_was_edited(model, warm_cache, caplog, change):
+    """A `models` row edited by hand (its fingerprint or shapes) no longer matches its blobs,
+    which are sound: verify reports the row and keeps them (it deleted every blob of the
+    model, as damaged), and an engine of the model resumes from them as before."""
+    db = sqlite3.connect(warm_cache / "index.db")
+    rows_before = db.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    files_before = sorted(p.name for p in (warm_cache / "blobs").rglob("*.safetensors"))
+    db.close()
+    edit(warm_cache, (f"UPDATE models SET {change}", []))
+    store = open_store(warm_cache)
+    try:
+        report = store.verify()
+    finally:
+        store.close()
+    assert report["removed"] == [] and report["dangling"] == [], report
+    assert [m["id"] for m in report["mismatched_models"]] == [1], report
+    assert report["mismatched_models"][0]["blobs"] == len(files_before)
+    assert sorted(p.name for p in (warm_cache / "blobs").rglob("*.safetensors")) == files_before
+    out, _ = rerun(model, warm_cache, caplog)
+    assert out.num_cached_tokens > 0 and rows_before > 0

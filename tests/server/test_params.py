@@ -3,7 +3,8 @@ stop_token_ids and ignore_eos and OpenAI's penalties are taken, a bad value bein
 the field; the server's defaults (its flags over the model's generation config) fill only the
 fields a body leaves out; fields the server cannot honour are taken at the values that leave
 them off (clients send those by default) and are a 400 naming the field otherwise, never
-silently ignored. n is 1 to 16 and best_of only equal to it; choice i of a seeded request
+silently ignored (stop_token_ids outside the vocabulary too, which could never stop a
+reply). n is 1 to 16 and best_of only equal to it; choice i of a seeded request
 samples with seed + i."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from statechat.api_choices import choice_params
 from statechat.api_messages import parse_messages
 from statechat.api_request import ApiError, parse_n, parse_params, parse_stream
 from statechat.engine.sampler import sample
-from statechat.engine.sampling import SamplingParams
+from statechat.engine.sampling import SamplingParams, check_vocabulary
+from statechat.errors import ConfigError
 
 
 def params(defaults: SamplingParams | None = None, **body):
@@ -128,6 +130,10 @@ def test_logprobs_and_top_logprobs():
     ({"stop": [""]}, "stop", "stop must be a string or a list of non-empty strings, got ['']"),
     ({"logit_bias": {"500": 1}}, "logit_bias",
      "logit_bias token id 500 is outside the model's vocabulary (0 to 299)"),
+    ({"stop_token_ids": [7, 300]}, "stop_token_ids",
+     "stop_token_ids token id 300 is outside the model's vocabulary (0 to 299)"),
+    ({"stop_token_ids": [-1, 7]}, "stop_token_ids",
+     "stop_token_ids token id -1 is outside the model's vocabulary (0 to 299)"),
     ({"min_tokens": 50, "max_tokens": 20}, "min_tokens",
      "min_tokens must be from 0 to max_tokens (20), got 50"),
     ({"min_tokens": -1}, "min_tokens", "min_tokens must be from 0 to max_tokens (90), got -1"),
@@ -144,6 +150,15 @@ def test_bad_logprobs_fields_are_400s(body, field, message):
     with pytest.raises(ApiError) as info:
         params(**body)
     assert (info.value.status, info.value.param, info.value.message) == (400, field, message)
+
+
+@pytest.mark.parametrize("ids", [[-1], [7, 300]])
+def test_the_engine_refuses_stop_token_ids_outside_the_vocabulary(ids):
+    """(The engine's own check, as the Python API and `batch` call it: such an id can never be
+    sampled, so the stop it asks for would never come.)"""
+    with pytest.raises(ConfigError, match=r"^stop_token_ids token id -?\d+ is outside the "
+                                          r"model's vocabulary \(0 to 299\)$"):
+        check_vocabulary(SamplingParams(stop_token_ids=ids), 300)
 
 
 @pytest.mark.parametrize("body, field", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import pytest
 
@@ -66,5 +67,25 @@ def test_a_stop_says_so_and_how_to_quit_at_once(capsys):
 def test_a_second_signal_while_it_stops_ends_it_at_once(capsys):
     with pytest.raises(KeyboardInterrupt):
         _serve(StandInWorker(30), signals=2)
+    err = capsys.readouterr().err
+    assert "statechat: stopped at once; cache writes still pending are lost" in err
+
+
+def test_a_second_signal_as_the_stop_begins_ends_it_at_once(capsys, monkeypatch):
+    """A second signal that lands as the first one's line prints (before the stop's wait) ends
+    the stop at once too: it was taken in that moment, the stop then waited out the cache's
+    writes, and only a third signal ended it."""
+    real_print = print
+
+    def print_then_signal(*args, **kwargs):
+        real_print(*args, **kwargs)
+        if str(args[0]).startswith("statechat: stopping"):
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(api_serve, "print", print_then_signal, raising=False)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _serve(StandInWorker(5), signals=1)
+    assert time.monotonic() - began < 3
     err = capsys.readouterr().err
     assert "statechat: stopped at once; cache writes still pending are lost" in err

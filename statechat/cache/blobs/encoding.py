@@ -27,11 +27,15 @@ class BlobError(Exception):
     """A blob that must not be used (missing, truncated, corrupt, another model's, wrong shape).
 
     `damaged` False: the file could not be read (permissions, an I/O error, no file handles
-    left), which says nothing of its contents: it is kept, and only this use of it fails."""
+    left), which says nothing of its contents: it is kept, and only this use of it fails.
+    `of_model` True: its header is sound but names another model, or other tensors or shapes,
+    than the reader expected (the blob, or the `models` row the reader took them from, is
+    wrong: `cache verify` tells them apart)."""
 
-    def __init__(self, message: str, damaged: bool = True) -> None:
+    def __init__(self, message: str, damaged: bool = True, of_model: bool = False) -> None:
         super().__init__(message)
         self.damaged = damaged
+        self.of_model = of_model
 
 
 # the files a store writes under its blob directory (and their temps, which carry the writer's
@@ -130,12 +134,13 @@ def check_header(blob: str, meta: dict, entries: Entries, fingerprint: str,
     if meta.get("format_version") != str(CACHE_FORMAT_VERSION):
         raise BlobError(f"blob {blob} has cache format {meta.get('format_version')}")
     if meta.get("fingerprint") != fingerprint:
-        raise BlobError(f"blob {blob} belongs to another model")
+        raise BlobError(f"blob {blob} belongs to another model", of_model=True)
     if set(entries) != set(expected):
-        raise BlobError(f"blob {blob} holds other tensors than expected")
+        raise BlobError(f"blob {blob} holds other tensors than expected", of_model=True)
     for name, shape in expected.items():
         if tuple(entries[name][1]) != tuple(shape):
-            raise BlobError(f"blob {blob} tensor {name} has shape {list(entries[name][1])}")
+            raise BlobError(f"blob {blob} tensor {name} has shape {list(entries[name][1])}",
+                            of_model=True)
     if hashes and not _covers(meta.get("hashes"), hashes):
         raise BlobError(f"blob {blob} is not what its index rows say (another prefix's data)")
 

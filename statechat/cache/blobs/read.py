@@ -94,6 +94,24 @@ def read_blob(
             for n, (dtype, shape, start, end) in entries.items()}
 
 
+def own_identity(path: Path) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """The model fingerprint and the tensor shapes that the header of the blob at `path` gives
+    (read_blob, given them, checks the rest of it: its checksum, its hashes); BlobError where
+    the header cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise BlobError(f"blob {path.name} cannot be opened ({e.strerror})",
+                        damaged=False) from None
+    try:
+        meta, _, entries = _read_header(fd)
+    except Exception as e:  # noqa: BLE001 - any parse failure means a damaged file
+        raise BlobError(f"blob {path.name} is unreadable ({_first_line(e)})") from None
+    finally:
+        os.close(fd)
+    return str(meta.get("fingerprint")), {n: tuple(e[1]) for n, e in entries.items()}
+
+
 def _first_line(e: Exception) -> str:
     return (str(e) or type(e).__name__).splitlines()[0][:80]
 

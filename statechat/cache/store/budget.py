@@ -22,6 +22,8 @@ import sqlite_utils
 from statechat.cache import index
 
 DEFAULT_SHARE = 0.10  # the default budget's share of the space the cache may count on
+LOG_SHARE = 16  # the index's write-ahead log is folded into index.db past 1/16 of the budget
+MAX_LOG_BYTES = 4 << 20  # (SQLite's own default: 1,000 pages of 4 KiB)
 
 
 def default_budget(root: Path, own_bytes: int = 0) -> int:
@@ -78,3 +80,17 @@ def gc_budget(recorded: dict | None, default: int) -> int:
     a user set it (`recorded`, explicit), else the default rule's, `default`, as an engine
     started without --disk-cache-bytes would take it now."""
     return recorded["bytes"] if recorded and recorded["explicit"] else default
+
+
+def bound_log(db: sqlite_utils.Database, budget: int) -> None:
+    """Keep the index's write-ahead log (index.db-wal) small beside the budget: this connection
+    folds it into index.db (a passive checkpoint, which waits for no one) at the commit that
+    takes it past a sixteenth of the budget, at most MAX_LOG_BYTES, and cuts the file back to
+    that size once it starts over. The budget counts the blobs, which eviction can free: a
+    deletion adds to the log, and index.db (the chats in it too) does not shrink. SQLite's
+    default, 4 MB, let the log grow by a save's pages (some 70 KB) with every save, past a
+    small budget and, on a small disk, to its end."""
+    limit = max(0, min(MAX_LOG_BYTES, budget // LOG_SHARE))
+    page = db.execute("PRAGMA page_size").fetchone()[0] or 4096
+    db.execute(f"PRAGMA wal_autocheckpoint = {max(1, limit // page)}")
+    db.execute(f"PRAGMA journal_size_limit = {limit}")

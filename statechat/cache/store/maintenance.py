@@ -18,7 +18,14 @@ from statechat.cache.store.freeing import (
 )
 
 log = logging.getLogger("statechat.cache")
+INDEX_FILE = "index.db"  # the index, in the cache dir (beside blobs/)
 EVICT_BATCH = 256  # rows an eviction's write transaction deletes at most (an ORDER BY each)
+# the segments none of whose blocks lies on a checkpoint's chain: (id, blob, bytes)
+ORPHAN_SEGMENTS = (
+    "WITH RECURSIVE up(hash) AS (SELECT hash FROM checkpoints UNION SELECT b.parent FROM "
+    "blocks b JOIN up ON b.hash = up.hash) SELECT s.id, s.blob, coalesce(s.bytes, 0) FROM "
+    "segments s WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.segment_id = s.id AND b.hash "
+    "IN (SELECT hash FROM up))")
 
 
 class StoreMaintenance:
@@ -35,6 +42,16 @@ class StoreMaintenance:
             ).fetchone()
         return int(row[0])
 
+    def index_bytes(self) -> int:
+        """The bytes of the index's files: index.db (the chats in it too), its write-ahead log
+        and the log's shared memory (-wal, -shm), as they are now. The budget does not count
+        them (budget.bound_log keeps the log small)."""
+        size = 0
+        for name in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):  # (none yet, or gone: a read-only cache's)
+                size += (self.path / f"{INDEX_FILE}{name}").stat().st_size
+        return size
+
     def evict_to(self, max_bytes: int) -> int:
         """Delete least recently used checkpoints and segments until the total fits; bytes freed.
 
@@ -48,7 +65,12 @@ class StoreMaintenance:
 
         The total is summed inside each write transaction, which deletes up to EVICT_BATCH
         rows: another process on the same cache dir may evict at the same time, and a total
-        read before its deletions would have both free the whole overshoot."""
+        read before its deletions would have both free the whole overshoot.
+
+        A segment none of whose blocks lies on a checkpoint's chain (its checkpoints evicted, or
+        a save whose checkpoint was not indexed) can never be resumed from: where the total is
+        past the budget, such segments go first, and those that the evicted checkpoints leave
+        go with them (`_drop_orphan_segments`)."""
         freed = 0
         if self.total_bytes() <= max_bytes:  # (the common case, without the write lock)
             return 0
@@ -56,9 +78,11 @@ class StoreMaintenance:
             with self.db_lock, self.db.conn:
                 self.db.execute("BEGIN IMMEDIATE")
                 total = self.total_bytes()
+                gone = self._drop_orphan_segments() if total > max_bytes else []
+                total -= sum(size for _, size in gone)
                 rows = self.db.execute(EVICTION_ORDER,
                                        [EVICT_BATCH if total > max_bytes else 0]).fetchall()
-                gone = []
+                evicted = 0
                 for kind, key, blob, size, _, _ in rows:
                     if total <= max_bytes:
                         break
@@ -67,13 +91,28 @@ class StoreMaintenance:
                     else:
                         self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
                         self.db.execute("DELETE FROM segments WHERE id = ?", [key])
-                    gone.append(blob)
+                    gone.append((blob, size))
                     total -= size
-                    freed += size
-            for blob in gone:
+                    evicted += 1
+                if evicted:  # (the segments that only the evicted checkpoints stood on)
+                    orphans = self._drop_orphan_segments()
+                    gone += orphans
+                    total -= sum(size for _, size in orphans)
+            for blob, size in gone:
                 self._unlink_blob(blob)
+                freed += size
             if total <= max_bytes or len(rows) < EVICT_BATCH:
                 return freed
+
+    def _drop_orphan_segments(self) -> list[tuple[str, int]]:
+        """(In evict_to's transaction) Delete the rows of the segments none of whose blocks lies
+        on a checkpoint's chain (the checkpoint's block and those before it): their (blob,
+        bytes), the blobs to delete once the transaction commits."""
+        rows = self.db.execute(ORPHAN_SEGMENTS).fetchall()
+        for seg_id, _, _ in rows:
+            self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [seg_id])
+            self.db.execute("DELETE FROM segments WHERE id = ?", [seg_id])
+        return [(blob, size) for _, blob, size in rows]
 
     def budgets(self) -> dict:
         """{"bytes_budget": what this store evicts down to (its own where set, else what a plain
@@ -167,6 +206,7 @@ class StoreMaintenance:
                 "num_blocks": q("SELECT count(*) FROM blocks").fetchone()[0],
                 "num_segments": q("SELECT count(*) FROM segments").fetchone()[0],
                 "bytes_total": self.total_bytes(),
+                "bytes_index": self.index_bytes(),
                 **self.budgets(),
                 **host,
                 "models": models,

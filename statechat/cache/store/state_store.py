@@ -20,17 +20,16 @@ import torch
 from statechat.cache import index, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
-from statechat.cache.store.budget import default_budget
+from statechat.cache.store.budget import bound_log, default_budget
 from statechat.cache.store.failures import FailedSaves
 from statechat.cache.store.job import SaveJob
-from statechat.cache.store.maintenance import StoreMaintenance
+from statechat.cache.store.maintenance import INDEX_FILE, StoreMaintenance
 from statechat.cache.store.readahead import IndexReadAhead
 from statechat.cache.store.reads import StoreReads
 from statechat.cache.store.verify import StoreVerify
 from statechat.cache.store.writer import StoreWriter
 from statechat.errors import ConfigError
 
-INDEX_FILE = "index.db"
 BLOB_DIR = "blobs"
 log = logging.getLogger("statechat.cache")
 
@@ -54,6 +53,8 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
         self.budget = budget_bytes if budget_bytes is not None else default_budget(
             self.path, self._own_bytes())
         self.budget_explicit = budget_bytes is not None  # set, not the default (budget.py)
+        if not read_only:
+            bound_log(self.db, self.budget)
         self.host = HostTier(host_bytes)
         self.device = torch.device("cpu")  # the engine's: where disk reads land on CUDA
         self.copy_stream: torch.cuda.Stream | None = None  # the writer's device-to-host copies
