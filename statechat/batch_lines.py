@@ -20,13 +20,16 @@ added to the line's, as the server's), assistant messages' "tool_calls" and "too
 messages are read as the server reads them (api_tools.py, api_messages.py); without it, they
 are the line's error, as they are the server's 400. A
 line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
-model's recommended sampling and the command's flags); other fields are named on stderr.
+model's recommended sampling and the command's flags); other fields are named on stderr. With
+--seed S, a line without its own "seed" draws one made from S and its line number (line_seed):
+the same file and S give the same outputs, and identical lines still give different samples.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Iterable
@@ -119,7 +122,7 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS
                            and not (k == "prompt" and "messages" not in req)))  # (its error)
     try:
-        params = line_params(req, defaults)
+        params = line_params(req, defaults, line)
         if "messages" not in req and "prompt" in req:
             raise StatechatError('batch runs chat requests: give "messages", not "prompt" '
                                  "(the completions form)")
@@ -139,11 +142,14 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
                include_reasoning=include_reasoning is not False)
 
 
-def line_params(req: dict, defaults: BatchDefaults) -> SamplingParams:
-    """A line's sampling params (BatchDefaults.params) from its fields; a one-line
+def line_params(req: dict, defaults: BatchDefaults, line: int = 1) -> SamplingParams:
+    """A line's sampling params (BatchDefaults.params) from its fields (a line without a seed
+    of its own, in a run with one, gets line_seed's for its number `line`); a one-line
     StatechatError naming the field at fault as the line gave it (max_completion_tokens, say,
     which is read as max_tokens)."""
     given = {k: req[k] for k in LINE_FIELDS if req.get(k) is not None}
+    if "seed" not in given and defaults.sampling.seed is not None:
+        given["seed"] = line_seed(defaults.sampling.seed, line)
     named = {}  # SamplingParams' field -> the line's own name for it
     if req.get("max_completion_tokens") is not None:  # (OpenAI's newer name wins, as in serve)
         given["max_tokens"] = req["max_completion_tokens"]
@@ -162,6 +168,14 @@ def line_params(req: dict, defaults: BatchDefaults) -> SamplingParams:
     except StatechatError as e:  # (its message starts with the field's name)
         field, _, rest = str(e).partition(" ")
         raise StatechatError(f"{named.get(field, field)} {rest}") from None
+
+
+def line_seed(seed: int, line: int) -> int:
+    """The seed that line `line` of a run seeded with `seed` (--seed) draws with when it gives
+    none: a hash of both (63 bits), so a run repeats while its lines differ from each other
+    (the run's seed itself for every line gave identical lines one sample)."""
+    digest = hashlib.sha256(f"statechat-batch:{seed}:{line}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def chat_logprobs(given: dict, top) -> bool:

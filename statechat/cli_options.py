@@ -156,7 +156,9 @@ RepetitionPenaltyOpt = Annotated[float | None, typer.Option(
 MaxTokensOpt = Annotated[int | None, typer.Option(
     help="Most new tokens of a reply.", rich_help_panel=SAMPLING)]
 SeedOpt = Annotated[int | None, typer.Option(
-    help="Seed of every request's draw (same seed, same output).", rich_help_panel=SAMPLING)]
+    help="Seed of the run: a request without its own seed draws one made from this and its "
+    "line number (the same input and seed give the same outputs; identical lines still "
+    "differ).", rich_help_panel=SAMPLING)]
 
 
 def compose_sampling(base: SamplingParams, model: Path, min_max_tokens: int = 1,
