@@ -28,6 +28,7 @@ from statechat.api_reasoning import check_parser
 from statechat.api_tools import check_tool_parser
 from statechat.cli_batch import (
     STDIN,
+    ReaderGone,
     Terminated,
     input_name,
     progress_bar,
@@ -193,7 +194,7 @@ def batch(
     if not jobs:  # (nothing to run: no model to load)
         typer.echo(f"statechat: {input_name(input)} has no requests", err=True)
     if not jobs or all(job.error is not None for job in jobs):  # (nor when none can run)
-        with results(output, direct) as sink:
+        with _exit_status_of(ReaderGone), results(output, direct) as sink:
             records = [error_record(job) for job in jobs]
             write_records(sink, output, records)
         return report_failures(records)
@@ -202,6 +203,8 @@ def batch(
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the results in place, then the
         # cache flushed, which may wait long for a lock another process holds on its index)
+        stack.enter_context(_exit_status_of(ReaderGone))  # (`| head`: quietly, nothing more
+        # computed, as SIGPIPE ends `cat`)
         stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
         stack.enter_context(_exit_status_of(Terminated))  # (Typer's is 130, Ctrl+C's)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes

@@ -2,7 +2,8 @@
 its results (standard output, or a file written beside its target and renamed over it when the
 run ends, so an earlier file survives a failed run; a run stopped early, by Ctrl+C or SIGTERM,
 keeps its finished results in FILE.partial). A file that cannot be read or written is one
-line: StatechatError, or OutputError (exit status 1) once the run has begun."""
+line: StatechatError, or OutputError (exit status 1) once the run has begun; results whose
+reader went away (`| head -1`) end the run quietly (ReaderGone, exit status 141)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ class OutputError(StatechatError):
     failed, so the exit status is 1 (that of a run whose every request failed), not 2."""
 
     exit_code = 1
+
+
+class ReaderGone(Exception):
+    """The results' reader went away (a broken pipe: `statechat batch ... | head -1`): the run
+    ends at once and quietly, as `cat` and `grep` do, with the exit status a shell reports for
+    a command that SIGPIPE ended (128 + 13), which `set -o pipefail` sees as theirs."""
+
+    exit_code = 141
 
 
 class Interrupted(StatechatError):
@@ -104,7 +113,8 @@ def results(output: Path | None, direct: bool):
         try:
             with said_when_stopped(Counted(sys.stdout), "went to standard output") as sink:
                 yield sink
-        except OutputError:  # (what stdout still buffers would fail again as Python exits)
+        except (OutputError, ReaderGone):  # (what stdout still buffers would fail again as
+            # Python exits)
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise
@@ -209,9 +219,12 @@ def fitted(output: Path, room: int) -> str:
 
 
 def output_call(output: Path, fn, *args, **kwargs):
-    """fn(*args, **kwargs), an OSError of which is the one line `cannot write OUTPUT (why)`."""
+    """fn(*args, **kwargs), an OSError of which is the one line `cannot write OUTPUT (why)`
+    (a broken pipe: ReaderGone)."""
     try:
         return fn(*args, **kwargs)
+    except BrokenPipeError:
+        raise ReaderGone() from None
     except OSError as e:
         raise OutputError(f"cannot write {output} ({e.strerror or e})") from None
 
@@ -263,11 +276,13 @@ def progress_bar():
 
 def write_records(sink, output: Path | None, records: list[dict]) -> None:
     """Write result records as JSON lines (flushed: a reader of the file sees each as it
-    comes); a failed write is one line (OutputError)."""
+    comes); a failed write is one line (OutputError), a broken pipe ReaderGone."""
     try:
         for rec in records:
             sink.write(json.dumps(rec) + "\n")
         sink.flush()
+    except BrokenPipeError:
+        raise ReaderGone() from None
     except OSError as e:
         raise OutputError(f"cannot write {output or 'stdout'} ({e.strerror})") from None
 
