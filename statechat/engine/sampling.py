@@ -4,6 +4,7 @@ The device work that honours them is statechat/engine/sampler.py."""
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -115,7 +116,7 @@ class SamplingParams:
                 raise ConfigError(f"{name} may hold at most {MAX_STOPS} entries, got "
                                   f"{len(getattr(self, name))}")
         if not isinstance(self.ignore_eos, bool | np.bool_):  # ("false" would be true)
-            raise ConfigError(f"ignore_eos must be True or False, got {_show(self.ignore_eos)}")
+            raise ConfigError(f"ignore_eos must be true or false, got {_show(self.ignore_eos)}")
         put(self, "ignore_eos", bool(self.ignore_eos))
         put(self, "min_tokens", _integer("min_tokens", self.min_tokens))
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -140,12 +141,19 @@ class SamplingParams:
 
 
 def _show(value) -> str:
-    """A value for an error message: short, and never a number too long to print; a tuple
-    shows as the list a request gave (the server passes a JSON array on as a tuple)."""
+    """A value for an error message, in JSON's form: the form a request's or a batch line's
+    value was written in (`true`, `"hot"`, `null`, a tuple as the array it came from), which
+    reads plainly for Python's values too; Python's for a value JSON has no form for (a set).
+    Short, and never a number too long to print."""
+    if isinstance(value, np.generic):  # (a numpy scalar: as the number it holds)
+        value = value.item()
     try:
-        text = repr(list(value) if isinstance(value, tuple) else value)
-    except ValueError:  # an int past Python's digit limit
-        return "a number too large to print"
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # (no JSON form; an int past Python's digit limit)
+        try:
+            text = repr(value)
+        except ValueError:
+            return "a number too large to print"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -1,7 +1,8 @@
 """A batch line's fields are told as they were read: a completions line's "prompt", which is
 the line's error, is not also named as ignored on stderr; and "n" is taken as the server takes
 it (1.0 is 1; true is not a count, and is the line's error, not one sample); and a byte-order
-mark starting any line of the input is read past, as the first line's is."""
+mark starting any line of the input is read past, as the first line's is; a bad value is
+shown in JSON's form, as the line wrote it."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ def test_a_byte_order_mark_starting_any_line_is_read_past(tmp_path):
     src.write_bytes((one + one.replace('"a"', '"b"')).encode())
     jobs = parse_lines(read_requests(src), BatchDefaults())
     assert [(job.id, job.error) for job in jobs] == [("a", None), ("b", None)]
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"max_tokens": True}, "max_tokens must be an integer, got true"),
+    ({"temperature": "hot"}, 'temperature must be a number, got "hot"'),
+    ({"top_k": [1, None]}, "top_k must be an integer, got [1, null]"),
+    ({"stop": ["", "end"]},
+     'stop must be a string or a list of non-empty strings, got ["", "end"]'),
+    ({"logit_bias": {"a": 1}}, 'logit_bias keys must be token ids (integers >= 0), got "a"'),
+    ({"min_p": {"é": None}}, 'min_p must be a number, got {"é": null}'),
+])
+def test_a_bad_value_is_shown_as_the_line_wrote_it(fields, says):
+    """A line's bad value is shown in JSON's form, as the line gave it (it was Python's:
+    `got True`, `got 'hot'`, `got {'é': None}`)."""
+    [job] = parse({"messages": MESSAGES, **fields})
+    assert job.error == says
