@@ -157,10 +157,14 @@ class EngineWorker:
         LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
         prompt submitted several times is checked once). A `speculative` request (work done
         ahead, such as a next turn's prefix) yields to every other: it is aborted as soon as
-        another request is added, so that it never delays one nor computes its prefix twice."""
+        another request is added, so that it never delays one nor computes its prefix twice.
+        No params: the engine's default_params (the checkpoint's recommended sampling), as
+        LLMEngine.add_request's."""
         ids, packed = checked or self.engine.check_prompt(prompt_ids)
         ids = list(ids) if checked else ids  # (its sequence appends to it: one list each)
-        handle = RequestHandle(self, ids, packed, params or SamplingParams(), request_id)
+        if params is None:  # (set when the engine was made: read from any thread)
+            params = self.engine.default_params
+        handle = RequestHandle(self, ids, packed, params, request_id)
         handle.speculative = speculative
         with self._submit_lock:
             if self._stopping:

@@ -4,7 +4,8 @@ later call, as an iteration after it ends at once); a request that failed raises
 every call; `started` is set by the first event, by a failure and by an abort; a request's
 time to first token counts from its submission, also when the worker was inside a step; a
 long prompt's tokenization (seconds for megabytes) holds up no short prompt's, and gives the
-same ids."""
+same ids; a request submitted without params samples with the engine's default_params (the
+checkpoint's recommended sampling), as LLMEngine's own requests do."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def test_result_with_a_timeout(worker):
     out = handle.result(timeout=60)
     assert handle.started.is_set() and len(out.token_ids) == 400
     assert handle.result(timeout=0) is out and list(handle) == []
+
+
+def test_a_request_without_params_samples_with_the_engine_s_defaults(worker, monkeypatch):
+    """(It sampled greedily with SamplingParams(), 256 tokens, whatever the checkpoint's
+    generation_config.json recommends.)"""
+    defaults = SamplingParams(temperature=0.7, max_tokens=3, ignore_eos=True)
+    monkeypatch.setattr(worker.engine, "default_params", defaults)
+    handle = worker.submit(list(range(3, 40)))
+    assert handle.params is defaults and len(handle.result(timeout=60).token_ids) == 3
 
 
 def test_a_failed_request_raises_on_every_call(worker, monkeypatch):
