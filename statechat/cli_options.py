@@ -128,8 +128,8 @@ DiskCacheBytesOpt = Annotated[str | None, typer.Option(
     "and of the cache's own). Recorded in the cache's index: `cache stats` shows it and `cache "
     "gc` keeps to it.", rich_help_panel=ENGINE)]
 DtypeOpt = Annotated[str | None, typer.Option(
-    "--dtype", help="float32 | bfloat16 | float16 (default: bfloat16 on accelerators, float32 "
-    "on the CPU).", rich_help_panel=ENGINE)]
+    "--dtype", help="auto | float32 | bfloat16 | float16 (default auto, as vLLM's: bfloat16 on "
+    "accelerators, float32 on the CPU).", rich_help_panel=ENGINE)]
 
 # Sampling: defaults of every request of a run, over the model's recommended sampling (its
 # generation_config.json) and under a request's (or batch line's) own fields; None = not given.

@@ -42,6 +42,14 @@ def test_help_explains_options(argv, needles):
         assert needle in result.output, f"{needle} missing from `statechat {' '.join(argv)} --help`"
 
 
+def test_dtype_s_help_names_auto():
+    """--dtype takes vLLM's `auto` (the default's choice), and its help says so (it listed the
+    three types alone)."""
+    result = runner.invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    line = next(line for line in result.output.splitlines() if "--dtype" in line)
+    assert "auto | float32 | bfloat16 | float16" in line, line
+
+
 def test_version():
     from statechat import __version__
 
