@@ -237,7 +237,9 @@ class ModelConfig:
             linear_key_head_dim=need("linear_key_head_dim"),
             linear_value_head_dim=need("linear_value_head_dim"),
             linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
-            eos_token_ids=eos_ids(gen, text, path),
+            # (a multimodal config's text_config may have none: then its top level's)
+            eos_token_ids=eos_ids(gen, text if text.get("eos_token_id") is not None else raw,
+                                  path),
             sampling_defaults=sampling_defaults(gen, path),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
                             or "bfloat16"),
