@@ -4,8 +4,9 @@ Input, one request a line:
     {"id": "a", "messages": [{"role": "user", "content": "..."}], "max_tokens": 64,
      "temperature": 0}
 ("id": a string or a number, echoed as given; "line-N" when left out; a line of OpenAI's batch
-format, {"custom_id", "url": "/v1/chat/completions", "body"}, as vLLM's run-batch reads, is its
-body with the custom_id as "id") with optional
+format, {"custom_id", "method", "url": "/v1/chat/completions", "body"}, as vLLM's run-batch
+reads, is its body with the custom_id as "id"; its other fields, outside the body, are ignored)
+with optional
 "max_completion_tokens" (over "max_tokens"), "top_p", "top_k", "min_p", "presence_penalty",
 "frequency_penalty", "repetition_penalty", "seed", "stop" (a string or a list),
 "stop_token_ids", "ignore_eos", "n" (1 only), "logprobs" (0 to 20: each generated token's
@@ -44,9 +45,12 @@ LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence
                "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
                "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
 # the other fields a line may have; any more are named on stderr, as ignored
-# ("model": the loaded model answers whatever a line names, as serve's does)
+# ("model": the loaded model answers whatever a line names, as serve's does; a name that is not
+# a string is the line's error, as it is serve's 400)
 OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
                 "top_logprobs", "model", "include_reasoning", *TOOL_FIELDS)
+BATCH_FORMAT_FIELDS = ("custom_id", "method", "url", "body")  # OpenAI's batch format's; any
+# other field of such a line, outside its body, is named on stderr, as ignored
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
 # which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
@@ -101,9 +105,10 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         return Job(line, None, error=f"line {line} is not valid JSON ({str(e)[:200]})")
     if not isinstance(req, dict):
         return Job(line, None, error=f"line {line} must be a JSON object")
-    url, id_field, body = "/v1/chat/completions", "id", req
+    url, id_field, body, outside = "/v1/chat/completions", "id", req, ()
     if "body" in req and "messages" not in req:  # (OpenAI's batch format)
         url, id_field, body = req.get("url"), "custom_id", req["body"]
+        outside = tuple(k for k in req if k not in BATCH_FORMAT_FIELDS)  # (not its body's)
         req = {**body, "id": req.get("custom_id")} if isinstance(body, dict) else \
             {"id": req.get("custom_id")}
     rid = req.get("id")
@@ -119,9 +124,11 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     if not isinstance(body, dict):
         return Job(line, rid, error=f'line {line}: "body" must be a JSON object (the chat '
                                     f"request), got {json.dumps(body)[:60]}")
-    unknown = tuple(sorted(k for k in req if k not in LINE_FIELDS and k not in OTHER_FIELDS
-                           and not (k == "prompt" and "messages" not in req)))  # (its error)
+    unknown = unread_fields(req, outside)
     try:
+        if req.get("model") is not None and not isinstance(req["model"], str):  # (as serve's 400)
+            raise StatechatError("model must be a string (any name: the loaded model answers "
+                                 "every line)")
         params = line_params(req, defaults, line)
         if "messages" not in req and "prompt" in req:
             raise StatechatError('batch runs chat requests: give "messages", not "prompt" '
@@ -140,6 +147,15 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         return Job(line, rid, error=str(e), unknown=unknown)
     return Job(line, rid, messages, kwargs, tools, params=params, unknown=unknown,
                include_reasoning=include_reasoning is not False)
+
+
+def unread_fields(req: dict, outside: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The fields of a line's request `req` that batch does not read (a completions line's
+    "prompt" excepted: it is the line's error), with `outside`, those of an OpenAI batch-format
+    line outside its body; sorted."""
+    return tuple(sorted({*outside, *(k for k in req if k not in LINE_FIELDS
+                                     and k not in OTHER_FIELDS
+                                     and not (k == "prompt" and "messages" not in req))}))
 
 
 def line_params(req: dict, defaults: BatchDefaults, line: int = 1) -> SamplingParams:
