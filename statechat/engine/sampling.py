@@ -143,12 +143,13 @@ class SamplingParams:
 def _show(value) -> str:
     """A value for an error message, in JSON's form: the form a request's or a batch line's
     value was written in (`true`, `"hot"`, `null`, a tuple as the array it came from), which
-    reads plainly for Python's values too; Python's for a value JSON has no form for (a set).
+    reads plainly for Python's values too; Python's for a value JSON has no form for (a set;
+    inf and nan, as a flag gives them).
     Short, and never a number too long to print."""
     if isinstance(value, np.generic):  # (a numpy scalar: as the number it holds)
         value = value.item()
     try:
-        text = json.dumps(value, ensure_ascii=False)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):  # (no JSON form; an int past Python's digit limit)
         try:
             text = repr(value)
