@@ -162,7 +162,7 @@ def test_a_cache_dir_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch, ca
     (["run", "--model", "/nonexistent"], "model directory /nonexistent does not exist"),
     (["run", "--memory-fraction", "2"], "--memory-fraction must be in [0.05, 0.98], got 2.0"),
     (["serve", "--dtype", "float64"],
-     "--dtype must be float32, bfloat16 or float16, got 'float64'"),
+     "--dtype must be auto, float32, bfloat16 or float16, got 'float64'"),
     (["run", "--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
     (["serve", "--max-model-len", "1"], "--max-model-len must be at least 2 tokens, got 1"),
     (["serve", "--max-step-ms", "-5"], "--max-step-ms must be 0 (off) or more, got -5.0"),

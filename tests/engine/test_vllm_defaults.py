@@ -61,6 +61,6 @@ def test_dtype_auto_and_torch_dtypes(tiny_dirs):
     model = tiny_dirs["qwen3_5_text"]
     assert EngineConfig(model=model, dtype="auto").dtype is None
     assert EngineConfig(model=model, dtype=torch.bfloat16).dtype == "bfloat16"
-    with pytest.raises(ConfigError, match="dtype must be float32, bfloat16 or float16, got "
+    with pytest.raises(ConfigError, match="dtype must be auto, float32, bfloat16 or float16, got "
                                           "'float64'"):
         EngineConfig(model=model, dtype=torch.float64)
