@@ -11,10 +11,11 @@ model even for thousands of tokens (an H100 ran the 0.75B model's 8k prompt in 4
 chunks host-bound: 48-63 ms eagerly against 30 ms of GPU time). Chunks of several prompts in
 one step (a burst of requests) replay one packed graph of PACKED_SLOTS sequence slots, in the
 buckets of `packed_buckets`: 16 prompts of 100 tokens took 29 ms eagerly on an H100, and 9.5 ms
-in a packed graph (docs/bench.md, session 34). A packed graph returns the last layer's rows, and the logits are made after the replay, so that the
-graphs keep no [slots, vocab] buffer each. The padded layout is prefill_staging.py's. Each
-graph is replayed once when captured (on its capture inputs, padding alone), so that no request
-pays its first replay's upload.
+in a packed graph (session 34). Only the slot counts that a step of the engine's sequences can
+use are captured (graph_keys). A packed graph returns the last layer's rows, and the logits are
+made after the replay, so that the graphs keep no [slots, vocab] buffer each. The padded layout
+is prefill_staging.py's. Each graph is replayed once when captured (on its capture inputs,
+padding alone), so that no request pays its first replay's upload.
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ def packed_buckets(sizes: list[int]) -> list[int]:
     return [b for b in sizes if b <= PREFILL_BUCKETS[-1] or b in PACKED_LARGE or b == sizes[-1]]
 
 
+def graph_keys(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+    """The (bucket, slots) of the graphs to capture for a token budget and steps of at most
+    `max_seqs` sequences, largest bucket first: one slot in every bucket, and in each packed
+    bucket the PACKED_SLOTS up to the fewest that hold `max_seqs` chunks (none for one)."""
+    sizes = prefill_buckets(max_tokens)
+    slots = [k for k in PACKED_SLOTS if k // 2 < max_seqs]
+    keys = [(b, 1) for b in reversed(sizes)]
+    return keys + [(b, k) for b in reversed(packed_buckets(sizes)) for k in slots]
+
+
 def _forward(model, ids: torch.Tensor, ctx: Context, caches: ModelCaches
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """A prefill graph's forward: with one slot, the logits and their argmax; with more, the
@@ -72,15 +83,13 @@ class PrefillGraphs:
 
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
                  device: torch.device, stream: Any = None,
-                 rope_table: torch.Tensor | None = None) -> None:
-        sizes = prefill_buckets(max_tokens)
+                 rope_table: torch.Tensor | None = None, max_seqs: int = PACKED_SLOTS[-1]) -> None:
         self.rope_table = rope_table  # (Context.rope_table: its rows are read by the graphs)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
         capture = capturing(capture, stream)
         self.max_blocks = max_blocks
-        keys = [(b, 1) for b in reversed(sizes)]
-        keys += [(b, k) for b in reversed(packed_buckets(sizes)) for k in PACKED_SLOTS]
-        self.staging = PrefillStaging(sizes[-1], max(k for _, k in keys), max_blocks, pad_slot,
+        keys = graph_keys(max_tokens, max_seqs)  # (max_seqs: the steps' sequences at most)
+        self.staging = PrefillStaging(keys[0][0], max(k for _, k in keys), max_blocks, pad_slot,
                                       device)
         self.graphs: dict[tuple[int, int], Any] = {}  # (bucket, slots) -> CUDAGraph or NPUGraph
         # one slot: the logits [1, vocab] and their argmax; more: the last layer's rows and the

@@ -1,8 +1,8 @@
 """The runner's graphs (CUDA graphs; NPU graphs through torch_npu, opted into): their capture at
-start (decode steps by batch bucket, one-sequence prefill chunks by length bucket; the sampler's
-are captured while serving) and the replay of a step on them: one graph, or for a step of
-several sequences that no one graph serves, the decode graph and a prefill graph a chunk in
-turn (_replay_split).
+start (decode steps by batch bucket, prefill steps by length bucket and sequence slots; the
+sampler's are captured while serving) and the replay of a step on them: one graph, or for a
+step of several sequences that no one graph serves, the decode graph and one packed prefill
+graph for its chunks (or a prefill graph a chunk) in turn (_replay_split).
 
 A mixin of ModelRunner (engine/runner.py), which owns the tensors they read and write and
 chooses, per step, between a replay and an eager forward.
@@ -88,7 +88,7 @@ class GraphReplay:
         if with_prefill:
             self.prefill_graphs = self._capture("prefill", lambda: PrefillGraphs(
                 self.model, self.caches, max_prefill_tokens, max_blocks_per_seq, self.pad_slot,
-                self.device, self.capture_stream, self.rope_table))
+                self.device, self.capture_stream, self.rope_table, max_batch))
         if self.device.type == "cuda":  # (captured while serving: see sampler_graphs)
             self.sampler_graphs = SamplerGraphs(self.device)
 

@@ -19,6 +19,7 @@ from statechat.engine.prefill_graphs import (
     PACKED_SLOTS,
     PrefillGraphs,
     _forward,
+    graph_keys,
     packed_buckets,
     prefill_buckets,
 )
@@ -45,12 +46,10 @@ class EagerGraph:
 def eager_graphs(runner, budget: int, max_blocks: int) -> list[tuple[int, int]]:
     """Give a CPU runner PrefillGraphs whose graphs are EagerGraphs over the real staging, for
     a token budget. Returns the log of replayed (bucket, slots) keys."""
-    sizes = prefill_buckets(budget)
-    keys = [(b, 1) for b in sizes] + [(b, k) for b in packed_buckets(sizes)
-                                      for k in PACKED_SLOTS]
+    keys = graph_keys(budget, max(PACKED_SLOTS))
     pg = PrefillGraphs.__new__(PrefillGraphs)
     pg.max_blocks, pg.replays, pg.graphs, pg.out, log = max_blocks, 0, {}, {}, []
-    pg.staging = PrefillStaging(sizes[-1], max(PACKED_SLOTS), max_blocks, runner.pad_slot,
+    pg.staging = PrefillStaging(keys[0][0], max(PACKED_SLOTS), max_blocks, runner.pad_slot,
                                 runner.device)
     for b, k in keys:
         pg.staging.stage(b, k, [])
@@ -169,3 +168,14 @@ def test_packed_graphs_match_eager_steps(tiny_dirs):
             assert lp == pytest.approx(lp_e, abs=1e-4)
             assert [t for t, _ in top] == [t for t, _ in top_e]
     assert any(cached for _, cached, _ in runs[True])
+
+
+def test_no_packed_graph_is_captured_that_no_step_can_use():
+    """A step holds at most max_num_seqs chunks: an engine of fewer sequences captures no
+    packed graph of more slots than the fewest that hold them all (each capture costs start
+    time and memory), and an engine of one sequence none."""
+    full = graph_keys(8192, 64)
+    assert len(full) == 86 and full[0] == (8256, 1)  # (the largest first: the pool's size)
+    assert {k for _, k in graph_keys(8192, 6)} == {1, 2, 4, 8}
+    assert {k for _, k in graph_keys(8192, 8)} == {1, 2, 4, 8}
+    assert graph_keys(8192, 1) == [(b, 1) for b in reversed(prefill_buckets(8192))]
