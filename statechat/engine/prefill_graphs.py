@@ -52,10 +52,12 @@ def prefill_buckets(max_tokens: int) -> list[int]:
 
 
 def packed_buckets(sizes: list[int]) -> list[int]:
-    """The buckets of prefill_buckets' `sizes` that have packed graphs: every one up to 2048
-    tokens, then a few (each up to 1.5x the one before) and the top one, as the padding of a
-    large bucket costs less than the graphs a finer spacing would capture."""
-    return [b for b in sizes if b <= PREFILL_BUCKETS[-1] or b in PACKED_LARGE or b == sizes[-1]]
+    """The buckets of the packed graphs, for prefill_buckets' `sizes`: every one up to 2048
+    tokens, then a few (each up to 1.5x the one before), as the padding of a large bucket costs
+    less than the graphs a finer spacing would capture, and last the top one with a block more,
+    so that chunks filling the whole budget fit beside their slots' one-token paddings."""
+    return ([b for b in sizes[:-1] if b <= PREFILL_BUCKETS[-1] or b in PACKED_LARGE]
+            + [sizes[-1] + CHUNK])
 
 
 def graph_keys(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
@@ -89,8 +91,8 @@ class PrefillGraphs:
         capture = capturing(capture, stream)
         self.max_blocks = max_blocks
         keys = graph_keys(max_tokens, max_seqs)  # (max_seqs: the steps' sequences at most)
-        self.staging = PrefillStaging(keys[0][0], max(k for _, k in keys), max_blocks, pad_slot,
-                                      device)
+        self.staging = PrefillStaging(max(b for b, _ in keys), max(k for _, k in keys),
+                                      max_blocks, pad_slot, device)
         self.graphs: dict[tuple[int, int], Any] = {}  # (bucket, slots) -> CUDAGraph or NPUGraph
         # one slot: the logits [1, vocab] and their argmax; more: the last layer's rows and the
         # residual stream [slots, hidden] (PrefillGraphs.run_packed)

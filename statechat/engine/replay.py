@@ -68,11 +68,12 @@ class GraphReplay:
         capture that raises leaves its steps eager, with a warning; on CUDA it raises."""
         # cos/sin gathered from a table: one kernel per step instead of several. It covers the
         # longest sequence and the positions the prefill graphs are captured with (a bucket of
-        # the whole budget, which may exceed a short max_model_len)
+        # the whole budget, and a block more for the packed graphs', which may exceed a short
+        # max_model_len)
         longest = max_blocks_per_seq * self.block_size
         with_prefill = max_prefill_tokens >= PREFILL_BUCKETS[0] - CHUNK
         if with_prefill:
-            longest = max(longest, prefill_buckets(max_prefill_tokens)[-1])
+            longest = max(longest, prefill_buckets(max_prefill_tokens)[-1] + CHUNK)
         # (the runner keeps the table its graphs read, and hands it to its eager steps too
         # (Context.rope_table): another engine over the same model may build a longer one,
         # which must not free this one under these graphs)

@@ -49,8 +49,8 @@ def eager_graphs(runner, budget: int, max_blocks: int) -> list[tuple[int, int]]:
     keys = graph_keys(budget, max(PACKED_SLOTS))
     pg = PrefillGraphs.__new__(PrefillGraphs)
     pg.max_blocks, pg.replays, pg.graphs, pg.out, log = max_blocks, 0, {}, {}, []
-    pg.staging = PrefillStaging(keys[0][0], max(PACKED_SLOTS), max_blocks, runner.pad_slot,
-                                runner.device)
+    pg.staging = PrefillStaging(max(b for b, _ in keys), max(PACKED_SLOTS), max_blocks,
+                                runner.pad_slot, runner.device)
     for b, k in keys:
         pg.staging.stage(b, k, [])
         args = (runner.model, pg.staging.ids(b), pg.staging.context(b, k, None), runner.caches)
@@ -63,9 +63,22 @@ def eager_graphs(runner, budget: int, max_blocks: int) -> list[tuple[int, int]]:
 
 
 def test_which_buckets_have_packed_graphs():
-    assert packed_buckets(prefill_buckets(256)) == [128, 192, 256, 320]
+    assert packed_buckets(prefill_buckets(256)) == [128, 192, 256, 384]
     assert packed_buckets(prefill_buckets(8192)) == [
-        128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8256]
+        128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8320]
+
+
+def test_chunks_filling_the_budget_take_the_top_packed_graph():
+    """Three prompts' chunks that fill a budget of 8192 tokens fit the top packed bucket
+    beside the fourth slot's one-token padding (a bucket of the budget and a block would
+    not hold it)."""
+    pg = PrefillGraphs.__new__(PrefillGraphs)
+    pg.max_blocks = 200
+    pg.packed = sorted((key for key in graph_keys(8192, 64) if key[1] > 1),
+                       key=lambda key: key[::-1])
+    assert pg.packed_bucket([4000, 4000, 192], 130) == (8320, 4)
+    assert pg.packed_bucket([100, 28], 2) == (192, 2)
+    assert pg.packed_bucket([100, 28], 201) is None  # (a table wider than the graphs')
 
 
 def test_what_fits_a_bucket():
