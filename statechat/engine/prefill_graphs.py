@@ -11,11 +11,14 @@ model even for thousands of tokens (an H100 ran the 0.75B model's 8k prompt in 4
 chunks host-bound: 48-63 ms eagerly against 30 ms of GPU time). Chunks of several prompts in
 one step (a burst of requests) replay one packed graph of PACKED_SLOTS sequence slots, in the
 buckets of `packed_buckets`: 16 prompts of 100 tokens took 29 ms eagerly on an H100, and 9.5 ms
-in a packed graph (session 34). Only the slot counts that a step of the engine's sequences can
-use are captured (graph_keys). A packed graph returns the last layer's rows, and the logits are
-made after the replay, so that the graphs keep no [slots, vocab] buffer each. The padded layout
-is prefill_staging.py's. Each graph is replayed once when captured (on its capture inputs,
-padding alone), so that no request pays its first replay's upload.
+in a packed graph (docs/bench.md, session 34). The one-slot graphs are captured when the engine
+starts; a packed graph when a step first needs it (`PrefillGraphs.ready`, on CUDA only), since
+captured at start the 55 of a 4096-token budget added 4-5 s to every start, and a chat in the
+terminal app never has a use for them. Only the slot counts that a step of the engine's
+sequences can use are considered (graph_keys). A packed graph returns the last layer's rows,
+and the logits are made after the replay, so that the graphs keep no [slots, vocab] buffer
+each. The padded layout is prefill_staging.py's. Each graph is replayed once when captured (on
+its capture inputs, padding alone), so that no request pays its first replay's upload.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 
 from kernels import CHUNK
-from statechat.devices import accelerator, graph_api
+from statechat.devices import accelerator, graph_api, no_collection
 from statechat.engine.graphs import capturing
 from statechat.engine.prefill_staging import Chunk, PrefillStaging, fits
 from statechat.model.context import Context, ModelCaches
@@ -61,7 +64,7 @@ def packed_buckets(sizes: list[int]) -> list[int]:
 
 
 def graph_keys(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
-    """The (bucket, slots) of the graphs to capture for a token budget and steps of at most
+    """The (bucket, slots) of the prefill graphs for a token budget and steps of at most
     `max_seqs` sequences, largest bucket first: one slot in every bucket, and in each packed
     bucket the PACKED_SLOTS up to the fewest that hold `max_seqs` chunks (none for one)."""
     sizes = prefill_buckets(max_tokens)
@@ -81,7 +84,8 @@ def _forward(model, ids: torch.Tensor, ctx: Context, caches: ModelCaches
 
 
 class PrefillGraphs:
-    """Graphs of prefill steps (see the module docstring): keyed by (bucket, slots)."""
+    """Graphs of prefill steps (see the module docstring): keyed by (bucket, slots). The one-slot
+    graphs are captured here; a packed graph when a step first needs it (`ready`)."""
 
     def __init__(self, model, caches: ModelCaches, max_tokens: int, max_blocks: int, pad_slot: int,
                  device: torch.device, stream: Any = None,
@@ -89,6 +93,7 @@ class PrefillGraphs:
         self.rope_table = rope_table  # (Context.rope_table: its rows are read by the graphs)
         acc, (new_graph, capture) = accelerator(device), graph_api(device)
         capture = capturing(capture, stream)
+        self.model, self.caches, self.device, self.stream = model, caches, device, stream
         self.max_blocks = max_blocks
         keys = graph_keys(max_tokens, max_seqs)  # (max_seqs: the steps' sequences at most)
         self.staging = PrefillStaging(max(b for b, _ in keys), max(k for _, k in keys),
@@ -102,34 +107,81 @@ class PrefillGraphs:
         # drop the cuBLAS workspace of its capture stream, which the graphs captured on that
         # stream before it still write to when replayed
         self.failed: list[Any] = []
-        pool = None
-        for b, k in keys:
-            self.staging.stage(b, k, [])
-            args = (model, self.staging.ids(b), self.staging.context(b, k, rope_table), caches)
+        self.pool = None
+        for b, k in (key for key in keys if key[1] == 1):
+            args = self._args(b, k)
             graph = None
             try:
                 _forward(*args)  # compile every kernel before capture
                 acc.synchronize(device)
                 acc.empty_cache()  # leave the capture's private pool room to grow
                 graph = new_graph()
-                with capture(graph, pool=pool):
+                with capture(graph, pool=self.pool):
                     self.out[b, k] = _forward(*args)
             except torch.OutOfMemoryError:
-                log.warning("statechat: no memory for a %d-token prefill graph of %d "
-                            "sequences; such steps run eagerly", b, k)
-                if graph is not None:  # (its pool, which holds what it took, serves the next)
-                    self.failed.append(graph)
-                    pool = pool or graph.pool()
+                self._no_memory(b, k, graph)
                 acc.empty_cache()
                 continue
-            pool = graph.pool()
-            self.graphs[b, k] = graph
-            # the padding-only capture inputs: the upload is paid here, not by a request
-            graph.replay()
+            self._keep(b, k, graph)
         acc.synchronize(device)
         self.sizes = sorted(b for b, k in self.graphs if k == 1)
-        # (the fewest slots first, then the smallest bucket: packed_bucket's order)
-        self.packed = sorted(((b, k) for b, k in self.graphs if k > 1), key=lambda key: key[::-1])
+        # the packed graphs a step may capture (CUDA only: NPU graphs are captured at start
+        # or not at all), the fewest slots first, then the smallest bucket: packed_bucket's
+        # order
+        self.packed = sorted((key for key in keys if key[1] > 1 and device.type == "cuda"),
+                             key=lambda key: key[::-1])
+
+    def _args(self, b: int, k: int) -> tuple:
+        """The forward's arguments for a capture of (b, k), its padding-only inputs staged."""
+        self.staging.stage(b, k, [])
+        return (self.model, self.staging.ids(b), self.staging.context(b, k, self.rope_table),
+                self.caches)
+
+    def _keep(self, b: int, k: int, graph: Any) -> None:
+        self.pool = graph.pool()
+        self.graphs[b, k] = graph
+        # the padding-only capture inputs: the upload is paid here, not by a request
+        graph.replay()
+
+    def _no_memory(self, b: int, k: int, graph: Any) -> None:
+        log.warning("statechat: no memory for a %d-token prefill graph of %d sequences; such "
+                    "steps run eagerly", b, k)
+        if graph is not None:  # (its pool, which holds what it took, serves the next)
+            self.failed.append(graph)
+            self.pool = self.pool or graph.pool()
+
+    def ready(self, key: tuple[int, int]) -> bool:
+        """Whether the packed graph `key` (packed_bucket's) can replay: captured already, or
+        now. Captured while serving as the sampler's graphs are (sampler_graphs.py): recorded
+        on a side stream, with no device-wide synchronisation, so that the cache writer's copies
+        on other threads stay allowed; the kernels are built already (the one-slot graphs'
+        captures build every kernel the packed ones launch). One that fails (out of memory,
+        or a capture error) is not tried again: such steps replay a graph a chunk or run
+        eagerly."""
+        if key in self.graphs:
+            return True
+        graph = torch.cuda.CUDAGraph()
+        args = self._args(*key)
+        stream = self.stream or torch.cuda.Stream(self.device)
+        try:
+            _forward(*args)  # (allocates as the capture will: the pool's blocks are reused)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), no_collection():
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    self.out[key] = _forward(*args)
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        except RuntimeError:  # (torch.OutOfMemoryError among them)
+            log.warning("statechat: the capture of a %d-token prefill graph of %d sequences "
+                        "failed; such steps replay a graph a chunk or run eagerly", *key,
+                        exc_info=True)
+            self.failed.append(graph)
+            self.packed.remove(key)
+            return False
+        self._keep(*key, graph)
+        return True
 
     def bucket(self, n: int, width: int) -> int | None:
         """The bucket whose graph serves an n-token chunk with a block table of `width`, if any."""

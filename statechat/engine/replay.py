@@ -140,7 +140,7 @@ class GraphReplay:
         chunks = [it for it in items if not it.seq.is_decoding]
         packed = self.prefill_graphs.packed_bucket(
             [it.num_tokens for it in chunks], max(len(it.seq.block_table) for it in chunks))
-        if packed is not None:
+        if packed is not None and self.prefill_graphs.ready(packed):
             return [None if it.seq.is_decoding else packed for it in items]
         if len(chunks) > MAX_SPLIT_CHUNKS:
             return None

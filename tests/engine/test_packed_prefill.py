@@ -103,6 +103,9 @@ def test_steps_of_several_chunks_take_a_packed_graph():
     # one chunk keeps its own graph; chunks no packed graph serves split, up to the limit
     assert runner._split_buckets(Batch([item(True), item(False, 9)])) == [None, 192]
     assert runner._split_buckets(Batch([item(False, 100), item(False, 100)])) == [192, 192]
+    runner.prefill_graphs.ready = lambda key: False  # (its capture failed)
+    assert runner._split_buckets(Batch([item(False, 100), item(False, 5)])) == [192, 192]
+    runner.prefill_graphs.ready = lambda key: True
     items = [item(True), item(False, 30), item(False, 7, logits=False), item(False, 50)]
     logits, _ = runner._replay_split(Batch(items), runner._split_buckets(Batch(items)))
     assert runner.replayed == ["decode x1", "packed (256, 4) x3"]
@@ -145,8 +148,14 @@ def test_packed_steps_sample_as_eager_steps_on_the_cpu(tiny_dirs):
     assert any(cached for _, cached, _ in runs[True])
 
 
+def _packed_graphs(engine: LLMEngine) -> list[tuple[int, int]]:
+    return [key for key in engine.runner.prefill_graphs.graphs if key[1] > 1]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_packed_graphs_match_eager_steps(tiny_dirs):
+def test_packed_graphs_match_eager_steps(tiny_dirs, tmp_path):
+    """Captured when a burst first needs them (none at start), beside the disk tier's writer,
+    packed graphs give the tokens, logprobs and reuse of eager steps."""
     from statechat.model.loader import load_model
 
     path = tiny_dirs["qwen3_5_text"]
@@ -159,8 +168,10 @@ def test_packed_graphs_match_eager_steps(tiny_dirs):
     runs = {}
     for graphs in (True, False):
         engine = LLMEngine(EngineConfig(model=path, device="cuda", dtype="float32",
-                                        use_graphs=graphs, max_num_batched_tokens=512),
-                           loaded=loaded)
+                                        use_graphs=graphs, max_num_batched_tokens=512,
+                                        cache_dir=tmp_path / str(graphs)), loaded=loaded)
+        if graphs:
+            assert not _packed_graphs(engine)
         engine.generate([base], SamplingParams(max_tokens=2))
         seqs = []
         for burst in (prompts[:2], prompts[2:9], prompts[9:]):
@@ -172,6 +183,8 @@ def test_packed_graphs_match_eager_steps(tiny_dirs):
         if graphs:
             assert engine.runner.prefill_graphs.replays >= 3
             assert engine.runner.split_steps >= 3
+            assert len(_packed_graphs(engine)) >= 2
+        engine.close()
         del engine
         gc.collect()
         torch.cuda.empty_cache()

@@ -39,7 +39,7 @@ class StandIn(GraphReplay):
         self.graphs = SimpleNamespace(can_run=lambda n, width: n <= max_decodes and width <= 8)
         self.prefill_graphs = SimpleNamespace(
             bucket=lambda n, width: 192 if n <= 128 and width <= 8 else None,
-            packed_bucket=lambda lens, width: None)
+            packed_bucket=lambda lens, width: None, ready=lambda key: True)
         self.decode_out = torch.zeros(max_decodes, VOCAB)
         self.prefill_out = torch.zeros(1, VOCAB)
 
@@ -110,7 +110,8 @@ def eager_parts(runner, max_decodes: int = 4) -> list[str]:
     replayed: list[str] = []
     runner.graphs = SimpleNamespace(can_run=lambda n, width: n <= max_decodes, replays=0)
     runner.prefill_graphs = SimpleNamespace(bucket=lambda n, width: 192 if n <= 128 else None,
-                                            packed_bucket=lambda lens, width: None)
+                                            packed_bucket=lambda lens, width: None,
+                                            ready=lambda key: True)
 
     def replay(kind: str, batch: Batch, feed=None):
         ids, ctx = runner.prepare(batch)
