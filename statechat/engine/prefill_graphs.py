@@ -130,6 +130,15 @@ class PrefillGraphs:
         # order
         self.packed = sorted((key for key in keys if key[1] > 1 and device.type == "cuda"),
                              key=lambda key: key[::-1])
+        # the top packed bucket holds more tokens than any one-slot graph, which may take
+        # another form of a kernel (the GDN prepare kernel's warps go by tokens): built here by
+        # an eager forward of it with the fewest and the most slots, so that no capture while
+        # serving builds a kernel
+        top = max((b for b, _ in self.packed), default=0)
+        slots = sorted(k for b, k in self.packed if b == top)
+        for k in sorted(set(slots[:1] + slots[-1:])):
+            _forward(*self._args(top, k))
+        acc.synchronize(device)
 
     def _args(self, b: int, k: int) -> tuple:
         """The forward's arguments for a capture of (b, k), its padding-only inputs staged."""
