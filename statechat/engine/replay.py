@@ -125,28 +125,34 @@ class GraphReplay:
         )
 
     def _split_buckets(self, batch: Batch) -> list[int | tuple[int, int] | None] | None:
-        """How a step of several sequences replays as one graph a part (_replay_split): each
-        item's prefill bucket, or for two chunks or more that a packed graph serves, its
-        (bucket, slots) key, the same for each; None for a decode. None if it does not replay
-        (a decode step, a chunk no graph serves, decodes the decode graphs do not, more than
-        MAX_SPLIT_CHUNKS chunks that no packed graph serves)."""
-        items = batch.items
-        if batch.is_decode or self.prefill_graphs is None or len(items) < 2:
+        """How a step of several sequences replays (_replay_split): one packed graph for all its
+        items (decodes as one-token chunks) when one serves them in a bucket of at most 2048
+        tokens; else the decode graph for its decodes (None for each) and, for its chunks, one
+        packed graph's (bucket, slots) key, the same for each, or each chunk's prefill bucket.
+        None if it does not replay (a decode step, a chunk no graph serves, decodes the decode
+        graphs do not, more than MAX_SPLIT_CHUNKS chunks that no packed graph serves)."""
+        items, graphs = batch.items, self.prefill_graphs
+        if batch.is_decode or graphs is None or len(items) < 2:
             return None
+        # (past 2048 tokens the packed buckets are coarse: their padding would cost more than
+        # a replay of the decode graph)
+        whole = graphs.packed_bucket([it.num_tokens for it in items],
+                                     max(len(it.seq.block_table) for it in items))
+        if whole is not None and whole[0] <= PREFILL_BUCKETS[-1] and graphs.ready(whole):
+            return [whole] * len(items)
         decodes = [it for it in items if it.seq.is_decoding]
         if decodes and (self.graphs is None or not self.graphs.can_run(
                 len(decodes), max(len(it.seq.block_table) for it in decodes))):
             return None
         chunks = [it for it in items if not it.seq.is_decoding]
-        packed = self.prefill_graphs.packed_bucket(
-            [it.num_tokens for it in chunks], max(len(it.seq.block_table) for it in chunks))
-        if packed is not None and self.prefill_graphs.ready(packed):
+        packed = graphs.packed_bucket([it.num_tokens for it in chunks],
+                                      max(len(it.seq.block_table) for it in chunks))
+        if packed is not None and graphs.ready(packed):
             return [None if it.seq.is_decoding else packed for it in items]
         if len(chunks) > MAX_SPLIT_CHUNKS:
             return None
         buckets = [None if it.seq.is_decoding
-                   else self.prefill_graphs.bucket(it.num_tokens, len(it.seq.block_table))
-                   for it in items]
+                   else graphs.bucket(it.num_tokens, len(it.seq.block_table)) for it in items]
         if any(b is None for b, it in zip(buckets, items) if not it.seq.is_decoding):
             return None
         return buckets

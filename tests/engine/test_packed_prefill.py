@@ -90,25 +90,37 @@ def test_what_fits_a_bucket():
     assert checkpoint_entries(128, 1) == 2 and checkpoint_entries(256, 8) == 11
 
 
-def test_steps_of_several_chunks_take_a_packed_graph():
+def test_steps_of_several_sequences_take_a_packed_graph():
+    """Stand-in graphs: a packed graph of 4 slots in a bucket of 256 tokens holds up to 180
+    tokens, one of 8 slots in a bucket of 4096 up to 4000."""
     runner = StandIn()
-    runner.prefill_graphs.packed_bucket = (
-        lambda lens, width: (256, 4) if 2 <= len(lens) <= 4 and sum(lens) <= 180 else None)
+    runner.prefill_graphs.packed_bucket = lambda lens, width: (
+        (256, 4) if 2 <= len(lens) <= 4 and sum(lens) <= 180
+        else (4096, 8) if 2 <= len(lens) <= 8 and sum(lens) <= 4000 else None)
     runner._replay_packed = lambda items, key, rows: (
         runner.replayed.append(f"packed {key} x{len(items)}")
         or (torch.zeros(len(rows), 7), torch.zeros(len(rows), dtype=torch.long)))
-    assert runner._split_buckets(Batch([item(False, 100), item(False, 5)])) == [(256, 4)] * 2
-    assert runner._split_buckets(Batch([item(True), item(False, 9), item(False, 9)])) == [
-        None, (256, 4), (256, 4)]
-    # one chunk keeps its own graph; chunks no packed graph serves split, up to the limit
-    assert runner._split_buckets(Batch([item(True), item(False, 9)])) == [None, 192]
-    assert runner._split_buckets(Batch([item(False, 100), item(False, 100)])) == [192, 192]
-    runner.prefill_graphs.ready = lambda key: False  # (its capture failed)
-    assert runner._split_buckets(Batch([item(False, 100), item(False, 5)])) == [192, 192]
+    split = lambda *items: runner._split_buckets(Batch(list(items)))
+    # chunks alone: one packed graph, whatever its bucket
+    assert split(item(False, 100), item(False, 5)) == [(256, 4)] * 2
+    assert split(item(False, 100), item(False, 100)) == [(4096, 8)] * 2
+    # decodes beside chunks, in a bucket of at most 2048 tokens: one graph for all of them
+    assert split(item(True), item(False, 9)) == [(256, 4)] * 2
+    assert split(item(True), item(False, 9), item(False, 9)) == [(256, 4)] * 3
+    # else the decode graph, and one packed graph for the chunks
+    assert split(item(True), item(False, 100), item(False, 100)) == [None] + [(4096, 8)] * 2
+    assert split(*[item(True)] * 4, item(False, 9), item(False, 9)) == [None] * 4 + [(256, 4)] * 2
+    runner.prefill_graphs.ready = lambda key: False  # (their captures failed)
+    assert split(item(False, 100), item(False, 5)) == [192, 192]
+    assert split(item(True), item(False, 9)) == [None, 192]
     runner.prefill_graphs.ready = lambda key: True
     items = [item(True), item(False, 30), item(False, 7, logits=False), item(False, 50)]
-    logits, _ = runner._replay_split(Batch(items), runner._split_buckets(Batch(items)))
-    assert runner.replayed == ["decode x1", "packed (256, 4) x3"]
+    logits, _ = runner._replay_split(Batch(items), split(*items))
+    assert runner.replayed == ["packed (256, 4) x4"]
+    assert logits.shape == (3, 7)
+    items = [item(True), item(False, 130), item(False, 7, logits=False), item(False, 50)]
+    logits, _ = runner._replay_split(Batch(items), split(*items))
+    assert runner.replayed[1:] == ["decode x1", "packed (4096, 8) x3"]
     assert logits.shape == (3, 7)
 
 
