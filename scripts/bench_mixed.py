@@ -1,8 +1,10 @@
 """GPU benchmark of steps that mix sequences: decodes beside a new prompt's chunk, or chunks of
-a few prompts at once. Such a step replays the decode graph and each chunk's prefill graph in
-turn ("split"), or runs eagerly ("eager": the engine's path before session 32, forced here by
-turning the split off on the same engine). Both in one process, alternating, on bench_e2e's
-random-weight model (hidden 1024, 24 layers, vocab 248320, bf16).
+a few prompts at once. Such a step replays one packed graph for them all, or the decode graph
+and one packed graph for the chunks ("packed", the engine's path since session 34); or the
+decode graph and each chunk's prefill graph in turn ("parts", session 32's path, forced here by
+hiding the packed graphs); or runs eagerly ("eager", the path before session 32). All three in
+one process, in turn, on bench_e2e's random-weight model (hidden 1024, 24 layers, vocab
+248320, bf16).
 
     python3 scripts/bench_mixed.py [--layers 24] [--runs 5] [--out DIR]
 
@@ -10,7 +12,7 @@ Measured, per path (median of --runs):
 - a prompt of P tokens arriving while N streams decode (256-token prompts): the step that
   mixes them (each stream's gap between two tokens), and the prompt's time to first token;
 - 2 to 8 prompts (100 and 300 tokens) arriving together at an idle engine: time to every
-  first token (split whatever their count, to show where the eager step is the faster);
+  first token (in parts whatever their count);
 - an 8k prompt arriving while 8 streams decode: the streams' longest gap, and the prompt's
   time to first token (its chunks of the 4096-token budget share steps with the decodes).
 A markdown table is printed last and written to DIR/bench_mixed.md.
@@ -38,15 +40,21 @@ FIRST = SamplingParams(max_tokens=1, ignore_eos=True)
 TOGETHER = (2, 4, 6, 8)  # prompts arriving at once
 
 
-def set_split(engine: LLMEngine, on: bool, limit: int = replay.MAX_SPLIT_CHUNKS) -> None:
-    """Turn the split replay of mixed steps on (the engine's own, for steps of up to `limit`
-    chunks) or off (eager steps)."""
+MODES = ("packed", "parts", "eager")
+
+
+def set_mode(engine: LLMEngine, mode: str, limit: int = replay.MAX_SPLIT_CHUNKS) -> None:
+    """Make mixed steps take the path `mode` (MODES; "parts": for steps of up to `limit`
+    chunks)."""
     runner = engine.runner
+    graphs = runner.prefill_graphs
+    graphs.__dict__.setdefault("all_packed", graphs.packed)
+    graphs.packed = graphs.all_packed if mode == "packed" else []
     replay.MAX_SPLIT_CHUNKS = limit
-    if on:
-        runner.__dict__.pop("_split_buckets", None)
-    else:
+    if mode == "eager":
         runner._split_buckets = lambda batch: None
+    else:
+        runner.__dict__.pop("_split_buckets", None)
 
 
 def start_streams(engine: LLMEngine, n: int, seed: int) -> list:
@@ -108,38 +116,39 @@ def main() -> None:
         torch.cuda.empty_cache()
     engine = LLMEngine(EngineConfig(model=path, device="cuda", enable_prefix_cache=False,
                                     memory_fraction=0.5, max_model_len=16384, max_num_seqs=64))
-    for on in (True, False):  # warm-up: every path once
-        set_split(engine, on)
-        arrival(engine, 8, 100, 1)
-        together(engine, 2, 2)
+    for mode in MODES:  # warm-up: every path once (the packed graphs' captures)
+        set_mode(engine, mode)
+        for streams, prompt in ((1, 100), (8, 100), (32, 100), (8, 1000), (8, 8192)):
+            arrival(engine, streams, prompt, 1)
+        for k in TOGETHER:
+            together(engine, k, 2)
     cases = [(1, 100), (8, 100), (32, 100), (8, 1000)]
     results: dict = {}
     for run in range(args.runs):
-        for on in (True, False):
-            set_split(engine, on)
+        for mode in MODES:
+            set_mode(engine, mode)
             for streams, prompt in cases:
                 worst, first = arrival(engine, streams, prompt, 10 * run)
-                results.setdefault(("gap", streams, prompt, on), []).append(worst)
-                results.setdefault(("ttft", streams, prompt, on), []).append(first)
-            for k in TOGETHER:  # (split whatever the count: where the eager step wins)
-                set_split(engine, on, limit=max(TOGETHER))
-                results.setdefault(("together", k, on), []).append(together(engine, k, run))
-                set_split(engine, on)
+                results.setdefault(("gap", streams, prompt, mode), []).append(worst)
+                results.setdefault(("ttft", streams, prompt, mode), []).append(first)
+            for k in TOGETHER:  # (in parts whatever the count)
+                set_mode(engine, mode, limit=max(TOGETHER))
+                results.setdefault(("together", k, mode), []).append(together(engine, k, run))
+                set_mode(engine, mode)
             if run < 2:  # (the long prompt: fewer runs)
                 worst, first = arrival(engine, 8, 8192, 10 * run)
-                results.setdefault(("gap", 8, 8192, on), []).append(worst)
-                results.setdefault(("ttft", 8, 8192, on), []).append(first)
+                results.setdefault(("gap", 8, 8192, mode), []).append(worst)
+                results.setdefault(("ttft", 8, 8192, mode), []).append(first)
     log("split steps:", engine.runner.split_steps)
     for streams, prompt in cases + [(8, 8192)]:
-        split = [results[(k, streams, prompt, True)] for k in ("gap", "ttft")]
-        eager = [results[(k, streams, prompt, False)] for k in ("gap", "ttft")]
+        parts = {mode: " / ".join(median_ms(results[(k, streams, prompt, mode)])
+                                  for k in ("gap", "ttft")) for mode in MODES}
         row(f"{prompt}-token prompt beside {streams} streams: longest step / TTFT (ms)",
-            f"{median_ms(split[0])} / {median_ms(split[1])}", "",
-            f"eager: {median_ms(eager[0])} / {median_ms(eager[1])}")
+            parts["packed"], "", f"parts: {parts['parts']}; eager: {parts['eager']}")
     for k in TOGETHER:
+        ms = {mode: median_ms(results[("together", k, mode)]) for mode in MODES}
         row(f"{k} prompts (100, 300 tokens in turn) at once: every first token (ms)",
-            median_ms(results[("together", k, True)]), "",
-            f"eager: {median_ms(results[('together', k, False)])}")
+            ms["packed"], "", f"parts: {ms['parts']}; eager: {ms['eager']}")
     write_table(args.out, "bench_mixed")
 
 

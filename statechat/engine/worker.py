@@ -157,7 +157,8 @@ class EngineWorker:
         LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
         prompt submitted several times is checked once). A `speculative` request (work done
         ahead, such as a next turn's prefix) yields to every other: it is aborted as soon as
-        another request is added, so that it never delays one nor computes its prefix twice.
+        another request is added, so that its prefix is not computed twice and it delays the
+        request by its step in flight at most.
         No params: the engine's default_params (the checkpoint's recommended sampling), as
         LLMEngine.add_request's."""
         ids, packed = checked or self.engine.check_prompt(prompt_ids)
