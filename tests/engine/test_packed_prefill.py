@@ -124,6 +124,19 @@ def test_steps_of_several_sequences_take_a_packed_graph():
     assert logits.shape == (3, 7)
 
 
+def bursts(engine: LLMEngine, base: list[int], prompts: list[list[int]]) -> list:
+    """Compute `base` (a prefix some prompts resume), then the prompts in bursts of 2, 7 and
+    the rest, each added at once with PARAMS in turn and run to its end. Their sequences."""
+    engine.generate([base], SamplingParams(max_tokens=2))
+    seqs = []
+    for burst in (prompts[:2], prompts[2:9], prompts[9:]):
+        seqs += [engine.add_request(p, PARAMS[(len(seqs) + j) % len(PARAMS)])
+                 for j, p in enumerate(burst)]
+        while engine.has_unfinished():
+            engine.step()
+    return seqs
+
+
 def test_packed_steps_sample_as_eager_steps_on_the_cpu(tiny_dirs):
     """Bursts of two to seven prompts (fresh, and resuming a shared prefix from the cache, with
     checkpoints in their chunks), every kind of sampling work, a budget that cuts them into
@@ -144,13 +157,7 @@ def test_packed_steps_sample_as_eager_steps_on_the_cpu(tiny_dirs):
                             max_num_seqs=8, max_num_batched_tokens=256)
         if packed:
             log = eager_graphs(engine.runner, 256, 8)
-        engine.generate([base], SamplingParams(max_tokens=2))  # (a prefix to resume)
-        seqs = []
-        for burst in (prompts[:2], prompts[2:9], prompts[9:]):
-            seqs += [engine.add_request(p, PARAMS[(len(seqs) + j) % len(PARAMS)])
-                     for j, p in enumerate(burst)]
-            while engine.has_unfinished():
-                engine.step()
+        seqs = bursts(engine, base, prompts)
         assert_idle_pools(engine)
         runs[packed] = [(s.output_ids, s.num_cached_tokens,
                          [(round(lp, 4), [t for t, _ in top]) for lp, top in s.logprobs])
@@ -184,13 +191,7 @@ def test_packed_graphs_match_eager_steps(tiny_dirs, tmp_path):
                                         cache_dir=tmp_path / str(graphs)), loaded=loaded)
         if graphs:
             assert not _packed_graphs(engine)
-        engine.generate([base], SamplingParams(max_tokens=2))
-        seqs = []
-        for burst in (prompts[:2], prompts[2:9], prompts[9:]):
-            seqs += [engine.add_request(p, PARAMS[(len(seqs) + j) % len(PARAMS)])
-                     for j, p in enumerate(burst)]
-            while engine.has_unfinished():
-                engine.step()
+        seqs = bursts(engine, base, prompts)
         runs[graphs] = [(s.output_ids, s.num_cached_tokens, s.logprobs) for s in seqs]
         if graphs:
             assert engine.runner.prefill_graphs.replays >= 3
