@@ -173,7 +173,7 @@ class PrefillGraphs:
         args = self._args(*key)
         stream = self.stream or torch.cuda.Stream(self.device)
         try:
-            _forward(*args)  # (allocates as the capture will: the pool's blocks are reused)
+            _forward(*args)  # (eagerly first, as at start: what a first call sets up, not captured)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), no_collection():
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")

@@ -1,8 +1,9 @@
 """The runner's graphs (CUDA graphs; NPU graphs through torch_npu, opted into): their capture at
-start (decode steps by batch bucket, prefill steps by length bucket and sequence slots; the
-sampler's are captured while serving) and the replay of a step on them: one graph, or for a
-step of several sequences that no one graph serves, the decode graph and one packed prefill
-graph for its chunks (or a prefill graph a chunk) in turn (_replay_split).
+start (decode steps by batch bucket, one prompt's prefill chunk by length bucket; the packed
+prefill graphs of several sequences and the sampler's are captured while serving) and the
+replay of a step on them: one graph, or for a step of several sequences, one packed graph for
+them all, or the decode graph and one packed graph for its chunks (or a prefill graph a chunk)
+in turn (_replay_split).
 
 A mixin of ModelRunner (engine/runner.py), which owns the tensors they read and write and
 chooses, per step, between a replay and an eager forward.
