@@ -1,24 +1,29 @@
 """Admission: which waiting sequences the Scheduler admits in a step, each with the longest cached
 prefix it can reuse (PrefixCache.reuse, which may load a prefix from the host tier or disk).
 
-Waiting sequences are admitted in arrival order, but for a fork of a prompt in flight that waits
-for their shared checkpoint (awaits_prefix): it keeps its place in the queue while those behind
-it are admitted past it, so a request that shares nothing with it does not wait for another's
-prefill. (Forks of that fork need no more: whatever one shares with it beyond what the prompt in
-flight holds, it shares that prompt's part too, so it waits for the same checkpoint; once the
-fork is admitted it is in flight itself.) One whose first chunk would want more KV blocks
-than are free gives way at once (preempted, as the newest sequence does whenever blocks run
-out), and it is tried again only once as many blocks are spare beyond the running prompts'
-chunks as that admission took (its restore's and its chunk's): while other replies hold the
-blocks, it does not restore its prefix again at every step. Likewise one preempted while it ran
-for want of blocks (its next chunk's, or an older sequence's) is tried again only once as many
-are spare as it held alone and its next chunk wants (_give_way): a prompt that fits the KV cache
-alone but not beside the replies streaming waits for them, rather than computing its first
-chunks again every few steps only to be preempted at the same point. A sequence's reported reuse
-(`num_cached_tokens`, `cache_plan`, `reused_from`, `reused_by_tier`) is that of its latest
-admission that computed something: one that gave way (or was aborted) before computing keeps
-what it reported before it, so a request aborted while it waits reports what one never admitted
-does. Plain Python over sequences and pools, no tensors.
+Waiting sequences are admitted in arrival order, but for two kinds passed over, each keeping its
+place in the queue while those behind it are admitted past it. One is a prompt that would get no
+chunk this step while a prompt in flight that came before it gets none either: admitted, it
+would only hold a slot, and a short prompt behind it would wait for it (a step for each such
+long prompt ahead, though the plan would give it its chunk first); it is admitted once all that
+came before it get chunks, and those are in flight, so they finish (the oldest gets a block a
+step): those passing it cannot hold it back for ever. The other is a fork of a prompt in flight
+that waits for their shared checkpoint (awaits_prefix), so that a request that shares nothing
+with it does not wait for another's prefill. (Forks of that fork need no more: whatever one
+shares with it beyond what the prompt in flight holds, it shares that prompt's part too, so it
+waits for the same checkpoint; once the fork is admitted it is in flight itself.) One whose
+first chunk would want more KV blocks than are free gives way at once (preempted, as the newest
+sequence does whenever blocks run out), and it is tried again only once as many blocks are spare
+beyond the running prompts' chunks as that admission took (its restore's and its chunk's): while
+other replies hold the blocks, it does not restore its prefix again at every step. Likewise one
+preempted while it ran for want of blocks (its next chunk's, or an older sequence's) is tried
+again only once as many are spare as it held alone and its next chunk wants (_give_way): a
+prompt that fits the KV cache alone but not beside the replies streaming waits for them, rather
+than computing its first chunks again every few steps only to be preempted at the same point. A
+sequence's reported reuse (`num_cached_tokens`, `cache_plan`, `reused_from`, `reused_by_tier`)
+is that of its latest admission that computed something: one that gave way (or was aborted)
+before computing keeps what it reported before it, so a request aborted while it waits reports
+what one never admitted does. Plain Python over sequences and pools, no tensors.
 """
 
 from __future__ import annotations
@@ -55,9 +60,9 @@ class Admission:
                        budget: int) -> tuple[list[Sequence], list[int]]:
         """Admit waiting sequences in arrival order while each gets a chunk beside `seqs` (the
         running prompts; it may take a longer one's share) and return the prompts with their
-        planned chunks (plan_prefills). One that gets none stays admitted for a later step;
-        while one is so, a newcomer is admitted only if its whole prompt would get a chunk (each
-        holds a slot; a cached prefix may leave one short, known only once admitted). One is
+        planned chunks (plan_prefills). One that gets none is admitted for a later step (a
+        cached prefix may give it one, known only once admitted) unless a prompt that came
+        before it gets none either: then it is passed over, in its place. One is
         admitted only while a block is spare beyond the chunks of those before it (as many as
         its last try took, after one that gave way). One whose chunk wants more blocks than are
         free gives way at once (preempted), back in its place; no later one is admitted then.
@@ -65,16 +70,18 @@ class Admission:
         checkpoint of it (awaits_prefix), to resume there: it keeps its place at the queue's
         front, and those behind it are tried in turn."""
         sizes = plan_prefills(seqs, share, budget, self.bs)
-        passed = 0  # forks passed over: they keep their places, at the queue's front
-        while len(self.waiting) > passed and share > 0:
+        passed = 0  # passed over (forks, prompts with no chunk): they keep their places
+        while len(self.waiting) > passed and share > 0 and len(self.running) < self.max_num_seqs:
             head = self.waiting[passed]
             if (self.use_cache and head.params.prompt_logprobs is None
                     and awaits_prefix(head, seqs, self.bs, self.interval)):
                 passed += 1
                 continue
             planned = plan_prefills(seqs + [head], share, budget, self.bs)
-            if 0 in sizes and not planned[-1]:
-                break
+            if not planned[-1] and any(not n and s.seq_id < head.seq_id
+                                       for s, n in zip(seqs, sizes)):
+                passed += 1
+                continue
             free = self.blocks.num_available
             if free - blocks_needed(seqs, planned[:-1], self.bs) < self._blocks_wanted(head):
                 break
@@ -90,8 +97,6 @@ class Admission:
                                      head.block_hashes[restored - 1] if restored else None)
                 break
             seqs, sizes = seqs + [head], planned
-            if not planned[-1]:
-                break
         return seqs, sizes
 
     def _give_way(self, seq: Sequence, num_tokens: int) -> None:

@@ -154,15 +154,23 @@ class LLMEngine(Requests):
         return seq
 
     def abort(self, seq: Sequence) -> None:
-        """Stop a request early (a user pressed stop): it finishes with reason 'abort'."""
+        """Stop a request early (a user pressed stop): it finishes with reason 'abort'. Its
+        text is then a decode of all its tokens, as a finished reply's is: tokens held back for
+        an unfinished character are not lost (nor their place in a stream's last event), and
+        a stop string they complete cuts it (the reason then 'stop', as a step would give)."""
         if seq.is_finished:
             return
+        reason = "abort"
+        if seq.num_text_tokens < len(seq.output_ids):
+            shown = len(seq.text)
+            detokenize(self._decode, seq, final=True)
+            reason = "stop" if cut_at_stop(seq, shown) else reason
         if seq in self.scheduler.waiting:
             self.scheduler.waiting.remove(seq)
-            seq.finish_reason = "abort"
+            seq.finish_reason = reason
             seq.status = Status.FINISHED
         else:
-            self.scheduler.finish(seq, "abort")  # (its reply-end checkpoint published: saved
+            self.scheduler.finish(seq, reason)  # (its reply-end checkpoint published: saved
             # now, since no step may follow)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
         self.runner.forget(seq.seq_id)

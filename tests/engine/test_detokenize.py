@@ -219,3 +219,33 @@ def test_random_replies_with_stops_match_a_whole_decode(tokenizer):
                 break
         assert (n, seq.text) == one_shot(decode, prompt, reply, stops), (prompt, reply, stops)
         assert streamed == seq.text
+
+
+def test_a_request_aborted_inside_a_character_keeps_its_last_tokens(monkeypatch):
+    """Aborted while its last tokens hold two of a character's three bytes (the server's
+    SIGINT, a user's stop), a reply's text is a decode of all its tokens, as a finished one's
+    is, and its stream's last event carries them with their logprobs: the deltas join to the
+    text and the events' tokens and logprobs to every token counted."""
+    from tests.helpers import force_reply
+
+    loaded = load_model(EMBEDDED_MODEL, dtype=torch.float32)
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=256,
+                                    enable_prefix_cache=False), loaded=loaded)
+    ids = force_reply(engine, monkeypatch, "ab中")
+    seq = engine.add_request("Hello", SamplingParams(max_tokens=20, logprobs=0))
+    text, tokens, logprobs, sent = "", [], [], (0, 0)
+    while len(seq.output_ids) < 4:  # ("a", "b", then two bytes of 中)
+        engine.step()
+        event, *sent = engine.next_event(seq, *sent)
+        if event is not None:
+            text, tokens, logprobs = text + event.text, tokens + event.token_ids, logprobs + (
+                event.logprobs)
+    assert seq.output_ids == ids[:4] and seq.num_text_tokens < 4  # (bytes held back)
+    engine.abort(seq)
+    event, *_ = engine.next_event(seq, *sent)
+    out = event.output
+    text, tokens, logprobs = text + event.text, tokens + event.token_ids, logprobs + (
+        event.logprobs)
+    assert out.finish_reason == "abort" and out.num_completion_tokens == 4
+    assert out.text == text == engine.tokenizer.decode(ids[:4]) == "ab\ufffd"
+    assert out.token_ids == tokens == ids[:4] and len(logprobs) == len(out.logprobs) == 4

@@ -120,3 +120,27 @@ def test_a_stream_of_short_prompts_does_not_starve_a_long_one(rate, budget, deco
             sched.finish(seq, "length")  # (their replies end: room for the next ones)
     assert steps <= 10000 // BS
     assert any(s.is_finished for s in shorts)  # the shorts ran too, beside it
+
+
+@pytest.mark.parametrize(("rate", "decodes"), [(1e-3, 0), (1e-3, 2)])
+def test_a_short_prompt_queued_behind_long_ones_is_not_held_in_arrival_order(rate, decodes):
+    """Four long prompts, one under way and three waiting that get no chunk this step: a short
+    prompt queued behind them passes them and gets its first token in the next step (it
+    waited a step per long prompt ahead of it); they keep their places and are admitted in
+    turn."""
+    sched = scheduler(rate, max_step_s=0.2, budget=4096)
+    start_decoding(sched, decodes)
+    first = request(6000)
+    sched.add(first)
+    step(sched)
+    longs = [request(6000) for _ in range(3)]
+    for seq in longs:
+        sched.add(seq)
+    short = request(10)
+    sched.add(short)
+    step(sched)
+    assert short.is_decoding
+    waiting = [id(s) for s in sched.waiting]
+    assert waiting and waiting == [id(s) for s in longs[-len(waiting):]]  # (in their order)
+    while not all(s.is_decoding for s in [first] + longs):
+        step(sched)
