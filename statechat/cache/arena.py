@@ -21,7 +21,8 @@ until the copies out of what it got are launched, and on CUDA records `last_read
 as it lets go. The writer takes the same lock to evict and claim a region, and makes its copy
 stream wait for `last_read` before it copies in: a wait on the GPU, never on the host. Without
 a copy stream (an NPU) the writer copies on its thread's current stream, the default one that
-the engine launches on too, so its copies run after the reads launched before them.
+the engine launches on too, so its copies run after the reads launched before them. On the
+CPU the writer copies with numpy, on its own thread alone (hostcopy.py says why).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from statechat.cache import hostcopy
 from statechat.errors import ConfigError
 
 SLAB_BYTES = 256 << 20  # a power of two: torch's pinned allocator rounds every block up to one
@@ -205,8 +207,11 @@ class HostTier:
         if region is None:
             return t.to("cpu")  # pageable, only to be written (on the CPU: the snapshot itself)
         claimed.append(region)
-        # without a copy stream (the CPU, an NPU) the copy is done when this returns
-        return self.arena.view(region, t.dtype, t.shape).copy_(t, non_blocking=stream is not None)
+        held = self.arena.view(region, t.dtype, t.shape)
+        if t.device.type == "cpu":  # (on this thread alone: hostcopy.py says why)
+            return hostcopy.copy_into(held, t)
+        # without a copy stream (an NPU) the copy is done when this returns
+        return held.copy_(t, non_blocking=stream is not None)
 
     def _claim(self, nbytes: int, claimed: list[Region],
                stream: torch.cuda.Stream | None) -> Region | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from statechat.cache import hostcopy
 from statechat.cache.blobs import encoding
 from statechat.cache.blobs.encoding import (
     BlobMeta,
@@ -35,7 +36,7 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
     (the store's writer holds back there while the engine launches work)."""
     # widest dtypes first, then by name, as safetensors orders them: every tensor starts aligned
     order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
-    data = {n: memoryview(tensors[n].detach().to("cpu").contiguous().view(torch.uint8)
+    data = {n: memoryview(hostcopy.contiguous(tensors[n].detach().to("cpu")).view(torch.uint8)
                           .reshape(-1).numpy()) for n in order}
     header = encode_header(tensors, order, meta, crc="0" * 8)
     tmp = temp or path.with_name(temp_name(path.name))

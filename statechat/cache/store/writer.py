@@ -7,7 +7,8 @@ reuse's mark of its rows as used (`touch`, marks.py) takes no room in it: the ma
 apart, the latest per checkpoint, and written all at once in the writer's next transaction. The
 writer holds back while the engine says it is launching work (`engine_busy`), for at most
 MAX_DEFER_S per job: its Python steps would otherwise take the GIL from the kernel launches of
-a prefill. A save copies into the host tier (arena.py) and pins nothing.
+a prefill. A save copies into the host tier (arena.py) and pins nothing. Its host copies are
+numpy's, on this thread alone (hostcopy.py): a torch op would start an OpenMP team here.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
-from statechat.cache import index, sqlite_files
+from statechat.cache import hostcopy, index, sqlite_files
 from statechat.cache.blobs.encoding import BlobMeta, ckpt_blob_name, kv_blob_name, temp_name
 from statechat.cache.blobs.write import write_blob
 from statechat.cache.store.budget import record_budget
@@ -224,7 +223,7 @@ class StoreWriter(SaveRows):
         new_blocks = [job.blocks[i] for i in rows]
         tensors = job.block_tensors
         if len(rows) < len(job.blocks):
-            tensors = {n: t[torch.tensor(rows)] for n, t in tensors.items()}
+            tensors = {n: hostcopy.take_rows(t, rows) for n, t in tensors.items()}
         blob = kv_blob_name()
         block_size = next(iter(tensors.values())).shape[1]
         hashes = [b[0] for b in new_blocks]
