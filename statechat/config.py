@@ -117,7 +117,8 @@ class EngineConfig:
             raise ConfigError("memory_fraction must be in [0.05, 0.98], "
                               f"got {self.memory_fraction}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ConfigError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("num_kv_blocks must be at least 2")
         if self.num_state_slots is not None and self.num_state_slots < MIN_STATE_SLOTS:
