@@ -165,8 +165,8 @@ class PrefillGraphs:
         on a side stream, with no device-wide synchronisation, so that the cache writer's copies
         on other threads stay allowed; the kernels are built already (the one-slot graphs'
         captures build every kernel the packed ones launch). One that fails (out of memory,
-        or a capture error) is not tried again: such steps replay a graph a chunk or run
-        eagerly."""
+        a capture error, a kernel that fails to build: any Exception) is not tried again: such
+        steps replay a graph a chunk or run eagerly."""
         if key in self.graphs:
             return True
         graph = torch.cuda.CUDAGraph()
@@ -182,12 +182,15 @@ class PrefillGraphs:
                 finally:
                     graph.capture_end()
             torch.cuda.current_stream(self.device).wait_stream(stream)
-        except RuntimeError:  # (torch.OutOfMemoryError among them)
+        except BaseException as e:  # (torch.OutOfMemoryError; triton's errors are not
+            # RuntimeErrors: a kernel that fails to build must not fail every such step)
+            self.failed.append(graph)  # (kept, even on the way out: see `failed`)
+            self.packed.remove(key)
+            if not isinstance(e, Exception):
+                raise
             log.warning("statechat: the capture of a %d-token prefill graph of %d sequences "
                         "failed; such steps replay a graph a chunk or run eagerly", *key,
                         exc_info=True)
-            self.failed.append(graph)
-            self.packed.remove(key)
             return False
         self._keep(*key, graph)
         return True

@@ -4,11 +4,15 @@ the unused sequence slots, and a last padding sequence of at least a block. On t
 an engine whose "graphs" run the real staged layout eagerly (the model forward on the staged
 inputs, its outputs copied into fixed buffers as a replay writes them): such steps give the
 tokens, logprobs and cache reuse of eager steps, and leave the pools as they do. Which steps
-take a packed graph, and what fits a bucket. On a GPU, the captured graphs do the same."""
+take a packed graph, and what fits a bucket; a packed graph whose capture while serving fails,
+in any way, is not tried again and fails no step. On a GPU, the captured graphs do the
+same."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -218,3 +222,58 @@ def test_no_packed_graph_is_captured_that_no_step_can_use():
     assert {k for _, k in graph_keys(8192, 6)} == {1, 2, 4, 8}
     assert {k for _, k in graph_keys(8192, 8)} == {1, 2, 4, 8}
     assert graph_keys(8192, 1) == [(b, 1) for b in reversed(prefill_buckets(8192))]
+
+
+class KernelBuildError(Exception):
+    """What triton raises for a kernel it cannot build (OutOfResources, CompilationError): an
+    Exception, not a RuntimeError."""
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph's calls that PrefillGraphs.ready makes, doing nothing."""
+
+    def capture_begin(self, pool=None, capture_error_mode=None) -> None:
+        self.began = True
+
+    def capture_end(self) -> None:
+        pass
+
+    def pool(self):
+        return None
+
+
+def test_a_packed_graph_whose_capture_fails_in_any_way_leaves_its_steps_to_other_paths(
+        monkeypatch, caplog):
+    """A packed graph captured while serving whose capture raises anything (a kernel that fails
+    to build raises triton's own errors, which are not RuntimeErrors) is a warning, and is not
+    tried again: its steps take another path (it failed the step, and every later step that
+    wanted it). The graph is kept (destroyed, it would take its capture stream's cuBLAS
+    workspace from the graphs captured before it)."""
+    from statechat.engine import prefill_graphs
+
+    pg = PrefillGraphs.__new__(PrefillGraphs)
+    pg.model, pg.caches, pg.device, pg.rope_table, pg.pool = None, None, torch.device("cpu"), \
+        None, None
+    pg.max_blocks, pg.graphs, pg.out, pg.failed = 8, {}, {}, []
+    pg.staging = PrefillStaging(256, 4, 8, 0, pg.device)
+    pg.packed = [(256, 2), (256, 4)]
+    pg.stream = SimpleNamespace(wait_stream=lambda other: None)
+    calls = []
+
+    def forward(model, ids, ctx, caches):
+        calls.append(ids.shape[0])
+        if len(calls) == 2:  # (the eager forward passes; the capture's raises)
+            raise KernelBuildError("out of resources: shared memory")
+        return torch.zeros(2, 4), torch.zeros(2, 4)
+
+    monkeypatch.setattr(prefill_graphs, "_forward", forward)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: pg.stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    key = pg.packed_bucket([30, 40], 2)
+    assert key == (256, 2)
+    with caplog.at_level("WARNING", logger="statechat.engine"):
+        assert pg.ready(key) is False
+    assert "the capture of a 256-token prefill graph of 2 sequences failed" in caplog.text
+    assert len(pg.failed) == 1 and pg.failed[0].began  # (kept)
+    assert pg.packed_bucket([30, 40], 2) == (256, 4)  # (not tried again)
