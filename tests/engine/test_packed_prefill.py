@@ -171,6 +171,48 @@ def test_packed_steps_sample_as_eager_steps_on_the_cpu(tiny_dirs):
     assert any(cached for _, cached, _ in runs[True])
 
 
+def test_decodes_in_a_packed_graph_sample_as_in_eager_steps(tiny_dirs):
+    """Replies decoding beside long prompts' chunks take the packed graph as one-token chunks,
+    those crossing a block boundary too (their state copied to a checkpoint slot after the
+    step), with penalties, a logit bias and seeded draws: their tokens and logprobs are the
+    eager steps'."""
+    from statechat.model.loader import load_model
+    from tests.helpers import assert_idle_pools, cpu_engine
+
+    loaded = load_model(tiny_dirs["qwen3_5_text"], dtype=torch.float32)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist()
+               for n in (60, 62, 63, 61, 500, 450, 300)]
+    params = [SamplingParams(max_tokens=12, ignore_eos=True, **fields) for fields in (
+        {"presence_penalty": 0.5, "logprobs": 2}, {"temperature": 1.0, "seed": 3,
+                                                   "repetition_penalty": 1.3},
+        {"logit_bias": {5: 3.0}}, {"temperature": 0.7, "seed": 9, "top_k": 5,
+                                   "frequency_penalty": 0.4})]
+    runs, crossing = {}, []
+    for packed in (True, False):
+        engine = cpu_engine(loaded, max_model_len=1024, num_kv_blocks=60, num_state_slots=24,
+                            max_num_seqs=8, max_num_batched_tokens=128)
+        if packed:
+            eager_graphs(engine.runner, 128, 16)
+            split = engine.runner._split_buckets
+
+            def watched(batch, split=split):
+                buckets = split(batch)
+                if buckets and all(isinstance(b, tuple) for b in buckets):
+                    crossing.extend(it for it in batch.items
+                                    if it.seq.is_decoding and (it.start + 1) % 64 == 0)
+                return buckets
+
+            engine.runner._split_buckets = watched
+        seqs = [engine.add_request(p, params[i % 4]) for i, p in enumerate(prompts)]
+        while engine.has_unfinished():
+            engine.step()
+        assert_idle_pools(engine)
+        runs[packed] = [(s.output_ids, [round(lp, 4) for lp, _ in s.logprobs]) for s in seqs]
+    assert crossing  # (else the test proves less than it says)
+    assert runs[True] == runs[False]
+
+
 def _packed_graphs(engine: LLMEngine) -> list[tuple[int, int]]:
     return [key for key in engine.runner.prefill_graphs.graphs if key[1] > 1]
 
