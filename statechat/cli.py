@@ -5,7 +5,9 @@
     statechat serve               OpenAI-compatible HTTP API
     statechat cache stats|ls|...  inspect and trim the persistent prefix cache
 
-Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. The
+Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. A
+command whose standard output's reader goes away (`| head -1`) ends quietly with exit status
+141 (ReaderGone, raised by the command groups of cli_options.py; `main` ends it). The
 options shared by several commands, and their checks, are in cli_options.py; a command's engine
 config and sampling are made from them, and its engine from that config, in cli_setup.py. The
 `serve` command is in cli_serve.py, the `cache` commands in cli_cache.py (their store opened
@@ -28,7 +30,6 @@ from statechat.api_reasoning import check_parser
 from statechat.api_tools import check_tool_parser
 from statechat.cli_batch import (
     STDIN,
-    ReaderGone,
     Terminated,
     input_name,
     progress_bar,
@@ -70,7 +71,7 @@ from statechat.cli_options import (
 )
 from statechat.cli_serve import serve
 from statechat.cli_setup import command_setup, warn_if_embedded
-from statechat.errors import StatechatError
+from statechat.errors import ReaderGone, StatechatError
 
 app = typer.Typer(
     cls=FlagsGroup,
@@ -194,7 +195,7 @@ def batch(
     if not jobs:  # (nothing to run: no model to load)
         typer.echo(f"statechat: {input_name(input)} has no requests", err=True)
     if not jobs or all(job.error is not None for job in jobs):  # (nor when none can run)
-        with _exit_status_of(ReaderGone), results(output, direct) as sink:
+        with results(output, direct) as sink:
             records = [error_record(job) for job in jobs]
             write_records(sink, output, records)
         return report_failures(records)
@@ -203,8 +204,7 @@ def batch(
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the results in place, then the
         # cache flushed, which may wait long for a lock another process holds on its index)
-        stack.enter_context(_exit_status_of(ReaderGone))  # (`| head`: quietly, nothing more
-        # computed, as SIGPIPE ends `cat`)
+        # (`| head`: ReaderGone goes through it all, nothing more computed; main ends it)
         stack.enter_context(sigterm_interrupts())  # (SIGTERM keeps the finished results too)
         stack.enter_context(_exit_status_of(Terminated))  # (Typer's is 130, Ctrl+C's)
         stack.callback(getattr(engine, "close", lambda: None))  # flush pending cache writes
@@ -249,6 +249,9 @@ def main() -> None:
         code = getattr(e, "exit_code", 2)
     except typer.Exit as e:
         code = e.exit_code
+    except ReaderGone as e:  # (quietly, as SIGPIPE ends `cat`)
+        _quiet_stdout()
+        code = e.exit_code
     except typer.Abort as e:  # (Ctrl+C; SIGTERM in a batch is 143)
         code = getattr(e.__cause__, "exit_code", 130)
     except Exception as e:
@@ -263,6 +266,15 @@ def main() -> None:
             e.show()
         code = e.exit_code
     _exit(code if isinstance(code, int) else 0)
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null: what it still buffers for a reader that went away
+    would fail again as Python exits (`Exception ignored ... BrokenPipeError`)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _is_usage_error(e: Exception) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from statechat.errors import StatechatError
+from statechat.errors import ReaderGone, StatechatError
 
 STDIN = Path("-")  # `batch -`: the requests come on standard input
 
@@ -30,14 +30,6 @@ class OutputError(StatechatError):
     failed, so the exit status is 1 (that of a run whose every request failed), not 2."""
 
     exit_code = 1
-
-
-class ReaderGone(Exception):
-    """The results' reader went away (a broken pipe: `statechat batch ... | head -1`): the run
-    ends at once and quietly, as `cat` and `grep` do, with the exit status a shell reports for
-    a command that SIGPIPE ended (128 + 13), which `set -o pipefail` sees as theirs."""
-
-    exit_code = 141
 
 
 class Interrupted(StatechatError):
@@ -113,8 +105,8 @@ def results(output: Path | None, direct: bool):
         try:
             with said_when_stopped(Counted(sys.stdout), "went to standard output") as sink:
                 yield sink
-        except (OutputError, ReaderGone):  # (what stdout still buffers would fail again as
-            # Python exits)
+        except OutputError:  # (what stdout still buffers would fail again as Python exits;
+            # for ReaderGone, cli.main does this)
             with contextlib.suppress(OSError, ValueError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise

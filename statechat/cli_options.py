@@ -1,9 +1,10 @@
 """The command line's shared options, each defined once as an `Annotated` alias, the checks
 that turn their values into configs before a model loads (a bad value is one line), and the
-command groups' class (FlagsGroup: how --help shows a flag)."""
+command groups' class (FlagsGroup: how --help shows a flag, and a broken pipe as ReaderGone)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
-from statechat.errors import ConfigError, StatechatError
+from statechat.errors import ConfigError, ReaderGone, StatechatError
 
 if TYPE_CHECKING:  # (torch loads with it: the commands import it when they run)
     from statechat.engine.sampling import SamplingParams
@@ -21,7 +22,17 @@ if TYPE_CHECKING:  # (torch loads with it: the commands import it when they run)
 class FlagsGroup(TyperGroup):
     """A command group whose --help shows no value beside a flag, for its own options and its
     commands' (typer's rich help writes `<bool>` there, as though a flag took one: `--no-cache
-    true`); the options that take a value keep theirs."""
+    true`); the options that take a value keep theirs. A broken pipe (standard output's reader
+    gone) while it parses, shows its help or runs a command is ReaderGone, which cli.main ends
+    quietly with exit status 141 (Typer's own handling of one says nothing and exits with 1)."""
+
+    def make_context(self, *args, **kwargs):
+        with _broken_pipe_as_reader_gone():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _broken_pipe_as_reader_gone():
+            return super().invoke(ctx)
 
     def get_params(self, ctx):
         return _flags_without_value(super().get_params(ctx))
@@ -31,6 +42,14 @@ class FlagsGroup(TyperGroup):
         if command is not None:  # (a group of commands does this itself)
             _flags_without_value(command.get_params(ctx))
         return command
+
+
+@contextlib.contextmanager
+def _broken_pipe_as_reader_gone():
+    try:
+        yield
+    except BrokenPipeError:
+        raise ReaderGone() from None
 
 
 def _flags_without_value(params: list) -> list:

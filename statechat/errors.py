@@ -24,3 +24,13 @@ class ContextLengthError(ConfigError):
 
 class ShuttingDownError(StatechatError):
     """A request that came as the engine stops (the server answers 503: not the client's fault)."""
+
+
+class ReaderGone(Exception):
+    """Standard output's reader went away (a broken pipe: `statechat cache ls | head -1`): the
+    command ends at once and quietly, as `cat` and `grep` do, with the exit status a shell
+    reports for a command that SIGPIPE ended (128 + 13), which `set -o pipefail` sees as theirs.
+    Not an OSError, so that neither an `except OSError` on the way nor Typer's own handling of a
+    broken pipe (exit status 1) takes it for another error."""
+
+    exit_code = 141
