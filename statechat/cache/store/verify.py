@@ -4,7 +4,9 @@ files found, and the checkpoints that a damaged segment leaves without a whole c
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import NamedTuple
 
 from statechat.cache import index
 from statechat.cache.blobs.encoding import BlobError
@@ -39,6 +41,46 @@ def _label(blob: str | None, row: str) -> str:
     return blob if isinstance(blob, str) and blob else f"{row} (no blob file)"
 
 
+class _Rows(NamedTuple):
+    """The index's rows that `verify` checks, read at once."""
+
+    models: dict  # model id -> (fingerprint, shapes)
+    names: dict  # model id -> name
+    ckpts: list  # (hash, model_id, blob, checksum)
+    segs: list  # (id, model_id, blob, checksum, num_blocks)
+    members: dict  # segment id -> {seg_index: hash} of its block rows
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What `verify` has found so far."""
+
+    checked: int = 0
+    removed: list[str] = dataclasses.field(default_factory=list)  # damaged blobs
+    unreadable: list[str] = dataclasses.field(default_factory=list)  # kept
+    damaged_segments: set[str] = dataclasses.field(default_factory=set)
+    # model id -> its blobs, sound, that its row does not match; the fingerprints they give
+    mismatched: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    own_fps: set[str] = dataclasses.field(default_factory=set)
+
+    def failed(self, error: BlobError, label: str) -> None:
+        (self.removed if error.damaged else self.unreadable).append(label)
+
+
+def _report(tally: _Tally, names: dict, orphans: list, dangling: list[str],
+            remove: bool) -> dict:
+    """`verify`'s report (its docstring says what each key holds)."""
+    kept = [b for blobs in tally.mismatched.values() for b in blobs]
+    bad = {*tally.removed, *tally.unreadable, *dangling, *kept}  # (a damaged checkpoint may
+    # dangle too)
+    return {"checked": tally.checked, "ok": tally.checked - len(bad),
+            "removed": tally.removed, "unreadable": tally.unreadable, "dangling": dangling,
+            "orphans": [name for name, _ in orphans],
+            "orphans_freed": sum(size for _, size in orphans) if remove else 0,
+            "mismatched_models": [{"id": mid, "name": names.get(mid), "blobs": len(blobs)}
+                                  for mid, blobs in sorted(tally.mismatched.items())]}
+
+
 class StoreVerify:
     """StateStore's verify. Works on the store's state (state_store.py): blob_dir, db and
     db_lock; `_discard_checkpoint`, `_discard_segment` and `_unlink_blob` come from reads.py,
@@ -60,6 +102,30 @@ class StoreVerify:
         edited by hand (as the public schema allows), and the blob is still what an engine of
         its model resumes from (lookups go by block hash); the row is reported instead. A row
         whose model row is gone (deleted) belongs to no model, and is removed."""
+        rows = self._verify_rows()
+        tally = _Tally()
+        for h, mid, blob, crc in rows.ckpts:
+            e = self._check_blob(tally, rows.models, mid, blob, crc, "ckpt", (),
+                                 ("checkpoints", "hash", h), {0: h}, f"checkpoint {h[:12]}")
+            if e is not None:
+                if remove:
+                    self._discard_checkpoint(h, blob, str(e), e.damaged, then="")
+                tally.failed(e, _label(blob, f"checkpoint {h}"))
+        for sid, mid, blob, crc, n in rows.segs:
+            e = self._check_blob(tally, rows.models, mid, blob, crc, "block", (n,),
+                                 ("segments", "id", sid), rows.members.get(sid), f"segment {sid}")
+            if e is not None:
+                if remove:
+                    self._discard_segment(blob, str(e), e.damaged, then="", sid=sid)
+                tally.failed(e, _label(blob, f"segment {sid}"))
+                if e.damaged:  # (one that cannot be read is kept: its chains stay whole)
+                    tally.damaged_segments.add(blob)
+        orphans = self._remove_orphans(remove=remove)
+        dangling = self._remove_dangling(tally.damaged_segments, remove, tally.own_fps)
+        return _report(tally, rows.names, orphans, dangling, remove)
+
+    def _verify_rows(self) -> _Rows:
+        """The index's rows that `verify` checks, read at once (its integrity checked first)."""
         with self.db_lock:
             index.check_integrity(self.db)
             models = {r[0]: (r[1], _shapes(r[2])) for r in
@@ -72,56 +138,29 @@ class StoreVerify:
             members: dict[int, dict] = {}  # segment id -> {seg_index: hash} of its block rows
             for sid, i, h in self.db.execute("SELECT segment_id, seg_index, hash FROM blocks"):
                 members.setdefault(sid, {})[i] = h
-        checked, removed, unreadable, damaged_segments = 0, [], [], set()
-        mismatched: dict[int, list[str]] = {}  # model id -> its blobs, sound, that its row
-        own_fps: set[str] = set()  # does not match; the fingerprints those blobs give
-        for h, mid, blob, crc in ckpts:
-            checked += 1
-            fp, shapes = models.get(mid, ("", {}))
-            try:
-                expected = {k: tuple(v) for k, v in shapes.get("ckpt", {}).items()}
-                read_blob(blob_path(self.blob_dir, blob, f"checkpoint {h[:12]}"), fp, expected,
-                          crc, hashes={0: h})
-            except BlobError as e:
-                if not self._still_indexed("checkpoints", "hash", h, blob):
-                    checked -= 1  # (evicted meanwhile, by a running engine: not damage)
-                    continue
-                if self._sound_as_its_own(e, mid in models, blob, {0: h}, crc, own_fps):
-                    mismatched.setdefault(mid, []).append(blob)
-                    continue
-                if remove:
-                    self._discard_checkpoint(h, blob, str(e), e.damaged, then="")
-                (removed if e.damaged else unreadable).append(_label(blob, f"checkpoint {h}"))
-        for sid, mid, blob, crc, n in segs:
-            checked += 1
-            fp, shapes = models.get(mid, ("", {}))
-            try:
-                expected = {k: (n, *v) for k, v in shapes.get("block", {}).items()}
-                read_blob(blob_path(self.blob_dir, blob, f"segment {sid}"), fp, expected, crc,
-                          hashes=members.get(sid))
-            except BlobError as e:
-                if not self._still_indexed("segments", "id", sid, blob):
-                    checked -= 1
-                    continue
-                if self._sound_as_its_own(e, mid in models, blob, members.get(sid), crc,
-                                          own_fps):
-                    mismatched.setdefault(mid, []).append(blob)
-                    continue
-                if remove:
-                    self._discard_segment(blob, str(e), e.damaged, then="", sid=sid)
-                (removed if e.damaged else unreadable).append(_label(blob, f"segment {sid}"))
-                if e.damaged:  # (one that cannot be read is kept: its chains stay whole)
-                    damaged_segments.add(blob)
-        orphans = self._remove_orphans(remove=remove)
-        dangling = self._remove_dangling(damaged_segments, remove, own_fps)
-        kept = [b for blobs in mismatched.values() for b in blobs]
-        bad = {*removed, *unreadable, *dangling, *kept}  # (a damaged checkpoint may dangle too)
-        return {"checked": checked, "ok": checked - len(bad),
-                "removed": removed, "unreadable": unreadable, "dangling": dangling,
-                "orphans": [name for name, _ in orphans],
-                "orphans_freed": sum(size for _, size in orphans) if remove else 0,
-                "mismatched_models": [{"id": mid, "name": names.get(mid), "blobs": len(blobs)}
-                                      for mid, blobs in sorted(mismatched.items())]}
+        return _Rows(models, names, ckpts, segs, members)
+
+    def _check_blob(self, tally: _Tally, models: dict, mid: int, blob: str, crc: str | None,
+                    part: str, lead: tuple, row: tuple, hashes: dict | None,
+                    what: str) -> BlobError | None:
+        """Check one row's blob against its models row (`models[mid]`: its fingerprint, and its
+        `part` shapes, each after `lead`) and `hashes`, counting it in `tally`. The error of a
+        blob that fails, or None: for a sound blob, a row evicted meanwhile (`row`: its table,
+        key and value; not counted) and a blob sound as its own header says (in `mismatched`)."""
+        tally.checked += 1
+        fp, shapes = models.get(mid, ("", {}))
+        try:
+            expected = {k: (*lead, *v) for k, v in shapes.get(part, {}).items()}
+            read_blob(blob_path(self.blob_dir, blob, what), fp, expected, crc, hashes=hashes)
+        except BlobError as e:
+            if not self._still_indexed(*row, blob):
+                tally.checked -= 1  # (evicted meanwhile, by a running engine: not damage)
+                return None
+            if self._sound_as_its_own(e, mid in models, blob, hashes, crc, tally.own_fps):
+                tally.mismatched.setdefault(mid, []).append(blob)
+                return None
+            return e
+        return None
 
     def _sound_as_its_own(self, error: BlobError, known: bool, blob: str,
                           hashes: dict | None, crc: str | None, own_fps: set[str]) -> bool:
