@@ -6,33 +6,19 @@ and exit status 1."""
 from __future__ import annotations
 
 import json
-import os
 
-import pytest
-
-from statechat import cli
 from statechat.engine.engine import LLMEngine
 from statechat.paths import EMBEDDED_MODEL
+from tests.cli.test_broken_pipe import run_into_closed_pipe
 
 HI = [{"role": "user", "content": "hi"}]
 
 
 def run(monkeypatch, src) -> int:
     """The batch's exit status, its standard output a pipe whose reader has gone (what `| head
-    -1` leaves). (Set here: capsys sets its own stdout after the fixtures.)"""
-    read, write = os.pipe()
-    os.close(read)
-    stdout = open(write, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-    monkeypatch.setattr("sys.stdout", stdout)
-    monkeypatch.setattr("sys.argv", ["statechat", "batch", str(src), "--model",
-                                     str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main()
-    finally:
-        monkeypatch.undo()
-        stdout.close()
-    return exit_info.value.code
+    -1` leaves)."""
+    return run_into_closed_pipe(monkeypatch, ["batch", str(src), "--model", str(EMBEDDED_MODEL),
+                                              "--device", "cpu", "--no-cache"])
 
 
 def test_a_gone_reader_ends_the_batch_quietly_and_at_once(tmp_path, shared_engine, monkeypatch,
