@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from kernels.hw import gdc_enter, num_cores, pdl
+from kernels.hw import cuda_hints, dot_precision, gdc_enter, num_cores, pdl
 
 _LOG2E = 1.4426950408889634
 log = logging.getLogger("statechat.kernels")
@@ -441,7 +441,6 @@ def paged_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if T == 0 or N == 0:
         return out
-    is_cuda = q.device.type == "cuda"
     is_decode = T == N
     config = CUDA_DECODE if is_decode else _prefill_config(q)
     BQ, BM, num_tiles, num_splits = _launch_shape(q, N, Hkv, block_tables.shape[1])
@@ -452,11 +451,9 @@ def paged_attention(
     else:
         part_acc = part_ml = out  # never touched
     BD = triton.next_power_of_2(D)
-    tuning = {}
-    if is_cuda:
-        tuning = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-        if q.element_size() > 2:
-            tuning["num_stages"] = 1  # float32 tiles: one stage fits in shared memory
+    # float32 tiles: one stage fits in shared memory
+    stages = 1 if q.element_size() > 2 else config["num_stages"]
+    tuning = cuda_hints(q.device, num_warps=config["num_warps"], num_stages=stages)
     gate_strides = (0, 0) if gate is None else (gate.stride(0), gate.stride(1))
     args = (
         q,
@@ -492,7 +489,7 @@ def paged_attention(
         "BLOCK_SIZE": block_size,
         "IS_SPLIT": is_split,
         "HAS_GATE": gate is not None,
-        "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+        "DOT_PRECISION": dot_precision(q.device, q.dtype),
         **pdl(q.device),
     }
     try:

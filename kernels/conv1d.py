@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, num_cores, pdl
+from kernels.hw import cuda_hints, gdc_enter, num_cores, pdl
 from kernels.reference import Checkpoints
 
 # Prefill tiles (tokens x channels per program; 4 warps). The channel tile is the grid's
@@ -245,7 +245,7 @@ def causal_conv1d(
         grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)
         _conv_fwd_kernel[grid](
             x, weight, conv_pool, out, cu_seqlens, src_slots, x.stride(0), T, D, N, steps,
-            W=W, BT=BT, BD=BD, num_warps=PREFILL_WARPS,
+            W=W, BT=BT, BD=BD, **cuda_hints(x.device, num_warps=PREFILL_WARPS),
         )
     BD = _block_d(D)
     num_ckpt = ckpt[0].shape[0] if ckpt else 0

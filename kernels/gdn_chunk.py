@@ -26,12 +26,14 @@ Checkpoint targets become a per-chunk slot map (0 = none), so a sequence has at 
 checkpoint slot per boundary (repeated targets must agree on it).
 
 Precision: float32 inputs use IEEE float32 dot products (TF32 would miss 1e-5); 16-bit inputs
-use 16-bit operands in the large dot products, like FLA, and TF32 in the WY solve. State and
-all accumulations are float32. Scratch (w, u, v_new, per-chunk states) is in the input dtype.
+use 16-bit operands in the large dot products, like FLA, and TF32 in the WY solve (CUDA; IEEE
+elsewhere). State and all accumulations are float32. Scratch (w, u, v_new, per-chunk states)
+is in the input dtype.
 
 Portability: plain pointers with int64 scalar bases and int32 tile offsets (no block pointers:
 triton 3.9 removed them), masks for padding, scalar `if` for the optional slot reads/writes,
-no CUDA-only intrinsics. CONFIG holds CUDA launch hints (num_warps, num_stages, tiles).
+no CUDA-only intrinsics. CONFIG holds the tiles and the CUDA launch hints (num_warps,
+num_stages; passed on CUDA only, as is TF32).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import num_cores
+from kernels.hw import cuda_hints, dot_precision, num_cores
 from kernels.norms import TL_DTYPES, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
 
@@ -579,17 +581,16 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slot
     return H, HV, K, V
 
 
-def _dot_types(dtype: torch.dtype):
+def _dot_types(dtype: torch.dtype, device: torch.device):
     """(input_precision, operand dtype) of the large dot products for inputs of `dtype`.
 
     float32 needs IEEE products (TF32 misses 1e-5). 16-bit inputs multiply in their own type,
     except under TRITON_INTERPRET, whose bfloat16 tl.dot is wrong (triton 3.9): float32 there.
+    The WY solve's float32 operands take TF32 on CUDA only (`hw.dot_precision`).
     """
-    if dtype == torch.float32:
+    if dtype == torch.float32 or (dtype == torch.bfloat16 and _INTERPRETED):
         return "ieee", tl.float32
-    if dtype == torch.bfloat16 and _INTERPRETED:
-        return "ieee", tl.float32
-    return "tf32", tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+    return dot_precision(device, dtype), tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
 def _chunk_layout(cu_seqlens: torch.Tensor, max_chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -732,7 +733,7 @@ def chunk_gdn(
     chunk_offsets, chunk_seq, ckpt_slots, busy_seqs = layout
 
     dtype = q.dtype
-    prec, dot_dtype = _dot_types(dtype)
+    prec, dot_dtype = _dot_types(dtype, q.device)
     w = torch.empty(T, HV, K, dtype=dtype, device=q.device)
     u = torch.empty(T, HV, V, dtype=dtype, device=q.device)
     v_new = torch.empty(T, HV, V, dtype=dtype, device=q.device)
@@ -775,8 +776,8 @@ def chunk_gdn(
             BV=min(V, cfg["BV"]),
             PREC=prec,
             DT=dot_dtype,
-            num_warps=cfg["many_warps"] if many else cfg["num_warps"],
-            num_stages=cfg["num_stages"],
+            **cuda_hints(q.device, num_warps=cfg["many_warps"] if many else cfg["num_warps"],
+                         num_stages=cfg["num_stages"]),
         )
     cfg = CONFIG["state"]
     bv, state_warps = _state_tile(busy_seqs * HV, V, q.device)
@@ -803,8 +804,7 @@ def chunk_gdn(
             BV=bv,
             PREC=prec,
             DT=dot_dtype,
-            num_warps=state_warps,
-            num_stages=cfg["num_stages"],
+            **cuda_hints(q.device, num_warps=state_warps, num_stages=cfg["num_stages"]),
         )
     cfg = CONFIG["output"]
     bv = min(V, cfg["BV"])
@@ -851,8 +851,7 @@ def chunk_gdn(
             NORM=fused,
             PROD_DTYPE=TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
             BK=min(K, cfg["BK"]),
-            num_warps=num_warps,
-            num_stages=cfg["num_stages"],
+            **cuda_hints(q.device, num_warps=num_warps, num_stages=cfg["num_stages"]),
         )
     if norm is not None and not fused:
         return gated_rmsnorm(o, z, norm_w, eps)

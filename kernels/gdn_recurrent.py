@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn_chunk import _check_inputs, _softplus
-from kernels.hw import gdc_enter, pdl
+from kernels.hw import cuda_hints, gdc_enter, pdl
 
 # Launch configuration: BV by number of (sequence, head) pairs; the benchmark may override.
 CONFIG = {"small_BV": 16, "large_BV": 32, "small_pairs": 1024, "num_warps": 4}
@@ -142,7 +142,7 @@ def recurrent_gdn(
         K=K,
         V=V,
         BV=bv,
-        num_warps=CONFIG["num_warps"],
+        **cuda_hints(v.device, num_warps=CONFIG["num_warps"]),
         **pdl(v.device),
     )
     return o

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from kernels.activation import silu_mul
 from kernels.conv1d import causal_conv1d_update_in_place, check_conv
-from kernels.hw import gdc_enter, num_cores, pdl
+from kernels.hw import cuda_hints, gdc_enter, num_cores, pdl
 from kernels.norms import (
     TL_DTYPES,
     add_rmsnorm,
@@ -341,7 +341,7 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         CONV_W=0 if conv is None else conv[0].shape[1],
         WP=1 if conv is None else triton.next_power_of_2(conv[0].shape[1] - 1),
         ARGMAX=argmax is not None,
-        num_warps=CUDA_GEMV["num_warps"],
+        **cuda_hints(x.device, num_warps=CUDA_GEMV["num_warps"]),
         **pdl(x.device),
     )
     if argmax is not None:

@@ -1,5 +1,6 @@
-"""What the launchers need to know about the device: its number of compute cores, and whether
-kernels may be launched as programmatic dependents (`pdl`)."""
+"""What the launchers need to know about the device: its number of compute cores, whether
+kernels may be launched as programmatic dependents (`pdl`), and which launch options and dot
+precisions only NVIDIA's backend takes (`cuda_hints`, `dot_precision`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,23 @@ def num_cores(device: torch.device) -> int:
         props[k] for k in ("multiprocessor_count", "num_vectorcore", "num_aicore") if k in props
     ]
     return int(counts[0]) if counts else 8
+
+
+def cuda_hints(device: torch.device, **hints) -> dict:
+    """Launch options tuned for NVIDIA GPUs (num_warps, num_stages): `hints` on CUDA devices,
+    none elsewhere, so that another backend (triton-ascend, which takes neither) keeps its own
+    defaults. Every launch passes such options through here (tests/kernels/test_portability)."""
+    return hints if device.type == "cuda" else {}
+
+
+def dot_precision(device: torch.device, dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for operands of `dtype` on `device`: "ieee" for float32 (TF32
+    would miss the tests' tolerances), NVIDIA's "tf32" for the rest on CUDA (16-bit operands
+    multiply exactly either way; it only matters to the float32 operands a kernel mixes in),
+    and "ieee" on every other device, where TF32 may not exist."""
+    if dtype == torch.float32 or device.type != "cuda":
+        return "ieee"
+    return "tf32"
 
 
 @functools.lru_cache(maxsize=8)

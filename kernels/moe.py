@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import dot_precision
+
 
 @triton.jit(do_not_specialize=["NUM_PAIRS"])
 def _sort_kernel(topk_ids, counts, sorted_pairs, NUM_PAIRS, BLOCK: tl.constexpr):
@@ -387,7 +389,7 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     # rows per tile: about the mean number of pairs per expert, 16..64
     BM = min(64, max(16, triton.next_power_of_2(triton.cdiv(num_pairs, E))))
     BE = max(2, triton.next_power_of_2(E))
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    precision = dot_precision(x.device, x.dtype)
     dev = x.device
     counts = _empty(E, dtype=torch.int32, device=dev)
     sorted_pairs = _empty(num_pairs, dtype=torch.int32, device=dev)

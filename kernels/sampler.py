@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import cuda_hints
+
 _BLOCK = 2048  # vocabulary columns per program of penalize_logits
 # (p_rows: the rows' values, [R, 6] as reference.py gives them. A kernel argument may not be
 # called `params`: triton 3.6's launcher binds its arguments under that name.)
@@ -316,12 +318,13 @@ def sample_top_k(
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
         keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, HAS_COUNTS=has_counts, BLOCK=_CHUNK, num_warps=8,
+        counts.stride(0) if has_counts else 0, HAS_COUNTS=has_counts, BLOCK=_CHUNK,
+        **cuda_hints(logits.device, num_warps=8),
     )
     np_, kp = _merge_sizes(chunks, K)
     _merge_draw_kernel[(R,)](
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
-        noise.stride(0), NP=np_, KP=kp, num_warps=8,
+        noise.stride(0), NP=np_, KP=kp, **cuda_hints(logits.device, num_warps=8),
     )
     return out
 
@@ -591,19 +594,19 @@ def sample_vocabulary(
         in_prompt.view(torch.uint8) if has_counts else logits, noise, xs, maxes, keys, V,
         rows.stride(0), counts_rows.stride(0), logits.stride(0),
         counts.stride(0) if has_counts else 0, noise.stride(0),
-        HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK, num_warps=8,
+        HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK, **cuda_hints(dev, num_warps=8),
     )
     _race_merge_kernel[(R,)](
         maxes, keys, xs, tops, tested_x, tested_col, chunks, chunks * _RACE, V, RACE=_RACE,
         K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
-        NP=max(16, triton.next_power_of_2(chunks * _RACE)), num_warps=4,
+        NP=max(16, triton.next_power_of_2(chunks * _RACE)), **cuda_hints(dev, num_warps=4),
     )
     _race_mass_kernel[(R, chunks)](xs, tops, tested_x, tested_col, params, sums, V, K=_TESTED,
-                                   BLOCK=_CHUNK, SUB=_SUB, num_warps=8)
+                                   BLOCK=_CHUNK, SUB=_SUB, **cuda_hints(dev, num_warps=8))
     _race_pick_kernel[(R,)](
         xs, noise, scratch, tops, tested_x, tested_col, params, sums, out, chunks, V,
         noise.stride(0), K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK,
-        CAP=_CAP, HALVINGS=_HALVINGS, num_warps=8,
+        CAP=_CAP, HALVINGS=_HALVINGS, **cuda_hints(dev, num_warps=8),
     )
     return out
 
@@ -669,10 +672,11 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
     stats = torch.empty(R, chunks, 3, dtype=torch.float32, device=logits.device)
     keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
     _score_chunk_kernel[(R, chunks)](logits, targets, stats, keys, V, k, logits.stride(0),
-                                     BLOCK=_CHUNK, num_warps=8)
+                                     BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8))
     np_, kp = _merge_sizes(chunks, k)
     _score_merge_kernel[(R,)](
         logits, targets, stats, keys, out, chunks, chunks * k, k, logits.stride(0), out.stride(0),
-        CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp, num_warps=8,
+        CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp,
+        **cuda_hints(logits.device, num_warps=8),
     )
     return out

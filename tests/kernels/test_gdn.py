@@ -435,6 +435,7 @@ def test_the_prepare_kernel_takes_its_warps_by_tokens_not_sequences(many, monkey
     of as many tokens in more sequences takes the same kernel (which the largest prefill graph,
     of one sequence, has built)."""
     monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 1)
+    monkeypatch.setattr(gdn_chunk, "cuda_hints", lambda device, **hints: hints)  # as on CUDA
     monkeypatch.setitem(gdn_chunk.CONFIG["prepare"], "many", many)
     warps, kernel = [], gdn_chunk._gdn_prepare_kernel
 
