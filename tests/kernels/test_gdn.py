@@ -197,6 +197,30 @@ def test_the_output_kernel_sums_its_key_pieces(monkeypatch):
     test_chunk_gdn_varlen_matches_reference(ODD, torch.float32)
 
 
+@pytest.mark.skipif(not ON_CUDA, reason="its keys span 4 GiB: a GPU test")
+def test_chunk_gdn_reads_keys_far_apart_in_a_long_chunk():
+    """Keys 2^24 elements apart per token (a wide projection's rows): row x stride passes 2^31
+    inside these 130 tokens, so the state kernel must offset its rows in int64, as a long
+    prompt in one step needs with a real model's token stride."""
+    H, HV, K, V = SMALL
+    T, stride, dtype = 130, 1 << 24, torch.bfloat16
+    inputs = _inputs(T, H, HV, K, V, dtype)
+    far = torch.empty_strided((T, H, K), (stride, K, 1), dtype=dtype, device=DEVICE)
+    far.copy_(inputs["k"])
+    slots = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    null = torch.tensor([0], dtype=torch.int32, device=DEVICE)
+    cu_seqlens = torch.tensor([0, T], dtype=torch.int32, device=DEVICE)
+    pool = torch.zeros(2, HV, K, V, device=DEVICE)
+    ref_pool = pool.double()
+    ref = reference.chunk_gdn(**_as_f64(inputs), state_pool=ref_pool, cu_seqlens=cu_seqlens,
+                              src_slots=null, dst_slots=slots)
+    out = chunk_gdn(**{**inputs, "k": far}, state_pool=pool, cu_seqlens=cu_seqlens,
+                    src_slots=null, dst_slots=slots)
+    del far
+    assert _rel_err(out, ref) <= TOLERANCE[dtype]
+    assert _rel_err(pool[1], ref_pool[1]) <= TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize(("shape", "dtype"), CASES[:2], ids=CASE_IDS[:2])
 def test_the_gated_norm_fused_into_the_output_matches_the_norm_after_it(shape, dtype, fused,
