@@ -1,0 +1,241 @@
+"""The Triton sources in kernels/ keep the rules of DESIGN.md's "## Kernels" that can be read
+off the code (one source for CUDA and Ascend), checked on the source alone, nothing run:
+
+- no launcher reads a device value on the host: no `.item()`, `.tolist()`, `.cpu()`,
+  `.numpy()` or `synchronize()` in a function that launches a kernel (`kernel[grid](...)`) or
+  in any function of its module that it calls, directly or not;
+- no pointer moves across loop iterations: in a loop of a `@triton.jit` function, no `p += d`,
+  `p -= d` or `p = p + d` on a pointer (a name used, directly or through other names and
+  helper calls, as the address of a tl.load or tl.store, or whose `.dtype.element_ty` is read);
+  offsets are computed from the loop index instead;
+- CUDA-only hints sit behind a guard: no launch names num_warps, num_stages, num_ctas, maxnreg
+  or launch_pdl as its own keyword (they come through `kernels.hw.cuda_hints` and
+  `kernels.hw.pdl`, which give none off CUDA, or a dict chosen by device), `tl.extra.cuda`
+  appears only inside an `if` (a constexpr branch), and the string "tf32" only in
+  kernels/hw.py (`dot_precision`, TF32 on CUDA alone).
+
+Each check also runs on small deliberately broken sources, so a check that stopped finding
+anything fails here rather than passing silently. What it does not prove: int64 offsets,
+persistent grids and masks over `tl.where` need judgement (docs/kernels.md, Ascend section).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+MODULES = sorted(p for p in KERNELS.glob("*.py") if p.name != "reference.py")
+HOST_READS = frozenset({"item", "tolist", "cpu", "numpy", "synchronize"})
+CUDA_LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"})
+TF32 = frozenset({"tf32", "tf32x3"})
+
+
+def _is_jit(fn: ast.FunctionDef) -> bool:
+    for dec in fn.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute) and target.attr == "jit":
+            return True
+    return False
+
+
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _launches(fn: ast.FunctionDef, kernels: set[str]) -> list[ast.Call]:
+    """The calls `kernel[grid](...)` of a kernel of this module in fn."""
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+            and isinstance(n.func.value, ast.Name) and n.func.value.id in kernels]
+
+
+def host_reads(tree: ast.Module) -> list[str]:
+    """`.item()` and the like in the launchers and every module function they reach."""
+    funcs = _functions(tree)
+    kernels = {name for name, fn in funcs.items() if _is_jit(fn)}
+    todo = [name for name, fn in funcs.items() if name not in kernels and _launches(fn, kernels)]
+    seen, found = set(todo), []
+    while todo:
+        fn = funcs[todo.pop()]
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and node.func.attr in HOST_READS:
+                found.append(f"{fn.name}:{node.lineno}: .{node.func.attr}()")
+            name = node.func.id if isinstance(node.func, ast.Name) else None
+            if name in funcs and name not in kernels and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return found
+
+
+def _base(node: ast.expr) -> str | None:
+    """The name an address expression starts from: p in `p + o`, `p[:, None] + 1 + o`."""
+    while True:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            node = node.left
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return node.id if isinstance(node, ast.Name) else None
+
+
+def _pointers(fn: ast.FunctionDef, params_of: dict[str, set[int]]) -> set[str]:
+    """Names that hold pointers in jit function fn (params_of: pointer parameter positions of
+    the module's jit functions, as known so far)."""
+    ptrs: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("load", "store") and node.args:
+                ptrs.add(_base(node.args[0]))
+            if isinstance(func, ast.Name) and func.id in params_of:
+                ptrs.update(_base(node.args[i]) for i in params_of[func.id] if i < len(node.args))
+        elif (isinstance(node, ast.Attribute) and node.attr == "element_ty"
+              and isinstance(node.value, ast.Attribute) and node.value.attr == "dtype"):
+            ptrs.add(_base(node.value.value))
+    assigns = [(t.id, n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+               for t in n.targets if isinstance(t, ast.Name)]
+    grown = True
+    while grown:  # p_x = x + offsets: x holds a pointer too
+        before = len(ptrs)
+        ptrs.update(_base(value) for name, value in assigns if name in ptrs)
+        grown = len(ptrs) > before
+    ptrs.discard(None)
+    return ptrs
+
+
+def _jit_pointers(tree: ast.Module) -> dict[str, set[str]]:
+    """Pointer names of each jit function, their pointer parameters followed across calls."""
+    jits = {name: fn for name, fn in _functions(tree).items() if _is_jit(fn)}
+    params_of: dict[str, set[int]] = {name: set() for name in jits}
+    changed = True
+    while changed:
+        changed = False
+        for name, fn in jits.items():
+            ptrs = _pointers(fn, params_of)
+            positions = {i for i, a in enumerate(fn.args.args) if a.arg in ptrs}
+            if positions != params_of[name]:
+                params_of[name], changed = positions, True
+    return {name: _pointers(fn, params_of) for name, fn in jits.items()}
+
+
+def _steps(loop: ast.For | ast.While, ptrs: set[str]) -> list[ast.stmt]:
+    """`p += d`, `p -= d` and `p = p + d` on pointers p inside loop."""
+    found = []
+    for node in ast.walk(loop):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
+            target, moved = node.target, True
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            moved = isinstance(target, ast.Name) and _base(node.value) == target.id
+        else:
+            continue
+        if moved and isinstance(target, ast.Name) and target.id in ptrs:
+            found.append(node)
+    return found
+
+
+def pointer_steps(tree: ast.Module) -> list[str]:
+    """Pointers moved inside a loop of a jit function."""
+    functions, found = _functions(tree), []
+    for name, ptrs in _jit_pointers(tree).items():
+        for loop in ast.walk(functions[name]):
+            if isinstance(loop, (ast.For, ast.While)):
+                found += [f"{name}:{s.lineno}: pointer moved in a loop" for s in _steps(loop, ptrs)]
+    return sorted(set(found))
+
+
+def unguarded_cuda_hints(tree: ast.Module, is_hw: bool) -> list[str]:
+    """Launch options, tl.extra.cuda and "tf32" outside their guards."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+            found += [f"{node.lineno}: launch keyword {kw.arg}=" for kw in node.keywords
+                      if kw.arg in CUDA_LAUNCH_OPTIONS]
+        if isinstance(node, ast.Constant) and node.value in TF32 and not is_hw:
+            found.append(f"{node.lineno}: {node.value!r} outside kernels/hw.py")
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _is_jit(n)):
+        found += [f"{fn.name}:{n.lineno}: tl.extra.cuda outside an if"
+                  for n in _unguarded_nodes(fn, False) if _is_extra_cuda(n)]
+    return found
+
+
+def _is_extra_cuda(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "cuda"
+            and isinstance(node.value, ast.Attribute) and node.value.attr == "extra")
+
+
+def _unguarded_nodes(node: ast.AST, guarded: bool):
+    """Nodes under node that no `if` statement encloses (its test included: only its body)."""
+    for child in ast.iter_child_nodes(node):
+        inside = guarded or (isinstance(node, ast.If) and child is not node.test)
+        if not inside:
+            yield child
+        yield from _unguarded_nodes(child, inside)
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_launchers_read_no_device_value_on_the_host(path):
+    assert host_reads(_parse(path)) == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_no_pointer_moves_across_loop_iterations(path):
+    assert pointer_steps(_parse(path)) == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_cuda_only_hints_are_behind_a_guard(path):
+    assert unguarded_cuda_hints(_parse(path), path.name == "hw.py") == []
+
+
+BROKEN_LAUNCHER = '''
+@triton.jit
+def _k(x, n, BLOCK: tl.constexpr):
+    tl.store(x + tl.arange(0, BLOCK), 0.0)
+def _count(t):
+    return int(t.sum().item())
+def op(x):
+    _k[(1,)](x, _count(x), BLOCK=16, num_warps=4)
+'''
+
+BROKEN_LOOP = '''
+@triton.jit
+def _row(p, o):
+    return tl.load(p + o)
+@triton.jit
+def _k(x, y, n, BLOCK: tl.constexpr):
+    p_y = y + tl.arange(0, BLOCK)
+    for _ in range(n):
+        b = _row(x, tl.arange(0, BLOCK))
+        x += BLOCK
+        tl.store(p_y, b.to(y.dtype.element_ty))
+        p_y = p_y + BLOCK
+    b_acc = tl.zeros([BLOCK], tl.float32)
+    for _ in range(n):
+        b_acc += 1.0
+    if n > 0:
+        tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+    tl.dot(b_acc, b_acc, input_precision="tf32")
+'''
+
+
+def test_each_check_finds_what_it_is_for():
+    """The broken sources above hold each violation once: every one is reported, the harmless
+    accumulator loop and the guarded tl.extra.cuda are not."""
+    launcher, loop = ast.parse(BROKEN_LAUNCHER), ast.parse(BROKEN_LOOP)
+    assert host_reads(launcher) == ["_count:6: .item()"]
+    assert pointer_steps(loop) == ["_k:10: pointer moved in a loop",
+                                   "_k:12: pointer moved in a loop"]
+    assert unguarded_cuda_hints(launcher, False) == ["8: launch keyword num_warps="]
+    assert unguarded_cuda_hints(loop, False) == ["19: 'tf32' outside kernels/hw.py",
+                                                 "_k:18: tl.extra.cuda outside an if"]
+    assert unguarded_cuda_hints(loop, True) == ["_k:18: tl.extra.cuda outside an if"]
