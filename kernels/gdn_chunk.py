@@ -362,6 +362,7 @@ def _gdn_state_kernel(
     BV: tl.constexpr,
     PREC: tl.constexpr,
     DT: tl.constexpr,
+    LONG: tl.constexpr,
 ):
     i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -373,21 +374,17 @@ def _gdn_state_kernel(
     i_src = tl.load(src_slots + i_n).to(tl.int64)
     i_dst = tl.load(dst_slots + i_n).to(tl.int64)
 
-    # int64 scalar bases + int32 tile offsets keep register use low: each chunk's pointers are
-    # its first token's (int64 t_c) plus offsets inside the chunk, so no int32 product grows
-    # with the sequence (row x a token stride of 16,384 passes 2^31 at 131,072 rows)
+    # int64 scalar bases + int32 tile offsets keep register use low
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     o_kv = o_k[:, None] * V + o_v[None, :]  # [K, BV] inside one head's state
-    o_tw = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, K] inside a chunk of w
-    o_tv = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] inside a chunk of u and v_new
-    p_w0 = w + i_hv * K
-    p_u0 = u + i_hv * V
-    p_vn0 = v_new + i_hv * V
-    p_k0 = k + i_h * K
-    p_g0 = g_cum + i_hv
-    p_r0 = rstd_k + i_h
+    p_w0 = w + bos * (HV * K) + i_hv * K
+    p_u0 = u + bos * (HV * V) + i_hv * V
+    p_vn0 = v_new + bos * (HV * V) + i_hv * V
+    p_k0 = k + bos * stride_kt + i_h * K
+    p_g0 = g_cum + bos * HV + i_hv
+    p_r0 = rstd_k + bos * H + i_h
 
     b_h = tl.zeros([K, BV], dtype=tl.float32)
     if i_src != 0:  # slot 0 is the null slot: zeros, never read
@@ -398,25 +395,27 @@ def _gdn_state_kernel(
     i_ckpt_next = tl.load(ckpt_slots + i_c0).to(tl.int64)
     for i_t in range(num_chunks):
         i_c = i_c0 + i_t
-        t_c = bos + i_t * BT  # first token of this chunk (int64)
-        m_t = i_t * BT + o_t < seq_len  # rows of this chunk inside the sequence
+        r_t = i_t * BT + o_t  # rows of this chunk inside the sequence
+        if LONG:  # a row times a stride can pass 2^31 (16,384 x 131,072): int64 offsets
+            r_t = r_t.to(tl.int64)
+        m_t = r_t < seq_len
         i_ckpt = i_ckpt_next
         i_ckpt_next = tl.load(ckpt_slots + i_c + 1).to(tl.int64)
         tl.store(h_chunks + (i_c * HV + i_hv) * (K * V) + o_kv, b_h.to(h_chunks.dtype.element_ty))
 
         # v_new = u - w S
-        b_w = tl.load(p_w0 + t_c * (HV * K) + o_tw, mask=m_t[:, None], other=0.0)
-        b_v = tl.load(p_u0 + t_c * (HV * V) + o_tv, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_w = tl.load(p_w0 + r_t[:, None] * (HV * K) + o_k[None, :], mask=m_t[:, None], other=0.0)
+        o_tv = r_t[:, None] * (HV * V) + o_v[None, :]
+        b_v = tl.load(p_u0 + o_tv, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_v -= tl.dot(b_w.to(DT), b_h.to(DT), input_precision=PREC)
-        tl.store(p_vn0 + t_c * (HV * V) + o_tv, b_v.to(v_new.dtype.element_ty), mask=m_t[:, None])
+        tl.store(p_vn0 + o_tv, b_v.to(v_new.dtype.element_ty), mask=m_t[:, None])
 
         # S <- exp(g_last) S + (k / |k|)^T (exp(g_last - g) v_new); keys are loaded raw and
         # transposed ([K, BT]), their 1 / |k| row scale is folded into v_new
-        b_g = tl.load(p_g0 + t_c * HV + o_t * HV, mask=m_t, other=0.0)
-        b_g_last = tl.load(p_g0 + (t_c + tl.minimum(BT, seq_len - i_t * BT) - 1) * HV)
-        b_rk = tl.load(p_r0 + t_c * H + o_t * H, mask=m_t, other=0.0)
-        b_kt = tl.load(p_k0 + t_c * stride_kt + o_t[None, :] * stride_kt + o_k[:, None],
-                       mask=m_t[None, :], other=0.0)
+        b_g = tl.load(p_g0 + r_t * HV, mask=m_t, other=0.0)
+        b_g_last = tl.load(p_g0 + (tl.minimum(i_t * BT + BT, seq_len) - 1) * HV)
+        b_rk = tl.load(p_r0 + r_t * H, mask=m_t, other=0.0)
+        b_kt = tl.load(p_k0 + r_t[None, :] * stride_kt + o_k[:, None], mask=m_t[None, :], other=0.0)
         b_v *= (tl.exp(b_g_last - b_g) * b_rk)[:, None]
         b_h *= tl.exp(b_g_last)
         b_h += tl.dot(b_kt.to(DT), b_v.to(DT), input_precision=PREC)
@@ -808,6 +807,7 @@ def chunk_gdn(
             BV=bv,
             PREC=prec,
             DT=dot_dtype,
+            LONG=T * max(k.stride(0), HV * max(K, V)) >= 2**31,
             **cuda_hints(q.device, num_warps=state_warps, num_stages=cfg["num_stages"]),
         )
     cfg = CONFIG["output"]
