@@ -4,14 +4,28 @@ prefix it can reuse (PrefixCache.reuse, which may load a prefix from the host ti
 Waiting sequences are admitted in arrival order, but for two kinds passed over, each keeping its
 place in the queue while those behind it are admitted past it. One is a prompt that would get no
 chunk this step while a prompt in flight that came before it gets none either: admitted, it
-would only hold a slot, and a short prompt behind it would wait for it (a step for each such
-long prompt ahead, though the plan would give it its chunk first); it is admitted once all that
-came before it get chunks, and those are in flight, so they finish (the oldest gets a block a
-step): those passing it cannot hold it back for ever. The other is a fork of a prompt in flight
-that waits for their shared checkpoint (awaits_prefix), so that a request that shares nothing
-with it does not wait for another's prefill. (Forks of that fork need no more: whatever one
-shares with it beyond what the prompt in flight holds, it shares that prompt's part too, so it
-waits for the same checkpoint; once the fork is admitted it is in flight itself.) One whose
+would only hold a slot (and the blocks of a restored prefix) through steps with nothing to
+compute, and the short prompts behind it still pass it (the plan gives the fewest tokens left
+their chunks first). It is admitted once all that came before it get chunks, or once later ones
+were admitted past it in MAX_OVERTAKEN steps: then it is overdue, passed over no more, and
+admitted in its place even with no chunk (where blocks or slots are short, those behind it wait:
+admission stops there), so it stays ahead of every later arrival for the oldest in flight's
+block a step. Those it waits on are in flight and finish, but while more prompts arrive than
+the token budget computes, that took as long as the overload lasted: in a simulation with
+4,500 tokens of 300-token prompts arriving a step for a budget of 4,096, a 6,000-token prompt
+behind two others waited 28 steps, passed over all the while; now 4, the short ones' waits the
+same (tests/engine/test_admission_overtaking.py). Steps in which one was admitted past it are
+counted, not steps passed over: in such a flood every short prompt waits some steps behind the
+one before it (that one gets no chunk either), but none overtakes it, and they are not all made
+overdue and admitted with no chunk, a slot each. Four such steps keep a short prompt's pass:
+the long prompts it passes come due only after four, and admitting one with no chunk holds
+nothing behind it back. Overdue stays so (preempted, it is not passed over once more). Not
+bounded here is its prefill once admitted: the plan's fewest-tokens-left-first order leaves it a
+sure block a step only once it is the oldest in flight. The other is a fork of a prompt in
+flight that waits for their shared checkpoint (awaits_prefix), so that a request that shares
+nothing with it does not wait for another's prefill. (Forks of that fork need no more: whatever
+one shares with it beyond what the prompt in flight holds, it shares that prompt's part too, so
+it waits for the same checkpoint; once the fork is admitted it is in flight itself.) One whose
 first chunk would want more KV blocks than are free gives way at once (preempted, as the newest
 sequence does whenever blocks run out), and it is tried again only once as many blocks are spare
 beyond the running prompts' chunks as that admission took (its restore's and its chunk's): while
@@ -35,6 +49,9 @@ from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefill_plan import awaits_prefix, blocks_needed, plan_prefills
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
+
+MAX_OVERTAKEN = 4  # steps in which later prompts may be admitted past one with no chunk (then
+# it is overdue, passed over no more: module docstring)
 
 
 class Admission:
@@ -62,7 +79,8 @@ class Admission:
         running prompts; it may take a longer one's share) and return the prompts with their
         planned chunks (plan_prefills). One that gets none is admitted for a later step (a
         cached prefix may give it one, known only once admitted) unless a prompt that came
-        before it gets none either: then it is passed over, in its place. One is
+        before it gets none either and it is not overdue (_passes_over): then it is passed
+        over, in its place. One is
         admitted only while a block is spare beyond the chunks of those before it (as many as
         its last try took, after one that gave way). One whose chunk wants more blocks than are
         free gives way at once (preempted), back in its place; no later one is admitted then.
@@ -71,6 +89,8 @@ class Admission:
         front, and those behind it are tried in turn."""
         sizes = plan_prefills(seqs, share, budget, self.bs)
         passed = 0  # passed over (forks, prompts with no chunk): they keep their places
+        chunkless: list[Sequence] = []  # those passed over for want of a chunk, in order
+        overtaken = 0  # how many of them a later one was admitted past
         while len(self.waiting) > passed and share > 0 and len(self.running) < self.max_num_seqs:
             head = self.waiting[passed]
             if (self.use_cache and head.params.prompt_logprobs is None
@@ -78,9 +98,9 @@ class Admission:
                 passed += 1
                 continue
             planned = plan_prefills(seqs + [head], share, budget, self.bs)
-            if not planned[-1] and any(not n and s.seq_id < head.seq_id
-                                       for s, n in zip(seqs, sizes)):
+            if self._passes_over(head, planned[-1], seqs, sizes):
                 passed += 1
+                chunkless.append(head)
                 continue
             free = self.blocks.num_available
             if free - blocks_needed(seqs, planned[:-1], self.bs) < self._blocks_wanted(head):
@@ -96,8 +116,20 @@ class Admission:
                 head.blocks_short = (took + blocks_needed([head], planned[-1:], self.bs),
                                      head.block_hashes[restored - 1] if restored else None)
                 break
-            seqs, sizes = seqs + [head], planned
+            seqs, sizes, overtaken = seqs + [head], planned, len(chunkless)
+        for seq in chunkless[:overtaken]:
+            seq.steps_overtaken += 1
         return seqs, sizes
+
+    @staticmethod
+    def _passes_over(head: Sequence, chunk: int, seqs: list[Sequence], sizes: list[int]) -> bool:
+        """Whether waiting `head`, planned a `chunk` of tokens beside `seqs` (prompts in flight
+        or admitted this step, planned `sizes`), keeps its place while those behind it are
+        tried: it gets no chunk while one of them that came before it gets none either, and it
+        is not overdue (later ones were admitted past it in fewer than MAX_OVERTAKEN steps)."""
+        if chunk or head.steps_overtaken >= MAX_OVERTAKEN:
+            return False
+        return any(not n and s.seq_id < head.seq_id for s, n in zip(seqs, sizes))
 
     def _give_way(self, seq: Sequence, num_tokens: int) -> None:
         """Preempt running `seq` for want of KV blocks (its own, for `num_tokens` tokens; or an

@@ -5,7 +5,8 @@ decodes), then prefills share what is left of the token budget, in chunks that e
 boundaries (a prompt's last chunk excepted): fewest tokens left first, so a short prompt is not
 kept waiting for a long one's whole prefill, and the oldest prompt in flight at least a block a
 step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order, passed
-over in their places a prompt that would get no chunk while an earlier one gets none, and a fork
+over in their places a prompt that would get no chunk while an earlier one gets none (until
+later ones were admitted past it in four steps: then it is admitted in its place), and a fork
 that waits for a checkpoint of a prompt in flight (admission.py). While decodes run, the
 prefills' share is also cut to what the measured prefill rate computes within the step's time
 target (`max_step_s`; at least one block, so a prompt always progresses): a long prompt arriving

@@ -50,6 +50,8 @@ class Sequence:
     blocks_short: tuple[int, bytes | None] | None = None  # since it last gave way for want of
     # KV blocks (Admission): the spare blocks it waits for, and the hash of the last block its
     # admission restored (None: none, or preempted while it ran)
+    steps_overtaken: int = 0  # steps in which later ones were admitted past it while it waited
+    # with no chunk (Admission: after MAX_OVERTAKEN it is no longer passed over)
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string matched or stop token id (vLLM's)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per
