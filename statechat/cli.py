@@ -67,6 +67,7 @@ from statechat.cli_options import (
     ToolCallParserOpt,
     TopKOpt,
     TopPOpt,
+    broken_pipe_as_reader_gone,
     parse_template_kwargs,
 )
 from statechat.cli_serve import serve
@@ -241,19 +242,26 @@ def main() -> None:
     global _app_closed
     _app_closed = False  # (set by this call's own `run` alone)
     try:
-        code = app(standalone_mode=False)  # a raised typer.Exit comes back as its exit code
+        code = _run_app()
+    except ReaderGone as e:  # (quietly, as SIGPIPE ends `cat`)
+        _quiet_stdout()
+        code = e.exit_code
+    _exit(code if isinstance(code, int) else 0)
+
+
+def _run_app():
+    """The app run, its exit status; a known error said in one line (the status its own)."""
+    try:
+        return app(standalone_mode=False)  # a raised typer.Exit comes back as its exit code
     except StatechatError as e:
         if os.environ.get("STATECHAT_DEBUG") == "1":
             raise
         typer.secho(f"statechat: {e}", fg="red", err=True)
-        code = getattr(e, "exit_code", 2)
+        return getattr(e, "exit_code", 2)
     except typer.Exit as e:
-        code = e.exit_code
-    except ReaderGone as e:  # (quietly, as SIGPIPE ends `cat`)
-        _quiet_stdout()
-        code = e.exit_code
+        return e.exit_code
     except typer.Abort as e:  # (Ctrl+C; SIGTERM in a batch is 143)
-        code = getattr(e.__cause__, "exit_code", 130)
+        return getattr(e.__cause__, "exit_code", 130)
     except Exception as e:
         # errors of Typer's click: a usage error is one line (click's own form is four: usage,
         # hint, blank, error); the others (help asked by no arguments) show themselves
@@ -263,9 +271,9 @@ def main() -> None:
             help_hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             typer.secho(f"statechat: {e.format_message()}{help_hint}", fg="red", err=True)
         else:
-            e.show()
-        code = e.exit_code
-    _exit(code if isinstance(code, int) else 0)
+            with broken_pipe_as_reader_gone():  # (the help, into a closed pipe)
+                e.show()
+        return e.exit_code
 
 
 def _quiet_stdout() -> None:

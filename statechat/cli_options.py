@@ -27,11 +27,11 @@ class FlagsGroup(TyperGroup):
     quietly with exit status 141 (Typer's own handling of one says nothing and exits with 1)."""
 
     def make_context(self, *args, **kwargs):
-        with _broken_pipe_as_reader_gone():
+        with broken_pipe_as_reader_gone():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx):
-        with _broken_pipe_as_reader_gone():
+        with broken_pipe_as_reader_gone():
             return super().invoke(ctx)
 
     def get_params(self, ctx):
@@ -45,11 +45,37 @@ class FlagsGroup(TyperGroup):
 
 
 @contextlib.contextmanager
-def _broken_pipe_as_reader_gone():
+def broken_pipe_as_reader_gone():
+    """A broken pipe inside `with` (Rich's too: the help) raised as ReaderGone."""
     try:
-        yield
+        with rich_pipe_errors_raised():
+            yield
     except BrokenPipeError:
         raise ReaderGone() from None
+
+
+@contextlib.contextmanager
+def rich_pipe_errors_raised():
+    """Within `with`, a Rich console (Typer writes the help with one) that finds its reader gone
+    raises BrokenPipeError, as a plain write does, rather than ending the process itself with
+    exit status 1 (`Console.on_broken_pipe`, which Rich lets a subclass change: Typer makes its
+    consoles itself, so the class's is swapped here, and put back after)."""
+    try:
+        from rich.console import Console
+    except ImportError:  # (Typer without Rich: click writes the help, with plain writes)
+        yield
+        return
+    own = Console.on_broken_pipe
+    Console.on_broken_pipe = _raise_broken_pipe
+    try:
+        yield
+    finally:
+        Console.on_broken_pipe = own
+
+
+def _raise_broken_pipe(console) -> None:
+    console.quiet = True  # (nothing more to a reader that went away)
+    raise BrokenPipeError()
 
 
 def _flags_without_value(params: list) -> list:
