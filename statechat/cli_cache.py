@@ -57,9 +57,8 @@ def _when(ts) -> str:
 @cache_app.command("path")
 def cache_path(cache_dir: CacheDirOpt = None) -> None:
     """Print the cache directory."""
-    from statechat.paths import cache_dir as resolve_cache_dir
-
-    typer.echo(str(resolve_cache_dir(cache_dir)))
+    # (a file in its place, or above it: one line on stderr and exit status 2, as the others)
+    typer.echo(str(cache_root(cache_dir)))
 
 
 def _no_stats(root: Path) -> dict:
