@@ -1,6 +1,7 @@
 """The `cache` commands on odd cache dirs: a file in the cache dir's place or above it is the
 same one line from every one of them (`cache path` printed it as the cache dir, and the others
-under a file said `no cache at ... yet`, where none can ever be)."""
+under a file said `no cache at ... yet`, where none can ever be); `stats --json` of a cache dir
+not made yet gives the budget an engine would start it with."""
 
 from __future__ import annotations
 
@@ -34,3 +35,25 @@ def test_a_file_in_place_of_the_cache_dir_is_one_line(tmp_path, monkeypatch, cap
         assert (code, out) == (2, "")
         assert err == f"statechat: {blocker} is a file; pass a folder as --cache-dir\n"
     assert blocker.read_text() == "not a folder\n"
+
+
+def test_stats_json_of_a_missing_cache_dir_gives_the_budget_an_engine_would_start_with(
+        tmp_path, monkeypatch, capsys):
+    """(Its budget was null, where an empty cache dir's is the default rule's.)"""
+    import json
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    figures = {}
+    for name in ("empty", "missing"):
+        code, out, _ = run_cli(monkeypatch, capsys, ["cache", "stats", "--json", "--cache-dir",
+                                                     str(tmp_path / name)])
+        assert code == 0
+        figures[name] = json.loads(out)
+    assert not (tmp_path / "missing").exists()
+    for stats in figures.values():
+        assert stats["bytes_budget"] == stats["bytes_budget_default"] > 0
+        assert stats["budget_recorded"] is None
+    # (the same disk: the same 10% of its free space, within what others wrote meanwhile)
+    assert figures["missing"]["bytes_budget"] == pytest.approx(
+        figures["empty"]["bytes_budget"], rel=0.01)
