@@ -81,17 +81,18 @@ def connect(path: Path) -> sqlite_utils.Database:
     return open_sqlite(path, attempt)
 
 
-def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
+def refuse_foreign(conn: sqlite3.Connection, path: Path) -> bool:
     """A ConfigError for a SQLite file of another program at `path`, which is then left as it
     is (no tables added to it, its journal mode unchanged). statechat's are: a new or empty
     file; one of the chats' tables alone (`chat_*`, chat/storage.py: a run without the cache
     makes them alone); an index, whose tables `migrate` makes all at once (the schema version
     set with them, lost by a `sqlite3 .dump` reload) and which may hold a user's own tables too.
-    Anything else is another program's: tables of its own, or a version of its own."""
+    Anything else is another program's: tables of its own, or a version of its own. Whether
+    the file holds the index's tables."""
     tables, version, index_tables = _schema(conn)
     if index_tables or (not version and not tables & OWN_TABLES
                         and all(t.startswith("chat_") for t in tables)):
-        return
+        return index_tables
     others = sorted(t for t in tables if not t.startswith("chat_") and t not in OWN_TABLES)
     why = (f"it holds other tables: {', '.join(others[:5])}" if others else
            f"it has a schema version of another program's, {version}" if version and not
@@ -123,7 +124,8 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
     """Open the index to read it alone: nothing is created or migrated, and no row written
     (the cache commands that only report; as the last connection to close, SQLite may still
     fold a write-ahead log left by a crashed writer into index.db, as its own shell does).
-    No index.db yet, or one without the schema (an empty file): an empty index in memory.
+    No index.db yet, or one without the index's tables (an empty file, the chats' alone): an
+    empty index in memory; another program's SQLite file is a ConfigError (refuse_foreign).
     On read-only media or a full disk, where SQLite cannot make the WAL's -wal and -shm files,
     the file is read as immutable, and a warning says if a WAL was left unread."""
     if not path.exists():
@@ -141,7 +143,7 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
             try:
                 conn.execute("PRAGMA query_only = 1")
                 conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                conn.execute("PRAGMA user_version").fetchone()  # (the file's header read)
             except sqlite3.OperationalError as e:
                 conn.close()
                 if query != "immutable=1" and ("unable to open" in str(e) or "readonly" in str(e)
@@ -154,11 +156,10 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
             except BaseException:
                 conn.close()
                 raise
-            if version < SCHEMA_VERSION:  # (a new or empty file: no tables yet)
-                conn.close()
-                return _empty_index()
-            try:
-                refuse_foreign(conn, path)
+            try:  # (another program's file: one line, as an engine's; not read as empty)
+                if not refuse_foreign(conn, path):  # (a new or empty file, or chats alone)
+                    conn.close()
+                    return _empty_index()
             except ConfigError:
                 conn.close()
                 raise

@@ -1,7 +1,8 @@
 """The `cache` commands on odd cache dirs: a file in the cache dir's place or above it is the
 same one line from every one of them (`cache path` printed it as the cache dir, and the others
 under a file said `no cache at ... yet`, where none can ever be); `stats --json` of a cache dir
-not made yet gives the budget an engine would start it with."""
+not made yet gives the budget an engine would start it with; `stats` and `ls` refuse another
+program's SQLite file as the others do, and read an index that lost its schema version."""
 
 from __future__ import annotations
 
@@ -57,3 +58,49 @@ def test_stats_json_of_a_missing_cache_dir_gives_the_budget_an_engine_would_star
     # (the same disk: the same 10% of its free space, within what others wrote meanwhile)
     assert figures["missing"]["bytes_budget"] == pytest.approx(
         figures["empty"]["bytes_budget"], rel=0.01)
+
+
+def test_another_program_s_sqlite_file_is_one_line_from_stats_and_ls_too(tmp_path, monkeypatch,
+                                                                         capsys):
+    """(`stats` and `ls` read it as an empty cache, where `verify`, `gc`, `clear` and an engine
+    refuse it.) The file is left as it was."""
+    import sqlite3
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with sqlite3.connect(cache / "index.db") as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    before = (cache / "index.db").read_bytes()
+    for argv in (["stats"], ["stats", "--json"], ["ls"], ["verify"]):
+        code, out, err = run_cli(monkeypatch, capsys,
+                                 ["cache", *argv, "--cache-dir", str(cache)])
+        assert (code, out) == (2, "")
+        assert err == (f"statechat: {cache / 'index.db'} is not a statechat cache index (it "
+                       "holds other tables: notes); pick another cache dir\n")
+    assert (cache / "index.db").read_bytes() == before
+
+
+def test_an_index_reloaded_without_its_schema_version_is_read(tmp_path, shared_engine,
+                                                             monkeypatch, capsys):
+    """An index whose schema version a `sqlite3 .dump` reload lost (an engine takes it, as its
+    own) is read by `stats` and `ls` as it is (they said it was empty)."""
+    import json
+    import sqlite3
+
+    from tests.cli.test_commands import warm_cache
+
+    cache = warm_cache(tmp_path)
+    want = json.loads(run_cli(monkeypatch, capsys, ["cache", "stats", "--json", "--cache-dir",
+                                                    str(cache)])[1])
+    assert want["num_checkpoints"] >= 1
+    with sqlite3.connect(cache / "index.db") as conn:
+        conn.execute("PRAGMA user_version = 0")
+    code, out, _ = run_cli(monkeypatch, capsys, ["cache", "stats", "--json", "--cache-dir",
+                                                 str(cache)])
+    assert code == 0
+    got = json.loads(out)
+    assert [got[k] for k in ("num_checkpoints", "num_blocks", "bytes_total")] == \
+        [want[k] for k in ("num_checkpoints", "num_blocks", "bytes_total")]
+    code, out, _ = run_cli(monkeypatch, capsys, ["cache", "ls", "--json", "--cache-dir",
+                                                 str(cache)])
+    assert code == 0 and len(json.loads(out)) == want["num_checkpoints"]
