@@ -7,7 +7,8 @@
 
 Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. A
 command whose standard output's reader goes away (`| head -1`) ends quietly with exit status
-141 (ReaderGone, raised by the command groups of cli_options.py; `main` ends it). The
+141 (ReaderGone, raised by the command groups of cli_options.py). How `main` ends the process,
+from what the app raised, is in cli_exit.py. The
 options shared by several commands, and their checks, are in cli_options.py; a command's engine
 config and sampling are made from them, and its engine from that config, in cli_setup.py. The
 `serve` command is in cli_serve.py, the `cache` commands in cli_cache.py (their store opened
@@ -17,9 +18,6 @@ in cli_cache_store.py).
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -41,6 +39,7 @@ from statechat.cli_batch import (
     writes_in_place,
 )
 from statechat.cli_cache import cache_app
+from statechat.cli_exit import end_process, exit_status
 from statechat.cli_options import (
     AutoToolChoiceOpt,
     CacheDirOpt,
@@ -71,7 +70,6 @@ from statechat.cli_options import (
 )
 from statechat.cli_serve import serve
 from statechat.cli_setup import command_setup, warn_if_embedded
-from statechat.errors import ReaderGone, StatechatError
 
 app = typer.Typer(
     cls=FlagsGroup,
@@ -237,64 +235,10 @@ _app_closed = False
 
 
 def main() -> None:
-    """Entry point: run the Typer app, turning known errors into one line."""
+    """Entry point: run the Typer app, turning known errors into one line (cli_exit.py)."""
     global _app_closed
     _app_closed = False  # (set by this call's own `run` alone)
-    try:
-        code = app(standalone_mode=False)  # a raised typer.Exit comes back as its exit code
-    except StatechatError as e:
-        if os.environ.get("STATECHAT_DEBUG") == "1":
-            raise
-        typer.secho(f"statechat: {e}", fg="red", err=True)
-        code = getattr(e, "exit_code", 2)
-    except typer.Exit as e:
-        code = e.exit_code
-    except ReaderGone as e:  # (quietly, as SIGPIPE ends `cat`)
-        _quiet_stdout()
-        code = e.exit_code
-    except typer.Abort as e:  # (Ctrl+C; SIGTERM in a batch is 143)
-        code = getattr(e.__cause__, "exit_code", 130)
-    except Exception as e:
-        # errors of Typer's click: a usage error is one line (click's own form is four: usage,
-        # hint, blank, error); the others (help asked by no arguments) show themselves
-        if not (callable(getattr(e, "show", None)) and hasattr(e, "exit_code")):
-            raise
-        if _is_usage_error(e):
-            help_hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            typer.secho(f"statechat: {e.format_message()}{help_hint}", fg="red", err=True)
-        else:
-            e.show()
-        code = e.exit_code
-    _exit(code if isinstance(code, int) else 0)
-
-
-def _quiet_stdout() -> None:
-    """Point standard output at /dev/null: what it still buffers for a reader that went away
-    would fail again as Python exits (`Exception ignored ... BrokenPipeError`)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-
-
-def _is_usage_error(e: Exception) -> bool:
-    """Whether `e` is a usage error of click (or of the copy of click that Typer 0.2x carries),
-    other than the one that shows a command's help when it is given no arguments."""
-    names = {cls.__name__ for cls in type(e).__mro__}
-    return "UsageError" in names and "NoArgsIsHelpError" not in names
-
-
-def _exit(code: int) -> None:
-    """End the process with `code`: at once after `run`'s app closed (what Python still
-    buffers flushed first), else as sys.exit does (returning for 0)."""
-    if _app_closed:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        logging.shutdown()
-        os._exit(code)
-    if code:
-        sys.exit(code)
+    end_process(exit_status(app), at_once=_app_closed)
 
 
 if __name__ == "__main__":

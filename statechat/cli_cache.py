@@ -57,16 +57,23 @@ def _when(ts) -> str:
 @cache_app.command("path")
 def cache_path(cache_dir: CacheDirOpt = None) -> None:
     """Print the cache directory."""
-    from statechat.paths import cache_dir as resolve_cache_dir
-
-    typer.echo(str(resolve_cache_dir(cache_dir)))
+    # (a file in its place, or above it: one line on stderr and exit status 2, as the others)
+    typer.echo(str(cache_root(cache_dir)))
 
 
 def _no_stats(root: Path) -> dict:
-    """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty."""
+    """`cache stats --json` of a cache dir not made yet: StateStore.stats's fields, empty, and
+    the budget an engine would start it with (the default rule's, of the nearest folder's
+    disk), as for an empty cache dir (None in a build without the persistent cache)."""
+    try:
+        from statechat.cache.store.budget import default_budget
+    except ImportError:
+        budget = None
+    else:
+        budget = default_budget(root)
     return {"path": str(root), "num_checkpoints": 0, "num_blocks": 0,
-            "num_segments": 0, "bytes_total": 0, "bytes_index": 0, "bytes_budget": None,
-            "bytes_budget_default": None, "budget_recorded": None, "host_bytes_used": 0,
+            "num_segments": 0, "bytes_total": 0, "bytes_index": 0, "bytes_budget": budget,
+            "bytes_budget_default": budget, "budget_recorded": None, "host_bytes_used": 0,
             "host_bytes_capacity": 0, "host_bytes_not_kept": 0, "models": []}
 
 

@@ -14,9 +14,15 @@ from statechat.errors import StatechatError
 
 
 def cache_root(cache_dir: Path | None) -> Path:
+    """The cache dir the commands work on (--cache-dir, else the default); a one-line error
+    where a file stands in its place or above it (no cache can ever be there), as an engine
+    gives before its model loads."""
+    from statechat.cli_setup import check_cache_dir
     from statechat.paths import cache_dir as resolve_cache_dir
 
-    return resolve_cache_dir(cache_dir)
+    root = resolve_cache_dir(cache_dir)
+    check_cache_dir(root)
+    return root
 
 
 def writable(root: Path) -> bool:

@@ -27,11 +27,11 @@ class FlagsGroup(TyperGroup):
     quietly with exit status 141 (Typer's own handling of one says nothing and exits with 1)."""
 
     def make_context(self, *args, **kwargs):
-        with _broken_pipe_as_reader_gone():
+        with broken_pipe_as_reader_gone():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx):
-        with _broken_pipe_as_reader_gone():
+        with broken_pipe_as_reader_gone():
             return super().invoke(ctx)
 
     def get_params(self, ctx):
@@ -45,11 +45,37 @@ class FlagsGroup(TyperGroup):
 
 
 @contextlib.contextmanager
-def _broken_pipe_as_reader_gone():
+def broken_pipe_as_reader_gone():
+    """A broken pipe inside `with` (Rich's too: the help) raised as ReaderGone."""
     try:
-        yield
+        with rich_pipe_errors_raised():
+            yield
     except BrokenPipeError:
         raise ReaderGone() from None
+
+
+@contextlib.contextmanager
+def rich_pipe_errors_raised():
+    """Within `with`, a Rich console (Typer writes the help with one) that finds its reader gone
+    raises BrokenPipeError, as a plain write does, rather than ending the process itself with
+    exit status 1 (`Console.on_broken_pipe`, which Rich lets a subclass change: Typer makes its
+    consoles itself, so the class's is swapped here, and put back after)."""
+    try:
+        from rich.console import Console
+    except ImportError:  # (Typer without Rich: click writes the help, with plain writes)
+        yield
+        return
+    own = Console.on_broken_pipe
+    Console.on_broken_pipe = _raise_broken_pipe
+    try:
+        yield
+    finally:
+        Console.on_broken_pipe = own
+
+
+def _raise_broken_pipe(console) -> None:
+    console.quiet = True  # (nothing more to a reader that went away)
+    raise BrokenPipeError()
 
 
 def _flags_without_value(params: list) -> list:
@@ -206,23 +232,30 @@ def compose_sampling(base: SamplingParams, model: Path, min_max_tokens: int = 1,
 
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SIZE = 2**63 - 1  # (SQLite's largest integer, and os's file sizes')
 
 
 def parse_size(text: str | None, flag: str = "--disk-cache-bytes") -> int | None:
     """A size flag's value (`flag`'s): a byte count, or a number with a unit of SIZE_UNITS
     (powers of 1024; `20G`, `1.5T`, `500MB`, `64KiB`); None where not given. One line for
-    anything else."""
+    anything else, and one that names the limit for a size past MAX_SIZE."""
+    from decimal import Decimal, InvalidOperation
+
     if text is None:
         return None
     value = text.strip().upper().removesuffix("IB").removesuffix("B")
     unit = value[-1:] if value[-1:] in SIZE_UNITS else ""
-    try:
-        number = float(value[:len(value) - len(unit)])
-    except ValueError:
-        number = -1.0
-    if not 0 <= number * SIZE_UNITS[unit] < 2**63 or not unit and not number.is_integer():
+    try:  # (exact: a byte count up to MAX_SIZE itself is taken as it is)
+        number = Decimal(value[:len(value) - len(unit)])
+    except InvalidOperation:
+        number = Decimal(-1)
+    if (not number.is_finite() or number < 0
+            or not unit and number != number.to_integral_value()):
         raise StatechatError(f"{flag} must be a size such as 500M, 20G or a byte count, got "
                              f"{text!r:.40}")
+    if number > Decimal(MAX_SIZE) / SIZE_UNITS[unit]:
+        raise StatechatError(f"{flag} is too large: it takes at most 2**63 - 1 bytes (8 EiB), "
+                             f"got {text!r:.40}")
     return int(number * SIZE_UNITS[unit])
 
 

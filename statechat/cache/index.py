@@ -1,4 +1,5 @@
-"""The disk tier's SQLite index (`index.db`, WAL): schema, migrations and queries.
+"""The disk tier's SQLite index (`index.db`, WAL): schema, migrations and queries (opened to
+read it alone, by the cache commands that report: index_read.py).
 
 The schema is a public interface (docs/cache-schema.md): people read it with `sqlite3` or
 `sqlite-utils`. Hashes are stored as lowercase hex text so they are readable and joinable.
@@ -15,14 +16,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.sqlite_files import (
-    free_bytes,
-    is_full,
-    on_full_disk,
-    open_error,
-    open_sqlite,
-    size_text,
-)
+from statechat.cache.sqlite_files import open_sqlite
 from statechat.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -81,17 +75,18 @@ def connect(path: Path) -> sqlite_utils.Database:
     return open_sqlite(path, attempt)
 
 
-def refuse_foreign(conn: sqlite3.Connection, path: Path) -> None:
+def refuse_foreign(conn: sqlite3.Connection, path: Path) -> bool:
     """A ConfigError for a SQLite file of another program at `path`, which is then left as it
     is (no tables added to it, its journal mode unchanged). statechat's are: a new or empty
     file; one of the chats' tables alone (`chat_*`, chat/storage.py: a run without the cache
     makes them alone); an index, whose tables `migrate` makes all at once (the schema version
     set with them, lost by a `sqlite3 .dump` reload) and which may hold a user's own tables too.
-    Anything else is another program's: tables of its own, or a version of its own."""
+    Anything else is another program's: tables of its own, or a version of its own. Whether
+    the file holds the index's tables."""
     tables, version, index_tables = _schema(conn)
     if index_tables or (not version and not tables & OWN_TABLES
                         and all(t.startswith("chat_") for t in tables)):
-        return
+        return index_tables
     others = sorted(t for t in tables if not t.startswith("chat_") and t not in OWN_TABLES)
     why = (f"it holds other tables: {', '.join(others[:5])}" if others else
            f"it has a schema version of another program's, {version}" if version and not
@@ -117,74 +112,6 @@ def _schema(conn: sqlite3.Connection) -> tuple[set[str], int, bool]:
         if began and conn.in_transaction:  # (SQLite may have rolled it back on an error)
             conn.execute("COMMIT")
     return tables, version, index_tables
-
-
-def connect_read_only(path: Path) -> sqlite_utils.Database:
-    """Open the index to read it alone: nothing is created or migrated, and no row written
-    (the cache commands that only report; as the last connection to close, SQLite may still
-    fold a write-ahead log left by a crashed writer into index.db, as its own shell does).
-    No index.db yet, or one without the schema (an empty file): an empty index in memory.
-    On read-only media or a full disk, where SQLite cannot make the WAL's -wal and -shm files,
-    the file is read as immutable, and a warning says if a WAL was left unread."""
-    if not path.exists():
-        if path.parent.exists() and not path.parent.is_dir():
-            raise open_error(path, NotADirectoryError())
-        return _empty_index()
-
-    def attempt() -> sqlite_utils.Database:
-        # mode=rw (never creates the file) lets the last reader out remove the WAL files it
-        # made, as sqlite3's own shell does; query_only keeps it from writing anything else
-        for query in ("mode=rw", "mode=ro", "immutable=1"):
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True,
-                                   timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-            try:
-                conn.execute("PRAGMA query_only = 1")
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-            except sqlite3.OperationalError as e:
-                conn.close()
-                if query != "immutable=1" and ("unable to open" in str(e) or "readonly" in str(e)
-                                               or is_full(e) or on_full_disk(path.parent)):
-                    continue  # (read-only media or files, a full disk: no -shm file can be made)
-                raise
-            except sqlite3.DatabaseError as e:  # (damaged, or as read without its WAL?)
-                conn.close()
-                raise open_error(path, e, whole=query != "immutable=1") from None
-            except BaseException:
-                conn.close()
-                raise
-            if version < SCHEMA_VERSION:  # (a new or empty file: no tables yet)
-                conn.close()
-                return _empty_index()
-            try:
-                refuse_foreign(conn, path)
-            except ConfigError:
-                conn.close()
-                raise
-            except sqlite3.DatabaseError as e:  # (as read without its WAL on a full disk?)
-                conn.close()
-                raise open_error(path, e, whole=query != "immutable=1") from None
-            wal = path.with_name(path.name + "-wal")
-            if query == "immutable=1" and wal.exists() and wal.stat().st_size:
-                where = (f"is on a full disk ({size_text(free_bytes(path.parent))} free)"
-                         if on_full_disk(path.parent) else "is read-only")
-                log.warning("statechat cache: %s %s and its write-ahead log was not read; the "
-                            "latest writes may be missing", path, where)
-            db = sqlite_utils.Database(conn)
-            db.read_whole = query != "immutable=1"  # (open_error's `whole`)
-            return db
-        raise AssertionError("unreachable")
-
-    return open_sqlite(path, attempt)
-
-
-def _empty_index() -> sqlite_utils.Database:
-    """An empty index in memory: the schema, no rows."""
-    db = sqlite_utils.Database(sqlite3.connect(":memory:", isolation_level=None,
-                                               check_same_thread=False))
-    migrate(db)
-    return db
 
 
 def check_integrity(db: sqlite_utils.Database) -> None:

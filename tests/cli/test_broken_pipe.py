@@ -1,7 +1,9 @@
 """`statechat cache ls --json | head -1` (and every other command whose standard output's
 reader goes away) ends quietly, as `cat` does: no error line, no traceback, exit status 141
 (SIGPIPE's, as a shell reports it), as `batch` does (test_batch_broken_pipe.py). It ended with
-exit status 1, from Typer's own handling of a broken pipe."""
+exit status 1, from Typer's own handling of a broken pipe. The help of every command
+(`statechat --help | head -1`, a group's help shown for want of a command) ends so too: it
+ended with exit status 1, from Rich's."""
 
 from __future__ import annotations
 
@@ -39,4 +41,11 @@ def test_cache_commands_end_quietly_when_the_reader_goes(tmp_path, shared_engine
 
 def test_version_ends_quietly_when_the_reader_goes(monkeypatch, capsys):
     assert run_into_closed_pipe(monkeypatch, ["--version"]) == 141
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["cache", "--help"], ["cache", "gc", "--help"],
+                                  ["batch", "--help"], [], ["cache"]])
+def test_help_ends_quietly_when_the_reader_goes(monkeypatch, capsys, argv):
+    assert run_into_closed_pipe(monkeypatch, argv) == 141
     assert capsys.readouterr().err == ""

@@ -835,11 +835,8 @@ def test_an_index_db_of_another_program_is_left_as_it_is(tmp_path, monkeypatch, 
     path = foreign_index(tmp_path, tables, version)
     before = path.read_bytes()
     monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir", str(tmp_path)])
-    if command == ["stats"] and not version:  # (read alone: an index with no rows yet)
-        cli.main()
-        assert path.read_bytes() == before
-        return
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit) as exit_info:  # (`stats`, reading alone, too: it called a
+        # file of no version an index with no rows yet)
         cli.main()
     why = ("it holds other tables: notes" if tables else
            "it has a schema version of another program's, 7")
@@ -880,10 +877,7 @@ def test_a_file_with_a_table_named_like_the_index_s_is_still_another_program_s(
     for command in (["gc"], ["stats"]):
         monkeypatch.setattr("sys.argv", ["statechat", "cache", *command, "--cache-dir",
                                          str(tmp_path)])
-        if command == ["stats"] and not version:  # (read alone: an index with no rows yet)
-            cli.main()
-            continue
-        with pytest.raises(SystemExit) as exit_info:
+        with pytest.raises(SystemExit) as exit_info:  # (`stats` too, of a file of no version)
             cli.main()
         assert exit_info.value.code == 2
         why = ("it holds other tables: runs" if "runs" in tables else
@@ -921,12 +915,27 @@ def test_disk_cache_sizes_are_read_in_powers_of_1024(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "G", "1.5", "1e400G", "10X", "nan", "inf", "-0.5M"])
+@pytest.mark.parametrize("text", ["", "G", "1.5", "10X", "nan", "inf", "-0.5M"])
 def test_a_disk_cache_size_that_is_none_is_one_line(text):
     from statechat.cli_options import parse_size
 
     with pytest.raises(StatechatError, match="^--disk-cache-bytes must be a size such as"):
         parse_size(text)
+
+
+@pytest.mark.parametrize("text", [str(10**30), "9223372036854775808", "8388608T", "1e400G"])
+def test_a_size_past_the_largest_says_so_and_names_the_limit(text, monkeypatch, capsys):
+    """(It said `must be a size such as 500M`, of a size.) The largest, 2**63 - 1 bytes, is
+    taken as it is."""
+    from statechat.cli_options import parse_size
+
+    monkeypatch.setattr("sys.argv", ["statechat", "cache", "gc", "--max-bytes", text])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("statechat: --max-bytes is too large: it takes at most "
+                                       f"2**63 - 1 bytes (8 EiB), got {text!r:.40}\n")
+    assert parse_size(str(2**63 - 1)) == 2**63 - 1
 
 
 def test_gc_takes_a_size_with_a_unit(tmp_path, shared_engine):

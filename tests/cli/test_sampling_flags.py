@@ -176,6 +176,7 @@ def test_the_model_s_ignored_recommendations_are_said_as_statechat(tmp_path):
 
 
 STUB_RUN = """
+import os
 import sys
 import statechat.tui.app
 import statechat.tui.terminal
@@ -195,7 +196,7 @@ class App:  # stands for the TUI: prints, closes (or not) and ends with status 3
 
 statechat.tui.app.StatechatApp = App
 statechat.tui.terminal.require_terminal = lambda: None  # (the test's pipes are no terminal)
-cli.os._exit = lambda code, real=cli.os._exit: (print("fast exit", file=sys.stderr), real(code))
+os._exit = lambda code, real=os._exit: (print("fast exit", file=sys.stderr), real(code))
 sys.argv = ["statechat", "run", "--device", "cpu", "--no-cache", "--model", sys.argv[2]]
 cli.main()
 """

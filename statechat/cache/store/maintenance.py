@@ -75,34 +75,43 @@ class StoreMaintenance:
         if self.total_bytes() <= max_bytes:  # (the common case, without the write lock)
             return 0
         while True:
-            with self.db_lock, self.db.conn:
-                self.db.execute("BEGIN IMMEDIATE")
-                total = self.total_bytes()
-                gone = self._drop_orphan_segments() if total > max_bytes else []
-                total -= sum(size for _, size in gone)
-                rows = self.db.execute(EVICTION_ORDER,
-                                       [EVICT_BATCH if total > max_bytes else 0]).fetchall()
-                evicted = 0
-                for kind, key, blob, size, _, _ in rows:
-                    if total <= max_bytes:
-                        break
-                    if kind == "ckpt":
-                        self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
-                    else:
-                        self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
-                        self.db.execute("DELETE FROM segments WHERE id = ?", [key])
-                    gone.append((blob, size))
-                    total -= size
-                    evicted += 1
-                if evicted:  # (the segments that only the evicted checkpoints stood on)
-                    orphans = self._drop_orphan_segments()
-                    gone += orphans
-                    total -= sum(size for _, size in orphans)
+            gone, total, batch_full = self._evict_batch(max_bytes)
             for blob, size in gone:
                 self._unlink_blob(blob)
                 freed += size
-            if total <= max_bytes or len(rows) < EVICT_BATCH:
+            if total <= max_bytes or not batch_full:
                 return freed
+
+    def _evict_batch(self, max_bytes: int) -> tuple[list[tuple[str, int]], int, bool]:
+        """One write transaction of evict_to: the orphan segments, then up to EVICT_BATCH rows
+        in eviction order while the total is past `max_bytes`, and the segments the evicted
+        checkpoints leave orphan. Gives the (blob, bytes) of the rows it deleted (their files
+        are the caller's to delete, once it has committed), the total after it, and whether its
+        batch was full (more rows may be left to evict)."""
+        with self.db_lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")
+            total = self.total_bytes()
+            gone = self._drop_orphan_segments() if total > max_bytes else []
+            total -= sum(size for _, size in gone)
+            rows = self.db.execute(EVICTION_ORDER,
+                                   [EVICT_BATCH if total > max_bytes else 0]).fetchall()
+            evicted = 0
+            for kind, key, blob, size, _, _ in rows:
+                if total <= max_bytes:
+                    break
+                if kind == "ckpt":
+                    self.db.execute("DELETE FROM checkpoints WHERE hash = ?", [key])
+                else:
+                    self.db.execute("DELETE FROM blocks WHERE segment_id = ?", [key])
+                    self.db.execute("DELETE FROM segments WHERE id = ?", [key])
+                gone.append((blob, size))
+                total -= size
+                evicted += 1
+            if evicted:  # (the segments that only the evicted checkpoints stood on)
+                orphans = self._drop_orphan_segments()
+                gone += orphans
+                total -= sum(size for _, size in orphans)
+        return gone, total, len(rows) >= EVICT_BATCH
 
     def _drop_orphan_segments(self) -> list[tuple[str, int]]:
         """(In evict_to's transaction) Delete the rows of the segments none of whose blocks lies

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from statechat.cache import index, sqlite_files
+from statechat.cache import index, index_read, sqlite_files
 from statechat.cache.arena import HostTier
 from statechat.cache.blobs.read import prepare_staging
 from statechat.cache.store.budget import bound_log, default_budget
@@ -47,8 +47,9 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
                               "blobs in that folder)")
         self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
         self.index_ahead = IndexReadAhead(self.path, INDEX_FILE)  # SQLite's descriptors, advised
-        self.read_only = read_only  # index opened to read alone (index.connect_read_only)
-        self.db = (index.connect_read_only if read_only else index.connect)(self.path / INDEX_FILE)
+        self.read_only = read_only  # index opened to read alone (index_read.py)
+        self.db = (index_read.connect_read_only if read_only else index.connect)(
+            self.path / INDEX_FILE)
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
         self.budget = budget_bytes if budget_bytes is not None else default_budget(
             self.path, self._own_bytes())
@@ -154,5 +155,5 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
 def open_store(cache_dir: str | os.PathLike, budget_bytes: int | None = None, host_bytes: int = 0,
                read_only: bool = False) -> StateStore:
     """The store of `cache_dir` (created if missing); with `read_only`, one whose index is
-    only read and never created (index.connect_read_only): for reports."""
+    only read and never created (index_read.connect_read_only): for reports."""
     return StateStore(Path(cache_dir), budget_bytes, host_bytes, read_only=read_only)
