@@ -46,6 +46,11 @@ def _count(n) -> str:
     return f"{n:,}" if isinstance(n, int) else "-"
 
 
+def _things(n, noun: str) -> str:
+    """`n` `noun`s, as "1 checkpoint" or "2,048 blocks"."""
+    return f"{_count(n)} {noun}{'' if n == 1 else 's'}"
+
+
 def _when(ts) -> str:
     import datetime
 
@@ -104,8 +109,9 @@ def cache_stats(cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None
                "and its write-ahead log: beside the budget, which counts the blobs)")
     for m in stats.get("models") or []:  # (its size in the total's unit, not the view's MB)
         typer.echo(f"model        {m.get('name')} (id {m.get('id')}, {m.get('dtype')}, "
-                   f"{m.get('block_size')}-token blocks): {m.get('checkpoints', 0):,} "
-                   f"checkpoints, {m.get('blocks', 0):,} blocks, {_size(m.get('bytes'))}")
+                   f"{m.get('block_size')}-token blocks): "
+                   f"{_things(m.get('checkpoints', 0), 'checkpoint')}, "
+                   f"{_things(m.get('blocks', 0), 'block')}, {_size(m.get('bytes'))}")
 
 
 def _budget_line(stats: dict) -> str:
