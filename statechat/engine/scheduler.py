@@ -116,7 +116,7 @@ class Scheduler(Admission, CheckpointPolicy):
             if decoding and self._ensure_blocks(seq, seq.num_computed + 1, items):
                 items.append(ScheduledSeq(seq, seq.num_computed, 1, seq.slot))
                 budget -= 1
-        cap = self._prefill_cap(len(items))
+        cap = self._prefill_cap(len(items) or int(self._all_speculative()))
         capped, share = cap < budget, min(budget, cap)
         seqs = [s for s in self.running if not s.is_decoding and s.status == Status.RUNNING]
         seqs, sizes = self._admit_waiting(seqs, share, budget)
@@ -127,10 +127,18 @@ class Scheduler(Admission, CheckpointPolicy):
                     items.append(item)
         return Batch(items, capped=capped)
 
+    def _all_speculative(self) -> bool:
+        """Whether every sequence running or waiting is work done ahead (Sequence.speculative):
+        a request may come at any moment, and it waits for the step in flight."""
+        seqs = (*self.running, *self.waiting)
+        return bool(seqs) and all(s.speculative for s in seqs)
+
     def _prefill_cap(self, num_decodes: int) -> int:
         """The prefill tokens a step with `num_decodes` decodes may take: with decodes and a
         time target, what the measured prefill rate computes within it less the decodes (each
-        counted as a prefill token), whole blocks and at least one; else the whole budget.
+        counted as a prefill token), whole blocks and at least one; else the whole budget. A
+        step of work done ahead alone is capped as one with a decode (`num_decodes` 1): its
+        time is what a request that arrives during it waits.
         (These steps are timed as capped, Batch.capped: they set the latest rate, which the
         cap follows when it is the slower, so a step that overran cuts the next one and the
         steps settle at the target; the learned rate stays a prompt's alone.)"""

@@ -50,6 +50,8 @@ class Sequence:
     blocks_short: tuple[int, bytes | None] | None = None  # since it last gave way for want of
     # KV blocks (Admission): the spare blocks it waits for, and the hash of the last block its
     # admission restored (None: none, or preempted while it ran)
+    speculative: bool = False  # work done ahead (a next turn's prefix): its prefill steps keep
+    # to the step time target while nothing else runs, as a step with decodes does (Scheduler)
     steps_overtaken: int = 0  # steps in which later ones were admitted past it while it waited
     # with no chunk (Admission: after MAX_OVERTAKEN it is no longer passed over)
     finish_reason: str | None = None

@@ -219,6 +219,7 @@ class EngineWorker:
                 handle.put(e)
                 handle.put(_DONE)
                 return
+            handle.seq.speculative = handle.speculative  # (its steps keep to the time target)
             if not handle.speculative:  # (work done ahead yields: see submit)
                 for ahead in [h for h in self._live.values() if h.speculative]:
                     self.engine.abort(ahead.seq)

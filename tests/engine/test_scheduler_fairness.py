@@ -156,3 +156,23 @@ def test_the_engine_times_capped_steps_as_capped(tiny_dirs):
     while engine.has_unfinished():
         engine.step()
     assert any(seen) and cost.prefill_s_per_token == rate  # (some run was capped)
+
+
+def test_work_done_ahead_alone_keeps_to_the_time_target():
+    """A speculative prefill (the next turn's prefix, computed while the user types) running
+    alone is cut to the step time target as a step with a decode is: a request that arrives
+    meanwhile waits for that step (it took a whole budget's chunk, 0.24-0.36 s on the CPU)."""
+    sched = scheduler(1e-3, max_step_s=0.2)
+    ahead = request(6000)
+    ahead.speculative = True
+    sched.add(ahead)
+    assert prefill_tokens(sched.schedule()) == 192  # 200 tokens within 0.2 s, less one: 3 blocks
+
+
+def test_work_done_ahead_beside_a_request_takes_the_budget_as_any_prompt():
+    sched = scheduler(1e-3, max_step_s=0.2)
+    ahead = request(6000)
+    ahead.speculative = True
+    sched.add(ahead)
+    sched.add(request(6000))
+    assert prefill_tokens(sched.schedule()) == BUDGET

@@ -101,6 +101,7 @@ def test_a_speculative_request_yields_to_the_next_one():
     assert real.result(timeout=60).finish_reason == "length"
     assert ahead.result(timeout=60).finish_reason == "abort"
     assert also.result(timeout=60).finish_reason == "abort"
+    assert ahead.seq.speculative and not real.seq.speculative  # (its steps keep to the target)
     assert worker.idle()
     worker.shutdown()
 
