@@ -7,8 +7,8 @@ kept waiting for a long one's whole prefill, and the oldest prompt in flight at 
 step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order, passed
 over in their places a prompt that would get no chunk while an earlier one gets none (until
 later ones were admitted past it in four steps: then it is admitted in its place), and a fork
-that waits for a checkpoint of a prompt in flight (admission.py). While decodes run, the
-prefills' share is also cut to what the measured prefill rate computes within the step's time
+that waits for a checkpoint of a prompt in flight (admission.py). While decodes run (or work
+done ahead, a next turn's prefix, runs alone: a request may come), the prefills' share is cut to what the measured prefill rate computes within the step's time
 target (`max_step_s`; at least one block, so a prompt always progresses): a long prompt arriving
 does not stall the streams for a whole budget's chunk. With no decodes, prefills take the whole
 budget. When KV blocks run out the newest running sequence is preempted: it gives everything
