@@ -1,21 +1,22 @@
 """Continuous-batching scheduler: plain Python over sequences, blocks and slots, no tensors.
 
-Each step: every decoding sequence gets one token first (so a long prompt never starves
-decodes), then prefills share what is left of the token budget, in chunks that end on block
-boundaries (a prompt's last chunk excepted): fewest tokens left first, so a short prompt is not
-kept waiting for a long one's whole prefill, and the oldest prompt in flight at least a block a
-step, so none starves (prefill_plan.py). Waiting sequences are admitted in arrival order, passed
-over in their places a prompt that would get no chunk while an earlier one gets none (until
-later ones were admitted past it in four steps: then it is admitted in its place), and a fork
-that waits for a checkpoint of a prompt in flight (admission.py). While decodes run (or work
-done ahead, a next turn's prefix, runs alone: a request may come), the prefills' share is cut to what the measured prefill rate computes within the step's time
-target (`max_step_s`; at least one block, so a prompt always progresses): a long prompt arriving
-does not stall the streams for a whole budget's chunk. With no decodes, prefills take the whole
-budget. When KV blocks run out the newest running sequence is preempted: it gives everything
-back and is recomputed later (from the prefix cache when it can), once as many blocks are spare
-as it held and its next chunk wants (admission.py). Prefill chunks ask the kernels to leave GDN
-checkpoints at the boundaries the policy wants; decodes copy the state at block boundaries so
-that a reply's end can be checkpointed (which boundaries, and their publishing: checkpoints.py).
+Each step: every decoding sequence gets one token first (so a long prompt never starves decodes),
+then prefills share what is left of the token budget, in chunks that end on block boundaries (a
+prompt's last chunk excepted): fewest tokens left first, so a short prompt is not kept waiting for
+a long one's whole prefill, and the oldest prompt in flight at least a block a step, so none
+starves (prefill_plan.py). Waiting sequences are admitted in arrival order, passed over in their
+places a prompt that would get no chunk while an earlier one gets none (until later ones were
+admitted past it in four steps: then it is admitted in its place), and a fork that waits for a
+checkpoint of a prompt in flight (admission.py). While decodes run (or work done ahead, a next
+turn's prefix, runs alone: a request may come), the prefills' share is cut to what the measured
+prefill rate computes within the step's time target (`max_step_s`; at least one block, so a prompt
+always progresses): a long prompt arriving does not stall the streams for a whole budget's chunk.
+Otherwise prefills take the whole budget. When KV blocks run out the newest running sequence is
+preempted: it gives everything back and is recomputed later (from the prefix cache when it can),
+once as many blocks are spare as it held and its next chunk wants (admission.py). Prefill chunks
+ask the kernels to leave GDN checkpoints at the boundaries the policy wants; decodes copy the state
+at block boundaries so that a reply's end can be checkpointed (which boundaries, and their
+publishing: checkpoints.py).
 """
 
 from __future__ import annotations
