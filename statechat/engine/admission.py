@@ -10,18 +10,21 @@ their chunks first). It is admitted once all that came before it get chunks, or 
 were admitted past it in MAX_OVERTAKEN steps: then it is overdue, passed over no more, and
 admitted in its place even with no chunk (where blocks or slots are short, those behind it wait:
 admission stops there), so it stays ahead of every later arrival for the oldest in flight's
-block a step. Those it waits on are in flight and finish, but while more prompts arrive than
+reserve. Those it waits on are in flight and finish, but while more prompts arrive than
 the token budget computes, that took as long as the overload lasted: in a simulation with
 4,500 tokens of 300-token prompts arriving a step for a budget of 4,096, a 6,000-token prompt
 behind two others waited 28 steps, passed over all the while; now 4, the short ones' waits the
-same (tests/engine/test_admission_overtaking.py). Steps in which one was admitted past it are
+same (tests/engine/test_admission_overtaking.py; since the oldest's reserve grows while it is
+starved, 2, and the short ones wait up to 5 steps rather than 2: the long ones' tokens are
+computed within those steps too). Steps in which one was admitted past it are
 counted, not steps passed over: in such a flood every short prompt waits some steps behind the
 one before it (that one gets no chunk either), but none overtakes it, and they are not all made
 overdue and admitted with no chunk, a slot each. Four such steps keep a short prompt's pass:
 the long prompts it passes come due only after four, and admitting one with no chunk holds
-nothing behind it back. Overdue stays so (preempted, it is not passed over once more). Not
-bounded here is its prefill once admitted: the plan's fewest-tokens-left-first order leaves it a
-sure block a step only once it is the oldest in flight. The other is a fork of a prompt in
+nothing behind it back. Overdue stays so (preempted, it is not passed over once more). Its
+prefill once admitted is the plan's to bound: once it is the oldest in flight, its reserve
+doubles each step the fewest-tokens-left-first fill leaves it less (prefill_plan.py). The
+other is a fork of a prompt in
 flight that waits for their shared checkpoint (awaits_prefix), so that a request that shares
 nothing with it does not wait for another's prefill. (Forks of that fork need no more: whatever
 one shares with it beyond what the prompt in flight holds, it shares that prompt's part too, so

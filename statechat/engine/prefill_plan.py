@@ -2,13 +2,25 @@
 first, so a short prompt is not kept waiting for a long one's whole prefill (vLLM's
 `long_prefill_token_threshold` and `max_long_partial_prefills` let short prompts jump the queue
 too; here the order is by tokens left, with no threshold to tune), and the oldest prompt in
-flight gets at least one block (or its last chunk) whenever the step has room for a chunk, so
-that no stream of shorter prompts starves it. Once it is done the next oldest is guaranteed so,
-and so on: every admitted prompt finishes.
+flight is reserved a chunk whenever the step has room for one, so that no stream of shorter
+prompts starves it. Its reserve is one block (or its last chunk) while the fill gives it that
+much, and doubles each step in a row that the fill left it less, up to half the step's share
+(whole blocks, at least one): while the shorter prompts leave it a block a step it is never
+raised, and under overload the oldest takes half of each step's share after five doublings (from
+a share of 4,096), not a block a step, at the cost of the short prompts behind it, whose tokens
+must wait for its own. In a simulation with 4,500 tokens of 300-token prompts arriving a step
+for a budget of 4,096 and a 6,000-token prompt every 20 steps, the long ones got a block a step
+and none had its first token within 160 steps; now each has it at most 7 steps after its
+admission (21 after its arrival), and the short ones' first tokens come 9.3 steps after theirs
+on average (at most 18) rather than 6.0 (12). Under 12 such prompts a step (3,600 tokens)
+nothing changes: each short one's first token comes in its arrival step
+(tests/engine/test_scheduler_overload.py). Once it is done the next oldest is guaranteed so, and
+so on: every admitted prompt finishes.
 
-Plain arithmetic over sequences: nothing is allocated here. Scheduler.schedule plans a step with
-`plan_prefills`, then asks for the chunks' blocks in admission order (so that when blocks run
-out the newest sequence is still the one that gives way).
+Plain arithmetic over sequences: nothing is allocated here (but for `note_starved`, which
+counts the oldest's steps starved on it). Scheduler.schedule plans a step with `plan_prefills`,
+then asks for the chunks' blocks in admission order (so that when blocks run out the newest
+sequence is still the one that gives way).
 """
 
 from __future__ import annotations
@@ -41,19 +53,40 @@ def plan_prefills(seqs: list[Sequence], share: int, budget: int, block_size: int
 
     Prompts with fewer tokens left go first (ties: the older first), each taking its chunk
     (whole blocks, a prompt's last chunk excepted) of what is left of `share`. If that leaves
-    the oldest prompt less than one block (or its last chunk), it gets that block first and the
+    the oldest prompt less than its reserve (`reserve`), it gets its reserve first and the
     others share the rest of `share` after it; a share of a single block (a step cut to its
     time target on a slow machine) is theirs whole, so such a step may take two blocks."""
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_uncomputed)  # (stable)
     sizes = _fill(seqs, order, [0] * len(seqs), share, block_size)
-    reserve = chunk_len(seqs[0], min(block_size, budget), block_size) if seqs else 0
-    if sizes and sizes[0] < reserve:
-        # its block comes out of the share, but for a share of one block: then the others keep
-        # theirs (else a short prompt would wait for the long one's whole prefill)
-        others = min(max(share - reserve, min(share, block_size)), budget - reserve)
-        sizes = [reserve] + [0] * (len(seqs) - 1)
-        sizes = _fill(seqs, [i for i in order if i], sizes, reserve + others, block_size)
+    first = reserve(seqs[0], share, budget, block_size) if seqs else 0
+    if sizes and sizes[0] < first:
+        # its reserve comes out of the share, but for a share of one block: then the others
+        # keep theirs (else a short prompt would wait for the long one's whole prefill)
+        others = min(max(share - first, min(share, block_size)), budget - first)
+        sizes = [first] + [0] * (len(seqs) - 1)
+        sizes = _fill(seqs, [i for i in order if i], sizes, first + others, block_size)
     return sizes
+
+
+def reserve(seq: Sequence, share: int, budget: int, block_size: int) -> int:
+    """The chunk that `seq`, the oldest prompt in flight, is sure of in a step of `share`
+    prefill tokens (and `budget`): one block, doubled for each step in a row that the fill left
+    it less (`steps_starved`), up to half the share in whole blocks (at least one); its last
+    chunk where that is less."""
+    half = max(share // 2 // block_size * block_size, block_size)
+    tokens = min(block_size << min(seq.steps_starved, 32), half, budget)
+    return chunk_len(seq, tokens, block_size)
+
+
+def note_starved(seqs: list[Sequence], sizes: list[int], share: int, block_size: int) -> None:
+    """After the step's plan (`sizes` for `seqs`, oldest first, of `share` tokens): the oldest
+    counts one more step starved if the plan raised its chunk to its reserve (the fill left it
+    less), or none once the fill gives it that much; its reserve doubles per step counted."""
+    if not seqs:
+        return
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_uncomputed)
+    filled = _fill(seqs, order, [0] * len(seqs), share, block_size)[0]
+    seqs[0].steps_starved = seqs[0].steps_starved + 1 if filled < sizes[0] else 0
 
 
 def _fill(seqs: list[Sequence], order: list[int], sizes: list[int], limit: int,

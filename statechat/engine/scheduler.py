@@ -3,20 +3,20 @@
 Each step: every decoding sequence gets one token first (so a long prompt never starves decodes),
 then prefills share what is left of the token budget, in chunks that end on block boundaries (a
 prompt's last chunk excepted): fewest tokens left first, so a short prompt is not kept waiting for
-a long one's whole prefill, and the oldest prompt in flight at least a block a step, so none
-starves (prefill_plan.py). Waiting sequences are admitted in arrival order, passed over in their
-places a prompt that would get no chunk while an earlier one gets none (until later ones were
-admitted past it in four steps: then it is admitted in its place), and a fork that waits for a
-checkpoint of a prompt in flight (admission.py). While decodes run (or work done ahead, a next
-turn's prefix, runs alone: a request may come), the prefills' share is cut to what the measured
-prefill rate computes within the step's time target (`max_step_s`; at least one block, so a prompt
-always progresses): a long prompt arriving does not stall the streams for a whole budget's chunk.
-Otherwise prefills take the whole budget. When KV blocks run out the newest running sequence is
-preempted: it gives everything back and is recomputed later (from the prefix cache when it can),
-once as many blocks are spare as it held and its next chunk wants (admission.py). Prefill chunks
-ask the kernels to leave GDN checkpoints at the boundaries the policy wants; decodes copy the state
-at block boundaries so that a reply's end can be checkpointed (which boundaries, and their
-publishing: checkpoints.py).
+a long one's whole prefill, and the oldest prompt in flight at least a block a step, doubled each
+step in a row the fill left it less, up to half the share, so none starves (prefill_plan.py).
+Waiting sequences are admitted in arrival order, passed over in their places a prompt that would
+get no chunk while an earlier one gets none (until later ones were admitted past it in four steps:
+then it is admitted in its place), and a fork that waits for a checkpoint of a prompt in flight
+(admission.py). While decodes run (or work done ahead, a next turn's prefix, runs alone: a request
+may come), the prefills' share is cut to what the measured prefill rate computes within the step's
+time target (`max_step_s`; at least one block, so a prompt always progresses): a long prompt
+arriving does not stall the streams for a whole budget's chunk. Otherwise prefills take the whole
+budget. When KV blocks run out the newest running sequence is preempted: it gives everything back
+and is recomputed later (from the prefix cache when it can), once as many blocks are spare as it
+held and its next chunk wants (admission.py). Prefill chunks ask the kernels to leave GDN
+checkpoints at the boundaries the policy wants; decodes copy the state at block boundaries so that
+a reply's end can be checkpointed (which boundaries, and their publishing: checkpoints.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from statechat.engine.admission import Admission
 from statechat.engine.checkpoints import CheckpointPolicy
 from statechat.engine.persist import NewCheckpoint
 from statechat.engine.pool import BlockPool, SlotPool
-from statechat.engine.prefill_plan import chunk_len
+from statechat.engine.prefill_plan import chunk_len, note_starved
 from statechat.engine.prefix import PrefixCache
 from statechat.engine.sequence import Sequence, Status
 
@@ -121,6 +121,7 @@ class Scheduler(Admission, CheckpointPolicy):
         capped, share = cap < budget, min(budget, cap)
         seqs = [s for s in self.running if not s.is_decoding and s.status == Status.RUNNING]
         seqs, sizes = self._admit_waiting(seqs, share, budget)
+        note_starved(seqs, sizes, share, self.bs)
         for seq, num_tokens in zip(seqs, sizes):  # (oldest first: see _ensure_blocks)
             if num_tokens and seq.status == Status.RUNNING:
                 item = self._prefill_chunk(seq, num_tokens, items)
@@ -182,6 +183,7 @@ class Scheduler(Admission, CheckpointPolicy):
         seq.num_recomputed += seq.num_computed - seq.num_restored  # (restored: not computed)
         seq.num_computed = seq.num_restored = 0
         seq.num_preemptions += 1
+        seq.steps_starved = 0  # (admitted again, it is not the oldest)
         self.waiting.insert(at, seq)
 
     def _release(self, seq: Sequence) -> None:

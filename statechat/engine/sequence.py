@@ -54,6 +54,8 @@ class Sequence:
     # to the step time target while nothing else runs, as a step with decodes does (Scheduler)
     steps_overtaken: int = 0  # steps in which later ones were admitted past it while it waited
     # with no chunk (Admission: after MAX_OVERTAKEN it is no longer passed over)
+    steps_starved: int = 0  # steps in a row in which, the oldest prompt in flight, its chunk
+    # was raised to its reserve (prefill_plan.reserve: it doubles per step)
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string matched or stop token id (vLLM's)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per

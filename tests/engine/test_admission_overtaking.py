@@ -1,7 +1,7 @@
 """Under overload (more short prompts arrive every step than the token budget computes), a long
 prompt that waits with no chunk, behind long ones in flight, is admitted past by later arrivals
 in at most MAX_OVERTAKEN steps, then admitted in its place (it waited 28 steps, passed over all
-the while); the short prompts that flood in are admitted as quickly as before.
+the while); the short prompts that flood in are admitted within a few steps.
 
 Plain Python: a scheduler over its pools, with no prefix cache and no decodes.
 """
@@ -27,9 +27,10 @@ def request(num_tokens: int) -> Sequence:
 def flood(steps: int, per_step: int = 15) -> tuple[Sequence, dict[int, int], dict[int, int]]:
     """Run `steps` steps, `per_step` 300-token prompts arriving at each (4,500 tokens a step for
     a budget of 4,096) and 6,000-token prompts at the first, third and fifth; each reply ends at
-    its first token. The first long prompt takes its block a step (the oldest's), the second
-    is admitted with no chunk, and the third waits: returns it and, by seq_id, the step each
-    prompt arrived at and the one it was admitted at."""
+    its first token. The first long prompt takes the oldest's reserve (a block, doubled each
+    step it is starved: prefill_plan.reserve), the second is admitted with no chunk, and the
+    third waits: returns it and, by seq_id, the step each prompt arrived at and the one it was
+    admitted at."""
     sched = Scheduler(BlockPool(4096), SlotPool(256), SimpleNamespace(cost=CostModel(1e-3)),
                       b"root", BS, max_num_seqs=64, max_num_batched_tokens=BUDGET,
                       checkpoint_interval=0, enable_prefix_cache=False)
@@ -59,9 +60,11 @@ def test_a_long_prompt_is_passed_over_by_later_arrivals_for_a_bounded_number_of_
 
 
 def test_the_short_prompts_that_flood_in_are_admitted_as_before():
-    """Each short prompt is admitted within a few steps of its arrival (the queue grows by about
-    a prompt a step: what the budget cannot compute), not held behind the long one."""
+    """Each short prompt is admitted within a few steps of its arrival (the queue grows by what
+    the budget cannot compute, the long prompts' prefills included), not held behind the long
+    one."""
     long, arrived, admitted = flood(steps=24)
     shorts = [i for i in arrived if i != long.seq_id and arrived[i] < 12]
     assert all(i in admitted for i in shorts)
-    assert max(admitted[i] - arrived[i] for i in shorts) <= 3
+    assert max(admitted[i] - arrived[i] for i in shorts) <= 5  # (2 while the long ones got a
+    # block a step: their 18,000 tokens are now computed within these steps too)
