@@ -5,22 +5,25 @@ too; here the order is by tokens left, with no threshold to tune), and the oldes
 flight is reserved a chunk whenever the step has room for one, so that no stream of shorter
 prompts starves it. Its reserve is one block (or its last chunk) while the fill gives it that
 much, and doubles each step in a row that the fill left it less, up to half the step's share
-(whole blocks, at least one): while the shorter prompts leave it a block a step it is never
-raised, and under overload the oldest takes half of each step's share after five doublings (from
-a share of 4,096), not a block a step, at the cost of the short prompts behind it, whose tokens
-must wait for its own. In a simulation with 4,500 tokens of 300-token prompts arriving a step
-for a budget of 4,096 and a 6,000-token prompt every 20 steps, the long ones got a block a step
-and none had its first token within 160 steps; now each has it at most 7 steps after its
-admission (21 after its arrival), and the short ones' first tokens come 9.3 steps after theirs
-on average (at most 18) rather than 6.0 (12). Under 12 such prompts a step (3,600 tokens)
-nothing changes: each short one's first token comes in its arrival step
+(whole blocks, at least one), while the KV blocks free hold every prompt in flight to its end
+(else one gives way for blocks whatever the plan, and the fill frees them soonest: prompts of
+14,000 and 13,000 tokens in a cache of 19,200 grew side by side until the newer gave way with
+10,304 tokens computed, 38 steps rather than 27). While the shorter prompts leave it a block a
+step it is never raised, and under overload the oldest takes half of each step's share after
+five doublings (from a share of 4,096), not a block a step, at the cost of the short prompts
+behind it, whose tokens must wait for its own. In a simulation with 4,500 tokens of 300-token
+prompts arriving a step for a budget of 4,096 and a 6,000-token prompt every 20 steps, the long
+ones got a block a step and none had its first token within 160 steps; now each has it at most 7
+steps after its admission (21 after its arrival), and the short ones' first tokens come 9.3
+steps after theirs on average (at most 18) rather than 6.0 (12). Under 12 such prompts a step
+(3,600 tokens) nothing changes: each short one's first token comes in its arrival step
 (tests/engine/test_scheduler_overload.py). Once it is done the next oldest is guaranteed so, and
 so on: every admitted prompt finishes.
 
 Plain arithmetic over sequences: nothing is allocated here (but for `note_starved`, which
-counts the oldest's steps starved on it). Scheduler.schedule plans a step with `plan_prefills`,
-then asks for the chunks' blocks in admission order (so that when blocks run out the newest
-sequence is still the one that gives way).
+counts the oldest's steps starved on it, told the blocks free). Scheduler.schedule plans a step
+with `plan_prefills`, then asks for the chunks' blocks in admission order (so that when blocks
+run out the newest sequence is still the one that gives way).
 """
 
 from __future__ import annotations
@@ -78,15 +81,22 @@ def reserve(seq: Sequence, share: int, budget: int, block_size: int) -> int:
     return chunk_len(seq, tokens, block_size)
 
 
-def note_starved(seqs: list[Sequence], sizes: list[int], share: int, block_size: int) -> None:
+def note_starved(seqs: list[Sequence], sizes: list[int], share: int, block_size: int,
+                 free_blocks: int) -> None:
     """After the step's plan (`sizes` for `seqs`, oldest first, of `share` tokens): the oldest
     counts one more step starved if the plan raised its chunk to its reserve (the fill left it
-    less), or none once the fill gives it that much; its reserve doubles per step counted."""
+    less), or none once the fill gives it that much; its reserve doubles per step counted. But
+    it counts none while the `free_blocks` KV blocks free do not hold every prompt in flight to
+    its end: then one of them will give way for blocks, and the fill, letting the fewest tokens
+    left finish first, frees them soonest (a reserve that grew kept a long prompt's blocks
+    growing beside another's, until the newer gave way, its prefill computed again)."""
     if not seqs:
         return
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_uncomputed)
     filled = _fill(seqs, order, [0] * len(seqs), share, block_size)[0]
-    seqs[0].steps_starved = seqs[0].steps_starved + 1 if filled < sizes[0] else 0
+    wanted = sum(max(-(-len(s) // block_size) - len(s.block_table), 0) for s in seqs)
+    starved = filled < sizes[0] and wanted <= free_blocks
+    seqs[0].steps_starved = seqs[0].steps_starved + 1 if starved else 0
 
 
 def _fill(seqs: list[Sequence], order: list[int], sizes: list[int], limit: int,

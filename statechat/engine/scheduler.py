@@ -121,7 +121,7 @@ class Scheduler(Admission, CheckpointPolicy):
         capped, share = cap < budget, min(budget, cap)
         seqs = [s for s in self.running if not s.is_decoding and s.status == Status.RUNNING]
         seqs, sizes = self._admit_waiting(seqs, share, budget)
-        note_starved(seqs, sizes, share, self.bs)
+        note_starved(seqs, sizes, share, self.bs, self.blocks.num_available)
         for seq, num_tokens in zip(seqs, sizes):  # (oldest first: see _ensure_blocks)
             if num_tokens and seq.status == Status.RUNNING:
                 item = self._prefill_chunk(seq, num_tokens, items)

@@ -5,7 +5,11 @@ fewest-tokens-left-first fill left it less, up to half the share (it got one blo
 steps for its prompt, and with more long prompts arriving never finished). The short prompts
 still get their first tokens within a few steps of arriving; and under a load the budget
 computes, the reserve is never raised: every short prompt gets its first token in the step it
-arrives, beside the long one.
+arrives, beside the long one. Nor does it grow while the free KV blocks do not hold every
+prompt in flight to its end: two long prompts in a cache that holds one and a half of them
+finish one after the other, the shorter first, neither preempted (the oldest's reserve took half
+of every step, the two grew side by side, and the newer one gave way after computing 10,304 of
+its 13,000 tokens: 38 steps, not 27).
 
 Plain Python: a scheduler over its pools, with no prefix cache and no decodes.
 """
@@ -27,13 +31,17 @@ def request(num_tokens: int) -> Sequence:
     return Sequence(list(range(num_tokens)), SamplingParams(max_tokens=1, ignore_eos=True))
 
 
+def scheduler(num_blocks: int, budget: int = BUDGET) -> Scheduler:
+    return Scheduler(BlockPool(num_blocks), SlotPool(256), SimpleNamespace(cost=CostModel(1e-3)),
+                     b"root", BS, max_num_seqs=64, max_num_batched_tokens=budget,
+                     checkpoint_interval=0, enable_prefix_cache=False)
+
+
 def flood(steps: int, per_step: int, long_at: int = 3) -> tuple[Sequence, dict, dict]:
     """Run `steps` steps, `per_step` 300-token prompts arriving at each and a 6,000-token one at
     step `long_at`; each reply ends at its first token. Returns the long prompt and, by seq_id,
     the step each prompt arrived at and the one its first token came at."""
-    sched = Scheduler(BlockPool(8192), SlotPool(256), SimpleNamespace(cost=CostModel(1e-3)),
-                      b"root", BS, max_num_seqs=64, max_num_batched_tokens=BUDGET,
-                      checkpoint_interval=0, enable_prefix_cache=False)
+    sched = scheduler(8192)
     long = request(6000)
     arrived: dict[int, int] = {}
     first: dict[int, int] = {}
@@ -65,3 +73,19 @@ def test_under_a_load_the_budget_computes_short_prompts_still_go_first():
     shorts = [i for i in arrived if i != long.seq_id]
     assert all(first.get(i) == arrived[i] for i in shorts)
     assert long.seq_id in first
+
+
+def test_the_reserve_takes_no_blocks_another_prompt_in_flight_needs_to_finish():
+    sched = scheduler(300, budget=1024)  # (19,200 tokens)
+    old, new = request(14000), request(13000)
+    sched.add(old)
+    sched.add(new)
+    steps = 0
+    while sched.has_work():
+        steps += 1
+        batch = sched.schedule()
+        sched.postprocess(batch, [1] * sum(it.needs_logits for it in batch.items))
+        for seq in [s for s in sched.running if s.is_decoding]:
+            sched.finish(seq, "length")
+    assert (old.num_preemptions, new.num_preemptions) == (0, 0)
+    assert steps == 27  # (27,000 tokens, 1,024 a step)
