@@ -52,8 +52,8 @@ class Requests:
         params = self.default_params if params is None else params
         check_vocabulary(params, self.loaded.config.vocab_size)
         if params.n > 1:
-            raise ConfigError(f"add_request runs one sample, not n={params.n}: use generate or "
-                              "stream, or add each of samples.sample_params(params)")
+            raise ConfigError(f"add_request runs one sample, not n={params.n}: use generate, "
+                              "stream or add_samples")
         seq = Sequence(ids, params, request_id=request_id)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -94,7 +94,7 @@ class Requests:
         groups: list[list[Sequence]] = []  # each prompt's samples
         try:
             for (ids, packed), sp in zip(checked, plist):
-                groups.append(self._add_samples(ids, packed, sp))
+                groups.append(self.add_samples(ids, packed, sp))
             while self.has_unfinished():
                 self.step()
         except BaseException:
@@ -104,15 +104,17 @@ class Requests:
             raise
         return [gather([self.output(s) for s in group]) for group in groups]
 
-    def _add_samples(self, ids: list[int], packed: bytes,
-                     params: SamplingParams) -> list[Sequence]:
-        """Queue the params.n samples of a checked prompt, sample 0 first (samples.py); their
-        sequences in order. On an error none stays queued."""
+    def add_samples(self, ids: list[int], packed: bytes, params: SamplingParams,
+                    request_id: str = "", arrival_time: float | None = None) -> list[Sequence]:
+        """Queue the params.n samples of a prompt `check_prompt` passed, sample 0 first
+        (samples.py), as add_checked queues one; their sequences in order (gather their outputs
+        with samples.gather). On an error none stays queued."""
         check_vocabulary(params, self.loaded.config.vocab_size)
         seqs: list[Sequence] = []
         try:
             for sp in sample_params(params):  # (each sequence appends to a list of its own)
-                seqs.append(self.add_checked(list(ids) if seqs else ids, packed, sp))
+                seqs.append(self.add_checked(list(ids) if seqs else ids, packed, sp, request_id,
+                                             arrival_time))
         except BaseException:
             for seq in seqs:
                 self.abort(seq)
@@ -127,7 +129,7 @@ class Requests:
         last carrying its output). Sample 0's first event carries the prompt_logprobs asked
         for."""
         params = self.default_params if params is None else params
-        seqs = self._add_samples(*self.check_prompt(prompt), params)
+        seqs = self.add_samples(*self.check_prompt(prompt), params)
         sent = [(0, 0)] * len(seqs)  # (text, tokens) each sample has sent
         live = list(range(len(seqs)))
         try:
