@@ -15,7 +15,9 @@ Output, one line per input line, in input order:
      "computed_tokens"}: what the group's warm-up did with it}}
 (and, for a line that asked, "logprobs": [{"token", "logprob", "bytes", "top_logprobs"}], as
 OpenAI's chat logprobs.content, and "prompt_logprobs": [null, {id: {"logprob", "rank",
-"decoded_token"}}, ...], as vLLM's)
+"decoded_token"}}, ...], as vLLM's; for a line with "n" > 1, "choices": each sample's "index",
+its reply's fields as above, "cached_tokens" and "completion_tokens", the fields beside them
+sample 0's but for usage: the prompt counted once, every sample's completion tokens)
 or, for a line that cannot run, {"id", "line", "error": {"message"}}.
 
 Requests run through the engine together (continuous batching). Requests that share a prefix

@@ -4,6 +4,8 @@
     outs = engine.generate(["Hello"], SamplingParams(max_tokens=32))
     for event in engine.stream(prompt_ids, params): ...
 
+(The request API, generate and stream among it, is requests.py's; n samples, samples.py's.)
+
 Every finished request reports its prompt tokens, tokens reused from the cache, tokens
 computed, completion tokens and time to first token.
 """
