@@ -1,14 +1,15 @@
-"""The choices of one API request, chat or text completion: n engine requests per prompt,
-submitted (choice 0 of each prompt first), then waited on, or streamed merged as their tokens
-come.
+"""The choices of one API request, chat or text completion: the engine's n samples of each
+prompt (engine/samples.py), submitted together, then waited on, or streamed merged as their
+tokens come.
 
-Choice index = prompt index * n + i (OpenAI's and vLLM's order). With a seed, choice i of each
-prompt samples with seed + i (vLLM's rule): a seeded request is reproducible, its choices
-differ, and its choice 0 is the reply the same request with n=1 gets. The other choices of a
-prompt start once choice 0 has computed it, from the engine's prefix cache. When the request
-asks for the prompt's logprobs, choice 0 alone computes them (and its prompt whole); every
-choice of the prompt is given them. Each API shapes its choices with a `Shape`
-(api_response.py: the whole response, a stream's chunks and `usage`).
+Choice index = prompt index * n + i (OpenAI's and vLLM's order). Choice i of a prompt is its
+sample i, as the Python API's `generate` makes it: with a seed it samples with seed + i (vLLM's
+rule), so a seeded request is reproducible, its choices differ, and its choice 0 is the reply
+the same request with n=1 gets. The other choices of a prompt wait in the engine's queue while
+choice 0 computes it, then resume from the prefix cache. When the request asks for the prompt's
+logprobs, choice 0 alone computes them (and its prompt whole); every choice of the prompt is
+given them. Each API shapes its choices with a `Shape` (api_response.py: the whole response, a
+stream's chunks and `usage`).
 """
 
 from __future__ import annotations
@@ -22,33 +23,23 @@ from collections.abc import Callable, Iterator
 
 from statechat.api_request import ApiError
 from statechat.engine.engine import RequestOutput, StreamEvent
+from statechat.engine.samples import sample_params, with_prompt_logprobs
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker, RequestHandle
 from statechat.errors import ContextLengthError, ShuttingDownError, StatechatError
 
-SEEDS = 2**64  # seeds run to 2**64 - 1: seed + i past that wraps to 0
 POLL_S = 0.5  # how often a wait asks whether the client is still there
 _END = object()
 
 
-def choice_params(params: SamplingParams, i: int, prompt_len: int,
-                  max_model_len: int) -> SamplingParams:
-    """Choice i's params: seed + i, max_tokens capped to the room the prompt leaves."""
-    seed = params.seed
-    if seed is not None:
-        seed = seed + i - SEEDS if seed + i >= SEEDS else seed + i
+def choice_params(params: SamplingParams, n: int, prompt_len: int,
+                  max_model_len: int) -> list[SamplingParams]:
+    """The params of a prompt's n choices: the engine's samples (samples.sample_params), each
+    max_tokens capped to the room the prompt leaves."""
     max_tokens = min(params.max_tokens, max(1, max_model_len - prompt_len))
-    return dataclasses.replace(params, seed=seed, max_tokens=max_tokens,
-                               min_tokens=min(params.min_tokens, max_tokens))
-
-
-class ClientGone(ConnectionResetError):
-    """The client went away while its choices were submitted; `choices`: those submitted by
-    then (aborted), so that their ends can still be logged."""
-
-    def __init__(self, choices: Choices | None = None) -> None:
-        super().__init__("the client went away")
-        self.choices = choices
+    capped = dataclasses.replace(params, n=n, max_tokens=max_tokens,
+                                 min_tokens=min(params.min_tokens, max_tokens))
+    return sample_params(capped)
 
 
 class Choices:
@@ -61,15 +52,11 @@ class Choices:
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
-               n: int, param: str, gone: Callable[[], bool] = lambda: False) -> Choices:
-        """Submit n requests per prompt. A prompt the engine refuses is an ApiError(400) naming
-        `param` (code context_length_exceeded when it is too long), and nothing stays queued.
-
-        With n > 1, choice 0 of each prompt goes first and the others once it has its first
-        token: by then its prompt is in the prefix cache, which they resume from rather than
-        each computing it. Only choice 0 asks for the prompt's logprobs (a choice that asks
-        computes its whole prompt); the others get its copy (see results and merged). Raises
-        ClientGone (a ConnectionResetError) if the client goes (`gone`) meanwhile.
+               n: int, param: str) -> Choices:
+        """Submit n requests per prompt, choice 0 of each first (the others, forks of its
+        prompt, wait in the engine's queue while it computes it, then resume from the prefix
+        cache). A prompt the engine refuses is an ApiError(400) naming `param` (code
+        context_length_exceeded when it is too long), and nothing stays queued.
 
         ShuttingDownError if the engine stops before it takes any; once it has taken one, the
         request is in flight, and a choice it would not take then is answered as its running
@@ -80,18 +67,20 @@ class Choices:
                 checked.append(worker.engine.check_prompt(ids))
         made: dict[tuple[int, int], RequestHandle | NotRun] = {}  # (prompt, choice) -> request
         try:
-            _submit_waves(worker, prompts, checked, params, n, param, gone, made)
+            for p, ids in enumerate(prompts):
+                for i, asked in enumerate(choice_params(params, n, len(ids),
+                                                        worker.max_model_len)):
+                    with _refused(param, p, len(prompts)):
+                        made[p, i] = worker.submit(ids, asked, checked=checked[p])
         except ShuttingDownError:
             if not made:
                 raise
             for p, (ids, _) in enumerate(checked):
                 for i in range(n):
                     made.setdefault((p, i), NotRun(ids))
-        except BaseException as e:
+        except BaseException:
             for handle in made.values():
                 handle.abort()
-            if isinstance(e, ClientGone):
-                e.choices = cls(list(made.values()), n)  # (their ends are still logged)
             raise
         return cls([made[p, i] for p in range(len(prompts)) for i in range(n)], n,
                    params.prompt_logprobs is not None)
@@ -114,10 +103,7 @@ class Choices:
                 except TimeoutError:
                     if gone():
                         raise ConnectionResetError("the client went away") from None
-        if not self.is_scored:
-            return outputs
-        return [dataclasses.replace(out, prompt_logprobs=outputs[k - k % self.n].prompt_logprobs)
-                for k, out in enumerate(outputs)]
+        return with_prompt_logprobs(outputs, self.n) if self.is_scored else outputs
 
     def ended(self, timeout: float) -> list[tuple[int, RequestOutput]]:
         """(index, output) of every choice once it has ended, finished or aborted (call abort first:
@@ -197,27 +183,6 @@ class Choices:
             scores.setdefault(p, None)
             for later in waiting:
                 yield give(*later)
-
-
-def _submit_waves(worker: EngineWorker, prompts: list[list[int]], checked: list,
-                  params: SamplingParams, n: int, param: str, gone: Callable[[], bool],
-                  made: dict) -> None:
-    """Choices.submit's submits, into `made` as they are made: choice 0 of every prompt, then
-    (once each has started, with the prefix cache on) the others."""
-    config = worker.engine.config
-    later = dataclasses.replace(params, prompt_logprobs=None)
-    for wave, asked in ((range(1), params), (range(1, n), later)):
-        for p, ids in enumerate(prompts):
-            for i in wave:
-                with _refused(param, p, len(prompts)):
-                    made[p, i] = worker.submit(ids, choice_params(
-                        asked, i, len(ids), worker.max_model_len), checked=checked[p])
-        if wave.start or n == 1 or not config.enable_prefix_cache:
-            continue
-        for p, ids in enumerate(prompts):  # (a prompt of one block leaves nothing to reuse)
-            while len(ids) > config.block_size and not made[p, 0].started.wait(POLL_S):
-                if gone():
-                    raise ClientGone
 
 
 class NotRun:

@@ -30,11 +30,13 @@ NOT_SUPPORTED = {
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (),
     "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
-    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "use_beam_search": (False,), "allowed_token_ids": ([],),
     "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
     "documents": ([],), "add_special_tokens": (False,),
 }
+# vLLM's true/false sampling fields (SamplingParams' names) and their defaults
+BOOL_FIELDS = {"ignore_eos": False, "include_stop_str_in_output": False,
+               "skip_special_tokens": True}
 # OpenAI's fields that change nothing about a reply (who asked, whether OpenAI keeps it, its
 # billing tier, how tool calls may be split when there are none): taken without a word
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
@@ -43,7 +45,7 @@ IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parall
 SHARED_FIELDS = frozenset({
     *NUMBER_FIELDS, *NOT_SUPPORTED, "model", "n", "best_of", "max_tokens", "max_completion_tokens",
     "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "prompt_logprobs",
-    "logit_bias", "stream", "stream_options",
+    "logit_bias", "stream", "stream_options", *BOOL_FIELDS,
 })
 
 
@@ -188,7 +190,8 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
                  vocab_size: int | None = None, longest_len: int | None = None) -> SamplingParams:
     """SamplingParams from a chat-completions body (OpenAI's fields, logprobs included, and
     vLLM's top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, min_tokens and
-    prompt_logprobs), `defaults` for the sampling fields it leaves out (or sets to null).
+    prompt_logprobs, include_stop_str_in_output, skip_special_tokens), `defaults` for the
+    sampling fields it leaves out (or sets to null).
     A max_tokens the body gives (at least `least_tokens`) must fit the room the prompt leaves
     in the context (of several prompts, `longest_len` is the longest's: each must); the
     default is capped to that room, min_tokens then with it. ApiError(400) naming the field for
@@ -215,7 +218,7 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
         params = dataclasses.replace(
             defaults, **numbers, max_tokens=max_tokens,
             stop=_stop(body), stop_token_ids=_stop_token_ids(body),
-            ignore_eos=parse_flag(body, "ignore_eos"),
+            **{key: parse_flag(body, key, default) for key, default in BOOL_FIELDS.items()},
             logprobs=_logprobs(body), prompt_logprobs=_prompt_logprobs(body),
             logit_bias=() if body.get("logit_bias") is None else body["logit_bias"],
         )

@@ -15,7 +15,9 @@ Output, one line per input line, in input order:
      "computed_tokens"}: what the group's warm-up did with it}}
 (and, for a line that asked, "logprobs": [{"token", "logprob", "bytes", "top_logprobs"}], as
 OpenAI's chat logprobs.content, and "prompt_logprobs": [null, {id: {"logprob", "rank",
-"decoded_token"}}, ...], as vLLM's)
+"decoded_token"}}, ...], as vLLM's; for a line with "n" > 1, "choices": each sample's "index",
+its reply's fields as above, "cached_tokens" and "completion_tokens", the fields beside them
+sample 0's but for usage: the prompt counted once, every sample's completion tokens)
 or, for a line that cannot run, {"id", "line", "error": {"message"}}.
 
 Requests run through the engine together (continuous batching). Requests that share a prefix
@@ -32,6 +34,7 @@ from collections.abc import Callable
 
 from statechat.batch_lines import Job, error_record
 from statechat.engine.engine import LLMEngine, RequestOutput
+from statechat.engine.samples import gather
 from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
 
@@ -89,29 +92,20 @@ def warmup_prefixes(jobs: list[Job], block_size: int) -> list[tuple[list[int], l
 
 
 def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | None) -> dict:
-    """A finished job's record: its reply's text, reasoning and tool calls (and its logprobs
-    and finish_reason) as the server's chat message and choice give them (api_chat.ChatShape),
-    its usage and what it reused of the cache."""
-    from statechat.api_chat import ChatShape
+    """A finished job's record (`out`: its samples gathered, samples.gather): its reply's
+    fields (_reply; with n > 1, sample 0's, and "choices" holds every sample's), its usage (the
+    prompt counted once, as the server's: the cached tokens of the sample that reused the
+    least; the completion tokens of every sample) and what it reused of the cache."""
     from statechat.api_logprobs import vllm_prompt_logprobs
-    from statechat.chat.template import opens_thinking
 
-    opened = (opens_thinking(tokenizer, job.prompt_ids) if reasoning_parser is not None
-              else None)
-    choice = ChatShape(tokenizer, opened, tools=job.tools).choice(0, out)
-    message = choice["message"]
+    samples = out.outputs
     record = {
         "id": job.id,
-        "text": message["content"] or "",  # (the answer alone: "" when none)
-        **({"reasoning": message["reasoning"]}
-           if reasoning_parser is not None and job.include_reasoning else {}),
-        **({"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}),
-        "finish_reason": choice["finish_reason"],
-        "stop_reason": choice["stop_reason"],  # (the server's: not a stop it added itself)
+        **_reply(job, out, tokenizer, reasoning_parser),
         "usage": {
             "prompt_tokens": out.num_prompt_tokens,
-            "cached_tokens": out.num_cached_tokens,
-            "completion_tokens": out.num_completion_tokens,
+            "cached_tokens": min(s.num_cached_tokens for s in samples),
+            "completion_tokens": sum(s.num_completion_tokens for s in samples),
         },
         "ttft_ms": None if out.ttft_s is None else round(out.ttft_s * 1000, 2),
         # where the reused prefix came from, per tier, and the load-or-recompute plan
@@ -120,12 +114,38 @@ def _result(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | Non
     }
     if job.shared is not None:
         record["cache"]["shared_prefix"] = job.shared
-    if choice["logprobs"] is not None:
-        record["logprobs"] = choice["logprobs"]["content"]
+    if len(samples) > 1:
+        record["choices"] = [
+            {"index": s.index, **_reply(job, s, tokenizer, reasoning_parser),
+             "cached_tokens": s.num_cached_tokens, "completion_tokens": s.num_completion_tokens}
+            for s in samples]
     if out.prompt_logprobs is not None:
         record["prompt_logprobs"] = vllm_prompt_logprobs(tokenizer, out.prompt_token_ids,
                                                          out.prompt_logprobs)
     return record
+
+
+def _reply(job: Job, out: RequestOutput, tokenizer, reasoning_parser: str | None) -> dict:
+    """One sample's text, reasoning and tool calls (and its logprobs and finish_reason) as the
+    server's chat message and choice give them (api_chat.ChatShape)."""
+    from statechat.api_chat import ChatShape
+    from statechat.chat.template import opens_thinking
+
+    opened = (opens_thinking(tokenizer, job.prompt_ids) if reasoning_parser is not None
+              else None)
+    choice = ChatShape(tokenizer, opened, tools=job.tools).choice(0, out)
+    message = choice["message"]
+    reply = {
+        "text": message["content"] or "",  # (the answer alone: "" when none)
+        **({"reasoning": message["reasoning"]}
+           if reasoning_parser is not None and job.include_reasoning else {}),
+        **({"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}),
+        "finish_reason": choice["finish_reason"],
+        "stop_reason": choice["stop_reason"],  # (the server's: not a stop it added itself)
+    }
+    if choice["logprobs"] is not None:
+        reply["logprobs"] = choice["logprobs"]["content"]
+    return reply
 
 
 def run_batch(
@@ -153,14 +173,21 @@ def run_batch(
             if engine.config.enable_prefix_cache else [])
     waiting_on: dict[int, list[int]] = {}  # warm-up seq_id -> job indices waiting for it
     running: dict[int, int] = {}  # seq_id -> job index
+    samples: dict[int, list] = {}  # job index -> its samples' sequences (add_samples)
     queued = time.perf_counter()
     for n, (prefix, members) in enumerate(warm):
         seq = engine.add_request(prefix, SamplingParams(max_tokens=1), request_id=f"warmup-{n}")
         waiting_on[seq.seq_id] = members
     deferred = {j for _, members in warm for j in members}
+    def add(i: int) -> None:
+        job = jobs[i]
+        samples[i] = engine.add_samples(*engine.check_prompt(job.prompt_ids), job.params,
+                                        str(job.id), queued)
+        running.update((seq.seq_id, i) for seq in samples[i])
+
     for i, job in enumerate(jobs):
         if job.error is None and i not in deferred:
-            running[engine.add_request(job.prompt_ids, job.params, str(job.id)).seq_id] = i
+            add(i)
     done, written = sum(j.result is not None for j in jobs), 0
     if progress:
         progress(done, len(jobs))
@@ -172,15 +199,15 @@ def run_batch(
             if seq.seq_id in waiting_on:
                 shared = _shared(engine.output(seq))
                 for j in waiting_on.pop(seq.seq_id):
-                    job = jobs[j]
-                    job.shared = shared
-                    member = engine.add_checked(*engine.check_prompt(job.prompt_ids),
-                                                job.params, str(job.id), arrival_time=queued)
-                    running[member.seq_id] = j
+                    jobs[j].shared = shared
+                    add(j)
             elif seq.seq_id in running:
-                job = jobs[running.pop(seq.seq_id)]
-                job.result = _result(job, engine.output(seq), engine.tokenizer,
-                                     reasoning_parser)
+                i = running.pop(seq.seq_id)
+                if i not in samples or not all(s.is_finished for s in samples[i]):
+                    continue  # (its other samples go on, or ended in this step: done)
+                job = jobs[i]
+                out = gather([engine.output(s) for s in samples.pop(i)])
+                job.result = _result(job, out, engine.tokenizer, reasoning_parser)
                 done += 1
                 if progress:
                     progress(done, len(jobs))

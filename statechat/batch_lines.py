@@ -9,7 +9,8 @@ reads, is its body with the custom_id as "id"; its other fields, outside the bod
 with optional
 "max_completion_tokens" (over "max_tokens"), "top_p", "top_k", "min_p", "presence_penalty",
 "frequency_penalty", "repetition_penalty", "seed", "stop" (a string or a list),
-"stop_token_ids", "ignore_eos", "n" (1 only), "logprobs" (0 to 20: each generated token's
+"stop_token_ids", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "n" (1 to
+16 samples: see batch.py's output), "logprobs" (0 to 20: each generated token's
 logprob and those of that many likeliest tokens; or OpenAI's chat form, true with
 "top_logprobs" as that count), "prompt_logprobs" (the same for each prompt
 token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
@@ -36,23 +37,24 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from statechat.api_request import whole_number
+from statechat.api_request import MAX_N, whole_number
 from statechat.api_tools import TOOL_FIELDS, ToolRequest, end_at_call, parse_tools
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
 
 LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
-               "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias")  # sampling
+               "ignore_eos", "logprobs", "prompt_logprobs", "min_tokens", "logit_bias", "n",
+               "include_stop_str_in_output", "skip_special_tokens")  # sampling
 # the other fields a line may have; any more are named on stderr, as ignored
 # ("model": the loaded model answers whatever a line names, as serve's does; a name that is not
 # a string is the line's error, as it is serve's 400)
-OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens", "n",
+OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens",
                 "top_logprobs", "model", "include_reasoning", *TOOL_FIELDS)
 BATCH_FORMAT_FIELDS = ("custom_id", "method", "url", "body")  # OpenAI's batch format's; any
 # other field of such a line, outside its body, is named on stderr, as ignored
-WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens")  # integers,
-# which a whole-number float may give
+WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens",
+         "n")  # integers, which a whole-number float may give
 DEFAULT_SAMPLING = SamplingParams(temperature=0.0, max_tokens=256)  # batch's own: greedy
 
 
@@ -172,13 +174,13 @@ def line_params(req: dict, defaults: BatchDefaults, line: int = 1) -> SamplingPa
         named["max_tokens"] = "max_completion_tokens"
     if chat_logprobs(given, req.get("top_logprobs")):
         named["logprobs"] = "top_logprobs"
-    if not isinstance(given.get("ignore_eos", False), bool):
-        raise StatechatError(f"ignore_eos must be true or false, got "
-                             f"{json.dumps(given['ignore_eos'])[:60]}")
-    if req.get("n") is not None and whole_number(req["n"]) != 1:  # (null: left out, as
-        # OpenAI's schema allows; 1.0 is 1, as the server reads it, and true is not)
-        raise StatechatError("n must be 1 in a batch line; give each sample a line of its "
-                             "own, with its own seed")
+    for flag in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        if not isinstance(given.get(flag, False), bool):
+            raise StatechatError(f"{flag} must be true or false, got "
+                                 f"{json.dumps(given[flag])[:60]}")
+    n = given.get("n", 1)  # (1.0 is 1, as the server reads it, and true is not)
+    if whole_number(n) is None or not 1 <= n <= MAX_N:
+        raise StatechatError(f"n must be an integer from 1 to {MAX_N}, got {json.dumps(n)[:60]}")
     try:
         return defaults.params(**given)
     except StatechatError as e:  # (its message starts with the field's name)

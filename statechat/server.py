@@ -32,7 +32,7 @@ import uuid
 from http.server import ThreadingHTTPServer
 
 from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
-from statechat.api_choices import Choices, ClientGone, reuse_line
+from statechat.api_choices import Choices, reuse_line
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
@@ -258,11 +258,7 @@ class Handler(JsonHandler):
         stream, include_usage = parse_stream(body)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}"  # (the response's id; its log lines')
         try:
-            choices = Choices.submit(self.server.worker, prompts, params, n, param, self._gone)
-        except ClientGone as e:
-            self.close_connection = True
-            self._log_ended(e.choices, rid)
-            return None
+            choices = Choices.submit(self.server.worker, prompts, params, n, param)
         except ShuttingDownError as e:  # (the server stops: not the request's fault; none ran)
             raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
         head = {"id": rid, "created": int(time.time()), "model": self.server.model_id}

@@ -154,15 +154,17 @@ def with_template(loaded, template: str):
     return dataclasses.replace(loaded, tokenizer=tokenizer)
 
 
-def force_reply(engine, monkeypatch, text: str) -> list[int]:
+def force_reply(engine, monkeypatch, text: str, ids: list[int] | None = None) -> list[int]:
     """Have every reply of `engine` be `text` then the end of turn, whatever the model samples:
     its scheduler is handed those tokens in place of the sampled ones (the host's record of
     each sequence; the device goes on from what it sampled, and a reply's cache entries with
     it, so use a fresh engine). `text` is spelt a character at a time (the tiny tokenizer
-    makes `</think>` a special token, which a reply's text leaves out; Qwen3.5's does not).
-    The forced token ids."""
+    makes `</think>` a special token, which a reply's text leaves out; Qwen3.5's does not),
+    unless `ids` gives the reply's tokens. The forced token ids."""
     tokenizer, scheduler = engine.tokenizer, engine.scheduler
-    ids = [i for ch in text for i in tokenizer.encode(ch, add_special_tokens=False)]
+    if ids is None:
+        ids = [i for ch in text for i in tokenizer.encode(ch, add_special_tokens=False)]
+    ids = list(ids)
     ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
     postprocess = scheduler.postprocess
 

@@ -4,6 +4,8 @@
     outs = engine.generate(["Hello"], SamplingParams(max_tokens=32))
     for event in engine.stream(prompt_ids, params): ...
 
+(The request API, generate and stream among it, is requests.py's; n samples, samples.py's.)
+
 Every finished request reports its prompt tokens, tokens reused from the cache, tokens
 computed, completion tokens and time to first token.
 """
@@ -13,14 +15,13 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import torch
 
 from statechat.cache.hashing import model_fingerprint
 from statechat.cache.store import StateStore, open_store
 from statechat.config import MIN_STATE_SLOTS, EngineConfig
 from statechat.devices import default_dtype, resolve_device
-from statechat.engine.output import (
+from statechat.engine.output import (  # (RequestOutput and StreamEvent: its callers' too)
     RequestOutput,
     StreamEvent,
     cut_at_stop,
@@ -28,16 +29,13 @@ from statechat.engine.output import (
     fast_decode,
     keep_logprobs,
     keep_prompt_logprobs,
-    next_event,
-    request_output,
     token_end,
 )
 from statechat.engine.pool import BlockPool, SlotPool
 from statechat.engine.prefix import PrefixCache
-from statechat.engine.prompts import check_prompt, encode
 from statechat.engine.requests import Requests
 from statechat.engine.runner import Launched, ModelRunner
-from statechat.engine.sampling import SamplingParams, check_vocabulary
+from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sequence import Sequence, Status
 from statechat.engine.sizing import cache_sizes, context_limit, prefill_guess
@@ -45,6 +43,7 @@ from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
 from statechat.paths import served_name
 
+__all__ = ["LLMEngine", "RequestOutput", "StreamEvent"]
 log = logging.getLogger("statechat.engine")
 
 
@@ -59,7 +58,8 @@ class LLMEngine(Requests):
             dtype = getattr(torch, config.dtype) if config.dtype else default_dtype(device)
             loaded = load_model(config.model, dtype=dtype, device=device)
         self.loaded, self.tokenizer = loaded, loaded.tokenizer
-        self._decode = fast_decode(loaded.tokenizer)
+        # ids -> text, by skip_special_tokens
+        self._decoders = {skip: fast_decode(loaded.tokenizer, skip) for skip in (True, False)}
         mc = loaded.config
         num_blocks, num_slots = cache_sizes(config, loaded)
         bs = config.block_size
@@ -123,36 +123,7 @@ class LLMEngine(Requests):
             self.store.close()
             self.store = self.prefix.store = None
 
-    # --- requests -----------------------------------------------------------------------
-    def encode(self, prompt: str | list[int] | np.ndarray) -> list[int]:
-        """A prompt's token ids (see prompts.encode)."""
-        return encode(self.tokenizer, prompt)
-
-    def check_prompt(self, prompt: str | list[int]) -> tuple[list[int], bytes]:
-        """The prompt's ids and int32 bytes, checked (see prompts.check_prompt); any thread may
-        call it."""
-        return check_prompt(self.tokenizer, prompt, self.loaded.config.vocab_size,
-                            self.max_model_len)
-
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str = "") -> Sequence:
-        return self.add_checked(*self.check_prompt(prompt), params, request_id)
-
-    def add_checked(
-        self, ids: list[int], packed: bytes, params: SamplingParams | None = None,
-        request_id: str = "", arrival_time: float | None = None,
-    ) -> Sequence:
-        """Queue a prompt that `check_prompt` passed, with the bytes it returned; its time to
-        first token counts from `arrival_time` (a perf_counter reading) when given, else now.
-        No params: `default_params`, the checkpoint's recommended sampling."""
-        params = self.default_params if params is None else params
-        check_vocabulary(params, self.loaded.config.vocab_size)
-        seq = Sequence(ids, params, request_id=request_id)
-        if arrival_time is not None:
-            seq.arrival_time = arrival_time
-        self.scheduler.add(seq, packed)
-        return seq
-
+    # --- requests (add_request, generate, stream: requests.py) ---------------------------
     def abort(self, seq: Sequence) -> None:
         """Stop a request early (a user pressed stop): it finishes with reason 'abort'. Its
         text is then a decode of all its tokens, as a finished reply's is: tokens held back for
@@ -163,7 +134,7 @@ class LLMEngine(Requests):
         reason = "abort"
         if seq.num_text_tokens < len(seq.output_ids):
             shown = len(seq.text)
-            detokenize(self._decode, seq, final=True)
+            detokenize(self._decoders[seq.params.skip_special_tokens], seq, final=True)
             reason = "stop" if cut_at_stop(seq, shown) else reason
         if seq in self.scheduler.waiting:
             self.scheduler.waiting.remove(seq)
@@ -303,21 +274,13 @@ class LLMEngine(Requests):
     def _check_finish(self, seq: Sequence) -> None:
         reason, stop_token = token_end(seq, self.eos_ids, self.eos_token_id, self.max_model_len)
         shown = len(seq.text)
-        # the stop token's id stays in the reply, its text does not (vLLM's, as with a stop
-        # string)
-        detokenize(self._decode, seq, final=reason is not None, drop_last=stop_token)
+        # the stop token's id stays in the reply, its text does not unless the request keeps
+        # stops (vLLM's, as with a stop string)
+        detokenize(self._decoders[seq.params.skip_special_tokens], seq,
+                   final=reason is not None,
+                   drop_last=stop_token and not seq.params.include_stop_str_in_output)
         if cut_at_stop(seq, shown):
             reason = "stop"
         if reason:
             self.scheduler.finish(seq, reason)
             self.runner.forget(seq.seq_id)
-
-    def output(self, seq: Sequence) -> RequestOutput:
-        """What `seq` has made so far (all of it once it has finished)."""
-        return request_output(seq)
-
-    def next_event(
-        self, seq: Sequence, sent_text: int, sent_tokens: int
-    ) -> tuple[StreamEvent | None, int, int]:
-        """A stream's next event for `seq` (see output.next_event)."""
-        return next_event(seq, sent_text, sent_tokens)

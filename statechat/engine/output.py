@@ -6,6 +6,7 @@ Plain Python over a Sequence's fields; the engine calls these as steps return to
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,19 +47,31 @@ class RequestOutput:
     stop_reason: str | int | None = None  # what stopped it (vLLM's): the stop string matched,
     # the stop_token_ids token or an EOS id other than the tokenizer's; None for the
     # tokenizer's EOS and for any other end
+    index: int = 0  # which of its request's n samples it is (vLLM's CompletionOutput.index)
+    others: tuple[RequestOutput, ...] = ()  # with n > 1, samples 1 to n - 1 (see outputs)
+
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        """The request's samples in order, as vLLM's RequestOutput.outputs: this one (sample 0,
+        whose fields the request's own are) then `others`. Each has vLLM's CompletionOutput
+        fields (index, text, token_ids, logprobs, finish_reason, stop_reason) and its own
+        counts (reuse, computed, completion tokens)."""
+        return [dataclasses.replace(self, others=()), *self.others] if self.others else [self]
 
 
 @dataclass(frozen=True)
 class StreamEvent:
     """A text delta of one request, with the token ids it came from (and their logprobs, when
     asked); `output` on the last. The first event of a request that asked for prompt_logprobs
-    carries them (its prompt is computed by then)."""
+    carries them (its prompt is computed by then). `index`: the sample it belongs to, in a
+    stream of a request for n > 1 samples (each sample's last event carries its output)."""
 
     text: str
     token_ids: list[int]
     output: RequestOutput | None = None
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    index: int = 0
 
 
 def request_output(seq: Sequence) -> RequestOutput:
@@ -92,9 +105,11 @@ def next_event(
 ) -> tuple[StreamEvent | None, int, int]:
     """A stream's next event for `seq` after `sent_text` characters and `sent_tokens` tokens
     (None when there is nothing new), and the new counts. Until the request finishes, text
-    that may still begin a stop string is held back: a stop is never streamed."""
+    that may still begin a stop string is held back: a stop is never streamed (unless the
+    request keeps it: include_stop_str_in_output, whose text is cut after the stop in the step
+    that completes it)."""
     text = seq.text
-    if seq.params.stop and not seq.is_finished:
+    if seq.params.stop and not seq.params.include_stop_str_in_output and not seq.is_finished:
         text = text[: max(len(text) - stop_hold(seq.params), sent_text)]
     delta, ids = text[sent_text:], seq.output_ids[sent_tokens : seq.num_text_tokens]
     out = request_output(seq) if seq.is_finished else None
@@ -182,7 +197,8 @@ def cut_at_stop(seq: Sequence, shown: int) -> bool:
     the text past `shown` characters, and keep the stop matched as seq.stop_reason; whether one
     was found. Of stops the same text completes, the one that begins first wins (the first
     listed of those beginning there). Not in the first min_tokens tokens, as vLLM's; also in
-    the last token of a reply that ends for another reason."""
+    the last token of a reply that ends for another reason. With include_stop_str_in_output
+    the text keeps the stop, and is cut after it."""
     p = seq.params
     if not p.stop or len(seq.output_ids) <= p.min_tokens:
         return False
@@ -193,7 +209,8 @@ def cut_at_stop(seq: Sequence, shown: int) -> bool:
     cut, k = min(((i, k) for i, k in found if i >= 0), default=(-1, -1))
     if cut < 0:
         return False
-    seq.text, seq.stop_reason = seq.text[:cut], p.stop[k]
+    end = cut + len(p.stop[k]) if p.include_stop_str_in_output else cut
+    seq.text, seq.stop_reason = seq.text[:end], p.stop[k]
     return True
 
 
@@ -234,11 +251,13 @@ def stop_hold(params: SamplingParams) -> int:
     return max(map(len, params.stop)) - 1
 
 
-def fast_decode(tokenizer) -> Callable[[list[int]], str]:
-    """ids -> text without special tokens. A fast tokenizer that cleans up no spaces decodes
-    through its Rust backend directly: the same text, without transformers' per-call Python
-    (a few decodes run every step of every request)."""
+def fast_decode(tokenizer, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """ids -> text, without special tokens unless `skip_special_tokens` is False. A fast
+    tokenizer that cleans up no spaces decodes through its Rust backend directly: the same
+    text, without transformers' per-call Python (a few decodes run every step of every
+    request)."""
+    skip = skip_special_tokens
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return lambda ids: backend.decode(ids, skip_special_tokens=True)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        return lambda ids: backend.decode(ids, skip_special_tokens=skip)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip)

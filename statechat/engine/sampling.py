@@ -58,6 +58,11 @@ class SamplingParams:
     # those of the N likeliest tokens at its step (raw: before temperature and penalties)
     prompt_logprobs: int | None = None  # None = off; N: the same for each prompt token after
     # the first, with its rank (the request then computes its whole prompt: see Scheduler)
+    n: int = 1  # samples of the prompt (vLLM's n): generate's RequestOutput.outputs holds them,
+    # sample i seeded with seed + i (engine/samples.py)
+    include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's
+    # text) at the end of the text
+    skip_special_tokens: bool = True  # False: special tokens' text shows in the text
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # (frozen)
@@ -115,9 +120,14 @@ class SamplingParams:
             if len(getattr(self, name)) > MAX_STOPS:
                 raise ConfigError(f"{name} may hold at most {MAX_STOPS} entries, got "
                                   f"{len(getattr(self, name))}")
-        if not isinstance(self.ignore_eos, bool | np.bool_):  # ("false" would be true)
-            raise ConfigError(f"ignore_eos must be true or false, got {_show(self.ignore_eos)}")
-        put(self, "ignore_eos", bool(self.ignore_eos))
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool | np.bool_):  # ("false" would be true)
+                raise ConfigError(f"{name} must be true or false, got "
+                                  f"{_show(getattr(self, name))}")
+            put(self, name, bool(getattr(self, name)))
+        put(self, "n", _integer("n", self.n))
+        if self.n < 1:
+            raise ConfigError(f"n must be at least 1, got {_show(self.n)}")
         put(self, "min_tokens", _integer("min_tokens", self.min_tokens))
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ConfigError(f"min_tokens must be from 0 to max_tokens ({self.max_tokens}), "

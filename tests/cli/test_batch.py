@@ -424,12 +424,12 @@ def test_a_line_s_id_is_echoed_as_given(tmp_path, shared_engine):
 
 def test_a_line_s_openai_fields_and_unknown_ones(tmp_path, shared_engine):
     """OpenAI's max_completion_tokens (over max_tokens), stop_token_ids and ignore_eos are
-    read (they were dropped without a word); n other than 1 and a non-boolean ignore_eos are
-    the line's errors; fields batch does not read are named on stderr, with their lines."""
+    read (they were dropped without a word); n past 16 and a non-boolean ignore_eos are the
+    line's errors; fields batch does not read are named on stderr, with their lines."""
     user = {"messages": [{"role": "user", "content": words(8, 30)}]}
     lines = [{**user, "max_tokens": 9, "max_completion_tokens": 3, "max_token": 5},
              {**user, "max_tokens": 4, "ignore_eos": True, "stop_token_ids": [1, 2]},
-             {**user, "n": 3}, {**user, "ignore_eos": "no"}, {**user, "max_token": 1, "x": 2}]
+             {**user, "n": 17}, {**user, "ignore_eos": "no"}, {**user, "max_token": 1, "x": 2}]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(map(json.dumps, lines)) + "\n")
     result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
@@ -438,8 +438,7 @@ def test_a_line_s_openai_fields_and_unknown_ones(tmp_path, shared_engine):
     newest, eos, n, flag, typo = [json.loads(line) for line in out.read_text().splitlines()]
     assert newest["usage"]["completion_tokens"] <= 3
     assert eos["usage"]["completion_tokens"] <= 4 and "error" not in eos
-    assert n["error"]["message"] == ("n must be 1 in a batch line; give each sample a line of "
-                                     "its own, with its own seed")
+    assert n["error"]["message"] == "n must be an integer from 1 to 16, got 17"
     assert flag["error"]["message"] == 'ignore_eos must be true or false, got "no"'
     assert "error" not in typo
     assert ('statechat: fields batch does not read were ignored: "max_token" (lines 1, 5); '

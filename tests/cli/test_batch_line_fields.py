@@ -1,6 +1,8 @@
 """A batch line's fields are told as they were read: a completions line's "prompt", which is
 the line's error, is not also named as ignored on stderr; and "n" is taken as the server takes
-it (1.0 is 1; true is not a count, and is the line's error, not one sample); and a byte-order
+it (1.0 is 1; true is not a count, and is the line's error, not one sample; 1 to 16); vLLM's
+include_stop_str_in_output and skip_special_tokens are read, a value that is not true or
+false the line's error; and a byte-order
 mark starting any line of the input is read past, as the first line's is; a bad value is
 shown in JSON's form, as the line wrote it."""
 
@@ -29,15 +31,27 @@ def test_a_completions_line_s_prompt_is_its_error_not_an_ignored_field():
                                     '"prompt" (line 2)')
 
 
-@pytest.mark.parametrize("n, error", [(1, None), (1.0, None), (None, None),
-                                      (True, "n must be 1"), (2, "n must be 1"),
-                                      ("1", "n must be 1")])
+@pytest.mark.parametrize("n, error", [(1, None), (1.0, None), (None, None), (3, None),
+                                      (True, "n must be an integer from 1 to 16, got true"),
+                                      (17, "n must be an integer from 1 to 16, got 17"),
+                                      (0, "n must be an integer"), ("1", "n must be an integer")])
 def test_n_is_read_as_the_server_reads_it(n, error):
     [job] = parse({"messages": MESSAGES, "n": n})
     if error is None:
         assert job.error is None and job.params.max_tokens == 256
+        assert job.params.n == (n or 1)
     else:
         assert job.error.startswith(error)
+
+
+def test_kept_stops_and_special_tokens_are_read():
+    keep, plain, bad = parse(
+        {"messages": MESSAGES, "include_stop_str_in_output": True, "skip_special_tokens": False},
+        {"messages": MESSAGES}, {"messages": MESSAGES, "skip_special_tokens": "no"})
+    assert keep.params.include_stop_str_in_output and not keep.params.skip_special_tokens
+    assert not plain.params.include_stop_str_in_output and plain.params.skip_special_tokens
+    assert bad.error == 'skip_special_tokens must be true or false, got "no"'
+    assert ignored_fields([keep, plain, bad]) is None
 
 
 def test_a_byte_order_mark_starting_any_line_is_read_past(tmp_path):

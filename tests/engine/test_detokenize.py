@@ -122,7 +122,7 @@ def test_the_engine_decodes_a_reply_of_special_tokens_in_bounded_steps():
                        loaded=loaded)
     special = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
     lengths: list[int] = []
-    engine._decode = counting(engine._decode, lengths)
+    engine._decoders[True] = counting(engine._decoders[True], lengths)
     params = SamplingParams(max_tokens=120, logit_bias={special: 100}, ignore_eos=True)
     out = engine.generate(engine.tokenizer.encode("Hello"), params)[0]
     assert (out.text, out.token_ids) == ("", [special] * 120)
@@ -173,25 +173,31 @@ def test_mixed_bytes_and_special_tokens_give_the_whole_decode(tokenizer):
     assert detokenized(decode, prompt, split) == "中"
 
 
-def one_shot(decode, prompt: list[int], reply: list[int], stops: list[str]) -> tuple[int, str]:
+def one_shot(decode, prompt: list[int], reply: list[int], stops: list[str],
+             keep: bool = False) -> tuple[int, str]:
     """(tokens until the reply ends, its text) from whole decodes: the first prefix of the reply
-    whose text holds a stop ends it there, cut before the stop; the reply's text is what a
-    decode of prompt + reply adds to the prompt's (a character the prompt began shows whole)."""
+    whose text holds a stop ends it there, cut before the stop (after it, when `keep`s); the
+    reply's text is what a decode of prompt + reply adds to the prompt's (a character the
+    prompt began shows whole)."""
     for k in range(1, len(reply) + 1):
         before, whole = decode(prompt), decode(prompt + reply[:k])
         text = whole[len(os.path.commonprefix([before, whole])):]
-        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        hits = [(i, n) for n, i in enumerate(text.find(s) for s in stops) if i >= 0]
         if hits:
-            return k, text[: min(hits)]
+            at, n = min(hits)
+            return k, text[: at + len(stops[n]) * keep]
     return len(reply), text
 
 
-def test_random_replies_with_stops_match_a_whole_decode(tokenizer):
+@pytest.mark.parametrize(("skip", "keep"), [(True, False), (False, True)],
+                         ids=["default", "specials-and-stops-kept"])
+def test_random_replies_with_stops_match_a_whole_decode(tokenizer, skip, keep):
     """Prompts that end anywhere (inside a character too) and replies of whole characters, their
     pieces, stray bytes and special tokens, with stop strings: the reply ends at the token a
     whole decode first shows a stop in, its text and its stream are that decode cut before the
-    stop, and no delta shows a stop."""
-    decode, rng = fast_decode(tokenizer), random.Random(0)
+    stop, and no delta shows a stop; with skip_special_tokens false and
+    include_stop_str_in_output, that decode keeping special tokens, cut after the stop."""
+    decode, rng = fast_decode(tokenizer, skip), random.Random(0)
     texts = ["中", "😀", "ñ", " word", "a", "é", "नम", "\n", "!", "ab"]
     pieces = [tokenizer.encode(t) for t in texts]
     pieces += [p[:k] for p in pieces[:7] for k in range(1, len(p))]
@@ -204,7 +210,9 @@ def test_random_replies_with_stops_match_a_whole_decode(tokenizer):
         prompt = ids[: rng.randint(1, len(ids))]
         reply = [i for _ in range(rng.randint(1, 20)) for i in rng.choice(pieces)]
         stops = rng.sample(["中", "ab", "é!", "\n", "ñ w", "😀", "a中", "b", "!"], 2)
-        seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply), stop=stops))
+        seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply), stop=stops,
+                                                    skip_special_tokens=skip,
+                                                    include_stop_str_in_output=keep))
         streamed, sent_text, sent_tokens = "", 0, 0
         for n, token in enumerate(reply, start=1):
             seq.token_ids.append(token)
@@ -214,10 +222,11 @@ def test_random_replies_with_stops_match_a_whole_decode(tokenizer):
             seq.status = Status.FINISHED if ended else seq.status
             event, sent_text, sent_tokens = next_event(seq, sent_text, sent_tokens)
             streamed += event.text if event is not None else ""
-            assert not any(s in streamed for s in stops), (prompt, reply[:n], stops)
+            assert keep or not any(s in streamed for s in stops), (prompt, reply[:n], stops)
             if ended:
                 break
-        assert (n, seq.text) == one_shot(decode, prompt, reply, stops), (prompt, reply, stops)
+        assert (n, seq.text) == one_shot(decode, prompt, reply, stops, keep), (prompt, reply,
+                                                                                stops)
         assert streamed == seq.text
 
 

@@ -1,15 +1,16 @@
 """Chat completions with n choices, through the openai client: n choices indexed 0..n-1; with a
 seed the request is reproducible, its choices differ and choice 0 is the n=1 reply (choice i
-samples with seed + i); greedy choices are identical; usage counts the prompt once and every
-choice's tokens; a stream interleaves the choices, each with its own role and finish chunk, and
-matches the whole reply; the choices after the first resume from its prompt (in a chat, also
-when it asks for prompt_logprobs, which choice 0 alone computes and a stream gives every
-choice's first event, later choices' events waiting for them); a client that goes away, streamed
-or not, stops every choice, whose reuse lines are logged marked aborted; n and best_of out of
-range are 400s naming them."""
+samples with seed + i, as the Python API's sample i does); greedy choices are identical; usage
+counts the prompt once and every choice's tokens; a stream interleaves the choices, each with
+its own role and finish chunk, and matches the whole reply; the choices after the first resume
+from its prompt (in a chat, also when it asks for prompt_logprobs, which choice 0 alone computes
+and a stream gives every choice's first event, later choices' events waiting for them); a client
+that goes away, streamed or not, stops every choice, whose reuse lines are logged marked
+aborted; n and best_of out of range are 400s naming them."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import re
@@ -20,7 +21,9 @@ import pytest
 
 from statechat import server as server_module
 from statechat.api_choices import Choices
-from statechat.engine.engine import StreamEvent
+from statechat.config import EngineConfig
+from statechat.engine.engine import LLMEngine, StreamEvent
+from statechat.paths import EMBEDDED_MODEL
 from tests.server.conftest import KEY, steps_held_until_an_abort
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -41,6 +44,18 @@ def test_seeded_choices_are_reproducible_and_differ(client):
     assert first.usage.prompt_tokens == one.usage.prompt_tokens
     assert first.usage.completion_tokens == 3 * 8
     assert first.usage.total_tokens == first.usage.prompt_tokens + 24
+
+
+def test_the_choices_are_the_python_apis_samples(client, server, monkeypatch):
+    """Choice i is sample i of the engine's generate with the same params and n (one fan-out:
+    engine/samples.py)."""
+    seen = spy_on_choices(monkeypatch)
+    reply = client.chat.completions.create(**ASK, n=3, temperature=1.0, seed=11)
+    first = seen[0].handles[0]
+    engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024),
+                       loaded=server.worker.engine.loaded)
+    out = engine.generate(first.output.prompt_token_ids, dataclasses.replace(first.params, n=3))
+    assert [s.text for s in out[0].outputs] == [c.message.content for c in reply.choices]
 
 
 def test_greedy_choices_are_identical(client):
@@ -162,18 +177,19 @@ def test_reuse_lines_name_the_response_and_its_choice(server, monkeypatch, capsy
         assert heads == ([rid] if n == 1 else [f"{rid} choice 0", f"{rid} choice 1"]), lines
 
 
-def test_a_client_that_leaves_before_the_first_choice_starts_gets_it_logged(server, monkeypatch,
-                                                                           capsys):
-    """With n > 1 the later choices wait for choice 0's first token; a client that leaves
-    meanwhile gets choice 0 aborted and its reuse logged, marked aborted."""
+def test_a_client_that_leaves_before_any_choice_starts_gets_each_logged(server, monkeypatch,
+                                                                       capsys):
+    """With n > 1 every choice is queued at once (the later ones wait in the engine for choice
+    0's prompt); a client that leaves before any step gets each aborted and its reuse logged,
+    marked aborted."""
     monkeypatch.setattr(server, "quiet", False)
     messages = [{"role": "user", "content": " ".join(["leave before it starts"] * 40)}]
     num_prompt_tokens = len(server.worker.render(messages))
     steps_held_until_an_abort(server, monkeypatch)  # (the step waits until it is aborted)
     capsys.readouterr()
     post(server, {"messages": messages, "n": 3, "max_tokens": 5}).close()
-    (line,) = reuse_lines(capsys, num_prompt_tokens, 1)
-    assert line.endswith("; aborted")
+    lines = reuse_lines(capsys, num_prompt_tokens, 3)
+    assert len(lines) == 3 and all(line.endswith("; aborted") for line in lines), lines
 
 
 def test_the_other_choices_resume_from_the_first_ones_prompt(client, monkeypatch):

@@ -30,6 +30,14 @@ def params(defaults: SamplingParams | None = None, **body):
 def test_vllm_sampling_extensions_are_taken():
     p = params(top_k=5, stop_token_ids=[7, 9], ignore_eos=True, temperature=0.5)
     assert (p.top_k, p.stop_token_ids, p.ignore_eos, p.temperature) == (5, (7, 9), True, 0.5)
+    p = params(include_stop_str_in_output=True, skip_special_tokens=False)
+    assert p.include_stop_str_in_output and not p.skip_special_tokens
+    p = params(include_stop_str_in_output=None, skip_special_tokens=None)  # (null: left out)
+    assert not p.include_stop_str_in_output and p.skip_special_tokens
+    for field in ("include_stop_str_in_output", "skip_special_tokens"):
+        with pytest.raises(ApiError) as info:
+            params(**{field: "yes"})
+        assert (info.value.param, info.value.message) == (field, f"{field} must be true or false")
     assert params(top_k=-1).top_k == 0  # vLLM's "off"
     assert params().top_k == 0 and params().stop_token_ids == () and not params().ignore_eos
 
@@ -94,8 +102,6 @@ def test_server_defaults_fill_only_what_the_body_leaves_out():
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
-    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-    ({"skip_special_tokens": False}, "skip_special_tokens"),
     ({"echo": 0}, "echo"),  # a number is not the False of a flag
 ])
 def test_fields_the_server_cannot_honour_are_400s(body, field):
@@ -242,10 +248,11 @@ def test_an_asked_max_tokens_past_the_room_left_is_a_400():
 
 def test_choice_seeds_and_room():
     seeded = SamplingParams(seed=5, max_tokens=50)
-    assert [choice_params(seeded, i, 10, 100).seed for i in range(3)] == [5, 6, 7]
-    assert choice_params(SamplingParams(), 2, 10, 100).seed is None
-    assert choice_params(SamplingParams(seed=2**64 - 1), 1, 10, 100).seed == 0  # wraps
-    assert choice_params(seeded, 0, 70, 100).max_tokens == 30  # the room this prompt leaves
+    assert [p.seed for p in choice_params(seeded, 3, 10, 100)] == [5, 6, 7]
+    assert choice_params(SamplingParams(), 3, 10, 100)[2].seed is None
+    assert choice_params(SamplingParams(seed=2**64 - 1), 2, 10, 100)[1].seed == 0  # wraps
+    assert choice_params(seeded, 1, 70, 100)[0].max_tokens == 30  # the room this prompt leaves
+    assert {p.n for p in choice_params(seeded, 3, 10, 100)} == {1}
 
 
 @pytest.mark.parametrize("body, message", [

@@ -518,8 +518,8 @@ def wait_for(ready, seconds: float = 30) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_in_flight_when_the_engine_stops_answers_every_choice(capsys, stream):
-    """With n > 1, choice 0 is queued first and the others once it has started; when the engine
-    stops in between, the request (taken before the stop) is answered as one of a single
+    """With n > 1, choice 0 is queued first and the others after it; when the engine stops in
+    between, the request (taken before the stop) is answered as one of a single
     choice is, not with a 503: every choice ends with finish_reason "abort", those the engine
     would not take with no tokens. Choice 0's reuse line is logged, marked aborted (it ran);
     the others, which never ran, log none."""
@@ -533,15 +533,22 @@ def test_a_request_in_flight_when_the_engine_stops_answers_every_choice(capsys, 
         return step()
 
     engine.step = gated_step
+    submit, stopping = worker.submit, threading.Thread(target=worker.shutdown)
+
+    def submit_then_stop(*args, **kwargs):  # (the stop comes right after choice 0 is queued)
+        handle = submit(*args, **kwargs)
+        if not stopping.is_alive():
+            stopping.start()
+            wait_for(lambda: worker._stopping)
+        return handle
+
+    worker.submit = submit_then_stop
     content = " ".join(["stop while the first choice runs"] * 30)
     body = {"messages": [{"role": "user", "content": content}], "n": 3, "max_tokens": 5,
             "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
     try:
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(post_any, srv, body)
-            wait_for(lambda: engine.has_unfinished() or answer.done())  # choice 0 is queued
-            stopping = threading.Thread(target=worker.shutdown)
-            stopping.start()
             wait_for(lambda: worker._stopping)
             gate.set()
             status, reply = answer.result(30)

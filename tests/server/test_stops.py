@@ -1,7 +1,9 @@
 """Stops through the server, as vLLM's answers them: both APIs, streamed or not, cut the reply
 before its stop string and name what stopped it in `stop_reason` (the string, or the
 stop_token_ids token or an EOS id other than the tokenizer's; null for the tokenizer's EOS and
-for a reply cut at max_tokens), and a stream's text is the whole reply's."""
+for a reply cut at max_tokens), and a stream's text is the whole reply's. vLLM's
+include_stop_str_in_output keeps the stop string (or the stop token's text) at the text's end,
+and skip_special_tokens false keeps special tokens' text."""
 
 from __future__ import annotations
 
@@ -65,3 +67,24 @@ def test_stop_reason_names_what_stopped_the_reply(client, ask, stream):
     got = ask(client, stream, max_tokens=1, logit_bias={str(token): 100},
               extra_body={"stop_token_ids": [token]})
     assert got == ("", "stop", token)
+
+
+@pytest.mark.parametrize("ask", [chat, completion])
+@pytest.mark.parametrize("stream", [False, True])
+def test_kept_stops_and_special_tokens_show_in_the_text(client, server, ask, stream):
+    full, _, _ = ask(client, False, max_tokens=24, extra_body={"ignore_eos": True})
+    stop = next(full[i : i + 2] for i in range(3, len(full) - 2)
+                if full.count(full[i : i + 2]) == 1 and "\ufffd" not in full[i : i + 2])
+    got = ask(client, stream, max_tokens=24, stop=[stop],
+              extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert got == (full[: full.index(stop) + len(stop)], "stop", stop)
+    kept = {"skip_special_tokens": False, "include_stop_str_in_output": True}
+    got = ask(client, stream, max_tokens=8, logit_bias={"2": 100}, extra_body=kept)
+    assert got == ("<|im_end|>", "stop", None)  # (EOS, forced: its text kept)
+    special = server.worker.engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    got = ask(client, stream, max_tokens=3, logit_bias={str(special): 100},
+              extra_body={"skip_special_tokens": False, "ignore_eos": True})
+    assert got == ("<|im_start|>" * 3, "length", None)
+    got = ask(client, stream, max_tokens=3, logit_bias={str(special): 100},
+              extra_body={"ignore_eos": True})
+    assert got == ("", "length", None)
