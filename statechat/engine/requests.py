@@ -126,37 +126,51 @@ class Requests:
     ) -> Iterator[StreamEvent]:
         """Generate one request, yielding text deltas as they are decoded; with params.n > 1,
         those of every sample as they come (each event's `index` says whose, each sample's
-        last carrying its output). Sample 0's first event carries the prompt_logprobs asked
-        for."""
+        last carrying its output). Each sample's first event and its output carry the
+        prompt_logprobs asked for, as `generate` gives them: sample 0 computes them, and the
+        other samples' events wait for its first."""
         params = self.default_params if params is None else params
         seqs = self.add_samples(*self.check_prompt(prompt), params)
         sent = [(0, 0)] * len(seqs)  # (text, tokens) each sample has sent
         live = list(range(len(seqs)))
+        scores: list = []  # sample 0's prompt_logprobs, once its first event is out
+
+        def ready(i: int) -> bool:  # (a later sample's prompt_logprobs are sample 0's)
+            return _has_news(seqs[i], sent[i]) and (
+                scores or not i or params.prompt_logprobs is None or 0 not in live)
+
         try:
             while live:
                 # (another caller may have stepped the engine, even to a request's end, while
                 # an event was out: what it made is sent before any step of this one)
-                if not any(_has_news(seqs[i], sent[i]) for i in live):
+                if not any(ready(i) for i in live):
                     self.step()
                 for i in [i for i in live if _has_news(seqs[i], sent[i])]:
+                    if not ready(i):  # (sample 0's first event, sent before it, unblocks it)
+                        continue
                     is_last = seqs[i].is_finished  # (its event carries the output)
                     event, *counts = self.next_event(seqs[i], *sent[i])
-                    sent[i] = tuple(counts)
+                    first, sent[i] = sent[i] == (0, 0), tuple(counts)
                     if is_last:
                         live.remove(i)
+                    if event is not None and not i and not scores:
+                        scores.append(event.prompt_logprobs)
                     if event is not None:
-                        yield _indexed(event, i)
+                        yield _indexed(event, i, scores[0] if scores else None, first)
         finally:
             for seq in seqs:
                 self.abort(seq)
 
 
-def _indexed(event: StreamEvent, index: int) -> StreamEvent:
-    """`event` as sample `index`'s (its output too)."""
+def _indexed(event: StreamEvent, index: int, scores: list | None, first: bool) -> StreamEvent:
+    """`event` as sample `index`'s (its output too), given `scores`, sample 0's
+    prompt_logprobs, on its first event (`first`) and its output."""
     if not index:
         return event
-    out = event.output and dataclasses.replace(event.output, index=index)
-    return dataclasses.replace(event, index=index, output=out)
+    out = event.output and dataclasses.replace(event.output, index=index,
+                                               prompt_logprobs=scores)
+    return dataclasses.replace(event, index=index, output=out,
+                               prompt_logprobs=scores if first else None)
 
 
 def _has_news(seq: Sequence, sent: tuple[int, int]) -> bool:

@@ -5,7 +5,8 @@ seeded ones are reproducible and differ, sample i being the n=1 reply seeded wit
 samples after the first resume from its prompt through the prefix cache, and report it: the
 prompt is computed once. A stream gives every sample's events with its index, each sample's
 text and output those `generate` gives; prompt_logprobs are computed by sample 0 alone and given
-to each. add_request (one sequence) refuses n > 1, and a bad n is one line."""
+to each (in a stream, on each sample's first event and its output, as `generate` gives them).
+add_request (one sequence) refuses n > 1, and a bad n is one line."""
 
 from __future__ import annotations
 
@@ -95,6 +96,20 @@ def test_prompt_logprobs_are_computed_once_and_given_to_every_sample(engine):
     assert all(s.prompt_logprobs == one.prompt_logprobs for s in out.outputs)
     assert out.outputs[0].num_cached_tokens == 0  # (it scores its prompt: computed whole)
     assert out.outputs[1].num_cached_tokens == (len(prompt) - 1) // BS * BS
+
+
+def test_a_stream_gives_every_sample_the_prompt_logprobs_as_generate_does(engine):
+    (prompt,) = random_prompts(150, seed=16)
+    asked = params(prompt_logprobs=1, n=3)
+    want = engine.generate(prompt, asked)[0].outputs
+    firsts, outputs = {}, {}
+    for event in engine.stream(prompt, asked):
+        firsts.setdefault(event.index, event.prompt_logprobs)
+        if event.output is not None:
+            outputs[event.index] = event.output
+    assert want[0].prompt_logprobs is not None
+    assert [firsts[i] for i in range(3)] == [s.prompt_logprobs for s in want]
+    assert [outputs[i].prompt_logprobs for i in range(3)] == [s.prompt_logprobs for s in want]
 
 
 def test_add_request_refuses_n_and_a_bad_n_is_one_line(engine):
