@@ -53,7 +53,7 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
                           vocab_size=worker.engine.loaded.config.vocab_size)
     params, tools = end_at_call(params, tools)  # (a named function: one call, then the end)
     return prompt_ids, params, chat_shape(worker, body, prompt_ids, server.reasoning_parser,
-                                          tools)
+                                          tools, params.skip_special_tokens)
 
 
 def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict | None,
@@ -143,19 +143,21 @@ class NextTurns:
 
 
 def chat_shape(worker: EngineWorker, body: dict, prompt_ids: list[int],
-               reasoning_parser: str | None, tools: ToolRequest | None = None) -> ChatShape:
+               reasoning_parser: str | None, tools: ToolRequest | None = None,
+               skip_special_tokens: bool = True) -> ChatShape:
     """The shape of a chat's choices for its rendered prompt: split into reasoning and answer
     when the server has a reasoning parser (`serve --reasoning-parser`), the reasoning left
     out with the body's `include_reasoning` false (vLLM's field: true or false, taken with no
     parser too, where it changes nothing; ApiError(400) naming it for another value); the
-    answer parsed for tool calls when `tools` (api_tools.parse_tools) say so."""
+    answer parsed for tool calls when `tools` (api_tools.parse_tools) say so; its replies'
+    text made with `skip_special_tokens` as the request's."""
     tokenizer = worker.engine.tokenizer
     include_reasoning = parse_flag(body, "include_reasoning", True)
     if reasoning_parser is None:
         return ChatShape(tokenizer, tools=tools)
     with worker.tokenizer_lock:  # (shared with the other requests' threads)
         opened = opens_thinking(tokenizer, prompt_ids)
-    return ChatShape(tokenizer, opened, include_reasoning, tools)
+    return ChatShape(tokenizer, opened, include_reasoning, tools, skip_special_tokens)
 
 
 class ChatShape(Shape):
@@ -176,13 +178,16 @@ class ChatShape(Shape):
     entry (its id, type and name, then its arguments whole once it ends). A call's opening
     that the request forced (ToolRequest.forced: in the prompt, not in the engine's text) is
     parsed as the start of each reply's answer, so its call's entry comes with the first
-    delta."""
+    delta. `skip_special_tokens`: the request's (its replies' text keeps special tokens when
+    false, a special `</think>` among them: the reasoning's tokens are counted up to it)."""
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     def __init__(self, tokenizer, opened: bool | None = None,
-                 include_reasoning: bool = True, tools: ToolRequest | None = None) -> None:
+                 include_reasoning: bool = True, tools: ToolRequest | None = None,
+                 skip_special_tokens: bool = True) -> None:
         self.tokenizer, self.opened, self.include_reasoning = tokenizer, opened, include_reasoning
+        self.skip_special_tokens = skip_special_tokens
         self.tools = tools
         self.is_parsed = tools is not None and tools.is_parsed
         self.forced = tools.forced if self.is_parsed else ""  # (the reply's start: in the prompt)
@@ -280,8 +285,9 @@ class ChatShape(Shape):
                                                          self.opened) for out in outputs)}
 
     def _decode_text(self, ids: list[int]) -> str:
-        """ids -> text as a reply's is made (no special tokens)."""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """ids -> text as a reply's is made (special tokens skipped unless the request keeps
+        them)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _logprobs(self, token_ids: list[int], logprobs: list | None) -> dict | None:
         """A choice's `logprobs`: None unless the request asked for them."""
