@@ -7,7 +7,8 @@ gets. Only sample 0 asks for the prompt's logprobs (a sequence that asks compute
 prompt); the others are given its. The samples are queued together, sample 0 first: the others,
 forks of its prompt, wait at admission while it computes the checkpoint at its prompt's last
 block boundary (prefill_plan.awaits_prefix), then resume there from the prefix cache, so the
-prompt is computed once and each sample reports what it reused. LLMEngine's `generate` and
+prompt is computed once and each sample reports what it reused (with the prefix cache off they
+all run at once, each computing the prompt, and report that). LLMEngine's `generate` and
 `stream` (requests.py) and the server's choices (api_choices.py) make their samples here.
 """
 
