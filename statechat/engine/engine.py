@@ -197,6 +197,9 @@ class LLMEngine(Requests):
             if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
                 self._ahead = self.runner.launch(self.scheduler.continuation(batch), after=launched)
             tokens, logprobs, prompt = self.runner.collect(launched)  # (its one synchronisation)
+            synchronised = bool(tokens) or prompt is not None
+            if not synchronised and all(it.seq.speculative for it in batch.items):
+                synchronised = self.runner.finish()  # (work done ahead: see ModelRunner.finish)
         except BaseException:
             self._busy(False)
             self._ahead = None
@@ -205,7 +208,7 @@ class LLMEngine(Requests):
             raise
         now, posted = time.perf_counter(), False
         try:
-            self._time_prefill(batch, t0, now, synchronised=bool(tokens) or prompt is not None)
+            self._time_prefill(batch, t0, now, synchronised)
             updated = [it.seq for it in batch.items if it.needs_logits and not it.seq.is_finished]
             if logprobs is not None:
                 keep_logprobs(batch, logprobs)

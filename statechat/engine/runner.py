@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 import kernels
+from statechat.devices import accelerator
 from statechat.engine.graphs import DecodeGraphs
 from statechat.engine.logprobs import logprob_table
 from statechat.engine.prefill_graphs import PrefillGraphs
@@ -231,6 +232,15 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
         tokens = launched.tokens.tolist()  # (nothing queued after this step: the table's read
         # waits for the table alone)
         return tokens, None if launched.logprobs is None else launched.logprobs.tolist(), prompt
+
+    def finish(self) -> bool:
+        """Wait for the device to run the step launched (True). For work done ahead: its steps
+        sample nothing, so the host would queue every chunk at once, and a request that came
+        meanwhile would wait for all of them, not for the step in flight."""
+        self.before_wait()
+        if self.device.type != "cpu":  # (the CPU's steps are done when launched)
+            accelerator(self.device).synchronize(self.device)
+        return True
 
     def _copy_out(self, launched: Launched) -> None:
         """Queue the copy of a step's tokens to pinned host memory. One buffer serves: the
