@@ -131,30 +131,26 @@ def run(
         raise typer.Exit(chat_app.return_code)
 
 
+# `batch`'s own argument and option (the shared ones are in cli_options.py)
+BatchInputArg = Annotated[Path, typer.Argument(
+    help="JSONL file ('-': standard input), one request a line (or OpenAI's batch format: "
+    "{\"custom_id\", \"url\", \"body\"}): {\"id\" (a string or a number), \"messages\", optional "
+    "\"max_tokens\" (or \"max_completion_tokens\"), \"temperature\", \"top_p\", \"top_k\", "
+    "\"min_p\", \"presence_penalty\", \"frequency_penalty\", \"repetition_penalty\", \"seed\", "
+    "\"stop\", \"stop_token_ids\", \"ignore_eos\", \"include_stop_str_in_output\", "
+    "\"skip_special_tokens\", \"n\" (samples, 1 to 16: the result's \"choices\"), \"logprobs\" "
+    "(a count, or true with \"top_logprobs\"), \"prompt_logprobs\", \"min_tokens\", "
+    "\"logit_bias\", \"chat_template_kwargs\", \"include_reasoning\" (with --reasoning-parser), "
+    "\"tools\" and \"tool_choice\" (with --tool-call-parser)}.")]
+BatchOutputOpt = Annotated[Path | None, typer.Option(
+    "--output", "-o", help="Where to write the results (JSONL, input order); default (or '-'): "
+    "stdout.")]
+
+
 @app.command(short_help="Run chat requests from a JSONL file together; one JSON result per "
                          "line, in order.")
 def batch(
-    input: Annotated[Path, typer.Argument(help="JSONL file ('-': standard input), one request a "
-                                          "line (or OpenAI's batch format: {\"custom_id\", "
-                                          "\"url\", \"body\"}): {\"id\" (a string or a "
-                                          "number), "
-                                          "\"messages\", "
-                                          "optional \"max_tokens\" (or "
-                                          "\"max_completion_tokens\"), \"temperature\", \"top_p\", "
-                                          "\"top_k\", \"min_p\", \"presence_penalty\", "
-                                          "\"frequency_penalty\", \"repetition_penalty\", "
-                                          "\"seed\", \"stop\", \"stop_token_ids\", "
-                                          "\"ignore_eos\", \"include_stop_str_in_output\", "
-                                          "\"skip_special_tokens\", \"n\" (samples, 1 to 16: "
-                                          "the result's \"choices\"), \"logprobs\" (a count, or "
-                                          "true with \"top_logprobs\"), "
-                                          "\"prompt_logprobs\", \"min_tokens\", \"logit_bias\", "
-                                          "\"chat_template_kwargs\", \"include_reasoning\" "
-                                          "(with --reasoning-parser), \"tools\" and "
-                                          "\"tool_choice\" (with --tool-call-parser)}.")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the results "
-                                                "(JSONL, input order); default (or '-'): "
-                                                "stdout.")] = None,
+    input: BatchInputArg, output: BatchOutputOpt = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
@@ -171,7 +167,6 @@ def batch(
     """Run chat requests from a JSONL file together; write one JSON result per line, in order.
     Sampling: greedy, 256 tokens, unless the model's generation config, the flags or a line's
     own fields say otherwise."""
-    from statechat.batch import run_batch
     from statechat.batch_lines import (
         DEFAULT_SAMPLING,
         BatchDefaults,
@@ -201,6 +196,16 @@ def batch(
         return report_failures(records)
     engine = cli_setup.load_engine(config)  # (by attribute: tests/cli's stand-in reaches it)
     warn_if_embedded(engine.loaded.path)
+    records = _run_jobs(engine, jobs, output, direct, reasoning_parser)
+    report_failures(records)
+
+
+def _run_jobs(engine, jobs: list, output: Path | None, direct: bool,
+              reasoning_parser: str | None) -> list[dict]:
+    """Run `jobs` on `engine`, writing each result as it ends (to `output`, or standard output)
+    with a progress bar; return the records. SIGTERM, like Ctrl+C, keeps the finished results;
+    the engine is closed (its cache writes flushed) on the way out."""
+    from statechat.batch import run_batch
 
     with contextlib.ExitStack() as stack:  # (exits in reverse: the results in place, then the
         # cache flushed, which may wait long for a lock another process holds on its index)
@@ -214,7 +219,7 @@ def batch(
         records = run_batch(engine, jobs, lambda rec: write_records(sink, output, [rec]),
                             lambda done, total: progress.update(task, completed=done, total=total),
                             reasoning_parser)
-    report_failures(records)
+    return records
 
 
 @contextlib.contextmanager
