@@ -44,26 +44,31 @@ from statechat.cli_options import (
 from statechat.cli_setup import bound_socket, command_setup, listen_errors, warn_if_embedded
 from statechat.errors import StatechatError
 
+# `serve`'s own options (the shared ones are in cli_options.py)
+HostOpt = Annotated[str, typer.Option(
+    help="Address to bind (loopback by default).", envvar="STATECHAT_HOST")]
+PortOpt = Annotated[int, typer.Option(
+    help="Port to listen on.", envvar="STATECHAT_PORT", min=0, max=65535)]
+ApiKeyOpt = Annotated[str | None, typer.Option(
+    help="Require 'Authorization: Bearer KEY' on every request.", envvar="STATECHAT_API_KEY")]
+AllowedOriginsOpt = Annotated[str | None, typer.Option(
+    help="Origins whose web pages may call the API from a browser (CORS): comma-separated or a "
+    "JSON list; scheme://host:* for any port, '*' any origin (vLLM's default), '' none. "
+    "Default: pages of this machine (localhost, 127.0.0.1, [::1], any port).",
+    envvar="STATECHAT_ALLOWED_ORIGINS")]
+ServedModelNameOpt = Annotated[str | None, typer.Option(
+    help="The model's name in /v1/models and in every response (default: a Hugging Face "
+    "snapshot's repo id, else the model folder's name).", envvar="STATECHAT_SERVED_MODEL_NAME")]
+WarmNextTurnOpt = Annotated[bool, typer.Option(
+    help="While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
+    "thinking template drops the reply's reasoning from it, so it is not cached yet).")]
+
 
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).",
-                                      envvar="STATECHAT_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.", envvar="STATECHAT_PORT", min=0,
-                                      max=65535)] = 8000,
+    host: HostOpt = "127.0.0.1", port: PortOpt = 8000,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
-    no_cache: NoCacheOpt = False,
-    api_key: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer KEY' on "
-                                                "every request.",
-                                                envvar="STATECHAT_API_KEY")] = None,
-    allowed_origins: Annotated[str | None, typer.Option(help=(
-        "Origins whose web pages may call the API from a browser (CORS): comma-separated or a "
-        "JSON list; scheme://host:* for any port, '*' any origin (vLLM's default), '' none. "
-        "Default: pages of this machine (localhost, 127.0.0.1, [::1], any port)."),
-        envvar="STATECHAT_ALLOWED_ORIGINS")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help=(
-        "The model's name in /v1/models and in every response (default: a Hugging Face "
-        "snapshot's repo id, else the model folder's name)."),
-        envvar="STATECHAT_SERVED_MODEL_NAME")] = None,
+    no_cache: NoCacheOpt = False, api_key: ApiKeyOpt = None,
+    allowed_origins: AllowedOriginsOpt = None, served_model_name: ServedModelNameOpt = None,
     chat_template_kwargs: TemplateKwargsOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
@@ -72,11 +77,7 @@ def serve(
     max_model_len: MaxModelLenOpt = None, max_num_seqs: MaxNumSeqsOpt = None,
     max_num_batched_tokens: MaxBatchedTokensOpt = None, memory_fraction: MemoryFractionOpt = None,
     dtype: DtypeOpt = None, disk_cache_bytes: DiskCacheBytesOpt = None,
-    max_step_ms: MaxStepMsOpt = None,
-    warm_next_turn: Annotated[bool, typer.Option(help=(
-        "While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
-        "thinking template drops the reply's reasoning from it, so it is not cached yet)."
-    ))] = True,
+    max_step_ms: MaxStepMsOpt = None, warm_next_turn: WarmNextTurnOpt = True,
     reasoning_parser: ReasoningParserOpt = None,
     tool_call_parser: ToolCallParserOpt = None, enable_auto_tool_choice: AutoToolChoiceOpt = False,
 ) -> None:
@@ -85,17 +86,12 @@ def serve(
     completion; --max-tokens sets both), unless the model's generation config, the flags or a
     request's own fields say otherwise."""
     from statechat import api_serve
-    from statechat.api_cors import LOCAL_ORIGINS, parse_allowed_origins
     from statechat.api_request import DEFAULT_SAMPLING
     from statechat.engine.worker import EngineWorker
     from statechat.paths import served_name
 
     template_kwargs = parse_template_kwargs(chat_template_kwargs)
-    try:
-        origins = LOCAL_ORIGINS if allowed_origins is None else parse_allowed_origins(
-            allowed_origins)
-    except ValueError as e:
-        raise StatechatError(f"--allowed-origins: {e}") from None
+    origins = _origins(allowed_origins)
     check_parser(reasoning_parser)
     check_tool_parser(tool_call_parser, enable_auto_tool_choice)
     if served_model_name is not None and not served_model_name.strip():
@@ -111,3 +107,13 @@ def serve(
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock,
                             reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser)
+
+
+def _origins(allowed_origins: str | None):
+    """--allowed-origins parsed (None: this machine's pages); a bad value is one line."""
+    from statechat.api_cors import LOCAL_ORIGINS, parse_allowed_origins
+
+    try:
+        return LOCAL_ORIGINS if allowed_origins is None else parse_allowed_origins(allowed_origins)
+    except ValueError as e:
+        raise StatechatError(f"--allowed-origins: {e}") from None
