@@ -40,30 +40,10 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
                           .reshape(-1).numpy()) for n in order}
     header = encode_header(tensors, order, meta, crc="0" * 8)
     tmp = temp or path.with_name(temp_name(path.name))
-    for attempt in range(3):  # (`cache clear` elsewhere removes empty folders: make it again)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            break
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
+    fd = _open_temp(tmp, path.parent)
     try:  # (a failed write, a full disk say, leaves no partial temp to take more room)
         try:
-            # (encoding.PIECE_BYTES read here, as split_pieces reads it: one piece size for both)
-            pieces, crcs, offset, since_pause = [], [], len(header), encoding.PIECE_BYTES
-            for name in order:
-                for start, size in split_pieces(len(data[name])):
-                    if pause is not None and since_pause >= encoding.PIECE_BYTES:
-                        pause()
-                        since_pause = 0
-                    piece = data[name][start : start + size]
-                    crcs.append(zlib.crc32(piece))
-                    pieces.append((name, start, size))
-                    _write_all(fd, piece, offset)
-                    offset += size
-                    since_pause += size
-            crc = fold_crcs(pieces, crcs)
+            offset, crc = _write_data(fd, data, len(header), pause)
             _write_all(fd, memoryview(encode_header(tensors, order, meta, crc)), 0)
             os.fsync(fd)
         finally:
@@ -76,6 +56,40 @@ def write_blob(path: Path, tensors: dict[str, torch.Tensor], meta: BlobMeta,
     if temp is None:
         fsync_dir(path.parent)
     return offset, crc
+
+
+def _open_temp(tmp: Path, folder: Path) -> int:
+    """A new (or emptied) file at `tmp`, open for writing; `folder` (its own) made where
+    missing."""
+    tries = 3  # (`cache clear` elsewhere removes empty folders: make it again)
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except FileNotFoundError:
+            tries -= 1
+            if not tries:
+                raise
+
+
+def _write_data(fd: int, data: dict[str, memoryview], offset: int,
+                pause: Callable[[], None] | None) -> tuple[int, str]:
+    """Write the tensors' bytes (`data`, in the header's order) from `offset` on, piece by
+    piece; return (the offset past them, the blob's checksum folded from the pieces')."""
+    # (encoding.PIECE_BYTES read here, as split_pieces reads it: one piece size for both)
+    pieces, crcs, since_pause = [], [], encoding.PIECE_BYTES
+    for name, view in data.items():
+        for start, size in split_pieces(len(view)):
+            if pause is not None and since_pause >= encoding.PIECE_BYTES:
+                pause()
+                since_pause = 0
+            piece = view[start : start + size]
+            crcs.append(zlib.crc32(piece))
+            pieces.append((name, start, size))
+            _write_all(fd, piece, offset)
+            offset += size
+            since_pause += size
+    return offset, fold_crcs(pieces, crcs)
 
 
 def publish(temp: Path, path: Path) -> None:
