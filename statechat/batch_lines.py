@@ -100,19 +100,9 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     from statechat.chat.template import check_template_kwargs, merge_template_kwargs
 
     try:
-        req = json.loads(text)
-    except json.JSONDecodeError as e:
-        return Job(line, None, error=f"line {line} is not valid JSON ({e.msg})")
-    except (ValueError, RecursionError) as e:  # an int of over 4300 digits; nesting too deep
-        return Job(line, None, error=f"line {line} is not valid JSON ({str(e)[:200]})")
-    if not isinstance(req, dict):
-        return Job(line, None, error=f"line {line} must be a JSON object")
-    url, id_field, body, outside = "/v1/chat/completions", "id", req, ()
-    if "body" in req and "messages" not in req:  # (OpenAI's batch format)
-        url, id_field, body = req.get("url"), "custom_id", req["body"]
-        outside = tuple(k for k in req if k not in BATCH_FORMAT_FIELDS)  # (not its body's)
-        req = {**body, "id": req.get("custom_id")} if isinstance(body, dict) else \
-            {"id": req.get("custom_id")}
+        req, url, id_field, body, outside = _line_request(text, line)
+    except StatechatError as e:
+        return Job(line, None, error=str(e))
     rid = req.get("id")
     if rid is None:
         rid = f"line-{line}"
@@ -149,6 +139,27 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         return Job(line, rid, error=str(e), unknown=unknown)
     return Job(line, rid, messages, kwargs, tools, params=params, unknown=unknown,
                include_reasoning=include_reasoning is not False)
+
+
+def _line_request(text: str, line: int) -> tuple[dict, object, str, object, tuple[str, ...]]:
+    """A line's request (`req`, its "id" as id_field names it), its url, id_field, body and the
+    fields outside its body (OpenAI's batch format's envelope unwrapped; a plain line is its own
+    body). A line that is not a JSON object is StatechatError, one line."""
+    try:
+        req = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise StatechatError(f"line {line} is not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # an int of over 4300 digits; nesting too deep
+        raise StatechatError(f"line {line} is not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(req, dict):
+        raise StatechatError(f"line {line} must be a JSON object")
+    if "body" not in req or "messages" in req:
+        return req, "/v1/chat/completions", "id", req, ()
+    body = req["body"]  # (OpenAI's batch format)
+    outside = tuple(k for k in req if k not in BATCH_FORMAT_FIELDS)  # (not its body's)
+    unwrapped = {**body, "id": req.get("custom_id")} if isinstance(body, dict) else \
+        {"id": req.get("custom_id")}
+    return unwrapped, req.get("url"), "custom_id", body, outside
 
 
 def unread_fields(req: dict, outside: tuple[str, ...] = ()) -> tuple[str, ...]:
