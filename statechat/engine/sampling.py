@@ -65,6 +65,22 @@ class SamplingParams:
     skip_special_tokens: bool = True  # False: special tokens' text shows in the text
 
     def __post_init__(self) -> None:
+        self._check_sampling()
+        self._check_lengths_and_stops()
+        self._check_flags_and_counts()
+        put = object.__setattr__  # (frozen)
+        # what every step asks of every row, kept rather than derived each time
+        put(self, "is_greedy", self.temperature < GREEDY_BELOW)  # no draw: the token is the
+        # argmax (of the penalised logits, if any penalty is on)
+        put(self, "uses_penalties", bool(self.presence_penalty or self.frequency_penalty
+                                         or self.repetition_penalty != 1))
+        # the argmax of the raw logits (which a graph replay computes with them)
+        put(self, "is_plain_greedy", self.is_greedy and not self.uses_penalties)
+        # logits changed before sampling: a bias, or tokens barred (the runner's ban)
+        put(self, "uses_bias", bool(self.logit_bias) or self.min_tokens > 0)
+
+    def _check_sampling(self) -> None:
+        """temperature, top_p, min_p, the penalties and top_k checked and clamped."""
         put = object.__setattr__  # (frozen)
         put(self, "temperature", _number("temperature", self.temperature))
         if self.temperature < 0:
@@ -92,6 +108,10 @@ class SamplingParams:
         if self.top_k < -1:
             raise ConfigError(f"top_k must be -1 or 0 (off), or a positive count, got {self.top_k}")
         put(self, "top_k", max(self.top_k, 0))  # (vLLM's -1 is off, as 0 is)
+
+    def _check_lengths_and_stops(self) -> None:
+        """max_tokens, seed, stop and stop_token_ids checked (None: none)."""
+        put = object.__setattr__  # (frozen)
         if self.max_tokens is None:
             put(self, "max_tokens", NO_TOKEN_CAP)
         put(self, "max_tokens", _integer("max_tokens", self.max_tokens))
@@ -120,6 +140,10 @@ class SamplingParams:
             if len(getattr(self, name)) > MAX_STOPS:
                 raise ConfigError(f"{name} may hold at most {MAX_STOPS} entries, got "
                                   f"{len(getattr(self, name))}")
+
+    def _check_flags_and_counts(self) -> None:
+        """The flags, n, min_tokens, logit_bias and the logprobs counts checked."""
+        put = object.__setattr__  # (frozen)
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool | np.bool_):  # ("false" would be true)
                 raise ConfigError(f"{name} must be true or false, got "
@@ -139,15 +163,6 @@ class SamplingParams:
                 if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
                     raise ConfigError(f"{name} must be from 0 to {MAX_LOGPROBS}, got "
                                       f"{_show(getattr(self, name))}")
-        # what every step asks of every row, kept rather than derived each time
-        put(self, "is_greedy", self.temperature < GREEDY_BELOW)  # no draw: the token is the
-        # argmax (of the penalised logits, if any penalty is on)
-        put(self, "uses_penalties", bool(self.presence_penalty or self.frequency_penalty
-                                         or self.repetition_penalty != 1))
-        # the argmax of the raw logits (which a graph replay computes with them)
-        put(self, "is_plain_greedy", self.is_greedy and not self.uses_penalties)
-        # logits changed before sampling: a bias, or tokens barred (the runner's ban)
-        put(self, "uses_bias", bool(self.logit_bias) or self.min_tokens > 0)
 
 
 def _show(value) -> str:
