@@ -64,9 +64,7 @@ def test_every_documented_flag_exists():
 
 def test_readme_opens_with_the_setup_commands_that_ci_runs():
     readme = (ROOT / "README.md").read_text()
-    # (an HTML comment, unseen on the page, may say why tests/docs/test_examples.py skips it)
-    block = re.match(r"# statechat\n\n(?:<!-- [^\n]* -->\n)?```\n(.*?)\n```\n", readme,
-                     re.DOTALL)
+    block = re.match(r"# statechat\n\n```\n(.*?)\n```\n", readme, re.DOTALL)
     assert block, "README.md must open with its set-up commands"
     run, test = block.group(1).splitlines()
     assert run.endswith("pip install torch==2.13.0 -e . && statechat run")
