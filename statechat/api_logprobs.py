@@ -134,8 +134,9 @@ def echoed_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> dict:
 
 def vllm_prompt_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> list[dict | None]:
     """vLLM's prompt_logprobs from the engine's entries: per token after the first, the token
-    and the likeliest (ranks 1, 2, ... in order), keyed by id; None where the entry is (the
-    first token, or one a stopped request did not compute)."""
+    first, then the likeliest (ranks 1, 2, ... in order; the token once), keyed by id, as vLLM
+    orders them; None where the entry is (the first token, or one a stopped request did not
+    compute)."""
     raw = _bytes_of(tokenizer, prompt_ids, entries)
     text = {i: b.decode("utf-8", "replace") for i, b in raw.items()}
     out: list[dict | None] = [None]
@@ -144,8 +145,8 @@ def vllm_prompt_logprobs(tokenizer, prompt_ids: list[int], entries: list) -> lis
             out.append(None)
             continue
         logprob, top, rank = entry
-        row = {str(j): {"logprob": v, "rank": r, "decoded_token": text[j]}
-               for r, (j, v) in enumerate(top, 1)}
-        row[str(i)] = {"logprob": logprob, "rank": rank, "decoded_token": text[i]}
+        row = {str(i): {"logprob": logprob, "rank": rank, "decoded_token": text[i]}}
+        for r, (j, v) in enumerate(top, 1):
+            row.setdefault(str(j), {"logprob": v, "rank": r, "decoded_token": text[j]})
         out.append(row)
     return out

@@ -160,8 +160,8 @@ def test_echo_with_logprobs_scores_the_prompt(client, tokenizer, prompt_logsoftm
 
 def test_vllms_prompt_logprobs(client, tokenizer, prompt_logsoftmax):
     """prompt_logprobs: per prompt token null (the first) or {id: {logprob, rank,
-    decoded_token}} of the token and the k likeliest, in a text completion's choice and at the
-    top of a chat response."""
+    decoded_token}} of the token (first, as vLLM orders them) and the k likeliest, in a text
+    completion's choice and at the top of a chat response."""
     ids = tokenizer.encode(PROMPT)
     reply = client.completions.create(model="m", temperature=0, prompt=PROMPT, max_tokens=2,
                                       extra_body={"prompt_logprobs": 3})
@@ -170,6 +170,7 @@ def test_vllms_prompt_logprobs(client, tokenizer, prompt_logsoftmax):
     for p in range(1, len(ids)):
         row = prompt_logsoftmax[p - 1]
         own = entries[p][str(ids[p])]
+        assert next(iter(entries[p])) == str(ids[p])  # (the token's own entry first, as vLLM's)
         assert own["logprob"] == pytest.approx(row[ids[p]].item(), abs=1e-4)
         assert own["rank"] == (row > row[ids[p]] + 1e-4).sum().item() + 1
         assert own["decoded_token"] == tokenizer.decode([ids[p]])
