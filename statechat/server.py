@@ -9,9 +9,10 @@ Each connection gets a thread; all of them submit to one EngineWorker, so concur
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
 "code"}}. With an API key, every request but /health needs `Authorization: Bearer KEY`. Pages
 of the allowed origins (those of this machine, by default) may call it from a browser (CORS). A
-request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py);
-its choices are submitted, awaited and streamed by api_choices.py, and written as a response or
-a stream's chunks by api_response.py, which the two APIs share.
+request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py)
+and answered by api_answer.py: its choices are submitted, awaited and streamed by
+api_choices.py, and written as a response or a stream's chunks by api_response.py, which the
+two APIs share.
 Fields of a body that its API does not read (bar those ignored on purpose,
 api_request.IGNORED_FIELDS) are named in one warning line of the log, and the request is
 served without them. Reading bodies, answering JSON, CORS and the errors' shape are
@@ -22,17 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import socket
 import sys
 import threading
 import time
 import urllib.parse
-import uuid
 from http.server import ThreadingHTTPServer
 
+from statechat.api_answer import AnswerHandler
 from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
-from statechat.api_choices import Choices, reuse_line
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
@@ -40,29 +39,17 @@ from statechat.api_completions import (
     parse_completion,
 )
 from statechat.api_cors import LOCAL_ORIGINS
-from statechat.api_http import JsonHandler
 from statechat.api_reasoning import check_parser
-from statechat.api_request import (
-    DEFAULT_SAMPLING,
-    ApiError,
-    named,
-    parse_n,
-    parse_stream,
-    unknown_fields,
-)
-from statechat.api_response import Shape, response, stream_chunks
+from statechat.api_request import DEFAULT_SAMPLING, ApiError, named, parse_n, unknown_fields
 from statechat.api_tools import check_tool_parser
-from statechat.engine.engine import RequestOutput
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
-from statechat.errors import ShuttingDownError
 
 ROUTES = {"/health": "GET, HEAD", "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST",
           "/v1/completions": "POST"}  # each route's methods (a 405's Allow header)
 MODEL_ROUTE = "/v1/models/"  # + a model's id (which may hold slashes): OpenAI's retrieve
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
-ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
 
 
 class ChatServer(ThreadingHTTPServer):
@@ -154,8 +141,8 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class Handler(JsonHandler):
-    """The API's routes, on JsonHandler's transport."""
+class Handler(AnswerHandler):
+    """The API's routes, on JsonHandler's transport; AnswerHandler answers a parsed request."""
 
     server: ChatServer
 
@@ -250,63 +237,3 @@ class Handler(JsonHandler):
         if names:
             self.log_message("warning: %s %s: fields unknown to this server, ignored: %s",
                              self.command, self._route(), named(names))
-
-    def _answer(self, body: dict, shape: Shape, prompts: list[list[int]], params: SamplingParams,
-                n: int, param: str) -> list[RequestOutput] | None:
-        """Submit n choices per prompt and send them, whole or streamed; abort every choice
-        still running when the client goes away. The outputs once all were sent, else None."""
-        stream, include_usage = parse_stream(body)
-        rid = f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}"  # (the response's id; its log lines')
-        try:
-            choices = Choices.submit(self.server.worker, prompts, params, n, param)
-        except ShuttingDownError as e:  # (the server stops: not the request's fault; none ran)
-            raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
-        head = {"id": rid, "created": int(time.time()), "model": self.server.model_id}
-        try:
-            if stream:
-                self._stream(shape, choices, head, include_usage)
-            else:
-                self._send_json(200, response(shape, head, choices.results(self._gone), n))
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            self.close_connection = True
-            return None
-        except Exception as e:
-            if stream:
-                raise
-            raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                           kind="server_error") from None
-        finally:
-            self._log_ended(choices, rid)
-        outputs = [handle.output for handle in choices.handles]
-        return outputs if None not in outputs else None  # (None: a choice ended in an error)
-
-    def _stream(self, shape: Shape, choices: Choices, head: dict, include_usage: bool) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        head = {**head, "object": shape.chunk_object}
-        try:
-            for chunk in stream_chunks(shape, choices, include_usage, self._gone):
-                self.wfile.write(f"data: {json.dumps({**head, **chunk})}\n\n".encode())
-                self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
-            raise
-        except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
-            err = ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                           kind="server_error")
-            self.wfile.write(f"data: {json.dumps(err.body())}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-
-    def _log_ended(self, choices: Choices | None, rid: str) -> None:
-        """Abort the choices still running (a no-op for those that finished), then log the
-        reuse of each once it has ended (an aborted one's marked so), under the response's id
-        `rid` (a choice's index after it where there are several)."""
-        if choices is not None:
-            choices.abort()
-            many = len(choices.handles) > 1
-            for i, out in choices.ended(ABORT_WAIT_S):
-                self.log_message("%s", reuse_line(out, f"{rid} choice {i}" if many else rid))

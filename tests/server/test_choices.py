@@ -19,7 +19,6 @@ import time
 
 import pytest
 
-from statechat import server as server_module
 from statechat.api_choices import Choices
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine, StreamEvent
@@ -86,13 +85,13 @@ def test_stream_interleaves_the_choices(client):
 
 def spy_on_choices(monkeypatch) -> list:
     """The Choices the server makes, as it makes them."""
-    seen, submit = [], server_module.Choices.submit
+    seen, submit = [], Choices.submit
 
     def spy(*args, **kwargs):
         seen.append(submit(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(server_module.Choices, "submit", spy)
+    monkeypatch.setattr(Choices, "submit", spy)
     return seen
 
 
