@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from statechat.batch_lines import Job, error_record
 from statechat.engine.engine import LLMEngine, RequestOutput
@@ -171,48 +172,72 @@ def run_batch(
             job.result = error_record(job)
     warm = (warmup_prefixes(jobs, engine.config.block_size)
             if engine.config.enable_prefix_cache else [])
-    waiting_on: dict[int, list[int]] = {}  # warm-up seq_id -> job indices waiting for it
-    running: dict[int, int] = {}  # seq_id -> job index
-    samples: dict[int, list] = {}  # job index -> its samples' sequences (add_samples)
-    queued = time.perf_counter()
-    for n, (prefix, members) in enumerate(warm):
-        seq = engine.add_request(prefix, SamplingParams(max_tokens=1), request_id=f"warmup-{n}")
-        waiting_on[seq.seq_id] = members
-    deferred = {j for _, members in warm for j in members}
-    def add(i: int) -> None:
-        job = jobs[i]
-        samples[i] = engine.add_samples(*engine.check_prompt(job.prompt_ids), job.params,
-                                        str(job.id), queued)
-        running.update((seq.seq_id, i) for seq in samples[i])
-
-    for i, job in enumerate(jobs):
-        if job.error is None and i not in deferred:
-            add(i)
+    run = _BatchRun(engine, jobs, reasoning_parser, queued=time.perf_counter())
+    run.start(warm)
     done, written = sum(j.result is not None for j in jobs), 0
     if progress:
         progress(done, len(jobs))
     written = _flush(jobs, written, write)
     while engine.has_unfinished():
         for seq in engine.step():
-            if not seq.is_finished:
-                continue
-            if seq.seq_id in waiting_on:
-                shared = _shared(engine.output(seq))
-                for j in waiting_on.pop(seq.seq_id):
-                    jobs[j].shared = shared
-                    add(j)
-            elif seq.seq_id in running:
-                i = running.pop(seq.seq_id)
-                if i not in samples or not all(s.is_finished for s in samples[i]):
-                    continue  # (its other samples go on, or ended in this step: done)
-                job = jobs[i]
-                out = gather([engine.output(s) for s in samples.pop(i)])
-                job.result = _result(job, out, engine.tokenizer, reasoning_parser)
+            if seq.is_finished and run.finished(seq):
                 done += 1
                 if progress:
                     progress(done, len(jobs))
         written = _flush(jobs, written, write)
     return [j.result for j in jobs]
+
+
+@dataclass
+class _BatchRun:
+    """A batch in the engine: which sequence belongs to which job, and which jobs wait for a
+    group's warm-up (warmup_prefixes) before they are added."""
+
+    engine: LLMEngine
+    jobs: list[Job]
+    reasoning_parser: str | None
+    queued: float  # perf_counter() when the batch was queued: every request's TTFT counts from it
+    waiting_on: dict[int, list[int]] = field(default_factory=dict)  # warm-up seq_id -> jobs
+    running: dict[int, int] = field(default_factory=dict)  # seq_id -> job index
+    samples: dict[int, list] = field(default_factory=dict)  # job -> its samples' sequences
+
+    def start(self, warm: list[tuple[list[int], list[int]]]) -> None:
+        """Add the warm-ups of `warm` (warmup_prefixes'), then, in input order, every job that
+        can run and waits for none of them."""
+        for n, (prefix, members) in enumerate(warm):
+            seq = self.engine.add_request(prefix, SamplingParams(max_tokens=1),
+                                          request_id=f"warmup-{n}")
+            self.waiting_on[seq.seq_id] = members
+        deferred = {j for _, members in warm for j in members}
+        for i, job in enumerate(self.jobs):
+            if job.error is None and i not in deferred:
+                self.add(i)
+
+    def add(self, i: int) -> None:
+        """Add job i's samples (engine.add_samples) to the engine."""
+        job, engine = self.jobs[i], self.engine
+        self.samples[i] = engine.add_samples(*engine.check_prompt(job.prompt_ids), job.params,
+                                             str(job.id), self.queued)
+        self.running.update((seq.seq_id, i) for seq in self.samples[i])
+
+    def finished(self, seq) -> bool:
+        """Take a finished sequence: a warm-up adds the jobs that waited for it; a job's last
+        sample to finish sets the job's result. Whether a job's result was set."""
+        if seq.seq_id in self.waiting_on:
+            shared = _shared(self.engine.output(seq))
+            for j in self.waiting_on.pop(seq.seq_id):
+                self.jobs[j].shared = shared
+                self.add(j)
+            return False
+        if seq.seq_id not in self.running:
+            return False
+        i = self.running.pop(seq.seq_id)
+        if i not in self.samples or not all(s.is_finished for s in self.samples[i]):
+            return False  # (its other samples go on, or ended in this step: done)
+        job = self.jobs[i]
+        out = gather([self.engine.output(s) for s in self.samples.pop(i)])
+        job.result = _result(job, out, self.engine.tokenizer, self.reasoning_parser)
+        return True
 
 
 def _shared(warmup: RequestOutput) -> dict:
