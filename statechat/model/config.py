@@ -7,6 +7,7 @@ never look at the raw dict.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -17,13 +18,10 @@ from statechat.model.generation_config import eos_ids, read_generation_config, s
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 MULTIMODAL_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")  # text model under `text_config`
-MOE_FIELDS = (
-    "num_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "shared_expert_intermediate_size",
-    "norm_topk_prob",
-)
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+              "shared_expert_intermediate_size", "norm_topk_prob")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Flattened Qwen3.5 text-model configuration (dense or mixture-of-experts)."""
@@ -65,10 +63,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.num_hidden_layers:
-            raise ModelError(
-                f"config.json lists {len(self.layer_types)} layer_types for "
-                f"{self.num_hidden_layers} layers"
-            )
+            raise ModelError(f"config.json lists {len(self.layer_types)} layer_types for "
+                             f"{self.num_hidden_layers} layers")
         bad = sorted(set(self.layer_types) - {"linear_attention", "full_attention"})
         if bad:
             raise ModelError(f"config.json has unknown layer type {bad[0]!r}")
@@ -79,10 +75,8 @@ class ModelConfig:
         if self.is_moe:
             k, e = self.num_experts_per_tok, self.num_experts
             if not 0 < k <= e or self.moe_intermediate_size <= 0:
-                raise ModelError(
-                    "config.json needs 0 < num_experts_per_tok <= num_experts and a positive "
-                    "moe_intermediate_size for a mixture-of-experts model"
-                )
+                raise ModelError("config.json needs 0 < num_experts_per_tok <= num_experts and a "
+                                 "positive moe_intermediate_size for a mixture-of-experts model")
         elif self.intermediate_size <= 0:
             raise ModelError("config.json lacks intermediate_size for the dense MLP")
 
@@ -155,10 +149,8 @@ class ModelConfig:
             raise ModelError(f"{cfg_file} must hold a JSON object")
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelError(
-                f"unsupported model_type {model_type!r} in {cfg_file}; statechat runs Qwen3.5 "
-                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
-            )
+            raise ModelError(f"unsupported model_type {model_type!r} in {cfg_file}; statechat runs "
+                             f"Qwen3.5 ({', '.join(SUPPORTED_MODEL_TYPES)})")
         text = raw.get("text_config") if model_type in MULTIMODAL_MODEL_TYPES else raw
         if not isinstance(text, dict):
             raise ModelError(f"{cfg_file} lacks the object text_config")
@@ -166,85 +158,123 @@ class ModelConfig:
             return cls._from_text_fields(model_type, text, raw, path)
         except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
             # (a field of another shape)
-            raise ModelError(
-                f"{cfg_file} has a field of an unexpected type or value "
-                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-            ) from None
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ModelError(f"{cfg_file} has a field of an unexpected type or value "
+                             f"({why})") from None
 
     @classmethod
     def _from_text_fields(cls, model_type: str, text: dict, raw: dict, path: Path) -> ModelConfig:
-        def need(key: str, default=None):
-            """text[key], checked; `default` for a key that may be missing (or null)."""
-            if default is not None and text.get(key) is None:
-                return default
-            if key not in text:
-                raise ModelError(f"{path / 'config.json'} lacks the field {key!r}")
-            value = text[key]
-            if key in POSITIVE_INT_FIELDS and (isinstance(value, bool)
-                                               or not isinstance(value, int) or value < 1):
-                raise ModelError(f"{path / 'config.json'} field {key!r} must be a positive "
-                                 f"integer, got {value!r}")
-            return value
-
+        """The config of the text model's fields `text` (`raw`, the whole config.json, or its
+        text_config), with generation_config.json's. A field missing or of a bad value is a
+        ModelError naming it; the fields are checked in a fixed order, so an error names the
+        same first one every time. (A field of another type raises TypeError and its kin:
+        from_hf words those.)"""
+        cfg_file = path / "config.json"
+        need = functools.partial(_need, text, cfg_file)
         num_layers = need("num_hidden_layers")
-        interval = text.get("full_attention_interval", 4)
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ModelError(f"{path / 'config.json'} field 'full_attention_interval' must be a "
-                             f"positive integer, got {interval!r}")
-        layer_types = text.get("layer_types") or [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(num_layers)
-        ]
-        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ModelError(f"{path / 'config.json'} asks for rope_type {rope_type!r}, which "
-                             "statechat does not support (only 'default', the checkpoints' own)")
+        layer_types = _layer_types(text, num_layers, cfg_file)
+        rope = _rope(text, cfg_file)
         tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         gen = read_generation_config(path)
-        is_moe = "moe" in model_type
-        # an MoE model has no dense MLP (every layer is sparse): its intermediate_size is unused
-        dense_width = 0 if is_moe else need("intermediate_size")
-        moe = {}
-        if is_moe:
-            moe = {
-                "num_experts": need("num_experts"),
-                "num_experts_per_tok": need("num_experts_per_tok"),
-                "moe_intermediate_size": need("moe_intermediate_size"),
-                "shared_expert_intermediate_size": text.get("shared_expert_intermediate_size") or 0,
-                "norm_topk_prob": bool(text.get("norm_topk_prob", True)),
-            }
+        mlp = _mlp_fields(model_type, text, need)
         return cls(
             model_type=model_type,
             vocab_size=need("vocab_size"),
             hidden_size=need("hidden_size"),
-            intermediate_size=dense_width,
             num_hidden_layers=num_layers,
             layer_types=tuple(layer_types),
             rms_norm_eps=text.get("rms_norm_eps", 1e-6),
             tie_word_embeddings=bool(tie),
-            num_attention_heads=need("num_attention_heads"),
-            num_key_value_heads=need("num_key_value_heads"),
-            head_dim=need("head_dim") if text.get("head_dim") is not None
-            else need("hidden_size") // need("num_attention_heads"),
-            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
-            partial_rotary_factor=float(
-                rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-            ),
-            max_position_embeddings=need("max_position_embeddings", 32768),
-            linear_num_key_heads=need("linear_num_key_heads"),
-            linear_num_value_heads=need("linear_num_value_heads"),
-            linear_key_head_dim=need("linear_key_head_dim"),
-            linear_value_head_dim=need("linear_value_head_dim"),
-            linear_conv_kernel_dim=need("linear_conv_kernel_dim", 4),
+            **_attention_fields(text, rope, need),
+            **_gdn_fields(need),
             # (a multimodal config's text_config may have none: then its top level's)
             eos_token_ids=eos_ids(gen, text if text.get("eos_token_id") is not None else raw,
                                   path),
             sampling_defaults=sampling_defaults(gen, path),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype")
                             or "bfloat16"),
-            **moe,
+            **mlp,
         )
+
+
+def _need(text: dict, cfg_file: Path, key: str, default=None):
+    """text[key], checked (a key of POSITIVE_INT_FIELDS must hold a positive integer); `default`
+    for a key that may be missing (or null)."""
+    if default is not None and text.get(key) is None:
+        return default
+    if key not in text:
+        raise ModelError(f"{cfg_file} lacks the field {key!r}")
+    value = text[key]
+    if key in POSITIVE_INT_FIELDS and (isinstance(value, bool)
+                                       or not isinstance(value, int) or value < 1):
+        raise ModelError(f"{cfg_file} field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _layer_types(text: dict, num_layers: int, cfg_file: Path) -> list[str]:
+    """Each layer's type: config.json's `layer_types`, else every `full_attention_interval`-th
+    layer full attention (default 4: Qwen3.5's 3:1), the others GDN. The interval is checked
+    even where layer_types is given."""
+    interval = text.get("full_attention_interval", 4)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ModelError(f"{cfg_file} field 'full_attention_interval' must be a positive "
+                         f"integer, got {interval!r}")
+    return text.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(num_layers)
+    ]
+
+
+def _rope(text: dict, cfg_file: Path) -> dict:
+    """The rotary parameters (`rope_parameters`, else the older `rope_scaling`; {} for none),
+    whose rope_type must be "default"."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ModelError(f"{cfg_file} asks for rope_type {rope_type!r}, which statechat does "
+                         "not support (only 'default', the checkpoints' own)")
+    return rope
+
+
+def _mlp_fields(model_type: str, text: dict, need) -> dict:
+    """The MLP's fields: a dense model's intermediate_size, or an MoE model's expert fields
+    (its intermediate_size, unused since every layer is sparse, is 0)."""
+    if "moe" not in model_type:
+        return {"intermediate_size": need("intermediate_size")}
+    return {
+        "intermediate_size": 0,
+        "num_experts": need("num_experts"),
+        "num_experts_per_tok": need("num_experts_per_tok"),
+        "moe_intermediate_size": need("moe_intermediate_size"),
+        "shared_expert_intermediate_size": text.get("shared_expert_intermediate_size") or 0,
+        "norm_topk_prob": bool(text.get("norm_topk_prob", True)),
+    }
+
+
+def _attention_fields(text: dict, rope: dict, need) -> dict:
+    """The full-attention layers' fields; head_dim defaults to hidden_size / heads, the rotary
+    fields to the top level's where `rope` lacks them."""
+    return {
+        "num_attention_heads": need("num_attention_heads"),
+        "num_key_value_heads": need("num_key_value_heads"),
+        "head_dim": need("head_dim") if text.get("head_dim") is not None
+        else need("hidden_size") // need("num_attention_heads"),
+        "rope_theta": float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
+        "partial_rotary_factor": float(rope.get("partial_rotary_factor",
+                                                text.get("partial_rotary_factor", 0.25))),
+        "max_position_embeddings": need("max_position_embeddings", 32768),
+    }
+
+
+def _gdn_fields(need) -> dict:
+    """The Gated DeltaNet layers' fields (the conv kernel 4 wide unless given)."""
+    return {
+        "linear_num_key_heads": need("linear_num_key_heads"),
+        "linear_num_value_heads": need("linear_num_value_heads"),
+        "linear_key_head_dim": need("linear_key_head_dim"),
+        "linear_value_head_dim": need("linear_value_head_dim"),
+        "linear_conv_kernel_dim": need("linear_conv_kernel_dim", 4),
+    }
 
 
 def _missing(path: Path) -> str:
