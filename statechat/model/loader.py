@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
@@ -32,9 +32,9 @@ from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
-# names of no weight: the lm_head a tied checkpoint may still store, rotary buffers
 # weights of other formats (PyTorch pickles, llama.cpp's GGUF), named when no safetensors is there
 OTHER_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.gguf")
+# names of no weight: the lm_head a tied checkpoint may still store, rotary buffers
 TOLERATED_SUFFIXES = ("lm_head.weight", "rotary_emb.inv_freq")
 PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
@@ -175,62 +175,85 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
     """Copy every checkpoint tensor into `model`; name the first missing, misshapen, unknown or
     non-float tensor."""
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
-    unknown: list[str] = []  # checkpoint tensors the model has no place for
-    parts: dict[str, set[str]] = {}  # fused expert parameter -> per-expert tensors copied into it
-    nested = config.is_multimodal_layout  # (the text model's tensors under model.language_model.)
+    seen = _Seen(nested=config.is_multimodal_layout)
     for f in files:
         with _reading(f), safe_open(f, framework="pt", device="cpu") as st:
             for name in st.keys():  # noqa: SIM118 - safetensors' handle is not iterable
-                ours = map_name(name, config)
-                if ours is None:
-                    continue
-                if ours.startswith("model."):  # (as the files name them: for a missing one)
-                    nested = name.startswith("model.language_model.")
-                if ours in params:
-                    target = params[ours]
-                    loaded.add(ours)
-                elif (place := expert_slice(ours, params)) is not None:
-                    fused, target = place
-                    parts.setdefault(fused, set()).add(ours)
-                else:
-                    if not name.endswith(TOLERATED_SUFFIXES):
-                        unknown.append(name)
-                    continue
-                tensor = st.get_tensor(name)
-                if not tensor.is_floating_point() or tensor.element_size() < 2:
-                    raise ModelError(
-                        f"tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}; "
-                        "statechat loads float32, bfloat16 or float16 weights (not quantized ones)"
-                    )
-                if tuple(tensor.shape) != tuple(target.shape):
-                    raise ModelError(
-                        f"tensor {name} has shape {list(tensor.shape)} in the checkpoint but the "
-                        f"config implies {list(target.shape)}"
-                    )
-                with torch.no_grad():
-                    target.copy_(tensor.to(target.dtype))
+                target = seen.target(name, config, params)
+                if target is not None:
+                    _copy(name, st.get_tensor(name), target)
     if config.tie_word_embeddings:
-        loaded.add("lm_head.weight")
-    missing = []
-    for n in params:
-        if n in loaded:
-            continue
-        if n in parts:  # stacked from per-expert tensors: name the first one not seen
-            projs = ("down_proj",) if n.endswith("down_proj") else ("gate_proj", "up_proj")
-            prefix = n.rsplit(".", 1)[0]
-            want = [f"{prefix}.{e}.{p}.weight" for e in range(params[n].shape[0]) for p in projs]
-            missing += [w for w in want if w not in parts[n]]
-        else:
-            missing.append(n)
-    if missing:
-        prefix = "model.language_model." if nested else "model."
-        shown = (missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.")
-                 else missing[0])
-        raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
-    if unknown:  # (a weight the model would silently go without: a bias, a quantization scale)
-        raise ModelError(f"checkpoint has tensor {unknown[0]}, which a {config.model_type} model "
-                         f"of this config.json does not have ({len(unknown)} unknown in all)")
+        seen.loaded.add("lm_head.weight")
+    seen.check_complete(params, config)
+
+
+@dataclass
+class _Seen:
+    """What load_weights has met in a checkpoint's files, to name what they lack or add."""
+
+    nested: bool  # the files name the text model's tensors under model.language_model.
+    loaded: set[str] = field(default_factory=set)  # our parameters copied whole
+    unknown: list[str] = field(default_factory=list)  # tensors the model has no place for
+    parts: dict[str, set[str]] = field(default_factory=dict)  # fused -> per-expert tensors met
+
+    def target(self, name: str, config: ModelConfig,
+               params: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Where checkpoint tensor `name` goes (a parameter, or its rows of a fused expert
+        parameter), noted as met; None for one ignored, tolerated or unknown (noted)."""
+        ours = map_name(name, config)
+        if ours is None:
+            return None
+        if ours.startswith("model."):  # (as the files name them: for a missing one)
+            self.nested = name.startswith("model.language_model.")
+        if ours in params:
+            self.loaded.add(ours)
+            return params[ours]
+        if (place := expert_slice(ours, params)) is not None:
+            fused, target = place
+            self.parts.setdefault(fused, set()).add(ours)
+            return target
+        if not name.endswith(TOLERATED_SUFFIXES):
+            self.unknown.append(name)
+        return None
+
+    def check_complete(self, params: dict[str, torch.Tensor], config: ModelConfig) -> None:
+        """A ModelError naming the first parameter no tensor filled (for a fused expert one, its
+        first per-expert tensor not met; named as the files name them), else the first unknown
+        tensor: a weight the model would silently go without (a bias, a quantization scale)."""
+        missing = []
+        for n, param in params.items():
+            if n in self.loaded:
+                continue
+            if n in self.parts:  # stacked from per-expert tensors: name the first one not seen
+                projs = ("down_proj",) if n.endswith("down_proj") else ("gate_proj", "up_proj")
+                prefix = n.rsplit(".", 1)[0]
+                want = [f"{prefix}.{e}.{p}.weight" for e in range(len(param)) for p in projs]
+                missing += [w for w in want if w not in self.parts[n]]
+            else:
+                missing.append(n)
+        if missing:
+            prefix = "model.language_model." if self.nested else "model."
+            shown = (missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.")
+                     else missing[0])
+            raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
+        if self.unknown:
+            raise ModelError(f"checkpoint has tensor {self.unknown[0]}, which a "
+                             f"{config.model_type} model of this config.json does not have "
+                             f"({len(self.unknown)} unknown in all)")
+
+
+def _copy(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    """Copy checkpoint tensor `name` into `target` (converted to its dtype), once it is checked
+    to be a float of 16 bits or more and of the target's shape."""
+    if not tensor.is_floating_point() or tensor.element_size() < 2:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        raise ModelError(f"tensor {name} is stored as {dtype}; statechat loads float32, "
+                         "bfloat16 or float16 weights (not quantized ones)")
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise ModelError(f"tensor {name} has shape {list(tensor.shape)} in the checkpoint but "
+                         f"the config implies {list(target.shape)}")
+    with torch.no_grad():
+        target.copy_(tensor.to(target.dtype))
 
 
 def load_tokenizer(path: Path):
@@ -255,9 +278,8 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def load_model(
-    path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
-) -> LoadedModel:
+def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16,
+               device: str | torch.device = "cpu") -> LoadedModel:
     """Load the checkpoint directory `path` into `dtype` on `device`."""
     path = Path(path).expanduser()
     config = ModelConfig.from_hf(path)
