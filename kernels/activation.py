@@ -14,10 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.hw import launch
+
 
 @triton.jit(do_not_specialize=["M"])
-def _silu_mul_kernel(x, out, M, I, stride_x, BM: tl.constexpr, BI: tl.constexpr):
-    i_m, i_i = tl.program_id(0), tl.program_id(1)
+def _silu_mul_kernel(x, out, M, I, stride_x, PID0, BM: tl.constexpr, BI: tl.constexpr):
+    i_m, i_i = tl.program_id(0) + PID0, tl.program_id(1)
     o_m = i_m * BM + tl.arange(0, BM)
     o_i = i_i * BI + tl.arange(0, BI)
     mask = (o_m < M)[:, None] & (o_i < I)[None, :]
@@ -41,6 +43,6 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     BI = min(1024, triton.next_power_of_2(max(I, 16)))
     BM = max(1, 2048 // BI)
     if M and I:
-        _silu_mul_kernel[(triton.cdiv(M, BM), triton.cdiv(I, BI))](x, out, M, I, x.stride(0),
-                                                                   BM=BM, BI=BI)
+        launch(_silu_mul_kernel, (triton.cdiv(M, BM), triton.cdiv(I, BI)), x, out, M, I,
+               x.stride(0), BM=BM, BI=BI)
     return out

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from kernels.hw import cuda_hints, dot_precision, gdc_enter, num_cores, pdl
+from kernels.hw import cuda_hints, dot_precision, gdc_enter, launch, num_cores, pdl
 
 _LOG2E = 1.4426950408889634
 log = logging.getLogger("statechat.kernels")
@@ -113,6 +113,7 @@ def _paged_attn_kernel(
     NUM_TILES,
     NUM_SEARCH_STEPS,
     NUM_SPLITS,
+    PID0,
     HQ: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
@@ -128,11 +129,11 @@ def _paged_attn_kernel(
 ):
     gdc_enter(USE_GDC)
     # longest tiles (the last of each sequence) tend to get the high numbers: start those first
-    i_tile = NUM_TILES - 1 - tl.program_id(0)
+    i_tile = NUM_TILES - 1 - (tl.program_id(0) + PID0)
     i_kvh, i_split = tl.program_id(1), tl.program_id(2)
     # sequence of this tile: the largest i < N whose first tile number (cu // BQ + i * PAD,
     # PAD = 0 when BQ == 1 as tiles are then exactly tokens) is <= i_tile
-    i_lo = tl.program_id(0) * 0  # a tensor even when N == 1 is specialised to a constant
+    i_lo = i_tile * 0  # a tensor even when N == 1 is specialised to a constant
     i_hi = i_lo + (N - 1)
     for _ in range(NUM_SEARCH_STEPS):
         i_mid = (i_lo + i_hi + 1) // 2
@@ -248,6 +249,7 @@ def _merge_splits_kernel(
     stride_gt,
     stride_gh,
     NUM_SPLITS,
+    PID0,
     HQ: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -256,7 +258,7 @@ def _merge_splits_kernel(
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_row = tl.program_id(0).to(tl.int64)  # row of [T, Hq]
+    i_row = (tl.program_id(0) + PID0).to(tl.int64)  # row of [T, Hq]
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
     m_d = o_d < D
     # the splits in chunks of BS, merged online (a chunk's loads wait for nothing before them;
@@ -493,7 +495,7 @@ def paged_attention(
         **pdl(q.device),
     }
     try:
-        _paged_attn_kernel[(num_tiles, Hkv, num_splits)](*args, **constants, **tuning)
+        launch(_paged_attn_kernel, (num_tiles, Hkv, num_splits), *args, **constants, **tuning)
     except OutOfResources as e:
         if is_decode or config is _SMALL_PREFILL:
             raise
@@ -506,7 +508,8 @@ def paged_attention(
         )
     if is_split:
         BS_merge, BD_merge = _merge_tile(num_splits, BD)
-        _merge_splits_kernel[(T * Hq, triton.cdiv(D, BD_merge))](
+        launch(
+            _merge_splits_kernel, (T * Hq, triton.cdiv(D, BD_merge)),
             part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
             HQ=Hq, D=D, BD=BD_merge, BS=BS_merge, HAS_GATE=gate is not None, **pdl(q.device),
         )

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, gdc_enter, num_cores, pdl
+from kernels.hw import cuda_hints, gdc_enter, launch, num_cores, pdl
 from kernels.reference import Checkpoints
 
 # Prefill tiles (tokens x channels per program; 4 warps). The channel tile is the grid's
@@ -61,12 +61,13 @@ def _conv_fwd_kernel(
     D,
     N,
     NUM_SEARCH_STEPS,
+    PID0,
     W: tl.constexpr,
     BT: tl.constexpr,
     BD: tl.constexpr,
 ):
-    # one grid axis (no 65,535 limit on the token tiles), channel tiles fastest
-    i_p = tl.program_id(0)
+    # one grid axis (CUDA's axes 1 and 2 take at most 65,535), channel tiles fastest
+    i_p = tl.program_id(0) + PID0
     i_d, i_t = i_p % tl.cdiv(D, BD), i_p // tl.cdiv(D, BD)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -119,11 +120,12 @@ def _conv_save_kernel(
     stride_x,
     D,
     N,
+    PID0,
     W: tl.constexpr,
     BD: tl.constexpr,
 ):
     """Program i < N: final window of sequence i; program N + c: window of checkpoint c."""
-    i_p, i_d = tl.program_id(0), tl.program_id(1)
+    i_p, i_d = tl.program_id(0) + PID0, tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     if i_p < N:
@@ -148,11 +150,11 @@ def _conv_save_kernel(
 
 @triton.jit
 def _conv_update_kernel(
-    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, stride_out, D, W: tl.constexpr,
-    BD: tl.constexpr, USE_GDC: tl.constexpr,
+    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, stride_out, D, PID0,
+    W: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_n, i_d = tl.program_id(0), tl.program_id(1)
+    i_n, i_d = tl.program_id(0) + PID0, tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     i_src = tl.load(src_slots + i_n)
@@ -243,18 +245,17 @@ def causal_conv1d(
         BT = PREFILL_BT if many else PREFILL_FEW_BT
         steps = max(N - 1, 1).bit_length()
         grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)
-        _conv_fwd_kernel[grid](
-            x, weight, conv_pool, out, cu_seqlens, src_slots, x.stride(0), T, D, N, steps,
-            W=W, BT=BT, BD=BD, **cuda_hints(x.device, num_warps=PREFILL_WARPS),
+        launch(
+            _conv_fwd_kernel, grid, x, weight, conv_pool, out, cu_seqlens, src_slots, x.stride(0),
+            T, D, N, steps, W=W, BT=BT, BD=BD, **cuda_hints(x.device, num_warps=PREFILL_WARPS),
         )
     BD = _block_d(D)
     num_ckpt = ckpt[0].shape[0] if ckpt else 0
     if not ckpt:
         ckpt = (dst_slots, dst_slots, dst_slots)  # never read: no program past N
     grid = (N + num_ckpt, triton.cdiv(D, BD))
-    _conv_save_kernel[grid](
-        x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt, x.stride(0), D, N, W=W, BD=BD
-    )
+    launch(_conv_save_kernel, grid, x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt,
+           x.stride(0), D, N, W=W, BD=BD)
     return out
 
 
@@ -298,7 +299,7 @@ def _update(x, weight, conv_pool, src_slots, dst_slots, out) -> None:
         )
     BD = _block_d(D)
     if N > 0:
-        _conv_update_kernel[(N, triton.cdiv(D, BD))](
-            x, weight, conv_pool, out, src_slots, dst_slots, x.stride(0), out.stride(0), D, W=W,
-            BD=BD, **pdl(x.device),
+        launch(
+            _conv_update_kernel, (N, triton.cdiv(D, BD)), x, weight, conv_pool, out, src_slots,
+            dst_slots, x.stride(0), out.stride(0), D, W=W, BD=BD, **pdl(x.device),
         )

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, dot_precision, num_cores
+from kernels.hw import cuda_hints, dot_precision, launch, num_cores
 from kernels.norms import TL_DTYPES, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
 
@@ -196,6 +196,7 @@ def _gdn_prepare_kernel(
     stride_at,
     stride_bt,
     N,
+    PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -205,7 +206,7 @@ def _gdn_prepare_kernel(
     PREC: tl.constexpr,
     DT: tl.constexpr,
 ):
-    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_c, i_hv = tl.program_id(0) + PID0, tl.program_id(1)
     i_n = tl.load(chunk_seq + i_c)
     if i_n >= N:
         return
@@ -355,6 +356,7 @@ def _gdn_state_kernel(
     dst_slots,
     ckpt_slots,
     stride_kt,
+    PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -364,7 +366,7 @@ def _gdn_state_kernel(
     DT: tl.constexpr,
     LONG: tl.constexpr,
 ):
-    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -448,6 +450,7 @@ def _gdn_output_kernel(
     N,
     scale,
     eps,
+    PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -459,7 +462,7 @@ def _gdn_output_kernel(
     PROD_DTYPE: tl.constexpr,
     BK: tl.constexpr,
 ):
-    i_c, i_vh = tl.program_id(0), tl.program_id(1)
+    i_c, i_vh = tl.program_id(0) + PID0, tl.program_id(1)
     i_n = tl.load(chunk_seq + i_c)
     if i_n >= N:
         return
@@ -749,7 +752,8 @@ def chunk_gdn(
     cfg = CONFIG["prepare"]
     many = (T // CHUNK) * HV >= cfg["many"] * num_cores(q.device)
     if max_chunks > 0:
-        _gdn_prepare_kernel[(max_chunks, HV)](
+        launch(
+            _gdn_prepare_kernel, (max_chunks, HV),
             q,
             k,
             v,
@@ -785,7 +789,8 @@ def chunk_gdn(
     cfg = CONFIG["state"]
     bv, state_warps = _state_tile(busy_seqs * HV, V, q.device)
     if N > 0:
-        _gdn_state_kernel[(N * HV, V // bv)](
+        launch(
+            _gdn_state_kernel, (N * HV, V // bv),
             k,
             w,
             u,
@@ -823,7 +828,8 @@ def chunk_gdn(
         # there is no warp group, hence no wgmma, and the result is right (4e-3 in bf16).
         num_warps = min(num_warps, 2)
     if max_chunks > 0:
-        _gdn_output_kernel[(max_chunks, HV * (V // bv))](
+        launch(
+            _gdn_output_kernel, (max_chunks, HV * (V // bv)),
             q,
             k,
             v_new,

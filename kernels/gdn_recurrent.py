@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn_chunk import _check_inputs, _softplus
-from kernels.hw import cuda_hints, gdc_enter, pdl
+from kernels.hw import cuda_hints, gdc_enter, launch, pdl
 
 # Launch configuration: BV by number of (sequence, head) pairs; the benchmark may override.
 CONFIG = {"small_BV": 16, "large_BV": 32, "small_pairs": 1024, "num_warps": 4}
@@ -44,6 +44,7 @@ def _gdn_recurrent_kernel(
     stride_an,
     stride_bn,
     scale,
+    PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -51,7 +52,7 @@ def _gdn_recurrent_kernel(
     BV: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, K)
@@ -119,7 +120,8 @@ def recurrent_gdn(
     pairs = N * HV
     bv = CONFIG["small_BV"] if pairs <= CONFIG["small_pairs"] else CONFIG["large_BV"]
     bv = min(bv, V)
-    _gdn_recurrent_kernel[(pairs, V // bv)](
+    launch(
+        _gdn_recurrent_kernel, (pairs, V // bv),
         q,
         k,
         v,

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from kernels.activation import silu_mul
 from kernels.conv1d import causal_conv1d_update_in_place, check_conv
-from kernels.hw import cuda_hints, gdc_enter, num_cores, pdl
+from kernels.hw import cuda_hints, gdc_enter, launch, num_cores, pdl
 from kernels.norms import (
     TL_DTYPES,
     add_rmsnorm,
@@ -174,6 +174,7 @@ def _gemv_kernel(
     CONV_D,
     part_val,
     part_idx,
+    PID0,
     M: tl.constexpr,
     MR: tl.constexpr,
     PROLOGUE: tl.constexpr,
@@ -188,7 +189,7 @@ def _gemv_kernel(
     ARGMAX: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0) + PID0
     num_tiles = tl.cdiv(N, BN)
     o_m = tl.arange(0, MR)
     m_m = o_m < M
@@ -263,12 +264,12 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _argmax_kernel(part_val, part_idx, out, NUM_PROGS, BP: tl.constexpr,
+def _argmax_kernel(part_val, part_idx, out, NUM_PROGS, PID0, BP: tl.constexpr,
                    USE_GDC: tl.constexpr):
     """Row program_id(0)'s argmax from the GEMV programs' candidates: the largest value, and
     of equal ones the first column (as torch.argmax)."""
     gdc_enter(USE_GDC)
-    i_m = tl.program_id(0)
+    i_m = tl.program_id(0) + PID0
     o_p = tl.arange(0, BP)
     m_p = o_p < NUM_PROGS
     b_v = tl.load(part_val + i_m * NUM_PROGS + o_p, mask=m_p, other=float("-inf"))
@@ -311,7 +312,8 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
     if argmax is not None:
         part_val = torch.empty((M, num_progs), dtype=torch.float32, device=x.device)
         part_idx = torch.empty((M, num_progs), dtype=torch.int32, device=x.device)
-    _gemv_kernel[(num_progs,)](
+    launch(
+        _gemv_kernel, (num_progs,),
         x,
         x if residual is None else residual,
         w if norm_w is None else norm_w,
@@ -345,8 +347,8 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         **pdl(x.device),
     )
     if argmax is not None:
-        _argmax_kernel[(M,)](part_val, part_idx, argmax, num_progs,
-                             BP=triton.next_power_of_2(num_progs), **pdl(x.device))
+        launch(_argmax_kernel, (M,), part_val, part_idx, argmax, num_progs,
+               BP=triton.next_power_of_2(num_progs), **pdl(x.device))
     return out, new_residual
 
 

@@ -1,15 +1,49 @@
 """What the launchers need to know about the device: its number of compute cores, whether
-kernels may be launched as programmatic dependents (`pdl`), and which launch options and dot
-precisions only NVIDIA's backend takes (`cuda_hints`, `dot_precision`)."""
+kernels may be launched as programmatic dependents (`pdl`), which launch options and dot
+precisions only NVIDIA's backend takes (`cuda_hints`, `dot_precision`), and how many programs
+one launch may hold (`launch`, which every launcher goes through)."""
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+# Programs one launch may hold, all grid axes together. Ascend's runtime (CANN) takes at most
+# 65,535 per launch; CUDA takes 2^31 - 1 along axis 0 (our launchers keep axes 1 and 2 small).
+# Tests lower both to make `launch` split small grids.
+MAX_PROGRAMS = 65_535
+CUDA_MAX_PROGRAMS = 2**31 - 1
+
+
+def max_programs(device: torch.device) -> int:
+    """The most programs one launch may hold on `device` (CUDA's limit there, CANN's elsewhere:
+    the interpreter keeps Ascend's, so tests on the CPU see the limit that binds first)."""
+    return CUDA_MAX_PROGRAMS if device.type == "cuda" else MAX_PROGRAMS
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
+    """kernel[grid](*args, PID0=0, **kwargs), or, when the grid holds more programs than the
+    device takes in one launch, the same programs in launches along axis 0 one after another,
+    each given the axis-0 index of its first program as PID0 (every kernel reads its axis-0
+    index as `tl.program_id(0) + PID0`). The split follows the shapes alone: no host sync.
+    Pieces are a multiple of 16 programs long where they can be, so that every piece's PID0
+    has the same specialisation (one compiled kernel)."""
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    rest, cap = math.prod(grid[1:]), max_programs(device)
+    if grid[0] * rest <= cap:
+        kernel[grid](*args, PID0=0, **kwargs)
+        return
+    if rest > cap:
+        raise ValueError(f"a grid {tuple(grid)} has more than {cap} programs beyond its axis 0")
+    step = cap // rest
+    step -= step % 16 if step >= 16 else 0
+    for start in range(0, grid[0], step):
+        kernel[(min(step, grid[0] - start), *grid[1:])](*args, PID0=start, **kwargs)
 
 
 @functools.lru_cache(maxsize=8)

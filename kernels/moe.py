@@ -34,12 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import dot_precision
+from kernels.hw import dot_precision, launch
 
 
 @triton.jit(do_not_specialize=["NUM_PAIRS"])
-def _sort_kernel(topk_ids, counts, sorted_pairs, NUM_PAIRS, BLOCK: tl.constexpr):
-    i_e = tl.program_id(0)
+def _sort_kernel(topk_ids, counts, sorted_pairs, NUM_PAIRS, PID0, BLOCK: tl.constexpr):
+    i_e = tl.program_id(0) + PID0
     b_lt = tl.zeros([BLOCK], dtype=tl.int32)
     b_eq = tl.zeros([BLOCK], dtype=tl.int32)
     for i_blk in range(tl.cdiv(NUM_PAIRS, BLOCK)):
@@ -90,13 +90,14 @@ def _gate_up_kernel(
     stride_xt,
     stride_we,
     stride_wn,
+    PID0,
     BE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_tile, i_n = tl.program_id(0), tl.program_id(1)
+    i_tile, i_n = tl.program_id(0) + PID0, tl.program_id(1)
     i_e, row0, row_end = _tile_rows(counts, i_tile, E, BE, BM)
     if i_e >= E:
         return
@@ -144,13 +145,14 @@ def _down_kernel(
     E,
     stride_we,
     stride_wn,
+    PID0,
     BE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    i_tile, i_n = tl.program_id(0), tl.program_id(1)
+    i_tile, i_n = tl.program_id(0) + PID0, tl.program_id(1)
     i_e, row0, row_end = _tile_rows(counts, i_tile, E, BE, BM)
     if i_e >= E:
         return
@@ -182,8 +184,8 @@ def _down_kernel(
 
 
 @triton.jit
-def _combine_kernel(y, out, H, K, BKK: tl.constexpr, BN: tl.constexpr):
-    i_t, i_n = tl.program_id(0).to(tl.int64), tl.program_id(1)
+def _combine_kernel(y, out, H, K, PID0, BKK: tl.constexpr, BN: tl.constexpr):
+    i_t, i_n = (tl.program_id(0) + PID0).to(tl.int64), tl.program_id(1)
     o_k = tl.arange(0, BKK)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
@@ -204,10 +206,11 @@ def _gate_up_gemv_kernel(
     stride_xt,
     stride_we,
     stride_wn,
+    PID0,
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    i_p, i_n = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i_p, i_n = (tl.program_id(0) + PID0).to(tl.int64), tl.program_id(1)
     i_t = i_p // K
     i_e = tl.load(topk_ids + i_p).to(tl.int64)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -244,10 +247,11 @@ def _down_combine_kernel(
     K,
     stride_we,
     stride_wn,
+    PID0,
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    i_t, i_n = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    i_t, i_n = (tl.program_id(0) + PID0).to(tl.int64), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
     b_out = tl.zeros([BN], dtype=tl.float32)
@@ -344,7 +348,8 @@ def _decode(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     cfg = dict(CUDA_DECODE if is_cuda else INTERP_DECODE)
     BN, BK = cfg.pop("BN"), cfg.pop("BK")
     act = _empty((T * K, I), dtype=x.dtype, device=x.device)
-    _gate_up_gemv_kernel[(T * K, triton.cdiv(I, BN))](
+    launch(
+        _gate_up_gemv_kernel, (T * K, triton.cdiv(I, BN)),
         x,
         w_gate_up,
         act,
@@ -359,7 +364,8 @@ def _decode(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
         BK=BK,
         **cfg,
     )
-    _down_combine_kernel[(T, triton.cdiv(H, BN))](
+    launch(
+        _down_combine_kernel, (T, triton.cdiv(H, BN)),
         act,
         w_down,
         ids,
@@ -394,10 +400,11 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     counts = _empty(E, dtype=torch.int32, device=dev)
     sorted_pairs = _empty(num_pairs, dtype=torch.int32, device=dev)
     block = min(1024, max(16, triton.next_power_of_2(num_pairs)))
-    _sort_kernel[(E,)](ids, counts, sorted_pairs, num_pairs, BLOCK=block)
+    launch(_sort_kernel, (E,), ids, counts, sorted_pairs, num_pairs, BLOCK=block)
     num_tiles = triton.cdiv(num_pairs, BM) + min(E, num_pairs)  # upper bound, see the docstring
     act = _empty((num_pairs, I), dtype=x.dtype, device=dev)
-    _gate_up_kernel[(num_tiles, triton.cdiv(I, BN))](
+    launch(
+        _gate_up_kernel, (num_tiles, triton.cdiv(I, BN)),
         x,
         w_gate_up,
         act,
@@ -418,7 +425,8 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
         **cfg,
     )
     y = _empty((num_pairs, H), dtype=x.dtype, device=dev)
-    _down_kernel[(num_tiles, triton.cdiv(H, BN))](
+    launch(
+        _down_kernel, (num_tiles, triton.cdiv(H, BN)),
         act,
         w_down,
         weights,
@@ -439,5 +447,5 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     )
     BN_C = min(1024, triton.next_power_of_2(H))
     BKK = max(2, triton.next_power_of_2(K))
-    _combine_kernel[(T, triton.cdiv(H, BN_C))](y, out, H, K, BKK=BKK, BN=BN_C)
+    launch(_combine_kernel, (T, triton.cdiv(H, BN_C)), y, out, H, K, BKK=BKK, BN=BN_C)
     return out

@@ -17,12 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, pdl
+from kernels.hw import gdc_enter, launch, pdl
 
 
 @triton.jit(do_not_specialize=["M"])
-def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: tl.constexpr):
-    i_m = tl.program_id(0)
+def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, PID0, BM: tl.constexpr, BD: tl.constexpr):
+    i_m = tl.program_id(0) + PID0
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
@@ -39,9 +39,9 @@ def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, BM: tl.constexpr, BD: t
 @triton.jit(do_not_specialize=["M"])
 def _add_rmsnorm_kernel(
     x, residual, weight, out, new_residual, M, D, stride_x, stride_r, eps,
-    BM: tl.constexpr, BD: tl.constexpr,
+    PID0, BM: tl.constexpr, BD: tl.constexpr,
 ):
-    i_m = tl.program_id(0)
+    i_m = tl.program_id(0) + PID0
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
@@ -71,13 +71,14 @@ def _gated_rmsnorm_kernel(
     stride_gt,
     stride_gh,
     eps,
+    PID0,
     PROD_DTYPE: tl.constexpr,
     BM: tl.constexpr,
     BD: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_m = tl.program_id(0)
+    i_m = tl.program_id(0) + PID0
     o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
@@ -145,7 +146,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x2 = _rows(x)
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     if M and D:
-        _rmsnorm_kernel[(triton.cdiv(M, BM),)](
+        launch(
+            _rmsnorm_kernel, (triton.cdiv(M, BM),),
             x2, weight, out, M, D, x2.stride(0), eps, BM=BM, BD=BD
         )
     return out
@@ -168,7 +170,8 @@ def add_rmsnorm(
     x2, r2 = _rows(x), _rows(residual)
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     if M and D:
-        _add_rmsnorm_kernel[(triton.cdiv(M, BM),)](
+        launch(
+            _add_rmsnorm_kernel, (triton.cdiv(M, BM),),
             x2, r2, weight, out, new_residual, M, D, x2.stride(0), r2.stride(0), eps, BM=BM, BD=BD
         )
     return out, new_residual
@@ -194,7 +197,8 @@ def gated_rmsnorm(
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     prod_dtype = TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if M and D:
-        _gated_rmsnorm_kernel[(triton.cdiv(M, BM),)](
+        launch(
+            _gated_rmsnorm_kernel, (triton.cdiv(M, BM),),
             x2,
             g2,
             weight,

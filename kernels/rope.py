@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, pdl
+from kernels.hw import gdc_enter, launch, pdl
 from kernels.slots import check_store_kv
 
 
@@ -59,10 +59,10 @@ def _norm_rope_rows(
 @triton.jit(do_not_specialize=["M"])
 def _rmsnorm_rope_kernel(
     x, weight, cos, sin, out, M, H, D, R, stride_t, stride_h, stride_c, eps,
-    BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
+    PID0, BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    o_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    o_m = (tl.program_id(0) + PID0) * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
     m_m = o_m < M
     b_out = _norm_rope_rows(
@@ -76,11 +76,11 @@ def _rmsnorm_rope_kernel(
 def _qk_norm_rope_store_kernel(
     q, k, v, q_weight, k_weight, cos, sin, q_out, k_cache, v_cache, slot_mapping,
     M_q, M_k, Hq, Hkv, D, R, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_c, eps, BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
+    stride_c, eps, PID0, BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     # programs [0, cdiv(M_q, BM)) take q rows, the rest k rows (and the v rows beside them)
     gdc_enter(USE_GDC)
-    i_m = tl.program_id(0)
+    i_m = tl.program_id(0) + PID0
     num_q_blocks = tl.cdiv(M_q, BM)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
@@ -151,7 +151,8 @@ def rmsnorm_rope(
     M = T * H
     BM, BD = _block_rows(D)
     if M:
-        _rmsnorm_rope_kernel[(triton.cdiv(M, BM),)](
+        launch(
+            _rmsnorm_rope_kernel, (triton.cdiv(M, BM),),
             x, weight, cos, sin, out, M, H, D, cos.shape[1], x.stride(0), x.stride(1),
             cos.stride(0), eps, BM=BM, BD=BD, **pdl(x.device),
         )
@@ -190,7 +191,8 @@ def qk_norm_rope_store(
     M_q, M_k = T * Hq, T * Hkv
     BM, BD = _block_rows(D)
     if T:
-        _qk_norm_rope_store_kernel[(triton.cdiv(M_q, BM) + triton.cdiv(M_k, BM),)](
+        launch(
+            _qk_norm_rope_store_kernel, (triton.cdiv(M_q, BM) + triton.cdiv(M_k, BM),),
             q, k, v, q_weight, k_weight, cos, sin, q_out, k_cache, v_cache, slot_mapping,
             M_q, M_k, Hq, Hkv, D, cos.shape[1], q.stride(0), q.stride(1), k.stride(0),
             k.stride(1), v.stride(0), v.stride(1), cos.stride(0), eps,

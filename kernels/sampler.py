@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints
+from kernels.hw import cuda_hints, launch
 
 _BLOCK = 2048  # vocabulary columns per program of penalize_logits
 # (p_rows: the rows' values, [R, 6] as reference.py gives them. A kernel argument may not be
@@ -54,9 +54,9 @@ def _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V
 
 @triton.jit
 def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
-                     stride_r, stride_cr, stride_l, stride_c, stride_o, HAS_COUNTS: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    i_r, i_v = tl.program_id(0), tl.program_id(1)
+                     stride_r, stride_cr, stride_l, stride_c, stride_o, PID0,
+                     HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
@@ -95,7 +95,8 @@ def penalize_logits(
     has_counts = counts is not None
     if R == 0:
         return out
-    _penalize_kernel[(R, triton.cdiv(width, _BLOCK))](
+    launch(
+        _penalize_kernel, (R, triton.cdiv(width, _BLOCK)),
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits,
@@ -131,8 +132,8 @@ def _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n):
 
 @triton.jit
 def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
-                 stride_n, KP: tl.constexpr, JB: tl.constexpr):
-    i_r = tl.program_id(0)
+                 stride_n, PID0, KP: tl.constexpr, JB: tl.constexpr):
+    i_r = tl.program_id(0) + PID0
     o_k = tl.arange(0, KP)
     k = tl.load(top_k + i_r * stride_k)
     # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
@@ -170,9 +171,9 @@ def draw_candidates(
     out = torch.empty(R, dtype=torch.int64, device=values.device)
     if R == 0:
         return out
-    _draw_kernel[(R,)](values, cols, noise, top_k, params.contiguous(), out, K, top_k.stride(0),
-                       values.stride(0), cols.stride(0), noise.stride(0),
-                       KP=max(16, triton.next_power_of_2(K)), JB=16)
+    launch(_draw_kernel, (R,), values, cols, noise, top_k, params.contiguous(), out, K,
+           top_k.stride(0), values.stride(0), cols.stride(0), noise.stride(0),
+           KP=max(16, triton.next_power_of_2(K)), JB=16)
     return out
 
 
@@ -214,13 +215,13 @@ def _value(ordered):
 
 @triton.jit(do_not_specialize=["K"])
 def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
-                        stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS: tl.constexpr,
+                        stride_r, stride_cr, stride_l, stride_c, PID0, HAS_COUNTS: tl.constexpr,
                         BLOCK: tl.constexpr):
     """The keys (_key) of the K largest penalised, scaled logits of one row's chunk of BLOCK
     columns, largest first; past the chunk's columns below V, the least int64 (so never one
     of a row's K best: V >= K). Found by float and int32 reductions (a max, then the lowest
     column holding it), which run faster here than one int64 max."""
-    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
@@ -274,10 +275,10 @@ def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
 
 @triton.jit(do_not_specialize=["N", "K"])
 def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
-                       NP: tl.constexpr, KP: tl.constexpr):
+                       PID0, NP: tl.constexpr, KP: tl.constexpr):
     """A row's K likeliest among its N chunk candidates, largest first, then the draw among
     them (_drawn)."""
-    i_r = tl.program_id(0)
+    i_r = tl.program_id(0) + PID0
     o_k = tl.arange(0, KP)
     b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
     k = tl.load(top_k + i_r * stride_k)
@@ -314,7 +315,8 @@ def sample_top_k(
         return out
     keys = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
     has_counts = counts is not None
-    _chunk_top_k_kernel[(R, chunks)](
+    launch(
+        _chunk_top_k_kernel, (R, chunks),
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
         keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
@@ -322,7 +324,8 @@ def sample_top_k(
         **cuda_hints(logits.device, num_warps=8),
     )
     np_, kp = _merge_sizes(chunks, K)
-    _merge_draw_kernel[(R,)](
+    launch(
+        _merge_draw_kernel, (R,),
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
         noise.stride(0), NP=np_, KP=kp, **cuda_hints(logits.device, num_warps=8),
     )
@@ -339,12 +342,12 @@ _HALVINGS = 12  # after at most this many passes halving that range (else it bis
 @triton.jit
 def _race_chunk_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
                        keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n,
-                       HAS_COUNTS: tl.constexpr, RACE: tl.constexpr, BLOCK: tl.constexpr):
+                       PID0, HAS_COUNTS: tl.constexpr, RACE: tl.constexpr, BLOCK: tl.constexpr):
     """One row's chunk of BLOCK columns: its penalised, scaled logits x (into xs [R, V]), their
     max, and the keys (_key) of its RACE largest race values x - log(noise). Over any set of
     tokens, the one of largest race value is a draw from their probabilities (the exponential
     race)."""
-    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
                      stride_cr, stride_l, stride_c, HAS_COUNTS)
@@ -357,14 +360,15 @@ def _race_chunk_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, noi
 
 @triton.jit
 def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
-                       RACE: tl.constexpr, K: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr):
+                       PID0, RACE: tl.constexpr, K: tl.constexpr, CP: tl.constexpr,
+                       NP: tl.constexpr):
     """A row's largest x (over its C chunks' maxima) and its K largest race values among the N
     its chunks kept, largest first: each one's x and column (tested_x, tested_col [R, K]). A
     column is -1 where the race value is not certainly the row's next: below some chunk's
     last kept one (that chunk's next, which it did not keep, may lie above), or none (its x
     is then column 0's)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
-    i_r = tl.program_id(0)
+    i_r = tl.program_id(0) + PID0
     o_c = tl.arange(0, CP)
     top = tl.max(tl.load(maxes + i_r.to(tl.int64) * C + o_c, mask=o_c < C, other=float("-inf")), 0)
     tl.store(tops + i_r, top)
@@ -379,13 +383,13 @@ def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
 
 
 @triton.jit
-def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, K: tl.constexpr,
+def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, PID0, K: tl.constexpr,
                       BLOCK: tl.constexpr, SUB: tl.constexpr):
     """Of one row's chunk of BLOCK columns, over its min-p survivors (x >= the row's largest +
     log min-p): the sum of exp(x - largest), and for each tested token that sum over the
     tokens a stable descending sort puts before it (a larger x, or an equal x at a lower
     column). sums [R, C, 1 + K]."""
-    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     top = tl.load(tops + i_r)
     floor = top + tl.load(p_rows + i_r * 6 + 2)
     o_k = tl.arange(0, K)
@@ -524,12 +528,12 @@ def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOC
 
 @triton.jit
 def _race_pick_kernel(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
-                      stride_n, K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+                      stride_n, PID0, K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
                       CAP: tl.constexpr, HALVINGS: tl.constexpr):
     """A row's token: the first tested token (largest race value first) that min-p and top-p
     keep (one whose mass before it, over the survivors' sum, is below top-p), else
     _exact_draw's."""
-    i_r = tl.program_id(0)
+    i_r = tl.program_id(0) + PID0
     o_c, o_k = tl.arange(0, CP), tl.arange(0, K)
     b_s = sums + i_r.to(tl.int64) * C * (1 + K) + o_c * (1 + K)
     total = tl.sum(tl.load(b_s, mask=o_c < C, other=0.0), 0)
@@ -589,21 +593,24 @@ def sample_vocabulary(
     sums = torch.empty(R, chunks, 1 + _TESTED, dtype=f32, device=dev)
     scratch = torch.empty(R, _CAP, dtype=f32, device=dev)
     has_counts = counts is not None
-    _race_chunk_kernel[(R, chunks)](
+    launch(
+        _race_chunk_kernel, (R, chunks),
         logits, rows, counts_rows, params, counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits, noise, xs, maxes, keys, V,
         rows.stride(0), counts_rows.stride(0), logits.stride(0),
         counts.stride(0) if has_counts else 0, noise.stride(0),
         HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK, **cuda_hints(dev, num_warps=8),
     )
-    _race_merge_kernel[(R,)](
+    launch(
+        _race_merge_kernel, (R,),
         maxes, keys, xs, tops, tested_x, tested_col, chunks, chunks * _RACE, V, RACE=_RACE,
         K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
         NP=max(16, triton.next_power_of_2(chunks * _RACE)), **cuda_hints(dev, num_warps=4),
     )
-    _race_mass_kernel[(R, chunks)](xs, tops, tested_x, tested_col, params, sums, V, K=_TESTED,
-                                   BLOCK=_CHUNK, SUB=_SUB, **cuda_hints(dev, num_warps=8))
-    _race_pick_kernel[(R,)](
+    launch(_race_mass_kernel, (R, chunks), xs, tops, tested_x, tested_col, params, sums, V,
+           K=_TESTED, BLOCK=_CHUNK, SUB=_SUB, **cuda_hints(dev, num_warps=8))
+    launch(
+        _race_pick_kernel, (R,),
         xs, noise, scratch, tops, tested_x, tested_col, params, sums, out, chunks, V,
         noise.stride(0), K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK,
         CAP=_CAP, HALVINGS=_HALVINGS, **cuda_hints(dev, num_warps=8),
@@ -612,11 +619,11 @@ def sample_vocabulary(
 
 
 @triton.jit(do_not_specialize=["K"])
-def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, BLOCK: tl.constexpr):
+def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, PID0, BLOCK: tl.constexpr):
     """Of one row's chunk of BLOCK logits: the max, the sum of exp(logit - max), how many
     exceed the row's target token's logit (stats [R, chunks, 3]), and the keys of the K
     largest (_store_chunk_keys)."""
-    i_r, i_v = tl.program_id(0), tl.program_id(1)
+    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     row = logits + i_r.to(tl.int64) * stride_l
     b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
@@ -633,10 +640,10 @@ def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, BLOCK: tl.
 
 @triton.jit(do_not_specialize=["N", "K"])
 def _score_merge_kernel(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o,
-                        CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+                        PID0, CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
     """A row's log-sum-exp from its C chunks' stats, then its table row: the target's
     log-probability, the K largest and their columns (_merged_top), the target's rank."""
-    i_r = tl.program_id(0)
+    i_r = tl.program_id(0) + PID0
     o_c = tl.arange(0, CP)
     b_st = stats + i_r.to(tl.int64) * C * 3 + o_c * 3
     b_m = tl.load(b_st, mask=o_c < C, other=float("-inf"))
@@ -671,10 +678,11 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
         return out
     stats = torch.empty(R, chunks, 3, dtype=torch.float32, device=logits.device)
     keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
-    _score_chunk_kernel[(R, chunks)](logits, targets, stats, keys, V, k, logits.stride(0),
-                                     BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8))
+    launch(_score_chunk_kernel, (R, chunks), logits, targets, stats, keys, V, k,
+           logits.stride(0), BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8))
     np_, kp = _merge_sizes(chunks, k)
-    _score_merge_kernel[(R,)](
+    launch(
+        _score_merge_kernel, (R,),
         logits, targets, stats, keys, out, chunks, chunks * k, k, logits.stride(0), out.stride(0),
         CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp,
         **cuda_hints(logits.device, num_warps=8),

@@ -14,15 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, pdl
+from kernels.hw import gdc_enter, launch, pdl
 
 _BLOCK = 2048
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
-def _copy_slots_kernel(pool, src, dst, E, BLOCK: tl.constexpr):
-    i_m, i_e = tl.program_id(0), tl.program_id(1)
+def _copy_slots_kernel(pool, src, dst, E, PID0, BLOCK: tl.constexpr):
+    i_m, i_e = tl.program_id(0) + PID0, tl.program_id(1)
     o_e = i_e * BLOCK + tl.arange(0, BLOCK)
     m_e = o_e < E
     i_src = tl.load(src + i_m).to(tl.int64)
@@ -56,9 +56,8 @@ def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None
     if M == 0 or E == 0:
         return
     bits = pool.view(_BITS[pool.element_size()])
-    _copy_slots_kernel[(M, triton.cdiv(E, _BLOCK))](
-        bits, src.contiguous(), dst.contiguous(), E, BLOCK=_BLOCK
-    )
+    launch(_copy_slots_kernel, (M, triton.cdiv(E, _BLOCK)),
+           bits, src.contiguous(), dst.contiguous(), E, BLOCK=_BLOCK)
 
 
 @triton.jit
@@ -74,12 +73,13 @@ def _store_kv_kernel(
     stride_vh,
     H,
     D,
+    PID0,
     BH: tl.constexpr,
     BD: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_t = tl.program_id(0)
+    i_t = tl.program_id(0) + PID0
     i_slot = tl.load(slot_mapping + i_t).to(tl.int64)
     if i_slot >= 0:
         o_h = tl.arange(0, BH)
@@ -141,7 +141,9 @@ def store_kv(
     if T == 0:
         return
     BH, BD = triton.next_power_of_2(H), triton.next_power_of_2(D)
-    _store_kv_kernel[(T,)](
+    launch(
+        _store_kv_kernel,
+        (T,),
         k,
         v,
         k_cache,
@@ -160,10 +162,10 @@ def store_kv(
 
 
 @triton.jit(do_not_specialize=["B"])
-def _advance_kernel(tokens, ids, positions, slot_mapping, context_lens, B,
+def _advance_kernel(tokens, ids, positions, slot_mapping, context_lens, B, PID0,
                     BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
     gdc_enter(USE_GDC)
-    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    o = (tl.program_id(0) + PID0) * BLOCK + tl.arange(0, BLOCK)
     b_slot = tl.load(slot_mapping + o, mask=o < B, other=-1)
     m = b_slot >= 0  # rows that write KV; padding rows (and rows past B) stay as they are
     tl.store(ids + o, tl.load(tokens + o, mask=m), mask=m)
@@ -188,6 +190,5 @@ def advance_decode_inputs(
                          "positions, slot_mapping and int32 context_lens")
     BLOCK = 512
     if B:
-        _advance_kernel[(triton.cdiv(B, BLOCK),)](
-            tokens, ids, positions, slot_mapping, context_lens, B, BLOCK=BLOCK, **pdl(ids.device)
-        )
+        launch(_advance_kernel, (triton.cdiv(B, BLOCK),), tokens, ids, positions, slot_mapping,
+               context_lens, B, BLOCK=BLOCK, **pdl(ids.device))

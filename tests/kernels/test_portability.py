@@ -8,6 +8,10 @@ off the code (one source for CUDA and Ascend), checked on the source alone, noth
   `p -= d` or `p = p + d` on a pointer (a name used, directly or through other names and
   helper calls, as the address of a tl.load or tl.store, or whose `.dtype.element_ty` is read);
   offsets are computed from the loop index instead;
+- every launch goes through `kernels.hw.launch` (which keeps a launch within the device's
+  program limit, CANN's 65,535 on Ascend, by splitting it along axis 0), and every kernel reads
+  its axis-0 index as `tl.program_id(0) + PID0`, never `tl.num_programs(0)`, so that a split
+  launch computes what one launch would;
 - CUDA-only hints sit behind a guard: no launch names num_warps, num_stages, num_ctas, maxnreg
   or launch_pdl as its own keyword (they come through `kernels.hw.cuda_hints` and
   `kernels.hw.pdl`, which give none off CUDA, or a dict chosen by device), `tl.extra.cuda`
@@ -45,10 +49,19 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
+def _launched(call: ast.Call) -> str | None:
+    """The kernel a call launches: `launch(kernel, grid, ...)` or `kernel[grid](...)`."""
+    if isinstance(call.func, ast.Name) and call.func.id == "launch" and call.args:
+        first = call.args[0]
+        return first.id if isinstance(first, ast.Name) else None
+    if isinstance(call.func, ast.Subscript) and isinstance(call.func.value, ast.Name):
+        return call.func.value.id
+    return None
+
+
 def _launches(fn: ast.FunctionDef, kernels: set[str]) -> list[ast.Call]:
-    """The calls `kernel[grid](...)` of a kernel of this module in fn."""
-    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
-            and isinstance(n.func.value, ast.Name) and n.func.value.id in kernels]
+    """The launches of a kernel of this module in fn."""
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and _launched(n) in kernels]
 
 
 def host_reads(tree: ast.Module) -> list[str]:
@@ -148,6 +161,39 @@ def pointer_steps(tree: ast.Module) -> list[str]:
     return sorted(set(found))
 
 
+def _is_program_id_0(node: ast.AST, attr: str) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == attr and len(node.args) == 1
+            and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0)
+
+
+def uncapped_launches(tree: ast.Module, is_hw: bool) -> list[str]:
+    """Launches around `kernels.hw.launch`, kernels it launches without a PID0 parameter, and
+    axis-0 indices read without PID0 (or as tl.num_programs(0), a split launch's piece)."""
+    found = []
+    funcs = _functions(tree)
+    kernels = {name for name, fn in funcs.items() if _is_jit(fn)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and not is_hw:
+            found.append(f"{node.lineno}: kernel[grid](...) outside kernels.hw.launch")
+        kernel = _launched(node) if isinstance(node, ast.Call) else None
+        if (kernel in kernels and isinstance(node.func, ast.Name)
+                and "PID0" not in [a.arg for a in funcs[kernel].args.args]):
+            found.append(f"{node.lineno}: {kernel} launched without a PID0 parameter")
+    for name in sorted(kernels):
+        offset = set()  # the program_id(0) calls that `+ PID0` follows
+        for node in ast.walk(funcs[name]):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+                    and isinstance(node.right, ast.Name) and node.right.id == "PID0"):
+                offset.add(id(node.left))
+        for node in ast.walk(funcs[name]):
+            if _is_program_id_0(node, "program_id") and id(node) not in offset:
+                found.append(f"{name}:{node.lineno}: tl.program_id(0) without + PID0")
+            if _is_program_id_0(node, "num_programs"):
+                found.append(f"{name}:{node.lineno}: tl.num_programs(0)")
+    return found
+
+
 def unguarded_cuda_hints(tree: ast.Module, is_hw: bool) -> list[str]:
     """Launch options, tl.extra.cuda and "tf32" outside their guards."""
     found = []
@@ -192,6 +238,11 @@ def test_no_pointer_moves_across_loop_iterations(path):
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_every_launch_goes_through_the_program_cap(path):
+    assert uncapped_launches(_parse(path), path.name == "hw.py") == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_cuda_only_hints_are_behind_a_guard(path):
     assert unguarded_cuda_hints(_parse(path), path.name == "hw.py") == []
 
@@ -204,6 +255,13 @@ def _count(t):
     return int(t.sum().item())
 def op(x):
     _k[(1,)](x, _count(x), BLOCK=16, num_warps=4)
+@triton.jit
+def _j(x, PID0, BLOCK: tl.constexpr):
+    tl.store(x + (tl.program_id(0) + PID0) + tl.num_programs(0), 0.0)
+    tl.store(x + tl.program_id(0), 1.0)
+def op2(x):
+    launch(_j, (1,), x, BLOCK=16)
+    launch(_k, (1,), x, 0, BLOCK=16)
 '''
 
 BROKEN_LOOP = '''
@@ -233,6 +291,10 @@ def test_each_check_finds_what_it_is_for():
     accumulator loop and the guarded tl.extra.cuda are not."""
     launcher, loop = ast.parse(BROKEN_LAUNCHER), ast.parse(BROKEN_LOOP)
     assert host_reads(launcher) == ["_count:6: .item()"]
+    assert uncapped_launches(launcher, False) == [
+        "8: kernel[grid](...) outside kernels.hw.launch",
+        "15: _k launched without a PID0 parameter",
+        "_j:11: tl.num_programs(0)", "_j:12: tl.program_id(0) without + PID0"]
     assert pointer_steps(loop) == ["_k:10: pointer moved in a loop",
                                    "_k:12: pointer moved in a loop"]
     assert unguarded_cuda_hints(launcher, False) == ["8: launch keyword num_warps="]
