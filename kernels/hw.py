@@ -33,11 +33,15 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     index as `tl.program_id(0) + PID0`). The split follows the shapes alone: no host sync.
     Pieces are a multiple of 16 programs long where they can be, so that every piece's PID0
     has the same specialisation (one compiled kernel)."""
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    rest, cap = math.prod(grid[1:]), max_programs(device)
-    if grid[0] * rest <= cap:
+    # the common case first and cheaply: this runs before every launch of an eager step
+    first = args[0]
+    device = (first if isinstance(first, torch.Tensor)
+              else next(a for a in args if isinstance(a, torch.Tensor))).device
+    cap = CUDA_MAX_PROGRAMS if device.type == "cuda" else MAX_PROGRAMS
+    if math.prod(grid) <= cap:
         kernel[grid](*args, PID0=0, **kwargs)
         return
+    rest = math.prod(grid[1:])
     if rest > cap:
         raise ValueError(f"a grid {tuple(grid)} has more than {cap} programs beyond its axis 0")
     step = cap // rest
