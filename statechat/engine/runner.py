@@ -138,6 +138,19 @@ class ModelRunner(GraphReplay, PromptScoring, StepSampling, StateTransfer):
         graphs = self.sampler_graphs if greedy is not None and split is None else None
         return self._sample_step(batch, logits, greedy, graphs, replay, prompt)
 
+    def _forward_scored(self, batch: Batch, scored: list[tuple[int, int, int]]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queue the eager forward of a step that scores its prompt (`scored`: PromptScoring's
+        rows) and the scoring: the logits of its rows that sample, and the prompt's table."""
+        input_ids, ctx = self.prepare(batch, every_row=True)
+        rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
+        # queued: a copy from pageable memory after it would wait for it)
+        with torch.inference_mode():
+            h, residual = self.model.model(input_ids, ctx, self.caches)
+        logits = self.model.logits(h, residual, ctx.logits_indices)
+        k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
+        return logits, self._score(h, residual, rows, targets, k)
+
     def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None,
                                                    np.ndarray | None]:
         """The sampled tokens of a launched step, one per item that needs logits, in item order,

@@ -2,7 +2,8 @@
 token, and their table (each row's logprob, rank and top-k of the next prompt token), made some
 hundreds of rows at a time.
 
-A mixin of ModelRunner (engine/runner.py), whose `launch` has it run such a step's forward.
+A mixin of ModelRunner (engine/runner.py), which runs the step's forward and hands the hidden
+states over.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ SCORE_BYTES = 2**28  # logits of the prompt rows scored at a time (see _score)
 
 class PromptScoring:
     """Prompt scoring of ModelRunner's steps (`self.model`, `self.loaded`, `self.dtype`,
-    `self.caches`, `self.prepare`, `self._tensor`)."""
+    `self._tensor`)."""
 
     @staticmethod
     def scored(batch: Batch) -> list[tuple[int, int, int]]:
@@ -31,19 +32,6 @@ class PromptScoring:
             if it.seq.params.prompt_logprobs is not None and it.start < end:
                 out.append((i, it.start, end - it.start))
         return out
-
-    def _forward_scored(self, batch: Batch, scored: list[tuple[int, int, int]]
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queue the eager forward of a step that scores its prompt (`scored`: its rows) and
-        the scoring: the logits of its rows that sample, and the prompt's score table."""
-        input_ids, ctx = self.prepare(batch, every_row=True)
-        rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
-        # queued: a copy from pageable memory after it would wait for it)
-        with torch.inference_mode():
-            h, residual = self.model.model(input_ids, ctx, self.caches)
-        logits = self.model.logits(h, residual, ctx.logits_indices)
-        k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
-        return logits, self._score(h, residual, rows, targets, k)
 
     def _score_rows(self, batch: Batch,
                     scored: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
