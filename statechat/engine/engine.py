@@ -4,7 +4,8 @@
     outs = engine.generate(["Hello"], SamplingParams(max_tokens=32))
     for event in engine.stream(prompt_ids, params): ...
 
-(The request API, generate and stream among it, is requests.py's; n samples, samples.py's.)
+(The request API, generate and stream among it, is requests.py's; n samples, samples.py's;
+its construction, setup.py's.)
 
 Every finished request reports its prompt tokens, tokens reused from the cache, tokens
 computed, completion tokens and time to first token.
@@ -12,15 +13,12 @@ computed, completion tokens and time to first token.
 
 from __future__ import annotations
 
-import logging
 import time
 
-import torch
+import numpy as np
 
 from statechat.cache.hashing import model_fingerprint
-from statechat.cache.store import StateStore, open_store
-from statechat.config import MIN_STATE_SLOTS, EngineConfig
-from statechat.devices import default_dtype, resolve_device
+from statechat.config import EngineConfig
 from statechat.engine.output import (  # (RequestOutput and StreamEvent: its callers' too)
     RequestOutput,
     StreamEvent,
@@ -32,87 +30,39 @@ from statechat.engine.output import (  # (RequestOutput and StreamEvent: its cal
     token_end,
 )
 from statechat.engine.pool import BlockPool, SlotPool
-from statechat.engine.prefix import PrefixCache
 from statechat.engine.requests import Requests
-from statechat.engine.runner import Launched, ModelRunner
-from statechat.engine.sampling import SamplingParams
-from statechat.engine.scheduler import Scheduler
+from statechat.engine.runner import Launched
+from statechat.engine.scheduler import Batch
 from statechat.engine.sequence import Sequence, Status
-from statechat.engine.sizing import cache_sizes, context_limit, prefill_guess
-from statechat.model.context import ModelCaches
-from statechat.model.loader import LoadedModel, load_model
-from statechat.paths import served_name
+from statechat.engine.setup import EngineSetup, load
+from statechat.engine.sizing import cache_sizes, context_limit
+from statechat.model.loader import LoadedModel
 
 __all__ = ["LLMEngine", "RequestOutput", "StreamEvent"]
-log = logging.getLogger("statechat.engine")
 
 
-class LLMEngine(Requests):
+class LLMEngine(Requests, EngineSetup):
     """The engine: requests in (`add_request`, or `generate` and `stream`), one step at a time
     (`step`), outputs out (`output`, `next_event`)."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        if loaded is None:
-            device = resolve_device(config.device)
-            dtype = getattr(torch, config.dtype) if config.dtype else default_dtype(device)
-            loaded = load_model(config.model, dtype=dtype, device=device)
+        loaded = load(config) if loaded is None else loaded
         self.loaded, self.tokenizer = loaded, loaded.tokenizer
         # ids -> text, by skip_special_tokens
         self._decoders = {skip: fast_decode(loaded.tokenizer, skip) for skip in (True, False)}
-        mc = loaded.config
         num_blocks, num_slots = cache_sizes(config, loaded)
-        bs = config.block_size
         self.max_model_len = context_limit(config, loaded, num_blocks)
-        # the tokenizer's EOS ends a reply with no stop_reason; the model's others (a list in
-        # generation_config.json: Qwen's <|endoftext|> beside <|im_end|>) end it as stop
-        # tokens do, naming their id (vLLM's)
-        self.eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
-        self.eos_ids = set(mc.eos_token_ids) | {self.eos_token_id} - {None}
-        # a request given no params samples as the checkpoint recommends (its
-        # generation_config.json), the other fields SamplingParams' defaults: vLLM's
-        # LLM.generate without sampling_params
-        self.default_params = SamplingParams(**dict(mc.sampling_defaults))
-        self.fingerprint = model_fingerprint(mc.digest(), loaded.weights_digest, str(loaded.dtype),
-                                             bs)
-        self.runner = ModelRunner(loaded, num_blocks, num_slots, bs)
-        self.runner.eos_ids = self.eos_ids
-        self.store = self._open_store()
-        if self.store is not None:  # the store's method, not the engine's: no reference cycle
-            self.runner.before_wait = self.store.engine_idle.set
-        blocks, slots = BlockPool(num_blocks), SlotPool(num_slots - 1)  # the last is the pad slot
-        if config.enable_prefix_cache and num_slots <= MIN_STATE_SLOTS:
-            log.warning("statechat: %d state slots leave none for checkpoints, so the prefix "
-                        "cache reuses nothing; give num_state_slots %d or more", num_slots,
-                        MIN_STATE_SLOTS + 1)
-        self.runner.prepare_steps(config.use_graphs, config.max_num_seqs, self.max_model_len,
-                                  config.max_num_batched_tokens)
-        self.prefix = PrefixCache(
-            blocks, slots, self.runner, self.store, bs,
-            ModelCaches.bytes_per_block(mc, loaded.dtype, bs),
-            ModelCaches.bytes_per_slot(mc, loaded.dtype), prefill_guess(loaded),
-        )
-        self.prefix.calibrate()
-        self.scheduler = Scheduler(
-            blocks, slots, self.prefix, self.fingerprint, bs, config.max_num_seqs,
-            config.max_num_batched_tokens, config.checkpoint_interval, config.enable_prefix_cache,
-            config.step_target_s(loaded.device.type),
-        )
+        self._read_model_ends()
+        self.fingerprint = model_fingerprint(loaded.config.digest(), loaded.weights_digest,
+                                             str(loaded.dtype), config.block_size)
+        self._make_runner(num_blocks, num_slots)
+        self._make_scheduler(num_blocks, num_slots)
         self._prefill_run: tuple | None = None  # (start, tokens, any capped) of prefill steps
         # that have not synchronised yet (see _time_prefill)
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                                  else loaded.device.type == "cuda")
         self._ahead: Launched | None = None  # a decode step queued before the last one's read
-
-    def _open_store(self) -> StateStore | None:
-        cfg = self.config
-        if cfg.cache_dir is None or not cfg.enable_prefix_cache:
-            return None
-        store = open_store(cfg.cache_dir, cfg.disk_cache_bytes, cfg.host_cache_bytes)
-        store.attach(self.fingerprint.hex(), served_name(self.loaded.path), str(self.loaded.path),
-                     str(self.loaded.dtype), cfg.block_size, self.runner.state_shapes(),
-                     device=self.loaded.device)
-        return store
 
     def close(self) -> None:
         """Finish pending cache writes and close the disk tier (call before the process exits).
@@ -186,12 +136,7 @@ class LLMEngine(Requests):
             else:
                 batch = self.scheduler.schedule()
                 if not batch.items:
-                    self._busy(False)
-                    self._prefill_run = None
-                    if self.scheduler.has_work():
-                        raise RuntimeError(
-                            "the scheduler could not make progress (cache too small?)")
-                    return []
+                    return self._no_step()
                 launched = self.runner.launch(batch)
             batch = launched.batch
             if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
@@ -206,6 +151,24 @@ class LLMEngine(Requests):
             if batch is not None:  # (its checkpoint targets hold no state anyone computed)
                 self.scheduler.drop_targets(batch)
             raise
+        return self._postprocess(batch, tokens, logprobs, prompt, t0, synchronised)
+
+    def _no_step(self) -> list[Sequence]:
+        """A schedule with nothing to run: the engine is idle (no sequence got a token), or,
+        if work is left, stuck (an error: nothing it holds can ever be freed)."""
+        self._busy(False)
+        self._prefill_run = None
+        if self.scheduler.has_work():
+            raise RuntimeError("the scheduler could not make progress (cache too small?)")
+        return []
+
+    def _postprocess(self, batch: Batch, tokens: list[int], logprobs: list | None,
+                     prompt: np.ndarray | None, t0: float, synchronised: bool) -> list[Sequence]:
+        """The host's work once a step's tokens are read (its launch at t0): time it, keep its
+        logprobs, append its tokens (the scheduler), copy its checkpoints' states, end the
+        sequences that finished, and persist new checkpoints; the sequences updated. A failure
+        drops the step's copies (and its checkpoint targets, if not yet published) and ends the
+        sequences of a step queued ahead (_drop_ahead)."""
         now, posted = time.perf_counter(), False
         try:
             self._time_prefill(batch, t0, now, synchronised)
@@ -222,12 +185,8 @@ class LLMEngine(Requests):
                     seq.first_token_time = now
                 seq.last_token_time = now
                 self._check_finish(seq)
-            for it in [] if batch.is_decode else batch.items:  # a request for no tokens ends
-                seq = it.seq  # with its prompt (a prefill step's)
-                if not seq.params.max_tokens and not seq.is_finished and seq.num_uncomputed == 0:
-                    self.scheduler.finish(seq, "length")
-                    self.runner.forget(seq.seq_id)
-                    updated.append(seq)
+            if not batch.is_decode:
+                self._end_tokenless(batch, updated)
             self.prefix.persist(self.scheduler.take_new_checkpoints(), self.fingerprint)
             self._forget_ended_ahead()
             if not self.scheduler.has_work():  # (a run of prompts that sampled nothing, as a
@@ -240,6 +199,16 @@ class LLMEngine(Requests):
             self._drop_ahead()
             raise
         return updated
+
+    def _end_tokenless(self, batch: Batch, updated: list[Sequence]) -> None:
+        """End (reason 'length') each request of a prefill step that asked for no tokens and
+        whose prompt is now computed, adding it to `updated`: it ends with its prompt."""
+        for it in batch.items:
+            seq = it.seq
+            if not seq.params.max_tokens and not seq.is_finished and seq.num_uncomputed == 0:
+                self.scheduler.finish(seq, "length")
+                self.runner.forget(seq.seq_id)
+                updated.append(seq)
 
     def _forget_ended_ahead(self) -> None:
         """Forget the step queued ahead once its sequences have all ended (a stop token, an

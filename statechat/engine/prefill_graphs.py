@@ -24,6 +24,7 @@ its capture inputs, padding alone), so that no request pays its first replay's u
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -91,8 +92,6 @@ class PrefillGraphs:
                  device: torch.device, stream: Any = None,
                  rope_table: torch.Tensor | None = None, max_seqs: int = PACKED_SLOTS[-1]) -> None:
         self.rope_table = rope_table  # (Context.rope_table: its rows are read by the graphs)
-        acc, (new_graph, capture) = accelerator(device), graph_api(device)
-        capture = capturing(capture, stream)
         self.model, self.caches, self.device, self.stream = model, caches, device, stream
         self.max_blocks = max_blocks
         keys = graph_keys(max_tokens, max_seqs)  # (max_seqs: the steps' sequences at most)
@@ -108,12 +107,27 @@ class PrefillGraphs:
         # stream before it still write to when replayed
         self.failed: list[Any] = []
         self.pool = None
-        for b, k in (key for key in keys if key[1] == 1):
+        self._capture_one_slot(key for key in keys if key[1] == 1)
+        self.sizes = sorted(b for b, k in self.graphs if k == 1)
+        # the packed graphs a step may capture (CUDA only: NPU graphs are captured at start
+        # or not at all), the fewest slots first, then the smallest bucket: packed_bucket's
+        # order
+        self.packed = sorted((key for key in keys if key[1] > 1 and device.type == "cuda"),
+                             key=lambda key: key[::-1])
+        self._build_top_packed()
+
+    def _capture_one_slot(self, keys: Iterable[tuple[int, int]]) -> None:
+        """Capture the one-slot graph of each (bucket, 1) of `keys`, each kernel built by an
+        eager forward first; one that runs out of memory is said in a warning and skipped (its
+        steps run eagerly). Returns once the device is done."""
+        acc, (new_graph, capture) = accelerator(self.device), graph_api(self.device)
+        capture = capturing(capture, self.stream)
+        for b, k in keys:
             args = self._args(b, k)
             graph = None
             try:
                 _forward(*args)  # compile every kernel before capture
-                acc.synchronize(device)
+                acc.synchronize(self.device)
                 acc.empty_cache()  # leave the capture's private pool room to grow
                 graph = new_graph()
                 with capture(graph, pool=self.pool):
@@ -123,22 +137,18 @@ class PrefillGraphs:
                 acc.empty_cache()
                 continue
             self._keep(b, k, graph)
-        acc.synchronize(device)
-        self.sizes = sorted(b for b, k in self.graphs if k == 1)
-        # the packed graphs a step may capture (CUDA only: NPU graphs are captured at start
-        # or not at all), the fewest slots first, then the smallest bucket: packed_bucket's
-        # order
-        self.packed = sorted((key for key in keys if key[1] > 1 and device.type == "cuda"),
-                             key=lambda key: key[::-1])
-        # the top packed bucket holds more tokens than any one-slot graph, which may take
-        # another form of a kernel (the GDN prepare kernel's warps go by tokens): built here by
-        # an eager forward of it with the fewest and the most slots, so that no capture while
-        # serving builds a kernel
+        acc.synchronize(self.device)
+
+    def _build_top_packed(self) -> None:
+        """Build the kernels of the top packed bucket by eager forwards of it with the fewest
+        and the most slots: it holds more tokens than any one-slot graph, which may take another
+        form of a kernel (the GDN prepare kernel's warps go by tokens), and no capture while
+        serving may build one. Returns once the device is done."""
         top = max((b for b, _ in self.packed), default=0)
         slots = sorted(k for b, k in self.packed if b == top)
         for k in sorted(set(slots[:1] + slots[-1:])):
             _forward(*self._args(top, k))
-        acc.synchronize(device)
+        accelerator(self.device).synchronize(self.device)
 
     def _args(self, b: int, k: int) -> tuple:
         """The forward's arguments for a capture of (b, k), its padding-only inputs staged."""

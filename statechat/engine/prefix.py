@@ -106,49 +106,21 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
             self.store = store
 
     def _reuse_once(self, seq: Sequence) -> int:
+        """Plan where `seq` resumes (the cheapest prefix to load, if loading it beats recomputing
+        it), say so in its `cache_plan`, and restore that prefix: the tokens reused (0: none)."""
         hashes = seq.block_hashes[: (len(seq) - 1) // self.bs]  # leave one token to compute
         if not hashes:
             return 0
         t_plan = time.perf_counter()
         hx = [h.hex() for h in hashes]
-        num_device = 0
-        for h in hashes:
-            if self.blocks.lookup(h) is None:
-                break
-            num_device += 1
-        lower, t_lookup, bound, assumed = Lookup({}, {}), 0.0, False, False
+        num_device = self._num_on_device(hashes)
+        lower, t_lookup, bound = Lookup({}, {}), 0.0, False
         rate = self.cost.prefill_s_per_token
         if self.store is not None:
-            t = time.perf_counter()  # the checkpoints first, and the host tier's blocks
-            lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
-            t_lookup = time.perf_counter() - t
-            # what the disk holds of this prompt's checkpoints now: one seen there before and
-            # deleted since (`cache clear`, an eviction) is saved again once computed again
-            self.stored_ckpts.difference_update(h for h, x in zip(hashes, hx)
-                                                if x not in lower.ckpts)
-            self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items()
-                                     if tier == DISK)
-            # a first plan prices every block past the device's that the host tier lacks at the
-            # best rate a disk read could reach: when even that pays for no prefix, the disk's
-            # blocks are not looked up (nor the page cache asked) before the request computes
-            k, cost, load, _, assumed = self._cheapest(len(seq), hashes, hx, num_device, lower,
-                                                       optimistic=True)
-            bound = not (k and cost <= len(seq) * rate)
-        if self.store is not None and not bound:
-            t = time.perf_counter()
-            on_disk = self.store.where(hx[num_device:], [])
-            t_lookup += time.perf_counter() - t
-            lower.blocks.update(on_disk.blocks)
-            lower.block_blobs.update(on_disk.block_blobs)
-            lower.sample_residency(hx)
-            # what is on disk now needs no saving if this request recomputes it (see persist)
-            self.persisted.update(bytes.fromhex(h) for h, tier in lower.blocks.items()
-                                  if tier == DISK)
-        elif self.store is not None and num_device < len(hashes):  # learnt while it computes
-            self.disk_checks.append(self.store.blocks_on_disk_ahead(hx[num_device:]))
-        tiers: list[str] = []
+            lower, t_lookup, bound, plan = self._look_up(len(seq), hashes, hx, num_device, rate)
         if not bound:
-            k, cost, load, tiers, assumed = self._cheapest(len(seq), hashes, hx, num_device, lower)
+            plan = self._cheapest(len(seq), hashes, hx, num_device, lower)
+        k, cost, load, tiers, assumed = plan  # (under a bound, best_k is 0)
         best_k = k if k and cost <= len(seq) * rate else 0
         # both predictions for the cheapest prefix to load, whichever way the choice went (under
         # a bound the prefix may lean on blocks assumed on disk, and its load time is a lower
@@ -162,16 +134,69 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
         }
         if assumed:
             seq.cache_plan["load_is_lower_bound"] = True
-        cand = hx[:k] if not bound else []
+        share = None if bound else self._disk_share(hashes, hx, k, lower)
+        if share is not None:
+            seq.cache_plan["disk_resident"] = round(share, 3)
+        seq.cache_plan["plan_s"] = round(time.perf_counter() - t_plan, 6)
+        return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
+
+    def _num_on_device(self, hashes: list[bytes]) -> int:
+        """How many of the chain's first blocks the device tier holds, without a gap."""
+        num_device = 0
+        for h in hashes:
+            if self.blocks.lookup(h) is None:
+                break
+            num_device += 1
+        return num_device
+
+    def _look_up(self, num_tokens: int, hashes: list[bytes], hx: list[str], num_device: int,
+                 rate: float) -> tuple[Lookup, float, bool, tuple]:
+        """The lower tiers' part of a plan for a prompt of `num_tokens` whose first `num_device`
+        blocks are on the device: the checkpoints and the host tier's blocks looked up, then the
+        disk's blocks too unless a bound (_cheapest's optimistic plan) says no prefix could pay
+        (then they are asked about while the request computes). Returns (the lookup, seconds
+        spent in the index, whether the bound ruled the disk's blocks out, the bound's plan)."""
+        t = time.perf_counter()  # the checkpoints first, and the host tier's blocks
+        lower = self.store.where(hx[num_device:], hx, disk_blocks=False)
+        t_lookup = time.perf_counter() - t
+        # what the disk holds of this prompt's checkpoints now: one seen there before and
+        # deleted since (`cache clear`, an eviction) is saved again once computed again
+        self.stored_ckpts.difference_update(h for h, x in zip(hashes, hx)
+                                            if x not in lower.ckpts)
+        self.stored_ckpts.update(bytes.fromhex(h) for h, tier in lower.ckpts.items()
+                                 if tier == DISK)
+        # a first plan prices every block past the device's that the host tier lacks at the
+        # best rate a disk read could reach: when even that pays for no prefix, the disk's
+        # blocks are not looked up (nor the page cache asked) before the request computes
+        plan = self._cheapest(num_tokens, hashes, hx, num_device, lower, optimistic=True)
+        bound = not (plan[0] and plan[1] <= num_tokens * rate)
+        if not bound:
+            t = time.perf_counter()
+            on_disk = self.store.where(hx[num_device:], [])
+            t_lookup += time.perf_counter() - t
+            lower.blocks.update(on_disk.blocks)
+            lower.block_blobs.update(on_disk.block_blobs)
+            lower.sample_residency(hx)
+            # what is on disk now needs no saving if this request recomputes it (see persist)
+            self.persisted.update(bytes.fromhex(h) for h, tier in lower.blocks.items()
+                                  if tier == DISK)
+        elif num_device < len(hashes):  # learnt while it computes
+            self.disk_checks.append(self.store.blocks_on_disk_ahead(hx[num_device:]))
+        return lower, t_lookup, bound, plan
+
+    def _disk_share(self, hashes: list[bytes], hx: list[str], k: int, lower: Lookup
+                    ) -> float | None:
+        """The share (by bytes) of the disk part of the prefix of k blocks (its blocks and its
+        checkpoint that only the disk holds) that the page cache held; None if no part of it is
+        on disk."""
+        cand = hx[:k]
         disk = [(lower.cached("kv", h), self.bytes_per_block) for h in cand
                 if h in lower.block_blobs]
         if cand and cand[-1] in lower.ckpt_blobs and not self.slots.has(hashes[k - 1]):
             disk.append((lower.cached("ckpt", cand[-1]), self.bytes_per_slot))
-        if disk:  # how much of the candidate's disk part (by bytes) the page cache held
-            share = sum(f * n for f, n in disk) / sum(n for _, n in disk)
-            seq.cache_plan["disk_resident"] = round(share, 3)
-        seq.cache_plan["plan_s"] = round(time.perf_counter() - t_plan, 6)
-        return self._restore(seq, hashes[:best_k], tiers[:best_k], lower) if best_k else 0
+        if not disk:
+            return None
+        return sum(f * n for f, n in disk) / sum(n for _, n in disk)
 
     def _cheapest(self, num_tokens: int, hashes: list[bytes], hx: list[str], num_device: int,
                   lower: Lookup, optimistic: bool = False

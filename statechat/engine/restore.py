@@ -7,7 +7,7 @@ rate, and the request's `cache_plan` says where the load's time went.
 from __future__ import annotations
 
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 
 from statechat.cache.store import Lookup, StateStore
 from statechat.engine.cost import DEVICE, DISK, HOST, CostModel
@@ -109,22 +109,13 @@ class PrefixRestore:
               slot: list[int]) -> int:
         """_restore's loads into the blocks `held` it took (`need`'s from lower tiers) and the
         checkpoint's slot (kept in `slot` until registered, for _undo)."""
-        t_start, nbytes = time.perf_counter(), 0
+        t_start = time.perf_counter()
         last = hashes[-1]
         # a checkpoint on disk alone is read while the blocks are (one in the host tier is read
         # below, inside reading())
-        ckpt_read = None
-        if not ckpt_on_device and not self.store.host.has("ckpt", last.hex()):
-            lower.ask("ckpt", last.hex())  # its share exactly (the plan may have estimated it)
-            ckpt_read = self.store.read_checkpoint_ahead(last.hex())
-        try:
-            t_read, t_write, together = self._load_blocks(
-                need, held, tiers, lower, t_start,
-                ckpt_read is not None and last.hex() in lower.ckpt_blobs)
-        except BaseException:
-            if ckpt_read is not None and not ckpt_read.cancel():
-                wait([ckpt_read])  # no second read of its blob while this one runs (a retry)
-            raise
+        ckpt_read = None if ckpt_on_device else self._read_ahead(last, lower)
+        t_read, t_write, together = self._load_blocks_beside(need, held, tiers, lower, t_start,
+                                                             ckpt_read, last)
         nbytes = len(need) * self.bytes_per_block
         for h in need:
             self.blocks.register(held[h], h)
@@ -132,28 +123,9 @@ class PrefixRestore:
         seq.block_table = [held[h] for h in hashes]
         ck_tier = DEVICE
         if not ckpt_on_device:
-            t0 = time.perf_counter()
-            # (a failed read raises here, as load_checkpoint would: the blocks, now
-            # registered, are given back, and the caller plans again)
-            read = ckpt_read.result() if ckpt_read is not None else None
-            with self.store.reading():
-                ck_tier = (DISK if read is not None or not self.store.host.has("ckpt", last.hex())
-                           else HOST)
-                tensors = read if read is not None else self.store.load_checkpoint(last.hex())
-                slot.append(self.slots.allocate())
-                self.runner.write_slot(slot[0], tensors)
-            self.slots.register(last, slot.pop(), len(hashes) * self.bs)
-            resident = lower.cached("ckpt", last.hex())
-            if together is not None:  # blocks and checkpoint, both from disk, as one load
-                total = together[0] + self.bytes_per_slot
-                share = (together[0] * together[1] + self.bytes_per_slot * resident) / total
-                self.cost.observe_load(DISK, total, time.perf_counter() - t_start, share)
-            elif ((ckpt_read is None or not need)
-                  and (ck_tier == HOST or last.hex() in lower.ckpt_blobs)):
-                # read alone (one read alongside other blocks overlapped them: no rate of its
-                # own); a checkpoint not in the plan's lookup has an unknown cached share
-                self.cost.observe_load(ck_tier, self.bytes_per_slot, time.perf_counter() - t0,
-                                       resident)
+            ck_tier, t0 = self._load_checkpoint(last, len(hashes) * self.bs, ckpt_read, slot)
+            self._observe_checkpoint(last, ck_tier, lower, t_start, t0, together,
+                                     alone=ckpt_read is None or not need)
             nbytes += self.bytes_per_slot
         # where the load's time went: reading the blocks (lower tiers), writing them into the
         # pools, and the checkpoint (read and write)
@@ -161,10 +133,70 @@ class PrefixRestore:
                               blocks_read_s=round(t_read - t_start, 6),
                               blocks_write_s=round(t_write - t_read, 6),
                               ckpt_s=round(time.perf_counter() - t_write, 6))
+        self._resume(seq, hashes, tiers, ck_tier)
+        return seq.num_computed
+
+    def _read_ahead(self, last: bytes, lower: Lookup) -> Future | None:
+        """Begin the read of checkpoint `last` from disk, unless the host tier holds it (None):
+        its cached share asked exactly (the plan may have estimated it)."""
+        if self.store.host.has("ckpt", last.hex()):
+            return None
+        lower.ask("ckpt", last.hex())
+        return self.store.read_checkpoint_ahead(last.hex())
+
+    def _load_blocks_beside(self, need: list[bytes], held: dict[bytes, int], tiers: list[str],
+                            lower: Lookup, t_start: float, ckpt_read: Future | None, last: bytes
+                            ) -> tuple[float, float, tuple | None]:
+        """_load_blocks while the checkpoint's read ahead (if any) runs, both from disk taught
+        as one load; a failure cancels that read, or waits for it to end, before it raises."""
+        try:
+            return self._load_blocks(need, held, tiers, lower, t_start,
+                                     ckpt_read is not None and last.hex() in lower.ckpt_blobs)
+        except BaseException:
+            if ckpt_read is not None and not ckpt_read.cancel():
+                wait([ckpt_read])  # no second read of its blob while this one runs (a retry)
+            raise
+
+    def _load_checkpoint(self, last: bytes, num_tokens: int, ckpt_read: Future | None,
+                         slot: list[int]) -> tuple[str, float]:
+        """Write checkpoint `last` (read ahead, else read from the host tier or disk now) into a
+        new state slot, registered at `num_tokens`: (the tier it came from, when its wait began).
+        A failed read raises here, as load_checkpoint would: the blocks, now registered, are
+        given back, and the caller plans again."""
+        t0 = time.perf_counter()
+        read = ckpt_read.result() if ckpt_read is not None else None
+        with self.store.reading():
+            ck_tier = (DISK if read is not None or not self.store.host.has("ckpt", last.hex())
+                       else HOST)
+            tensors = read if read is not None else self.store.load_checkpoint(last.hex())
+            slot.append(self.slots.allocate())
+            self.runner.write_slot(slot[0], tensors)
+        self.slots.register(last, slot.pop(), num_tokens)
+        return ck_tier, t0
+
+    def _observe_checkpoint(self, last: bytes, ck_tier: str, lower: Lookup, t_start: float,
+                            t0: float, together: tuple | None, alone: bool) -> None:
+        """Teach the cost model the checkpoint's load: with the blocks when both came from disk
+        (`together`: the blocks' bytes and cached share), else on its own when it was read
+        alone (`alone`) from the host tier or from a blob the plan's lookup knew."""
+        resident = lower.cached("ckpt", last.hex())
+        if together is not None:  # blocks and checkpoint, both from disk, as one load
+            total = together[0] + self.bytes_per_slot
+            share = (together[0] * together[1] + self.bytes_per_slot * resident) / total
+            self.cost.observe_load(DISK, total, time.perf_counter() - t_start, share)
+        elif alone and (ck_tier == HOST or last.hex() in lower.ckpt_blobs):
+            # read alone (one read alongside other blocks overlapped them: no rate of its
+            # own); a checkpoint not in the plan's lookup has an unknown cached share
+            self.cost.observe_load(ck_tier, self.bytes_per_slot, time.perf_counter() - t0,
+                                   resident)
+
+    def _resume(self, seq: Sequence, hashes: list[bytes], tiers: list[str], ck_tier: str) -> None:
+        """Point `seq` at its restored prefix: its resume slot pinned (the stored rows marked
+        used), its computed tokens, and where they came from."""
+        last = hashes[-1]
         seq.resume_slot = self.slots.acquire(last)
         if self.store is not None:  # (its rows on disk count as used: the writer marks them)
             self.store.touch(last.hex())
         seq.num_computed = len(hashes) * self.bs
         seq.reused_from = ck_tier
         seq.reused_by_tier = {t: tiers.count(t) * self.bs for t in set(tiers)}
-        return seq.num_computed

@@ -1,13 +1,11 @@
 """ModelRunner: owns the device tensors (caches), turns a scheduled batch into a Context, runs
 the model and samples. The only engine module that does tensor work; its graphs' capture and
-replay are in engine/replay.py, its prompt scoring in engine/scoring.py and its transfers for
-the lower cache tiers in engine/transfer.py (mixins of ModelRunner).
+replay are in engine/replay.py, its prompt scoring in engine/scoring.py, the sampling of a
+step's logits in engine/step_sampling.py and its transfers for the lower cache tiers in
+engine/transfer.py (mixins of ModelRunner).
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,35 +13,19 @@ import torch
 import kernels
 from statechat.devices import accelerator
 from statechat.engine.graphs import DecodeGraphs
-from statechat.engine.logprobs import logprob_table
 from statechat.engine.prefill_graphs import PrefillGraphs
 from statechat.engine.replay import GraphReplay
-from statechat.engine.sampler import sample
 from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.scheduler import Batch
 from statechat.engine.scoring import PromptScoring
+from statechat.engine.step_sampling import Launched, StepSampling
 from statechat.engine.token_counts import TokenCounts
 from statechat.engine.transfer import StateTransfer
 from statechat.model.context import Context, ModelCaches
 from statechat.model.loader import LoadedModel
 
 
-@dataclass
-class Launched:
-    """A step queued on the device; `ModelRunner.collect` reads its tokens."""
-
-    batch: Batch
-    tokens: torch.Tensor | None  # sampled, on the device: one per item that needs logits
-    host: np.ndarray | None = None  # their pinned host copy, once a later step was queued
-    copied: torch.cuda.Event | None = None  # the event after that copy (torch.npu's on NPUs)
-    replay: int | None = None  # the decode graphs' replay count after this step's replay
-    logprobs: torch.Tensor | None = None  # logprob_table of the rows whose request asks for it
-    host_logprobs: np.ndarray | None = None  # its pinned host copy, as `host`
-    prompt: torch.Tensor | None = None  # kernels.score_logits' table of the prompt rows scored
-    # (see ModelRunner.scored), in their order
-
-
-class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
+class ModelRunner(GraphReplay, PromptScoring, StepSampling, StateTransfer):
     def __init__(self, loaded: LoadedModel, num_blocks: int, num_slots: int,
                  block_size: int) -> None:
         self.loaded = loaded
@@ -148,70 +130,26 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
             logits, greedy = self._replay_split(batch, split)
             self.split_steps += 1
         elif scored:  # (never a graph: every row's output is read)
-            input_ids, ctx = self.prepare(batch, every_row=True)
-            rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
-            # queued: a copy from pageable memory after it would wait for it)
-            with torch.inference_mode():
-                h, residual = self.model.model(input_ids, ctx, self.caches)
-            logits = self.model.logits(h, residual, ctx.logits_indices)
-            k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
-            prompt = self._score(h, residual, rows, targets, k)
+            logits, prompt = self._forward_scored(batch, scored)
         else:
             input_ids, ctx = self.prepare(batch)
             logits = self.model(feed if feed is not None else input_ids, ctx, self.caches)
-        wanted = [it.seq for it in batch.items if it.needs_logits]
-        if not wanted:
-            return Launched(batch, None, prompt=prompt)
-        params = [s.params for s in wanted]
-        counts = None
-        if any(p.uses_penalties for p in params):
-            counts = self._counts(wanted, logits.shape[-1])
         # (the sampler's graphs read logits in a graph's static buffer: not a split step's)
         graphs = self.sampler_graphs if greedy is not None and split is None else None
-        drawn_from = logits
-        biases = self._biases(batch, logits.shape[-1]) if any(p.uses_bias for p in params) else None
-        if biases:  # (a graph's argmax and sampling do not see them: this step is eager)
-            drawn_from, greedy, graphs = self._biased(logits, biases), None, None
-        tokens = sample(drawn_from, params, [self._generator(s) for s in wanted], greedy, counts,
-                        graphs)
-        rows = [i for i, p in enumerate(params) if p.logprobs is not None]  # (of the raw logits)
-        table = None
-        if rows:
-            k = max(params[i].logprobs for i in rows)
-            table = graphs.logprobs(logits, tokens, rows, k) if graphs is not None else None
-            if table is None:
-                table = logprob_table(logits, tokens, rows, k)
-        return Launched(batch, tokens, replay=replay, logprobs=table, prompt=prompt)
+        return self._sample_step(batch, logits, greedy, graphs, replay, prompt)
 
-    def _biases(self, batch: Batch, vocab: int) -> tuple[list[int], list[int], list[float]]:
-        """(row, token, value) of the step's logit changes, one row per item that samples: each
-        request's logit_bias, and -inf on the tokens its min_tokens bars (EOS unless it
-        ignores EOS, and its stop_token_ids) while the token drawn comes before min_tokens."""
-        rows, cols, values = [], [], []
-        for j, it in enumerate(it for it in batch.items if it.needs_logits):
-            p = it.seq.params
-            for token, bias in p.logit_bias:
-                rows.append(j)
-                cols.append(token)
-                values.append(bias)
-            made = it.start + it.num_tokens - it.seq.num_prompt_tokens  # (tokens before this
-            # one: a continuation's start already counts the token its feed brings)
-            if made < p.min_tokens:
-                barred = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids)
-                barred = [t for t in barred if 0 <= t < vocab]
-                rows += [j] * len(barred)
-                cols += barred
-                values += [-math.inf] * len(barred)
-        return rows, cols, values
-
-    def _biased(self, logits: torch.Tensor, biases: tuple[list[int], list[int], list[float]]
-                ) -> torch.Tensor:
-        """A copy of the logits with _biases' changes added (the logits may be a graph's
-        output, which its next replay overwrites, and the logprobs read them raw)."""
-        rows, cols, values = biases
-        out = logits.clone()
-        index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
-        return out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
+    def _forward_scored(self, batch: Batch, scored: list[tuple[int, int, int]]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queue the eager forward of a step that scores its prompt (`scored`: PromptScoring's
+        rows) and the scoring: the logits of its rows that sample, and the prompt's table."""
+        input_ids, ctx = self.prepare(batch, every_row=True)
+        rows, targets = self._score_rows(batch, scored)  # (copied before the forward is
+        # queued: a copy from pageable memory after it would wait for it)
+        with torch.inference_mode():
+            h, residual = self.model.model(input_ids, ctx, self.caches)
+        logits = self.model.logits(h, residual, ctx.logits_indices)
+        k = max(batch.items[i].seq.params.prompt_logprobs for i, _, _ in scored)
+        return logits, self._score(h, residual, rows, targets, k)
 
     def collect(self, launched: Launched) -> tuple[list[int], list[list[float]] | None,
                                                    np.ndarray | None]:
@@ -260,24 +198,6 @@ class ModelRunner(GraphReplay, PromptScoring, StateTransfer):
             launched.host_logprobs = host.copy_(table, non_blocking=True).numpy()
         self._out_copied.record()
         launched.host, launched.copied = self._out[:n].numpy(), self._out_copied
-
-    def _generator(self, seq) -> torch.Generator | None:
-        if seq.params.is_greedy or seq.params.seed is None:
-            return None
-        gen = self.generators.get(seq.seq_id)
-        if gen is None:
-            gen = self.generators[seq.seq_id] = (
-                torch.Generator(self.device).manual_seed(seq.params.seed)
-            )
-        return gen
-
-    def _counts(self, seqs, vocab_size: int) -> tuple[TokenCounts, list[int]]:
-        """The token counts and each sequence's row in them (0 for one without penalties)."""
-        if self.counts is None:
-            self.counts = TokenCounts(vocab_size, self.device)
-        return self.counts, [
-            self.counts.row(s.seq_id, s.token_ids[: s.num_prompt_tokens], s.output_ids)
-            if s.params.uses_penalties else 0 for s in seqs]
 
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)

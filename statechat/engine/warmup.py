@@ -45,10 +45,19 @@ def warm_up(runner: ModelRunner, max_seqs: int, max_tokens: int, max_blocks: int
     its disk cache serves later processes. Not built here: a top-k above 64, a logprob k
     above 32. max_seqs, max_tokens: the engine's sequences and tokens a step; max_blocks:
     the widest block table (the context limit in blocks)."""
+    runner.copy_slots([(0, runner.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
+    _warm_forwards(runner, _forward_shapes(runner, max_seqs, max_tokens, max_blocks))
+    _warm_sampler(runner)
+
+
+def _forward_shapes(runner: ModelRunner, max_seqs: int, max_tokens: int, max_blocks: int
+                    ) -> list[tuple[int, int, int]]:
+    """The (sequences, tokens each, blocks of context) of the eager forwards warm_up runs: one
+    per GDN state tile, and the large step, chunks and decode steps that no graph's capture
+    builds (see warm_up)."""
     from kernels.attention import split_widths  # (imports triton: accelerators only)
     from kernels.gdn_chunk import state_tile_counts
 
-    runner.copy_slots([(0, runner.pad_slot)])  # (slot 0's zeros into the pad slot: harmless)
     mc, most = runner.loaded.config, min(max_seqs, max_tokens // CHUNK)
     heads, width = mc.linear_num_value_heads, mc.linear_value_head_dim
     shapes = [(n, CHUNK, 1) for n in state_tile_counts(heads, width, runner.device, most)]
@@ -66,6 +75,12 @@ def warm_up(runner: ModelRunner, max_seqs: int, max_tokens: int, max_blocks: int
         shapes += [(1, CHUNK, w) for w in widths(CHUNK)[1:]]  # a chunk over a longer context
     if runner.graphs is None:
         shapes += [(1, 1, w) for w in widths(1)] + [(min(2, max_seqs), 1, 1)]
+    return shapes
+
+
+def _warm_forwards(runner: ModelRunner, shapes: list[tuple[int, int, int]]) -> None:
+    """warm_forward each of `shapes` in turn; the first that runs out of memory is said in a
+    warning and ends the run (the later ones are no smaller)."""
     for n, length, blocks in shapes:
         try:
             warm_forward(runner, n, length, blocks)
@@ -76,6 +91,12 @@ def warm_up(runner: ModelRunner, max_seqs: int, max_tokens: int, max_blocks: int
                         "a step that large may fail while serving (EngineConfig: "
                         "lower memory_fraction or max_num_batched_tokens)", n * length)
             break
+
+
+def _warm_sampler(runner: ModelRunner) -> None:
+    """Draw over zero logits as warm_up lists: top-p, top-k 20 and 40, each alone, penalised,
+    and after a penalised row; two groups in one step; a penalised argmax; then the logprob
+    and prompt-score tables."""
     vocab = runner.loaded.config.vocab_size
     logits = torch.zeros(2, vocab, dtype=torch.float32, device=runner.device)
     counts = TokenCounts(vocab, runner.device)
