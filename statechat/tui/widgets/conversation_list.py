@@ -13,12 +13,12 @@ from statechat.tui.format import clean, one_line
 
 
 class ConversationList(ListView):
-    """Enter or a click opens a conversation; Delete asks to remove it (and its whole tree),
-    Delete again removes it (the app asks: conversations.py). Focused, it highlights a chat
-    (the open one, else the first), so Enter always opens one."""
+    """Enter or a click opens a conversation; Delete (or Backspace) asks to remove it (and its
+    whole tree), the key again removes it (the app asks: conversations.py). Focused, it
+    highlights a chat (the open one, else the first), so Enter always opens one."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
-        Binding("delete", "delete_conversation", "Delete chat (twice)")]
+    BINDINGS: ClassVar[list[Binding]] = [  # (Backspace: the key a Mac labels Delete)
+        Binding("delete,backspace", "delete_conversation", "Delete chat", key_display="del")]
 
     class Open(Message):
         def __init__(self, conv_id: str) -> None:

@@ -16,6 +16,7 @@ from textual.widgets import Static
 from statechat.chat.tree import Message
 from statechat.tui.format import clean, split_thinking, status_line
 
+BRANCHES = Binding.Group("Branch", compact=True)  # [ ] in the footer as one key
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
@@ -27,9 +28,11 @@ class MessageView(Vertical, can_focus=True):
         Binding("e", "app.edit_message", "Edit"),
         Binding("r", "app.regenerate", "Regenerate"),
         Binding("c", "app.continue_reply", "Continue"),
-        Binding("left_square_bracket,left", "app.prev_branch", "Prev branch", key_display="["),
-        Binding("right_square_bracket,right", "app.next_branch", "Next branch", key_display="]"),
-        Binding("d", "app.delete_branch", "Delete branch (twice)"),
+        Binding("left_square_bracket,left", "app.prev_branch", "Prev branch", key_display="[",
+                group=BRANCHES),
+        Binding("right_square_bracket,right", "app.next_branch", "Next branch", key_display="]",
+                group=BRANCHES),
+        Binding("d", "app.delete_branch", "Delete"),
     ]
 
     def __init__(self, message: Message, position: int = 1, num_siblings: int = 1,
