@@ -242,6 +242,22 @@ def _gdn_fields(need) -> dict:
     }
 
 
+def transformers_config(path: Path):
+    """transformers' own config of the checkpoint directory `path` (its config.json read by
+    from_hf first), with which AutoTokenizer picks the tokenizer, checking every field (those
+    statechat does not read too). A null field is read as a missing one, as from_hf reads it:
+    transformers refuses a null number it would default (and a null full_attention_interval
+    fails inside it)."""
+    from transformers import AutoConfig
+
+    def without_nulls(d: dict) -> dict:
+        return {k: without_nulls(v) if isinstance(v, dict) else v
+                for k, v in d.items() if v is not None}
+
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return AutoConfig.for_model(**without_nulls(raw))
+
+
 def _missing(path: Path) -> str:
     """The error for a --model that is not there; one written as a repo id (`Qwen/Qwen3.5-0.8B`,
     which vLLM would download) says where statechat looked and how to fetch it."""

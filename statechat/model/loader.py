@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from statechat.errors import ModelError
-from statechat.model.config import ModelConfig
+from statechat.model.config import ModelConfig, transformers_config
 from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
@@ -266,10 +266,10 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except StrictDataclassError as e:  # transformers checks every field of config.json (ours
-        # checked those statechat reads): the field is named on the error's first line, the
-        # reason on the next
+        tok = AutoTokenizer.from_pretrained(str(path), config=transformers_config(path),
+                                            local_files_only=True)
+    except StrictDataclassError as e:  # transformers checks every field of config.json: the
+        # field is named on the error's first line, the reason on the next
         why = " ".join(line.strip() for line in str(e).splitlines())
         raise ModelError(f"{path / 'config.json'} has a value transformers refuses "
                          f"({why})") from None

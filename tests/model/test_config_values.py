@@ -194,3 +194,24 @@ def test_statechat_run_says_a_bad_value_in_one_line(tmp_path, monkeypatch, capsy
     assert exit_info.value.code == 2
     assert err == (f"statechat: {model / 'config.json'} field 'partial_rotary_factor' must be a "
                    "number above 0 and at most 1, got 0 (leave it out for the default, 0.25)")
+
+
+@pytest.mark.parametrize("edit", [
+    no_layer_types(full_attention_interval=None),
+    lambda c: c.update(rms_norm_eps=None, linear_conv_kernel_dim=None),
+    rope(rope_theta=None, partial_rotary_factor=None),
+], ids=["interval", "eps-conv", "rotary"])
+def test_a_checkpoint_with_null_fields_loads(tmp_path, edit):
+    """(The embedded model's values are the defaults.) Not only from_hf: transformers, which
+    picks the tokenizer, refused a null number where it defaults a missing one (and failed on
+    a null interval: "cannot load the tokenizer")."""
+    import torch
+
+    from statechat.model.loader import load_model
+
+    model = shutil.copytree(EMBEDDED_MODEL, tmp_path / "m")
+    cfg = embedded()
+    edit(cfg)
+    write(model, cfg)
+    loaded = load_model(model, dtype=torch.float32)
+    assert loaded.config == load_model(EMBEDDED_MODEL, dtype=torch.float32).config
