@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from statechat.errors import ModelError
+from statechat.model.config_checks import check_fields, flag, layer_types, need, number, width
 from statechat.model.generation_config import eos_ids, read_generation_config, sampling_defaults
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -62,23 +63,7 @@ class ModelConfig:
     # `decoder_sparse_step` and `mlp_only_layers` of Qwen2/3-MoE configs are not read.)
 
     def __post_init__(self) -> None:
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ModelError(f"config.json lists {len(self.layer_types)} layer_types for "
-                             f"{self.num_hidden_layers} layers")
-        bad = sorted(set(self.layer_types) - {"linear_attention", "full_attention"})
-        if bad:
-            raise ModelError(f"config.json has unknown layer type {bad[0]!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ModelError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ModelError("linear_num_value_heads must be a multiple of linear_num_key_heads")
-        if self.is_moe:
-            k, e = self.num_experts_per_tok, self.num_experts
-            if not 0 < k <= e or self.moe_intermediate_size <= 0:
-                raise ModelError("config.json needs 0 < num_experts_per_tok <= num_experts and a "
-                                 "positive moe_intermediate_size for a mixture-of-experts model")
-        elif self.intermediate_size <= 0:
-            raise ModelError("config.json lacks intermediate_size for the dense MLP")
+        check_fields(self)
 
     @property
     def is_moe(self) -> bool:
@@ -170,23 +155,25 @@ class ModelConfig:
         same first one every time. (A field of another type raises TypeError and its kin:
         from_hf words those.)"""
         cfg_file = path / "config.json"
-        need = functools.partial(_need, text, cfg_file)
-        num_layers = need("num_hidden_layers")
-        layer_types = _layer_types(text, num_layers, cfg_file)
+        need_ = functools.partial(need, text, cfg_file)
+        num_layers = need_("num_hidden_layers")
+        types = layer_types(text, num_layers, cfg_file)
         rope = _rope(text, cfg_file)
-        tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        tie = raw.get("tie_word_embeddings")
+        tie = flag(cfg_file, "tie_word_embeddings",
+                   text.get("tie_word_embeddings") if tie is None else tie, False)
         gen = read_generation_config(path)
-        mlp = _mlp_fields(model_type, text, need)
-        return cls(
+        mlp = _mlp_fields(model_type, text, need_, cfg_file)
+        fields = dict(
             model_type=model_type,
-            vocab_size=need("vocab_size"),
-            hidden_size=need("hidden_size"),
+            vocab_size=need_("vocab_size"),
+            hidden_size=need_("hidden_size"),
             num_hidden_layers=num_layers,
-            layer_types=tuple(layer_types),
-            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=bool(tie),
-            **_attention_fields(text, rope, need),
-            **_gdn_fields(need),
+            layer_types=types,
+            rms_norm_eps=number(cfg_file, "rms_norm_eps", text.get("rms_norm_eps"), 1e-6),
+            tie_word_embeddings=tie,
+            **_attention_fields(text, rope, need_, cfg_file),
+            **_gdn_fields(need_),
             # (a multimodal config's text_config may have none: then its top level's)
             eos_token_ids=eos_ids(gen, text if text.get("eos_token_id") is not None else raw,
                                   path),
@@ -195,35 +182,10 @@ class ModelConfig:
                             or "bfloat16"),
             **mlp,
         )
-
-
-def _need(text: dict, cfg_file: Path, key: str, default=None):
-    """text[key], checked (a key of POSITIVE_INT_FIELDS must hold a positive integer); `default`
-    for a key that may be missing (or null)."""
-    if default is not None and text.get(key) is None:
-        return default
-    if key not in text:
-        raise ModelError(f"{cfg_file} lacks the field {key!r}")
-    value = text[key]
-    if key in POSITIVE_INT_FIELDS and (isinstance(value, bool)
-                                       or not isinstance(value, int) or value < 1):
-        raise ModelError(f"{cfg_file} field {key!r} must be a positive integer, got {value!r}")
-    return value
-
-
-def _layer_types(text: dict, num_layers: int, cfg_file: Path) -> list[str]:
-    """Each layer's type: config.json's `layer_types`, else every `full_attention_interval`-th
-    layer full attention (default 4: Qwen3.5's 3:1), the others GDN. The interval is checked
-    even where layer_types is given."""
-    interval = text.get("full_attention_interval", 4)
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-        raise ModelError(f"{cfg_file} field 'full_attention_interval' must be a positive "
-                         f"integer, got {interval!r}")
-    return text.get("layer_types") or [
-        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-        for i in range(num_layers)
-    ]
-
+        try:
+            return cls(**fields)
+        except ModelError as e:  # (fields that do not fit together: check_fields)
+            raise ModelError(f"{cfg_file} {e}") from None
 
 def _rope(text: dict, cfg_file: Path) -> dict:
     """The rotary parameters (`rope_parameters`, else the older `rope_scaling`; {} for none),
@@ -236,7 +198,7 @@ def _rope(text: dict, cfg_file: Path) -> dict:
     return rope
 
 
-def _mlp_fields(model_type: str, text: dict, need) -> dict:
+def _mlp_fields(model_type: str, text: dict, need, cfg_file: Path) -> dict:
     """The MLP's fields: a dense model's intermediate_size, or an MoE model's expert fields
     (its intermediate_size, unused since every layer is sparse, is 0)."""
     if "moe" not in model_type:
@@ -246,22 +208,25 @@ def _mlp_fields(model_type: str, text: dict, need) -> dict:
         "num_experts": need("num_experts"),
         "num_experts_per_tok": need("num_experts_per_tok"),
         "moe_intermediate_size": need("moe_intermediate_size"),
-        "shared_expert_intermediate_size": text.get("shared_expert_intermediate_size") or 0,
-        "norm_topk_prob": bool(text.get("norm_topk_prob", True)),
+        "shared_expert_intermediate_size": width(text, cfg_file, "shared_expert_intermediate_size"),
+        "norm_topk_prob": flag(cfg_file, "norm_topk_prob", text.get("norm_topk_prob"), True),
     }
 
 
-def _attention_fields(text: dict, rope: dict, need) -> dict:
-    """The full-attention layers' fields; head_dim defaults to hidden_size / heads, the rotary
-    fields to the top level's where `rope` lacks them."""
+def _attention_fields(text: dict, rope: dict, need, cfg_file: Path) -> dict:
+    """The full-attention layers' fields; head_dim defaults to 256 (transformers' default, not
+    hidden_size / heads), the rotary fields to the top level's where `rope` lacks them, then
+    to transformers' defaults."""
+    def rotary(key: str, default: float, most: float | None = None) -> float:
+        value = rope.get(key)
+        return number(cfg_file, key, text.get(key) if value is None else value, default, most)
+
     return {
         "num_attention_heads": need("num_attention_heads"),
         "num_key_value_heads": need("num_key_value_heads"),
-        "head_dim": need("head_dim") if text.get("head_dim") is not None
-        else need("hidden_size") // need("num_attention_heads"),
-        "rope_theta": float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
-        "partial_rotary_factor": float(rope.get("partial_rotary_factor",
-                                                text.get("partial_rotary_factor", 0.25))),
+        "head_dim": need("head_dim", 256),
+        "rope_theta": rotary("rope_theta", 10000.0),
+        "partial_rotary_factor": rotary("partial_rotary_factor", 0.25, most=1.0),
         "max_position_embeddings": need("max_position_embeddings", 32768),
     }
 
@@ -277,6 +242,22 @@ def _gdn_fields(need) -> dict:
     }
 
 
+def transformers_config(path: Path):
+    """transformers' own config of the checkpoint directory `path` (its config.json read by
+    from_hf first), with which AutoTokenizer picks the tokenizer, checking every field (those
+    statechat does not read too). A null field is read as a missing one, as from_hf reads it:
+    transformers refuses a null number it would default (and a null full_attention_interval
+    fails inside it)."""
+    from transformers import AutoConfig
+
+    def without_nulls(d: dict) -> dict:
+        return {k: without_nulls(v) if isinstance(v, dict) else v
+                for k, v in d.items() if v is not None}
+
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return AutoConfig.for_model(**without_nulls(raw))
+
+
 def _missing(path: Path) -> str:
     """The error for a --model that is not there; one written as a repo id (`Qwen/Qwen3.5-0.8B`,
     which vLLM would download) says where statechat looked and how to fetch it."""
@@ -288,10 +269,3 @@ def _missing(path: Path) -> str:
             f"({hf_hub_cache()}); statechat does not download models: run `hf download {path}` "
             "first, or pass --model DIR with a checkpoint directory")
 
-
-POSITIVE_INT_FIELDS = frozenset({
-    "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-    "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-    "linear_value_head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "head_dim", "max_position_embeddings", "linear_conv_kernel_dim",
-})

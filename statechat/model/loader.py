@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from statechat.errors import ModelError
-from statechat.model.config import ModelConfig
+from statechat.model.config import ModelConfig, transformers_config
 from statechat.model.qwen3_5 import Qwen3_5ForCausalLM
 
 IGNORED_PREFIXES = ("model.visual.", "visual.", "mtp.")
@@ -191,7 +191,8 @@ def load_weights(model: Qwen3_5ForCausalLM, files: list[Path], config: ModelConf
 class _Seen:
     """What load_weights has met in a checkpoint's files, to name what they lack or add."""
 
-    nested: bool  # the files name the text model's tensors under model.language_model.
+    nested: bool  # the config's layout: the text model's tensors under model.language_model.
+    lead: int = 0  # text-model tensors met under model.language_model. less those under model.
     loaded: set[str] = field(default_factory=set)  # our parameters copied whole
     unknown: list[str] = field(default_factory=list)  # tensors the model has no place for
     parts: dict[str, set[str]] = field(default_factory=dict)  # fused -> per-expert tensors met
@@ -203,8 +204,8 @@ class _Seen:
         ours = map_name(name, config)
         if ours is None:
             return None
-        if ours.startswith("model."):  # (as the files name them: for a missing one)
-            self.nested = name.startswith("model.language_model.")
+        if ours.startswith("model."):  # (a missing one is named as most of them are)
+            self.lead += 1 if name.startswith("model.language_model.") else -1
         if ours in params:
             self.loaded.add(ours)
             return params[ours]
@@ -232,9 +233,10 @@ class _Seen:
             else:
                 missing.append(n)
         if missing:
-            prefix = "model.language_model." if self.nested else "model."
-            shown = (missing[0].replace("model.", prefix, 1) if missing[0].startswith("model.")
-                     else missing[0])
+            nested = self.lead > 0 or (self.lead == 0 and self.nested)  # (a tie: the layout's)
+            shown = missing[0]
+            if nested:
+                shown = re.sub(r"^model\.", "model.language_model.", shown)
             raise ModelError(f"checkpoint lacks tensor {shown} ({len(missing)} missing in all)")
         if self.unknown:
             raise ModelError(f"checkpoint has tensor {self.unknown[0]}, which a "
@@ -264,10 +266,10 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except StrictDataclassError as e:  # transformers checks every field of config.json (ours
-        # checked those statechat reads): the field is named on the error's first line, the
-        # reason on the next
+        tok = AutoTokenizer.from_pretrained(str(path), config=transformers_config(path),
+                                            local_files_only=True)
+    except StrictDataclassError as e:  # transformers checks every field of config.json: the
+        # field is named on the error's first line, the reason on the next
         why = " ".join(line.strip() for line in str(e).splitlines())
         raise ModelError(f"{path / 'config.json'} has a value transformers refuses "
                          f"({why})") from None

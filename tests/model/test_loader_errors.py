@@ -77,6 +77,28 @@ def test_missing_tensor_is_named(tiny_dirs, tmp_path):
     assert "model.language_model.layers.1.linear_attn.A_log" in error_of(path)
 
 
+def test_missing_tensor_of_a_text_layout_is_named_as_its_files_name_it(tiny_dirs, tmp_path):
+    path = copy_ckpt(tiny_dirs["qwen3_5_text"], tmp_path / "m")
+    shard = weights(path)
+    tensors = load_file(shard)
+    name = next(n for n in tensors if n.startswith("model.layers."))
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    assert error_of(path) == f"checkpoint lacks tensor {name} (1 missing in all)"
+
+
+def test_missing_tensor_is_named_as_most_of_the_files_name_theirs(tiny_dirs, tmp_path):
+    """A checkpoint whose tensors sit under model.language_model. but one under model. (read
+    last: the files are read in name order): the missing tensor was named after that one."""
+    path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.language_model.layers.1.linear_attn.A_log"]
+    tensors["model.norm.weight"] = tensors.pop("model.language_model.norm.weight")
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    assert error_of(path) == ("checkpoint lacks tensor "
+                              "model.language_model.layers.1.linear_attn.A_log (1 missing in all)")
+
+
 def test_shape_mismatch_names_tensor_and_shapes(tiny_dirs, tmp_path):
     path = copy_ckpt(tiny_dirs["qwen3_5"], tmp_path / "m")
     tensors = load_file(path / "model.safetensors")
