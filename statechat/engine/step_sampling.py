@@ -55,7 +55,7 @@ class StepSampling:
             counts = self._counts(wanted, logits.shape[-1])
         drawn_from = logits
         biases = self._biases(batch, logits.shape[-1]) if any(p.uses_bias for p in params) else None
-        if biases:  # (a graph's argmax and sampling do not see them: this step is eager)
+        if biases and biases[0]:  # (a graph's argmax and sampling do not see them: eager)
             drawn_from, greedy, graphs = self._biased(logits, biases), None, None
         tokens = sample(drawn_from, params, [self._generator(s) for s in wanted], greedy, counts,
                         graphs)

@@ -123,3 +123,19 @@ def test_a_bias_outside_the_vocabulary_is_refused(setup, engine_device):
     with pytest.raises(ConfigError, match=f"logit_bias token id {vocab} is outside"):
         eng.generate(setup[2][:1], SamplingParams(logit_bias={vocab: 1.0}))
     assert not eng.has_unfinished()
+
+
+def test_min_tokens_leaves_the_plain_path_once_reached(setup, engine_device, monkeypatch):
+    """A request with min_tokens and no logit_bias copies and biases its logits (the eager
+    path, without the graphs' argmax and sampler) only for the tokens min_tokens bars: once
+    reached, its steps sample as a plain request's do."""
+    from statechat.engine.step_sampling import StepSampling
+
+    eng = engine(setup, engine_device)
+    biased = []
+    real = StepSampling._biased
+    monkeypatch.setattr(StepSampling, "_biased",
+                        lambda self, logits, b: biased.append(len(b[0])) or real(self, logits, b))
+    out = eng.generate(setup[2][:1], SamplingParams(max_tokens=6, min_tokens=2))[0]
+    assert len(out.token_ids) == 6  # (this reply has no EOS: the plain one runs NEW tokens)
+    assert len(biased) == 2 and all(biased)  # the first two tokens, each with EOS barred
