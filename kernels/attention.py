@@ -331,7 +331,8 @@ def _prefill_config(q: torch.Tensor) -> dict:
     return CUDA_PREFILL
 
 
-def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> None:
+def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, gate) -> None:
+    """paged_attention's checks of its tensors (shapes and strides: no device value read)."""
     if q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
             f"paged_attention expects q [T, Hq, D] and caches [num_blocks, block_size, Hkv, D]; "
@@ -367,6 +368,11 @@ def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens) -> Non
     ):
         if t.dtype != torch.int32 or t.stride(-1) != 1:
             raise ValueError(f"paged_attention needs {name} as int32 with a unit-stride last dim")
+    if gate is not None and (gate.shape != q.shape or gate.dtype != q.dtype or gate.stride(2) != 1):
+        raise ValueError(
+            f"paged_attention: gate {tuple(gate.shape)} {gate.dtype} must match q "
+            f"{tuple(q.shape)} {q.dtype} with a unit-stride last dim"
+        )
 
 
 def _launch_shape(q: torch.Tensor, N: int, Hkv: int, width: int) -> tuple[int, int, int, int]:
@@ -430,72 +436,23 @@ def paged_attention(
     (token/head strides free), applied as out * sigmoid(gate) before the store.
     Returns [T, Hq, D] in q's dtype; softmax in float32.
     """
-    _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    if gate is not None and (gate.shape != q.shape or gate.dtype != q.dtype or gate.stride(2) != 1):
-        raise ValueError(
-            f"paged_attention: gate {tuple(gate.shape)} {gate.dtype} must match q "
-            f"{tuple(q.shape)} {q.dtype} with a unit-stride last dim"
-        )
-    T, Hq, D = q.shape
-    block_size, Hkv = k_cache.shape[1:3]
-    N = cu_seqlens_q.shape[0] - 1
-    G = Hq // Hkv
+    _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, gate)
+    T, Hkv, N = q.shape[0], k_cache.shape[2], cu_seqlens_q.shape[0] - 1
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if T == 0 or N == 0:
         return out
     is_decode = T == N
     config = CUDA_DECODE if is_decode else _prefill_config(q)
     BQ, BM, num_tiles, num_splits = _launch_shape(q, N, Hkv, block_tables.shape[1])
-    is_split = num_splits > 1
-    if is_split:
-        part_acc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((T, Hq, num_splits, 2), dtype=torch.float32, device=q.device)
-    else:
-        part_acc = part_ml = out  # never touched
-    BD = triton.next_power_of_2(D)
-    # float32 tiles: one stage fits in shared memory
-    stages = 1 if q.element_size() > 2 else config["num_stages"]
-    tuning = cuda_hints(q.device, num_warps=config["num_warps"], num_stages=stages)
+    parts = _split_parts(q, num_splits, out)
     gate_strides = (0, 0) if gate is None else (gate.stride(0), gate.stride(1))
-    args = (
-        q,
-        k_cache,
-        v_cache,
-        out,
-        q if gate is None else gate,
-        part_acc,
-        part_ml,
-        block_tables,
-        cu_seqlens_q,
-        context_lens,
-        scale * _LOG2E,
-        q.stride(0),
-        q.stride(1),
-        *gate_strides,
-        k_cache.stride(0),
-        k_cache.stride(1),
-        block_tables.stride(0),
-        N,
-        num_tiles,
-        max(N - 1, 1).bit_length(),
-        num_splits,
-    )
-    constants = {
-        "HQ": Hq,
-        "G": G,
-        "D": D,
-        "BD": BD,
-        "BQ": BQ,
-        "BM": BM,
-        "PAD": int(BQ > 1),
-        "BLOCK_SIZE": block_size,
-        "IS_SPLIT": is_split,
-        "HAS_GATE": gate is not None,
-        "DOT_PRECISION": dot_precision(q.device, q.dtype),
-        **pdl(q.device),
-    }
+    args = (q, k_cache, v_cache, out, q if gate is None else gate, *parts, block_tables,
+            cu_seqlens_q, context_lens, scale * _LOG2E, q.stride(0), q.stride(1), *gate_strides,
+            k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), N, num_tiles,
+            max(N - 1, 1).bit_length(), num_splits)
+    constants = _constants(q, k_cache, gate is not None, BQ, BM, num_splits > 1, config)
     try:
-        launch(_paged_attn_kernel, (num_tiles, Hkv, num_splits), *args, **constants, **tuning)
+        launch(_paged_attn_kernel, (num_tiles, Hkv, num_splits), *args, **constants)
     except OutOfResources as e:
         if is_decode or config is _SMALL_PREFILL:
             raise
@@ -506,11 +463,51 @@ def paged_attention(
         return paged_attention(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, gate
         )
-    if is_split:
-        BS_merge, BD_merge = _merge_tile(num_splits, BD)
-        launch(
-            _merge_splits_kernel, (T * Hq, triton.cdiv(D, BD_merge)),
-            part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
-            HQ=Hq, D=D, BD=BD_merge, BS=BS_merge, HAS_GATE=gate is not None, **pdl(q.device),
-        )
+    if num_splits > 1:
+        _launch_merge(q, gate, gate_strides, *parts, out, num_splits)
     return out
+
+
+def _split_parts(q: torch.Tensor, num_splits: int, out: torch.Tensor):
+    """(part_acc [T, Hq, splits, D], part_ml [T, Hq, splits, 2]) float32, the splits' partial
+    results (accumulator; running max and sum); `out` twice, never touched, without splits."""
+    if num_splits <= 1:
+        return out, out
+    T, Hq, D = q.shape
+    part_acc = torch.empty((T, Hq, num_splits, D), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((T, Hq, num_splits, 2), dtype=torch.float32, device=q.device)
+    return part_acc, part_ml
+
+
+def _constants(q, k_cache, has_gate: bool, BQ: int, BM: int, is_split: bool, config: dict):
+    """The attention kernel's compile-time constants, then its launch hints (CUDA only)."""
+    Hq, D = q.shape[1:]
+    BD = triton.next_power_of_2(D)
+    # float32 tiles: one stage fits in shared memory
+    stages = 1 if q.element_size() > 2 else config["num_stages"]
+    return {
+        "HQ": Hq,
+        "G": Hq // k_cache.shape[2],
+        "D": D,
+        "BD": BD,
+        "BQ": BQ,
+        "BM": BM,
+        "PAD": int(BQ > 1),
+        "BLOCK_SIZE": k_cache.shape[1],
+        "IS_SPLIT": is_split,
+        "HAS_GATE": has_gate,
+        "DOT_PRECISION": dot_precision(q.device, q.dtype),
+        **pdl(q.device),
+        **cuda_hints(q.device, num_warps=config["num_warps"], num_stages=stages),
+    }
+
+
+def _launch_merge(q, gate, gate_strides, part_acc, part_ml, out, num_splits: int) -> None:
+    """The splits' partial results merged into out [T, Hq, D] (gated when gate is given)."""
+    T, Hq, D = q.shape
+    BS_merge, BD_merge = _merge_tile(num_splits, triton.next_power_of_2(D))
+    launch(
+        _merge_splits_kernel, (T * Hq, triton.cdiv(D, BD_merge)),
+        part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
+        HQ=Hq, D=D, BD=BD_merge, BS=BS_merge, HAS_GATE=gate is not None, **pdl(q.device),
+    )

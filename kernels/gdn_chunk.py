@@ -548,23 +548,23 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slot
             raise ValueError(
                 f"{name} must be a contiguous [HV] = [{HV}] tensor, got {tuple(x.shape)}"
             )
-    if (
-        state_pool.dim() != 4
-        or state_pool.shape[1:] != (HV, K, V)
-        or state_pool.dtype != torch.float32
-    ):
+    if state_pool.dim() != 4 or state_pool.shape[1:] != (HV, K, V) or (
+            state_pool.dtype != torch.float32):
         raise ValueError(
             f"state_pool must be float32 [num_slots, {HV}, {K}, {V}], got "
             f"{state_pool.dtype} {tuple(state_pool.shape)}"
         )
+    _check_layouts(q, k, v, a, b, state_pool, src_slots, dst_slots, num_seqs)
+    return H, HV, K, V
+
+
+def _check_layouts(q, k, v, a, b, state_pool, src_slots, dst_slots, num_seqs) -> None:
+    """The rest of `_check_inputs`, once the shapes agree: slots, strides and dtypes."""
     if not state_pool.is_contiguous():
         raise ValueError("state_pool must be contiguous")
     for name, x in (("src_slots", src_slots), ("dst_slots", dst_slots)):
-        if (
-            x.shape != (num_seqs,)
-            or x.dtype not in (torch.int32, torch.int64)
-            or not x.is_contiguous()
-        ):
+        if (x.shape != (num_seqs,) or x.dtype not in (torch.int32, torch.int64)
+                or not x.is_contiguous()):
             raise ValueError(
                 f"{name} must be a contiguous int32 [{num_seqs}] tensor, "
                 f"got {x.dtype} {tuple(x.shape)}"
@@ -584,7 +584,6 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slot
         )
     if v.dtype != q.dtype:
         raise ValueError(f"v must have q's dtype {q.dtype}, got {v.dtype}")
-    return H, HV, K, V
 
 
 def _dot_types(dtype: torch.dtype, device: torch.device):
@@ -714,107 +713,126 @@ def chunk_gdn(
     """
     N = cu_seqlens.shape[0] - 1
     H, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, state_pool, src_slots, dst_slots, N)
+    _check_step(q, v, cu_seqlens, norm)
+    cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    layout = _step_layout(cu_seqlens, q.shape[0], checkpoints, layout)
+    prec, dot_dtype = _dot_types(q.dtype, q.device)
+    s = _scratch(q, H, HV, K, V, layout.chunk_seq.shape[0])
+    o = torch.empty(q.shape[0], HV, V, dtype=v.dtype, device=q.device)
+    _launch_prepare(q, k, v, a, b, A_log, dt_bias, cu_seqlens, layout, s, prec, dot_dtype)
+    _launch_state(k, state_pool, src_slots, dst_slots, cu_seqlens, layout, s, prec, dot_dtype)
+    fused = _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype)
+    if norm is not None and not fused:
+        return gated_rmsnorm(o, *norm)
+    return o
+
+
+def _check_step(q, v, cu_seqlens, norm) -> None:
+    """chunk_gdn's checks beyond `_check_inputs`: cu_seqlens and the fused norm's operands,
+    all before any state is written."""
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"cu_seqlens must be int32 [N+1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
         )
-    T = q.shape[0]
-    if norm is not None:  # checked before any state is written, like every other input
+    T, HV, V = q.shape[0], v.shape[1], v.shape[2]
+    if norm is not None:
         if norm[0].shape != (T, HV, V) or norm[0].stride(2) != 1 or norm[1].shape != (V,):
             raise ValueError(f"chunk_gdn: norm wants a gate [{T}, {HV}, {V}] "
                              f"(unit stride over V) and a weight [{V}], "
                              f"got {tuple(norm[0].shape)} and {tuple(norm[1].shape)}")
         check_norm_inputs(v, norm[1], "chunk_gdn norm", norm[0])
-    cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+
+
+def _step_layout(
+    cu_seqlens: torch.Tensor, T: int, checkpoints: Checkpoints | None, layout: ChunkLayout | None
+) -> ChunkLayout:
+    """The given layout once its shapes fit this step (int32 cu_seqlens [N+1], T tokens), or a
+    new one when None."""
+    N = cu_seqlens.shape[0] - 1
     max_chunks = T // CHUNK + N
     if layout is None:
-        layout = chunk_layout(cu_seqlens, T, checkpoints)
-    elif (layout.chunk_seq.shape != (max_chunks,) or layout.chunk_offsets.shape != (N + 1,)
-          or layout.ckpt_slots.shape != (max_chunks + 1,)):
+        return chunk_layout(cu_seqlens, T, checkpoints)
+    if (layout.chunk_seq.shape != (max_chunks,) or layout.chunk_offsets.shape != (N + 1,)
+            or layout.ckpt_slots.shape != (max_chunks + 1,)):
         raise ValueError(
             f"chunk_gdn: the layout is for another step ({layout.chunk_seq.shape[0]} chunks and "
             f"{layout.ckpt_slots.shape[0]} checkpoint entries, want {max_chunks} and "
             f"{max_chunks + 1} for {T} tokens in {N} sequences)"
         )
-    chunk_offsets, chunk_seq, ckpt_slots, busy_seqs = layout
+    return layout
 
-    dtype = q.dtype
-    prec, dot_dtype = _dot_types(dtype, q.device)
-    w = torch.empty(T, HV, K, dtype=dtype, device=q.device)
-    u = torch.empty(T, HV, V, dtype=dtype, device=q.device)
-    v_new = torch.empty(T, HV, V, dtype=dtype, device=q.device)
-    g_cum = torch.empty(T, HV, dtype=torch.float32, device=q.device)
-    rstd_q = torch.empty(T, H, dtype=torch.float32, device=q.device)
-    rstd_k = torch.empty(T, H, dtype=torch.float32, device=q.device)
-    h_chunks = torch.empty(max_chunks, HV, K, V, dtype=dtype, device=q.device)
-    o = torch.empty(T, HV, V, dtype=v.dtype, device=q.device)
 
+class _Scratch(NamedTuple):
+    """What the three kernels of one chunk_gdn call pass each other, in q's dtype unless noted:
+    w [T, HV, K]; u, v_new [T, HV, V]; g_cum [T, HV], rstd_q, rstd_k [T, H] float32;
+    h_chunks [max_chunks, HV, K, V], the state before each chunk."""
+
+    w: torch.Tensor
+    u: torch.Tensor
+    v_new: torch.Tensor
+    g_cum: torch.Tensor
+    rstd_q: torch.Tensor
+    rstd_k: torch.Tensor
+    h_chunks: torch.Tensor
+
+
+def _scratch(q: torch.Tensor, H: int, HV: int, K: int, V: int, max_chunks: int) -> _Scratch:
+    """Uninitialised scratch of a chunk_gdn call over q's T tokens."""
+    T, dtype, dev = q.shape[0], q.dtype, q.device
+    return _Scratch(
+        torch.empty(T, HV, K, dtype=dtype, device=dev),
+        torch.empty(T, HV, V, dtype=dtype, device=dev),
+        torch.empty(T, HV, V, dtype=dtype, device=dev),
+        torch.empty(T, HV, dtype=torch.float32, device=dev),
+        torch.empty(T, H, dtype=torch.float32, device=dev),
+        torch.empty(T, H, dtype=torch.float32, device=dev),
+        torch.empty(max_chunks, HV, K, V, dtype=dtype, device=dev),
+    )
+
+
+def _launch_prepare(q, k, v, a, b, A_log, dt_bias, cu_seqlens, layout, s, prec, dot_dtype):
+    """Step 1: gates, inverse norms and the WY factors of every chunk into s."""
+    (T, H, K), HV, V = q.shape, v.shape[1], v.shape[2]
+    N, max_chunks = cu_seqlens.shape[0] - 1, layout.chunk_seq.shape[0]
     cfg = CONFIG["prepare"]
     many = (T // CHUNK) * HV >= cfg["many"] * num_cores(q.device)
     if max_chunks > 0:
         launch(
             _gdn_prepare_kernel, (max_chunks, HV),
-            q,
-            k,
-            v,
-            a,
-            b,
-            A_log,
-            dt_bias,
-            w,
-            u,
-            g_cum,
-            rstd_q,
-            rstd_k,
-            cu_seqlens,
-            chunk_seq,
-            chunk_offsets,
-            q.stride(0),
-            k.stride(0),
-            v.stride(0),
-            a.stride(0),
-            b.stride(0),
-            N,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BK=min(K, cfg["BK"]),
-            BV=min(V, cfg["BV"]),
-            PREC=prec,
-            DT=dot_dtype,
+            q, k, v, a, b, A_log, dt_bias, s.w, s.u, s.g_cum, s.rstd_q, s.rstd_k,
+            cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
+            q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), N,
+            H=H, HV=HV, K=K, V=V, BK=min(K, cfg["BK"]), BV=min(V, cfg["BV"]),
+            PREC=prec, DT=dot_dtype,
             **cuda_hints(q.device, num_warps=cfg["many_warps"] if many else cfg["num_warps"],
                          num_stages=cfg["num_stages"]),
         )
+
+
+def _launch_state(k, state_pool, src_slots, dst_slots, cu_seqlens, layout, s, prec, dot_dtype):
+    """Step 2: each sequence's state through its chunks, into s.h_chunks, s.v_new, the
+    checkpoint slots and its destination slot."""
+    (T, H), (HV, K, V) = k.shape[:2], state_pool.shape[1:]
+    N = cu_seqlens.shape[0] - 1
     cfg = CONFIG["state"]
-    bv, state_warps = _state_tile(busy_seqs * HV, V, q.device)
+    bv, state_warps = _state_tile(layout.busy_seqs * HV, V, k.device)
     if N > 0:
         launch(
             _gdn_state_kernel, (N * HV, V // bv),
-            k,
-            w,
-            u,
-            g_cum,
-            rstd_k,
-            v_new,
-            h_chunks,
-            state_pool,
-            cu_seqlens,
-            chunk_offsets,
-            src_slots,
-            dst_slots,
-            ckpt_slots,
+            k, s.w, s.u, s.g_cum, s.rstd_k, s.v_new, s.h_chunks, state_pool,
+            cu_seqlens, layout.chunk_offsets, src_slots, dst_slots, layout.ckpt_slots,
             k.stride(0),
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BV=bv,
-            PREC=prec,
-            DT=dot_dtype,
+            H=H, HV=HV, K=K, V=V, BV=bv, PREC=prec, DT=dot_dtype,
             LONG=T * max(k.stride(0), HV * max(K, V)) >= 2**31,
-            **cuda_hints(q.device, num_warps=state_warps, num_stages=cfg["num_stages"]),
+            **cuda_hints(k.device, num_warps=state_warps, num_stages=cfg["num_stages"]),
         )
+
+
+def _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype) -> bool:
+    """Step 3: o of every chunk, gated-normed in the kernel when the head fits a tile (the
+    return value says whether it was)."""
+    (H, K), HV, V = q.shape[1:], o.shape[1], o.shape[2]
+    N, max_chunks = cu_seqlens.shape[0] - 1, layout.chunk_seq.shape[0]
     cfg = CONFIG["output"]
     bv = min(V, cfg["BV"])
     num_warps = cfg["num_warps"]
@@ -830,39 +848,12 @@ def chunk_gdn(
     if max_chunks > 0:
         launch(
             _gdn_output_kernel, (max_chunks, HV * (V // bv)),
-            q,
-            k,
-            v_new,
-            h_chunks,
-            g_cum,
-            rstd_q,
-            rstd_k,
-            o,
-            z,
-            norm_w,
-            cu_seqlens,
-            chunk_seq,
-            chunk_offsets,
-            q.stride(0),
-            k.stride(0),
-            o.stride(0),
-            z.stride(0),
-            z.stride(1),
-            N,
-            K**-0.5,
-            eps,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BV=bv,
-            PREC=prec,
-            DT=dot_dtype,
-            NORM=fused,
+            q, k, s.v_new, s.h_chunks, s.g_cum, s.rstd_q, s.rstd_k, o, z, norm_w,
+            cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
+            q.stride(0), k.stride(0), o.stride(0), z.stride(0), z.stride(1), N, K**-0.5, eps,
+            H=H, HV=HV, K=K, V=V, BV=bv, PREC=prec, DT=dot_dtype, NORM=fused,
             PROD_DTYPE=TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
             BK=min(K, cfg["BK"]),
             **cuda_hints(q.device, num_warps=num_warps, num_stages=cfg["num_stages"]),
         )
-    if norm is not None and not fused:
-        return gated_rmsnorm(o, z, norm_w, eps)
-    return o
+    return fused

@@ -118,33 +118,20 @@ def recurrent_gdn(
     if N == 0:
         return o
     pairs = N * HV
-    bv = CONFIG["small_BV"] if pairs <= CONFIG["small_pairs"] else CONFIG["large_BV"]
-    bv = min(bv, V)
+    bv = _value_tile(pairs, V)
     launch(
         _gdn_recurrent_kernel, (pairs, V // bv),
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        o,
-        state_pool,
-        src_slots,
-        dst_slots,
-        q.stride(0),
-        k.stride(0),
-        v.stride(0),
-        a.stride(0),
-        b.stride(0),
-        K**-0.5,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BV=bv,
+        q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), K**-0.5,
+        H=H, HV=HV, K=K, V=V, BV=bv,
         **cuda_hints(v.device, num_warps=CONFIG["num_warps"]),
         **pdl(v.device),
     )
     return o
+
+
+def _value_tile(pairs: int, V: int) -> int:
+    """The V tile of a step of `pairs` (sequence, value head) programs: the small one while
+    the grid is small, so that it holds more programs."""
+    bv = CONFIG["small_BV"] if pairs <= CONFIG["small_pairs"] else CONFIG["large_BV"]
+    return min(bv, V)

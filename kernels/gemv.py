@@ -290,6 +290,16 @@ def _fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+def _tiles(K: int, N: int, device: torch.device) -> tuple[int, int, int]:
+    """(BK, BN, programs) of a GEMV over rows K wide into N outputs."""
+    # rows up to WHOLE_ROW wide are one tile (the prologue runs once per program); wider ones
+    # are walked in WALK_BK-wide tiles (the prologue recomputed for each)
+    BK = triton.next_power_of_2(K) if K <= WHOLE_ROW else WALK_BK
+    BN = max(1, CUDA_GEMV["tile_elems"] // BK)
+    num_tiles = triton.cdiv(N, BN)
+    return BK, BN, min(num_tiles, CUDA_GEMV["programs_per_core"] * num_cores(device))
+
+
 def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float = 0.0,
             head_dim: int = 1, conv=None, argmax: torch.Tensor | None = None):
     """y [M, N] (and the new residual [M, K] for the norm prologue) by the GEMV kernel; with
@@ -300,12 +310,7 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
     new_residual = out  # not written without the norm prologue
     if prologue == _ADD_RMSNORM:
         new_residual = torch.empty((M, K), dtype=x.dtype, device=x.device)
-    # rows up to WHOLE_ROW wide are one tile (the prologue runs once per program); wider ones
-    # are walked in WALK_BK-wide tiles (the prologue recomputed for each)
-    BK = triton.next_power_of_2(K) if K <= WHOLE_ROW else WALK_BK
-    BN = max(1, CUDA_GEMV["tile_elems"] // BK)
-    num_tiles = triton.cdiv(N, BN)
-    num_progs = min(num_tiles, CUDA_GEMV["programs_per_core"] * num_cores(x.device))
+    BK, BN, num_progs = _tiles(K, N, x.device)
     # the gated norm's product dtype (the weight times the normed x, as the reference rounds it)
     prod = torch.promote_types(norm_w.dtype, x.dtype) if prologue == _GATED_NORM else x.dtype
     part_val = part_idx = out  # never touched without argmax
@@ -314,32 +319,15 @@ def _launch(x, w, prologue: int, K: int, residual=None, norm_w=None, eps: float 
         part_idx = torch.empty((M, num_progs), dtype=torch.int32, device=x.device)
     launch(
         _gemv_kernel, (num_progs,),
-        x,
-        x if residual is None else residual,
-        w if norm_w is None else norm_w,
-        new_residual,
-        w,
-        out,
-        N,
-        K,
-        x.stride(0),
-        0 if residual is None else residual.stride(0),
-        w.stride(0),
-        eps,
-        num_progs,
+        x, x if residual is None else residual, w if norm_w is None else norm_w, new_residual,
+        w, out, N, K, x.stride(0), 0 if residual is None else residual.stride(0), w.stride(0),
+        eps, num_progs,
         *(conv or (w, w, w, w)),  # never read without the conv
         0 if conv is None else conv[0].shape[0],
-        part_val,
-        part_idx,
-        M=M,
-        MR=triton.next_power_of_2(M),
-        PROLOGUE=prologue,
-        HD=head_dim,
-        HEAD_ROWS=triton.next_power_of_2(M) * BK // head_dim,
-        PROD_DTYPE=TL_DTYPES[prod],
-        BN=BN,
-        BK=BK,
-        WHOLE=BK >= K,
+        part_val, part_idx,
+        M=M, MR=triton.next_power_of_2(M), PROLOGUE=prologue, HD=head_dim,
+        HEAD_ROWS=triton.next_power_of_2(M) * BK // head_dim, PROD_DTYPE=TL_DTYPES[prod],
+        BN=BN, BK=BK, WHOLE=BK >= K,
         CONV_W=0 if conv is None else conv[0].shape[1],
         WP=1 if conv is None else triton.next_power_of_2(conv[0].shape[1] - 1),
         ARGMAX=argmax is not None,

@@ -383,10 +383,8 @@ def _decode(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     return out
 
 
-def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
-    T, H = x.shape
-    E, I, K = w_gate_up.shape[0], w_down.shape[2], ids.shape[1]
-    num_pairs = T * K
+def _prefill_tiles(x: torch.Tensor, E: int, num_pairs: int) -> tuple[dict, int, int, int]:
+    """(launch hints, BM, BN, BK) of the prefill path's expert kernels."""
     is_cuda = x.device.type == "cuda"
     cfg = dict(CUDA_PREFILL if is_cuda else INTERP_PREFILL)
     BN, BK = cfg.pop("BN"), cfg.pop("BK")
@@ -394,6 +392,16 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
         cfg["num_stages"] = 1  # float32 tiles: one stage fits in shared memory
     # rows per tile: about the mean number of pairs per expert, 16..64
     BM = min(64, max(16, triton.next_power_of_2(triton.cdiv(num_pairs, E))))
+    return cfg, BM, BN, BK
+
+
+def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
+    """The (token, choice) pairs sorted by expert, run through each expert's gate/up and down
+    matrices in tiles of BM pairs, then each token's K results combined into out."""
+    T, H = x.shape
+    E, I, K = w_gate_up.shape[0], w_down.shape[2], ids.shape[1]
+    num_pairs = T * K
+    cfg, BM, BN, BK = _prefill_tiles(x, E, num_pairs)
     BE = max(2, triton.next_power_of_2(E))
     precision = dot_precision(x.device, x.dtype)
     dev = x.device
@@ -405,45 +413,16 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     act = _empty((num_pairs, I), dtype=x.dtype, device=dev)
     launch(
         _gate_up_kernel, (num_tiles, triton.cdiv(I, BN)),
-        x,
-        w_gate_up,
-        act,
-        counts,
-        sorted_pairs,
-        H,
-        I,
-        E,
-        K,
-        x.stride(0),
-        w_gate_up.stride(0),
-        w_gate_up.stride(1),
-        BE=BE,
-        BM=BM,
-        BN=BN,
-        BK=BK,
-        DOT_PRECISION=precision,
-        **cfg,
+        x, w_gate_up, act, counts, sorted_pairs, H, I, E, K,
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
+        BE=BE, BM=BM, BN=BN, BK=BK, DOT_PRECISION=precision, **cfg,
     )
     y = _empty((num_pairs, H), dtype=x.dtype, device=dev)
     launch(
         _down_kernel, (num_tiles, triton.cdiv(H, BN)),
-        act,
-        w_down,
-        weights,
-        y,
-        counts,
-        sorted_pairs,
-        H,
-        I,
-        E,
-        w_down.stride(0),
-        w_down.stride(1),
-        BE=BE,
-        BM=BM,
-        BN=BN,
-        BK=BK,
-        DOT_PRECISION=precision,
-        **cfg,
+        act, w_down, weights, y, counts, sorted_pairs, H, I, E,
+        w_down.stride(0), w_down.stride(1),
+        BE=BE, BM=BM, BN=BN, BK=BK, DOT_PRECISION=precision, **cfg,
     )
     BN_C = min(1024, triton.next_power_of_2(H))
     BKK = max(2, triton.next_power_of_2(K))

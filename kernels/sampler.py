@@ -575,23 +575,12 @@ def sample_vocabulary(
     least kept probability: _exact_draw)."""
     R, V = rows.shape[0], logits.shape[-1]
     chunks = triton.cdiv(V, _CHUNK)
-    if (noise.shape != (R, V) or noise.dtype != torch.float32 or noise.stride(-1) != 1
-            or chunks * _RACE > MAX_CANDIDATES):
-        raise ValueError(f"sample_vocabulary needs noise [{R}, {V}] float32 with unit column "
-                         f"stride and a vocabulary of at most {MAX_CANDIDATES // _RACE * _CHUNK}")
-    _check_penalize(logits, R, params, counts, in_prompt)
+    _check_vocabulary(logits, R, params, counts, in_prompt, noise)
     out = torch.empty(R, dtype=torch.int64, device=logits.device)
     if R == 0:
         return out
-    f32, dev, params = torch.float32, logits.device, params.contiguous()
-    xs = torch.empty(R, V, dtype=f32, device=dev)
-    maxes = torch.empty(R, chunks, dtype=f32, device=dev)
-    keys = torch.empty(R, chunks * _RACE, dtype=torch.int64, device=dev)
-    tops = torch.empty(R, dtype=f32, device=dev)
-    tested_x = torch.empty(R, _TESTED, dtype=f32, device=dev)
-    tested_col = torch.empty(R, _TESTED, dtype=torch.int32, device=dev)
-    sums = torch.empty(R, chunks, 1 + _TESTED, dtype=f32, device=dev)
-    scratch = torch.empty(R, _CAP, dtype=f32, device=dev)
+    dev, params = logits.device, params.contiguous()
+    xs, maxes, keys, tops, tested_x, tested_col, sums, scratch = _race_scratch(R, V, chunks, dev)
     has_counts = counts is not None
     launch(
         _race_chunk_kernel, (R, chunks),
@@ -616,6 +605,37 @@ def sample_vocabulary(
         CAP=_CAP, HALVINGS=_HALVINGS, **cuda_hints(dev, num_warps=8),
     )
     return out
+
+
+def _check_vocabulary(logits: torch.Tensor, R: int, params: torch.Tensor,
+                      counts: torch.Tensor | None, in_prompt: torch.Tensor | None,
+                      noise: torch.Tensor) -> None:
+    """sample_vocabulary's checks: the noise and the vocabulary's size, then the rest as
+    penalize_logits checks them."""
+    V = logits.shape[-1]
+    if (noise.shape != (R, V) or noise.dtype != torch.float32 or noise.stride(-1) != 1
+            or triton.cdiv(V, _CHUNK) * _RACE > MAX_CANDIDATES):
+        raise ValueError(f"sample_vocabulary needs noise [{R}, {V}] float32 with unit column "
+                         f"stride and a vocabulary of at most {MAX_CANDIDATES // _RACE * _CHUNK}")
+    _check_penalize(logits, R, params, counts, in_prompt)
+
+
+def _race_scratch(R: int, V: int, chunks: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """Uninitialised scratch of sample_vocabulary's kernels, float32 unless noted: xs [R, V]
+    (penalised, scaled logits), maxes [R, chunks], keys [R, chunks * _RACE] int64, tops [R],
+    tested_x [R, _TESTED], tested_col [R, _TESTED] int32, sums [R, chunks, 1 + _TESTED] and
+    scratch [R, _CAP] (the exact search's)."""
+    f32 = torch.float32
+    return (
+        torch.empty(R, V, dtype=f32, device=dev),
+        torch.empty(R, chunks, dtype=f32, device=dev),
+        torch.empty(R, chunks * _RACE, dtype=torch.int64, device=dev),
+        torch.empty(R, dtype=f32, device=dev),
+        torch.empty(R, _TESTED, dtype=f32, device=dev),
+        torch.empty(R, _TESTED, dtype=torch.int32, device=dev),
+        torch.empty(R, chunks, 1 + _TESTED, dtype=f32, device=dev),
+        torch.empty(R, _CAP, dtype=f32, device=dev),
+    )
 
 
 @triton.jit(do_not_specialize=["K"])

@@ -2,8 +2,9 @@
 off the code (one source for CUDA and Ascend), checked on the source alone, nothing run:
 
 - no launcher reads a device value on the host: no `.item()`, `.tolist()`, `.cpu()`,
-  `.numpy()` or `synchronize()` in a function that launches a kernel (`kernel[grid](...)`) or
-  in any function of its module that it calls, directly or not;
+  `.numpy()` or `synchronize()` in a function that launches a kernel (`launch(kernel, ...)`),
+  itself or through the module's functions it calls (a public op whose launches sit in
+  helpers), nor in any function of its module that such a function calls, directly or not;
 - no pointer moves across loop iterations: in a loop of a `@triton.jit` function, no `p += d`,
   `p -= d` or `p = p + d` on a pointer (a name used, directly or through other names and
   helper calls, as the address of a tl.load or tl.store, or whose `.dtype.element_ty` is read);
@@ -64,11 +65,31 @@ def _launches(fn: ast.FunctionDef, kernels: set[str]) -> list[ast.Call]:
     return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and _launched(n) in kernels]
 
 
+def _callees(fn: ast.FunctionDef, names: set[str]) -> set[str]:
+    """The functions of `names` that fn calls by name."""
+    return {n.func.id for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names}
+
+
+def _launchers(funcs: dict[str, ast.FunctionDef], kernels: set[str]) -> set[str]:
+    """Functions that launch a kernel of the module, themselves or through helpers they call
+    (a public op that checks, lays out and launches in separate functions)."""
+    hosts = set(funcs) - kernels
+    calls = {name: _callees(funcs[name], hosts) for name in hosts}
+    found = {name for name in hosts if _launches(funcs[name], kernels)}
+    grown = True
+    while grown:
+        before = len(found)
+        found |= {name for name in hosts if calls[name] & found}
+        grown = len(found) > before
+    return found
+
+
 def host_reads(tree: ast.Module) -> list[str]:
     """`.item()` and the like in the launchers and every module function they reach."""
     funcs = _functions(tree)
     kernels = {name for name, fn in funcs.items() if _is_jit(fn)}
-    todo = [name for name, fn in funcs.items() if name not in kernels and _launches(fn, kernels)]
+    todo = sorted(_launchers(funcs, kernels))
     seen, found = set(todo), []
     while todo:
         fn = funcs[todo.pop()]
@@ -81,7 +102,7 @@ def host_reads(tree: ast.Module) -> list[str]:
             if name in funcs and name not in kernels and name not in seen:
                 seen.add(name)
                 todo.append(name)
-    return found
+    return sorted(found)
 
 
 def _base(node: ast.expr) -> str | None:
@@ -262,6 +283,11 @@ def _j(x, PID0, BLOCK: tl.constexpr):
 def op2(x):
     launch(_j, (1,), x, BLOCK=16)
     launch(_k, (1,), x, 0, BLOCK=16)
+def _check(x):
+    return x.tolist()
+def op3(x):
+    _check(x)
+    op2(x)
 '''
 
 BROKEN_LOOP = '''
@@ -287,10 +313,11 @@ def _k(x, y, n, BLOCK: tl.constexpr):
 
 
 def test_each_check_finds_what_it_is_for():
-    """The broken sources above hold each violation once: every one is reported, the harmless
-    accumulator loop and the guarded tl.extra.cuda are not."""
+    """The broken sources above hold each violation once: every one is reported (the host read
+    of a check that op3 runs before launching through op2 included), the harmless accumulator
+    loop and the guarded tl.extra.cuda are not."""
     launcher, loop = ast.parse(BROKEN_LAUNCHER), ast.parse(BROKEN_LOOP)
-    assert host_reads(launcher) == ["_count:6: .item()"]
+    assert host_reads(launcher) == ["_check:17: .tolist()", "_count:6: .item()"]
     assert uncapped_launches(launcher, False) == [
         "8: kernel[grid](...) outside kernels.hw.launch",
         "15: _k launched without a PID0 parameter",
