@@ -12,11 +12,17 @@ so the checkpoints its tokens left would not match. So the prompt is built from 
 messages before the reply through the template with its generation prompt (the prompt the
 reply was made from, as a regenerate renders it), then the reply's own token ids, which the
 chats' store keeps with its text (tree.py), or, where none were kept, its text tokenized.
+
+A reply that ends inside a character (cut there at max tokens, or ended by the model just after
+a byte that makes no character) is given whole too, that character's bytes included, as a live
+session would go on from its last token (vLLM's and llama.cpp's continuations of a final
+message tokenize its text again, and its U+FFFD, and lose those bytes): the model finishes the
+character, or does not, and the continuation's text shows it once (`continued_text`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from statechat.engine.output import RequestOutput
@@ -29,11 +35,15 @@ class Start:
     """What a reply being made begins with: nothing for a new reply; for a continuation, the
     text and token ids of the reply it continues (its prompt ends with those ids, and its text
     is that text followed by what the model adds), and its id (`of`, set by the caller: a
-    continuation that adds nothing is dropped, and that reply shown again)."""
+    continuation that adds nothing is dropped, and that reply shown again). `open_ids`: the
+    last of those ids, where the reply ends inside a character (bytes that make none yet), and
+    `open_text`, the end of `text` they show as (U+FFFD)."""
 
     text: str = ""
     token_ids: tuple[int, ...] = ()
     of: str | None = None
+    open_ids: tuple[int, ...] = ()
+    open_text: str = ""
 
     def adds_nothing(self, text: str, finish_reason: str | None) -> bool:
         """Whether a continuation begun with this Start that ended with `text` and
@@ -51,34 +61,54 @@ def reply_start(tokenizer, text: str, stored: list[int] | None,
     (the model's; the tokenizer's length if None), which decodes to nothing). A model's
     vocabulary may be longer than its tokenizer's (Qwen3.5 pads it): an id between the two
     decodes to nothing too, but the model sampled it, and it is fed back as it was made. A
-    reply that ends inside a character (cut there at max tokens, say: its first bytes show as
-    U+FFFD at its end) goes on from before that character, which the model then writes whole
-    (fed back, the bytes would show as a second U+FFFD after the first), so the Start's text is
-    the reply's without that U+FFFD."""
+    reply that ends inside a character (its first bytes show as U+FFFD at its end) is fed back
+    whole, and its Start names the ids of those bytes (`open_ids`), which the model may finish."""
     limit = len(tokenizer) if vocab_size is None else vocab_size
     if stored is None or max(stored, default=-1) >= limit or _decode(tokenizer, stored) != text:
         return Start(text, tuple(tokenizer.encode(text, add_special_tokens=False)))
-    for cut in range(min(MAX_PART_TOKENS, len(stored)) + 1):
-        whole = stored[:len(stored) - cut]
-        shown = _decode(tokenizer, whole)
-        if not shown.endswith("\ufffd"):
-            return Start(shown, tuple(whole))
+    for cut in range(1, min(MAX_PART_TOKENS, len(stored)) + 1):
+        if not text.endswith("\ufffd"):
+            break
+        shown = _decode(tokenizer, stored[:len(stored) - cut])
+        if not shown.endswith("\ufffd") and text.startswith(shown):
+            return Start(text, tuple(stored), open_ids=tuple(stored[len(stored) - cut:]),
+                         open_text=text[len(shown):])
     return Start(text, tuple(stored))  # (U+FFFD of the model's own, or bytes no character has)
 
 
-def text_token_ids(tokenizer, out: RequestOutput, stop_ids: Collection[int]) -> list[int] | None:
-    """The ids `out`'s text was made of, to keep with the reply: its ids but the stop token
+def continued_text(start: Start, made: str, ids: Sequence[int],
+                   decode: Callable[[list[int]], str]) -> str:
+    """The text of a continuation begun with `start`, whose own text (the engine's) is `made`
+    so far, made of `ids`: the reply's text, then `made`. Where the reply ended inside a
+    character that `ids` finish, the engine shows that character whole at the start of `made`
+    (its prompt ended with the first bytes): it takes the place of the U+FFFD they showed as.
+    `decode`: the tokenizer's, special tokens left out."""
+    if not start.open_ids or not made:
+        return start.text + made
+    # (the bytes that finish a character come within its first few ids)
+    first = decode([*start.open_ids, *ids[: 2 * MAX_PART_TOKENS]])
+    if first.startswith(start.open_text):  # (they did not finish it: it stays U+FFFD)
+        return start.text + made
+    return start.text[: len(start.text) - len(start.open_text)] + made
+
+
+def text_token_ids(tokenizer, out: RequestOutput, stop_ids: Collection[int],
+                   start: Start = Start(), text: str | None = None) -> list[int] | None:
+    """The ids the text of a reply begun with `start` (a continuation's: the reply it
+    continues) was made of, to keep with the reply: `start`'s, then `out`'s but the stop token
     that ended it (an end-of-turn marker: fed back, it would close the reply that a
     continuation goes on with) and those of a character it was stopped inside (an aborted
     reply's text leaves out the part of a character it had); None where no such ids decode to
-    its text (a stop string cut it). `stop_ids`: the ids that stop a reply (EOS and the
-    request's stop_token_ids)."""
+    its text, `text` (`out.text` if None; a continuation's: `continued_text`'s), as when a
+    stop string cut it. `stop_ids`: the ids that stop a reply (EOS and the request's
+    stop_token_ids)."""
+    text = out.text if text is None else text
     ids = list(out.token_ids)
     if out.finish_reason == "stop" and ids and ids[-1] in stop_ids:
         ids.pop()
     for cut in range(min(MAX_PART_TOKENS, len(ids)) + 1):
-        kept = ids[:len(ids) - cut]
-        if _decode(tokenizer, kept) == out.text:
+        kept = [*start.token_ids, *ids[:len(ids) - cut]]
+        if _decode(tokenizer, kept) == text:
             return kept
     return None
 

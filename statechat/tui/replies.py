@@ -20,7 +20,7 @@ import time
 
 from textual import work
 
-from statechat.chat.continuing import Start, reply_start, text_token_ids
+from statechat.chat.continuing import Start, continued_text, reply_start, text_token_ids
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import ROLES, TOOL_ROLE, opens_thinking
 from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
@@ -152,13 +152,15 @@ class RepliesMixin:
         """(A worker thread) show `start`'s text, then `handle`'s after it as it grows, then
         save the reply; then have the engine compute the next turn's prefix where the reply's
         checkpoints do not hold it (next_turn.py)."""
-        text, shown = start.text, 0.0
+        text, made, made_ids, shown = start.text, "", [], 0.0
         saved = time.perf_counter()
         stats: dict = {}
         token_ids = None
         try:
             for event in handle:
-                text += event.text
+                made += event.text
+                made_ids += event.token_ids
+                text = self._continued(start, made, made_ids)
                 if time.perf_counter() - shown > STREAM_INTERVAL_S:
                     shown = time.perf_counter()
                     self.call_from_thread(self._show_text, reply_id, text)
@@ -166,7 +168,7 @@ class RepliesMixin:
                     saved = time.perf_counter()
                     self._save_unfinished(reply_id, text)
             stats = reply_stats(handle.output, len(start.token_ids), self.worker.max_model_len)
-            token_ids = self._made_ids(start, handle.output, handle.params)
+            token_ids = self._made_ids(start, handle.output, handle.params, text)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
             stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
         try:
@@ -203,13 +205,20 @@ class RepliesMixin:
             chat.hold_for_reader(view)
             view.set_text(text)
 
-    def _made_ids(self, start: Start, output, params) -> list[int] | None:
-        """The token ids the text of a reply begun with `start` was made of, `output` the
+    def _continued(self, start: Start, made: str, ids: list[int]) -> str:
+        """The text of a reply begun with `start`, the engine's for the rest being `made` (of
+        `ids`) so far (chat/continuing.py)."""
+        def decode(some: list[int]) -> str:
+            with self.worker.tokenizer_lock:  # (shared with the app's thread)
+                return self.worker.engine.tokenizer.decode(some, skip_special_tokens=True)
+        return continued_text(start, made, ids, decode)
+
+    def _made_ids(self, start: Start, output, params, text: str) -> list[int] | None:
+        """The token ids that `text`, of a reply begun with `start`, was made of, `output` the
         engine's for the request with sampling `params` that made the rest (None: unknown)."""
         stop_ids = self.worker.engine.eos_ids | set(params.stop_token_ids)
         with self.worker.tokenizer_lock:  # (the tokenizer is shared with the app's thread)
-            made = text_token_ids(self.worker.engine.tokenizer, output, stop_ids)
-        return None if made is None else [*start.token_ids, *made]
+            return text_token_ids(self.worker.engine.tokenizer, output, stop_ids, start, text)
 
     def _finish_reply(self, reply_id: str, text: str, stats: dict, token_ids: list[int] | None,
                       start: Start = NEW_REPLY) -> None:

@@ -37,11 +37,11 @@ class StoppingMixin:
             text, stats = start.text, {"error": "statechat quit before the reply began"}
         else:
             output = self.worker.engine.output(handle.seq)
-            text = start.text + output.text
+            text = self._continued(start, output.text, output.token_ids)
             reason = output.finish_reason or "abort"  # (the engine did not stop in time)
             output = dataclasses.replace(output, finish_reason=reason)
             stats = reply_stats(output, len(start.token_ids), self.worker.max_model_len)
-            token_ids = self._made_ids(start, output, handle.params)
+            token_ids = self._made_ids(start, output, handle.params, text)
         try:
             if start.adds_nothing(text, stats.get("finish_reason")):  # (it ended as Ctrl+Q came)
                 self._delete_continuation(reply_id, start.of)

@@ -141,3 +141,30 @@ def test_the_plan_bound_is_a_lower_bound_of_every_plan():
         assert not k1 or bound <= cost * (1 + 1e-12), trial
         if not (k0 and bound <= num_tokens * rate):
             assert not (k1 and cost <= num_tokens * rate), trial
+
+
+def test_a_regenerate_after_a_restart_copies_nothing_the_disk_holds(tiny_dirs, tmp_path):
+    """After a restart, a regenerated reply (the same greedy tokens) computes again the
+    checkpoint at its last block boundary, which the disk holds already: none of it is copied
+    to host memory, and no blob or row is written again (it was copied to the host tier, the
+    writer finding only then that the disk had it)."""
+    path = tiny_dirs["qwen3_5_text"]
+    loaded = load_model(path, dtype=torch.float32)
+    config = EngineConfig(model=path, device="cpu", cache_dir=tmp_path)
+    prompt = list(range(5, 195))  # 190 tokens: a checkpoint at 128; the reply's at 192
+    first = LLMEngine(config, loaded=loaded)
+    want = first.generate([prompt], PARAMS)[0].token_ids
+    first.close()
+    blob_dir = tmp_path / "blobs"
+    blobs = sorted(p.name for p in blob_dir.iterdir())
+    again = LLMEngine(config, loaded=loaded)
+    out = again.generate([prompt], PARAMS)[0]
+    again.store.flush()
+    host = again.store.host.stats()["host_bytes_used"]
+    rows = again.store.db.execute("SELECT num_tokens FROM checkpoints ORDER BY 1").fetchall()
+    again.close()
+    assert out.token_ids == want
+    assert (out.num_cached_tokens, out.reused_from) == (128, "disk")
+    assert host == 0
+    assert sorted(p.name for p in blob_dir.iterdir()) == blobs
+    assert [r[0] for r in rows] == [128, 192]

@@ -1,15 +1,16 @@
 """What a continuation is given: a reply's kept ids where they make its text (its text
 tokenized where none were kept, or they no longer match it, or hold an id no token has), never
-the stop token that closed it nor the part of a character an aborted reply held back, and, for
-a reply cut inside a character, the ids before that character, so that the model writes it
-whole."""
+the stop token that closed it nor the part of a character an aborted reply held back; a reply
+that ends inside a character is given whole, the bytes of that character too, so that the model
+goes on from the very token it stopped at (finishing the character, or not), and the
+continuation's text shows that character once, as a decode of all its ids does."""
 
 from __future__ import annotations
 
 import pytest
 from transformers import AutoTokenizer
 
-from statechat.chat.continuing import Start, reply_start, text_token_ids
+from statechat.chat.continuing import Start, continued_text, reply_start, text_token_ids
 from statechat.engine.output import RequestOutput
 from statechat.paths import EMBEDDED_MODEL
 
@@ -60,13 +61,36 @@ def test_kept_ids_in_the_model_s_padded_vocabulary_are_fed_back(tokenizer):
     assert got == Start(text, tuple(made))
 
 
-def test_a_reply_cut_inside_a_character_goes_on_from_before_it(tokenizer):
+def test_a_reply_cut_inside_a_character_goes_on_from_its_own_ids(tokenizer):
+    # (it went on from before that character: the model made its bytes again, and a reply
+    # that had ended of itself just after them was "continued" by the same tokens, kept as a
+    # second branch identical to the first)
     whole = encode(tokenizer, "café au")
     cut = whole[:4]  # "caf" and the first byte of é, shown as U+FFFD
     assert tokenizer.decode(cut) == "caf\ufffd"
-    assert reply_start(tokenizer, "caf\ufffd", cut) == Start("caf", tuple(whole[:3]))
+    start = reply_start(tokenizer, "caf\ufffd", cut)
+    assert (start.text, start.token_ids) == ("caf\ufffd", tuple(cut))
+    assert (start.open_ids, start.open_text) == ((cut[3],), "\ufffd")
     emoji = encode(tokenizer, "a\U0001f600")[:4]  # three of the emoji's four bytes
-    assert reply_start(tokenizer, "a\ufffd", emoji) == Start("a", (emoji[0],))
+    start = reply_start(tokenizer, "a\ufffd", emoji)
+    assert start.token_ids == tuple(emoji) and start.open_ids == tuple(emoji[1:])
+    assert reply_start(tokenizer, "café", whole[:5]).open_ids == ()  # (a whole character)
+
+
+def test_a_continuation_shows_the_character_it_finishes_once(tokenizer):
+    whole = encode(tokenizer, "café au")
+    start = reply_start(tokenizer, "caf\ufffd", whole[:4])
+    decode = tokenizer.decode
+    assert continued_text(start, "", [], decode) == "caf\ufffd"  # (nothing yet: as it was)
+    # the engine shows the character its first bytes finish whole: it replaces the U+FFFD
+    made = whole[4:]
+    assert continued_text(start, "é au", made, decode) == "café au" == decode(whole)
+    # bytes that do not finish it: the U+FFFD stays, and the text goes on after it
+    other = encode(tokenizer, " x")
+    assert continued_text(start, " x", other, decode) == "caf\ufffd x"
+    assert decode([*whole[:4], *other]) == "caf\ufffd x"
+    # a reply that ends in whole characters: its text, then the continuation's
+    assert continued_text(Start("ab", (1, 2)), "cd", [3], decode) == "abcd"
 
 
 def test_the_ids_kept_are_those_of_the_text(tokenizer):
@@ -80,3 +104,8 @@ def test_the_ids_kept_are_those_of_the_text(tokenizer):
     assert text_token_ids(tokenizer, output(ids[:4], "caf\ufffd", "length"), {EOS}) == ids[:4]
     # a stop string cut the text inside the ids: none make it
     assert text_token_ids(tokenizer, output(ids, "ca", "stop"), {EOS}) is None
+    # a continuation's ids follow the ids of the reply it continues, whose last byte it finished
+    ids = encode(tokenizer, "café au")
+    start = reply_start(tokenizer, "caf\ufffd", ids[:4])
+    out = output([*ids[4:], EOS], "é au", "stop")
+    assert text_token_ids(tokenizer, out, {EOS}, start, "café au") == ids

@@ -3,7 +3,8 @@ reply's text and goes on from it, the old one kept as another branch. The model 
 reply as it was made (its own token ids after its own prompt, without the end-of-turn marker a
 reply that ended of itself has), so the prompt resumes from the checkpoint at the reply's end,
 also after a restart; a thinking model's reasoning is fed back, not dropped as the template
-drops it from earlier turns. One that adds nothing (the reply was complete) is not kept. It is
+drops it from earlier turns; a reply that ended inside a character goes on from that
+character's bytes. One that adds nothing (the reply was complete) is not kept. It is
 refused while a reply streams, says so past the context limit, and Esc keeps it as a stopped
 reply."""
 
@@ -291,6 +292,60 @@ def test_a_continuation_is_there_after_a_restart_and_resumes_from_disk(loaded, t
 
     before = asyncio.run(first_run())
     asyncio.run(second_run(before))
+
+
+def test_a_reply_that_ended_inside_a_character_is_continued_from_its_own_ids(loaded, tmp_path):
+    """The embedded model's reply to this message ends of itself (<|endoftext|>) just after a
+    byte that makes no character, shown as U+FFFD. Its continuation is given all of the reply's
+    ids, that byte's too: the model ends again at once, and the reply is complete. (It was given
+    the ids before that byte, made the byte and the end again, and a branch that repeated the
+    reply was kept: "2 tokens more (92 in all)".)"""
+    async def run():
+        app = app_with(loaded, tmp_path, sampling=SamplingParams(max_tokens=1024),
+                       max_model_len=128)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            requests = record_requests(app)
+            await send(pilot, app, "fill it up please")
+            first, old = requests[0].output, views(app)[1].message
+            assert old.content.endswith("\ufffd") and first.finish_reason == "stop"
+            await press_c(pilot, app)
+            prompt = requests[1].output.prompt_token_ids
+            assert prompt == first.prompt_token_ids + first.token_ids[:-1]
+            assert [m.id for m in app.chats.siblings(old.id)] == [old.id]
+            assert notices(app)[-1] == "The reply is already complete: nothing was added."
+
+    asyncio.run(run())
+
+
+def test_a_continuation_finishes_the_character_its_reply_ended_inside(loaded, tmp_path):
+    """A reply cut inside a character (its first byte, shown as U+FFFD) goes on from that byte:
+    the continuation's first token finishes the character, shown whole in place of the U+FFFD,
+    and the ids kept with the continuation are the reply's then its own, which decode to its
+    text (a continuation of it goes on from them)."""
+    async def run():
+        app = app_with(loaded, tmp_path)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await wait_ready(pilot, app)
+            tokenizer = app.worker.engine.tokenizer
+            ids = tokenizer.encode("café au", add_special_tokens=False)
+            chats = open_chats(tmp_path)
+            conv = chats.create("hello")
+            user = chats.add(conv.id, None, "user", "hello")
+            old = chats.add(conv.id, user.id, "assistant", "")
+            chats.update(old.id, content="caf\ufffd", token_ids=ids[:4])
+            chats.close()
+            app.open_conversation(conv.id)
+            await pilot.pause()
+            requests = record_requests(app)
+            app.sampling = SamplingParams(max_tokens=1, logit_bias={ids[4]: 100})  # (é's end)
+            await press_c(pilot, app)
+            assert requests[0].output.prompt_token_ids[-4:] == ids[:4]
+            new = views(app)[1].message
+            assert "2/2" in header(views(app)[1]) and new.content == "café"
+            assert app.chats.token_ids(new.id) == ids[:5]
+
+    asyncio.run(run())
 
 
 def test_a_continuation_past_the_context_limit_says_so(loaded, tmp_path):

@@ -177,20 +177,27 @@ class StoreWriter(SaveRows):
             self._forget_touches(marks)
 
     def _write(self, job: SaveJob) -> None:
-        """Keep the job in the host tier, write the blobs of what the disk lacks, then their
-        rows in one transaction, then evict down to the budget."""
+        """Keep in the host tier, and write as blobs, what of the job the disk lacks (its blocks
+        all, where it lacks any), then their rows in one transaction (marking the job's chain
+        used), then evict down to the budget."""
         self._defer_left = MAX_DEFER_S
         self._pause()
         if job.ready is not None:
             job.ready()
         hashes = [b[0] for b in job.blocks]
-        job.ckpt, job.block_tensors = self.host.keep(job.ckpt_hash, job.ckpt, hashes,
-                                                     job.block_tensors, self.copy_stream)
         with self.db_lock:
             on_disk = index.blocks_present(self.db, hashes)
             have_ckpt = bool(job.ckpt_hash) and bool(
                 index.checkpoints_present(self.db, [job.ckpt_hash]))
         rows = [i for i, b in enumerate(job.blocks) if b[0] not in on_disk]
+        # what the disk holds already (a prefix computed again: a reply regenerated after a
+        # restart) is not copied to host memory: its snapshot is dropped, its rows marked used
+        if have_ckpt:
+            job.ckpt = None
+        if not rows:
+            hashes, job.block_tensors = [], {}
+        job.ckpt, job.block_tensors = self.host.keep(job.ckpt_hash, job.ckpt, hashes,
+                                                     job.block_tensors, self.copy_stream)
         new_blocks = [job.blocks[i] for i in rows]
         now = time.time()
         seg = ck = None
