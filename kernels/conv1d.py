@@ -48,7 +48,7 @@ def _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W: tl.cons
     return b_x + b_init
 
 
-@triton.jit(do_not_specialize=["T", "N", "NUM_SEARCH_STEPS", "NUM_PROGS"])
+@triton.jit(do_not_specialize=["T", "N", "NUM_SEARCH_STEPS"])
 def _conv_fwd_kernel(
     x,
     weight,
@@ -61,24 +61,14 @@ def _conv_fwd_kernel(
     D,
     N,
     NUM_SEARCH_STEPS,
-    NUM_PROGS,
     PID0,
     W: tl.constexpr,
     BT: tl.constexpr,
     BD: tl.constexpr,
 ):
-    # tiles in one sequence (channel tiles fastest), program p taking tiles p, p + P, ...
-    num_d = tl.cdiv(D, BD)
-    for i_p in range(tl.program_id(0) + PID0, num_d * tl.cdiv(T, BT), NUM_PROGS):
-        _conv_fwd_tile(x, weight, conv_pool, out, cu_seqlens, src_slots, stride_x, T, D, N,
-                       NUM_SEARCH_STEPS, i_p % num_d, i_p // num_d, W, BT, BD)
-
-
-@triton.jit
-def _conv_fwd_tile(x, weight, conv_pool, out, cu_seqlens, src_slots, stride_x, T, D, N,
-                   NUM_SEARCH_STEPS, i_d, i_t, W: tl.constexpr, BT: tl.constexpr,
-                   BD: tl.constexpr):
-    """Outputs of tokens i_t * BT ... and channels i_d * BD ... (one tile of the prefill)."""
+    # one grid axis (CUDA's axes 1 and 2 take at most 65,535), channel tiles fastest
+    i_p = tl.program_id(0) + PID0
+    i_d, i_t = i_p % tl.cdiv(D, BD), i_p // tl.cdiv(D, BD)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
     m_t = o_t < T
@@ -263,10 +253,10 @@ def causal_conv1d(
         many = triton.cdiv(T, PREFILL_BT) * triton.cdiv(D, BD) >= PREFILL_MANY * num_cores(x.device)
         BT = PREFILL_BT if many else PREFILL_FEW_BT
         steps = max(N - 1, 1).bit_length()
-        grid = persistent_programs(triton.cdiv(D, BD) * triton.cdiv(T, BT), x.device)
+        grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)  # one program per tile (not persistent)
         launch(
-            _conv_fwd_kernel, (grid,), x, weight, conv_pool, out, cu_seqlens, src_slots,
-            x.stride(0), T, D, N, steps, grid, W=W, BT=BT, BD=BD,
+            _conv_fwd_kernel, grid, x, weight, conv_pool, out, cu_seqlens, src_slots,
+            x.stride(0), T, D, N, steps, W=W, BT=BT, BD=BD,
             **cuda_hints(x.device, num_warps=PREFILL_WARPS),
         )
     BD = _block_d(D)

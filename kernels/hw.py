@@ -66,17 +66,21 @@ def num_cores(device: torch.device) -> int:
     return int(counts[0]) if counts else 8
 
 
-# Programs per core of the persistent row kernels (norms, rope, silu_mul, slots, conv1d): each
-# launches min(work items, ROW_PROGRAMS_PER_CORE x cores) programs, program p taking items
-# p, p + P, p + 2P, ... (module-level so that a benchmark can sweep it).
-ROW_PROGRAMS_PER_CORE = 8
+# Programs per core of the persistent row kernels (norms, rope, silu_mul, slots, conv1d's decode
+# and window kernels), by device type: each launches min(work items, that x cores) programs,
+# program p taking items p, p + P, p + 2P, ... (module-level so that a benchmark can sweep it).
+# CUDA: 32 (H100, bench_grid's shapes: 16 and 8 ran up to 5% slower at 32,768 tokens, 4 up to
+# 2x; fewer programs leave too few resident to hide the memory latency). Elsewhere one per core,
+# as triton-ascend's guides advise (each program beyond the cores is another round there).
+ROW_PROGRAMS_PER_CORE = {"cuda": 32, "other": 1}
 
 
 def persistent_programs(items: int, device: torch.device) -> int:
     """The grid of a persistent kernel over `items` work items on `device`: one program per item
     up to ROW_PROGRAMS_PER_CORE programs per core, then that many, each looping over the items
     `range(pid, items, programs)`."""
-    return max(1, min(items, ROW_PROGRAMS_PER_CORE * num_cores(device)))
+    per_core = ROW_PROGRAMS_PER_CORE["cuda" if device.type == "cuda" else "other"]
+    return max(1, min(items, per_core * num_cores(device)))
 
 
 def cuda_hints(device: torch.device, **hints) -> dict:
