@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, gdc_enter, launch, num_cores, pdl
+from kernels.hw import cuda_hints, gdc_enter, launch, num_cores, pdl, persistent_programs
 from kernels.reference import Checkpoints
 
 # Prefill tiles (tokens x channels per program; 4 warps). The channel tile is the grid's
@@ -107,7 +107,7 @@ def _conv_fwd_kernel(
     tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "NUM_ITEMS", "NUM_PROGS"])
 def _conv_save_kernel(
     x,
     conv_pool,
@@ -120,62 +120,71 @@ def _conv_save_kernel(
     stride_x,
     D,
     N,
+    NUM_ITEMS,
+    NUM_PROGS,
     PID0,
     W: tl.constexpr,
     BD: tl.constexpr,
 ):
-    """Program i < N: final window of sequence i; program N + c: window of checkpoint c."""
-    i_p, i_d = tl.program_id(0) + PID0, tl.program_id(1)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    if i_p < N:
-        i_n = i_p
-        i_slot = tl.load(dst_slots + i_n)
-        b_end = tl.load(cu_seqlens + i_n + 1)
-    else:
-        i_n = tl.load(ckpt_seq + (i_p - N))
-        i_slot = tl.load(ckpt_slot + (i_p - N))
-        b_end = tl.load(cu_seqlens + i_n) + tl.load(ckpt_boundary + (i_p - N))
-    bos = tl.load(cu_seqlens + i_n)
-    # vector forms: scalar booleans in masks trip the Triton interpreter
-    i_src = tl.load(src_slots + i_n) + o_d * 0
-    # Row r of the new window is input b_end-(W-1)+r. Rows go in increasing order and each
-    # reads a row >= its own, so with src == dst no element is overwritten before it is read.
-    for i_r in tl.static_range(W - 1):
-        t = b_end - (W - 1) + i_r + o_d * 0
-        b_v = _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W)
-        p_dst = conv_pool + (i_slot.to(tl.int64) * (W - 1) + i_r) * D + o_d
-        tl.store(p_dst, b_v.to(conv_pool.dtype.element_ty), mask=m_d)
+    """Windows i < N: final window of sequence i; window N + c: that of checkpoint c. Work items
+    are (window, channel tile), NUM_ITEMS of them, program p taking items p, p + P, ..."""
+    num_d = tl.cdiv(D, BD)
+    for i_q in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_p, i_d = i_q // num_d, i_q % num_d
+        o_d = i_d * BD + tl.arange(0, BD)
+        m_d = o_d < D
+        if i_p < N:
+            i_n = i_p
+            i_slot = tl.load(dst_slots + i_n)
+            b_end = tl.load(cu_seqlens + i_n + 1)
+        else:
+            i_n = tl.load(ckpt_seq + (i_p - N))
+            i_slot = tl.load(ckpt_slot + (i_p - N))
+            b_end = tl.load(cu_seqlens + i_n) + tl.load(ckpt_boundary + (i_p - N))
+        bos = tl.load(cu_seqlens + i_n)
+        # vector forms: scalar booleans in masks trip the Triton interpreter
+        i_src = tl.load(src_slots + i_n) + o_d * 0
+        # Row r of the new window is input b_end-(W-1)+r. Rows go in increasing order and each
+        # reads a row >= its own, so with src == dst no element is overwritten before it is read.
+        for i_r in tl.static_range(W - 1):
+            t = b_end - (W - 1) + i_r + o_d * 0
+            b_v = _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W)
+            p_dst = conv_pool + (i_slot.to(tl.int64) * (W - 1) + i_r) * D + o_d
+            tl.store(p_dst, b_v.to(conv_pool.dtype.element_ty), mask=m_d)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "NUM_PROGS"])
 def _conv_update_kernel(
-    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, stride_out, D, PID0,
-    W: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
+    x, weight, conv_pool, out, src_slots, dst_slots, stride_x, stride_out, N, D, NUM_PROGS,
+    PID0, W: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
+    """Work items (sequence, channel tile), program p taking items p, p + P, ..."""
     gdc_enter(USE_GDC)
-    i_n, i_d = tl.program_id(0) + PID0, tl.program_id(1)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    i_src = tl.load(src_slots + i_n)
-    i_dst = tl.load(dst_slots + i_n)
-    m_src = m_d & (o_d * 0 + i_src != 0)  # vector form: see _conv_save_kernel
-    p_src = conv_pool + i_src.to(tl.int64) * (W - 1) * D + o_d
-    p_dst = conv_pool + i_dst.to(tl.int64) * (W - 1) * D + o_d
-    b_x = tl.load(x + i_n.to(tl.int64) * stride_x + o_d, mask=m_d, other=0.0).to(tl.float32)
-    b_acc = b_x * tl.load(weight + o_d.to(tl.int64) * W + (W - 1), mask=m_d, other=0.0).to(
-        tl.float32
-    )
-    # Row r of the window is read before row r-1 of the destination is written (same thread).
-    for i_r in tl.static_range(W - 1):
-        b_v = tl.load(p_src + i_r * D, mask=m_src, other=0.0).to(tl.float32)
-        b_w = tl.load(weight + o_d.to(tl.int64) * W + i_r, mask=m_d, other=0.0).to(tl.float32)
-        b_acc += b_v * b_w
-        if i_r > 0:
-            tl.store(p_dst + (i_r - 1) * D, b_v.to(conv_pool.dtype.element_ty), mask=m_d)
-    tl.store(p_dst + (W - 2) * D, b_x.to(conv_pool.dtype.element_ty), mask=m_d)
-    b_out = b_acc * tl.sigmoid(b_acc)
-    tl.store(out + i_n.to(tl.int64) * stride_out + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
+    num_d = tl.cdiv(D, BD)
+    for i_p in range(tl.program_id(0) + PID0, N * num_d, NUM_PROGS):
+        i_n, i_d = i_p // num_d, i_p % num_d
+        o_d = i_d * BD + tl.arange(0, BD)
+        m_d = o_d < D
+        i_src = tl.load(src_slots + i_n)
+        i_dst = tl.load(dst_slots + i_n)
+        m_src = m_d & (o_d * 0 + i_src != 0)  # vector form: see _conv_save_kernel
+        p_src = conv_pool + i_src.to(tl.int64) * (W - 1) * D + o_d
+        p_dst = conv_pool + i_dst.to(tl.int64) * (W - 1) * D + o_d
+        p_x = x + tl.cast(i_n, tl.int64) * stride_x + o_d
+        b_x = tl.load(p_x, mask=m_d, other=0.0).to(tl.float32)
+        b_wl = tl.load(weight + o_d.to(tl.int64) * W + (W - 1), mask=m_d, other=0.0)
+        b_acc = b_x * b_wl.to(tl.float32)
+        # Row r of the window is read before row r-1 of the destination is written (same thread).
+        for i_r in tl.static_range(W - 1):
+            b_v = tl.load(p_src + i_r * D, mask=m_src, other=0.0).to(tl.float32)
+            b_w = tl.load(weight + o_d.to(tl.int64) * W + i_r, mask=m_d, other=0.0).to(tl.float32)
+            b_acc += b_v * b_w
+            if i_r > 0:
+                tl.store(p_dst + (i_r - 1) * D, b_v.to(conv_pool.dtype.element_ty), mask=m_d)
+        tl.store(p_dst + (W - 2) * D, b_x.to(conv_pool.dtype.element_ty), mask=m_d)
+        b_out = b_acc * tl.sigmoid(b_acc)
+        p_out = out + tl.cast(i_n, tl.int64) * stride_out + o_d
+        tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_d)
 
 
 def check_conv(
@@ -244,18 +253,20 @@ def causal_conv1d(
         many = triton.cdiv(T, PREFILL_BT) * triton.cdiv(D, BD) >= PREFILL_MANY * num_cores(x.device)
         BT = PREFILL_BT if many else PREFILL_FEW_BT
         steps = max(N - 1, 1).bit_length()
-        grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)
+        grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)  # one program per tile (not persistent)
         launch(
-            _conv_fwd_kernel, grid, x, weight, conv_pool, out, cu_seqlens, src_slots, x.stride(0),
-            T, D, N, steps, W=W, BT=BT, BD=BD, **cuda_hints(x.device, num_warps=PREFILL_WARPS),
+            _conv_fwd_kernel, grid, x, weight, conv_pool, out, cu_seqlens, src_slots,
+            x.stride(0), T, D, N, steps, W=W, BT=BT, BD=BD,
+            **cuda_hints(x.device, num_warps=PREFILL_WARPS),
         )
     BD = _block_d(D)
     num_ckpt = ckpt[0].shape[0] if ckpt else 0
     if not ckpt:
         ckpt = (dst_slots, dst_slots, dst_slots)  # never read: no program past N
-    grid = (N + num_ckpt, triton.cdiv(D, BD))
-    launch(_conv_save_kernel, grid, x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt,
-           x.stride(0), D, N, W=W, BD=BD)
+    items = (N + num_ckpt) * triton.cdiv(D, BD)
+    grid = persistent_programs(items, x.device)
+    launch(_conv_save_kernel, (grid,), x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt,
+           x.stride(0), D, N, items, grid, W=W, BD=BD)
     return out
 
 
@@ -299,7 +310,8 @@ def _update(x, weight, conv_pool, src_slots, dst_slots, out) -> None:
         )
     BD = _block_d(D)
     if N > 0:
+        grid = persistent_programs(N * triton.cdiv(D, BD), x.device)
         launch(
-            _conv_update_kernel, (N, triton.cdiv(D, BD)), x, weight, conv_pool, out, src_slots,
-            dst_slots, x.stride(0), out.stride(0), D, W=W, BD=BD, **pdl(x.device),
+            _conv_update_kernel, (grid,), x, weight, conv_pool, out, src_slots, dst_slots,
+            x.stride(0), out.stride(0), N, D, grid, W=W, BD=BD, **pdl(x.device),
         )

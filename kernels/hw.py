@@ -1,7 +1,8 @@
-"""What the launchers need to know about the device: its number of compute cores, whether
-kernels may be launched as programmatic dependents (`pdl`), which launch options and dot
-precisions only NVIDIA's backend takes (`cuda_hints`, `dot_precision`), and how many programs
-one launch may hold (`launch`, which every launcher goes through)."""
+"""What the launchers need to know about the device: its number of compute cores (and the
+persistent grids sized from it, `persistent_programs`), whether kernels may be launched as
+programmatic dependents (`pdl`), which launch options and dot precisions only NVIDIA's backend
+takes (`cuda_hints`, `dot_precision`), and how many programs one launch may hold (`launch`,
+which every launcher goes through)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,23 @@ def num_cores(device: torch.device) -> int:
         props[k] for k in ("multiprocessor_count", "num_vectorcore", "num_aicore") if k in props
     ]
     return int(counts[0]) if counts else 8
+
+
+# Programs per core of the persistent row kernels (norms, rope, silu_mul, slots, conv1d's decode
+# and window kernels), by device type: each launches min(work items, that x cores) programs,
+# program p taking items p, p + P, p + 2P, ... (module-level so that a benchmark can sweep it).
+# CUDA: 32 (H100, bench_grid's shapes: 16 and 8 ran up to 5% slower at 32,768 tokens, 4 up to
+# 2x; fewer programs leave too few resident to hide the memory latency). Elsewhere one per core,
+# as triton-ascend's guides advise (each program beyond the cores is another round there).
+ROW_PROGRAMS_PER_CORE = {"cuda": 32, "other": 1}
+
+
+def persistent_programs(items: int, device: torch.device) -> int:
+    """The grid of a persistent kernel over `items` work items on `device`: one program per item
+    up to ROW_PROGRAMS_PER_CORE programs per core, then that many, each looping over the items
+    `range(pid, items, programs)`."""
+    per_core = ROW_PROGRAMS_PER_CORE["cuda" if device.type == "cuda" else "other"]
+    return max(1, min(items, per_core * num_cores(device)))
 
 
 def cuda_hints(device: torch.device, **hints) -> dict:

@@ -1,9 +1,11 @@
 """RMSNorms of Qwen3.5: zero-centred `rmsnorm`, `add_rmsnorm` (the residual add fused in
 front of it) and the GDN output's `gated_rmsnorm`.
 
-Both normalise the last dim of a row-major [..., D] tensor, one block of rows per program, the
-whole row in registers. Rounding follows `kernels.reference` step by step, so a bf16 model
-gets the same numbers on every backend:
+All normalise the last dim of a row-major [..., D] tensor in blocks of BM rows, the whole row
+in registers. Grids are persistent (kernels.hw.persistent_programs): program p takes the row
+blocks p, p + P, p + 2P, ... (a block's math does not depend on the program that runs it).
+Rounding follows `kernels.reference` step by step, so a bf16 model gets the same numbers on
+every backend:
 - rmsnorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), all in float32, rounded once at the end.
 - add_rmsnorm: the sum x + residual is rounded to x's dtype (it is the next residual), then
   normed as above.
@@ -17,48 +19,49 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, launch, pdl
+from kernels.hw import gdc_enter, launch, pdl, persistent_programs
 
 
-@triton.jit(do_not_specialize=["M"])
-def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, PID0, BM: tl.constexpr, BD: tl.constexpr):
-    i_m = tl.program_id(0) + PID0
-    o_m = i_m * BM + tl.arange(0, BM)
+@triton.jit(do_not_specialize=["M", "NUM_PROGS"])
+def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, NUM_PROGS, PID0, BM: tl.constexpr,
+                    BD: tl.constexpr):
     o_d = tl.arange(0, BD)
-    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
-    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
-    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0).to(
-        tl.float32
-    )
     b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
-    b_out = b_x * b_rstd[:, None] * (1.0 + b_w[None, :])
-    tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+    for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        o_m = i_m * BM + tl.arange(0, BM)
+        m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+        o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        p_x = x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :]
+        b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
+        b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
+        b_out = b_x * b_rstd[:, None] * (1.0 + b_w[None, :])
+        tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "NUM_PROGS"])
 def _add_rmsnorm_kernel(
-    x, residual, weight, out, new_residual, M, D, stride_x, stride_r, eps,
+    x, residual, weight, out, new_residual, M, D, stride_x, stride_r, eps, NUM_PROGS,
     PID0, BM: tl.constexpr, BD: tl.constexpr,
 ):
-    i_m = tl.program_id(0) + PID0
-    o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
-    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
-    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
-    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0)
-    b_r = tl.load(residual + o_m[:, None].to(tl.int64) * stride_r + o_d[None, :], mask=m_x,
-                  other=0.0)
-    b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(new_residual.dtype.element_ty)
-    tl.store(new_residual + o_x, b_s, mask=m_x)
-    b_sf = b_s.to(tl.float32)
     b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-    b_rstd = tl.rsqrt(tl.sum(b_sf * b_sf, axis=1) / D + eps)
-    b_out = b_sf * b_rstd[:, None] * (1.0 + b_w[None, :])
-    tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+    for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        o_m = i_m * BM + tl.arange(0, BM)
+        m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+        o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        p_x = x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :]
+        b_x = tl.load(p_x, mask=m_x, other=0.0)
+        p_r = residual + o_m[:, None].to(tl.int64) * stride_r + o_d[None, :]
+        b_r = tl.load(p_r, mask=m_x, other=0.0)
+        b_s = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(new_residual.dtype.element_ty)
+        tl.store(new_residual + o_x, b_s, mask=m_x)
+        b_sf = b_s.to(tl.float32)
+        b_rstd = tl.rsqrt(tl.sum(b_sf * b_sf, axis=1) / D + eps)
+        b_out = b_sf * b_rstd[:, None] * (1.0 + b_w[None, :])
+        tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "NUM_PROGS"])
 def _gated_rmsnorm_kernel(
     x,
     gate,
@@ -71,6 +74,7 @@ def _gated_rmsnorm_kernel(
     stride_gt,
     stride_gh,
     eps,
+    NUM_PROGS,
     PID0,
     PROD_DTYPE: tl.constexpr,
     BM: tl.constexpr,
@@ -78,20 +82,19 @@ def _gated_rmsnorm_kernel(
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_m = tl.program_id(0) + PID0
-    o_m = i_m * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
-    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
-    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
-    b_x = tl.load(x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :], mask=m_x, other=0.0).to(
-        tl.float32
-    )
-    # gate row m is head m % G_HEADS of token m // G_HEADS (a slice of a wider projection)
-    o_g = (o_m // G_HEADS).to(tl.int64) * stride_gt + (o_m % G_HEADS).to(tl.int64) * stride_gh
-    b_g = tl.load(gate + o_g[:, None] + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-    b_out = gated_norm_rows(b_x, b_g, b_w, eps, D, out.dtype.element_ty, PROD_DTYPE)
-    tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
+    for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        o_m = i_m * BM + tl.arange(0, BM)
+        m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+        o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        p_x = x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :]
+        b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
+        # gate row m is head m % G_HEADS of token m // G_HEADS (a slice of a wider projection)
+        o_g = (o_m // G_HEADS).to(tl.int64) * stride_gt + (o_m % G_HEADS).to(tl.int64) * stride_gh
+        b_g = tl.load(gate + o_g[:, None] + o_d[None, :], mask=m_x, other=0.0).to(tl.float32)
+        b_out = gated_norm_rows(b_x, b_g, b_w, eps, D, out.dtype.element_ty, PROD_DTYPE)
+        tl.store(out + o_x, b_out.to(out.dtype.element_ty), mask=m_x)
 
 
 @triton.jit
@@ -146,10 +149,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x2 = _rows(x)
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     if M and D:
-        launch(
-            _rmsnorm_kernel, (triton.cdiv(M, BM),),
-            x2, weight, out, M, D, x2.stride(0), eps, BM=BM, BD=BD
-        )
+        grid = persistent_programs(triton.cdiv(M, BM), x.device)
+        launch(_rmsnorm_kernel, (grid,), x2, weight, out, M, D, x2.stride(0), eps, grid,
+               BM=BM, BD=BD)
     return out
 
 
@@ -170,9 +172,11 @@ def add_rmsnorm(
     x2, r2 = _rows(x), _rows(residual)
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     if M and D:
+        grid = persistent_programs(triton.cdiv(M, BM), x.device)
         launch(
-            _add_rmsnorm_kernel, (triton.cdiv(M, BM),),
-            x2, r2, weight, out, new_residual, M, D, x2.stride(0), r2.stride(0), eps, BM=BM, BD=BD
+            _add_rmsnorm_kernel, (grid,),
+            x2, r2, weight, out, new_residual, M, D, x2.stride(0), r2.stride(0), eps, grid,
+            BM=BM, BD=BD,
         )
     return out, new_residual
 
@@ -197,8 +201,9 @@ def gated_rmsnorm(
     (M, D), (BM, BD) = x2.shape, _blocks(x.shape[-1])
     prod_dtype = TL_DTYPES[torch.promote_types(weight.dtype, x.dtype)]
     if M and D:
+        grid = persistent_programs(triton.cdiv(M, BM), x.device)
         launch(
-            _gated_rmsnorm_kernel, (triton.cdiv(M, BM),),
+            _gated_rmsnorm_kernel, (grid,),
             x2,
             g2,
             weight,
@@ -210,6 +215,7 @@ def gated_rmsnorm(
             stride_gt,
             stride_gh,
             eps,
+            grid,
             PROD_DTYPE=prod_dtype,
             BM=BM,
             BD=BD,

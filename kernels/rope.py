@@ -5,7 +5,8 @@
   k normalized and rotated, k and v written to the paged KV cache (what `rmsnorm_rope` twice
   and `kernels.slots.store_kv` do, bit for bit, in three launches).
 
-Programs handle blocks of (token, head) rows, the whole head in registers. For the rotated
+Kernels walk blocks of (token, head) rows, the whole head in registers, on a persistent grid
+(kernels.hw.persistent_programs: program p takes blocks p, p + P, ...). For the rotated
 channels each row also loads its partner channel (i + R/2 for the first half, i - R/2 for the
 second), so the rotation needs no data movement between lanes. Rounding follows
 `kernels.reference.rmsnorm_rope` step by step: the norm is rounded to x's dtype, each product
@@ -21,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, launch, pdl
+from kernels.hw import gdc_enter, launch, pdl, persistent_programs
 from kernels.slots import check_store_kv
 
 
@@ -56,57 +57,60 @@ def _norm_rope_rows(
     return tl.where(is_rot[None, :], b_rot, b_n.to(dt))
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "NUM_PROGS"])
 def _rmsnorm_rope_kernel(
-    x, weight, cos, sin, out, M, H, D, R, stride_t, stride_h, stride_c, eps,
+    x, weight, cos, sin, out, M, H, D, R, stride_t, stride_h, stride_c, eps, NUM_PROGS,
     PID0, BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    o_m = (tl.program_id(0) + PID0) * BM + tl.arange(0, BM)
     o_d = tl.arange(0, BD)
-    m_m = o_m < M
-    b_out = _norm_rope_rows(
-        x, weight, cos, sin, o_m, m_m, H, D, R, stride_t, stride_h, stride_c, eps, BD
-    )
-    o_out = o_m[:, None].to(tl.int64) * D + o_d[None, :]
-    tl.store(out + o_out, b_out, mask=m_m[:, None] & (o_d < D)[None, :])
+    for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        o_m = i_m * BM + tl.arange(0, BM)
+        m_m = o_m < M
+        b_out = _norm_rope_rows(
+            x, weight, cos, sin, o_m, m_m, H, D, R, stride_t, stride_h, stride_c, eps, BD
+        )
+        o_out = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        tl.store(out + o_out, b_out, mask=m_m[:, None] & (o_d < D)[None, :])
 
 
-@triton.jit(do_not_specialize=["M_q", "M_k"])
+@triton.jit(do_not_specialize=["M_q", "M_k", "NUM_PROGS"])
 def _qk_norm_rope_store_kernel(
     q, k, v, q_weight, k_weight, cos, sin, q_out, k_cache, v_cache, slot_mapping,
     M_q, M_k, Hq, Hkv, D, R, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_c, eps, PID0, BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
+    stride_c, eps, NUM_PROGS, PID0, BM: tl.constexpr, BD: tl.constexpr, USE_GDC: tl.constexpr,
 ):
-    # programs [0, cdiv(M_q, BM)) take q rows, the rest k rows (and the v rows beside them)
+    # blocks [0, cdiv(M_q, BM)) are q rows, the rest k rows (and the v rows beside them)
     gdc_enter(USE_GDC)
-    i_m = tl.program_id(0) + PID0
     num_q_blocks = tl.cdiv(M_q, BM)
     o_d = tl.arange(0, BD)
     m_d = o_d < D
-    if i_m < num_q_blocks:
-        o_m = i_m * BM + tl.arange(0, BM)
-        m_m = o_m < M_q
-        b_q = _norm_rope_rows(
-            q, q_weight, cos, sin, o_m, m_m, Hq, D, R, stride_qt, stride_qh, stride_c, eps, BD
-        )
-        o_out = o_m[:, None].to(tl.int64) * D + o_d[None, :]
-        tl.store(q_out + o_out, b_q, mask=m_m[:, None] & m_d[None, :])
-    else:
-        o_m = (i_m - num_q_blocks) * BM + tl.arange(0, BM)
-        m_m = o_m < M_k
-        b_k = _norm_rope_rows(
-            k, k_weight, cos, sin, o_m, m_m, Hkv, D, R, stride_kt, stride_kh, stride_c, eps, BD
-        )
-        t = (o_m // Hkv).to(tl.int64)
-        i_h = (o_m % Hkv).to(tl.int64)
-        i_slot = tl.load(slot_mapping + t, mask=m_m, other=-1)
-        m_w = (m_m & (i_slot >= 0))[:, None] & m_d[None, :]
-        p_v = v + (t * stride_vt + i_h * stride_vh)[:, None] + o_d[None, :]
-        b_v = tl.load(p_v, mask=m_w)
-        o_c = ((i_slot * Hkv + i_h) * D)[:, None] + o_d[None, :]
-        tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_w)
-        tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_w)
+    for i_m in range(tl.program_id(0) + PID0, num_q_blocks + tl.cdiv(M_k, BM), NUM_PROGS):
+        if i_m < num_q_blocks:
+            o_m = i_m * BM + tl.arange(0, BM)
+            m_m = o_m < M_q
+            b_q = _norm_rope_rows(
+                q, q_weight, cos, sin, o_m, m_m, Hq, D, R, stride_qt, stride_qh, stride_c, eps,
+                BD,
+            )
+            o_out = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+            tl.store(q_out + o_out, b_q, mask=m_m[:, None] & m_d[None, :])
+        else:
+            o_m = (i_m - num_q_blocks) * BM + tl.arange(0, BM)
+            m_m = o_m < M_k
+            b_k = _norm_rope_rows(
+                k, k_weight, cos, sin, o_m, m_m, Hkv, D, R, stride_kt, stride_kh, stride_c, eps,
+                BD,
+            )
+            t = (o_m // Hkv).to(tl.int64)
+            i_h = (o_m % Hkv).to(tl.int64)
+            i_slot = tl.load(slot_mapping + t, mask=m_m, other=-1)
+            m_w = (m_m & (i_slot >= 0))[:, None] & m_d[None, :]
+            p_v = v + (t * stride_vt + i_h * stride_vh)[:, None] + o_d[None, :]
+            b_v = tl.load(p_v, mask=m_w)
+            o_c = ((i_slot * Hkv + i_h) * D)[:, None] + o_d[None, :]
+            tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_w)
+            tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_w)
 
 
 def _block_rows(D: int) -> tuple[int, int]:
@@ -151,10 +155,11 @@ def rmsnorm_rope(
     M = T * H
     BM, BD = _block_rows(D)
     if M:
+        grid = persistent_programs(triton.cdiv(M, BM), x.device)
         launch(
-            _rmsnorm_rope_kernel, (triton.cdiv(M, BM),),
+            _rmsnorm_rope_kernel, (grid,),
             x, weight, cos, sin, out, M, H, D, cos.shape[1], x.stride(0), x.stride(1),
-            cos.stride(0), eps, BM=BM, BD=BD, **pdl(x.device),
+            cos.stride(0), eps, grid, BM=BM, BD=BD, **pdl(x.device),
         )
     return out
 
@@ -191,11 +196,12 @@ def qk_norm_rope_store(
     M_q, M_k = T * Hq, T * Hkv
     BM, BD = _block_rows(D)
     if T:
+        grid = persistent_programs(triton.cdiv(M_q, BM) + triton.cdiv(M_k, BM), q.device)
         launch(
-            _qk_norm_rope_store_kernel, (triton.cdiv(M_q, BM) + triton.cdiv(M_k, BM),),
+            _qk_norm_rope_store_kernel, (grid,),
             q, k, v, q_weight, k_weight, cos, sin, q_out, k_cache, v_cache, slot_mapping,
             M_q, M_k, Hq, Hkv, D, cos.shape[1], q.stride(0), q.stride(1), k.stride(0),
-            k.stride(1), v.stride(0), v.stride(1), cos.stride(0), eps,
+            k.stride(1), v.stride(0), v.stride(1), cos.stride(0), eps, grid,
             BM=BM, BD=BD, **pdl(q.device),
         )
     return q_out

@@ -6,6 +6,9 @@
   at `slot_mapping` (block * block_size + offset, -1 = skip).
 - `advance_decode_inputs`: a decode graph's inputs turned into those of the step after it,
   captured at the graph's end (see statechat/engine/graphs.py).
+
+Grids are persistent (kernels.hw.persistent_programs): program p takes the work items (slot
+blocks, tokens, row blocks) p, p + P, p + 2P, ...
 """
 
 from __future__ import annotations
@@ -14,21 +17,23 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import gdc_enter, launch, pdl
+from kernels.hw import gdc_enter, launch, pdl, persistent_programs
 
 _BLOCK = 2048
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-@triton.jit
-def _copy_slots_kernel(pool, src, dst, E, PID0, BLOCK: tl.constexpr):
-    i_m, i_e = tl.program_id(0) + PID0, tl.program_id(1)
-    o_e = i_e * BLOCK + tl.arange(0, BLOCK)
-    m_e = o_e < E
-    i_src = tl.load(src + i_m).to(tl.int64)
-    i_dst = tl.load(dst + i_m).to(tl.int64)
-    b_v = tl.load(pool + i_src * E + o_e, mask=m_e)
-    tl.store(pool + i_dst * E + o_e, b_v, mask=m_e)
+@triton.jit(do_not_specialize=["M", "NUM_PROGS"])
+def _copy_slots_kernel(pool, src, dst, M, E, NUM_PROGS, PID0, BLOCK: tl.constexpr):
+    num_e = tl.cdiv(E, BLOCK)
+    for i_p in range(tl.program_id(0) + PID0, M * num_e, NUM_PROGS):
+        i_m, i_e = i_p // num_e, i_p % num_e  # the blocks of a slot are neighbours
+        o_e = i_e * BLOCK + tl.arange(0, BLOCK)
+        m_e = o_e < E
+        i_src = tl.load(src + i_m).to(tl.int64)
+        i_dst = tl.load(dst + i_m).to(tl.int64)
+        b_v = tl.load(pool + i_src * E + o_e, mask=m_e)
+        tl.store(pool + i_dst * E + o_e, b_v, mask=m_e)
 
 
 def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -56,11 +61,12 @@ def copy_slots(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None
     if M == 0 or E == 0:
         return
     bits = pool.view(_BITS[pool.element_size()])
-    launch(_copy_slots_kernel, (M, triton.cdiv(E, _BLOCK)),
-           bits, src.contiguous(), dst.contiguous(), E, BLOCK=_BLOCK)
+    grid = persistent_programs(M * triton.cdiv(E, _BLOCK), pool.device)
+    launch(_copy_slots_kernel, (grid,), bits, src.contiguous(), dst.contiguous(), M, E, grid,
+           BLOCK=_BLOCK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NUM_PROGS"])
 def _store_kv_kernel(
     k,
     v,
@@ -71,26 +77,30 @@ def _store_kv_kernel(
     stride_kh,
     stride_vt,
     stride_vh,
+    T,
     H,
     D,
+    NUM_PROGS,
     PID0,
     BH: tl.constexpr,
     BD: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_t = tl.program_id(0) + PID0
-    i_slot = tl.load(slot_mapping + i_t).to(tl.int64)
-    if i_slot >= 0:
-        o_h = tl.arange(0, BH)
-        o_d = tl.arange(0, BD)
-        m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
-        i_t64 = i_t.to(tl.int64)
-        b_k = tl.load(k + i_t64 * stride_kt + o_h[:, None] * stride_kh + o_d[None, :], mask=m_hd)
-        b_v = tl.load(v + i_t64 * stride_vt + o_h[:, None] * stride_vh + o_d[None, :], mask=m_hd)
-        o_c = i_slot * H * D + o_h[:, None] * D + o_d[None, :]
-        tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_hd)
-        tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_hd)
+    o_h = tl.arange(0, BH)
+    o_d = tl.arange(0, BD)
+    m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
+    for i_t in range(tl.program_id(0) + PID0, T, NUM_PROGS):
+        i_slot = tl.load(slot_mapping + i_t).to(tl.int64)
+        if i_slot >= 0:
+            i_t64 = tl.cast(i_t, tl.int64)
+            p_k = k + i_t64 * stride_kt + o_h[:, None] * stride_kh + o_d[None, :]
+            p_v = v + i_t64 * stride_vt + o_h[:, None] * stride_vh + o_d[None, :]
+            b_k = tl.load(p_k, mask=m_hd)
+            b_v = tl.load(p_v, mask=m_hd)
+            o_c = i_slot * H * D + o_h[:, None] * D + o_d[None, :]
+            tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_hd)
+            tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_hd)
 
 
 def check_store_kv(
@@ -141,9 +151,10 @@ def store_kv(
     if T == 0:
         return
     BH, BD = triton.next_power_of_2(H), triton.next_power_of_2(D)
+    grid = persistent_programs(T, k.device)
     launch(
         _store_kv_kernel,
-        (T,),
+        (grid,),
         k,
         v,
         k_cache,
@@ -153,25 +164,28 @@ def store_kv(
         k.stride(1),
         v.stride(0),
         v.stride(1),
+        T,
         H,
         D,
+        grid,
         BH=BH,
         BD=BD,
         **pdl(k.device),
     )
 
 
-@triton.jit(do_not_specialize=["B"])
-def _advance_kernel(tokens, ids, positions, slot_mapping, context_lens, B, PID0,
+@triton.jit(do_not_specialize=["B", "NUM_PROGS"])
+def _advance_kernel(tokens, ids, positions, slot_mapping, context_lens, B, NUM_PROGS, PID0,
                     BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
     gdc_enter(USE_GDC)
-    o = (tl.program_id(0) + PID0) * BLOCK + tl.arange(0, BLOCK)
-    b_slot = tl.load(slot_mapping + o, mask=o < B, other=-1)
-    m = b_slot >= 0  # rows that write KV; padding rows (and rows past B) stay as they are
-    tl.store(ids + o, tl.load(tokens + o, mask=m), mask=m)
-    tl.store(positions + o, tl.load(positions + o, mask=m) + 1, mask=m)
-    tl.store(slot_mapping + o, b_slot + 1, mask=m)
-    tl.store(context_lens + o, tl.load(context_lens + o, mask=m) + 1, mask=m)
+    for i_b in range(tl.program_id(0) + PID0, tl.cdiv(B, BLOCK), NUM_PROGS):
+        o = i_b * BLOCK + tl.arange(0, BLOCK)
+        b_slot = tl.load(slot_mapping + o, mask=o < B, other=-1)
+        m = b_slot >= 0  # rows that write KV; padding rows (and rows past B) stay as they are
+        tl.store(ids + o, tl.load(tokens + o, mask=m), mask=m)
+        tl.store(positions + o, tl.load(positions + o, mask=m) + 1, mask=m)
+        tl.store(slot_mapping + o, b_slot + 1, mask=m)
+        tl.store(context_lens + o, tl.load(context_lens + o, mask=m) + 1, mask=m)
 
 
 def advance_decode_inputs(
@@ -190,5 +204,6 @@ def advance_decode_inputs(
                          "positions, slot_mapping and int32 context_lens")
     BLOCK = 512
     if B:
-        launch(_advance_kernel, (triton.cdiv(B, BLOCK),), tokens, ids, positions, slot_mapping,
-               context_lens, B, BLOCK=BLOCK, **pdl(ids.device))
+        grid = persistent_programs(triton.cdiv(B, BLOCK), ids.device)
+        launch(_advance_kernel, (grid,), tokens, ids, positions, slot_mapping, context_lens, B,
+               grid, BLOCK=BLOCK, **pdl(ids.device))
