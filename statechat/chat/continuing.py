@@ -22,6 +22,7 @@ character, or does not, and the continuation's text shows it once (`continued_te
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
@@ -81,15 +82,16 @@ def continued_text(start: Start, made: str, ids: Sequence[int],
     """The text of a continuation begun with `start`, whose own text (the engine's) is `made`
     so far, made of `ids`: the reply's text, then `made`. Where the reply ended inside a
     character that `ids` finish, the engine shows that character whole at the start of `made`
-    (its prompt ended with the first bytes): it takes the place of the U+FFFD they showed as.
+    (its prompt ended with the first bytes): it takes the place of the U+FFFD they showed as,
+    what the open ids showed before it (a space, a character of their own) staying.
     `decode`: the tokenizer's, special tokens left out."""
     if not start.open_ids or not made:
         return start.text + made
-    # (the bytes that finish a character come within its first few ids)
+    # (the bytes that finish a character come within its first few ids; the engine shows what
+    # a decode with them changes of open_text: they did not finish it, nothing, U+FFFD stays)
     first = decode([*start.open_ids, *ids[: 2 * MAX_PART_TOKENS]])
-    if first.startswith(start.open_text):  # (they did not finish it: it stays U+FFFD)
-        return start.text + made
-    return start.text[: len(start.text) - len(start.open_text)] + made
+    kept = len(os.path.commonprefix([start.open_text, first]))
+    return start.text[: len(start.text) - len(start.open_text) + kept] + made
 
 
 def text_token_ids(tokenizer, out: RequestOutput, stop_ids: Collection[int],

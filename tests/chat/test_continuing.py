@@ -109,3 +109,47 @@ def test_the_ids_kept_are_those_of_the_text(tokenizer):
     start = reply_start(tokenizer, "caf\ufffd", ids[:4])
     out = output([*ids[4:], EOS], "é au", "stop")
     assert text_token_ids(tokenizer, out, {EOS}, start, "café au") == ids
+
+
+class ByteTokenizer:
+    """A byte-level tokenizer whose ids may hold whole characters and part of the next one
+    (as real BPE vocabularies' " \\xe4\\xb8", a space and two bytes of 中, do)."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = pieces
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def engine_text(decode, prompt: list[int], reply: list[int]) -> str:
+    """The engine's text of `reply` made after `prompt` (engine/output.py's detokenize)."""
+    from statechat.engine.output import detokenize
+    from statechat.engine.sampling import SamplingParams
+    from statechat.engine.sequence import Sequence
+
+    seq = Sequence(list(prompt), SamplingParams(max_tokens=len(reply)),
+                   num_prompt_tokens=len(prompt))
+    for i, token in enumerate(reply):
+        seq.token_ids.append(token)
+        detokenize(decode, seq, final=i == len(reply) - 1)
+    return seq.text
+
+
+@pytest.mark.parametrize("stored", [[0, 1], [0, 4, 5]])
+def test_a_finished_character_keeps_what_its_ids_showed_before_it(stored):
+    # (id 1 holds a space and the first bytes of 中; ids 4 and 5 hold 中 and the first bytes
+    # of 文 between them: the reply's text ends with more than the U+FFFD they leave open)
+    tok = ByteTokenizer([b"a", " \u4e2d".encode()[:3], " \u4e2d".encode()[3:], b"x",
+                         "\u4e2d".encode()[:2], "\u4e2d\u6587".encode()[2:5], b"\x87"])
+    text = tok.decode(stored)
+    start = reply_start(tok, text, stored)
+    assert start.token_ids == tuple(stored) and start.open_ids
+    made_ids = [2, 3] if stored[-1] == 1 else [6, 3]
+    made = engine_text(tok.decode, stored, made_ids)
+    whole = tok.decode([*stored, *made_ids])
+    assert "\ufffd" not in whole
+    assert continued_text(start, made, made_ids, tok.decode) == whole
