@@ -26,8 +26,9 @@ from kernels.hw import gdc_enter, launch, pdl, persistent_programs
 def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, NUM_PROGS, PID0, BM: tl.constexpr,
                     BD: tl.constexpr):
     o_d = tl.arange(0, BD)
-    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
     for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        # (loaded in the loop, beside the rows: hoisted, the load's wait came before theirs)
+        b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
         o_m = i_m * BM + tl.arange(0, BM)
         m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
         o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
@@ -44,8 +45,9 @@ def _add_rmsnorm_kernel(
     PID0, BM: tl.constexpr, BD: tl.constexpr,
 ):
     o_d = tl.arange(0, BD)
-    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
     for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        # (loaded in the loop, beside the rows: hoisted, the load's wait came before theirs)
+        b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
         o_m = i_m * BM + tl.arange(0, BM)
         m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
         o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
@@ -83,8 +85,9 @@ def _gated_rmsnorm_kernel(
 ):
     gdc_enter(USE_GDC)
     o_d = tl.arange(0, BD)
-    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
     for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
+        # (loaded in the loop, beside the rows: hoisted, the load's wait came before theirs)
+        b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
         o_m = i_m * BM + tl.arange(0, BM)
         m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
         o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
