@@ -22,16 +22,24 @@ import triton.language as tl
 from kernels.hw import gdc_enter, launch, pdl, persistent_programs
 
 
+@triton.jit
+def _row_block(weight, i_m, M, D, BM: tl.constexpr, BD: tl.constexpr):
+    """Row block i_m of an [M, D] tensor: its rows [BM] and columns [BD], its mask [BM, BD],
+    its offsets in a contiguous output, and the weight [BD] in float32. (The weight is loaded
+    here, in the loop beside the rows' loads: hoisted before the loop, its wait came first.)"""
+    o_d = tl.arange(0, BD)
+    b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
+    o_m = i_m * BM + tl.arange(0, BM)
+    m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
+    o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+    return o_m, o_d, m_x, o_x, b_w
+
+
 @triton.jit(do_not_specialize=["M", "NUM_PROGS"])
 def _rmsnorm_kernel(x, weight, out, M, D, stride_x, eps, NUM_PROGS, PID0, BM: tl.constexpr,
                     BD: tl.constexpr):
-    o_d = tl.arange(0, BD)
     for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
-        # (loaded in the loop, beside the rows: hoisted, the load's wait came before theirs)
-        b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-        o_m = i_m * BM + tl.arange(0, BM)
-        m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
-        o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        o_m, o_d, m_x, o_x, b_w = _row_block(weight, i_m, M, D, BM, BD)
         p_x = x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :]
         b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
         b_rstd = tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
@@ -44,13 +52,8 @@ def _add_rmsnorm_kernel(
     x, residual, weight, out, new_residual, M, D, stride_x, stride_r, eps, NUM_PROGS,
     PID0, BM: tl.constexpr, BD: tl.constexpr,
 ):
-    o_d = tl.arange(0, BD)
     for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
-        # (loaded in the loop, beside the rows: hoisted, the load's wait came before theirs)
-        b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-        o_m = i_m * BM + tl.arange(0, BM)
-        m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
-        o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        o_m, o_d, m_x, o_x, b_w = _row_block(weight, i_m, M, D, BM, BD)
         p_x = x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :]
         b_x = tl.load(p_x, mask=m_x, other=0.0)
         p_r = residual + o_m[:, None].to(tl.int64) * stride_r + o_d[None, :]
@@ -84,13 +87,8 @@ def _gated_rmsnorm_kernel(
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    o_d = tl.arange(0, BD)
     for i_m in range(tl.program_id(0) + PID0, tl.cdiv(M, BM), NUM_PROGS):
-        # (loaded in the loop, beside the rows: hoisted, the load's wait came before theirs)
-        b_w = tl.load(weight + o_d, mask=o_d < D, other=0.0).to(tl.float32)
-        o_m = i_m * BM + tl.arange(0, BM)
-        m_x = (o_m < M)[:, None] & (o_d < D)[None, :]
-        o_x = o_m[:, None].to(tl.int64) * D + o_d[None, :]
+        o_m, o_d, m_x, o_x, b_w = _row_block(weight, i_m, M, D, BM, BD)
         p_x = x + o_m[:, None].to(tl.int64) * stride_x + o_d[None, :]
         b_x = tl.load(p_x, mask=m_x, other=0.0).to(tl.float32)
         # gate row m is head m % G_HEADS of token m // G_HEADS (a slice of a wider projection)

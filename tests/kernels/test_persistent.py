@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kernels import activation, conv1d, hw, norms, rope, slots
-from kernels.reference import Checkpoints
+from tests.kernels.test_program_cap import conv_ops
 from tests.kernels.test_rope import attention_inputs
 
 MODULES = (activation, conv1d, norms, rope, slots)
@@ -63,17 +63,7 @@ def _silu_and_slots(device):
 
 
 def _conv(device):
-    T, D, W = 200, 300, 4  # 2 channel tiles of 256 (the prefill's tiles are not persistent)
-    x, weight = torch.randn(T, D, device=device), torch.randn(D, W, device=device)
-    pool = torch.randn(12, W - 1, D, device=device)
-    cu, src, dst = _i32([0, 70, 130, 200], device), _i32([0, 3, 5], device), _i32([1, 2, 4], device)
-    ckpt = Checkpoints(_i32([0, 1, 2, 2], device), _i32([64, 60, 64, 70], device),
-                       _i32([6, 7, 8, 9], device))
-    out = conv1d.causal_conv1d(x, weight, pool, cu, src, dst, ckpt)
-    x1 = torch.randn(6, D, device=device)
-    out1 = conv1d.causal_conv1d_update(x1, weight, pool, _i32([1, 2, 4, 0, 6, 7], device),
-                                       _i32([1, 2, 4, 10, 11, 3], device))
-    return out, out1, pool
+    return conv_ops(device, D=300)  # 2 channel tiles of 256 (the prefill's are not persistent)
 
 
 CASES = {"norms": _norms, "rope": _rope, "silu-slots": _silu_and_slots, "conv1d": _conv}

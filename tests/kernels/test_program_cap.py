@@ -76,8 +76,10 @@ def _i32(values, device):
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
-def _conv(device):
-    T, D, W = 200, 64, 4
+def conv_ops(device, D: int = 64):
+    """The conv's prefill (with checkpoints, over three sequences) and decode update on random
+    inputs of D channels: (prefill output, update output, the pool both wrote)."""
+    T, W = 200, 4
     x, weight = torch.randn(T, D, device=device), torch.randn(D, W, device=device)
     pool = torch.randn(12, W - 1, D, device=device)
     cu, src, dst = _i32([0, 70, 130, 200], device), _i32([0, 3, 5], device), _i32([1, 2, 4], device)
@@ -181,7 +183,7 @@ def _moe_gemv_sampler(device):
     return out, lin, drawn, scores
 
 
-CASES = {"conv1d": _conv, "slots-norms-silu": _slots_and_norms, "rope-store_kv": _rope_store,
+CASES = {"conv1d": conv_ops, "slots-norms-silu": _slots_and_norms, "rope-store_kv": _rope_store,
          "gdn": _gdn, "attention": _attention, "moe-gemv-sampler": _moe_gemv_sampler,
          "more": _more}
 
