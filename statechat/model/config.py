@@ -208,7 +208,9 @@ def _mlp_fields(model_type: str, text: dict, need, cfg_file: Path) -> dict:
         "num_experts": need("num_experts"),
         "num_experts_per_tok": need("num_experts_per_tok"),
         "moe_intermediate_size": need("moe_intermediate_size"),
-        "shared_expert_intermediate_size": width(text, cfg_file, "shared_expert_intermediate_size"),
+        # (missing: transformers' 512, whose shared expert the checkpoint then holds)
+        "shared_expert_intermediate_size": width(text, cfg_file,
+                                                 "shared_expert_intermediate_size", 512),
         "norm_topk_prob": flag(cfg_file, "norm_topk_prob", text.get("norm_topk_prob"), True),
     }
 

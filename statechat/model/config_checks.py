@@ -35,9 +35,10 @@ def need(text: dict, cfg_file: Path, key: str, default=None):
     return value
 
 
-def width(text: dict, cfg_file: Path, key: str) -> int:
-    """text[key], a width that may be 0 (missing or null: 0), as of the shared expert."""
-    value = text.get(key) or 0
+def width(text: dict, cfg_file: Path, key: str, default: int) -> int:
+    """text[key], a width that may be 0, as of the shared expert (missing or null: `default`)."""
+    value = text.get(key)
+    value = default if value is None else value
     if not _is_int(value, least=0):
         raise ModelError(f"{cfg_file} field {key!r} must be 0 (no shared expert) or a positive "
                          f"integer, got {value!r:.60}")

@@ -215,3 +215,22 @@ def test_a_checkpoint_with_null_fields_loads(tmp_path, edit):
     write(model, cfg)
     loaded = load_model(model, dtype=torch.float32)
     assert loaded.config == load_model(EMBEDDED_MODEL, dtype=torch.float32).config
+
+
+@pytest.mark.parametrize("value", ["missing", None])
+def test_a_missing_shared_expert_width_is_transformers_default(tmp_path, value):
+    """transformers builds a shared expert of 512 where config.json leaves the width out (or
+    null), so such a checkpoint holds its tensors; read as none, they were called unknown.
+    An explicit 0 still means no shared expert."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    cfg = moe_config()
+    if value == "missing":
+        cfg.pop("shared_expert_intermediate_size")
+    else:
+        cfg["shared_expert_intermediate_size"] = value
+    theirs = Qwen3_5MoeTextConfig(**{k: v for k, v in cfg.items() if v is not None})
+    ours = ModelConfig.from_hf(write(tmp_path, cfg))
+    assert ours.shared_expert_intermediate_size == theirs.shared_expert_intermediate_size == 512
+    cfg["shared_expert_intermediate_size"] = 0
+    assert ModelConfig.from_hf(write(tmp_path, cfg)).shared_expert_intermediate_size == 0
