@@ -183,9 +183,12 @@ def pointer_steps(tree: ast.Module) -> list[str]:
 
 
 def _is_program_id_0(node: ast.AST, attr: str) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == attr and len(node.args) == 1
-            and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0)
+    """`tl.<attr>(0)`, the axis given by place or as `axis=0`."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == attr):
+        return False
+    axes = node.args + [k.value for k in node.keywords if k.arg == "axis"]
+    return len(axes) == 1 and isinstance(axes[0], ast.Constant) and axes[0].value == 0
 
 
 def uncapped_launches(tree: ast.Module, is_hw: bool) -> list[str]:
@@ -280,6 +283,7 @@ def op(x):
 def _j(x, PID0, BLOCK: tl.constexpr):
     tl.store(x + (tl.program_id(0) + PID0) + tl.num_programs(0), 0.0)
     tl.store(x + tl.program_id(0), 1.0)
+    tl.store(x + tl.program_id(axis=0), 2.0)
 def op2(x):
     launch(_j, (1,), x, BLOCK=16)
     launch(_k, (1,), x, 0, BLOCK=16)
@@ -317,11 +321,12 @@ def test_each_check_finds_what_it_is_for():
     of a check that op3 runs before launching through op2 included), the harmless accumulator
     loop and the guarded tl.extra.cuda are not."""
     launcher, loop = ast.parse(BROKEN_LAUNCHER), ast.parse(BROKEN_LOOP)
-    assert host_reads(launcher) == ["_check:17: .tolist()", "_count:6: .item()"]
+    assert host_reads(launcher) == ["_check:18: .tolist()", "_count:6: .item()"]
     assert uncapped_launches(launcher, False) == [
         "8: kernel[grid](...) outside kernels.hw.launch",
-        "15: _k launched without a PID0 parameter",
-        "_j:11: tl.num_programs(0)", "_j:12: tl.program_id(0) without + PID0"]
+        "16: _k launched without a PID0 parameter",
+        "_j:11: tl.num_programs(0)", "_j:12: tl.program_id(0) without + PID0",
+        "_j:13: tl.program_id(0) without + PID0"]
     assert pointer_steps(loop) == ["_k:10: pointer moved in a loop",
                                    "_k:12: pointer moved in a loop"]
     assert unguarded_cuda_hints(launcher, False) == ["8: launch keyword num_warps="]
