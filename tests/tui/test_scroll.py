@@ -14,6 +14,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.paths import EMBEDDED_MODEL
 from statechat.tui.app import StatechatApp
 from statechat.tui.widgets.chat_view import ChatView
+from tests.tui.conftest import rest_between_steps
 from tests.tui.test_app import settled, views, wait_ready
 from tests.tui.test_edge_cases import start_long_reply
 
@@ -32,6 +33,7 @@ def grow_by_hand(monkeypatch) -> list:
     """The streamed text no longer reaches the screen of itself (the tiny model's text grows a
     few characters at a time); the list it returns gets the real `_show_text`, to show as
     much text as a test wants."""
+    rest_between_steps(monkeypatch)  # (its text unseen: only its streaming matters)
     show = StatechatApp._show_text
     monkeypatch.setattr(StatechatApp, "_show_text", lambda self, reply_id, text: None)
     return [show]
