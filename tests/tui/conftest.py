@@ -20,18 +20,17 @@ def loaded():
 STEP_REST_S = 0.05  # after each engine step of a long reply (see rest_between_steps)
 
 
-def rest_between_steps(monkeypatch) -> None:
-    """The engine rests STEP_REST_S after each step, as it waits on a GPU: the app is idle
-    between tokens. Textual's pilot waits, after each key and pause, until the process is
-    idle or a second has passed; the tiny model streaming on the CPU without rest made every
-    key of a test during a long reply cost two seconds. The reply still streams (tokens
-    arrive, the handle is live) until it ends or is stopped."""
-    from statechat.engine.worker import EngineWorker
+def rest_between_steps(app) -> None:
+    """The app's engine (loaded) rests STEP_REST_S after each step, as it waits on a GPU: the
+    app is idle between tokens. Textual's pilot waits, after each key and pause, until the
+    process is idle or a second has passed; the tiny model streaming on the CPU without rest
+    made every key of a test during a long reply cost two seconds. The reply still streams
+    (tokens arrive, the handle is live) until it ends or is stopped."""
+    worker = app.worker
+    step = worker._step
 
-    step = EngineWorker._step
-
-    def resting_step(self) -> None:
-        step(self)
+    def resting_step() -> None:
+        step()
         time.sleep(STEP_REST_S)
 
-    monkeypatch.setattr(EngineWorker, "_step", resting_step)
+    worker._step = resting_step  # (this app's worker alone: it ends with the app)

@@ -22,6 +22,7 @@ from statechat.tui.format import status_line
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
 from statechat.tui.widgets.conversation_list import ConversationList
+from tests.tui.conftest import rest_between_steps
 from tests.tui.test_app import (
     long_text,
     make_app,
@@ -47,8 +48,10 @@ def long_reply_app(loaded, chat_dir) -> StatechatApp:
 
 
 async def start_long_reply(pilot, app) -> None:
-    """Once the app is ready, send a message whose reply (LONG_REPLY) is still streaming."""
+    """Once the app is ready, send a message whose reply (LONG_REPLY) is still streaming, the
+    engine resting between its tokens (rest_between_steps)."""
     await wait_ready(pilot, app)
+    rest_between_steps(app)
     app.query_one(Composer).set_text("a long reply")
     await pilot.press("enter")
     await pilot.pause(0.2)

@@ -33,7 +33,6 @@ def grow_by_hand(monkeypatch) -> list:
     """The streamed text no longer reaches the screen of itself (the tiny model's text grows a
     few characters at a time); the list it returns gets the real `_show_text`, to show as
     much text as a test wants."""
-    rest_between_steps(monkeypatch)  # (its text unseen: only its streaming matters)
     show = StatechatApp._show_text
     monkeypatch.setattr(StatechatApp, "_show_text", lambda self, reply_id, text: None)
     return [show]
@@ -124,6 +123,7 @@ def test_a_continuation_of_a_long_reply_streams_in_sight(loaded, tmp_path, monke
         async with app.run_test(size=(100, 30)) as pilot:
             [show] = grow_by_hand(monkeypatch)
             await wait_ready(pilot, app)
+            rest_between_steps(app)
             await pilot.press("shift+tab", "c")  # (the reply's own end: in sight)
             await settled(pilot, app)
             chat = app.query_one(ChatView)
