@@ -96,8 +96,9 @@ def test_run_in_tmux(tmp_path):
         tmux.keys("Up")
         tmux.keys_until(("e",), lambda s: "editing" in s)  # (until the user message has focus)
         # the input takes focus a moment after it shows "editing" (letters typed before that
-        # would reach the message's key bindings): clear it until it shows it is empty
-        tmux.keys_until(("End", "C-u"), lambda s: "Edit the message (Enter makes" in s)
+        # would reach the message's key bindings): clear it until it shows it is empty (End C-u
+        # clears one row of the wrapped text: the message's 4 and some, at once, not one a try)
+        tmux.keys_until(("End", "C-u") * 8, lambda s: "Edit the message (Enter makes" in s)
         tmux.keys(words(3, 100), literal=True)
         tmux.wait_for(lambda s: "Edit the message (Enter makes" not in s)  # typed into the input
         tmux.keys("Enter")
