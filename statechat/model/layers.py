@@ -72,7 +72,8 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim, self.theta = rotary_dim, theta
         self.register_buffer("inv_freq", torch.empty(rotary_dim // 2), persistent=False)
         self.table: torch.Tensor | None = None  # [positions, 2 rotary_dim]: cos | sin
-        self.reset_parameters()
+        if not self.inv_freq.is_meta:  # (built on the meta device, it is computed after
+            self.reset_parameters()  # to_empty: a meta arange imports torch's compiler)
 
     def reset_parameters(self) -> None:
         """(Re)compute the inverse frequencies, e.g. after `to_empty` on a meta-built model."""
