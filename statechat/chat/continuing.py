@@ -67,9 +67,8 @@ def reply_start(tokenizer, text: str, stored: list[int] | None,
     limit = len(tokenizer) if vocab_size is None else vocab_size
     if stored is None or max(stored, default=-1) >= limit or _decode(tokenizer, stored) != text:
         return Start(text, tuple(tokenizer.encode(text, add_special_tokens=False)))
-    for cut in range(1, min(MAX_PART_TOKENS, len(stored)) + 1):
-        if not text.endswith("\ufffd"):
-            break
+    parts = min(MAX_PART_TOKENS, len(stored)) if text.endswith("\ufffd") else 0
+    for cut in range(1, parts + 1):
         shown = _decode(tokenizer, stored[:len(stored) - cut])
         if not shown.endswith("\ufffd") and text.startswith(shown):
             return Start(text, tuple(stored), open_ids=tuple(stored[len(stored) - cut:]),

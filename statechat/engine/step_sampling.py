@@ -55,7 +55,7 @@ class StepSampling:
             counts = self._counts(wanted, logits.shape[-1])
         drawn_from = logits
         biases = self._biases(batch, logits.shape[-1]) if any(p.uses_bias for p in params) else None
-        if biases and biases[0]:  # (a graph's argmax and sampling do not see them: eager)
+        if biases:  # (a graph's argmax and sampling do not see them: this step is eager)
             drawn_from, greedy, graphs = self._biased(logits, biases), None, None
         tokens = sample(drawn_from, params, [self._generator(s) for s in wanted], greedy, counts,
                         graphs)
@@ -68,10 +68,11 @@ class StepSampling:
                 table = logprob_table(logits, tokens, rows, k)
         return Launched(batch, tokens, replay=replay, logprobs=table, prompt=prompt)
 
-    def _biases(self, batch: Batch, vocab: int) -> tuple[list[int], list[int], list[float]]:
+    def _biases(self, batch: Batch, vocab: int) -> tuple[list[int], list[int], list[float]] | None:
         """(row, token, value) of the step's logit changes, one row per item that samples: each
         request's logit_bias, and -inf on the tokens its min_tokens bars (EOS unless it
-        ignores EOS, and its stop_token_ids) while the token drawn comes before min_tokens."""
+        ignores EOS, and its stop_token_ids) while the token drawn comes before min_tokens;
+        None where there are none (min_tokens reached: the step samples as a plain one)."""
         rows, cols, values = [], [], []
         for j, it in enumerate(it for it in batch.items if it.needs_logits):
             p = it.seq.params
@@ -87,7 +88,7 @@ class StepSampling:
                 rows += [j] * len(barred)
                 cols += barred
                 values += [-math.inf] * len(barred)
-        return rows, cols, values
+        return (rows, cols, values) if rows else None
 
     def _biased(self, logits: torch.Tensor, biases: tuple[list[int], list[int], list[float]]
                 ) -> torch.Tensor:
