@@ -52,35 +52,55 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
 
 
 @functools.lru_cache(maxsize=8)
+def _properties(device: torch.device) -> dict:
+    """The active Triton driver's properties of `device` ({} for the interpreter and drivers
+    that have none)."""
+    try:
+        return dict(triton.runtime.driver.active.utils.get_device_properties(device.index or 0))
+    except Exception:  # noqa: BLE001 - the interpreter and unknown drivers have no properties
+        return {}
+
+
+@functools.lru_cache(maxsize=8)
 def num_cores(device: torch.device) -> int:
-    """Streaming multiprocessors (CUDA) or AI cores (Ascend) of the device; a guess elsewhere."""
+    """Cores that run vector work: streaming multiprocessors (CUDA), the vector cores of an
+    Ascend NPU (triton-ascend's `num_vectorcore`; a kernel without `tl.dot` runs its programs
+    there), a guess of 8 elsewhere (the interpreter)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    try:
-        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
-    except Exception:  # noqa: BLE001 - the interpreter and unknown drivers have no properties
-        return 8
+    props = _properties(device)
     counts = [
-        props[k] for k in ("multiprocessor_count", "num_vectorcore", "num_aicore") if k in props
+        props[k] for k in ("num_vectorcore", "multiprocessor_count", "num_aicore") if k in props
     ]
     return int(counts[0]) if counts else 8
 
 
-# Programs per core of the persistent row kernels (norms, rope, silu_mul, slots, conv1d's decode
-# and window kernels), by device type: each launches min(work items, that x cores) programs,
-# program p taking items p, p + P, p + 2P, ... (module-level so that a benchmark can sweep it).
+def num_cube_cores(device: torch.device) -> int:
+    """Cores that run kernels with `tl.dot`: the SMs on CUDA (num_cores); on an Ascend NPU its
+    AI cores (triton-ascend's `num_aicore`: a kernel mixing matrix and vector work runs one
+    program per AI core, each a cube unit with its vector units, and there are half as many as
+    vector cores on a 910B); num_cores where the driver names no such count."""
+    props = {} if device.type == "cuda" else _properties(device)
+    return int(props["num_aicore"]) if "num_aicore" in props else num_cores(device)
+
+
+# Programs per core of the persistent kernels, by device type: each launches min(work items,
+# that x cores) programs, program p taking items p, p + P, p + 2P, ... (module-level so that a
+# benchmark can sweep it).
 # CUDA: 32 (H100, bench_grid's shapes: 16 and 8 ran up to 5% slower at 32,768 tokens, 4 up to
 # 2x; fewer programs leave too few resident to hide the memory latency). Elsewhere one per core,
 # as triton-ascend's guides advise (each program beyond the cores is another round there).
 ROW_PROGRAMS_PER_CORE = {"cuda": 32, "other": 1}
 
 
-def persistent_programs(items: int, device: torch.device) -> int:
+def persistent_programs(items: int, device: torch.device, dots: bool = False) -> int:
     """The grid of a persistent kernel over `items` work items on `device`: one program per item
     up to ROW_PROGRAMS_PER_CORE programs per core, then that many, each looping over the items
-    `range(pid, items, programs)`."""
+    `range(pid, items, programs)`. `dots`: the kernel uses `tl.dot`, so its cores are
+    `num_cube_cores` (fewer on an NPU), else `num_cores`."""
     per_core = ROW_PROGRAMS_PER_CORE["cuda" if device.type == "cuda" else "other"]
-    return max(1, min(items, per_core * num_cores(device)))
+    cores = num_cube_cores(device) if dots else num_cores(device)
+    return max(1, min(items, per_core * cores))
 
 
 def cuda_hints(device: torch.device, **hints) -> dict:
