@@ -2,7 +2,7 @@
 
 Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
 
-1. `_gdn_prepare_kernel`, one program per (chunk, value head): gating (g = -exp(A_log) *
+1. `_gdn_prepare_kernel`, one work item per (chunk, value head): gating (g = -exp(A_log) *
    softplus(a + dt_bias), chunk-local cumsum; beta = sigmoid(b)), the inverse L2 norms of q
    and k (stored for steps 2-3, so raw q/k feed every dot product and the norms become row or
    column scales), the strictly lower matrix A_ij = beta_i (k_i . k_j) exp(g_i - g_j) over
@@ -10,18 +10,22 @@ Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
    w = (I + A)^-1 (beta exp(g) k) and u = (I + A)^-1 (beta v). (I + A) is solved in 16-row
    sub-blocks: the 16x16 diagonal blocks are inverted with a product of (I + L^(2^n)) factors
    (L is nilpotent), the rest is block forward substitution.
-2. `_gdn_state_kernel`, one program per (sequence, value head, V tile), sequential over the
+2. `_gdn_state_kernel`, one work item per (sequence, value head, V tile), sequential over the
    sequence's chunks: reads the source slot, keeps the state S [K, BV] in float32 registers,
    stores S before each chunk (for step 3) and v_new = u - w S, and updates
    S <- exp(g_last) S + (k exp(g_last - g))^T v_new. Checkpoint slots are written from this
    loop; the final state goes to the destination slot.
-3. `_gdn_output_kernel`, one program per (chunk, value head, V tile):
+3. `_gdn_output_kernel`, one work item per (chunk, value head, V tile):
    o = (q exp(g)) S + (q k^T * exp(g_i - g_j), causal) v_new; with `norm`, and a head in one
    tile, the layer's gated RMSNorm follows in registers (`kernels.norms.gated_norm_rows`), so o
    is written once, normed.
 
-Chunk bookkeeping for varlen batches is computed on the device (no host sync): grids are
-sized from the host-known bound T // BT + N chunks and programs past the last chunk exit.
+Grids are persistent (`kernels.hw.persistent_programs`): one axis of P programs, program p
+taking items p, p + P, ... with the items numbered so that the first axis of a one-program-
+per-item grid (chunks, or sequence x value head) runs fastest. Chunk bookkeeping for varlen
+batches is computed on the device (no host sync): the prepare and output grids are sized from
+the host-known bound T // BT + N chunks, and their item loops end at the real chunk count read
+from `chunk_offsets[N]`, so programs past the real work take no item (no early return).
 Checkpoint targets become a per-chunk slot map (0 = none), so a sequence has at most one
 checkpoint slot per boundary (repeated targets must agree on it).
 
@@ -44,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, dot_precision, launch, num_cores
+from kernels.hw import cuda_hints, dot_precision, launch, num_cores, persistent_programs
 from kernels.norms import TL_DTYPES, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
 
@@ -173,7 +177,7 @@ def _store_rstd(p, stride, b_r0, b_r1, b_r2, b_r3, m_0, m_1, m_2, m_3):
     tl.store(p + (o_r + 3 * BC) * stride, b_r3, mask=m_3)
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "NUM_PROGS"])
 def _gdn_prepare_kernel(
     q,
     k,
@@ -196,6 +200,7 @@ def _gdn_prepare_kernel(
     stride_at,
     stride_bt,
     N,
+    NUM_PROGS,
     PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -206,10 +211,26 @@ def _gdn_prepare_kernel(
     PREC: tl.constexpr,
     DT: tl.constexpr,
 ):
-    i_c, i_hv = tl.program_id(0) + PID0, tl.program_id(1)
+    # items (chunk, value head), chunks fastest, over the real chunks only: programs past them
+    # take none
+    num_chunks = tl.load(chunk_offsets + N)
+    for i_item in range(tl.program_id(0) + PID0, num_chunks * HV, NUM_PROGS):
+        _prepare_chunk(
+            q, k, v, a, b, A_log, dt_bias, w, u, g_cum, rstd_q, rstd_k, cu_seqlens, chunk_seq,
+            chunk_offsets, stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
+            i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BK, BV, PREC, DT,
+        )
+
+
+@triton.jit
+def _prepare_chunk(
+    q, k, v, a, b, A_log, dt_bias, w, u, g_cum, rstd_q, rstd_k, cu_seqlens, chunk_seq,
+    chunk_offsets, stride_qt, stride_kt, stride_vt, stride_at, stride_bt, i_c, i_hv,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
+):
+    """The prepare kernel's work on chunk i_c (a real one) of value head i_hv."""
     i_n = tl.load(chunk_seq + i_c)
-    if i_n >= N:
-        return
     i_local = i_c - tl.load(chunk_offsets + i_n)
     bos = tl.load(cu_seqlens + i_n)
     num_rows = tl.load(cu_seqlens + i_n + 1) - bos - i_local * BT  # valid rows of this chunk (>= 1)
@@ -340,7 +361,7 @@ def _gdn_prepare_kernel(
         _store_rows(u, HV * V, t_3, m_3, o_c, b_u3)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "NUM_PROGS"])
 def _gdn_state_kernel(
     k,
     w,
@@ -356,6 +377,8 @@ def _gdn_state_kernel(
     dst_slots,
     ckpt_slots,
     stride_kt,
+    N,
+    NUM_PROGS,
     PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -366,7 +389,23 @@ def _gdn_state_kernel(
     DT: tl.constexpr,
     LONG: tl.constexpr,
 ):
-    i_nh, i_v = tl.program_id(0) + PID0, tl.program_id(1)
+    # items (sequence x value head, V tile), sequence x value head fastest
+    for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
+        _state_sequence(
+            k, w, u, g_cum, rstd_k, v_new, h_chunks, state_pool, cu_seqlens, chunk_offsets,
+            src_slots, dst_slots, ckpt_slots, stride_kt, i_item % (N * HV),
+            i_item // (N * HV), H, HV, K, V, BV, PREC, DT, LONG,
+        )
+
+
+@triton.jit
+def _state_sequence(
+    k, w, u, g_cum, rstd_k, v_new, h_chunks, state_pool, cu_seqlens, chunk_offsets, src_slots,
+    dst_slots, ckpt_slots, stride_kt, i_nh, i_v, H: tl.constexpr, HV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
+    LONG: tl.constexpr,
+):
+    """The state kernel's work on V tile i_v of value head i_nh % HV of sequence i_nh // HV."""
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -427,7 +466,7 @@ def _gdn_state_kernel(
     tl.store(state_pool + (i_dst * HV + i_hv) * (K * V) + o_kv, b_h)
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "NUM_PROGS"])
 def _gdn_output_kernel(
     q,
     k,
@@ -450,6 +489,7 @@ def _gdn_output_kernel(
     N,
     scale,
     eps,
+    NUM_PROGS,
     PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -462,10 +502,29 @@ def _gdn_output_kernel(
     PROD_DTYPE: tl.constexpr,
     BK: tl.constexpr,
 ):
-    i_c, i_vh = tl.program_id(0) + PID0, tl.program_id(1)
+    # items (chunk, value head x V tile), chunks fastest, over the real chunks only: programs
+    # past them take none
+    num_chunks = tl.load(chunk_offsets + N)
+    for i_item in range(tl.program_id(0) + PID0, num_chunks * (HV * (V // BV)), NUM_PROGS):
+        _output_chunk(
+            q, k, v_new, h_chunks, g_cum, rstd_q, rstd_k, o, z, norm_w, cu_seqlens, chunk_seq,
+            chunk_offsets, stride_qt, stride_kt, stride_ot, stride_zt, stride_zh, scale, eps,
+            i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BV, PREC, DT, NORM,
+            PROD_DTYPE, BK,
+        )
+
+
+@triton.jit
+def _output_chunk(
+    q, k, v_new, h_chunks, g_cum, rstd_q, rstd_k, o, z, norm_w, cu_seqlens, chunk_seq,
+    chunk_offsets, stride_qt, stride_kt, stride_ot, stride_zt, stride_zh, scale, eps, i_c, i_vh,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr, DT: tl.constexpr, NORM: tl.constexpr, PROD_DTYPE: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """The output kernel's work on chunk i_c (a real one) of V tile i_vh % (V // BV) of value
+    head i_vh // (V // BV)."""
     i_n = tl.load(chunk_seq + i_c)
-    if i_n >= N:
-        return
     i_hv, i_v = i_vh // (V // BV), i_vh % (V // BV)
     i_h = i_hv // (HV // H)
     i_local = i_c - tl.load(chunk_offsets + i_n)
@@ -797,11 +856,12 @@ def _launch_prepare(q, k, v, a, b, A_log, dt_bias, cu_seqlens, layout, s, prec, 
     cfg = CONFIG["prepare"]
     many = (T // CHUNK) * HV >= cfg["many"] * num_cores(q.device)
     if max_chunks > 0:
+        grid = persistent_programs(max_chunks * HV, q.device)
         launch(
-            _gdn_prepare_kernel, (max_chunks, HV),
+            _gdn_prepare_kernel, (grid,),
             q, k, v, a, b, A_log, dt_bias, s.w, s.u, s.g_cum, s.rstd_q, s.rstd_k,
             cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
-            q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), N,
+            q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), N, grid,
             H=H, HV=HV, K=K, V=V, BK=min(K, cfg["BK"]), BV=min(V, cfg["BV"]),
             PREC=prec, DT=dot_dtype,
             **cuda_hints(q.device, num_warps=cfg["many_warps"] if many else cfg["num_warps"],
@@ -817,11 +877,12 @@ def _launch_state(k, state_pool, src_slots, dst_slots, cu_seqlens, layout, s, pr
     cfg = CONFIG["state"]
     bv, state_warps = _state_tile(layout.busy_seqs * HV, V, k.device)
     if N > 0:
+        grid = persistent_programs(N * HV * (V // bv), k.device)
         launch(
-            _gdn_state_kernel, (N * HV, V // bv),
+            _gdn_state_kernel, (grid,),
             k, s.w, s.u, s.g_cum, s.rstd_k, s.v_new, s.h_chunks, state_pool,
             cu_seqlens, layout.chunk_offsets, src_slots, dst_slots, layout.ckpt_slots,
-            k.stride(0),
+            k.stride(0), N, grid,
             H=H, HV=HV, K=K, V=V, BV=bv, PREC=prec, DT=dot_dtype,
             LONG=T * max(k.stride(0), HV * max(K, V)) >= 2**31,
             **cuda_hints(k.device, num_warps=state_warps, num_stages=cfg["num_stages"]),
@@ -846,11 +907,13 @@ def _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype) -> boo
         # there is no warp group, hence no wgmma, and the result is right (4e-3 in bf16).
         num_warps = min(num_warps, 2)
     if max_chunks > 0:
+        grid = persistent_programs(max_chunks * HV * (V // bv), q.device)
         launch(
-            _gdn_output_kernel, (max_chunks, HV * (V // bv)),
+            _gdn_output_kernel, (grid,),
             q, k, s.v_new, s.h_chunks, s.g_cum, s.rstd_q, s.rstd_k, o, z, norm_w,
             cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
             q.stride(0), k.stride(0), o.stride(0), z.stride(0), z.stride(1), N, K**-0.5, eps,
+            grid,
             H=H, HV=HV, K=K, V=V, BV=bv, PREC=prec, DT=dot_dtype, NORM=fused,
             PROD_DTYPE=TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
             BK=min(K, cfg["BK"]),

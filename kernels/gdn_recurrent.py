@@ -1,15 +1,16 @@
 """One decode step of the gated delta rule for N sequences, in one launch (Triton).
 
-Contract: `kernels.reference.recurrent_gdn`. One program per (sequence, value head, V tile):
+Contract: `kernels.reference.recurrent_gdn`. One work item per (sequence, value head, V tile):
 it recomputes the gates and the L2 norms of its q/k rows (cheap: K values each), reads a
 [K, BV] tile of the float32 state from the source slot, applies
 
     S <- exp(g) S;  S <- S + k (beta (v - k^T S));  o = q^T S   (q scaled by K^-0.5)
 
-and writes the tile to the destination slot. Each program reads its whole tile before writing
-it and no two programs share a tile, so src == dst (in place) is safe. The op is bound by
-the state's memory traffic; the V tiling gives N * HV * V / BV programs, enough to fill the
-GPU at N = 1.
+and writes the tile to the destination slot. Each item reads its whole tile before writing
+it and no two items share a tile, so src == dst (in place) is safe. The op is bound by
+the state's memory traffic; the V tiling gives N * HV * V / BV items, enough to fill the
+GPU at N = 1. The grid is persistent (`kernels.hw.persistent_programs`): P programs, program p
+taking items p, p + P, ... (sequence x value head fastest).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import triton
 import triton.language as tl
 
 from kernels.gdn_chunk import _check_inputs, _softplus
-from kernels.hw import cuda_hints, gdc_enter, launch, pdl
+from kernels.hw import cuda_hints, gdc_enter, launch, pdl, persistent_programs
 
 # Launch configuration: BV by number of (sequence, head) pairs; the benchmark may override.
 CONFIG = {"small_BV": 16, "large_BV": 32, "small_pairs": 1024, "num_warps": 4}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "NUM_PROGS"])
 def _gdn_recurrent_kernel(
     q,
     k,
@@ -44,6 +45,8 @@ def _gdn_recurrent_kernel(
     stride_an,
     stride_bn,
     scale,
+    N,
+    NUM_PROGS,
     PID0,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -52,7 +55,22 @@ def _gdn_recurrent_kernel(
     BV: tl.constexpr,
     USE_GDC: tl.constexpr,
 ):
-    i_nh, i_v = tl.program_id(0) + PID0, tl.program_id(1)
+    # items (sequence x value head, V tile), sequence x value head fastest
+    for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
+        _recurrent_tile(
+            q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots, stride_qn,
+            stride_kn, stride_vn, stride_an, stride_bn, scale, i_item % (N * HV),
+            i_item // (N * HV), H, HV, K, V, BV, USE_GDC,
+        )
+
+
+@triton.jit
+def _recurrent_tile(
+    q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots, stride_qn, stride_kn,
+    stride_vn, stride_an, stride_bn, scale, i_nh, i_v, H: tl.constexpr, HV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, USE_GDC: tl.constexpr,
+):
+    """The decode step of V tile i_v of value head i_nh % HV of sequence i_nh // HV."""
     i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, K)
@@ -61,7 +79,7 @@ def _gdn_recurrent_kernel(
 
     # the slots and the state tile are read before waiting for the kernel before (they are
     # not what it writes: see recurrent_gdn), so under programmatic dependent launch the
-    # state streams in while that kernel finishes
+    # state streams in while that kernel finishes (a program's later items find it finished)
     i_src = tl.load(src_slots + i_n).to(tl.int64)
     i_dst = tl.load(dst_slots + i_n).to(tl.int64)
     # slot 0 is the null slot: zeros, never read (full-shape mask for the interpreter)
@@ -119,10 +137,11 @@ def recurrent_gdn(
         return o
     pairs = N * HV
     bv = _value_tile(pairs, V)
+    grid = persistent_programs(pairs * (V // bv), v.device)
     launch(
-        _gdn_recurrent_kernel, (pairs, V // bv),
+        _gdn_recurrent_kernel, (grid,),
         q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots,
-        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), K**-0.5,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), K**-0.5, N, grid,
         H=H, HV=HV, K=K, V=V, BV=bv,
         **cuda_hints(v.device, num_warps=CONFIG["num_warps"]),
         **pdl(v.device),
