@@ -48,7 +48,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, dot_precision, launch, num_cores, persistent_programs
+from kernels.hw import (
+    cuda_hints,
+    dot_precision,
+    launch,
+    num_cube_cores,
+    persistent_programs,
+)
 from kernels.norms import TL_DTYPES, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
 
@@ -718,7 +724,7 @@ def _state_tile(num_rows: int, V: int, device: torch.device) -> tuple[int, int]:
     """
     cfg = CONFIG["state"]
     narrow, wide, fine = min(V, cfg["BV"]), min(V, cfg["wide_BV"]), min(V, cfg["fine_BV"])
-    cores = num_cores(device)
+    cores = num_cube_cores(device)
     if fine < narrow and num_rows * (V // narrow) <= cores // 2:
         return fine, cfg["fine_warps"]
     waves = [-(-num_rows * (V // bv) // cores) for bv in (narrow, wide)]
@@ -854,9 +860,9 @@ def _launch_prepare(q, k, v, a, b, A_log, dt_bias, cu_seqlens, layout, s, prec, 
     (T, H, K), HV, V = q.shape, v.shape[1], v.shape[2]
     N, max_chunks = cu_seqlens.shape[0] - 1, layout.chunk_seq.shape[0]
     cfg = CONFIG["prepare"]
-    many = (T // CHUNK) * HV >= cfg["many"] * num_cores(q.device)
+    many = (T // CHUNK) * HV >= cfg["many"] * num_cube_cores(q.device)
     if max_chunks > 0:
-        grid = persistent_programs(max_chunks * HV, q.device)
+        grid = persistent_programs(max_chunks * HV, q.device, dots=True)
         launch(
             _gdn_prepare_kernel, (grid,),
             q, k, v, a, b, A_log, dt_bias, s.w, s.u, s.g_cum, s.rstd_q, s.rstd_k,
@@ -877,7 +883,7 @@ def _launch_state(k, state_pool, src_slots, dst_slots, cu_seqlens, layout, s, pr
     cfg = CONFIG["state"]
     bv, state_warps = _state_tile(layout.busy_seqs * HV, V, k.device)
     if N > 0:
-        grid = persistent_programs(N * HV * (V // bv), k.device)
+        grid = persistent_programs(N * HV * (V // bv), k.device, dots=True)
         launch(
             _gdn_state_kernel, (grid,),
             k, s.w, s.u, s.g_cum, s.rstd_k, s.v_new, s.h_chunks, state_pool,
@@ -907,7 +913,7 @@ def _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype) -> boo
         # there is no warp group, hence no wgmma, and the result is right (4e-3 in bf16).
         num_warps = min(num_warps, 2)
     if max_chunks > 0:
-        grid = persistent_programs(max_chunks * HV * (V // bv), q.device)
+        grid = persistent_programs(max_chunks * HV * (V // bv), q.device, dots=True)
         launch(
             _gdn_output_kernel, (grid,),
             q, k, s.v_new, s.h_chunks, s.g_cum, s.rstd_q, s.rstd_k, o, z, norm_w,

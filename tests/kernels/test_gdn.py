@@ -384,7 +384,7 @@ def test_one_sequence_on_a_large_device_takes_the_fine_state_tile(monkeypatch):
     match the reference."""
     from kernels import gdn_chunk
 
-    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 132)  # an H100
+    monkeypatch.setattr(gdn_chunk, "num_cube_cores", lambda device: 132)  # an H100
     H, HV, K, V = (16, 16, 128, 128) if ON_CUDA else (2, 4, 16, 32)
     assert gdn_chunk._state_tile(HV, V, torch.device(DEVICE)) == (16, 2)
     dtype = torch.bfloat16 if ON_CUDA else torch.float32
@@ -412,7 +412,7 @@ def test_padding_sequences_do_not_count_for_the_state_tile(monkeypatch):
     kernel's tile is chosen for the real sequence alone (same outputs either way)."""
     from kernels import gdn_chunk
 
-    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 132)  # an H100
+    monkeypatch.setattr(gdn_chunk, "num_cube_cores", lambda device: 132)  # an H100
     rows = []
     choose = gdn_chunk._state_tile
     monkeypatch.setattr(gdn_chunk, "_state_tile", lambda n, *a: rows.append(n) or choose(n, *a))
@@ -443,7 +443,7 @@ def test_state_tile_counts_name_the_fewest_sequences_of_each_tile(monkeypatch):
     count, the first that takes it."""
     from kernels import gdn_chunk
 
-    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 132)  # an H100
+    monkeypatch.setattr(gdn_chunk, "num_cube_cores", lambda device: 132)  # an H100
     device = torch.device(DEVICE)
     for heads, width in ((16, 128), (4, 128), (48, 128), (4, 32)):
         counts = gdn_chunk.state_tile_counts(heads, width, device, 64)
@@ -458,7 +458,7 @@ def test_the_prepare_kernel_takes_its_warps_by_tokens_not_sequences(many, monkey
     """2 warps from `many` full chunks x heads per core up, counted from the tokens alone: a step
     of as many tokens in more sequences takes the same kernel (which the largest prefill graph,
     of one sequence, has built)."""
-    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 1)
+    monkeypatch.setattr(gdn_chunk, "num_cube_cores", lambda device: 1)
     monkeypatch.setattr(gdn_chunk, "cuda_hints", lambda device, **hints: hints)  # as on CUDA
     monkeypatch.setitem(gdn_chunk.CONFIG["prepare"], "many", many)
     warps, kernel = [], gdn_chunk._gdn_prepare_kernel

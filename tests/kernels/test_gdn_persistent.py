@@ -79,9 +79,9 @@ def _run(device, cores, monkeypatch):
         monkeypatch.setattr(module, "launch", spy)
     monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
     monkeypatch.setattr(hw, "num_cores", lambda device: cores)
-    # gdn_chunk's own num_cores (the state tile, the prepare kernel's warps) stays fixed: at
+    # gdn_chunk's own core count (the state tile, the prepare kernel's warps) stays fixed: at
     # 64 cores the state kernel takes the fine tile, 2 V tiles of 16
-    monkeypatch.setattr(gdn_chunk, "num_cores", lambda device: 64)
+    monkeypatch.setattr(gdn_chunk, "num_cube_cores", lambda device: 64)
     monkeypatch.setitem(gdn_chunk.CONFIG["output"], "BV", 16)  # 2 V tiles there too
     torch.manual_seed(0)
     return _ops(device), launches
