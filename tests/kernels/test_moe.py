@@ -6,6 +6,13 @@ GEMMs), float32 and bf16. Every buffer the launcher allocates is filled with NaN
 first, so a row the kernels fail to write shows up. The dispatcher runs the kernel under the
 "triton" backend. On CUDA also Qwen3.5-35B-A3B's shapes (hidden 2048, 256 experts, top-8,
 moe_intermediate 512) at decode and prefill sizes.
+
+Every kernel runs on a persistent grid (one axis of `kernels.hw.persistent_programs`
+programs looping over the work items): with one program per item and with 3 programs looping
+over items that do not divide evenly, the outputs and every buffer the launcher fills are
+bit-identical, at prefill sizes where experts get none, one and many tokens (so many tiles of
+the grouped GEMMs' upper bound lie past the routed pairs), at 1 to 4 decode tokens, and at odd
+hidden and intermediate sizes.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 pytest.importorskip("triton")
 
 import kernels
-from kernels import moe, reference
+from kernels import hw, moe, reference
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 SMALL = (8, 64, 32, 3)  # E, H, I, K
@@ -108,3 +115,59 @@ def test_rejects_mismatched_shapes(device):
 @pytest.mark.parametrize("T", [1, 32, 300, 2048])
 def test_qwen35_35b_a3b_shapes(device, poisoned, dtype, T):
     check(T, QWEN35_35B_A3B, dtype, device, num_idle=16)
+
+
+PROGRAMS = 3
+
+
+def _skewed_prefill(device, monkeypatch):
+    """24 tokens, top-2 of 8 experts: expert 0 takes every token (2 tiles of 16 rows), expert 1
+    one, experts 2-4 the rest, 5-7 none: 6 real tiles of the 11 the grid is sized for."""
+    monkeypatch.setattr(moe, "DECODE_MAX_PAIRS", 0)
+    x, wgu, wd, ids, w = make_case(24, 8, 36, 40, 2, torch.float32, device)
+    ids = torch.stack([torch.zeros(24), torch.arange(24) % 3 + 2], dim=1).long()
+    ids[5, 1] = 1
+    return [moe.fused_moe(x, wgu, wd, ids.to(device), w)]
+
+
+def _decode_1_to_4(device, monkeypatch):
+    outs = []
+    for T in (1, 2, 3, 4):
+        x, wgu, wd, ids, w = make_case(T, 8, 33, 20, 2, torch.bfloat16, device, seed=T,
+                                       num_idle=0)
+        outs.append(moe.fused_moe(x, wgu, wd, ids, w))
+    return outs
+
+
+def _run(case, device, cores, monkeypatch):
+    """The case's outputs, every buffer fused_moe filled, and each launch's grid, with `cores`
+    cores of PROGRAMS programs (nothing in moe but the grids reads the core count)."""
+    grids, buffers = [], []
+
+    def spy(kernel, grid, *args, **kwargs):
+        grids.append(grid)
+        hw.launch(kernel, grid, *args, **kwargs)
+
+    def empty(*shape, dtype=None, device=None):
+        t = torch.empty(*shape, dtype=dtype, device=device)
+        buffers.append(t.fill_(float("nan") if t.is_floating_point() else -1))
+        return t
+
+    monkeypatch.setattr(moe, "launch", spy)
+    monkeypatch.setattr(moe, "_empty", empty)
+    monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
+    monkeypatch.setattr(hw, "num_cores", lambda device: cores)
+    return case(device, monkeypatch) + buffers, grids
+
+
+@pytest.mark.parametrize("case", [_skewed_prefill, _decode_1_to_4], ids=["prefill", "decode"])
+def test_programs_looping_over_items_compute_what_one_program_per_item_does(
+    case, device, monkeypatch
+):
+    whole, item_grids = _run(case, device, 10**6, monkeypatch)
+    looped, grids = _run(case, device, 1, monkeypatch)
+    assert all(len(g) == 1 for g in item_grids + grids)  # one grid axis: the items are in the loop
+    assert [g[0] for g in grids] == [min(g[0], PROGRAMS) for g in item_grids]
+    assert max(g[0] for g in item_grids) >= 3 * PROGRAMS  # programs did loop, several times
+    for a, b in zip(whole, looped, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
