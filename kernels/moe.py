@@ -25,8 +25,9 @@ loops over a token's K pairs in order, so the down projection and the weighted s
 pass.
 
 Every grid is persistent (kernels.hw.persistent_programs over the work items: experts, or
-(row tile, N tile) pairs numbered with the N tiles of a row tile neighbours, or tokens/pairs
-and their N tiles likewise); program p takes items p, p + P, p + 2P, ...
+(row tile, N tile) pairs, or (token or pair, N tile) pairs, numbered row tiles, tokens or pairs
+first, the order in which CUDA ran the two-axis grids of before); program p takes items p, p + P,
+p + 2P, ... The grouped GEMMs (tl.dot) size theirs from an NPU's AI cores (`dots=True`).
 
 Both paths are deterministic (no atomics): a token's output does not depend on the other
 tokens in the batch beyond which path runs.
@@ -109,7 +110,7 @@ def _gate_up_kernel(
 ):
     num_n = tl.cdiv(I, BN)
     for i_item in range(tl.program_id(0) + PID0, NUM_TILES * num_n, NUM_PROGS):
-        i_tile, i_n = i_item // num_n, i_item % num_n  # the N tiles of a row tile neighbours
+        i_tile, i_n = i_item % NUM_TILES, i_item // NUM_TILES  # row tiles first, as CUDA ran
         i_e, row0, row_end = _tile_rows(counts, i_tile, E, BE, BM)
         # a tile past the routed pairs: no rows (row0 >= row_end) and no trips over H
         k_end = tl.where(i_e < E, H, 0)
@@ -169,7 +170,7 @@ def _down_kernel(
 ):
     num_n = tl.cdiv(H, BN)
     for i_item in range(tl.program_id(0) + PID0, NUM_TILES * num_n, NUM_PROGS):
-        i_tile, i_n = i_item // num_n, i_item % num_n  # the N tiles of a row tile neighbours
+        i_tile, i_n = i_item % NUM_TILES, i_item // NUM_TILES  # row tiles first, as CUDA ran
         i_e, row0, row_end = _tile_rows(counts, i_tile, E, BE, BM)
         k_end = tl.where(i_e < E, I, 0)  # a tile past the routed pairs: no rows, no trips
         o_m = row0 + tl.arange(0, BM)
@@ -204,7 +205,7 @@ def _combine_kernel(y, out, T, H, K, NUM_PROGS, PID0, BKK: tl.constexpr, BN: tl.
     num_n = tl.cdiv(H, BN)
     o_k = tl.arange(0, BKK)
     for i_item in range(tl.program_id(0) + PID0, T * num_n, NUM_PROGS):
-        i_t, i_n = (i_item // num_n).to(tl.int64), i_item % num_n
+        i_t, i_n = (i_item % T).to(tl.int64), i_item // T
         o_n = i_n * BN + tl.arange(0, BN)
         m_n = o_n < H
         p_y = y + (i_t * K + o_k[:, None]) * H + o_n[None, :]
@@ -232,7 +233,7 @@ def _gate_up_gemv_kernel(
 ):
     num_n = tl.cdiv(I, BN)
     for i_item in range(tl.program_id(0) + PID0, NUM_PAIRS * num_n, NUM_PROGS):
-        i_p, i_n = (i_item // num_n).to(tl.int64), i_item % num_n
+        i_p, i_n = (i_item % NUM_PAIRS).to(tl.int64), i_item // NUM_PAIRS
         i_t = i_p // K
         i_e = tl.load(topk_ids + i_p).to(tl.int64)
         o_n = i_n * BN + tl.arange(0, BN)
@@ -278,7 +279,7 @@ def _down_combine_kernel(
 ):
     num_n = tl.cdiv(H, BN)
     for i_item in range(tl.program_id(0) + PID0, T * num_n, NUM_PROGS):
-        i_t, i_n = (i_item // num_n).to(tl.int64), i_item % num_n
+        i_t, i_n = (i_item % T).to(tl.int64), i_item // T
         o_n = i_n * BN + tl.arange(0, BN)
         m_n = o_n < H
         b_out = tl.zeros([BN], dtype=tl.float32)
@@ -445,7 +446,7 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
     launch(_sort_kernel, (grid,), ids, counts, sorted_pairs, num_pairs, E, grid, BLOCK=block)
     num_tiles = triton.cdiv(num_pairs, BM) + min(E, num_pairs)  # upper bound, see the docstring
     act = _empty((num_pairs, I), dtype=x.dtype, device=dev)
-    grid = persistent_programs(num_tiles * triton.cdiv(I, BN), dev)
+    grid = persistent_programs(num_tiles * triton.cdiv(I, BN), dev, dots=True)
     launch(
         _gate_up_kernel, (grid,),
         x, w_gate_up, act, counts, sorted_pairs, H, I, E, K,
@@ -453,7 +454,7 @@ def _prefill(x, w_gate_up, w_down, ids, weights, out) -> torch.Tensor:
         BE=BE, BM=BM, BN=BN, BK=BK, DOT_PRECISION=precision, **cfg,
     )
     y = _empty((num_pairs, H), dtype=x.dtype, device=dev)
-    grid = persistent_programs(num_tiles * triton.cdiv(H, BN), dev)
+    grid = persistent_programs(num_tiles * triton.cdiv(H, BN), dev, dots=True)
     launch(
         _down_kernel, (grid,),
         act, w_down, weights, y, counts, sorted_pairs, H, I, E,
