@@ -2,7 +2,8 @@
 
 Two ops with the contract of `kernels.reference`:
 - `causal_conv1d`: prefill. One kernel computes the outputs in tiles of tokens x channels
-  (each program finds the sequences of its tokens by binary search over `cu_seqlens`); a
+  (each tile finds the sequences of its tokens by binary search over `cu_seqlens`), on a
+  persistent grid (`kernels.hw.persistent_programs`: program p takes tiles p, p + P, ...); a
   second launch then writes the final window of each sequence to its destination slot and the
   windows at checkpoint boundaries to their slots. Two launches keep "read the source slot" strictly
   before "write the destination slot", so src == dst is safe.
@@ -29,6 +30,11 @@ from kernels.reference import Checkpoints
 # first, as before); 84 tokens took 3.0 us in 16 x 128 and 3.8 us in 32 x 128. So the larger
 # tile from PREFILL_MANY programs per core up.
 PREFILL_BT, PREFILL_FEW_BT, PREFILL_BD, PREFILL_WARPS, PREFILL_MANY = 32, 16, 128, 4, 8
+# The prefill's persistent grid, programs per core by device type. CUDA: 128, so that a step
+# of up to 8,192 tokens of 6,144 channels (12,288 tiles on 132 SMs) keeps one program per tile:
+# programs looping over 32 x 128 tiles at 32 per SM took the H100 10-40% longer at 32,768 tokens
+# (session 36, a helper's measurement).
+PREFILL_PROGRAMS_PER_CORE = {"cuda": 128, "other": 1}
 
 
 @triton.jit
@@ -48,7 +54,7 @@ def _window_value(x, stride_x, conv_pool, i_src, bos, t, o_d, m_d, D, W: tl.cons
     return b_x + b_init
 
 
-@triton.jit(do_not_specialize=["T", "N", "NUM_SEARCH_STEPS"])
+@triton.jit(do_not_specialize=["T", "N", "NUM_SEARCH_STEPS", "NUM_ITEMS", "NUM_PROGS"])
 def _conv_fwd_kernel(
     x,
     weight,
@@ -61,13 +67,24 @@ def _conv_fwd_kernel(
     D,
     N,
     NUM_SEARCH_STEPS,
+    NUM_ITEMS,
+    NUM_PROGS,
     PID0,
     W: tl.constexpr,
     BT: tl.constexpr,
     BD: tl.constexpr,
 ):
-    # one grid axis (CUDA's axes 1 and 2 take at most 65,535), channel tiles fastest
-    i_p = tl.program_id(0) + PID0
+    # items are (token tile, channel tile), channel tiles fastest: programs that run together
+    # read the same rows
+    for i_p in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        _conv_fwd_tile(x, weight, conv_pool, out, cu_seqlens, src_slots, stride_x, T, D, N,
+                       NUM_SEARCH_STEPS, i_p, W, BT, BD)
+
+
+@triton.jit
+def _conv_fwd_tile(x, weight, conv_pool, out, cu_seqlens, src_slots, stride_x, T, D, N,
+                   NUM_SEARCH_STEPS, i_p, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Outputs of tile i_p: tokens i_t * BT .. + BT, channels i_d * BD .. + BD."""
     i_d, i_t = i_p % tl.cdiv(D, BD), i_p // tl.cdiv(D, BD)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -253,10 +270,11 @@ def causal_conv1d(
         many = triton.cdiv(T, PREFILL_BT) * triton.cdiv(D, BD) >= PREFILL_MANY * num_cores(x.device)
         BT = PREFILL_BT if many else PREFILL_FEW_BT
         steps = max(N - 1, 1).bit_length()
-        grid = (triton.cdiv(D, BD) * triton.cdiv(T, BT),)  # one program per tile (not persistent)
+        items = triton.cdiv(D, BD) * triton.cdiv(T, BT)
+        grid = persistent_programs(items, x.device, per_core=PREFILL_PROGRAMS_PER_CORE)
         launch(
-            _conv_fwd_kernel, grid, x, weight, conv_pool, out, cu_seqlens, src_slots,
-            x.stride(0), T, D, N, steps, W=W, BT=BT, BD=BD,
+            _conv_fwd_kernel, (grid,), x, weight, conv_pool, out, cu_seqlens, src_slots,
+            x.stride(0), T, D, N, steps, items, grid, W=W, BT=BT, BD=BD,
             **cuda_hints(x.device, num_warps=PREFILL_WARPS),
         )
     BD = _block_d(D)

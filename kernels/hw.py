@@ -93,12 +93,14 @@ def num_cube_cores(device: torch.device) -> int:
 ROW_PROGRAMS_PER_CORE = {"cuda": 32, "other": 1}
 
 
-def persistent_programs(items: int, device: torch.device, dots: bool = False) -> int:
+def persistent_programs(items: int, device: torch.device, dots: bool = False,
+                        per_core: dict[str, int] | None = None) -> int:
     """The grid of a persistent kernel over `items` work items on `device`: one program per item
-    up to ROW_PROGRAMS_PER_CORE programs per core, then that many, each looping over the items
-    `range(pid, items, programs)`. `dots`: the kernel uses `tl.dot`, so its cores are
-    `num_cube_cores` (fewer on an NPU), else `num_cores`."""
-    per_core = ROW_PROGRAMS_PER_CORE["cuda" if device.type == "cuda" else "other"]
+    up to `per_core` (ROW_PROGRAMS_PER_CORE unless given; keys "cuda" and "other") programs per
+    core, then that many, each looping over the items `range(pid, items, programs)`. `dots`:
+    the kernel uses `tl.dot`, so its cores are `num_cube_cores` (fewer on an NPU), else
+    `num_cores`."""
+    per_core = (per_core or ROW_PROGRAMS_PER_CORE)["cuda" if device.type == "cuda" else "other"]
     cores = num_cube_cores(device) if dots else num_cores(device)
     return max(1, min(items, per_core * cores))
 

@@ -3,7 +3,7 @@ program takes.
 
 DESIGN.md asks for grids sized from the device's core count, each program looping over the
 work (on Ascend every program beyond the cores is another round of launches). The norms, rope,
-`silu_mul`, the slot kernels and conv1d's decode and window kernels launch
+`silu_mul`, the slot kernels and conv1d's kernels launch
 `kernels.hw.persistent_programs` programs: one per work item up to ROW_PROGRAMS_PER_CORE x
 cores, program p then taking items p, p + P, p + 2P, ... Here each op runs twice: with a core
 count so large that every program takes one item (the grids of before), and with one core of 3
@@ -63,7 +63,7 @@ def _silu_and_slots(device):
 
 
 def _conv(device):
-    return conv_ops(device, D=300)  # 2 channel tiles of 256 (the prefill's are not persistent)
+    return conv_ops(device, D=300)  # 2 channel tiles of 256 (3 of 128 in the prefill)
 
 
 CASES = {"norms": _norms, "rope": _rope, "silu-slots": _silu_and_slots, "conv1d": _conv}
@@ -75,13 +75,13 @@ def _run(case, device, cores, monkeypatch):
     grids = []
 
     def spy(kernel, grid, *args, **kwargs):
-        if kernel is not conv1d._conv_fwd_kernel:  # one program per tile (not persistent)
-            grids.append(grid)
+        grids.append(grid)
         hw.launch(kernel, grid, *args, **kwargs)
 
     for module in MODULES:
         monkeypatch.setattr(module, "launch", spy)
     monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
+    monkeypatch.setattr(conv1d, "PREFILL_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
     monkeypatch.setattr(hw, "num_cores", lambda device: cores)
     torch.manual_seed(0)
     return CASES[case](device), grids
