@@ -5,10 +5,14 @@ the tile's rows are (token, q head of that KV head's group) pairs, BM = BQ * G r
 power of two, so every K/V block is loaded once for the whole group (G = Hq / Hkv). KV tiles
 are the cache's own blocks (block_size tokens), fetched through the block table.
 
-Grid without host sync: sequence i's tiles are numbered from cu_seqlens_q[i] // BQ + i (or
-cu_seqlens_q[i] when BQ == 1), which leaves room for ceil(len_i / BQ) tiles; the grid covers
-T // BQ + N tile numbers and each program finds its sequence by binary search; unused numbers
-exit at once.
+Work items without host sync: sequence i's tiles are numbered from cu_seqlens_q[i] // BQ + i
+(or cu_seqlens_q[i] when BQ == 1), which leaves room for ceil(len_i / BQ) tiles; the items are
+the T // BQ + N tile numbers times the KV heads times the key splits, and each finds its
+sequence by binary search; an unused number sees no key block and stores nothing (masks, no
+early exit). Grids are persistent (kernels.hw.persistent_programs): program p takes items p,
+p + P, p + 2P, ..., numbered so that the first items are the last tiles (the longest in a
+causal prefill) and a tile's heads and splits are neighbours. The merge's items are (row,
+channel tile) pairs.
 
 Split-KV: when the tiles alone cannot fill the device (decode, with BQ = 1 and one query per
 sequence, and a short run of new queries over a long cached context, e.g. an edited message),
@@ -29,7 +33,15 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from kernels.hw import cuda_hints, dot_precision, gdc_enter, launch, num_cores, pdl
+from kernels.hw import (
+    cuda_hints,
+    dot_precision,
+    gdc_enter,
+    launch,
+    num_cores,
+    pdl,
+    persistent_programs,
+)
 
 _LOG2E = 1.4426950408889634
 log = logging.getLogger("statechat.kernels")
@@ -89,7 +101,8 @@ def _attn_block(
 
 
 # the counts and the block tables' width change from step to step: one build for all
-@triton.jit(do_not_specialize=["stride_bt", "N", "NUM_TILES", "NUM_SEARCH_STEPS", "NUM_SPLITS"])
+@triton.jit(do_not_specialize=["stride_bt", "N", "NUM_TILES", "NUM_SEARCH_STEPS", "NUM_SPLITS",
+                               "NUM_ITEMS", "NUM_PROGS"])
 def _paged_attn_kernel(
     q,
     k_cache,
@@ -113,6 +126,8 @@ def _paged_attn_kernel(
     NUM_TILES,
     NUM_SEARCH_STEPS,
     NUM_SPLITS,
+    NUM_ITEMS,
+    NUM_PROGS,
     PID0,
     HQ: tl.constexpr,
     G: tl.constexpr,
@@ -128,108 +143,114 @@ def _paged_attn_kernel(
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    # longest tiles (the last of each sequence) tend to get the high numbers: start those first
-    i_tile = NUM_TILES - 1 - (tl.program_id(0) + PID0)
-    i_kvh, i_split = tl.program_id(1), tl.program_id(2)
-    # sequence of this tile: the largest i < N whose first tile number (cu // BQ + i * PAD,
-    # PAD = 0 when BQ == 1 as tiles are then exactly tokens) is <= i_tile
-    i_lo = i_tile * 0  # a tensor even when N == 1 is specialised to a constant
-    i_hi = i_lo + (N - 1)
-    for _ in range(NUM_SEARCH_STEPS):
-        i_mid = (i_lo + i_hi + 1) // 2
-        is_right = tl.load(cu_seqlens_q + i_mid) // BQ + i_mid * PAD <= i_tile
-        i_lo = tl.where(is_right, i_mid, i_lo)
-        i_hi = tl.where(is_right, i_hi, i_mid - 1)
-    i_n = i_lo
-    bos = tl.load(cu_seqlens_q + i_n)
-    q_len = tl.load(cu_seqlens_q + i_n + 1) - bos
-    q_start = (i_tile - (bos // BQ + i_n * PAD)) * BQ
-    if q_start >= q_len:
-        return
-    ctx_len = tl.load(context_lens + i_n)
-    pos0 = ctx_len - q_len + q_start  # position of the tile's first query
-    q_last = tl.minimum(q_start + BQ, q_len) - 1
-    num_blocks = (ctx_len - q_len + q_last) // BLOCK_SIZE + 1  # blocks the tile may see
-    blocks_per_split = tl.cdiv(num_blocks, NUM_SPLITS)
-    blk_lo = i_split * blocks_per_split
-    blk_hi = tl.minimum(blk_lo + blocks_per_split, num_blocks)
-    blk_full = tl.minimum((pos0 + 1) // BLOCK_SIZE, blk_hi)  # blocks seen whole by every row
+    HKV: tl.constexpr = HQ // G
+    # items: (tile, split, KV head), the heads the fastest, so a tile's programs are neighbours;
+    # the longest tiles (the last of each sequence) tend to get the high numbers: the first
+    # items take those, last tile first
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_tile = NUM_TILES - 1 - i_item // (HKV * NUM_SPLITS)
+        i_kvh, i_split = i_item % HKV, i_item // HKV % NUM_SPLITS
+        # sequence of this tile: the largest i < N whose first tile number (cu // BQ + i * PAD,
+        # PAD = 0 when BQ == 1 as tiles are then exactly tokens) is <= i_tile
+        i_lo = i_tile * 0  # a tensor even when N == 1 is specialised to a constant
+        i_hi = i_lo + (N - 1)
+        for _ in range(NUM_SEARCH_STEPS):
+            i_mid = (i_lo + i_hi + 1) // 2
+            is_right = tl.load(cu_seqlens_q + i_mid) // BQ + i_mid * PAD <= i_tile
+            i_lo = tl.where(is_right, i_mid, i_lo)
+            i_hi = tl.where(is_right, i_hi, i_mid - 1)
+        i_n = i_lo
+        bos = tl.load(cu_seqlens_q + i_n)
+        q_len = tl.load(cu_seqlens_q + i_n + 1) - bos
+        q_start = (i_tile - (bos // BQ + i_n * PAD)) * BQ
+        ctx_len = tl.load(context_lens + i_n)
+        pos0 = ctx_len - q_len + q_start  # position of the tile's first query
+        q_last = tl.minimum(q_start + BQ, q_len) - 1
+        num_blocks = (ctx_len - q_len + q_last) // BLOCK_SIZE + 1  # blocks the tile may see
+        # a tile number past its sequence's queries (the numbering leaves some): no key
+        # blocks, so both loops take no trip, and every row is masked off
+        num_blocks = tl.where(q_start < q_len, num_blocks, 0)
+        blocks_per_split = tl.cdiv(num_blocks, NUM_SPLITS)
+        blk_lo = i_split * blocks_per_split
+        blk_hi = tl.minimum(blk_lo + blocks_per_split, num_blocks)
+        blk_full = tl.minimum((pos0 + 1) // BLOCK_SIZE, blk_hi)  # blocks seen whole by every row
 
-    o_m = tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
-    r_tok = o_m // G
-    r_head = i_kvh * G + o_m % G
-    m_row = (r_tok < BQ) & (q_start + r_tok < q_len)
-    b_pos = pos0 + r_tok
-    o_tok = (bos + q_start + r_tok).to(tl.int64)
-    p_q = q + o_tok[:, None] * stride_qt + r_head[:, None] * stride_qh + o_d[None, :]
-    b_q = tl.load(p_q, mask=m_row[:, None] & (o_d < D)[None, :], other=0.0)
+        o_m = tl.arange(0, BM)
+        o_d = tl.arange(0, BD)
+        r_tok = o_m // G
+        r_head = i_kvh * G + o_m % G
+        m_row = (r_tok < BQ) & (q_start + r_tok < q_len)
+        b_pos = pos0 + r_tok
+        o_tok = (bos + q_start + r_tok).to(tl.int64)
+        p_q = q + o_tok[:, None] * stride_qt + r_head[:, None] * stride_qh + o_d[None, :]
+        b_q = tl.load(p_q, mask=m_row[:, None] & (o_d < D)[None, :], other=0.0)
 
-    b_acc = tl.zeros([BM, BD], dtype=tl.float32)
-    b_m = tl.zeros([BM], dtype=tl.float32) + float("-inf")
-    b_l = tl.zeros([BM], dtype=tl.float32)
-    p_table = block_tables + i_n.to(tl.int64) * stride_bt
-    for i_blk in range(blk_lo, blk_full):
-        b_acc, b_m, b_l = _attn_block(
-            b_q,
-            b_acc,
-            b_m,
-            b_l,
-            k_cache,
-            v_cache,
-            p_table,
-            i_blk,
-            i_kvh,
-            b_pos,
-            ctx_len,
-            qk_scale,
-            stride_cb,
-            stride_ct,
-            D,
-            BD,
-            BLOCK_SIZE,
-            False,
-            DOT_PRECISION,
-        )
-    for i_blk in range(tl.maximum(blk_lo, blk_full), blk_hi):
-        b_acc, b_m, b_l = _attn_block(
-            b_q,
-            b_acc,
-            b_m,
-            b_l,
-            k_cache,
-            v_cache,
-            p_table,
-            i_blk,
-            i_kvh,
-            b_pos,
-            ctx_len,
-            qk_scale,
-            stride_cb,
-            stride_ct,
-            D,
-            BD,
-            BLOCK_SIZE,
-            True,
-            DOT_PRECISION,
-        )
+        b_acc = tl.zeros([BM, BD], dtype=tl.float32)
+        b_m = tl.zeros([BM], dtype=tl.float32) + float("-inf")
+        b_l = tl.zeros([BM], dtype=tl.float32)
+        p_table = block_tables + i_n.to(tl.int64) * stride_bt
+        for i_blk in range(blk_lo, blk_full):
+            b_acc, b_m, b_l = _attn_block(
+                b_q,
+                b_acc,
+                b_m,
+                b_l,
+                k_cache,
+                v_cache,
+                p_table,
+                i_blk,
+                i_kvh,
+                b_pos,
+                ctx_len,
+                qk_scale,
+                stride_cb,
+                stride_ct,
+                D,
+                BD,
+                BLOCK_SIZE,
+                False,
+                DOT_PRECISION,
+            )
+        for i_blk in range(tl.maximum(blk_lo, blk_full), blk_hi):
+            b_acc, b_m, b_l = _attn_block(
+                b_q,
+                b_acc,
+                b_m,
+                b_l,
+                k_cache,
+                v_cache,
+                p_table,
+                i_blk,
+                i_kvh,
+                b_pos,
+                ctx_len,
+                qk_scale,
+                stride_cb,
+                stride_ct,
+                D,
+                BD,
+                BLOCK_SIZE,
+                True,
+                DOT_PRECISION,
+            )
 
-    o_row = o_tok * HQ + r_head  # row of [T, Hq]
-    if IS_SPLIT:
-        o_part = o_row * NUM_SPLITS + i_split
-        p_acc = part_acc + o_part[:, None] * D + o_d[None, :]
-        tl.store(p_acc, b_acc, mask=m_row[:, None] & (o_d < D)[None, :])
-        tl.store(part_ml + o_part * 2, b_m, mask=m_row)
-        tl.store(part_ml + o_part * 2 + 1, b_l, mask=m_row)
-    else:
-        b_out = b_acc / b_l[:, None]
-        m_out = m_row[:, None] & (o_d < D)[None, :]
-        if HAS_GATE:
-            o_g = o_tok[:, None] * stride_gt + r_head[:, None].to(tl.int64) * stride_gh
-            p_g = gate + o_g + o_d[None, :]
-            b_out = _gated(b_out, tl.load(p_g, mask=m_out, other=0.0), out.dtype.element_ty)
-        p_out = out + o_row[:, None] * D + o_d[None, :]
-        tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_out)
+        o_row = o_tok * HQ + r_head  # row of [T, Hq]
+        if IS_SPLIT:
+            o_part = o_row * NUM_SPLITS + i_split
+            p_acc = part_acc + o_part[:, None] * D + o_d[None, :]
+            tl.store(p_acc, b_acc, mask=m_row[:, None] & (o_d < D)[None, :])
+            tl.store(part_ml + o_part * 2, b_m, mask=m_row)
+            tl.store(part_ml + o_part * 2 + 1, b_l, mask=m_row)
+        else:
+            # rows off the tile divide by 1: a spare tile number's saw no key (0 / 0)
+            b_out = b_acc / tl.where(m_row, b_l, 1.0)[:, None]
+            m_out = m_row[:, None] & (o_d < D)[None, :]
+            if HAS_GATE:
+                o_g = o_tok[:, None] * stride_gt + r_head[:, None].to(tl.int64) * stride_gh
+                p_g = gate + o_g + o_d[None, :]
+                b_out = _gated(b_out, tl.load(p_g, mask=m_out, other=0.0), out.dtype.element_ty)
+            p_out = out + o_row[:, None] * D + o_d[None, :]
+            tl.store(p_out, b_out.to(out.dtype.element_ty), mask=m_out)
 
 
 @triton.jit
@@ -240,7 +261,7 @@ def _gated(b_out, b_gate, dtype: tl.constexpr):
     return b_out.to(dtype).to(tl.float32) * b_sig
 
 
-@triton.jit(do_not_specialize=["NUM_SPLITS"])
+@triton.jit(do_not_specialize=["NUM_SPLITS", "NUM_ITEMS", "NUM_PROGS"])
 def _merge_splits_kernel(
     part_acc,
     part_ml,
@@ -249,6 +270,8 @@ def _merge_splits_kernel(
     stride_gt,
     stride_gh,
     NUM_SPLITS,
+    NUM_ITEMS,
+    NUM_PROGS,
     PID0,
     HQ: tl.constexpr,
     D: tl.constexpr,
@@ -258,36 +281,38 @@ def _merge_splits_kernel(
     USE_GDC: tl.constexpr,
 ):
     gdc_enter(USE_GDC)
-    i_row = (tl.program_id(0) + PID0).to(tl.int64)  # row of [T, Hq]
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    # the splits in chunks of BS, merged online (a chunk's loads wait for nothing before them;
-    # a decode's splits usually fit one chunk): the running max, and the partial sums and
-    # accumulators weighted against it, rescaled when a chunk raises it
-    b_top = tl.full([], float("-inf"), tl.float32)
-    b_acc = tl.zeros([BD], dtype=tl.float32)
-    b_l = tl.zeros([BS], dtype=tl.float32)
-    for s0 in range(0, NUM_SPLITS, BS):
-        o_part = i_row * NUM_SPLITS + s0 + tl.arange(0, BS)
-        m_s = s0 + tl.arange(0, BS) < NUM_SPLITS
-        b_m = tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf"))
-        b_ls = tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0)
-        b_part = tl.load(part_acc + o_part[:, None] * D + o_d[None, :],
-                         mask=m_s[:, None] & m_d[None, :], other=0.0)
-        b_new = tl.maximum(b_top, tl.max(b_m, axis=0))
-        # splits that saw no key (max -inf) weigh 0; while every max is -inf, so is the top
-        b_use = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_alpha = tl.exp2(b_top - b_use)
-        b_w = tl.exp2(b_m - b_use)
-        b_l = b_l * b_alpha + b_ls * b_w
-        b_acc = b_acc * b_alpha + tl.sum(b_part * b_w[:, None], axis=0)
-        b_top = b_new
-    b_out = b_acc / tl.sum(b_l, axis=0)
-    if HAS_GATE:
-        p_g = gate + (i_row // HQ) * stride_gt + (i_row % HQ) * stride_gh + o_d
-        b_out = _gated(b_out, tl.load(p_g, mask=m_d, other=0.0), out.dtype.element_ty)
-    tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
-
+    ND: tl.constexpr = (D + BD - 1) // BD
+    # items: (row of [T, Hq], channel tile), a row's tiles neighbours
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_row = tl.cast(i_item // ND, tl.int64)
+        o_d = i_item % ND * BD + tl.arange(0, BD)
+        m_d = o_d < D
+        # the splits in chunks of BS, merged online (a chunk's loads wait for nothing before
+        # them; a decode's splits usually fit one chunk): the running max, and the partial sums
+        # and accumulators weighted against it, rescaled when a chunk raises it
+        b_top = tl.full([], float("-inf"), tl.float32)
+        b_acc = tl.zeros([BD], dtype=tl.float32)
+        b_l = tl.zeros([BS], dtype=tl.float32)
+        for s0 in range(0, NUM_SPLITS, BS):
+            o_part = i_row * NUM_SPLITS + s0 + tl.arange(0, BS)
+            m_s = s0 + tl.arange(0, BS) < NUM_SPLITS
+            b_m = tl.load(part_ml + o_part * 2, mask=m_s, other=float("-inf"))
+            b_ls = tl.load(part_ml + o_part * 2 + 1, mask=m_s, other=0.0)
+            b_part = tl.load(part_acc + o_part[:, None] * D + o_d[None, :],
+                             mask=m_s[:, None] & m_d[None, :], other=0.0)
+            b_new = tl.maximum(b_top, tl.max(b_m, axis=0))
+            # splits that saw no key (max -inf) weigh 0; while every max is -inf, so is the top
+            b_use = tl.where(b_new == float("-inf"), 0.0, b_new)
+            b_alpha = tl.exp2(b_top - b_use)
+            b_w = tl.exp2(b_m - b_use)
+            b_l = b_l * b_alpha + b_ls * b_w
+            b_acc = b_acc * b_alpha + tl.sum(b_part * b_w[:, None], axis=0)
+            b_top = b_new
+        b_out = b_acc / tl.sum(b_l, axis=0)
+        if HAS_GATE:
+            p_g = gate + (i_row // HQ) * stride_gt + (i_row % HQ) * stride_gh + o_d
+            b_out = _gated(b_out, tl.load(p_g, mask=m_d, other=0.0), out.dtype.element_ty)
+        tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
 
 # The merge's tiles: from MERGE_MIN_BS up to MERGE_MAX_BS splits at a time (all of a decode's,
 # usually), times as many channels as keep a tile at MERGE_TILE float32 elements (no spills at
@@ -451,8 +476,10 @@ def paged_attention(
             k_cache.stride(0), k_cache.stride(1), block_tables.stride(0), N, num_tiles,
             max(N - 1, 1).bit_length(), num_splits)
     constants = _constants(q, k_cache, gate is not None, BQ, BM, num_splits > 1, config)
+    num_items = num_tiles * Hkv * num_splits
+    programs = persistent_programs(num_items, q.device)
     try:
-        launch(_paged_attn_kernel, (num_tiles, Hkv, num_splits), *args, **constants)
+        launch(_paged_attn_kernel, (programs,), *args, num_items, programs, **constants)
     except OutOfResources as e:
         if is_decode or config is _SMALL_PREFILL:
             raise
@@ -506,8 +533,11 @@ def _launch_merge(q, gate, gate_strides, part_acc, part_ml, out, num_splits: int
     """The splits' partial results merged into out [T, Hq, D] (gated when gate is given)."""
     T, Hq, D = q.shape
     BS_merge, BD_merge = _merge_tile(num_splits, triton.next_power_of_2(D))
+    num_items = T * Hq * triton.cdiv(D, BD_merge)
+    programs = persistent_programs(num_items, q.device)
     launch(
-        _merge_splits_kernel, (T * Hq, triton.cdiv(D, BD_merge)),
+        _merge_splits_kernel, (programs,),
         part_acc, part_ml, out, q if gate is None else gate, *gate_strides, num_splits,
+        num_items, programs,
         HQ=Hq, D=D, BD=BD_merge, BS=BS_merge, HAS_GATE=gate is not None, **pdl(q.device),
     )

@@ -6,7 +6,8 @@ and 3 (Qwen3.5's 6 is not a power of two either). Decode: one query per sequence
 without split-KV; short query runs over long contexts, split along the keys. Cache positions
 past each context and unused block-table entries point at NaN, so any read outside the causal
 window shows up in the output. float32 and bf16; on CUDA also Qwen3.5's shapes (D=256, Hq/Hkv
-= 8/2 and 24/4).
+= 8/2 and 24/4). Both kernels run on persistent grids: programs that loop over several work
+items compute the same bits as one program per item.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import attention, reference
+from kernels import attention, hw, reference
 from kernels.attention import paged_attention
 from kernels.hw import num_cores
 
@@ -220,3 +221,52 @@ def test_the_reference_scores_a_tile_of_queries_at_a_time(monkeypatch):
     monkeypatch.setattr(reference, "QUERY_TILE", 1 << 20)
     whole = reference.paged_attention(*args)
     torch.testing.assert_close(tiled, whole, rtol=1e-6, atol=1e-6)
+
+
+def _prefill_chunk_decode(device):
+    """Prefill of odd-length sequences over shuffled cache blocks (tiles of 32 tokens: the 27
+    leave a spare tile number, an item with no work); chunked prefill (queries from
+    mid-sequence) split along the keys; a gated decode split along the keys and merged in two
+    channel tiles."""
+    outs = []
+    for new_lens, ctx_lens in (([37, 27, 99], [37, 27, 99]), ([9, 3], [450, 301]),
+                               ([1, 1, 1], [300, 9, 170])):
+        q, k_cache, v_cache, tables, cu, ctx = make_batch(new_lens, ctx_lens, 4, 2, 16,
+                                                          torch.float32, device)
+        gate = torch.randn_like(q) if new_lens[0] == 1 else None
+        outs.append(paged_attention(q, k_cache, v_cache, tables, cu, ctx, 0.25, gate))
+    return outs
+
+
+def _run_on_cores(cores, device, monkeypatch):
+    """The outputs and each launch's (kernel, grid) with `cores` cores of 3 programs each."""
+    launches = []
+
+    def spy(kernel, grid, *args, **kwargs):
+        launches.append((kernel, grid))
+        hw.launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "launch", spy)
+    # the key splits follow attention's own `num_cores`, fixed here: only the grids change
+    monkeypatch.setattr(attention, "num_cores", lambda device: 8)
+    monkeypatch.setitem(attention.CUDA_PREFILL, "programs_per_core", 4)
+    monkeypatch.setitem(attention.CUDA_DECODE, "programs_per_core", 16)
+    monkeypatch.setattr(attention, "MERGE_TILE", 128)  # 8 channels of 16 per merge item
+    monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": 3, "other": 3})
+    monkeypatch.setattr(hw, "num_cores", lambda device: cores)
+    torch.manual_seed(0)
+    return _prefill_chunk_decode(device), launches
+
+
+def test_programs_looping_over_tiles_compute_what_one_program_per_tile_does(device, monkeypatch):
+    """Attention and its merge of key splits on persistent grids: with one core of 3 programs,
+    each program loops over many (tile, head, split) items, spare tile numbers included; the
+    outputs are bit-identical to those of one program per item."""
+    whole, item_launches = _run_on_cores(10**6, device, monkeypatch)
+    looped, launches = _run_on_cores(1, device, monkeypatch)
+    assert sum(k is attention._merge_splits_kernel for k, _ in launches) == 2  # splits merged
+    assert [g for _, g in launches] == [(min(g[0], 3),) for _, g in item_launches]
+    assert max(g[0] for _, g in item_launches) >= 9  # programs did loop, several times
+    assert not any(out.isnan().any() for out in looped)  # spare items wrote nothing
+    for a, b in zip(whole, looped, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
