@@ -38,7 +38,7 @@ from kernels.hw import (
     dot_precision,
     gdc_enter,
     launch,
-    num_cores,
+    num_cube_cores,
     pdl,
     persistent_programs,
 )
@@ -409,14 +409,14 @@ def _launch_shape(q: torch.Tensor, N: int, Hkv: int, width: int) -> tuple[int, i
         BQ, BM = 1, max(16, triton.next_power_of_2(G))
         num_tiles = T
         # about programs_per_core x cores programs, each split with at least two KV blocks
-        num_programs = max(1, round(CUDA_DECODE["programs_per_core"] * num_cores(q.device)))
+        num_programs = max(1, round(CUDA_DECODE["programs_per_core"] * num_cube_cores(q.device)))
         return BQ, BM, num_tiles, min(triton.cdiv(num_programs, N * Hkv),
                                       max(1, width // DECODE_MIN_SPLIT_BLOCKS))
     BM = max(_prefill_config(q)["BM"], triton.next_power_of_2(G))
     BQ = BM // G
     num_tiles = T // BQ + N
     # few tiles over long contexts (a short resume): split the keys until the device is full
-    num_programs = CUDA_PREFILL["programs_per_core"] * num_cores(q.device)
+    num_programs = CUDA_PREFILL["programs_per_core"] * num_cube_cores(q.device)
     num_splits = min(triton.cdiv(num_programs, num_tiles * Hkv), max(1, width // MIN_SPLIT_BLOCKS))
     if q.device.type == "cuda" and q.element_size() > 2 and D > 128:
         # float32 tiles of wide heads spill registers; with splits the H100's driver could
@@ -477,7 +477,7 @@ def paged_attention(
             max(N - 1, 1).bit_length(), num_splits)
     constants = _constants(q, k_cache, gate is not None, BQ, BM, num_splits > 1, config)
     num_items = num_tiles * Hkv * num_splits
-    programs = persistent_programs(num_items, q.device)
+    programs = persistent_programs(num_items, q.device, dots=True)
     try:
         launch(_paged_attn_kernel, (programs,), *args, num_items, programs, **constants)
     except OutOfResources as e:

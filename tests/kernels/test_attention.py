@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from kernels import attention, hw, reference
 from kernels.attention import paged_attention
-from kernels.hw import num_cores
+from kernels.hw import num_cube_cores
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 BLOCK = 64
@@ -96,7 +96,7 @@ def test_prefill_split_along_the_keys(device, dtype, heads, new_lens, ctx_lens, 
     splits lie wholly after some rows' positions and must get no weight in the merge."""
     monkeypatch.setitem(attention.CUDA_PREFILL, "programs_per_core", 4)  # splits on the CPU too
     q_tiles = sum(n // (64 // (heads[0] // heads[1])) + 1 for n in new_lens) * heads[1]
-    assert q_tiles < 4 * num_cores(torch.device(device))
+    assert q_tiles < 4 * num_cube_cores(torch.device(device))
     check(new_lens, ctx_lens, heads, dtype, device)
 
 
@@ -190,7 +190,7 @@ def test_split_widths_name_the_narrowest_table_of_each_launch_form(monkeypatch):
     """The widths at which an eager warm-up builds every form of the attention: on 132 cores a
     decode step of one sequence (8 heads over 2 KV heads of 256) keeps its keys whole below 4
     blocks, then merges 2-16, 17-32 and 33-50 splits in three tiles."""
-    monkeypatch.setattr(attention, "num_cores", lambda device: 132)
+    monkeypatch.setattr(attention, "num_cube_cores", lambda device: 132)
     token = torch.empty(1, 8, 256, dtype=torch.bfloat16)
     assert attention.split_widths(token, 2, 200) == [1, 4, 34, 66]
     assert attention.split_widths(token, 2, 40) == [1, 4, 34]
@@ -247,8 +247,8 @@ def _run_on_cores(cores, device, monkeypatch):
         hw.launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(attention, "launch", spy)
-    # the key splits follow attention's own `num_cores`, fixed here: only the grids change
-    monkeypatch.setattr(attention, "num_cores", lambda device: 8)
+    # the key splits follow attention's own `num_cube_cores`, fixed here: only the grids change
+    monkeypatch.setattr(attention, "num_cube_cores", lambda device: 8)
     monkeypatch.setitem(attention.CUDA_PREFILL, "programs_per_core", 4)
     monkeypatch.setitem(attention.CUDA_DECODE, "programs_per_core", 16)
     monkeypatch.setattr(attention, "MERGE_TILE", 128)  # 8 channels of 16 per merge item

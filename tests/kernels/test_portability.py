@@ -19,9 +19,15 @@ off the code (one source for CUDA and Ascend), checked on the source alone, noth
   appears only inside an `if` (a constexpr branch), and the string "tf32" only in
   kernels/hw.py (`dot_precision`, TF32 on CUDA alone).
 
+- kernels run on persistent grids: every kernel's axis-0 index starts a `range(start, items,
+  programs)` loop over its work items (but the few in NOT_PERSISTENT, each with its reason), no
+  kernel reads a grid axis beyond 0, and no jit function returns early or loops with `while`.
+
 Each check also runs on small deliberately broken sources, so a check that stopped finding
 anything fails here rather than passing silently. What it does not prove: int64 offsets,
-persistent grids and masks over `tl.where` need judgement (docs/kernels.md, Ascend section).
+grids sized from the core count (the launchers' `persistent_programs`; tests/kernels/
+test_persistent.py and each op's own test check the grids) and masks over `tl.where` need
+judgement (docs/kernels.md, Ascend section).
 """
 
 from __future__ import annotations
@@ -218,6 +224,47 @@ def uncapped_launches(tree: ast.Module, is_hw: bool) -> list[str]:
     return found
 
 
+# kernels left with one program per work item, and why (docs/kernels.md, "Persistent grids")
+NOT_PERSISTENT = {
+    # walks its column tiles from its program id, the first tile's load issued before the loop
+    # (it streams while the kernel before finishes); at most 4 programs per core
+    "_gemv_kernel",
+    # one program per row of a one-row linear's argmax (at most gemv.GEMV_MAX_ROWS rows)
+    "_argmax_kernel",
+}
+
+
+def _is_range(node: ast.AST) -> bool:
+    return (isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
+            and isinstance(node.iter.func, ast.Name) and node.iter.func.id == "range"
+            and len(node.iter.args) == 3)
+
+
+def not_persistent(tree: ast.Module) -> list[str]:
+    """Kernels off a persistent grid: an axis-0 index (`tl.program_id(0) + PID0`) that does not
+    start a `range(start, items, programs)` loop, a grid axis beyond 0, and, in any jit
+    function, an early `return` or a `while` loop (which Ascend's guides advise against)."""
+    found = []
+    for name, fn in _functions(tree).items():
+        if not _is_jit(fn):
+            continue
+        starts = {id(n.iter.args[0]) for n in ast.walk(fn) if _is_range(n)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Return) and node.value is None:
+                found.append(f"{name}:{node.lineno}: return")
+            if isinstance(node, ast.While):
+                found.append(f"{name}:{node.lineno}: while")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "program_id"
+                    and not _is_program_id_0(node, "program_id")):
+                found.append(f"{name}:{node.lineno}: tl.program_id beyond axis 0")
+            if (name not in NOT_PERSISTENT and isinstance(node, ast.BinOp)
+                    and isinstance(node.right, ast.Name) and node.right.id == "PID0"
+                    and id(node) not in starts):
+                found.append(f"{name}:{node.lineno}: program index outside a loop's start")
+    return found
+
+
 def unguarded_cuda_hints(tree: ast.Module, is_hw: bool) -> list[str]:
     """Launch options, tl.extra.cuda and "tf32" outside their guards."""
     found = []
@@ -264,6 +311,11 @@ def test_no_pointer_moves_across_loop_iterations(path):
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_every_launch_goes_through_the_program_cap(path):
     assert uncapped_launches(_parse(path), path.name == "hw.py") == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_kernels_loop_over_their_items_on_one_grid_axis(path):
+    assert not_persistent(_parse(path)) == []
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
@@ -315,6 +367,21 @@ def _k(x, y, n, BLOCK: tl.constexpr):
     tl.dot(b_acc, b_acc, input_precision="tf32")
 '''
 
+BROKEN_GRID = '''
+@triton.jit
+def _p(x, N, NUM_PROGS, PID0, BLOCK: tl.constexpr):
+    for i_item in range(tl.program_id(0) + PID0, N, NUM_PROGS):
+        tl.store(x + i_item, 0.0)
+    i_h = tl.program_id(1)
+    if i_h > 0:
+        return
+    while N > 0:
+        N -= 1
+@triton.jit
+def _q(x, PID0):
+    tl.store(x + tl.program_id(0) + PID0, 1.0)
+'''
+
 
 def test_each_check_finds_what_it_is_for():
     """The broken sources above hold each violation once: every one is reported (the host read
@@ -333,3 +400,6 @@ def test_each_check_finds_what_it_is_for():
     assert unguarded_cuda_hints(loop, False) == ["19: 'tf32' outside kernels/hw.py",
                                                  "_k:18: tl.extra.cuda outside an if"]
     assert unguarded_cuda_hints(loop, True) == ["_k:18: tl.extra.cuda outside an if"]
+    assert sorted(not_persistent(ast.parse(BROKEN_GRID))) == [
+        "_p:6: tl.program_id beyond axis 0", "_p:8: return", "_p:9: while",
+        "_q:13: program index outside a loop's start"]
