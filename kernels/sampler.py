@@ -15,7 +15,7 @@
 Grids are persistent (kernels.hw.persistent_programs, one axis): a kernel's work items are
 its rows, or its rows' vocabulary chunks (item r * chunks + c: a row's chunks adjacent), and
 program p takes items p, p + P, p + 2P, ... (an item's math does not depend on the program
-that runs it).
+that runs it). The exact search's loops have fixed trip counts (_threshold).
 
 The top-k of a top-k above 64 stays torch's (statechat.engine.sampling.top_k): a selection
 is where torch is already good. Contracts and shapes: kernels/reference.py.
@@ -456,6 +456,15 @@ def _search_pass(row, lo, mid, hi, V, BLOCK: tl.constexpr):
             tl.min(high_least, 0), tl.max(high_top, 0))
 
 
+# Trips of the exact search's bisections (for loops of a fixed count, in place of `while lo <
+# hi`: Ascend's guides advise against loops on loaded values). A trip keeps [mid, hi] or [lo,
+# mid - 1] of a range of n = hi - lo + 1 int32 keys, mid = lo + n // 2: ceil(n / 2) or n // 2
+# keys, so after t trips at most ceil(n / 2**t) are left. The range starts with lo >= 1 and
+# hi <= 2**31 - 1, so n < 2**31 and 31 trips leave one key (lo == hi: where the while loop
+# stopped; the trips after that are masked and change nothing).
+_BISECTIONS = tl.constexpr(31)
+
+
 @triton.jit
 def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.constexpr,
                HALVINGS: tl.constexpr):
@@ -463,21 +472,26 @@ def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.con
     between keys lo and hi, from a row of e (_search_pass): the range halved pass by pass (in
     value, or in key where it spans binades; then to the keys it holds) while more than CAP
     keys lie in it, then those gathered into `scratch` and searched there (else, after
-    HALVINGS passes, the keys bisected pass by pass)."""
+    HALVINGS passes, the keys bisected pass by pass).
+
+    Every loop has a fixed trip count; a trip after the search's end changes nothing (its
+    updates are masked) and loads nothing (its pass runs over no columns)."""
     count = V
-    passes = 0
-    while (lo < hi) & (count > CAP) & (passes < HALVINGS):
+    for _ in range(HALVINGS):
+        go = (lo < hi) & (count > CAP)
         low_e, high_e = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
         half = ((low_e + high_e) * 0.5).to(tl.int32, bitcast=True)
         half = tl.where(high_e > 4 * low_e, lo + (hi - lo + 1) // 2, half)  # (across binades:
         mid = tl.minimum(tl.maximum(half, lo + 1), hi)  # the keys' middle, a geometric one)
-        mass, low, high, low_top, high_least, high_top = _search_pass(row, lo, mid, hi, V, BLOCK)
+        mass, low, high, low_top, high_least, high_top = _search_pass(
+            row, lo, mid, hi, tl.where(go, V, 0), BLOCK)
         reach = mass >= target
         # (the range shrinks to the keys it holds: equal keys end the search at once)
-        lo = tl.where(reach, tl.where(high > 0, high_least, mid), lo)
-        hi = tl.where(reach, tl.where(high > 0, high_top, hi), tl.where(low > 0, low_top, mid - 1))
-        count = tl.where(reach, high, low)
-        passes += 1
+        lo_next = tl.where(reach, tl.where(high > 0, high_least, mid), lo)
+        hi_next = tl.where(reach, tl.where(high > 0, high_top, hi),
+                           tl.where(low > 0, low_top, mid - 1))
+        count = tl.where(go, tl.where(reach, high, low), count)
+        lo, hi = tl.where(go, lo_next, lo), tl.where(go, hi_next, hi)
     if lo < hi:
         if count <= CAP:
             above = tl.zeros([BLOCK], tl.float32)
@@ -496,15 +510,17 @@ def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.con
             o_c = tl.arange(0, CAP)
             c_e = tl.load(scratch + o_c, mask=o_c < taken, other=0.0)
             c_k = c_e.to(tl.int32, bitcast=True)
-            while lo < hi:
+            for _ in range(_BISECTIONS):  # (no loads: the gathered keys are in registers)
+                go = lo < hi
                 mid = lo + (hi - lo + 1) // 2
                 reach = above_hi + tl.sum(tl.where(c_k >= mid, c_e, 0.0), 0) >= target
-                lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+                lo, hi = tl.where(go & reach, mid, lo), tl.where(go & ~reach, mid - 1, hi)
         else:
-            while lo < hi:
+            for _ in range(_BISECTIONS):
+                go = lo < hi
                 mid = lo + (hi - lo + 1) // 2
-                reach = _search_pass(row, mid, mid, mid, V, BLOCK)[0] >= target
-                lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+                reach = _search_pass(row, mid, mid, mid, tl.where(go, V, 0), BLOCK)[0] >= target
+                lo, hi = tl.where(go & reach, mid, lo), tl.where(go & ~reach, mid - 1, hi)
     return lo
 
 

@@ -8,7 +8,7 @@ of rows of logits (each target's logprob and rank, the k likeliest), from float3
 logits of several chunks, as the reference gives them; and the same token drawn over the
 whole vocabulary under min-p and top-p without a sort, from the race's candidates or, when
 none of them is kept, by the exact search (equal logits on the edge of the top-p set kept in
-token order). The kernels' grids
+token order; near-ties that make it halve, gather or bisect many times). The kernels' grids
 are persistent: programs looping over several rows or chunks compute the same bits, scratch
 included, as one program per item."""
 
@@ -360,6 +360,31 @@ def test_score_logits_of_rows_with_few_finite_logits(device):
     assert got[0, :5].tolist() == pytest.approx(want[0, :5].tolist(), abs=1e-5)
     assert got[0, -1] == want[0, -1] == 2
     assert torch.equal(got[1, :5], want[1, :5]) and (got[1, :5] == -9999).all()
+
+
+@pytest.mark.parametrize("cap,halvings", [(4096, 12), (64, 2), (4, 12)],
+                         ids=["gathered", "bisected", "halved-then-gathered"])
+def test_sample_vocabulary_search_of_near_ties(device, monkeypatch, cap, halvings):
+    """Rows of near-ties (logits 1e-5 apart at most, or a few values 1e-6 apart, or an even
+    spread of 1e-3) whose top-p edges no tested token reaches: the exact search halves,
+    gathers or bisects many times (its loops have fixed trip counts, the trips after its end
+    masked) and draws what the reference draws."""
+    import kernels.sampler
+
+    monkeypatch.setattr(kernels.sampler, "_CAP", cap)
+    monkeypatch.setattr(kernels.sampler, "_HALVINGS", halvings)
+    g = torch.Generator().manual_seed(8)
+    V = 9000
+    logits = torch.stack([torch.randn(V, generator=g) * 1e-5,
+                          torch.randint(0, 4, (V,), generator=g).float() * 1e-6,
+                          torch.linspace(0, 1e-3, V)[torch.randperm(V, generator=g)]])
+    params = params_of([(1.0, 0.37, -math.inf, 1, 0, 0), (1.0, 0.2, -math.inf, 1, 0, 0),
+                        (1.0, 0.61, -math.inf, 1, 0, 0)], device)
+    rows = torch.arange(3, device=device)
+    for trial in range(2):
+        noise = torch.empty(3, V).exponential_(1, generator=g).to(device)
+        args = (logits.to(device), rows, rows, params, None, None, noise)
+        assert torch.equal(sample_vocabulary(*args), reference.sample_vocabulary(*args)), trial
 
 
 def _sampler_ops(device):
