@@ -3,7 +3,7 @@
 - `penalize_logits`: the rows' logits under their penalties and temperature, padded with -inf
   (one pass over the vocabulary; torch's ops take five to eight, each a launch).
 - `draw_candidates`: a row's draw among its top-k candidates (top-k, min-p, softmax, top-p and
-  the exponential race) in one program per row; torch's ops take about a dozen small launches.
+  the exponential race) in one kernel; torch's ops take about a dozen small launches.
 - `sample_top_k`: both, from the logits on, for a top-k of at most 64 (two kernels).
 - `sample_vocabulary`: a draw over the whole vocabulary under min-p and top-p, without the
   sort torch's ops need for top-p (four kernels; an exact search when the race's first 16
@@ -11,6 +11,11 @@
 - `score_logits`: prompt logprobs and the logprob table: each row's log-probability of a
   given token, its rank and the k likeliest, in one read of the logits (torch's log-softmax,
   top-k and comparison read and write a float32 copy of them several times).
+
+Grids are persistent (kernels.hw.persistent_programs, one axis): a kernel's work items are
+its rows, or its rows' vocabulary chunks (item r * chunks + c: a row's chunks adjacent), and
+program p takes items p, p + P, p + 2P, ... (an item's math does not depend on the program
+that runs it). The exact search's loops have fixed trip counts (_threshold).
 
 The top-k of a top-k above 64 stays torch's (statechat.engine.sampling.top_k): a selection
 is where torch is already good. Contracts and shapes: kernels/reference.py.
@@ -22,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, launch
+from kernels.hw import cuda_hints, launch, persistent_programs
 
-_BLOCK = 2048  # vocabulary columns per program of penalize_logits
+_BLOCK = 2048  # vocabulary columns per work item of penalize_logits
 # (p_rows: the rows' values, [R, 6] as reference.py gives them. A kernel argument may not be
 # called `params`: triton 3.6's launcher binds its arguments under that name.)
 
@@ -52,15 +57,16 @@ def _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V
     return b_x / tl.load(p_rows + i_r * 6)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
 def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
-                     stride_r, stride_cr, stride_l, stride_c, stride_o, PID0,
-                     HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
-    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
-    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
-                     stride_cr, stride_l, stride_c, HAS_COUNTS)
-    tl.store(out + i_r.to(tl.int64) * stride_o + o_v, b_x, mask=o_v < W)
+                     stride_r, stride_cr, stride_l, stride_c, stride_o, C, NUM_ITEMS, NUM_PROGS,
+                     PID0, HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+        b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
+                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
+        tl.store(out + tl.cast(i_r, tl.int64) * stride_o + o_v, b_x, mask=o_v < W)
 
 
 def _check_penalize(logits: torch.Tensor, R: int, params: torch.Tensor,
@@ -95,13 +101,15 @@ def penalize_logits(
     has_counts = counts is not None
     if R == 0:
         return out
+    chunks = triton.cdiv(width, _BLOCK)
+    grid = persistent_programs(R * chunks, logits.device)
     launch(
-        _penalize_kernel, (R, triton.cdiv(width, _BLOCK)),
+        _penalize_kernel, (grid,),
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits,
         out, V, width, rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, out.stride(0),
+        counts.stride(0) if has_counts else 0, out.stride(0), chunks, R * chunks, grid,
         HAS_COUNTS=has_counts, BLOCK=_BLOCK,
     )
     return out
@@ -130,27 +138,29 @@ def _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n):
     return tl.minimum(tl.argmax(b_p / b_n, 0), K - 1)  # (in range even for a NaN row)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "NUM_PROGS"])
 def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
-                 stride_n, PID0, KP: tl.constexpr, JB: tl.constexpr):
-    i_r = tl.program_id(0) + PID0
-    o_k = tl.arange(0, KP)
-    k = tl.load(top_k + i_r * stride_k)
-    # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
-    b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k), other=float("-inf"))
-    b_key = _rank_key(b_x, tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0), o_k)
-    # each candidate's rank: the keys below its own, JB at a time (a K x K tile of a K of
-    # 1024 takes minutes to compile and spills)
-    b_rank = tl.zeros([KP], tl.int32)
-    for start in range(0, K, JB):
-        o_j = start + tl.arange(0, JB)
-        c_x = tl.load(values + i_r * stride_v + o_j, mask=(o_j < K) & (o_j < k),
+                 stride_n, R, NUM_PROGS, PID0, KP: tl.constexpr, JB: tl.constexpr):
+    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+        o_k = tl.arange(0, KP)
+        k = tl.load(top_k + i_r * stride_k)
+        # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
+        b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k),
                       other=float("-inf"))
-        c_key = _rank_key(c_x, tl.load(cols + i_r * stride_c + o_j, mask=o_j < K, other=0), o_j)
-        below = (c_key[None, :] < b_key[:, None]) & (o_j < K)[None, :]
-        b_rank += tl.sum(below.to(tl.int32), 1)
-    j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
-    tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
+        b_key = _rank_key(b_x, tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0), o_k)
+        # each candidate's rank: the keys below its own, JB at a time (a K x K tile of a K of
+        # 1024 takes minutes to compile and spills)
+        b_rank = tl.zeros([KP], tl.int32)
+        for start in range(0, K, JB):
+            o_j = start + tl.arange(0, JB)
+            c_x = tl.load(values + i_r * stride_v + o_j, mask=(o_j < K) & (o_j < k),
+                          other=float("-inf"))
+            c_key = _rank_key(c_x, tl.load(cols + i_r * stride_c + o_j, mask=o_j < K, other=0),
+                              o_j)
+            below = (c_key[None, :] < b_key[:, None]) & (o_j < K)[None, :]
+            b_rank += tl.sum(below.to(tl.int32), 1)
+        j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
+        tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
 
 
 def draw_candidates(
@@ -171,14 +181,15 @@ def draw_candidates(
     out = torch.empty(R, dtype=torch.int64, device=values.device)
     if R == 0:
         return out
-    launch(_draw_kernel, (R,), values, cols, noise, top_k, params.contiguous(), out, K,
-           top_k.stride(0), values.stride(0), cols.stride(0), noise.stride(0),
+    grid = persistent_programs(R, values.device)
+    launch(_draw_kernel, (grid,), values, cols, noise, top_k, params.contiguous(), out, K,
+           top_k.stride(0), values.stride(0), cols.stride(0), noise.stride(0), R, grid,
            KP=max(16, triton.next_power_of_2(K)), JB=16)
     return out
 
 
-_CHUNK = 4096  # vocabulary columns per program of sample_top_k's first kernel
-MAX_CANDIDATES = 8192  # sample_top_k keeps chunks x K candidates of a row in one program
+_CHUNK = 4096  # vocabulary columns per work item of sample_top_k's first kernel
+MAX_CANDIDATES = 8192  # sample_top_k keeps chunks x K candidates of a row in one merge
 _ONE_BUILD = 32  # every K up to this shares one build of a merge kernel (see _merge_sizes)
 
 
@@ -213,20 +224,20 @@ def _value(ordered):
     return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["K"])
+@triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
 def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
-                        stride_r, stride_cr, stride_l, stride_c, PID0, HAS_COUNTS: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        stride_r, stride_cr, stride_l, stride_c, C, NUM_ITEMS, NUM_PROGS, PID0,
+                        HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
     """The keys (_key) of the K largest penalised, scaled logits of one row's chunk of BLOCK
     columns, largest first; past the chunk's columns below V, the least int64 (so never one
     of a row's K best: V >= K). Found by float and int32 reductions (a max, then the lowest
     column holding it), which run faster here than one int64 max."""
-    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
-    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
-                     stride_cr, stride_l, stride_c, HAS_COUNTS)
-    _store_chunk_keys(b_x, o_v, V, i_v, keys, (i_r * tl.num_programs(1) + i_v).to(tl.int64) * K,
-                      K, BLOCK)
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+        b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
+                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
+        _store_chunk_keys(b_x, o_v, V, i_v, keys, tl.cast(i_item, tl.int64) * K, K, BLOCK)
 
 
 @triton.jit
@@ -251,7 +262,7 @@ def _merged_keys(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
     least int64 past them)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     o_n = tl.arange(0, NP)
-    b_c = tl.load(keys + i_r.to(tl.int64) * N + o_n, mask=o_n < N, other=least)
+    b_c = tl.load(keys + tl.cast(i_r, tl.int64) * N + o_n, mask=o_n < N, other=least)
     o_k = tl.arange(0, KP)
     b_top = tl.full([KP], least, tl.int64)
     for j in range(K):
@@ -273,20 +284,20 @@ def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
     return b_v, b_t
 
 
-@triton.jit(do_not_specialize=["N", "K"])
-def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
+@triton.jit(do_not_specialize=["N", "K", "R", "NUM_PROGS"])
+def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n, R, NUM_PROGS,
                        PID0, NP: tl.constexpr, KP: tl.constexpr):
     """A row's K likeliest among its N chunk candidates, largest first, then the draw among
     them (_drawn)."""
-    i_r = tl.program_id(0) + PID0
-    o_k = tl.arange(0, KP)
-    b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
-    k = tl.load(top_k + i_r * stride_k)
-    b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
-    b_key = _rank_key(b_x, b_t, o_k)  # (a K x K tile: K is at most 64 in the engine)
-    b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
-    j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
-    tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
+    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+        o_k = tl.arange(0, KP)
+        b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
+        k = tl.load(top_k + i_r * stride_k)
+        b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
+        b_key = _rank_key(b_x, b_t, o_k)  # (a K x K tile: K is at most 64 in the engine)
+        b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
+        j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
+        tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
 
 
 def sample_top_k(
@@ -299,8 +310,8 @@ def sample_top_k(
     top_k: torch.Tensor,
     noise: torch.Tensor,
 ) -> torch.Tensor:
-    """Two kernels: each chunk of _CHUNK columns keeps its K best, then one program per row
-    merges them and draws (for K up to MAX_CANDIDATES // chunks: statechat's sampler asks
+    """Two kernels: each chunk of _CHUNK columns keeps its K best, then each row's work merges
+    them and draws (for K up to MAX_CANDIDATES // chunks: statechat's sampler asks
     for K <= 64; a longer K raises)."""
     R, V = rows.shape[0], logits.shape[-1]
     K = noise.shape[-1]
@@ -315,19 +326,21 @@ def sample_top_k(
         return out
     keys = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
     has_counts = counts is not None
+    grid = persistent_programs(R * chunks, logits.device)
     launch(
-        _chunk_top_k_kernel, (R, chunks),
+        _chunk_top_k_kernel, (grid,),
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
         keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, HAS_COUNTS=has_counts, BLOCK=_CHUNK,
-        **cuda_hints(logits.device, num_warps=8),
+        counts.stride(0) if has_counts else 0, chunks, R * chunks, grid, HAS_COUNTS=has_counts,
+        BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8),
     )
     np_, kp = _merge_sizes(chunks, K)
+    grid = persistent_programs(R, logits.device)
     launch(
-        _merge_draw_kernel, (R,),
+        _merge_draw_kernel, (grid,),
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
-        noise.stride(0), NP=np_, KP=kp, **cuda_hints(logits.device, num_warps=8),
+        noise.stride(0), R, grid, NP=np_, KP=kp, **cuda_hints(logits.device, num_warps=8),
     )
     return out
 
@@ -339,27 +352,29 @@ _CAP = 4096  # its exact search ends in registers once this few tokens are left 
 _HALVINGS = 12  # after at most this many passes halving that range (else it bisects keys)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
 def _race_chunk_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
-                       keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n,
-                       PID0, HAS_COUNTS: tl.constexpr, RACE: tl.constexpr, BLOCK: tl.constexpr):
+                       keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C, NUM_ITEMS,
+                       NUM_PROGS, PID0, HAS_COUNTS: tl.constexpr, RACE: tl.constexpr,
+                       BLOCK: tl.constexpr):
     """One row's chunk of BLOCK columns: its penalised, scaled logits x (into xs [R, V]), their
     max, and the keys (_key) of its RACE largest race values x - log(noise). Over any set of
     tokens, the one of largest race value is a draw from their probabilities (the exponential
     race)."""
-    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
-    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V, stride_r,
-                     stride_cr, stride_l, stride_c, HAS_COUNTS)
-    tl.store(xs + i_r.to(tl.int64) * V + o_v, b_x, mask=o_v < V)
-    chunk = (i_r * tl.num_programs(1) + i_v).to(tl.int64)
-    tl.store(maxes + chunk, tl.max(b_x, 0))
-    b_n = tl.load(noise + i_r.to(tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
-    _store_chunk_keys(b_x - tl.log(b_n), o_v, V, i_v, keys, chunk * RACE, RACE, BLOCK)
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+        b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
+                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
+        tl.store(xs + tl.cast(i_r, tl.int64) * V + o_v, b_x, mask=o_v < V)
+        chunk = tl.cast(i_item, tl.int64)
+        tl.store(maxes + chunk, tl.max(b_x, 0))
+        b_n = tl.load(noise + tl.cast(i_r, tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
+        _store_chunk_keys(b_x - tl.log(b_n), o_v, V, i_v, keys, chunk * RACE, RACE, BLOCK)
 
 
-@triton.jit
-def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
+@triton.jit(do_not_specialize=["R", "NUM_PROGS"])
+def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V, R, NUM_PROGS,
                        PID0, RACE: tl.constexpr, K: tl.constexpr, CP: tl.constexpr,
                        NP: tl.constexpr):
     """A row's largest x (over its C chunks' maxima) and its K largest race values among the N
@@ -368,46 +383,49 @@ def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
     last kept one (that chunk's next, which it did not keep, may lie above), or none (its x
     is then column 0's)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
-    i_r = tl.program_id(0) + PID0
-    o_c = tl.arange(0, CP)
-    top = tl.max(tl.load(maxes + i_r.to(tl.int64) * C + o_c, mask=o_c < C, other=float("-inf")), 0)
-    tl.store(tops + i_r, top)
-    bound = tl.max(tl.load(keys + i_r.to(tl.int64) * N + o_c * RACE + RACE - 1, mask=o_c < C,
-                           other=least), 0)
-    b_top = _merged_keys(keys, i_r, N, K, NP, K)
-    b_col = tl.where(b_top != least, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
-    o_k = tl.arange(0, K)
-    tl.store(tested_x + i_r * K + o_k, tl.load(xs + i_r.to(tl.int64) * V + b_col))
-    certain = (b_top >= bound) & (b_top != least)
-    tl.store(tested_col + i_r * K + o_k, tl.where(certain, b_col, -1).to(tl.int32))
+    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+        o_c = tl.arange(0, CP)
+        top = tl.max(tl.load(maxes + tl.cast(i_r, tl.int64) * C + o_c, mask=o_c < C,
+                             other=float("-inf")), 0)
+        tl.store(tops + i_r, top)
+        bound = tl.max(tl.load(keys + tl.cast(i_r, tl.int64) * N + o_c * RACE + RACE - 1,
+                               mask=o_c < C, other=least), 0)
+        b_top = _merged_keys(keys, i_r, N, K, NP, K)
+        b_col = tl.where(b_top != least, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
+        o_k = tl.arange(0, K)
+        tl.store(tested_x + i_r * K + o_k, tl.load(xs + tl.cast(i_r, tl.int64) * V + b_col))
+        certain = (b_top >= bound) & (b_top != least)
+        tl.store(tested_col + i_r * K + o_k, tl.where(certain, b_col, -1).to(tl.int32))
 
 
-@triton.jit
-def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, PID0, K: tl.constexpr,
-                      BLOCK: tl.constexpr, SUB: tl.constexpr):
+@triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
+def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, C, NUM_ITEMS, NUM_PROGS,
+                      PID0, K: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr):
     """Of one row's chunk of BLOCK columns, over its min-p survivors (x >= the row's largest +
     log min-p): the sum of exp(x - largest), and for each tested token that sum over the
     tokens a stable descending sort puts before it (a larger x, or an equal x at a lower
     column). sums [R, C, 1 + K]."""
-    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
-    top = tl.load(tops + i_r)
-    floor = top + tl.load(p_rows + i_r * 6 + 2)
-    o_k = tl.arange(0, K)
-    c_x = tl.load(tested_x + i_r * K + o_k)
-    c_col = tl.load(tested_col + i_r * K + o_k)
-    total = tl.zeros([SUB], tl.float32)
-    before = tl.zeros([K], tl.float32)
-    for start in range(0, BLOCK, SUB):
-        o_v = i_v * BLOCK + start + tl.arange(0, SUB)
-        b_x = tl.load(xs + i_r.to(tl.int64) * V + o_v, mask=o_v < V, other=float("-inf"))
-        b_e = tl.where(b_x >= floor, tl.exp(b_x - top), 0.0)
-        total += b_e
-        ahead = (b_x[:, None] > c_x[None, :]) | ((b_x[:, None] == c_x[None, :])
-                                                  & (o_v[:, None] < c_col[None, :]))
-        before += tl.sum(tl.where(ahead, b_e[:, None], 0.0), 0)
-    out = sums + (i_r * tl.num_programs(1) + i_v).to(tl.int64) * (1 + K)
-    tl.store(out, tl.sum(total, 0))
-    tl.store(out + 1 + o_k, before)
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+        top = tl.load(tops + i_r)
+        floor = top + tl.load(p_rows + i_r * 6 + 2)
+        o_k = tl.arange(0, K)
+        c_x = tl.load(tested_x + i_r * K + o_k)
+        c_col = tl.load(tested_col + i_r * K + o_k)
+        total = tl.zeros([SUB], tl.float32)
+        before = tl.zeros([K], tl.float32)
+        for start in range(0, BLOCK, SUB):
+            o_v = i_v * BLOCK + start + tl.arange(0, SUB)
+            b_x = tl.load(xs + tl.cast(i_r, tl.int64) * V + o_v, mask=o_v < V,
+                          other=float("-inf"))
+            b_e = tl.where(b_x >= floor, tl.exp(b_x - top), 0.0)
+            total += b_e
+            ahead = (b_x[:, None] > c_x[None, :]) | ((b_x[:, None] == c_x[None, :])
+                                                      & (o_v[:, None] < c_col[None, :]))
+            before += tl.sum(tl.where(ahead, b_e[:, None], 0.0), 0)
+        out = sums + tl.cast(i_item, tl.int64) * (1 + K)
+        tl.store(out, tl.sum(total, 0))
+        tl.store(out + 1 + o_k, before)
 
 
 @triton.jit
@@ -438,6 +456,15 @@ def _search_pass(row, lo, mid, hi, V, BLOCK: tl.constexpr):
             tl.min(high_least, 0), tl.max(high_top, 0))
 
 
+# Trips of the exact search's bisections (for loops of a fixed count, in place of `while lo <
+# hi`: Ascend's guides advise against loops on loaded values). A trip keeps [mid, hi] or [lo,
+# mid - 1] of a range of n = hi - lo + 1 int32 keys, mid = lo + n // 2: ceil(n / 2) or n // 2
+# keys, so after t trips at most ceil(n / 2**t) are left. The range starts with lo >= 1 and
+# hi <= 2**31 - 1, so n < 2**31 and 31 trips leave one key (lo == hi: where the while loop
+# stopped; the trips after that are masked and change nothing).
+_BISECTIONS = tl.constexpr(31)
+
+
 @triton.jit
 def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.constexpr,
                HALVINGS: tl.constexpr):
@@ -445,21 +472,26 @@ def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.con
     between keys lo and hi, from a row of e (_search_pass): the range halved pass by pass (in
     value, or in key where it spans binades; then to the keys it holds) while more than CAP
     keys lie in it, then those gathered into `scratch` and searched there (else, after
-    HALVINGS passes, the keys bisected pass by pass)."""
+    HALVINGS passes, the keys bisected pass by pass).
+
+    Every loop has a fixed trip count; a trip after the search's end changes nothing (its
+    updates are masked) and loads nothing (its pass runs over no columns)."""
     count = V
-    passes = 0
-    while (lo < hi) & (count > CAP) & (passes < HALVINGS):
+    for _ in range(HALVINGS):
+        go = (lo < hi) & (count > CAP)
         low_e, high_e = lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
         half = ((low_e + high_e) * 0.5).to(tl.int32, bitcast=True)
         half = tl.where(high_e > 4 * low_e, lo + (hi - lo + 1) // 2, half)  # (across binades:
         mid = tl.minimum(tl.maximum(half, lo + 1), hi)  # the keys' middle, a geometric one)
-        mass, low, high, low_top, high_least, high_top = _search_pass(row, lo, mid, hi, V, BLOCK)
+        mass, low, high, low_top, high_least, high_top = _search_pass(
+            row, lo, mid, hi, tl.where(go, V, 0), BLOCK)
         reach = mass >= target
         # (the range shrinks to the keys it holds: equal keys end the search at once)
-        lo = tl.where(reach, tl.where(high > 0, high_least, mid), lo)
-        hi = tl.where(reach, tl.where(high > 0, high_top, hi), tl.where(low > 0, low_top, mid - 1))
-        count = tl.where(reach, high, low)
-        passes += 1
+        lo_next = tl.where(reach, tl.where(high > 0, high_least, mid), lo)
+        hi_next = tl.where(reach, tl.where(high > 0, high_top, hi),
+                           tl.where(low > 0, low_top, mid - 1))
+        count = tl.where(go, tl.where(reach, high, low), count)
+        lo, hi = tl.where(go, lo_next, lo), tl.where(go, hi_next, hi)
     if lo < hi:
         if count <= CAP:
             above = tl.zeros([BLOCK], tl.float32)
@@ -478,15 +510,17 @@ def _threshold(row, scratch, lo, hi, target, V, BLOCK: tl.constexpr, CAP: tl.con
             o_c = tl.arange(0, CAP)
             c_e = tl.load(scratch + o_c, mask=o_c < taken, other=0.0)
             c_k = c_e.to(tl.int32, bitcast=True)
-            while lo < hi:
+            for _ in range(_BISECTIONS):  # (no loads: the gathered keys are in registers)
+                go = lo < hi
                 mid = lo + (hi - lo + 1) // 2
                 reach = above_hi + tl.sum(tl.where(c_k >= mid, c_e, 0.0), 0) >= target
-                lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+                lo, hi = tl.where(go & reach, mid, lo), tl.where(go & ~reach, mid - 1, hi)
         else:
-            while lo < hi:
+            for _ in range(_BISECTIONS):
+                go = lo < hi
                 mid = lo + (hi - lo + 1) // 2
-                reach = _search_pass(row, mid, mid, mid, V, BLOCK)[0] >= target
-                lo, hi = tl.where(reach, mid, lo), tl.where(reach, hi, mid - 1)
+                reach = _search_pass(row, mid, mid, mid, tl.where(go, V, 0), BLOCK)[0] >= target
+                lo, hi = tl.where(go & reach, mid, lo), tl.where(go & ~reach, mid - 1, hi)
     return lo
 
 
@@ -526,37 +560,39 @@ def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOC
     return 0x7FFFFFFF - (tl.max(best, 0) & 0xFFFFFFFF)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "NUM_PROGS"])
 def _race_pick_kernel(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
-                      stride_n, PID0, K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                      CAP: tl.constexpr, HALVINGS: tl.constexpr):
+                      stride_n, R, NUM_PROGS, PID0, K: tl.constexpr, CP: tl.constexpr,
+                      BLOCK: tl.constexpr, CAP: tl.constexpr, HALVINGS: tl.constexpr):
     """A row's token: the first tested token (largest race value first) that min-p and top-p
     keep (one whose mass before it, over the survivors' sum, is below top-p), else
     _exact_draw's."""
-    i_r = tl.program_id(0) + PID0
-    o_c, o_k = tl.arange(0, CP), tl.arange(0, K)
-    b_s = sums + i_r.to(tl.int64) * C * (1 + K) + o_c * (1 + K)
-    total = tl.sum(tl.load(b_s, mask=o_c < C, other=0.0), 0)
-    before = tl.sum(tl.load(b_s[:, None] + 1 + o_k[None, :], mask=o_c[:, None] < C, other=0.0), 0)
-    top = tl.load(tops + i_r)
-    floor = top + tl.load(p_rows + i_r * 6 + 2)
-    target = tl.load(p_rows + i_r * 6 + 1) * total  # (inf: top-p off)
-    c_x = tl.load(tested_x + i_r * K + o_k)
-    c_col = tl.load(tested_col + i_r * K + o_k)
-    survives = c_x >= floor
-    kept = (c_col >= 0) & survives & (before < target)
-    first = tl.min(tl.where(kept, o_k, K), 0)
-    if first < K:
-        token = tl.sum(tl.where(o_k == first, c_col, 0), 0).to(tl.int64)
-    else:  # (any tested token bounds the search: one with that much mass before it is at or
-        # below the least kept e, a surviving one with less at or above it)
-        c_e = tl.exp(c_x - top)
-        lo_e = tl.max(tl.where(before >= target, c_e, 0.0), 0)
-        hi_e = tl.min(tl.where(survives & (before < target), c_e, 1.0), 0)
-        token = _exact_draw(xs + i_r.to(tl.int64) * V, noise + i_r.to(tl.int64) * stride_n,
-                            scratch + i_r.to(tl.int64) * CAP, top, floor, target, lo_e, hi_e, V,
-                            BLOCK, CAP, HALVINGS).to(tl.int64)
-    tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
+    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+        i_r64 = tl.cast(i_r, tl.int64)
+        o_c, o_k = tl.arange(0, CP), tl.arange(0, K)
+        b_s = sums + i_r64 * C * (1 + K) + o_c * (1 + K)
+        total = tl.sum(tl.load(b_s, mask=o_c < C, other=0.0), 0)
+        before = tl.sum(tl.load(b_s[:, None] + 1 + o_k[None, :], mask=o_c[:, None] < C,
+                                other=0.0), 0)
+        top = tl.load(tops + i_r)
+        floor = top + tl.load(p_rows + i_r * 6 + 2)
+        target = tl.load(p_rows + i_r * 6 + 1) * total  # (inf: top-p off)
+        c_x = tl.load(tested_x + i_r * K + o_k)
+        c_col = tl.load(tested_col + i_r * K + o_k)
+        survives = c_x >= floor
+        kept = (c_col >= 0) & survives & (before < target)
+        first = tl.min(tl.where(kept, o_k, K), 0)
+        if first < K:
+            token = tl.sum(tl.where(o_k == first, c_col, 0), 0).to(tl.int64)
+        else:  # (any tested token bounds the search: one with that much mass before it is at
+            # or below the least kept e, a surviving one with less at or above it)
+            c_e = tl.exp(c_x - top)
+            lo_e = tl.max(tl.where(before >= target, c_e, 0.0), 0)
+            hi_e = tl.min(tl.where(survives & (before < target), c_e, 1.0), 0)
+            token = _exact_draw(xs + i_r64 * V, noise + i_r64 * stride_n, scratch + i_r64 * CAP,
+                                top, floor, target, lo_e, hi_e, V, BLOCK, CAP,
+                                HALVINGS).to(tl.int64)
+        tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
 
 
 def sample_vocabulary(
@@ -569,9 +605,9 @@ def sample_vocabulary(
     noise: torch.Tensor,
 ) -> torch.Tensor:
     """Four kernels, no sort: each chunk of _CHUNK columns stores its penalised, scaled logits
-    and keeps its _RACE largest race values; one program per row merges them into its
-    _TESTED likeliest draws; each chunk sums the mass before each of them; one program per
-    row takes the first one min-p and top-p keep (else draws exactly, by a search of the
+    and keeps its _RACE largest race values; each row's work merges them into its _TESTED
+    likeliest draws; each chunk sums the mass before each of them; each row's work then
+    takes the first one min-p and top-p keep (else draws exactly, by a search of the
     least kept probability: _exact_draw)."""
     R, V = rows.shape[0], logits.shape[-1]
     chunks = triton.cdiv(V, _CHUNK)
@@ -582,27 +618,30 @@ def sample_vocabulary(
     dev, params = logits.device, params.contiguous()
     xs, maxes, keys, tops, tested_x, tested_col, sums, scratch = _race_scratch(R, V, chunks, dev)
     has_counts = counts is not None
+    items, rows_grid = R * chunks, persistent_programs(R, dev)  # (items: a row's chunks)
+    items_grid = persistent_programs(items, dev)
     launch(
-        _race_chunk_kernel, (R, chunks),
+        _race_chunk_kernel, (items_grid,),
         logits, rows, counts_rows, params, counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits, noise, xs, maxes, keys, V,
         rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, noise.stride(0),
+        counts.stride(0) if has_counts else 0, noise.stride(0), chunks, items, items_grid,
         HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK, **cuda_hints(dev, num_warps=8),
     )
     launch(
-        _race_merge_kernel, (R,),
-        maxes, keys, xs, tops, tested_x, tested_col, chunks, chunks * _RACE, V, RACE=_RACE,
-        K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
+        _race_merge_kernel, (rows_grid,),
+        maxes, keys, xs, tops, tested_x, tested_col, chunks, chunks * _RACE, V, R, rows_grid,
+        RACE=_RACE, K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
         NP=max(16, triton.next_power_of_2(chunks * _RACE)), **cuda_hints(dev, num_warps=4),
     )
-    launch(_race_mass_kernel, (R, chunks), xs, tops, tested_x, tested_col, params, sums, V,
-           K=_TESTED, BLOCK=_CHUNK, SUB=_SUB, **cuda_hints(dev, num_warps=8))
+    launch(_race_mass_kernel, (items_grid,), xs, tops, tested_x, tested_col, params, sums, V,
+           chunks, items, items_grid, K=_TESTED, BLOCK=_CHUNK, SUB=_SUB,
+           **cuda_hints(dev, num_warps=8))
     launch(
-        _race_pick_kernel, (R,),
+        _race_pick_kernel, (rows_grid,),
         xs, noise, scratch, tops, tested_x, tested_col, params, sums, out, chunks, V,
-        noise.stride(0), K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK,
-        CAP=_CAP, HALVINGS=_HALVINGS, **cuda_hints(dev, num_warps=8),
+        noise.stride(0), R, rows_grid, K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
+        BLOCK=_CHUNK, CAP=_CAP, HALVINGS=_HALVINGS, **cuda_hints(dev, num_warps=8),
     )
     return out
 
@@ -638,53 +677,57 @@ def _race_scratch(R: int, V: int, chunks: int, dev: torch.device) -> tuple[torch
     )
 
 
-@triton.jit(do_not_specialize=["K"])
-def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, PID0, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
+def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, C, NUM_ITEMS, NUM_PROGS,
+                        PID0, BLOCK: tl.constexpr):
     """Of one row's chunk of BLOCK logits: the max, the sum of exp(logit - max), how many
     exceed the row's target token's logit (stats [R, chunks, 3]), and the keys of the K
     largest (_store_chunk_keys)."""
-    i_r, i_v = tl.program_id(0) + PID0, tl.program_id(1)
-    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-    row = logits + i_r.to(tl.int64) * stride_l
-    b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
-    target = tl.load(row + tl.load(targets + i_r)).to(tl.float32)
-    top = tl.max(b_x, 0)
-    total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(b_x - top), 0))
-    above = tl.sum((b_x > target).to(tl.float32), 0)
-    chunk = (i_r * tl.num_programs(1) + i_v).to(tl.int64)
-    tl.store(stats + chunk * 3, top)
-    tl.store(stats + chunk * 3 + 1, total)
-    tl.store(stats + chunk * 3 + 2, above)
-    _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
+    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+        row = logits + tl.cast(i_r, tl.int64) * stride_l
+        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
+        target = tl.load(row + tl.load(targets + i_r)).to(tl.float32)
+        top = tl.max(b_x, 0)
+        total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(b_x - top), 0))
+        above = tl.sum((b_x > target).to(tl.float32), 0)
+        chunk = tl.cast(i_item, tl.int64)
+        tl.store(stats + chunk * 3, top)
+        tl.store(stats + chunk * 3 + 1, total)
+        tl.store(stats + chunk * 3 + 2, above)
+        _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
 
 
-@triton.jit(do_not_specialize=["N", "K"])
-def _score_merge_kernel(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o,
-                        PID0, CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+@triton.jit(do_not_specialize=["N", "K", "R", "NUM_PROGS"])
+def _score_merge_kernel(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o, R,
+                        NUM_PROGS, PID0, CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
     """A row's log-sum-exp from its C chunks' stats, then its table row: the target's
     log-probability, the K largest and their columns (_merged_top), the target's rank."""
-    i_r = tl.program_id(0) + PID0
-    o_c = tl.arange(0, CP)
-    b_st = stats + i_r.to(tl.int64) * C * 3 + o_c * 3
-    b_m = tl.load(b_st, mask=o_c < C, other=float("-inf"))
-    top = tl.max(b_m, 0)
-    b_s = tl.load(b_st + 1, mask=o_c < C, other=0.0)
-    lse = top + tl.log(tl.sum(tl.where(b_m == float("-inf"), 0.0, b_s * tl.exp(b_m - top)), 0))
-    rank = tl.sum(tl.load(b_st + 2, mask=o_c < C, other=0.0), 0) + 1
-    target = tl.load(logits + i_r.to(tl.int64) * stride_l + tl.load(targets + i_r)).to(tl.float32)
-    b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
-    o_k = tl.arange(0, KP)
-    o = out + i_r.to(tl.int64) * stride_o
-    tl.store(o, tl.maximum(target - lse, -9999.0))
-    tl.store(o + 1 + o_k, tl.maximum(b_v - lse, -9999.0), mask=o_k < K)
-    tl.store(o + 1 + K + o_k, b_t.to(tl.float32), mask=o_k < K)
-    tl.store(o + 1 + 2 * K, rank)
+    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+        i_r64 = tl.cast(i_r, tl.int64)
+        o_c = tl.arange(0, CP)
+        b_st = stats + i_r64 * C * 3 + o_c * 3
+        b_m = tl.load(b_st, mask=o_c < C, other=float("-inf"))
+        top = tl.max(b_m, 0)
+        b_s = tl.load(b_st + 1, mask=o_c < C, other=0.0)
+        lse = top + tl.log(tl.sum(tl.where(b_m == float("-inf"), 0.0, b_s * tl.exp(b_m - top)),
+                                  0))
+        rank = tl.sum(tl.load(b_st + 2, mask=o_c < C, other=0.0), 0) + 1
+        target = tl.load(logits + i_r64 * stride_l + tl.load(targets + i_r)).to(tl.float32)
+        b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
+        o_k = tl.arange(0, KP)
+        o = out + i_r64 * stride_o
+        tl.store(o, tl.maximum(target - lse, -9999.0))
+        tl.store(o + 1 + o_k, tl.maximum(b_v - lse, -9999.0), mask=o_k < K)
+        tl.store(o + 1 + K + o_k, b_t.to(tl.float32), mask=o_k < K)
+        tl.store(o + 1 + 2 * K, rank)
 
 
 def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
     """Two kernels: each chunk of _CHUNK columns of a row reduces its logits (max, sum of
-    exponentials, count above the target) and keeps its k best; one program per row merges
-    them into the table row. The logits are read once, in their own dtype."""
+    exponentials, count above the target) and keeps its k best; each row's work merges them
+    into the table row. The logits are read once, in their own dtype."""
     R, V = logits.shape
     chunks = triton.cdiv(V, _CHUNK)
     if logits.stride(-1) != 1 or targets.shape != (R,) or targets.dtype != torch.int64:
@@ -698,13 +741,15 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
         return out
     stats = torch.empty(R, chunks, 3, dtype=torch.float32, device=logits.device)
     keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
-    launch(_score_chunk_kernel, (R, chunks), logits, targets, stats, keys, V, k,
-           logits.stride(0), BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8))
+    grid = persistent_programs(R * chunks, logits.device)
+    launch(_score_chunk_kernel, (grid,), logits, targets, stats, keys, V, k, logits.stride(0),
+           chunks, R * chunks, grid, BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8))
     np_, kp = _merge_sizes(chunks, k)
+    grid = persistent_programs(R, logits.device)
     launch(
-        _score_merge_kernel, (R,),
+        _score_merge_kernel, (grid,),
         logits, targets, stats, keys, out, chunks, chunks * k, k, logits.stride(0), out.stride(0),
-        CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp,
+        R, grid, CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp,
         **cuda_hints(logits.device, num_warps=8),
     )
     return out

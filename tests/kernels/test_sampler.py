@@ -8,7 +8,9 @@ of rows of logits (each target's logprob and rank, the k likeliest), from float3
 logits of several chunks, as the reference gives them; and the same token drawn over the
 whole vocabulary under min-p and top-p without a sort, from the race's candidates or, when
 none of them is kept, by the exact search (equal logits on the edge of the top-p set kept in
-token order)."""
+token order; near-ties that make it halve, gather or bisect many times). The kernels' grids
+are persistent: programs looping over several rows or chunks compute the same bits, scratch
+included, as one program per item."""
 
 from __future__ import annotations
 
@@ -358,3 +360,97 @@ def test_score_logits_of_rows_with_few_finite_logits(device):
     assert got[0, :5].tolist() == pytest.approx(want[0, :5].tolist(), abs=1e-5)
     assert got[0, -1] == want[0, -1] == 2
     assert torch.equal(got[1, :5], want[1, :5]) and (got[1, :5] == -9999).all()
+
+
+@pytest.mark.parametrize("cap,halvings", [(4096, 12), (64, 2), (4, 12)],
+                         ids=["gathered", "bisected", "halved-then-gathered"])
+def test_sample_vocabulary_search_of_near_ties(device, monkeypatch, cap, halvings):
+    """Rows of near-ties (logits 1e-5 apart at most, or a few values 1e-6 apart, or an even
+    spread of 1e-3) whose top-p edges no tested token reaches: the exact search halves,
+    gathers or bisects many times (its loops have fixed trip counts, the trips after its end
+    masked) and draws what the reference draws."""
+    import kernels.sampler
+
+    monkeypatch.setattr(kernels.sampler, "_CAP", cap)
+    monkeypatch.setattr(kernels.sampler, "_HALVINGS", halvings)
+    g = torch.Generator().manual_seed(8)
+    V = 9000
+    logits = torch.stack([torch.randn(V, generator=g) * 1e-5,
+                          torch.randint(0, 4, (V,), generator=g).float() * 1e-6,
+                          torch.linspace(0, 1e-3, V)[torch.randperm(V, generator=g)]])
+    params = params_of([(1.0, 0.37, -math.inf, 1, 0, 0), (1.0, 0.2, -math.inf, 1, 0, 0),
+                        (1.0, 0.61, -math.inf, 1, 0, 0)], device)
+    rows = torch.arange(3, device=device)
+    for trial in range(2):
+        noise = torch.empty(3, V).exponential_(1, generator=g).to(device)
+        args = (logits.to(device), rows, rows, params, None, None, noise)
+        assert torch.equal(sample_vocabulary(*args), reference.sample_vocabulary(*args)), trial
+
+
+def _sampler_ops(device):
+    """Every sampler op over rows of different params and a vocabulary of 3 chunks (9 to 12
+    items a chunk kernel); the vocabulary's rows send the exact search through its paths."""
+    g = torch.Generator().manual_seed(9)
+    V, R, inf = 9000, 4, math.inf
+    logits = torch.stack([torch.randn(V, generator=g) * 3, torch.randn(V, generator=g) * 0.1,
+                          (torch.randn(V, generator=g) * 2).to(torch.bfloat16).float(),
+                          torch.randn(V, generator=g) * 1e-5]).to(device)
+    rows = torch.tensor([2, 0, 3, 1], device=device)
+    params = params_of([(0.7, 0.9, -inf, 1.2, 0.3, 0.5), (1.0, 0.01, -inf, 1, 0, 0),
+                        (1.0, 0.002, -inf, 1, 0, 0), (1.3, 0.5, math.log(0.05), 0.9, -0.2, 1.0)],
+                       device)
+    counts = torch.randint(0, 3, (R, V), generator=g, dtype=torch.int32).to(device)
+    in_prompt = (torch.rand(R, V, generator=g) < 0.1).to(device)
+    noise = torch.empty(R, V).exponential_(1, generator=g)
+    for i in (1, 2):  # (the race to dropped tokens: the exact search draws)
+        noise[i, logits[rows[i]].topk(300).indices.cpu()] = 1e3
+    noise, top_k = noise.to(device), torch.tensor([1, 5, 12, 3], device=device)  # (1: greedy)
+    values = (torch.randn(11, 37, generator=g) * 2).sort(dim=-1, descending=True).values
+    cols = torch.stack([torch.randperm(V, generator=g)[:37] for _ in range(11)])
+    args = (logits, rows, rows, params, counts, in_prompt)
+    return (penalize_logits(*args, V + 100),
+            draw_candidates(values.to(device), cols.to(device), noise[:, :37].repeat(3, 1)[:11],
+                            torch.arange(11, device=device) * 3 + 1, params.repeat(3, 1)[:11]),
+            sample_top_k(*args, top_k, noise[:, :12].contiguous()),
+            sample_vocabulary(*args, noise),
+            score_logits(logits, torch.tensor([5, 8999, 4000, 0], device=device), 3))
+
+
+def _run_sampler(device, cores, monkeypatch):
+    """_sampler_ops' outputs, every tensor its kernels were given as it was after each launch
+    (the scratch a later kernel reads), and each launch's grid, with `cores` cores of 3
+    programs each. Scratch starts zeroed, so that parts never written compare equal."""
+    from kernels import hw, sampler
+
+    grids, seen, scratch = [], [], sampler._race_scratch
+
+    def spy(kernel, grid, *args, **kwargs):
+        grids.append(grid)
+        hw.launch(kernel, grid, *args, **kwargs)
+        seen.extend(a.clone() for a in args if isinstance(a, torch.Tensor))
+
+    monkeypatch.setattr(sampler, "launch", spy)
+    monkeypatch.setattr(sampler, "_race_scratch", lambda *a: [t.zero_() for t in scratch(*a)])
+    monkeypatch.setattr(sampler, "_CAP", 16)  # (the search gathers one row, bisects another)
+    monkeypatch.setattr(sampler, "_HALVINGS", 1)
+    monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": 3, "other": 3})
+    monkeypatch.setattr(hw, "num_cores", lambda device: cores)  # (the sampler reads no other)
+    return (*_sampler_ops(device), *seen), grids
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy: inf - inf)
+def test_sampler_programs_looping_over_items_compute_what_one_program_per_item_does(
+    device, monkeypatch
+):
+    """The sampler's kernels run on persistent grids (kernels.hw.persistent_programs, one axis:
+    a row's chunks adjacent items): with one core of 3 programs, each looping over items that
+    do not divide evenly, every output and every scratch tensor a later kernel reads is
+    bit-identical to one program per item's (tests/kernels/test_persistent.py's pattern)."""
+    whole, item_grids = _run_sampler(device, 10**6, monkeypatch)
+    looped, grids = _run_sampler(device, 1, monkeypatch)
+    assert [g[0] for g in grids] == [min(g[0], 3) for g in item_grids]
+    assert all(len(g) == 1 for g in grids + item_grids)  # one grid axis: the items in the loop
+    assert max(g[0] for g in item_grids) >= 9  # programs did loop, several times
+    assert len(whole) == len(looped)
+    for a, b in zip(whole, looped, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
