@@ -105,6 +105,28 @@ def persistent_programs(items: int, device: torch.device, dots: bool = False,
     return max(1, min(items, per_core * cores))
 
 
+# Programs per core of the kernels that also have a loop-free form (a `LOOP` constexpr: GDN,
+# the conv prefill, attention, the sampler, moe), by device type; None: one program per item.
+# CUDA: None. Looping, even once, took these kernels 4-33% longer on the H100 (chunk_gdn at
+# 8,192 tokens 406 -> 487 us, the conv prefill 103 -> 138, GDN decode at 32 sequences 21.4 ->
+# 24.3, sample_top_k at 32 rows 141 -> 178; docs/bench.md, session 37), and CUDA's block
+# scheduler needs no persistent grid. Elsewhere one per core, looping, as on Ascend.
+ITEM_PROGRAMS_PER_CORE: dict[str, int | None] = {"cuda": None, "other": 1}
+
+
+def persistent_grid(items: int, device: torch.device, dots: bool = False) -> tuple[int, bool]:
+    """(programs, loop) of a kernel with a loop-free form over `items` work items: programs as
+    `persistent_programs` gives them under ITEM_PROGRAMS_PER_CORE (one per item where that is
+    None), and whether they must loop (the kernel's `LOOP` constexpr): unless there is exactly
+    one program per item, program p takes items p, p + P, ... (no item: one program, no trip)."""
+    per_core = ITEM_PROGRAMS_PER_CORE["cuda" if device.type == "cuda" else "other"]
+    if per_core is None:
+        programs = max(1, items)
+    else:
+        programs = persistent_programs(items, device, dots, {"cuda": per_core, "other": per_core})
+    return programs, programs != items
+
+
 def cuda_hints(device: torch.device, **hints) -> dict:
     """Launch options tuned for NVIDIA GPUs (num_warps, num_stages): `hints` on CUDA devices,
     none elsewhere, so that another backend (triton-ascend, which takes neither) keeps its own
