@@ -2,8 +2,9 @@
 
 Two ops with the contract of `kernels.reference`:
 - `causal_conv1d`: prefill. One kernel computes the outputs in tiles of tokens x channels
-  (each tile finds the sequences of its tokens by binary search over `cu_seqlens`), on a
-  persistent grid (`kernels.hw.persistent_programs`: program p takes tiles p, p + P, ...); a
+  (each tile finds the sequences of its tokens by binary search over `cu_seqlens`), one
+  program per tile on CUDA, else on a persistent grid (`kernels.hw.persistent_grid`: program
+  p takes tiles p, p + P, ...); a
   second launch then writes the final window of each sequence to its destination slot and the
   windows at checkpoint boundaries to their slots. Two launches keep "read the source slot" strictly
   before "write the destination slot", so src == dst is safe.
@@ -20,7 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, gdc_enter, launch, num_cores, pdl, persistent_programs
+from kernels.hw import (
+    cuda_hints,
+    gdc_enter,
+    launch,
+    num_cores,
+    pdl,
+    persistent_grid,
+    persistent_programs,
+)
 from kernels.reference import Checkpoints
 
 # Prefill tiles (tokens x channels per program; 4 warps). The channel tile is the grid's
@@ -30,11 +39,6 @@ from kernels.reference import Checkpoints
 # first, as before); 84 tokens took 3.0 us in 16 x 128 and 3.8 us in 32 x 128. So the larger
 # tile from PREFILL_MANY programs per core up.
 PREFILL_BT, PREFILL_FEW_BT, PREFILL_BD, PREFILL_WARPS, PREFILL_MANY = 32, 16, 128, 4, 8
-# The prefill's persistent grid, programs per core by device type. CUDA: 128, so that a step
-# of up to 8,192 tokens of 6,144 channels (12,288 tiles on 132 SMs) keeps one program per tile:
-# programs looping over 32 x 128 tiles at 32 per SM took the H100 10-40% longer at 32,768 tokens
-# (session 36, a helper's measurement).
-PREFILL_PROGRAMS_PER_CORE = {"cuda": 128, "other": 1}
 
 
 @triton.jit
@@ -73,12 +77,17 @@ def _conv_fwd_kernel(
     W: tl.constexpr,
     BT: tl.constexpr,
     BD: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
     # items are (token tile, channel tile), channel tiles fastest: programs that run together
     # read the same rows
-    for i_p in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+    if LOOP:
+        for i_p in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+            _conv_fwd_tile(x, weight, conv_pool, out, cu_seqlens, src_slots, stride_x, T, D, N,
+                           NUM_SEARCH_STEPS, i_p, W, BT, BD)
+    else:  # one program per tile
         _conv_fwd_tile(x, weight, conv_pool, out, cu_seqlens, src_slots, stride_x, T, D, N,
-                       NUM_SEARCH_STEPS, i_p, W, BT, BD)
+                       NUM_SEARCH_STEPS, tl.program_id(0) + PID0, W, BT, BD)
 
 
 @triton.jit
@@ -271,10 +280,10 @@ def causal_conv1d(
         BT = PREFILL_BT if many else PREFILL_FEW_BT
         steps = max(N - 1, 1).bit_length()
         items = triton.cdiv(D, BD) * triton.cdiv(T, BT)
-        grid = persistent_programs(items, x.device, per_core=PREFILL_PROGRAMS_PER_CORE)
+        grid, loop = persistent_grid(items, x.device)
         launch(
             _conv_fwd_kernel, (grid,), x, weight, conv_pool, out, cu_seqlens, src_slots,
-            x.stride(0), T, D, N, steps, items, grid, W=W, BT=BT, BD=BD,
+            x.stride(0), T, D, N, steps, items, grid, W=W, BT=BT, BD=BD, LOOP=loop,
             **cuda_hints(x.device, num_warps=PREFILL_WARPS),
         )
     BD = _block_d(D)

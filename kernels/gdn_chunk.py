@@ -20,12 +20,14 @@ Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
    tile, the layer's gated RMSNorm follows in registers (`kernels.norms.gated_norm_rows`), so o
    is written once, normed.
 
-Grids are persistent (`kernels.hw.persistent_programs`): one axis of P programs, program p
-taking items p, p + P, ... with the items numbered so that the first axis of a one-program-
-per-item grid (chunks, or sequence x value head) runs fastest. Chunk bookkeeping for varlen
-batches is computed on the device (no host sync): the prepare and output grids are sized from
-the host-known bound T // BT + N chunks, and their item loops end at the real chunk count read
-from `chunk_offsets[N]`, so programs past the real work take no item (no early return).
+Grids (`kernels.hw.persistent_grid`) have one axis; the items are numbered so that chunks, or
+sequence x value head, run fastest. On CUDA one program per item (the `LOOP` constexpr off);
+elsewhere a persistent grid of P programs, program p taking items p, p + P, ... Chunk
+bookkeeping for varlen batches is computed on the device (no host sync): the prepare and
+output grids are sized from the host-known bound T // BT + N chunks; looping, their items end
+at the real chunk count read from `chunk_offsets[N]`, so programs past the real work take no
+item; one program per item, a program past them finds N in `chunk_seq` and does nothing (no
+early return either way).
 Checkpoint targets become a per-chunk slot map (0 = none), so a sequence has at most one
 checkpoint slot per boundary (repeated targets must agree on it).
 
@@ -53,7 +55,7 @@ from kernels.hw import (
     dot_precision,
     launch,
     num_cube_cores,
-    persistent_programs,
+    persistent_grid,
 )
 from kernels.norms import TL_DTYPES, check_norm_inputs, gated_norm_rows, gated_rmsnorm
 from kernels.reference import CHUNK, Checkpoints
@@ -216,16 +218,26 @@ def _gdn_prepare_kernel(
     BV: tl.constexpr,
     PREC: tl.constexpr,
     DT: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
-    # items (chunk, value head), chunks fastest, over the real chunks only: programs past them
-    # take none
-    num_chunks = tl.load(chunk_offsets + N)
-    for i_item in range(tl.program_id(0) + PID0, num_chunks * HV, NUM_PROGS):
-        _prepare_chunk(
-            q, k, v, a, b, A_log, dt_bias, w, u, g_cum, rstd_q, rstd_k, cu_seqlens, chunk_seq,
-            chunk_offsets, stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
-            i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BK, BV, PREC, DT,
-        )
+    # items (chunk, value head), chunks fastest
+    if LOOP:  # over the real chunks only: programs past them take none
+        num_chunks = tl.load(chunk_offsets + N)
+        for i_item in range(tl.program_id(0) + PID0, num_chunks * HV, NUM_PROGS):
+            _prepare_chunk(
+                q, k, v, a, b, A_log, dt_bias, w, u, g_cum, rstd_q, rstd_k, cu_seqlens,
+                chunk_seq, chunk_offsets, stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
+                i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BK, BV, PREC, DT,
+            )
+    else:  # one program per item of the grid's bound: past the real chunks chunk_seq holds N
+        i_item = tl.program_id(0) + PID0
+        i_c, i_hv = i_item % (NUM_PROGS // HV), i_item // (NUM_PROGS // HV)
+        if tl.load(chunk_seq + i_c) < N:
+            _prepare_chunk(
+                q, k, v, a, b, A_log, dt_bias, w, u, g_cum, rstd_q, rstd_k, cu_seqlens,
+                chunk_seq, chunk_offsets, stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
+                i_c, i_hv, H, HV, K, V, BK, BV, PREC, DT,
+            )
 
 
 @triton.jit
@@ -394,13 +406,22 @@ def _gdn_state_kernel(
     PREC: tl.constexpr,
     DT: tl.constexpr,
     LONG: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
     # items (sequence x value head, V tile), sequence x value head fastest
-    for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
+            _state_sequence(
+                k, w, u, g_cum, rstd_k, v_new, h_chunks, state_pool, cu_seqlens, chunk_offsets,
+                src_slots, dst_slots, ckpt_slots, stride_kt, i_item % (N * HV),
+                i_item // (N * HV), H, HV, K, V, BV, PREC, DT, LONG,
+            )
+    else:  # one program per item
+        i_item = tl.program_id(0) + PID0
         _state_sequence(
             k, w, u, g_cum, rstd_k, v_new, h_chunks, state_pool, cu_seqlens, chunk_offsets,
-            src_slots, dst_slots, ckpt_slots, stride_kt, i_item % (N * HV),
-            i_item // (N * HV), H, HV, K, V, BV, PREC, DT, LONG,
+            src_slots, dst_slots, ckpt_slots, stride_kt, i_item % (N * HV), i_item // (N * HV),
+            H, HV, K, V, BV, PREC, DT, LONG,
         )
 
 
@@ -507,17 +528,28 @@ def _gdn_output_kernel(
     NORM: tl.constexpr,
     PROD_DTYPE: tl.constexpr,
     BK: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
-    # items (chunk, value head x V tile), chunks fastest, over the real chunks only: programs
-    # past them take none
-    num_chunks = tl.load(chunk_offsets + N)
-    for i_item in range(tl.program_id(0) + PID0, num_chunks * (HV * (V // BV)), NUM_PROGS):
-        _output_chunk(
-            q, k, v_new, h_chunks, g_cum, rstd_q, rstd_k, o, z, norm_w, cu_seqlens, chunk_seq,
-            chunk_offsets, stride_qt, stride_kt, stride_ot, stride_zt, stride_zh, scale, eps,
-            i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BV, PREC, DT, NORM,
-            PROD_DTYPE, BK,
-        )
+    # items (chunk, value head x V tile), chunks fastest
+    if LOOP:  # over the real chunks only: programs past them take none
+        num_chunks = tl.load(chunk_offsets + N)
+        for i_item in range(tl.program_id(0) + PID0, num_chunks * (HV * (V // BV)), NUM_PROGS):
+            _output_chunk(
+                q, k, v_new, h_chunks, g_cum, rstd_q, rstd_k, o, z, norm_w, cu_seqlens,
+                chunk_seq, chunk_offsets, stride_qt, stride_kt, stride_ot, stride_zt, stride_zh,
+                scale, eps, i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BV, PREC,
+                DT, NORM, PROD_DTYPE, BK,
+            )
+    else:  # one program per item of the grid's bound: past the real chunks chunk_seq holds N
+        i_item = tl.program_id(0) + PID0
+        max_chunks = NUM_PROGS // (HV * (V // BV))
+        i_c, i_vh = i_item % max_chunks, i_item // max_chunks
+        if tl.load(chunk_seq + i_c) < N:
+            _output_chunk(
+                q, k, v_new, h_chunks, g_cum, rstd_q, rstd_k, o, z, norm_w, cu_seqlens,
+                chunk_seq, chunk_offsets, stride_qt, stride_kt, stride_ot, stride_zt, stride_zh,
+                scale, eps, i_c, i_vh, H, HV, K, V, BV, PREC, DT, NORM, PROD_DTYPE, BK,
+            )
 
 
 @triton.jit
@@ -862,14 +894,14 @@ def _launch_prepare(q, k, v, a, b, A_log, dt_bias, cu_seqlens, layout, s, prec, 
     cfg = CONFIG["prepare"]
     many = (T // CHUNK) * HV >= cfg["many"] * num_cube_cores(q.device)
     if max_chunks > 0:
-        grid = persistent_programs(max_chunks * HV, q.device, dots=True)
+        grid, loop = persistent_grid(max_chunks * HV, q.device, dots=True)
         launch(
             _gdn_prepare_kernel, (grid,),
             q, k, v, a, b, A_log, dt_bias, s.w, s.u, s.g_cum, s.rstd_q, s.rstd_k,
             cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
             q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), N, grid,
             H=H, HV=HV, K=K, V=V, BK=min(K, cfg["BK"]), BV=min(V, cfg["BV"]),
-            PREC=prec, DT=dot_dtype,
+            PREC=prec, DT=dot_dtype, LOOP=loop,
             **cuda_hints(q.device, num_warps=cfg["many_warps"] if many else cfg["num_warps"],
                          num_stages=cfg["num_stages"]),
         )
@@ -883,14 +915,14 @@ def _launch_state(k, state_pool, src_slots, dst_slots, cu_seqlens, layout, s, pr
     cfg = CONFIG["state"]
     bv, state_warps = _state_tile(layout.busy_seqs * HV, V, k.device)
     if N > 0:
-        grid = persistent_programs(N * HV * (V // bv), k.device, dots=True)
+        grid, loop = persistent_grid(N * HV * (V // bv), k.device, dots=True)
         launch(
             _gdn_state_kernel, (grid,),
             k, s.w, s.u, s.g_cum, s.rstd_k, s.v_new, s.h_chunks, state_pool,
             cu_seqlens, layout.chunk_offsets, src_slots, dst_slots, layout.ckpt_slots,
             k.stride(0), N, grid,
             H=H, HV=HV, K=K, V=V, BV=bv, PREC=prec, DT=dot_dtype,
-            LONG=T * max(k.stride(0), HV * max(K, V)) >= 2**31,
+            LONG=T * max(k.stride(0), HV * max(K, V)) >= 2**31, LOOP=loop,
             **cuda_hints(k.device, num_warps=state_warps, num_stages=cfg["num_stages"]),
         )
 
@@ -913,7 +945,7 @@ def _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype) -> boo
         # there is no warp group, hence no wgmma, and the result is right (4e-3 in bf16).
         num_warps = min(num_warps, 2)
     if max_chunks > 0:
-        grid = persistent_programs(max_chunks * HV * (V // bv), q.device, dots=True)
+        grid, loop = persistent_grid(max_chunks * HV * (V // bv), q.device, dots=True)
         launch(
             _gdn_output_kernel, (grid,),
             q, k, s.v_new, s.h_chunks, s.g_cum, s.rstd_q, s.rstd_k, o, z, norm_w,
@@ -922,7 +954,7 @@ def _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype) -> boo
             grid,
             H=H, HV=HV, K=K, V=V, BV=bv, PREC=prec, DT=dot_dtype, NORM=fused,
             PROD_DTYPE=TL_DTYPES[torch.promote_types(norm_w.dtype, o.dtype)],
-            BK=min(K, cfg["BK"]),
+            BK=min(K, cfg["BK"]), LOOP=loop,
             **cuda_hints(q.device, num_warps=num_warps, num_stages=cfg["num_stages"]),
         )
     return fused

@@ -9,8 +9,9 @@ it recomputes the gates and the L2 norms of its q/k rows (cheap: K values each),
 and writes the tile to the destination slot. Each item reads its whole tile before writing
 it and no two items share a tile, so src == dst (in place) is safe. The op is bound by
 the state's memory traffic; the V tiling gives N * HV * V / BV items, enough to fill the
-GPU at N = 1. The grid is persistent (`kernels.hw.persistent_programs`): P programs, program p
-taking items p, p + P, ... (sequence x value head fastest).
+GPU at N = 1. The grid (`kernels.hw.persistent_grid`) has one program per item on CUDA and is
+persistent elsewhere: P programs, program p taking items p, p + P, ... (sequence x value head
+fastest).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.gdn_chunk import _check_inputs, _softplus
-from kernels.hw import cuda_hints, gdc_enter, launch, pdl, persistent_programs
+from kernels.hw import cuda_hints, gdc_enter, launch, pdl, persistent_grid
 
 # Launch configuration: BV by number of (sequence, head) pairs; the benchmark may override.
 CONFIG = {"small_BV": 16, "large_BV": 32, "small_pairs": 1024, "num_warps": 4}
@@ -54,9 +55,18 @@ def _gdn_recurrent_kernel(
     V: tl.constexpr,
     BV: tl.constexpr,
     USE_GDC: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
     # items (sequence x value head, V tile), sequence x value head fastest
-    for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
+            _recurrent_tile(
+                q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots, stride_qn,
+                stride_kn, stride_vn, stride_an, stride_bn, scale, i_item % (N * HV),
+                i_item // (N * HV), H, HV, K, V, BV, USE_GDC,
+            )
+    else:  # one program per item
+        i_item = tl.program_id(0) + PID0
         _recurrent_tile(
             q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots, stride_qn,
             stride_kn, stride_vn, stride_an, stride_bn, scale, i_item % (N * HV),
@@ -137,12 +147,12 @@ def recurrent_gdn(
         return o
     pairs = N * HV
     bv = _value_tile(pairs, V)
-    grid = persistent_programs(pairs * (V // bv), v.device)
+    grid, loop = persistent_grid(pairs * (V // bv), v.device)
     launch(
         _gdn_recurrent_kernel, (grid,),
         q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), K**-0.5, N, grid,
-        H=H, HV=HV, K=K, V=V, BV=bv,
+        H=H, HV=HV, K=K, V=V, BV=bv, LOOP=loop,
         **cuda_hints(v.device, num_warps=CONFIG["num_warps"]),
         **pdl(v.device),
     )

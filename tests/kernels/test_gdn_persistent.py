@@ -4,13 +4,14 @@ each program takes.
 DESIGN.md asks for grids sized from the device's core count, each program looping over the
 work. `chunk_gdn`'s three kernels (prepare and output over (chunk, value head[, V tile]) items,
 state over (sequence, value head, V tile) items) and `recurrent_gdn`'s decode kernel launch
-`kernels.hw.persistent_programs` programs on one grid axis. Each op runs twice here: with a
-core count so large that every program takes one item (the grids of before), and with one
-core of 3 programs, so that programs loop several times over items that do not divide evenly
-(and, in the prepare and output kernels, programs past the real chunks of a varlen batch take
-none). The outputs and every state slot (destinations, checkpoints, an in-place sequence, the
-untouched rest) must be bit-identical, and the second run must hold no grid above 3 programs.
-Only the grid may change between the runs: the launch options (tiles, warps) must be equal.
+`kernels.hw.persistent_grid` programs on one grid axis, in one of two forms of one source: one
+program per item (`LOOP` off, CUDA's) or programs looping. Each op runs twice here: with a core
+count so large that every program takes one item, and with one core of 3 programs, so that
+programs loop several times over items that do not divide evenly (and, in the prepare and
+output kernels, programs past the real chunks of a varlen batch take none). The outputs and
+every state slot (destinations, checkpoints, an in-place sequence, the untouched rest) must be
+bit-identical, and the second run must hold no grid above 3 programs. Only the grid and its
+form may change between the runs: the other launch options (tiles, warps) must be equal.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _run(device, cores, monkeypatch):
 
     for module in (gdn_chunk, gdn_recurrent):
         monkeypatch.setattr(module, "launch", spy)
-    monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
+    monkeypatch.setattr(hw, "ITEM_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
     monkeypatch.setattr(hw, "num_cores", lambda device: cores)
     # gdn_chunk's own core count (the state tile, the prepare kernel's warps) stays fixed: at
     # 64 cores the state kernel takes the fine tile, 2 V tiles of 16
@@ -95,6 +96,8 @@ def test_gdn_programs_looping_over_items_compute_what_one_program_per_item_does(
     kernels = [gdn_chunk._gdn_prepare_kernel, gdn_chunk._gdn_state_kernel,
                gdn_chunk._gdn_output_kernel, gdn_recurrent._gdn_recurrent_kernel]
     assert [k for k, _, _ in launches] == [k for k, _, _ in item_launches] == kernels
+    assert [kw.pop("LOOP") for _, _, kw in item_launches] == [False] * 4  # one per item
+    assert [kw.pop("LOOP") for _, _, kw in launches] == [True] * 4
     assert [kw for _, _, kw in launches] == [kw for _, _, kw in item_launches]  # same tiles
     # one program per item: 9 chunks (T // 64 + N, 6 real) x 4 heads [x 2 V tiles], 5 x 4 x 2
     # (sequence, head, tile) of state, 5 x 4 x 2 of decode

@@ -81,7 +81,7 @@ def _run(case, device, cores, monkeypatch):
     for module in MODULES:
         monkeypatch.setattr(module, "launch", spy)
     monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
-    monkeypatch.setattr(conv1d, "PREFILL_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
+    monkeypatch.setattr(hw, "ITEM_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
     monkeypatch.setattr(hw, "num_cores", lambda device: cores)
     torch.manual_seed(0)
     return CASES[case](device), grids

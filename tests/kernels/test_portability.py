@@ -20,8 +20,10 @@ off the code (one source for CUDA and Ascend), checked on the source alone, noth
   kernels/hw.py (`dot_precision`, TF32 on CUDA alone).
 
 - kernels run on persistent grids: every kernel's axis-0 index starts a `range(start, items,
-  programs)` loop over its work items (but the few in NOT_PERSISTENT, each with its reason), no
-  kernel reads a grid axis beyond 0, and no jit function returns early or loops with `while`.
+  programs)` loop over its work items, or is the item of the loop-free form of a kernel that
+  has both (the `else` of `if LOOP:`, one program per item), but the few in NOT_PERSISTENT,
+  each with its reason; no kernel reads a grid axis beyond 0, and no jit function returns
+  early or loops with `while`.
 
 Each check also runs on small deliberately broken sources, so a check that stopped finding
 anything fails here rather than passing silently. What it does not prove: int64 offsets,
@@ -240,15 +242,23 @@ def _is_range(node: ast.AST) -> bool:
             and len(node.iter.args) == 3)
 
 
+def _is_loop_choice(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "LOOP"
+
+
 def not_persistent(tree: ast.Module) -> list[str]:
-    """Kernels off a persistent grid: an axis-0 index (`tl.program_id(0) + PID0`) that does not
-    start a `range(start, items, programs)` loop, a grid axis beyond 0, and, in any jit
-    function, an early `return` or a `while` loop (which Ascend's guides advise against)."""
+    """Kernels off a persistent grid: an axis-0 index (`tl.program_id(0) + PID0`) that neither
+    starts a `range(start, items, programs)` loop nor sits in the loop-free form of a kernel
+    that has both (the `else` of `if LOOP:`), a grid axis beyond 0, and, in any jit function,
+    an early `return` or a `while` loop (which Ascend's guides advise against)."""
     found = []
     for name, fn in _functions(tree).items():
         if not _is_jit(fn):
             continue
         starts = {id(n.iter.args[0]) for n in ast.walk(fn) if _is_range(n)}
+        # the loop-free form: the `else` of an `if LOOP:` (one program per item)
+        starts |= {id(n) for branch in ast.walk(fn) if _is_loop_choice(branch)
+                   for stmt in branch.orelse for n in ast.walk(stmt)}
         for node in ast.walk(fn):
             if isinstance(node, ast.Return) and node.value is None:
                 found.append(f"{name}:{node.lineno}: return")
@@ -378,8 +388,11 @@ def _p(x, N, NUM_PROGS, PID0, BLOCK: tl.constexpr):
     while N > 0:
         N -= 1
 @triton.jit
-def _q(x, PID0):
-    tl.store(x + tl.program_id(0) + PID0, 1.0)
+def _q(x, PID0, LOOP: tl.constexpr):
+    if LOOP:
+        tl.store(x + tl.program_id(0) + PID0, 1.0)
+    else:
+        tl.store(x + tl.program_id(0) + PID0, 2.0)
 '''
 
 
@@ -402,4 +415,4 @@ def test_each_check_finds_what_it_is_for():
     assert unguarded_cuda_hints(loop, True) == ["_k:18: tl.extra.cuda outside an if"]
     assert sorted(not_persistent(ast.parse(BROKEN_GRID))) == [
         "_p:6: tl.program_id beyond axis 0", "_p:8: return", "_p:9: while",
-        "_q:13: program index outside a loop's start"]
+        "_q:14: program index outside a loop's start"]
