@@ -12,10 +12,12 @@
   given token, its rank and the k likeliest, in one read of the logits (torch's log-softmax,
   top-k and comparison read and write a float32 copy of them several times).
 
-Grids are persistent (kernels.hw.persistent_programs, one axis): a kernel's work items are
-its rows, or its rows' vocabulary chunks (item r * chunks + c: a row's chunks adjacent), and
-program p takes items p, p + P, p + 2P, ... (an item's math does not depend on the program
-that runs it). The exact search's loops have fixed trip counts (_threshold).
+Grids have one axis (kernels.hw.persistent_grid): a kernel's work items are its rows, or its
+rows' vocabulary chunks (item r * chunks + c: a row's chunks adjacent). Each kernel has two
+forms from one source (its `LOOP` constexpr): one program per item (CUDA), or a persistent grid
+where program p takes items p, p + P, p + 2P, ... (elsewhere); an item's math (a `_..._item`
+or `_..._row` helper) does not depend on the program that runs it. The exact search's loops
+have fixed trip counts (_threshold).
 
 The top-k of a top-k above 64 stays torch's (statechat.engine.sampling.top_k): a selection
 is where torch is already good. Contracts and shapes: kernels/reference.py.
@@ -27,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.hw import cuda_hints, launch, persistent_programs
+from kernels.hw import cuda_hints, launch, persistent_grid
 
 _BLOCK = 2048  # vocabulary columns per work item of penalize_logits
 # (p_rows: the rows' values, [R, 6] as reference.py gives them. A kernel argument may not be
@@ -57,16 +59,30 @@ def _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V
     return b_x / tl.load(p_rows + i_r * 6)
 
 
+@triton.jit
+def _penalize_item(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W, stride_r,
+                   stride_cr, stride_l, stride_c, stride_o, C, i_item, HAS_COUNTS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
+                     stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
+    tl.store(out + tl.cast(i_r, tl.int64) * stride_o + o_v, b_x, mask=o_v < W)
+
+
 @triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
 def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
                      stride_r, stride_cr, stride_l, stride_c, stride_o, C, NUM_ITEMS, NUM_PROGS,
-                     PID0, HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
-    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
-        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-        b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
-                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
-        tl.store(out + tl.cast(i_r, tl.int64) * stride_o + o_v, b_x, mask=o_v < W)
+                     PID0, LOOP: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+            _penalize_item(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
+                           stride_r, stride_cr, stride_l, stride_c, stride_o, C, i_item,
+                           HAS_COUNTS, BLOCK)
+    else:  # one program per item
+        _penalize_item(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
+                       stride_r, stride_cr, stride_l, stride_c, stride_o, C,
+                       tl.program_id(0) + PID0, HAS_COUNTS, BLOCK)
 
 
 def _check_penalize(logits: torch.Tensor, R: int, params: torch.Tensor,
@@ -102,7 +118,7 @@ def penalize_logits(
     if R == 0:
         return out
     chunks = triton.cdiv(width, _BLOCK)
-    grid = persistent_programs(R * chunks, logits.device)
+    grid, loop = persistent_grid(R * chunks, logits.device)
     launch(
         _penalize_kernel, (grid,),
         logits, rows, counts_rows, params.contiguous(),
@@ -110,7 +126,7 @@ def penalize_logits(
         in_prompt.view(torch.uint8) if has_counts else logits,
         out, V, width, rows.stride(0), counts_rows.stride(0), logits.stride(0),
         counts.stride(0) if has_counts else 0, out.stride(0), chunks, R * chunks, grid,
-        HAS_COUNTS=has_counts, BLOCK=_BLOCK,
+        LOOP=loop, HAS_COUNTS=has_counts, BLOCK=_BLOCK,
     )
     return out
 
@@ -138,29 +154,41 @@ def _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n):
     return tl.minimum(tl.argmax(b_p / b_n, 0), K - 1)  # (in range even for a NaN row)
 
 
+@triton.jit
+def _draw_row(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
+              stride_n, i_r, KP: tl.constexpr, JB: tl.constexpr):
+    o_k = tl.arange(0, KP)
+    k = tl.load(top_k + i_r * stride_k)
+    # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
+    b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k),
+                  other=float("-inf"))
+    b_key = _rank_key(b_x, tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0), o_k)
+    # each candidate's rank: the keys below its own, JB at a time (a K x K tile of a K of
+    # 1024 takes minutes to compile and spills)
+    b_rank = tl.zeros([KP], tl.int32)
+    for start in range(0, K, JB):
+        o_j = start + tl.arange(0, JB)
+        c_x = tl.load(values + i_r * stride_v + o_j, mask=(o_j < K) & (o_j < k),
+                      other=float("-inf"))
+        c_key = _rank_key(c_x, tl.load(cols + i_r * stride_c + o_j, mask=o_j < K, other=0),
+                          o_j)
+        below = (c_key[None, :] < b_key[:, None]) & (o_j < K)[None, :]
+        b_rank += tl.sum(below.to(tl.int32), 1)
+    j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
+    tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
+
+
 @triton.jit(do_not_specialize=["R", "NUM_PROGS"])
 def _draw_kernel(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
-                 stride_n, R, NUM_PROGS, PID0, KP: tl.constexpr, JB: tl.constexpr):
-    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
-        o_k = tl.arange(0, KP)
-        k = tl.load(top_k + i_r * stride_k)
-        # beyond the row's top-k (and the K columns) a candidate is -inf: probability 0
-        b_x = tl.load(values + i_r * stride_v + o_k, mask=(o_k < K) & (o_k < k),
-                      other=float("-inf"))
-        b_key = _rank_key(b_x, tl.load(cols + i_r * stride_c + o_k, mask=o_k < K, other=0), o_k)
-        # each candidate's rank: the keys below its own, JB at a time (a K x K tile of a K of
-        # 1024 takes minutes to compile and spills)
-        b_rank = tl.zeros([KP], tl.int32)
-        for start in range(0, K, JB):
-            o_j = start + tl.arange(0, JB)
-            c_x = tl.load(values + i_r * stride_v + o_j, mask=(o_j < K) & (o_j < k),
-                          other=float("-inf"))
-            c_key = _rank_key(c_x, tl.load(cols + i_r * stride_c + o_j, mask=o_j < K, other=0),
-                              o_j)
-            below = (c_key[None, :] < b_key[:, None]) & (o_j < K)[None, :]
-            b_rank += tl.sum(below.to(tl.int32), 1)
-        j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
-        tl.store(out + i_r, tl.load(cols + i_r * stride_c + j))
+                 stride_n, R, NUM_PROGS, PID0, LOOP: tl.constexpr, KP: tl.constexpr,
+                 JB: tl.constexpr):
+    if LOOP:
+        for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+            _draw_row(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
+                      stride_n, i_r, KP, JB)
+    else:  # one program per row
+        _draw_row(values, cols, noise, top_k, p_rows, out, K, stride_k, stride_v, stride_c,
+                  stride_n, tl.program_id(0) + PID0, KP, JB)
 
 
 def draw_candidates(
@@ -181,10 +209,10 @@ def draw_candidates(
     out = torch.empty(R, dtype=torch.int64, device=values.device)
     if R == 0:
         return out
-    grid = persistent_programs(R, values.device)
+    grid, loop = persistent_grid(R, values.device)
     launch(_draw_kernel, (grid,), values, cols, noise, top_k, params.contiguous(), out, K,
            top_k.stride(0), values.stride(0), cols.stride(0), noise.stride(0), R, grid,
-           KP=max(16, triton.next_power_of_2(K)), JB=16)
+           LOOP=loop, KP=max(16, triton.next_power_of_2(K)), JB=16)
     return out
 
 
@@ -224,20 +252,34 @@ def _value(ordered):
     return tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
+                      stride_r, stride_cr, stride_l, stride_c, C, i_item,
+                      HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
+                     stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
+    _store_chunk_keys(b_x, o_v, V, i_v, keys, tl.cast(i_item, tl.int64) * K, K, BLOCK)
+
+
 @triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
 def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
                         stride_r, stride_cr, stride_l, stride_c, C, NUM_ITEMS, NUM_PROGS, PID0,
-                        HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
+                        LOOP: tl.constexpr, HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
     """The keys (_key) of the K largest penalised, scaled logits of one row's chunk of BLOCK
     columns, largest first; past the chunk's columns below V, the least int64 (so never one
     of a row's K best: V >= K). Found by float and int32 reductions (a max, then the lowest
     column holding it), which run faster here than one int64 max."""
-    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
-        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-        b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
-                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
-        _store_chunk_keys(b_x, o_v, V, i_v, keys, tl.cast(i_item, tl.int64) * K, K, BLOCK)
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+            _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
+                              stride_r, stride_cr, stride_l, stride_c, C, i_item, HAS_COUNTS,
+                              BLOCK)
+    else:  # one program per item
+        _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
+                          stride_r, stride_cr, stride_l, stride_c, C, tl.program_id(0) + PID0,
+                          HAS_COUNTS, BLOCK)
 
 
 @triton.jit
@@ -284,20 +326,31 @@ def _merged_top(keys, i_r, N, K, NP: tl.constexpr, KP: tl.constexpr):
     return b_v, b_t
 
 
+@triton.jit
+def _merge_draw_row(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n, i_r,
+                    NP: tl.constexpr, KP: tl.constexpr):
+    o_k = tl.arange(0, KP)
+    b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
+    k = tl.load(top_k + i_r * stride_k)
+    b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
+    b_key = _rank_key(b_x, b_t, o_k)  # (a K x K tile: K is at most 64 in the engine)
+    b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
+    j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
+    tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
+
+
 @triton.jit(do_not_specialize=["N", "K", "R", "NUM_PROGS"])
 def _merge_draw_kernel(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n, R, NUM_PROGS,
-                       PID0, NP: tl.constexpr, KP: tl.constexpr):
+                       PID0, LOOP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
     """A row's K likeliest among its N chunk candidates, largest first, then the draw among
     them (_drawn)."""
-    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
-        o_k = tl.arange(0, KP)
-        b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
-        k = tl.load(top_k + i_r * stride_k)
-        b_x = tl.where((o_k < K) & (o_k < k), b_v, float("-inf"))
-        b_key = _rank_key(b_x, b_t, o_k)  # (a K x K tile: K is at most 64 in the engine)
-        b_rank = tl.sum((b_key[None, :] < b_key[:, None]).to(tl.int32), 1)
-        j = _drawn(b_x, b_rank, K, p_rows, noise, i_r, stride_n)
-        tl.store(out + i_r, tl.sum(tl.where(o_k == j, b_t, 0), 0))
+    if LOOP:
+        for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+            _merge_draw_row(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n, i_r, NP,
+                            KP)
+    else:  # one program per row
+        _merge_draw_row(keys, noise, top_k, p_rows, out, N, K, stride_k, stride_n,
+                        tl.program_id(0) + PID0, NP, KP)
 
 
 def sample_top_k(
@@ -326,21 +379,22 @@ def sample_top_k(
         return out
     keys = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
     has_counts = counts is not None
-    grid = persistent_programs(R * chunks, logits.device)
+    grid, loop = persistent_grid(R * chunks, logits.device)
     launch(
         _chunk_top_k_kernel, (grid,),
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
         keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, chunks, R * chunks, grid, HAS_COUNTS=has_counts,
-        BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8),
+        counts.stride(0) if has_counts else 0, chunks, R * chunks, grid, LOOP=loop,
+        HAS_COUNTS=has_counts, BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8),
     )
     np_, kp = _merge_sizes(chunks, K)
-    grid = persistent_programs(R, logits.device)
+    grid, loop = persistent_grid(R, logits.device)
     launch(
         _merge_draw_kernel, (grid,),
         keys, noise, top_k, params.contiguous(), out, chunks * K, K, top_k.stride(0),
-        noise.stride(0), R, grid, NP=np_, KP=kp, **cuda_hints(logits.device, num_warps=8),
+        noise.stride(0), R, grid, LOOP=loop, NP=np_, KP=kp,
+        **cuda_hints(logits.device, num_warps=8),
     )
     return out
 
@@ -352,80 +406,117 @@ _CAP = 4096  # its exact search ends in registers once this few tokens are left 
 _HALVINGS = 12  # after at most this many passes halving that range (else it bisects keys)
 
 
+@triton.jit
+def _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
+                     keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C, i_item,
+                     HAS_COUNTS: tl.constexpr, RACE: tl.constexpr, BLOCK: tl.constexpr):
+    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
+                     stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
+    tl.store(xs + tl.cast(i_r, tl.int64) * V + o_v, b_x, mask=o_v < V)
+    chunk = tl.cast(i_item, tl.int64)
+    tl.store(maxes + chunk, tl.max(b_x, 0))
+    b_n = tl.load(noise + tl.cast(i_r, tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
+    _store_chunk_keys(b_x - tl.log(b_n), o_v, V, i_v, keys, chunk * RACE, RACE, BLOCK)
+
+
 @triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
 def _race_chunk_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
                        keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C, NUM_ITEMS,
-                       NUM_PROGS, PID0, HAS_COUNTS: tl.constexpr, RACE: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       NUM_PROGS, PID0, LOOP: tl.constexpr, HAS_COUNTS: tl.constexpr,
+                       RACE: tl.constexpr, BLOCK: tl.constexpr):
     """One row's chunk of BLOCK columns: its penalised, scaled logits x (into xs [R, V]), their
     max, and the keys (_key) of its RACE largest race values x - log(noise). Over any set of
     tokens, the one of largest race value is a draw from their probabilities (the exponential
     race)."""
-    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
-        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-        b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
-                         stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
-        tl.store(xs + tl.cast(i_r, tl.int64) * V + o_v, b_x, mask=o_v < V)
-        chunk = tl.cast(i_item, tl.int64)
-        tl.store(maxes + chunk, tl.max(b_x, 0))
-        b_n = tl.load(noise + tl.cast(i_r, tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
-        _store_chunk_keys(b_x - tl.log(b_n), o_v, V, i_v, keys, chunk * RACE, RACE, BLOCK)
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+            _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs,
+                             maxes, keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n,
+                             C, i_item, HAS_COUNTS, RACE, BLOCK)
+    else:  # one program per item
+        _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
+                         keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C,
+                         tl.program_id(0) + PID0, HAS_COUNTS, RACE, BLOCK)
+
+
+@triton.jit
+def _race_merge_row(maxes, keys, xs, tops, tested_x, tested_col, C, N, V, i_r,
+                    RACE: tl.constexpr, K: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr):
+    least = -0x7FFFFFFFFFFFFFFF - 1
+    o_c = tl.arange(0, CP)
+    top = tl.max(tl.load(maxes + tl.cast(i_r, tl.int64) * C + o_c, mask=o_c < C,
+                         other=float("-inf")), 0)
+    tl.store(tops + i_r, top)
+    bound = tl.max(tl.load(keys + tl.cast(i_r, tl.int64) * N + o_c * RACE + RACE - 1,
+                           mask=o_c < C, other=least), 0)
+    b_top = _merged_keys(keys, i_r, N, K, NP, K)
+    b_col = tl.where(b_top != least, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
+    o_k = tl.arange(0, K)
+    tl.store(tested_x + i_r * K + o_k, tl.load(xs + tl.cast(i_r, tl.int64) * V + b_col))
+    certain = (b_top >= bound) & (b_top != least)
+    tl.store(tested_col + i_r * K + o_k, tl.where(certain, b_col, -1).to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["R", "NUM_PROGS"])
 def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V, R, NUM_PROGS,
-                       PID0, RACE: tl.constexpr, K: tl.constexpr, CP: tl.constexpr,
-                       NP: tl.constexpr):
+                       PID0, LOOP: tl.constexpr, RACE: tl.constexpr, K: tl.constexpr,
+                       CP: tl.constexpr, NP: tl.constexpr):
     """A row's largest x (over its C chunks' maxima) and its K largest race values among the N
     its chunks kept, largest first: each one's x and column (tested_x, tested_col [R, K]). A
     column is -1 where the race value is not certainly the row's next: below some chunk's
     last kept one (that chunk's next, which it did not keep, may lie above), or none (its x
     is then column 0's)."""
-    least = -0x7FFFFFFFFFFFFFFF - 1
-    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
-        o_c = tl.arange(0, CP)
-        top = tl.max(tl.load(maxes + tl.cast(i_r, tl.int64) * C + o_c, mask=o_c < C,
-                             other=float("-inf")), 0)
-        tl.store(tops + i_r, top)
-        bound = tl.max(tl.load(keys + tl.cast(i_r, tl.int64) * N + o_c * RACE + RACE - 1,
-                               mask=o_c < C, other=least), 0)
-        b_top = _merged_keys(keys, i_r, N, K, NP, K)
-        b_col = tl.where(b_top != least, 0x7FFFFFFF - (b_top & 0xFFFFFFFF), 0)
-        o_k = tl.arange(0, K)
-        tl.store(tested_x + i_r * K + o_k, tl.load(xs + tl.cast(i_r, tl.int64) * V + b_col))
-        certain = (b_top >= bound) & (b_top != least)
-        tl.store(tested_col + i_r * K + o_k, tl.where(certain, b_col, -1).to(tl.int32))
+    if LOOP:
+        for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+            _race_merge_row(maxes, keys, xs, tops, tested_x, tested_col, C, N, V, i_r, RACE, K,
+                            CP, NP)
+    else:  # one program per row
+        _race_merge_row(maxes, keys, xs, tops, tested_x, tested_col, C, N, V,
+                        tl.program_id(0) + PID0, RACE, K, CP, NP)
+
+
+@triton.jit
+def _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_item,
+                    K: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr):
+    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+    top = tl.load(tops + i_r)
+    floor = top + tl.load(p_rows + i_r * 6 + 2)
+    o_k = tl.arange(0, K)
+    c_x = tl.load(tested_x + i_r * K + o_k)
+    c_col = tl.load(tested_col + i_r * K + o_k)
+    total = tl.zeros([SUB], tl.float32)
+    before = tl.zeros([K], tl.float32)
+    for start in range(0, BLOCK, SUB):
+        o_v = i_v * BLOCK + start + tl.arange(0, SUB)
+        b_x = tl.load(xs + tl.cast(i_r, tl.int64) * V + o_v, mask=o_v < V,
+                      other=float("-inf"))
+        b_e = tl.where(b_x >= floor, tl.exp(b_x - top), 0.0)
+        total += b_e
+        ahead = (b_x[:, None] > c_x[None, :]) | ((b_x[:, None] == c_x[None, :])
+                                                  & (o_v[:, None] < c_col[None, :]))
+        before += tl.sum(tl.where(ahead, b_e[:, None], 0.0), 0)
+    out = sums + tl.cast(i_item, tl.int64) * (1 + K)
+    tl.store(out, tl.sum(total, 0))
+    tl.store(out + 1 + o_k, before)
 
 
 @triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
 def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, C, NUM_ITEMS, NUM_PROGS,
-                      PID0, K: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr):
+                      PID0, LOOP: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr,
+                      SUB: tl.constexpr):
     """Of one row's chunk of BLOCK columns, over its min-p survivors (x >= the row's largest +
     log min-p): the sum of exp(x - largest), and for each tested token that sum over the
     tokens a stable descending sort puts before it (a larger x, or an equal x at a lower
     column). sums [R, C, 1 + K]."""
-    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
-        top = tl.load(tops + i_r)
-        floor = top + tl.load(p_rows + i_r * 6 + 2)
-        o_k = tl.arange(0, K)
-        c_x = tl.load(tested_x + i_r * K + o_k)
-        c_col = tl.load(tested_col + i_r * K + o_k)
-        total = tl.zeros([SUB], tl.float32)
-        before = tl.zeros([K], tl.float32)
-        for start in range(0, BLOCK, SUB):
-            o_v = i_v * BLOCK + start + tl.arange(0, SUB)
-            b_x = tl.load(xs + tl.cast(i_r, tl.int64) * V + o_v, mask=o_v < V,
-                          other=float("-inf"))
-            b_e = tl.where(b_x >= floor, tl.exp(b_x - top), 0.0)
-            total += b_e
-            ahead = (b_x[:, None] > c_x[None, :]) | ((b_x[:, None] == c_x[None, :])
-                                                      & (o_v[:, None] < c_col[None, :]))
-            before += tl.sum(tl.where(ahead, b_e[:, None], 0.0), 0)
-        out = sums + tl.cast(i_item, tl.int64) * (1 + K)
-        tl.store(out, tl.sum(total, 0))
-        tl.store(out + 1 + o_k, before)
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+            _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_item, K, BLOCK,
+                            SUB)
+    else:  # one program per item
+        _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C,
+                        tl.program_id(0) + PID0, K, BLOCK, SUB)
 
 
 @triton.jit
@@ -560,39 +651,52 @@ def _exact_draw(row, noise_row, scratch, top, floor, target, lo_e, hi_e, V, BLOC
     return 0x7FFFFFFF - (tl.max(best, 0) & 0xFFFFFFFF)
 
 
+@triton.jit
+def _race_pick_row(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
+                   stride_n, i_r, K: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+                   CAP: tl.constexpr, HALVINGS: tl.constexpr):
+    i_r64 = tl.cast(i_r, tl.int64)
+    o_c, o_k = tl.arange(0, CP), tl.arange(0, K)
+    b_s = sums + i_r64 * C * (1 + K) + o_c * (1 + K)
+    total = tl.sum(tl.load(b_s, mask=o_c < C, other=0.0), 0)
+    before = tl.sum(tl.load(b_s[:, None] + 1 + o_k[None, :], mask=o_c[:, None] < C,
+                            other=0.0), 0)
+    top = tl.load(tops + i_r)
+    floor = top + tl.load(p_rows + i_r * 6 + 2)
+    target = tl.load(p_rows + i_r * 6 + 1) * total  # (inf: top-p off)
+    c_x = tl.load(tested_x + i_r * K + o_k)
+    c_col = tl.load(tested_col + i_r * K + o_k)
+    survives = c_x >= floor
+    kept = (c_col >= 0) & survives & (before < target)
+    first = tl.min(tl.where(kept, o_k, K), 0)
+    if first < K:
+        token = tl.sum(tl.where(o_k == first, c_col, 0), 0).to(tl.int64)
+    else:  # (any tested token bounds the search: one with that much mass before it is at
+        # or below the least kept e, a surviving one with less at or above it)
+        c_e = tl.exp(c_x - top)
+        lo_e = tl.max(tl.where(before >= target, c_e, 0.0), 0)
+        hi_e = tl.min(tl.where(survives & (before < target), c_e, 1.0), 0)
+        token = _exact_draw(xs + i_r64 * V, noise + i_r64 * stride_n, scratch + i_r64 * CAP,
+                            top, floor, target, lo_e, hi_e, V, BLOCK, CAP,
+                            HALVINGS).to(tl.int64)
+    tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
+
+
 @triton.jit(do_not_specialize=["R", "NUM_PROGS"])
 def _race_pick_kernel(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
-                      stride_n, R, NUM_PROGS, PID0, K: tl.constexpr, CP: tl.constexpr,
-                      BLOCK: tl.constexpr, CAP: tl.constexpr, HALVINGS: tl.constexpr):
+                      stride_n, R, NUM_PROGS, PID0, LOOP: tl.constexpr, K: tl.constexpr,
+                      CP: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                      HALVINGS: tl.constexpr):
     """A row's token: the first tested token (largest race value first) that min-p and top-p
     keep (one whose mass before it, over the survivors' sum, is below top-p), else
     _exact_draw's."""
-    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
-        i_r64 = tl.cast(i_r, tl.int64)
-        o_c, o_k = tl.arange(0, CP), tl.arange(0, K)
-        b_s = sums + i_r64 * C * (1 + K) + o_c * (1 + K)
-        total = tl.sum(tl.load(b_s, mask=o_c < C, other=0.0), 0)
-        before = tl.sum(tl.load(b_s[:, None] + 1 + o_k[None, :], mask=o_c[:, None] < C,
-                                other=0.0), 0)
-        top = tl.load(tops + i_r)
-        floor = top + tl.load(p_rows + i_r * 6 + 2)
-        target = tl.load(p_rows + i_r * 6 + 1) * total  # (inf: top-p off)
-        c_x = tl.load(tested_x + i_r * K + o_k)
-        c_col = tl.load(tested_col + i_r * K + o_k)
-        survives = c_x >= floor
-        kept = (c_col >= 0) & survives & (before < target)
-        first = tl.min(tl.where(kept, o_k, K), 0)
-        if first < K:
-            token = tl.sum(tl.where(o_k == first, c_col, 0), 0).to(tl.int64)
-        else:  # (any tested token bounds the search: one with that much mass before it is at
-            # or below the least kept e, a surviving one with less at or above it)
-            c_e = tl.exp(c_x - top)
-            lo_e = tl.max(tl.where(before >= target, c_e, 0.0), 0)
-            hi_e = tl.min(tl.where(survives & (before < target), c_e, 1.0), 0)
-            token = _exact_draw(xs + i_r64 * V, noise + i_r64 * stride_n, scratch + i_r64 * CAP,
-                                top, floor, target, lo_e, hi_e, V, BLOCK, CAP,
-                                HALVINGS).to(tl.int64)
-        tl.store(out + i_r, tl.minimum(tl.maximum(token, 0), V - 1))
+    if LOOP:
+        for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+            _race_pick_row(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C,
+                           V, stride_n, i_r, K, CP, BLOCK, CAP, HALVINGS)
+    else:  # one program per row
+        _race_pick_row(xs, noise, scratch, tops, tested_x, tested_col, p_rows, sums, out, C, V,
+                       stride_n, tl.program_id(0) + PID0, K, CP, BLOCK, CAP, HALVINGS)
 
 
 def sample_vocabulary(
@@ -618,30 +722,33 @@ def sample_vocabulary(
     dev, params = logits.device, params.contiguous()
     xs, maxes, keys, tops, tested_x, tested_col, sums, scratch = _race_scratch(R, V, chunks, dev)
     has_counts = counts is not None
-    items, rows_grid = R * chunks, persistent_programs(R, dev)  # (items: a row's chunks)
-    items_grid = persistent_programs(items, dev)
+    items = R * chunks  # (a row's chunks)
+    rows_grid, rows_loop = persistent_grid(R, dev)
+    items_grid, items_loop = persistent_grid(items, dev)
     launch(
         _race_chunk_kernel, (items_grid,),
         logits, rows, counts_rows, params, counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits, noise, xs, maxes, keys, V,
         rows.stride(0), counts_rows.stride(0), logits.stride(0),
         counts.stride(0) if has_counts else 0, noise.stride(0), chunks, items, items_grid,
-        HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK, **cuda_hints(dev, num_warps=8),
+        LOOP=items_loop, HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK,
+        **cuda_hints(dev, num_warps=8),
     )
     launch(
         _race_merge_kernel, (rows_grid,),
         maxes, keys, xs, tops, tested_x, tested_col, chunks, chunks * _RACE, V, R, rows_grid,
-        RACE=_RACE, K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
+        LOOP=rows_loop, RACE=_RACE, K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
         NP=max(16, triton.next_power_of_2(chunks * _RACE)), **cuda_hints(dev, num_warps=4),
     )
     launch(_race_mass_kernel, (items_grid,), xs, tops, tested_x, tested_col, params, sums, V,
-           chunks, items, items_grid, K=_TESTED, BLOCK=_CHUNK, SUB=_SUB,
+           chunks, items, items_grid, LOOP=items_loop, K=_TESTED, BLOCK=_CHUNK, SUB=_SUB,
            **cuda_hints(dev, num_warps=8))
     launch(
         _race_pick_kernel, (rows_grid,),
         xs, noise, scratch, tops, tested_x, tested_col, params, sums, out, chunks, V,
-        noise.stride(0), R, rows_grid, K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
-        BLOCK=_CHUNK, CAP=_CAP, HALVINGS=_HALVINGS, **cuda_hints(dev, num_warps=8),
+        noise.stride(0), R, rows_grid, LOOP=rows_loop, K=_TESTED,
+        CP=max(16, triton.next_power_of_2(chunks)), BLOCK=_CHUNK, CAP=_CAP, HALVINGS=_HALVINGS,
+        **cuda_hints(dev, num_warps=8),
     )
     return out
 
@@ -677,51 +784,73 @@ def _race_scratch(R: int, V: int, chunks: int, dev: torch.device) -> tuple[torch
     )
 
 
+@triton.jit
+def _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item,
+                      BLOCK: tl.constexpr):
+    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
+    row = logits + tl.cast(i_r, tl.int64) * stride_l
+    b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
+    target = tl.load(row + tl.load(targets + i_r)).to(tl.float32)
+    top = tl.max(b_x, 0)
+    total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(b_x - top), 0))
+    above = tl.sum((b_x > target).to(tl.float32), 0)
+    chunk = tl.cast(i_item, tl.int64)
+    tl.store(stats + chunk * 3, top)
+    tl.store(stats + chunk * 3 + 1, total)
+    tl.store(stats + chunk * 3 + 2, above)
+    _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
+
+
 @triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
 def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, C, NUM_ITEMS, NUM_PROGS,
-                        PID0, BLOCK: tl.constexpr):
+                        PID0, LOOP: tl.constexpr, BLOCK: tl.constexpr):
     """Of one row's chunk of BLOCK logits: the max, the sum of exp(logit - max), how many
     exceed the row's target token's logit (stats [R, chunks, 3]), and the keys of the K
     largest (_store_chunk_keys)."""
-    for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-        i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
-        o_v = i_v * BLOCK + tl.arange(0, BLOCK)
-        row = logits + tl.cast(i_r, tl.int64) * stride_l
-        b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
-        target = tl.load(row + tl.load(targets + i_r)).to(tl.float32)
-        top = tl.max(b_x, 0)
-        total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(b_x - top), 0))
-        above = tl.sum((b_x > target).to(tl.float32), 0)
-        chunk = tl.cast(i_item, tl.int64)
-        tl.store(stats + chunk * 3, top)
-        tl.store(stats + chunk * 3 + 1, total)
-        tl.store(stats + chunk * 3 + 2, above)
-        _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
+    if LOOP:
+        for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
+            _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item, BLOCK)
+    else:  # one program per item
+        _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C,
+                          tl.program_id(0) + PID0, BLOCK)
+
+
+@triton.jit
+def _score_merge_row(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o, i_r,
+                     CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+    i_r64 = tl.cast(i_r, tl.int64)
+    o_c = tl.arange(0, CP)
+    b_st = stats + i_r64 * C * 3 + o_c * 3
+    b_m = tl.load(b_st, mask=o_c < C, other=float("-inf"))
+    top = tl.max(b_m, 0)
+    b_s = tl.load(b_st + 1, mask=o_c < C, other=0.0)
+    lse = top + tl.log(tl.sum(tl.where(b_m == float("-inf"), 0.0, b_s * tl.exp(b_m - top)),
+                              0))
+    rank = tl.sum(tl.load(b_st + 2, mask=o_c < C, other=0.0), 0) + 1
+    target = tl.load(logits + i_r64 * stride_l + tl.load(targets + i_r)).to(tl.float32)
+    b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
+    o_k = tl.arange(0, KP)
+    o = out + i_r64 * stride_o
+    tl.store(o, tl.maximum(target - lse, -9999.0))
+    tl.store(o + 1 + o_k, tl.maximum(b_v - lse, -9999.0), mask=o_k < K)
+    tl.store(o + 1 + K + o_k, b_t.to(tl.float32), mask=o_k < K)
+    tl.store(o + 1 + 2 * K, rank)
 
 
 @triton.jit(do_not_specialize=["N", "K", "R", "NUM_PROGS"])
 def _score_merge_kernel(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o, R,
-                        NUM_PROGS, PID0, CP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+                        NUM_PROGS, PID0, LOOP: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr,
+                        KP: tl.constexpr):
     """A row's log-sum-exp from its C chunks' stats, then its table row: the target's
     log-probability, the K largest and their columns (_merged_top), the target's rank."""
-    for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
-        i_r64 = tl.cast(i_r, tl.int64)
-        o_c = tl.arange(0, CP)
-        b_st = stats + i_r64 * C * 3 + o_c * 3
-        b_m = tl.load(b_st, mask=o_c < C, other=float("-inf"))
-        top = tl.max(b_m, 0)
-        b_s = tl.load(b_st + 1, mask=o_c < C, other=0.0)
-        lse = top + tl.log(tl.sum(tl.where(b_m == float("-inf"), 0.0, b_s * tl.exp(b_m - top)),
-                                  0))
-        rank = tl.sum(tl.load(b_st + 2, mask=o_c < C, other=0.0), 0) + 1
-        target = tl.load(logits + i_r64 * stride_l + tl.load(targets + i_r)).to(tl.float32)
-        b_v, b_t = _merged_top(keys, i_r, N, K, NP, KP)
-        o_k = tl.arange(0, KP)
-        o = out + i_r64 * stride_o
-        tl.store(o, tl.maximum(target - lse, -9999.0))
-        tl.store(o + 1 + o_k, tl.maximum(b_v - lse, -9999.0), mask=o_k < K)
-        tl.store(o + 1 + K + o_k, b_t.to(tl.float32), mask=o_k < K)
-        tl.store(o + 1 + 2 * K, rank)
+    if LOOP:
+        for i_r in range(tl.program_id(0) + PID0, R, NUM_PROGS):
+            _score_merge_row(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o, i_r,
+                             CP, NP, KP)
+    else:  # one program per row
+        _score_merge_row(logits, targets, stats, keys, out, C, N, K, stride_l, stride_o,
+                         tl.program_id(0) + PID0, CP, NP, KP)
 
 
 def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
@@ -741,15 +870,16 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
         return out
     stats = torch.empty(R, chunks, 3, dtype=torch.float32, device=logits.device)
     keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
-    grid = persistent_programs(R * chunks, logits.device)
+    grid, loop = persistent_grid(R * chunks, logits.device)
     launch(_score_chunk_kernel, (grid,), logits, targets, stats, keys, V, k, logits.stride(0),
-           chunks, R * chunks, grid, BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8))
+           chunks, R * chunks, grid, LOOP=loop, BLOCK=_CHUNK,
+           **cuda_hints(logits.device, num_warps=8))
     np_, kp = _merge_sizes(chunks, k)
-    grid = persistent_programs(R, logits.device)
+    grid, loop = persistent_grid(R, logits.device)
     launch(
         _score_merge_kernel, (grid,),
         logits, targets, stats, keys, out, chunks, chunks * k, k, logits.stride(0), out.stride(0),
-        R, grid, CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp,
+        R, grid, LOOP=loop, CP=max(16, triton.next_power_of_2(chunks)), NP=np_, KP=kp,
         **cuda_hints(logits.device, num_warps=8),
     )
     return out

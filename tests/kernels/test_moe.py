@@ -7,12 +7,12 @@ first, so a row the kernels fail to write shows up. The dispatcher runs the kern
 "triton" backend. On CUDA also Qwen3.5-35B-A3B's shapes (hidden 2048, 256 experts, top-8,
 moe_intermediate 512) at decode and prefill sizes.
 
-Every kernel runs on a persistent grid (one axis of `kernels.hw.persistent_programs`
-programs looping over the work items): with one program per item and with 3 programs looping
-over items that do not divide evenly, the outputs and every buffer the launcher fills are
-bit-identical, at prefill sizes where experts get none, one and many tokens (so many tiles of
-the grouped GEMMs' upper bound lie past the routed pairs), at 1 to 4 decode tokens, and at odd
-hidden and intermediate sizes.
+Every kernel has two forms on one grid axis (`kernels.hw.persistent_grid`): one program per
+work item (LOOP False, CUDA's) and programs looping over the items (LOOP True, as on Ascend).
+With one program per item and with 3 programs looping over items that do not divide evenly, the
+outputs and every buffer the launcher fills are bit-identical, at prefill sizes where experts
+get none, one and many tokens (so many tiles of the grouped GEMMs' upper bound lie past the
+routed pairs), at 1 to 4 decode tokens, and at odd hidden and intermediate sizes.
 """
 
 from __future__ import annotations
@@ -139,13 +139,14 @@ def _decode_1_to_4(device, monkeypatch):
     return outs
 
 
-def _run(case, device, cores, monkeypatch):
-    """The case's outputs, every buffer fused_moe filled, and each launch's grid, with `cores`
-    cores of PROGRAMS programs (nothing in moe but the grids reads the core count)."""
+def _run(case, device, per_core, monkeypatch):
+    """The case's outputs, every buffer fused_moe filled, and each launch's grid and LOOP, with
+    one core of `per_core` programs (None: one program per item, as on CUDA; nothing in moe
+    but the grids reads the core count)."""
     grids, buffers = [], []
 
     def spy(kernel, grid, *args, **kwargs):
-        grids.append(grid)
+        grids.append((grid, kwargs["LOOP"]))
         hw.launch(kernel, grid, *args, **kwargs)
 
     def empty(*shape, dtype=None, device=None):
@@ -155,8 +156,8 @@ def _run(case, device, cores, monkeypatch):
 
     monkeypatch.setattr(moe, "launch", spy)
     monkeypatch.setattr(moe, "_empty", empty)
-    monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": PROGRAMS, "other": PROGRAMS})
-    monkeypatch.setattr(hw, "num_cores", lambda device: cores)
+    monkeypatch.setattr(hw, "ITEM_PROGRAMS_PER_CORE", {"cuda": per_core, "other": per_core})
+    monkeypatch.setattr(hw, "num_cores", lambda device: 1)
     return case(device, monkeypatch) + buffers, grids
 
 
@@ -164,10 +165,14 @@ def _run(case, device, cores, monkeypatch):
 def test_programs_looping_over_items_compute_what_one_program_per_item_does(
     case, device, monkeypatch
 ):
-    whole, item_grids = _run(case, device, 10**6, monkeypatch)
-    looped, grids = _run(case, device, 1, monkeypatch)
+    whole, item_launches = _run(case, device, None, monkeypatch)
+    looped, launches = _run(case, device, PROGRAMS, monkeypatch)
+    item_grids, grids = [g for g, _ in item_launches], [g for g, _ in launches]
     assert all(len(g) == 1 for g in item_grids + grids)  # one grid axis: the items are in the loop
     assert [g[0] for g in grids] == [min(g[0], PROGRAMS) for g in item_grids]
     assert max(g[0] for g in item_grids) >= 3 * PROGRAMS  # programs did loop, several times
+    # both forms of the kernels ran: each loops where it has fewer programs than items
+    assert not any(loop for _, loop in item_launches)
+    assert [loop for _, loop in launches] == [g[0] > PROGRAMS for g in item_grids]
     for a, b in zip(whole, looped, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)

@@ -8,9 +8,9 @@ of rows of logits (each target's logprob and rank, the k likeliest), from float3
 logits of several chunks, as the reference gives them; and the same token drawn over the
 whole vocabulary under min-p and top-p without a sort, from the race's candidates or, when
 none of them is kept, by the exact search (equal logits on the edge of the top-p set kept in
-token order; near-ties that make it halve, gather or bisect many times). The kernels' grids
-are persistent: programs looping over several rows or chunks compute the same bits, scratch
-included, as one program per item."""
+token order; near-ties that make it halve, gather or bisect many times). Each kernel has
+two forms: programs looping over several rows or chunks (persistent grids) compute the same
+bits, scratch included, as one program per item (CUDA's grids)."""
 
 from __future__ import annotations
 
@@ -416,16 +416,17 @@ def _sampler_ops(device):
             score_logits(logits, torch.tensor([5, 8999, 4000, 0], device=device), 3))
 
 
-def _run_sampler(device, cores, monkeypatch):
+def _run_sampler(device, per_core, monkeypatch):
     """_sampler_ops' outputs, every tensor its kernels were given as it was after each launch
-    (the scratch a later kernel reads), and each launch's grid, with `cores` cores of 3
-    programs each. Scratch starts zeroed, so that parts never written compare equal."""
+    (the scratch a later kernel reads), and each launch's grid and LOOP, with one core of
+    `per_core` programs (None: one program per item, as on CUDA). Scratch starts zeroed, so
+    that parts never written compare equal."""
     from kernels import hw, sampler
 
     grids, seen, scratch = [], [], sampler._race_scratch
 
     def spy(kernel, grid, *args, **kwargs):
-        grids.append(grid)
+        grids.append((grid, kwargs["LOOP"]))
         hw.launch(kernel, grid, *args, **kwargs)
         seen.extend(a.clone() for a in args if isinstance(a, torch.Tensor))
 
@@ -433,8 +434,8 @@ def _run_sampler(device, cores, monkeypatch):
     monkeypatch.setattr(sampler, "_race_scratch", lambda *a: [t.zero_() for t in scratch(*a)])
     monkeypatch.setattr(sampler, "_CAP", 16)  # (the search gathers one row, bisects another)
     monkeypatch.setattr(sampler, "_HALVINGS", 1)
-    monkeypatch.setattr(hw, "ROW_PROGRAMS_PER_CORE", {"cuda": 3, "other": 3})
-    monkeypatch.setattr(hw, "num_cores", lambda device: cores)  # (the sampler reads no other)
+    monkeypatch.setattr(hw, "ITEM_PROGRAMS_PER_CORE", {"cuda": per_core, "other": per_core})
+    monkeypatch.setattr(hw, "num_cores", lambda device: 1)  # (the sampler reads no other)
     return (*_sampler_ops(device), *seen), grids
 
 
@@ -442,15 +443,19 @@ def _run_sampler(device, cores, monkeypatch):
 def test_sampler_programs_looping_over_items_compute_what_one_program_per_item_does(
     device, monkeypatch
 ):
-    """The sampler's kernels run on persistent grids (kernels.hw.persistent_programs, one axis:
-    a row's chunks adjacent items): with one core of 3 programs, each looping over items that
-    do not divide evenly, every output and every scratch tensor a later kernel reads is
-    bit-identical to one program per item's (tests/kernels/test_persistent.py's pattern)."""
-    whole, item_grids = _run_sampler(device, 10**6, monkeypatch)
-    looped, grids = _run_sampler(device, 1, monkeypatch)
+    """Each of the sampler's kernels has two forms (kernels.hw.persistent_grid, one axis: a
+    row's chunks adjacent items): one program per item (LOOP False, CUDA's) and, with one core
+    of 3 programs, programs looping over items that do not divide evenly (LOOP True, as on
+    Ascend). Every output and every scratch tensor a later kernel reads is bit-identical
+    between them (tests/kernels/test_persistent.py's pattern)."""
+    whole, item_launches = _run_sampler(device, None, monkeypatch)
+    looped, launches = _run_sampler(device, 3, monkeypatch)
+    item_grids, grids = [g for g, _ in item_launches], [g for g, _ in launches]
     assert [g[0] for g in grids] == [min(g[0], 3) for g in item_grids]
     assert all(len(g) == 1 for g in grids + item_grids)  # one grid axis: the items in the loop
     assert max(g[0] for g in item_grids) >= 9  # programs did loop, several times
+    assert not any(loop for _, loop in item_launches)  # both forms of every kernel ran
+    assert all(loop for _, loop in launches)
     assert len(whole) == len(looped)
     for a, b in zip(whole, looped, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
