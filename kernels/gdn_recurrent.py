@@ -10,8 +10,8 @@ and writes the tile to the destination slot. Each item reads its whole tile befo
 it and no two items share a tile, so src == dst (in place) is safe. The op is bound by
 the state's memory traffic; the V tiling gives N * HV * V / BV items, enough to fill the
 GPU at N = 1. The grid (`kernels.hw.persistent_grid`) has one program per item on CUDA and is
-persistent elsewhere: P programs, program p taking items p, p + P, ... (sequence x value head
-fastest).
+persistent elsewhere: P programs, program p taking items p, p + P, ... (a head's V tiles
+adjacent).
 """
 
 from __future__ import annotations
@@ -57,20 +57,21 @@ def _gdn_recurrent_kernel(
     USE_GDC: tl.constexpr,
     LOOP: tl.constexpr,
 ):
-    # items (sequence x value head, V tile), sequence x value head fastest
+    # items (sequence x value head, V tile), a head's V tiles adjacent (V // BV is a
+    # constant: the item's parts cost no division)
     if LOOP:
         for i_item in range(tl.program_id(0) + PID0, N * HV * (V // BV), NUM_PROGS):
             _recurrent_tile(
                 q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots, stride_qn,
-                stride_kn, stride_vn, stride_an, stride_bn, scale, i_item % (N * HV),
-                i_item // (N * HV), H, HV, K, V, BV, USE_GDC,
+                stride_kn, stride_vn, stride_an, stride_bn, scale, i_item // (V // BV),
+                i_item % (V // BV), H, HV, K, V, BV, USE_GDC,
             )
     else:  # one program per item
         i_item = tl.program_id(0) + PID0
         _recurrent_tile(
             q, k, v, a, b, A_log, dt_bias, o, state_pool, src_slots, dst_slots, stride_qn,
-            stride_kn, stride_vn, stride_an, stride_bn, scale, i_item % (N * HV),
-            i_item // (N * HV), H, HV, K, V, BV, USE_GDC,
+            stride_kn, stride_vn, stride_an, stride_bn, scale, i_item // (V // BV),
+            i_item % (V // BV), H, HV, K, V, BV, USE_GDC,
         )
 
 
@@ -81,7 +82,7 @@ def _recurrent_tile(
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, USE_GDC: tl.constexpr,
 ):
     """The decode step of V tile i_v of value head i_nh % HV of sequence i_nh // HV."""
-    i_n, i_hv = (i_nh // HV).to(tl.int64), i_nh % HV
+    i_n, i_hv = tl.cast(i_nh // HV, tl.int64), i_nh % HV
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)

@@ -260,7 +260,7 @@ def _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
                      stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
-    _store_chunk_keys(b_x, o_v, V, i_v, keys, tl.cast(i_item, tl.int64) * K, K, BLOCK)
+    _store_chunk_keys(b_x, V, i_v, keys, tl.cast(i_item, tl.int64) * K, K, BLOCK)
 
 
 @triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
@@ -283,19 +283,25 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
 
 
 @triton.jit
-def _store_chunk_keys(b_x, o_v, V, i_v, keys, base, K, BLOCK: tl.constexpr):
-    """Store at keys + base the keys (_key) of the K largest of a chunk's values b_x (columns
-    o_v of chunk i_v), largest first, each column once (-inf ones too, lowest first); past the
-    chunk's columns below V, the least int64 (so never one of a row's K best: V >= K)."""
+def _store_chunk_keys(b_x, V, i_v, keys, base, K, BLOCK: tl.constexpr):
+    """Store at keys + base the keys (_key) of the K largest of a chunk's values b_x (the
+    BLOCK columns of chunk i_v), largest first, each column once (-inf ones too, lowest
+    first); past the chunk's columns below V, the least int64 (so never one of a row's K best:
+    V >= K)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
     valid = V - i_v * BLOCK  # (a real column comes before padding: both -inf, it is lower)
-    left = o_v < V + BLOCK  # (the columns not taken yet: every one)
+    # chunk-local columns in the loop: a tensor of the thread's lanes alone, which the compiler
+    # need not keep in registers through it (o_v held there cost an H100 16 registers a thread
+    # and a quarter of the kernel's speed once i_v came from a division, not a program id)
+    o_c = tl.arange(0, BLOCK)
+    left = o_c < BLOCK + 1  # (the columns not taken yet: every one)
     for j in range(K):
         top = tl.max(tl.where(left, b_x, float("-inf")), 0)
-        col = tl.min(tl.where(left & (b_x == top), o_v, V + BLOCK), 0)
+        c = tl.min(tl.where(left & (b_x == top), o_c, BLOCK), 0)
+        col = tl.where(c < BLOCK, i_v * BLOCK + c, V + BLOCK)
         key = _key(top, tl.minimum(col, V - 1))  # (a NaN row finds no column: keep it in range)
         tl.store(keys + base + j, tl.where(j < valid, key, least))
-        left = left & (o_v != col)
+        left = left & (o_c != c)
 
 
 @triton.jit
@@ -418,7 +424,7 @@ def _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise
     chunk = tl.cast(i_item, tl.int64)
     tl.store(maxes + chunk, tl.max(b_x, 0))
     b_n = tl.load(noise + tl.cast(i_r, tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
-    _store_chunk_keys(b_x - tl.log(b_n), o_v, V, i_v, keys, chunk * RACE, RACE, BLOCK)
+    _store_chunk_keys(b_x - tl.log(b_n), V, i_v, keys, chunk * RACE, RACE, BLOCK)
 
 
 @triton.jit(do_not_specialize=["NUM_ITEMS", "NUM_PROGS"])
@@ -799,7 +805,7 @@ def _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item,
     tl.store(stats + chunk * 3, top)
     tl.store(stats + chunk * 3 + 1, total)
     tl.store(stats + chunk * 3 + 2, above)
-    _store_chunk_keys(b_x, o_v, V, i_v, keys, chunk * K, K, BLOCK)
+    _store_chunk_keys(b_x, V, i_v, keys, chunk * K, K, BLOCK)
 
 
 @triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
