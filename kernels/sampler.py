@@ -12,12 +12,12 @@
   given token, its rank and the k likeliest, in one read of the logits (torch's log-softmax,
   top-k and comparison read and write a float32 copy of them several times).
 
-Grids have one axis (kernels.hw.persistent_grid): a kernel's work items are its rows, or its
-rows' vocabulary chunks (item r * chunks + c: a row's chunks adjacent). Each kernel has two
-forms from one source (its `LOOP` constexpr): one program per item (CUDA), or a persistent grid
-where program p takes items p, p + P, p + 2P, ... (elsewhere); an item's math (a `_..._item`
-or `_..._row` helper) does not depend on the program that runs it. The exact search's loops
-have fixed trip counts (_threshold).
+A kernel's work items are its rows, or its rows' vocabulary chunks. Each kernel has two forms
+from one source (its `LOOP` constexpr, kernels.hw.persistent_grid): one program per item (CUDA;
+rows x chunks on two grid axes, `_chunk_grid`), or a persistent grid of one axis where program
+p takes items p, p + P, p + 2P, ... (elsewhere; item r * chunks + c, a row's chunks adjacent);
+an item's math (a `_..._item` or `_..._row` helper) does not depend on the program that runs
+it. The exact search's loops have fixed trip counts (_threshold).
 
 The top-k of a top-k above 64 stays torch's (statechat.engine.sampling.top_k): a selection
 is where torch is already good. Contracts and shapes: kernels/reference.py.
@@ -61,9 +61,8 @@ def _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V
 
 @triton.jit
 def _penalize_item(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W, stride_r,
-                   stride_cr, stride_l, stride_c, stride_o, C, i_item, HAS_COUNTS: tl.constexpr,
+                   stride_cr, stride_l, stride_c, stride_o, C, i_r, i_v, HAS_COUNTS: tl.constexpr,
                    BLOCK: tl.constexpr):
-    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
                      stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
@@ -77,12 +76,21 @@ def _penalize_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, out, 
     if LOOP:
         for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
             _penalize_item(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
-                           stride_r, stride_cr, stride_l, stride_c, stride_o, C, i_item,
-                           HAS_COUNTS, BLOCK)
-    else:  # one program per item
+                           stride_r, stride_cr, stride_l, stride_c, stride_o, C, i_item // C,
+                           i_item % C, HAS_COUNTS, BLOCK)
+    else:  # one program per item, on a grid of rows x chunks
         _penalize_item(logits, rows, counts_rows, p_rows, counts, in_prompt, out, V, W,
                        stride_r, stride_cr, stride_l, stride_c, stride_o, C,
-                       tl.program_id(0) + PID0, HAS_COUNTS, BLOCK)
+                       tl.program_id(0) + PID0, tl.program_id(1), HAS_COUNTS, BLOCK)
+
+
+def _chunk_grid(R: int, chunks: int, device: torch.device) -> tuple[tuple[int, ...], int, bool]:
+    """(grid, programs, loop) of a kernel over R rows x `chunks` vocabulary chunks: looping, one
+    axis of hw.persistent_grid's programs; else a grid of rows x chunks, one program per item
+    (on one axis of R * chunks, the H100 kept 12-16 more registers a thread live in the chunk
+    kernels' top-K loop, so fewer ran at once: 15-27% slower)."""
+    programs, loop = persistent_grid(R * chunks, device)
+    return ((programs,) if loop else (R, chunks)), programs, loop
 
 
 def _check_penalize(logits: torch.Tensor, R: int, params: torch.Tensor,
@@ -118,14 +126,14 @@ def penalize_logits(
     if R == 0:
         return out
     chunks = triton.cdiv(width, _BLOCK)
-    grid, loop = persistent_grid(R * chunks, logits.device)
+    grid, programs, loop = _chunk_grid(R, chunks, logits.device)
     launch(
-        _penalize_kernel, (grid,),
+        _penalize_kernel, grid,
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits,
         out, V, width, rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, out.stride(0), chunks, R * chunks, grid,
+        counts.stride(0) if has_counts else 0, out.stride(0), chunks, R * chunks, programs,
         LOOP=loop, HAS_COUNTS=has_counts, BLOCK=_BLOCK,
     )
     return out
@@ -254,13 +262,12 @@ def _value(ordered):
 
 @triton.jit
 def _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
-                      stride_r, stride_cr, stride_l, stride_c, C, i_item,
+                      stride_r, stride_cr, stride_l, stride_c, C, i_r, i_v,
                       HAS_COUNTS: tl.constexpr, BLOCK: tl.constexpr):
-    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
                      stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
-    _store_chunk_keys(b_x, V, i_v, keys, tl.cast(i_item, tl.int64) * K, K, BLOCK)
+    _store_chunk_keys(b_x, V, i_v, keys, tl.cast(i_r * C + i_v, tl.int64) * K, K, BLOCK)
 
 
 @triton.jit(do_not_specialize=["K", "NUM_ITEMS", "NUM_PROGS"])
@@ -274,12 +281,12 @@ def _chunk_top_k_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, ke
     if LOOP:
         for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
             _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
-                              stride_r, stride_cr, stride_l, stride_c, C, i_item, HAS_COUNTS,
-                              BLOCK)
-    else:  # one program per item
+                              stride_r, stride_cr, stride_l, stride_c, C, i_item // C,
+                              i_item % C, HAS_COUNTS, BLOCK)
+    else:  # one program per item, on a grid of rows x chunks
         _chunk_top_k_item(logits, rows, counts_rows, p_rows, counts, in_prompt, keys, V, K,
                           stride_r, stride_cr, stride_l, stride_c, C, tl.program_id(0) + PID0,
-                          HAS_COUNTS, BLOCK)
+                          tl.program_id(1), HAS_COUNTS, BLOCK)
 
 
 @triton.jit
@@ -385,13 +392,13 @@ def sample_top_k(
         return out
     keys = torch.empty(R, chunks * K, dtype=torch.int64, device=logits.device)
     has_counts = counts is not None
-    grid, loop = persistent_grid(R * chunks, logits.device)
+    grid, programs, loop = _chunk_grid(R, chunks, logits.device)
     launch(
-        _chunk_top_k_kernel, (grid,),
+        _chunk_top_k_kernel, grid,
         logits, rows, counts_rows, params.contiguous(),
         counts if has_counts else logits, in_prompt.view(torch.uint8) if has_counts else logits,
         keys, V, K, rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, chunks, R * chunks, grid, LOOP=loop,
+        counts.stride(0) if has_counts else 0, chunks, R * chunks, programs, LOOP=loop,
         HAS_COUNTS=has_counts, BLOCK=_CHUNK, **cuda_hints(logits.device, num_warps=8),
     )
     np_, kp = _merge_sizes(chunks, K)
@@ -414,14 +421,13 @@ _HALVINGS = 12  # after at most this many passes halving that range (else it bis
 
 @triton.jit
 def _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
-                     keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C, i_item,
+                     keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C, i_r, i_v,
                      HAS_COUNTS: tl.constexpr, RACE: tl.constexpr, BLOCK: tl.constexpr):
-    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     b_x = _penalized(logits, rows, counts_rows, p_rows, counts, in_prompt, i_r, o_v, V,
                      stride_r, stride_cr, stride_l, stride_c, HAS_COUNTS)
     tl.store(xs + tl.cast(i_r, tl.int64) * V + o_v, b_x, mask=o_v < V)
-    chunk = tl.cast(i_item, tl.int64)
+    chunk = tl.cast(i_r * C + i_v, tl.int64)
     tl.store(maxes + chunk, tl.max(b_x, 0))
     b_n = tl.load(noise + tl.cast(i_r, tl.int64) * stride_n + o_v, mask=o_v < V, other=1.0)
     _store_chunk_keys(b_x - tl.log(b_n), V, i_v, keys, chunk * RACE, RACE, BLOCK)
@@ -440,11 +446,11 @@ def _race_chunk_kernel(logits, rows, counts_rows, p_rows, counts, in_prompt, noi
         for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
             _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs,
                              maxes, keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n,
-                             C, i_item, HAS_COUNTS, RACE, BLOCK)
-    else:  # one program per item
+                             C, i_item // C, i_item % C, HAS_COUNTS, RACE, BLOCK)
+    else:  # one program per item, on a grid of rows x chunks
         _race_chunk_item(logits, rows, counts_rows, p_rows, counts, in_prompt, noise, xs, maxes,
                          keys, V, stride_r, stride_cr, stride_l, stride_c, stride_n, C,
-                         tl.program_id(0) + PID0, HAS_COUNTS, RACE, BLOCK)
+                         tl.program_id(0) + PID0, tl.program_id(1), HAS_COUNTS, RACE, BLOCK)
 
 
 @triton.jit
@@ -484,9 +490,8 @@ def _race_merge_kernel(maxes, keys, xs, tops, tested_x, tested_col, C, N, V, R, 
 
 
 @triton.jit
-def _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_item,
+def _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_r, i_v,
                     K: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr):
-    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
     top = tl.load(tops + i_r)
     floor = top + tl.load(p_rows + i_r * 6 + 2)
     o_k = tl.arange(0, K)
@@ -503,7 +508,7 @@ def _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_item,
         ahead = (b_x[:, None] > c_x[None, :]) | ((b_x[:, None] == c_x[None, :])
                                                   & (o_v[:, None] < c_col[None, :]))
         before += tl.sum(tl.where(ahead, b_e[:, None], 0.0), 0)
-    out = sums + tl.cast(i_item, tl.int64) * (1 + K)
+    out = sums + tl.cast(i_r * C + i_v, tl.int64) * (1 + K)
     tl.store(out, tl.sum(total, 0))
     tl.store(out + 1 + o_k, before)
 
@@ -518,11 +523,11 @@ def _race_mass_kernel(xs, tops, tested_x, tested_col, p_rows, sums, V, C, NUM_IT
     column). sums [R, C, 1 + K]."""
     if LOOP:
         for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-            _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_item, K, BLOCK,
-                            SUB)
-    else:  # one program per item
+            _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C, i_item // C,
+                            i_item % C, K, BLOCK, SUB)
+    else:  # one program per item, on a grid of rows x chunks
         _race_mass_item(xs, tops, tested_x, tested_col, p_rows, sums, V, C,
-                        tl.program_id(0) + PID0, K, BLOCK, SUB)
+                        tl.program_id(0) + PID0, tl.program_id(1), K, BLOCK, SUB)
 
 
 @triton.jit
@@ -730,13 +735,13 @@ def sample_vocabulary(
     has_counts = counts is not None
     items = R * chunks  # (a row's chunks)
     rows_grid, rows_loop = persistent_grid(R, dev)
-    items_grid, items_loop = persistent_grid(items, dev)
+    items_grid, items_programs, items_loop = _chunk_grid(R, chunks, dev)
     launch(
-        _race_chunk_kernel, (items_grid,),
+        _race_chunk_kernel, items_grid,
         logits, rows, counts_rows, params, counts if has_counts else logits,
         in_prompt.view(torch.uint8) if has_counts else logits, noise, xs, maxes, keys, V,
         rows.stride(0), counts_rows.stride(0), logits.stride(0),
-        counts.stride(0) if has_counts else 0, noise.stride(0), chunks, items, items_grid,
+        counts.stride(0) if has_counts else 0, noise.stride(0), chunks, items, items_programs,
         LOOP=items_loop, HAS_COUNTS=has_counts, RACE=_RACE, BLOCK=_CHUNK,
         **cuda_hints(dev, num_warps=8),
     )
@@ -746,8 +751,8 @@ def sample_vocabulary(
         LOOP=rows_loop, RACE=_RACE, K=_TESTED, CP=max(16, triton.next_power_of_2(chunks)),
         NP=max(16, triton.next_power_of_2(chunks * _RACE)), **cuda_hints(dev, num_warps=4),
     )
-    launch(_race_mass_kernel, (items_grid,), xs, tops, tested_x, tested_col, params, sums, V,
-           chunks, items, items_grid, LOOP=items_loop, K=_TESTED, BLOCK=_CHUNK, SUB=_SUB,
+    launch(_race_mass_kernel, items_grid, xs, tops, tested_x, tested_col, params, sums, V,
+           chunks, items, items_programs, LOOP=items_loop, K=_TESTED, BLOCK=_CHUNK, SUB=_SUB,
            **cuda_hints(dev, num_warps=8))
     launch(
         _race_pick_kernel, (rows_grid,),
@@ -791,9 +796,8 @@ def _race_scratch(R: int, V: int, chunks: int, dev: torch.device) -> tuple[torch
 
 
 @triton.jit
-def _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item,
+def _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_r, i_v,
                       BLOCK: tl.constexpr):
-    i_r, i_v = i_item // C, i_item % C  # (row i_r's C chunks are adjacent items)
     o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     row = logits + tl.cast(i_r, tl.int64) * stride_l
     b_x = tl.load(row + o_v, mask=o_v < V, other=float("-inf")).to(tl.float32)
@@ -801,7 +805,7 @@ def _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item,
     top = tl.max(b_x, 0)
     total = tl.where(top == float("-inf"), 0.0, tl.sum(tl.exp(b_x - top), 0))
     above = tl.sum((b_x > target).to(tl.float32), 0)
-    chunk = tl.cast(i_item, tl.int64)
+    chunk = tl.cast(i_r * C + i_v, tl.int64)
     tl.store(stats + chunk * 3, top)
     tl.store(stats + chunk * 3 + 1, total)
     tl.store(stats + chunk * 3 + 2, above)
@@ -816,10 +820,11 @@ def _score_chunk_kernel(logits, targets, stats, keys, V, K, stride_l, C, NUM_ITE
     largest (_store_chunk_keys)."""
     if LOOP:
         for i_item in range(tl.program_id(0) + PID0, NUM_ITEMS, NUM_PROGS):
-            _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item, BLOCK)
-    else:  # one program per item
+            _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C, i_item // C,
+                              i_item % C, BLOCK)
+    else:  # one program per item, on a grid of rows x chunks
         _score_chunk_item(logits, targets, stats, keys, V, K, stride_l, C,
-                          tl.program_id(0) + PID0, BLOCK)
+                          tl.program_id(0) + PID0, tl.program_id(1), BLOCK)
 
 
 @triton.jit
@@ -876,9 +881,9 @@ def score_logits(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.T
         return out
     stats = torch.empty(R, chunks, 3, dtype=torch.float32, device=logits.device)
     keys = torch.empty(R, max(chunks * k, 1), dtype=torch.int64, device=logits.device)
-    grid, loop = persistent_grid(R * chunks, logits.device)
-    launch(_score_chunk_kernel, (grid,), logits, targets, stats, keys, V, k, logits.stride(0),
-           chunks, R * chunks, grid, LOOP=loop, BLOCK=_CHUNK,
+    grid, programs, loop = _chunk_grid(R, chunks, logits.device)
+    launch(_score_chunk_kernel, grid, logits, targets, stats, keys, V, k, logits.stride(0),
+           chunks, R * chunks, programs, LOOP=loop, BLOCK=_CHUNK,
            **cuda_hints(logits.device, num_warps=8))
     np_, kp = _merge_sizes(chunks, k)
     grid, loop = persistent_grid(R, logits.device)

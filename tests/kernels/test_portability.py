@@ -22,8 +22,8 @@ off the code (one source for CUDA and Ascend), checked on the source alone, noth
 - kernels run on persistent grids: every kernel's axis-0 index starts a `range(start, items,
   programs)` loop over its work items, or is the item of the loop-free form of a kernel that
   has both (the `else` of `if LOOP:`, one program per item), but the few in NOT_PERSISTENT,
-  each with its reason; no kernel reads a grid axis beyond 0, and no jit function returns
-  early or loops with `while`.
+  each with its reason; no kernel reads a grid axis beyond 0 but in that loop-free form, and
+  no jit function returns early or loops with `while`.
 
 Each check also runs on small deliberately broken sources, so a check that stopped finding
 anything fails here rather than passing silently. What it does not prove: int64 offsets,
@@ -256,9 +256,11 @@ def not_persistent(tree: ast.Module) -> list[str]:
         if not _is_jit(fn):
             continue
         starts = {id(n.iter.args[0]) for n in ast.walk(fn) if _is_range(n)}
-        # the loop-free form: the `else` of an `if LOOP:` (one program per item)
-        starts |= {id(n) for branch in ast.walk(fn) if _is_loop_choice(branch)
-                   for stmt in branch.orelse for n in ast.walk(stmt)}
+        # the loop-free form: the `else` of an `if LOOP:` (one program per item, on the grid
+        # axes the kernel's items have)
+        loop_free = {id(n) for branch in ast.walk(fn) if _is_loop_choice(branch)
+                     for stmt in branch.orelse for n in ast.walk(stmt)}
+        starts |= loop_free
         for node in ast.walk(fn):
             if isinstance(node, ast.Return) and node.value is None:
                 found.append(f"{name}:{node.lineno}: return")
@@ -266,7 +268,7 @@ def not_persistent(tree: ast.Module) -> list[str]:
                 found.append(f"{name}:{node.lineno}: while")
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "program_id"
-                    and not _is_program_id_0(node, "program_id")):
+                    and not _is_program_id_0(node, "program_id") and id(node) not in loop_free):
                 found.append(f"{name}:{node.lineno}: tl.program_id beyond axis 0")
             if (name not in NOT_PERSISTENT and isinstance(node, ast.BinOp)
                     and isinstance(node.right, ast.Name) and node.right.id == "PID0"
@@ -392,7 +394,7 @@ def _q(x, PID0, LOOP: tl.constexpr):
     if LOOP:
         tl.store(x + tl.program_id(0) + PID0, 1.0)
     else:
-        tl.store(x + tl.program_id(0) + PID0, 2.0)
+        tl.store(x + tl.program_id(0) + PID0 + tl.program_id(1), 2.0)
 '''
 
 

@@ -443,17 +443,18 @@ def _run_sampler(device, per_core, monkeypatch):
 def test_sampler_programs_looping_over_items_compute_what_one_program_per_item_does(
     device, monkeypatch
 ):
-    """Each of the sampler's kernels has two forms (kernels.hw.persistent_grid, one axis: a
-    row's chunks adjacent items): one program per item (LOOP False, CUDA's) and, with one core
-    of 3 programs, programs looping over items that do not divide evenly (LOOP True, as on
-    Ascend). Every output and every scratch tensor a later kernel reads is bit-identical
-    between them (tests/kernels/test_persistent.py's pattern)."""
+    """Each of the sampler's kernels has two forms (kernels.hw.persistent_grid): one program
+    per item (LOOP False, CUDA's: rows, or rows x chunks on two axes) and, with one core of 3
+    programs, programs looping over items that do not divide evenly (LOOP True, as on Ascend:
+    one axis, a row's chunks adjacent items). Every output and every scratch tensor a later
+    kernel reads is bit-identical between them (tests/kernels/test_persistent.py's pattern)."""
     whole, item_launches = _run_sampler(device, None, monkeypatch)
     looped, launches = _run_sampler(device, 3, monkeypatch)
     item_grids, grids = [g for g, _ in item_launches], [g for g, _ in launches]
-    assert [g[0] for g in grids] == [min(g[0], 3) for g in item_grids]
-    assert all(len(g) == 1 for g in grids + item_grids)  # one grid axis: the items in the loop
-    assert max(g[0] for g in item_grids) >= 9  # programs did loop, several times
+    items = [math.prod(g) for g in item_grids]
+    assert [g for g in grids] == [(min(n, 3),) for n in items]  # one axis: items in the loop
+    assert any(len(g) == 2 for g in item_grids)  # (rows x chunks)
+    assert max(items) >= 9  # programs did loop, several times
     assert not any(loop for _, loop in item_launches)  # both forms of every kernel ran
     assert all(loop for _, loop in launches)
     assert len(whole) == len(looped)
