@@ -20,9 +20,10 @@ Contract: `kernels.reference.chunk_gdn`. Three launches, chunk size BT = 64:
    tile, the layer's gated RMSNorm follows in registers (`kernels.norms.gated_norm_rows`), so o
    is written once, normed.
 
-Grids (`kernels.hw.persistent_grid`) have one axis; the items are numbered so that chunks, or
-sequence x value head, run fastest. On CUDA one program per item (the `LOOP` constexpr off);
-elsewhere a persistent grid of P programs, program p taking items p, p + P, ... Chunk
+Grids (`kernels.hw.persistent_grid`): on CUDA one program per item (the `LOOP` constexpr
+off) on the kernels' natural axes (chunks x heads, sequence x heads x V tiles); elsewhere a
+persistent grid of P programs on one axis, program p taking items p, p + P, ..., numbered so
+that chunks, or sequence x value head, run fastest. Chunk
 bookkeeping for varlen batches is computed on the device (no host sync): the prepare and
 output grids are sized from the host-known bound T // BT + N chunks; looping, their items end
 at the real chunk count read from `chunk_offsets[N]`, so programs past the real work take no
@@ -229,9 +230,9 @@ def _gdn_prepare_kernel(
                 chunk_seq, chunk_offsets, stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
                 i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BK, BV, PREC, DT,
             )
-    else:  # one program per item of the grid's bound: past the real chunks chunk_seq holds N
-        i_item = tl.program_id(0) + PID0
-        i_c, i_hv = i_item % (NUM_PROGS // HV), i_item // (NUM_PROGS // HV)
+    else:  # one program per item, on a grid of the chunks' bound x value heads: past the real
+        # chunks chunk_seq holds N
+        i_c, i_hv = tl.program_id(0) + PID0, tl.program_id(1)
         if tl.load(chunk_seq + i_c) < N:
             _prepare_chunk(
                 q, k, v, a, b, A_log, dt_bias, w, u, g_cum, rstd_q, rstd_k, cu_seqlens,
@@ -416,12 +417,11 @@ def _gdn_state_kernel(
                 src_slots, dst_slots, ckpt_slots, stride_kt, i_item % (N * HV),
                 i_item // (N * HV), H, HV, K, V, BV, PREC, DT, LONG,
             )
-    else:  # one program per item
-        i_item = tl.program_id(0) + PID0
+    else:  # one program per item, on a grid of sequence x value head, V tiles
         _state_sequence(
             k, w, u, g_cum, rstd_k, v_new, h_chunks, state_pool, cu_seqlens, chunk_offsets,
-            src_slots, dst_slots, ckpt_slots, stride_kt, i_item % (N * HV), i_item // (N * HV),
-            H, HV, K, V, BV, PREC, DT, LONG,
+            src_slots, dst_slots, ckpt_slots, stride_kt, tl.program_id(0) + PID0,
+            tl.program_id(1), H, HV, K, V, BV, PREC, DT, LONG,
         )
 
 
@@ -540,10 +540,9 @@ def _gdn_output_kernel(
                 scale, eps, i_item % num_chunks, i_item // num_chunks, H, HV, K, V, BV, PREC,
                 DT, NORM, PROD_DTYPE, BK,
             )
-    else:  # one program per item of the grid's bound: past the real chunks chunk_seq holds N
-        i_item = tl.program_id(0) + PID0
-        max_chunks = NUM_PROGS // (HV * (V // BV))
-        i_c, i_vh = i_item % max_chunks, i_item // max_chunks
+    else:  # one program per item, on a grid of the chunks' bound x (value head, V tile): past
+        # the real chunks chunk_seq holds N
+        i_c, i_vh = tl.program_id(0) + PID0, tl.program_id(1)
         if tl.load(chunk_seq + i_c) < N:
             _output_chunk(
                 q, k, v_new, h_chunks, g_cum, rstd_q, rstd_k, o, z, norm_w, cu_seqlens,
@@ -896,7 +895,7 @@ def _launch_prepare(q, k, v, a, b, A_log, dt_bias, cu_seqlens, layout, s, prec, 
     if max_chunks > 0:
         grid, loop = persistent_grid(max_chunks * HV, q.device, dots=True)
         launch(
-            _gdn_prepare_kernel, (grid,),
+            _gdn_prepare_kernel, (grid,) if loop else (max_chunks, HV),
             q, k, v, a, b, A_log, dt_bias, s.w, s.u, s.g_cum, s.rstd_q, s.rstd_k,
             cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
             q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), N, grid,
@@ -917,7 +916,7 @@ def _launch_state(k, state_pool, src_slots, dst_slots, cu_seqlens, layout, s, pr
     if N > 0:
         grid, loop = persistent_grid(N * HV * (V // bv), k.device, dots=True)
         launch(
-            _gdn_state_kernel, (grid,),
+            _gdn_state_kernel, (grid,) if loop else (N * HV, V // bv),
             k, s.w, s.u, s.g_cum, s.rstd_k, s.v_new, s.h_chunks, state_pool,
             cu_seqlens, layout.chunk_offsets, src_slots, dst_slots, layout.ckpt_slots,
             k.stride(0), N, grid,
@@ -947,7 +946,7 @@ def _launch_output(q, k, o, norm, cu_seqlens, layout, s, prec, dot_dtype) -> boo
     if max_chunks > 0:
         grid, loop = persistent_grid(max_chunks * HV * (V // bv), q.device, dots=True)
         launch(
-            _gdn_output_kernel, (grid,),
+            _gdn_output_kernel, (grid,) if loop else (max_chunks, HV * (V // bv)),
             q, k, s.v_new, s.h_chunks, s.g_cum, s.rstd_q, s.rstd_k, o, z, norm_w,
             cu_seqlens, layout.chunk_seq, layout.chunk_offsets,
             q.stride(0), k.stride(0), o.stride(0), z.stride(0), z.stride(1), N, K**-0.5, eps,

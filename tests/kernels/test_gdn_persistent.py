@@ -4,8 +4,8 @@ each program takes.
 DESIGN.md asks for grids sized from the device's core count, each program looping over the
 work. `chunk_gdn`'s three kernels (prepare and output over (chunk, value head[, V tile]) items,
 state over (sequence, value head, V tile) items) and `recurrent_gdn`'s decode kernel launch
-`kernels.hw.persistent_grid` programs on one grid axis, in one of two forms of one source: one
-program per item (`LOOP` off, CUDA's) or programs looping. Each op runs twice here: with a core
+`kernels.hw.persistent_grid` programs in one of two forms of one source: one program per item
+on the kernels' own grid axes (`LOOP` off, CUDA's) or programs looping on one axis. Each op runs twice here: with a core
 count so large that every program takes one item, and with one core of 3 programs, so that
 programs loop several times over items that do not divide evenly (and, in the prepare and
 output kernels, programs past the real chunks of a varlen batch take none). The outputs and
@@ -99,9 +99,9 @@ def test_gdn_programs_looping_over_items_compute_what_one_program_per_item_does(
     assert [kw.pop("LOOP") for _, _, kw in item_launches] == [False] * 4  # one per item
     assert [kw.pop("LOOP") for _, _, kw in launches] == [True] * 4
     assert [kw for _, _, kw in launches] == [kw for _, _, kw in item_launches]  # same tiles
-    # one program per item: 9 chunks (T // 64 + N, 6 real) x 4 heads [x 2 V tiles], 5 x 4 x 2
-    # (sequence, head, tile) of state, 5 x 4 x 2 of decode
-    assert [g for _, g, _ in item_launches] == [(36,), (40,), (72,), (40,)]
+    # one program per item, on the kernels' own axes: 9 chunks (T // 64 + N, 6 real) x 4 heads
+    # [x 2 V tiles], 5 x 4 (sequence, head) x 2 tiles of state; 5 x 4 x 2 items of decode
+    assert [g for _, g, _ in item_launches] == [(9, 4), (20, 2), (9, 8), (40,)]
     assert [g for _, g, _ in launches] == [(PROGRAMS,)] * 4
     for a, b in zip(whole, looped, strict=True):  # the same bits (NaN payloads, signed zeros)
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
