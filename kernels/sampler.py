@@ -296,19 +296,15 @@ def _store_chunk_keys(b_x, V, i_v, keys, base, K, BLOCK: tl.constexpr):
     first); past the chunk's columns below V, the least int64 (so never one of a row's K best:
     V >= K)."""
     least = -0x7FFFFFFFFFFFFFFF - 1
+    o_v = i_v * BLOCK + tl.arange(0, BLOCK)
     valid = V - i_v * BLOCK  # (a real column comes before padding: both -inf, it is lower)
-    # chunk-local columns in the loop: a tensor of the thread's lanes alone, which the compiler
-    # need not keep in registers through it (o_v held there cost an H100 16 registers a thread
-    # and a quarter of the kernel's speed once i_v came from a division, not a program id)
-    o_c = tl.arange(0, BLOCK)
-    left = o_c < BLOCK + 1  # (the columns not taken yet: every one)
+    left = o_v < V + BLOCK  # (the columns not taken yet: every one)
     for j in range(K):
         top = tl.max(tl.where(left, b_x, float("-inf")), 0)
-        c = tl.min(tl.where(left & (b_x == top), o_c, BLOCK), 0)
-        col = tl.where(c < BLOCK, i_v * BLOCK + c, V + BLOCK)
+        col = tl.min(tl.where(left & (b_x == top), o_v, V + BLOCK), 0)
         key = _key(top, tl.minimum(col, V - 1))  # (a NaN row finds no column: keep it in range)
         tl.store(keys + base + j, tl.where(j < valid, key, least))
-        left = left & (o_c != c)
+        left = left & (o_v != col)
 
 
 @triton.jit
