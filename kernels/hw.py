@@ -84,8 +84,10 @@ def num_cube_cores(device: torch.device) -> int:
     return int(props["num_aicore"]) if "num_aicore" in props else num_cores(device)
 
 
-# Programs per core of the persistent kernels, by device type: each launches min(work items,
-# that x cores) programs, program p taking items p, p + P, p + 2P, ... (module-level so that a
+# Programs per core of the kernels that loop on every device (the row kernels: norms, rope,
+# silu_mul, slots, conv1d's decode and window kernels; and attention, whose loop ran faster on
+# the H100 than one program per item), by device type: each launches min(work items, that x
+# cores) programs, program p taking items p, p + P, p + 2P, ... (module-level so that a
 # benchmark can sweep it).
 # CUDA: 32 (H100, bench_grid's shapes: 16 and 8 ran up to 5% slower at 32,768 tokens, 4 up to
 # 2x; fewer programs leave too few resident to hide the memory latency). Elsewhere one per core,
