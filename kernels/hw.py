@@ -108,11 +108,11 @@ def persistent_programs(items: int, device: torch.device, dots: bool = False,
 
 
 # Programs per core of the kernels that also have a loop-free form (a `LOOP` constexpr: GDN,
-# the conv prefill, attention, the sampler, moe), by device type; None: one program per item.
-# CUDA: None. Looping, even once, took these kernels 4-33% longer on the H100 (chunk_gdn at
-# 8,192 tokens 406 -> 487 us, the conv prefill 103 -> 138, GDN decode at 32 sequences 21.4 ->
-# 24.3, sample_top_k at 32 rows 141 -> 178; docs/bench.md, session 37), and CUDA's block
-# scheduler needs no persistent grid. Elsewhere one per core, looping, as on Ascend.
+# the conv prefill, the sampler, moe), by device type; None: one program per item. CUDA: None.
+# Looping, even once, took these kernels 14-33% longer on the H100 (chunk_gdn at 8,192 tokens
+# 406 -> 487 us, the conv prefill 103 -> 138, GDN decode at 32 sequences 21.4 -> 24.3,
+# sample_top_k at 32 rows 141 -> 178; docs/bench.md, session 37), and CUDA's block scheduler
+# needs no persistent grid. Elsewhere one per core, looping, as on Ascend.
 ITEM_PROGRAMS_PER_CORE: dict[str, int | None] = {"cuda": None, "other": 1}
 
 
