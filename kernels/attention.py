@@ -314,6 +314,7 @@ def _merge_splits_kernel(
             b_out = _gated(b_out, tl.load(p_g, mask=m_d, other=0.0), out.dtype.element_ty)
         tl.store(out + i_row * D + o_d, b_out.to(out.dtype.element_ty), mask=m_d)
 
+
 # The merge's tiles: from MERGE_MIN_BS up to MERGE_MAX_BS splits at a time (all of a decode's,
 # usually), times as many channels as keep a tile at MERGE_TILE float32 elements (no spills at
 # 4 warps). The floor keeps the builds few (16, 32, 64, 128 splits), as the split count of an

@@ -32,12 +32,12 @@ from kernels.hw import (
 )
 from kernels.reference import Checkpoints
 
-# Prefill tiles (tokens x channels per program; 4 warps). The channel tile is the grid's
-# fastest axis, so programs that run together read the same rows. H100, bench_e2e's 6,144
-# channels inside an 8,224-wide projection (docs/bench.md, session 18): 8,192 tokens took 104
-# us in 32 x 128 tiles and 122 us in 16 x 128 (125 us in 32 x 256 tiles walking the tokens
-# first, as before); 84 tokens took 3.0 us in 16 x 128 and 3.8 us in 32 x 128. So the larger
-# tile from PREFILL_MANY programs per core up.
+# Prefill tiles (tokens x channels per work item; 4 warps). Channel tiles are the fastest items,
+# so programs that run together read the same rows. H100, bench_e2e's 6,144 channels inside an
+# 8,224-wide projection (docs/bench.md, session 18): 8,192 tokens took 104 us in 32 x 128 tiles
+# and 122 us in 16 x 128 (125 us in 32 x 256 tiles walking the tokens first, as before); 84
+# tokens took 3.0 us in 16 x 128 and 3.8 us in 32 x 128. So the larger tile from PREFILL_MANY
+# programs per core up.
 PREFILL_BT, PREFILL_FEW_BT, PREFILL_BD, PREFILL_WARPS, PREFILL_MANY = 32, 16, 128, 4, 8
 
 

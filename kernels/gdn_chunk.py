@@ -295,7 +295,7 @@ def _prepare_chunk(
     b_k2 = _load_rows(k, stride_kt, t_2, m_2, o_k)
     b_k3 = _load_rows(k, stride_kt, t_3, m_3, o_k)
     b_r0, b_r1, b_r2, b_r3 = _rstd(b_k0, 1), _rstd(b_k1, 1), _rstd(b_k2, 1), _rstd(b_k3, 1)
-    if i_hv % (HV // H) == 0:  # one program per key head stores the norms used by the next kernels
+    if i_hv % (HV // H) == 0:  # one item per key head stores the norms used by the next kernels
         _store_rstd(rstd_k + t0 * H + i_h, H, b_r0, b_r1, b_r2, b_r3, m_0, m_1, m_2, m_3)
         _store_rstd(
             rstd_q + t0 * H + i_h,

@@ -1,8 +1,8 @@
-"""What the launchers need to know about the device: its number of compute cores (and the
-persistent grids sized from it, `persistent_programs`), whether kernels may be launched as
-programmatic dependents (`pdl`), which launch options and dot precisions only NVIDIA's backend
-takes (`cuda_hints`, `dot_precision`), and how many programs one launch may hold (`launch`,
-which every launcher goes through)."""
+"""What the launchers need to know about the device: its numbers of compute cores (and the
+persistent grids sized from them, `persistent_programs` and `persistent_grid`), whether kernels
+may be launched as programmatic dependents (`pdl`), which launch options and dot precisions
+only NVIDIA's backend takes (`cuda_hints`, `dot_precision`), and how many programs one launch
+may hold (`launch`, which every launcher goes through)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,8 @@ def persistent_programs(items: int, device: torch.device, dots: bool = False,
 
 
 # Programs per core of the kernels that also have a loop-free form (a `LOOP` constexpr: GDN,
-# the conv prefill, the sampler, moe), by device type; None: one program per item. CUDA: None.
+# the conv prefill, the sampler, moe; attention always loops, on ROW_PROGRAMS_PER_CORE), by
+# device type; None: one program per item. CUDA: None.
 # Looping, even once, took these kernels 14-33% longer on the H100 (chunk_gdn at 8,192 tokens
 # 406 -> 487 us, the conv prefill 103 -> 138, GDN decode at 32 sequences 21.4 -> 24.3,
 # sample_top_k at 32 rows 141 -> 178; docs/bench.md, session 37), and CUDA's block scheduler

@@ -5,13 +5,14 @@ DESIGN.md asks for grids sized from the device's core count, each program loopin
 work. `chunk_gdn`'s three kernels (prepare and output over (chunk, value head[, V tile]) items,
 state over (sequence, value head, V tile) items) and `recurrent_gdn`'s decode kernel launch
 `kernels.hw.persistent_grid` programs in one of two forms of one source: one program per item
-on the kernels' own grid axes (`LOOP` off, CUDA's) or programs looping on one axis. Each op runs twice here: with a core
-count so large that every program takes one item, and with one core of 3 programs, so that
-programs loop several times over items that do not divide evenly (and, in the prepare and
-output kernels, programs past the real chunks of a varlen batch take none). The outputs and
-every state slot (destinations, checkpoints, an in-place sequence, the untouched rest) must be
-bit-identical, and the second run must hold no grid above 3 programs. Only the grid and its
-form may change between the runs: the other launch options (tiles, warps) must be equal.
+on the kernels' own grid axes (`LOOP` off, CUDA's) or programs looping on one axis. Each op
+runs twice here: with a core count so large that every program takes one item, and with one
+core of 3 programs, so that programs loop several times over items that do not divide evenly
+(and, in the prepare and output kernels, programs past the real chunks of a varlen batch take
+none). The outputs and every state slot (destinations, checkpoints, an in-place sequence, the
+untouched rest) must be bit-identical, and the second run must hold no grid above 3 programs.
+Only the grid and its form may change between the runs: the other launch options (tiles,
+warps) must be equal.
 """
 
 from __future__ import annotations

@@ -32,6 +32,11 @@ def test_vector_and_dot_kernels_take_their_own_cores_on_an_npu(npu_properties):
     assert hw.persistent_programs(10_000, NPU) == 48  # one program per core off CUDA
     assert hw.persistent_programs(10_000, NPU, dots=True) == 24
     assert hw.persistent_programs(5, NPU, dots=True) == 5  # never more programs than items
+    # kernels with a loop-free form: it runs where every item has its own program
+    assert hw.persistent_grid(10_000, NPU, dots=True) == (24, True)
+    assert hw.persistent_grid(10_000, NPU) == (48, True)
+    assert hw.persistent_grid(24, NPU, dots=True) == (24, False)
+    assert hw.persistent_grid(0, NPU) == (1, True)  # no item: one program, no trip
 
 
 def test_a_driver_without_the_npu_counts_falls_back(npu_properties):

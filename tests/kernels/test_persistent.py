@@ -3,9 +3,11 @@ program takes.
 
 DESIGN.md asks for grids sized from the device's core count, each program looping over the
 work (on Ascend every program beyond the cores is another round of launches). The norms, rope,
-`silu_mul`, the slot kernels and conv1d's kernels launch
+`silu_mul`, the slot kernels and conv1d's decode and window kernels launch
 `kernels.hw.persistent_programs` programs: one per work item up to ROW_PROGRAMS_PER_CORE x
-cores, program p then taking items p, p + P, p + 2P, ... Here each op runs twice: with a core
+cores, program p then taking items p, p + P, p + 2P, ...; conv1d's prefill launches
+`kernels.hw.persistent_grid`'s (ITEM_PROGRAMS_PER_CORE), in its looping form when it has
+fewer programs than items. Here each op runs twice: with a core
 count so large that every program takes one item (the grids of before), and with one core of 3
 programs, so that programs loop several times over items that do not divide evenly. Outputs,
 and the slots and caches written, must be bit-identical, and the second run must hold no grid
