@@ -70,7 +70,8 @@ def num_cores(device: torch.device) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count
     props = _properties(device)
     counts = [
-        props[k] for k in ("num_vectorcore", "multiprocessor_count", "num_aicore") if k in props
+        props[k] for k in ("num_vectorcore", "multiprocessor_count", "num_aicore")
+        if props.get(k, 0) > 0  # (a count of 0 names no core: the next key, else the guess)
     ]
     return int(counts[0]) if counts else 8
 
@@ -81,7 +82,7 @@ def num_cube_cores(device: torch.device) -> int:
     program per AI core, each a cube unit with its vector units, and there are half as many as
     vector cores on a 910B); num_cores where the driver names no such count."""
     props = {} if device.type == "cuda" else _properties(device)
-    return int(props["num_aicore"]) if "num_aicore" in props else num_cores(device)
+    return int(props["num_aicore"]) if props.get("num_aicore", 0) > 0 else num_cores(device)
 
 
 # Programs per core of the kernels that loop on every device (the row kernels: norms, rope,

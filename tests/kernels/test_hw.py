@@ -42,6 +42,8 @@ def test_vector_and_dot_kernels_take_their_own_cores_on_an_npu(npu_properties):
 def test_a_driver_without_the_npu_counts_falls_back(npu_properties):
     npu_properties({"multiprocessor_count": 6})
     assert hw.num_cores(NPU) == hw.num_cube_cores(NPU) == 6
+    npu_properties({"num_aicore": 0, "num_vectorcore": 0, "multiprocessor_count": 6})
+    assert hw.num_cores(NPU) == hw.num_cube_cores(NPU) == 6  # a count of 0 names no core
     npu_properties({})
     assert hw.num_cores(NPU) == hw.num_cube_cores(NPU) == 8
     assert hw.persistent_programs(0, NPU) == 1

@@ -1,9 +1,9 @@
 """The Triton fused MoE computes what the torch reference does (float64 oracle).
 
 Token counts {1, 7, 64, 130} with top-3 of 8 experts, random routing that leaves some experts
-without tokens, on both paths (decode: one program per pair, no sort; prefill: sorted grouped
-GEMMs), float32 and bf16. Every buffer the launcher allocates is filled with NaN (or -1)
-first, so a row the kernels fail to write shows up. The dispatcher runs the kernel under the
+without tokens, on both paths (decode: an item per pair and column tile, no sort; prefill:
+sorted grouped GEMMs), float32 and bf16. Every buffer the launcher allocates is filled with NaN
+(or -1) first, so a row the kernels fail to write shows up. The dispatcher runs the kernel under the
 "triton" backend. On CUDA also Qwen3.5-35B-A3B's shapes (hidden 2048, 256 experts, top-8,
 moe_intermediate 512) at decode and prefill sizes.
 
