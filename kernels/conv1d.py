@@ -159,15 +159,15 @@ def _conv_save_kernel(
         i_p, i_d = i_q // num_d, i_q % num_d
         o_d = i_d * BD + tl.arange(0, BD)
         m_d = o_d < D
-        if i_p < N:
-            i_n = i_p
-            i_slot = tl.load(dst_slots + i_n)
-            b_end = tl.load(cu_seqlens + i_n + 1)
-        else:
-            i_n = tl.load(ckpt_seq + (i_p - N))
-            i_slot = tl.load(ckpt_slot + (i_p - N))
-            b_end = tl.load(cu_seqlens + i_n) + tl.load(ckpt_boundary + (i_p - N))
+        # a sequence's window or a checkpoint's, chosen by selects over loads at valid
+        # indices (no branch: the checkpoint arrays hold at least one entry, see the launcher)
+        is_seq = i_p < N
+        i_c = tl.maximum(i_p - N, 0)
+        i_n = tl.where(is_seq, i_p, tl.load(ckpt_seq + i_c))
+        i_slot = tl.where(is_seq, tl.load(dst_slots + tl.minimum(i_p, N - 1)),
+                          tl.load(ckpt_slot + i_c))
         bos = tl.load(cu_seqlens + i_n)
+        b_end = tl.where(is_seq, tl.load(cu_seqlens + i_n + 1), bos + tl.load(ckpt_boundary + i_c))
         # vector forms: scalar booleans in masks trip the Triton interpreter
         i_src = tl.load(src_slots + i_n) + o_d * 0
         # Row r of the new window is input b_end-(W-1)+r. Rows go in increasing order and each
@@ -289,7 +289,7 @@ def causal_conv1d(
     BD = _block_d(D)
     num_ckpt = ckpt[0].shape[0] if ckpt else 0
     if not ckpt:
-        ckpt = (dst_slots, dst_slots, dst_slots)  # never read: no program past N
+        ckpt = (dst_slots, dst_slots, dst_slots)  # loaded at 0, never used: no window past N
     items = (N + num_ckpt) * triton.cdiv(D, BD)
     grid = persistent_programs(items, x.device)
     launch(_conv_save_kernel, (grid,), x, conv_pool, cu_seqlens, src_slots, dst_slots, *ckpt,

@@ -91,16 +91,17 @@ def _store_kv_kernel(
     o_d = tl.arange(0, BD)
     m_hd = (o_h < H)[:, None] & (o_d < D)[None, :]
     for i_t in range(tl.program_id(0) + PID0, T, NUM_PROGS):
-        i_slot = tl.load(slot_mapping + i_t).to(tl.int64)
-        if i_slot >= 0:
-            i_t64 = tl.cast(i_t, tl.int64)
-            p_k = k + i_t64 * stride_kt + o_h[:, None] * stride_kh + o_d[None, :]
-            p_v = v + i_t64 * stride_vt + o_h[:, None] * stride_vh + o_d[None, :]
-            b_k = tl.load(p_k, mask=m_hd)
-            b_v = tl.load(p_v, mask=m_hd)
-            o_c = i_slot * H * D + o_h[:, None] * D + o_d[None, :]
-            tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_hd)
-            tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_hd)
+        # the token's slot in every lane (a mask, not a branch: -1 loads and stores nothing)
+        i_slot = tl.load(slot_mapping + i_t + o_h * 0).to(tl.int64)
+        m_w = m_hd & (i_slot >= 0)[:, None]
+        i_t64 = tl.cast(i_t, tl.int64)
+        p_k = k + i_t64 * stride_kt + o_h[:, None] * stride_kh + o_d[None, :]
+        p_v = v + i_t64 * stride_vt + o_h[:, None] * stride_vh + o_d[None, :]
+        b_k = tl.load(p_k, mask=m_w)
+        b_v = tl.load(p_v, mask=m_w)
+        o_c = i_slot[:, None] * H * D + o_h[:, None] * D + o_d[None, :]
+        tl.store(k_cache + o_c, b_k.to(k_cache.dtype.element_ty), mask=m_w)
+        tl.store(v_cache + o_c, b_v.to(v_cache.dtype.element_ty), mask=m_w)
 
 
 def check_store_kv(
