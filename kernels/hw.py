@@ -97,13 +97,14 @@ ROW_PROGRAMS_PER_CORE = {"cuda": 32, "other": 1}
 
 
 def persistent_programs(items: int, device: torch.device, dots: bool = False,
-                        per_core: dict[str, int] | None = None) -> int:
+                        per_core: int | None = None) -> int:
     """The grid of a persistent kernel over `items` work items on `device`: one program per item
-    up to `per_core` (ROW_PROGRAMS_PER_CORE unless given; keys "cuda" and "other") programs per
-    core, then that many, each looping over the items `range(pid, items, programs)`. `dots`:
-    the kernel uses `tl.dot`, so its cores are `num_cube_cores` (fewer on an NPU), else
+    up to `per_core` programs per core (ROW_PROGRAMS_PER_CORE's for the device unless given),
+    then that many, each looping over the items `range(pid, items, programs)`. `dots`: the
+    kernel uses `tl.dot`, so its cores are `num_cube_cores` (fewer on an NPU), else
     `num_cores`."""
-    per_core = (per_core or ROW_PROGRAMS_PER_CORE)["cuda" if device.type == "cuda" else "other"]
+    if per_core is None:
+        per_core = ROW_PROGRAMS_PER_CORE["cuda" if device.type == "cuda" else "other"]
     cores = num_cube_cores(device) if dots else num_cores(device)
     return max(1, min(items, per_core * cores))
 
@@ -127,7 +128,7 @@ def persistent_grid(items: int, device: torch.device, dots: bool = False) -> tup
     if per_core is None:
         programs = max(1, items)
     else:
-        programs = persistent_programs(items, device, dots, {"cuda": per_core, "other": per_core})
+        programs = persistent_programs(items, device, dots, per_core)
     return programs, programs != items
 
 
