@@ -3,7 +3,8 @@
     POST /v1/chat/completions   (stream true/false, n choices; usage...cached_tokens)
     POST /v1/completions        (the legacy text API: prompts as text or token ids, echo)
     GET  /v1/models, /v1/models/ID (the served model; a 404 for another id)
-    GET  /health
+    GET  /health, GET or POST /ping (probes), GET /version
+    POST /tokenize, /detokenize (vLLM's: a text's or a chat's token ids, and back)
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
@@ -30,6 +31,7 @@ import time
 import urllib.parse
 from http.server import ThreadingHTTPServer
 
+from statechat import __version__
 from statechat.api_answer import AnswerHandler
 from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
 from statechat.api_completions import (
@@ -41,12 +43,15 @@ from statechat.api_completions import (
 from statechat.api_cors import LOCAL_ORIGINS
 from statechat.api_reasoning import check_parser
 from statechat.api_request import DEFAULT_SAMPLING, ApiError, named, parse_n, unknown_fields
+from statechat.api_tokens import detokenize, tokenize
 from statechat.api_tools import check_tool_parser
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.worker import EngineWorker
 
-ROUTES = {"/health": "GET, HEAD", "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST",
-          "/v1/completions": "POST"}  # each route's methods (a 405's Allow header)
+ROUTES = {"/health": "GET, HEAD", "/ping": "GET, HEAD, POST", "/version": "GET, HEAD",
+          "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST", "/v1/completions": "POST",
+          "/tokenize": "POST", "/detokenize": "POST"}  # each route's methods (a 405's Allow)
+PROBES = ("/health", "/ping")  # routes served without the API key (vLLM's, SageMaker's probes)
 MODEL_ROUTE = "/v1/models/"  # + a model's id (which may hold slashes): OpenAI's retrieve
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
@@ -158,13 +163,17 @@ class Handler(AnswerHandler):
 
     def do_GET(self) -> None:  # (HEAD: the same answers, without their bodies)
         route = self._route()
-        routes = {"/health": self._health, "/v1/models": self._models}
+        routes = {"/health": self._health, "/ping": self._health, "/version": self._version,
+                  "/v1/models": self._models}
         handler = self._model if route.startswith(MODEL_ROUTE) else routes.get(route)
-        self._guard(handler or self._unrouted, is_open=route == "/health")
+        self._guard(handler or self._unrouted, is_open=route in PROBES)
 
     def do_POST(self) -> None:
-        routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions}
-        self._guard(routes.get(self._route(), self._unrouted))
+        route = self._route()
+        routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions,
+                  "/tokenize": self._tokenize, "/detokenize": self._detokenize,
+                  "/ping": self._health}
+        self._guard(routes.get(route, self._unrouted), is_open=route in PROBES)
 
     do_HEAD = do_GET
 
@@ -179,7 +188,8 @@ class Handler(AnswerHandler):
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
-                "/v1/models/ID, /health; POST /v1/chat/completions, /v1/completions")
+                "/v1/models/ID, /health, /ping, /version; POST /v1/chat/completions, "
+                "/v1/completions, /tokenize, /detokenize, /ping")
 
     def _allow(self) -> dict[str, str]:
         route = self._route()
@@ -196,6 +206,15 @@ class Handler(AnswerHandler):
 
     def _health(self) -> None:
         self._send_json(200, {"status": "ok"})
+
+    def _version(self) -> None:
+        self._send_json(200, {"version": __version__})
+
+    def _tokenize(self) -> None:
+        self._send_json(200, tokenize(self.server, self._body()))
+
+    def _detokenize(self) -> None:
+        self._send_json(200, detokenize(self.server, self._body()))
 
     def _model_card(self) -> dict:
         return {"id": self.server.model_id, "object": "model", "created": self.server.created,
