@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams, check_vocabulary
+from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams, check_vocabulary, show_value
 from statechat.errors import StatechatError
 
 DEFAULT_MAX_TOKENS = 2048
@@ -157,9 +157,10 @@ def _check_room(asked: int, field: str, prompt_len: int, max_model_len: int,
     the context alone is left to the engine's check, which says so (context_length_exceeded)."""
     room = max_model_len - prompt_len
     if 0 < room < asked:
-        raise ApiError(400, f"{field} is too large: {asked}; the context holds {max_model_len} "
-                            f"tokens and {what} has {prompt_len}, which leaves {room} (ask "
-                            f"for at most {room}, or leave {field} out to fill the room)",
+        raise ApiError(400, f"{field} is too large: {show_value(asked)}; the context holds "
+                            f"{max_model_len} tokens and {what} has {prompt_len}, which leaves "
+                            f"{room} (ask for at most {room}, or leave {field} out to fill the "
+                            "room)",
                        field, "context_length_exceeded")
 
 
@@ -211,7 +212,7 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     if numbers["min_tokens"] > asked:  # (the request's error; past the room a default leaves,
         # a cap)
         raise ApiError(400, f"min_tokens must be from 0 to max_tokens ({asked}), got "
-                            f"{numbers['min_tokens']}", "min_tokens")
+                            f"{show_value(numbers['min_tokens'])}", "min_tokens")
     max_tokens = min(asked, room)
     numbers["min_tokens"] = min(numbers["min_tokens"], max_tokens)
     try:

@@ -116,24 +116,24 @@ class SamplingParams:
             put(self, "max_tokens", NO_TOKEN_CAP)
         put(self, "max_tokens", _integer("max_tokens", self.max_tokens))
         if self.max_tokens < 0:  # (0: the prompt alone is computed, for its prompt_logprobs)
-            raise ConfigError(f"max_tokens must be >= 0, got {_show(self.max_tokens)}")
+            raise ConfigError(f"max_tokens must be >= 0, got {show_value(self.max_tokens)}")
         if self.seed is not None:
             put(self, "seed", _integer("seed", self.seed))
             if not -(2**63) <= self.seed < 2**64:
                 raise ConfigError("seed must be an integer from -2**63 to 2**64 - 1, "
-                                  f"got {_show(self.seed)}")
+                                  f"got {show_value(self.seed)}")
         for name in ("stop", "stop_token_ids", "logit_bias"):  # (vLLM's None: none)
             if getattr(self, name) is None:
                 put(self, name, ())
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, list | tuple) or not all(isinstance(x, str) and x for x in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings, "
-                              f"got {_show(self.stop)}")
+                              f"got {show_value(self.stop)}")
         ids = self.stop_token_ids  # (as a prompt's ids: a list, tuple, range or 1-D int array)
         if isinstance(ids, np.ndarray) and ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer):
             ids = ids.tolist()
         if not isinstance(ids, list | tuple | range):
-            raise ConfigError(f"stop_token_ids must be a list of integers, got {_show(ids)}")
+            raise ConfigError(f"stop_token_ids must be a list of integers, got {show_value(ids)}")
         put(self, "stop", tuple(stop))
         put(self, "stop_token_ids", tuple(_integer("stop_token_ids", t) for t in ids))
         for name in ("stop", "stop_token_ids"):
@@ -147,25 +147,25 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool | np.bool_):  # ("false" would be true)
                 raise ConfigError(f"{name} must be true or false, got "
-                                  f"{_show(getattr(self, name))}")
+                                  f"{show_value(getattr(self, name))}")
             put(self, name, bool(getattr(self, name)))
         put(self, "n", _integer("n", self.n))
         if self.n < 1:
-            raise ConfigError(f"n must be at least 1, got {_show(self.n)}")
+            raise ConfigError(f"n must be at least 1, got {show_value(self.n)}")
         put(self, "min_tokens", _integer("min_tokens", self.min_tokens))
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ConfigError(f"min_tokens must be from 0 to max_tokens ({self.max_tokens}), "
-                              f"got {_show(self.min_tokens)}")
+                              f"got {show_value(self.min_tokens)}")
         put(self, "logit_bias", _biases(self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 put(self, name, _integer(name, getattr(self, name)))
                 if not 0 <= getattr(self, name) <= MAX_LOGPROBS:
                     raise ConfigError(f"{name} must be from 0 to {MAX_LOGPROBS}, got "
-                                      f"{_show(getattr(self, name))}")
+                                      f"{show_value(getattr(self, name))}")
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
     """A value for an error message, in JSON's form: the form a request's or a batch line's
     value was written in (`true`, `"hot"`, `null`, a tuple as the array it came from), which
     reads plainly for Python's values too; Python's for a value JSON has no form for (a set;
@@ -192,12 +192,12 @@ def check_vocabulary(params: SamplingParams, vocab_size: int) -> None:
         raise ConfigError(f"sampling params must be a SamplingParams, got "
                           f"{type(params).__name__}; build one with SamplingParams(**fields)")
     if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
-        raise ConfigError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "
-                          f"model's vocabulary (0 to {vocab_size - 1})")
+        raise ConfigError(f"logit_bias token id {show_value(params.logit_bias[-1][0])} is "
+                          f"outside the model's vocabulary (0 to {vocab_size - 1})")
     bad = next((t for t in params.stop_token_ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise ConfigError(f"stop_token_ids token id {bad} is outside the model's vocabulary "
-                          f"(0 to {vocab_size - 1})")
+        raise ConfigError(f"stop_token_ids token id {show_value(bad)} is outside the model's "
+                          f"vocabulary (0 to {vocab_size - 1})")
 
 
 def _biases(value) -> tuple[tuple[int, float], ...]:
@@ -213,30 +213,32 @@ def _biases(value) -> tuple[tuple[int, float], ...]:
             token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
             if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
                 raise ConfigError("logit_bias keys must be token ids (integers >= 0), "
-                                  f"got {_show(key)}")
+                                  f"got {show_value(key)}")
             bias = _number("logit_bias", bias)
             if abs(bias) > MAX_BIAS:
-                raise ConfigError(f"logit_bias values must be in [-100, 100], got {_show(bias)}")
+                raise ConfigError("logit_bias values must be in [-100, 100], got "
+                                  f"{show_value(bias)}")
             out[int(token)] = bias
     except (TypeError, ValueError):
-        raise ConfigError(f"logit_bias must map token ids to numbers, got {_show(value)}") from None
+        raise ConfigError("logit_bias must map token ids to numbers, got "
+                          f"{show_value(value)}") from None
     return tuple(sorted(out.items()))
 
 
 def _integer(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name} must be an integer, got {_show(value)}")
+        raise ConfigError(f"{name} must be an integer, got {show_value(value)}")
     return int(value)
 
 
 def _number(name: str, value) -> float:
     """A finite real number as a float (numpy scalars and ints included, bools not)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be a number, got {_show(value)}")
+        raise ConfigError(f"{name} must be a number, got {show_value(value)}")
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise ConfigError(f"{name} must be a finite number, got {_show(value)}")
+        raise ConfigError(f"{name} must be a finite number, got {show_value(value)}")
     return number

@@ -342,3 +342,13 @@ def test_a_bad_reasoning_sent_back_is_named(given, field, says):
         parse_messages([{"role": "user", "content": "2+2?"}, turn])
     assert (info.value.status, info.value.param) == (400, f"messages[1].{field}")
     assert str(info.value).startswith(f"messages[1].{field} {says}"), str(info.value)
+
+
+def test_a_number_too_long_to_read_is_cut_in_its_error():
+    """A 300-digit number (1e300, which counts as whole) is cut in the 400's message, as a
+    seed's is, not printed in full in every place the message names it."""
+    for body in [{"min_tokens": 1e300}, {"max_completion_tokens": 1e300},
+                 {"stop_token_ids": [1e300]}, {"max_tokens": 10 ** 60}]:
+        with pytest.raises(ApiError) as caught:
+            parse_params(body, prompt_len=10, max_model_len=1024, vocab_size=384)
+        assert len(caught.value.message) < 300, caught.value.message
