@@ -141,6 +141,11 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
                include_reasoning=include_reasoning is not False)
 
 
+# said of a line that is no JSON value at all (a file of plain prompts, one a line)
+PLAIN_TEXT_HINT = ('; each line is one JSON request, such as '
+                   '{"messages": [{"role": "user", "content": "..."}]}')
+
+
 def _line_request(text: str, line: int) -> tuple[dict, object, str, object, tuple[str, ...]]:
     """A line's request (`req`, its "id" as id_field names it), its url, id_field, body and the
     fields outside its body (OpenAI's batch format's envelope unwrapped; a plain line is its own
@@ -148,7 +153,9 @@ def _line_request(text: str, line: int) -> tuple[dict, object, str, object, tupl
     try:
         req = json.loads(text)
     except json.JSONDecodeError as e:
-        raise StatechatError(f"line {line} is not valid JSON ({e.msg})") from None
+        raise StatechatError(f"line {line} is not valid JSON ({e.msg} at column {e.colno})"
+                             + (PLAIN_TEXT_HINT if not text.lstrip().startswith(("{", "["))
+                                else "")) from None
     except (ValueError, RecursionError) as e:  # an int of over 4300 digits; nesting too deep
         raise StatechatError(f"line {line} is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(req, dict):

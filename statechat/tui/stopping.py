@@ -27,6 +27,16 @@ class StoppingMixin:
         elif self.handle is not None:
             self.handle.abort()
 
+    def action_help_quit(self) -> None:
+        """Ctrl+C (Textual's hint that Ctrl+Q quits): while a reply streams, it stops it as
+        Esc does, the key that stops a reply in llama.cpp's and mlx-lm's chats (the reply
+        went on, and the hint spoke of quitting); else the hint. It never quits."""
+        if self.handle is None:
+            super().action_help_quit()
+            return
+        self.handle.abort()
+        self.notify("Stopped the reply (Esc stops one too; Ctrl+Q quits).")
+
     def _keep_stopped_reply(self) -> None:
         """At exit, save the reply that was streaming (the engine is shut down: its sequence
         holds the last of it) as Esc leaves one: its text so far and a 'stopped' status. Its
