@@ -1,10 +1,10 @@
 """The HTTP side of the API server (server.py): requests on keep-alive connections, bodies
-read with a bound (a refused one drained, so the client reads the answer), JSON answers, and
-every error in OpenAI's shape, http.server's own included, and a closed connection noticed
-while its answer is made (`_gone`). The server tracks which connections are idle
-(`connection_state`), so that a stop can close them. Browsers' CORS as vLLM's server answers
-it: every answer to an allowed `Origin` says so, and a preflight (OPTIONS with
-`Access-Control-Request-Method`) is answered without the API key."""
+(with a Content-Length or chunked: api_body) read with a bound (a refused one drained, so the
+client reads the answer), JSON answers, and every error in OpenAI's shape, http.server's own
+included, and a closed connection noticed while its answer is made (`_gone`). The server
+tracks which connections are idle (`connection_state`), so that a stop can close them.
+Browsers' CORS as vLLM's server answers it: every answer to an allowed `Origin` says so,
+and a preflight (OPTIONS with `Access-Control-Request-Method`) is answered without the API key."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
+from statechat.api_body import BodyTooLarge, ChunkedBody, ChunkError, framing_error
 from statechat.api_cors import CORS_MAX_AGE_S, CORS_METHODS, origin_allowed
 from statechat.api_request import ApiError
 
@@ -199,48 +200,62 @@ class JsonHandler(BaseHTTPRequestHandler):
         return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(),
                                                                   self.server.api_key.encode())
 
-    def _length(self) -> int | None:
-        """The body's Content-Length; None (and the connection closed after the answer) when
-        `_length_problem` has one."""
-        if self._length_problem():
-            self.close_connection = True
-            return None
+    def _framing(self) -> int | ChunkedBody:
+        """How the body comes: its Content-Length (0 without one), or a ChunkedBody to read it
+        by. Raises framing_error's ApiError, the body left unread and the connection closed."""
+        if error := framing_error(self.headers, self.request_version):
+            self._body_read = self.close_connection = True
+            raise error
+        if "Transfer-Encoding" in self.headers:
+            return ChunkedBody(self.rfile)
         return int(self.headers.get("Content-Length") or "0")
-
-    def _length_problem(self) -> str | None:
-        """What keeps the body's length from being read, for a 400, or None."""
-        raw = self.headers.get("Content-Length") or "0"
-        if self.headers.get("Transfer-Encoding"):
-            return "send the request body with one Content-Length (its bytes), not in chunks"
-        if len(set(self.headers.get_all("Content-Length", ()))) > 1:
-            return "two Content-Lengths disagree; send one"
-        if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
-            return f"Content-Length must be a count of bytes, got {raw[:20]!r}"
-        return None
 
     def _drain(self) -> None:
         """Read an unread request body so the connection stays usable, and so that a client
         still sending one too large reads the 413 (closed on it, it met a broken pipe). Past
-        DRAIN_BYTES the connection is closed unread."""
-        if not self._body_read:
-            n = self._length()
-            if n is not None and 0 < n <= DRAIN_BYTES:
-                while n > 0 and (chunk := self.rfile.read(min(n, 1 << 20))):
-                    n -= len(chunk)
-                self.close_connection = self.close_connection or n > 0
-            elif n:
-                self.close_connection = True
-            self._body_read = True
+        DRAIN_BYTES (or a malformed chunk) the connection is closed unread."""
+        if self._body_read:
+            return
+        try:
+            n = self._framing()
+        except ApiError:
+            return  # (not read: the connection closes)
+        self._body_read = True
+        if isinstance(n, ChunkedBody):
+            self._drop_chunks(n)
+        elif 0 < n <= DRAIN_BYTES:
+            while n > 0 and (chunk := self.rfile.read(min(n, 1 << 20))):
+                n -= len(chunk)
+            self.close_connection = self.close_connection or n > 0
+        elif n:
+            self.close_connection = True
+
+    def _drop_chunks(self, chunks: ChunkedBody) -> None:
+        """Read a chunked body's rest and drop it, up to DRAIN_BYTES in all, else close."""
+        try:
+            chunks.read(DRAIN_BYTES, keep=False)
+        except (ChunkError, BodyTooLarge):
+            self.close_connection = True
 
     def _body(self) -> dict:
-        n = self._length()
-        if n is None:
-            self._body_read = True  # (not read: the connection closes)
-            raise ApiError(400, self._length_problem())
-        if n > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
-        raw = self.rfile.read(n)
-        self._body_read = True
+        n = self._framing()
+        too_large = ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+        if isinstance(n, ChunkedBody):
+            try:
+                raw = n.read(MAX_BODY_BYTES)
+            except ChunkError as e:
+                self.close_connection = True
+                raise ApiError(400, str(e)) from None
+            except BodyTooLarge:
+                self._drop_chunks(n)  # (the client reads the 413; past DRAIN_BYTES, closed)
+                raise too_large from None
+            finally:
+                self._body_read = True
+        elif n > MAX_BODY_BYTES:
+            raise too_large  # (_guard's _drain reads it)
+        else:
+            raw = self.rfile.read(n)
+            self._body_read = True
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as e:  # (an int of over 4300 digits is a ValueError)

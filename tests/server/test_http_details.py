@@ -80,13 +80,15 @@ def test_a_request_line_in_absolute_form_reaches_its_route(server):
 
 def test_a_bad_content_length_is_named_as_such(server):
     """A Content-Length that is no count of bytes was told "not in chunks", as a chunked body
-    is: the 400 now says what is wrong with each."""
+    was: the 400 now says what is wrong with each (a chunked body is read: test_chunked.py;
+    with a Content-Length besides, it is refused)."""
     host, port = server.server_address[:2]
     count = "Content-Length must be a count of bytes, got "
     for header, says in [(b"Content-Length: -1", count + "'-1'"),
                          (b"Content-Length: 1.5", count + "'1.5'"),
                          (b"Content-Length: 2\r\nContent-Length: 3", "Content-Lengths disagree"),
-                         (b"Transfer-Encoding: chunked", "not in chunks")]:
+                         (b"Transfer-Encoding: chunked\r\nContent-Length: 2",
+                          "both Transfer-Encoding and Content-Length")]:
         with socket.create_connection((host, port), timeout=5) as conn:
             conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n"
                          + AUTH + b"\r\n{}")
