@@ -77,8 +77,8 @@ class StoreMaintenance:
         while True:
             gone, total, batch_full = self._evict_batch(max_bytes)
             for blob, size in gone:
-                self._unlink_blob(blob)
-                freed += size
+                if self._unlink_blob(blob):  # (not a file this process may not delete)
+                    freed += size
             if total <= max_bytes or not batch_full:
                 return freed
 
