@@ -15,6 +15,7 @@ from statechat.cli_cache_store import (
     check_writable,
     has_cache,
     opened_store,
+    os_error_line,
     writable,
     writing,
 )
@@ -246,7 +247,7 @@ def _evict_blobs_first(root: Path, max_bytes: int | None) -> tuple[list[str], in
     alone: their names and bytes."""
     from statechat.cache.store.freeing import delete_evicted_blobs
 
-    with opened_store(root) as store:
+    with opened_store(root, deletes=True) as store:
         return delete_evicted_blobs(store, store.budgets()["bytes_budget"] if max_bytes is None
                                     else max_bytes)
 
@@ -277,6 +278,9 @@ def _clear_blobs_first(root: Path) -> tuple[list[str], int]:
     once there is room."""
     from statechat.cache.store.freeing import delete_blob_files
 
-    return [], delete_blob_files(root / "blobs")
+    try:
+        return [], delete_blob_files(root / "blobs")
+    except OSError as e:
+        raise os_error_line(root, e, "delete") from None
 
 

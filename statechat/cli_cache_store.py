@@ -31,12 +31,22 @@ def writable(root: Path) -> bool:
     return os.access(root, os.W_OK) and (not index_db.exists() or os.access(index_db, os.W_OK))
 
 
+def os_error_line(root: Path, e: OSError, verb: str) -> StatechatError:
+    """An OSError of a cache command on a file of the cache dir `root` (a blob file another
+    user made, by a run under sudo say, that this one may not `verb`), as one line."""
+    where = f"{e.filename} ({e.strerror})" if e.filename else f"a file of {root} ({e})"
+    return StatechatError(f"cannot {verb} {where}; check the permissions of the cache dir {root} "
+                          "and of the files in it (those a run under sudo made there are "
+                          "root's)")
+
+
 @contextlib.contextmanager
-def opened_store(root: Path, write: bool = False):
+def opened_store(root: Path, write: bool = False, deletes: bool | None = None):
     """The store of the cache dir `root`, or None where there is no cache dir yet (a note on
     stderr says so); its index is closed at the end. The cache commands only read or delete,
     so they create nothing: the index is opened read-only unless `write`, and a missing
-    index.db is read as empty, not made (its blob files can still be deleted)."""
+    index.db is read as empty, not made (its blob files can still be deleted). An OSError
+    (a file it may not delete, where `deletes`, which defaults to `write`) is one line."""
     if not root.exists():
         typer.echo(f"statechat: no cache at {root} yet", err=True)
         yield None
@@ -56,6 +66,9 @@ def opened_store(root: Path, write: bool = False):
         # (whole: read with its write-ahead log, which a reader on a full disk may not be)
         raise open_error(root / "index.db", e,
                          whole=getattr(store.db, "read_whole", True)) from None
+    except OSError as e:
+        raise os_error_line(root, e, "delete" if (write if deletes is None else deletes)
+                            else "read") from None
     finally:
         store.close()
 

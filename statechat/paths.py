@@ -18,13 +18,16 @@ def is_embedded(model: Path) -> bool:
 
 
 def cache_dir(explicit: str | Path | None = None) -> Path:
-    """--cache-dir, else $STATECHAT_CACHE_DIR, else $XDG_DATA_HOME/statechat (~/.local/share)."""
+    """--cache-dir, else $STATECHAT_CACHE_DIR, else $XDG_DATA_HOME/statechat (~/.local/share
+    where it is unset or relative: the XDG spec takes a relative one as invalid)."""
     if explicit:
         return Path(explicit).expanduser()
     env = os.environ.get("STATECHAT_CACHE_DIR")
     if env:
         return Path(env).expanduser()
-    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    data = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(data):
+        data = Path.home() / ".local" / "share"
     return Path(data) / "statechat"
 
 

@@ -1,6 +1,6 @@
 """Where statechat looks without being told: the default model is found wherever `hf download`
 put it, as huggingface_hub resolves its cache (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, ~), and
-so is a model named by its repo id."""
+so is a model named by its repo id; the default cache dir ignores a relative $XDG_DATA_HOME."""
 
 from __future__ import annotations
 
@@ -68,3 +68,17 @@ def test_a_repo_id_not_in_the_cache_says_how_to_get_it(tmp_path, monkeypatch):
         "`hf download Qwen/Qwen3.5-0.8B` first, or pass --model DIR with a checkpoint directory")
     with pytest.raises(ModelError, match="^model directory models/x/y does not exist$"):
         ModelConfig.from_hf(EngineConfig(model="models/x/y").model)
+
+
+def test_a_relative_xdg_data_home_is_ignored(tmp_path, monkeypatch):
+    """A relative $XDG_DATA_HOME is invalid (the XDG spec: ignore it), so the default cache dir
+    is ~/.local/share/statechat from every working directory; it was under the working
+    directory, so each folder a user started in got a cache (and chats) of its own."""
+    from statechat.paths import cache_dir
+
+    monkeypatch.delenv("STATECHAT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", "data")
+    assert cache_dir() == tmp_path / ".local" / "share" / "statechat"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert cache_dir() == tmp_path / "data" / "statechat"

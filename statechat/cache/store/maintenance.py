@@ -77,8 +77,8 @@ class StoreMaintenance:
         while True:
             gone, total, batch_full = self._evict_batch(max_bytes)
             for blob, size in gone:
-                self._unlink_blob(blob)
-                freed += size
+                if self._unlink_blob(blob):  # (not a file this process may not delete)
+                    freed += size
             if total <= max_bytes or not batch_full:
                 return freed
 
@@ -241,12 +241,20 @@ class StoreMaintenance:
         has just renamed a blob into place indexes it only after this, in its own transaction,
         and then finds it gone (rows.py indexes only the blobs still there), so no row is left
         naming a deleted file. Temporary files younger than `TMP_MIN_AGE_S` are a writer's
-        blob under way and are left alone (deleted, its save would fail with a warning)."""
+        blob under way and are left alone (deleted, its save would fail with a warning).
+
+        A deletion stopped part way (Ctrl+C, a file it may not delete) still commits the rows'
+        deletion before it goes on up: the files deleted by then must lose their rows, and
+        those left are orphans, which the next clear, gc or verify deletes."""
         with self.db_lock, self.db.conn:
             self.db.execute("BEGIN IMMEDIATE")
             for table in ("checkpoints", "blocks", "segments"):
                 self.db.execute(f"DELETE FROM {table}")
-            return delete_blob_files(self.blob_dir)
+            try:
+                return delete_blob_files(self.blob_dir)
+            except BaseException:
+                self.db.conn.commit()  # (rows first, then files: not rolled back after files)
+                raise
 
     def forget_blobs(self, blobs: list[str]) -> None:
         """Delete the rows naming `blobs`, files deleted before them (freeing.py: the blob

@@ -242,20 +242,31 @@ class StoreReads:
             self.db.execute("DELETE FROM checkpoints WHERE hash = ? AND blob IS ?", [h, blob])
         self._unlink_blob(blob, unless_named=True)
 
-    def _unlink_blob(self, blob: str, unless_named: bool = False) -> None:
+    def _unlink_blob(self, blob: str, unless_named: bool = False) -> bool:
         """Delete the file of an index row's `blob`, if it is named as the store names its own
         (BLOB_NAME): a row damaged or edited to name another file ("/home/me/notes.txt",
         "../x") loses its row, never that file. `unless_named`: kept where another row still
-        names it (a row edited to name another row's blob is dropped alone)."""
+        names it (a row edited to name another row's blob is dropped alone). False where a
+        file this process may not delete is left (said once)."""
         if not isinstance(blob, str) or not BLOB_NAME.fullmatch(blob):
-            return
+            return True
         if unless_named:
             with self.db_lock:
                 if self.db.execute("SELECT 1 FROM checkpoints WHERE blob = ? UNION ALL "
                                    "SELECT 1 FROM segments WHERE blob = ? LIMIT 1",
                                    [blob, blob]).fetchone():
-                    return
-        (self.blob_dir / blob).unlink(missing_ok=True)
+                    return True
+        try:
+            (self.blob_dir / blob).unlink(missing_ok=True)
+            return True
+        except OSError as e:  # (another user's file, a run under sudo's: its row is gone, the
+            # file stays, an orphan; the lookup, eviction or verify goes on)
+            if not self.unlink_failed:
+                log.warning("statechat cache: could not delete %s (%s); check the permissions "
+                            "of %s and of the files in it", e.filename or blob, e.strerror or e,
+                            self.blob_dir)
+            self.unlink_failed = True
+            return False
 
     def _set_aside(self, blob: str, why: str, then: str = RECOMPUTING) -> None:
         """Leave an unreadable blob out of plans for UNREADABLE_S (a lookup's), or just keep it

@@ -46,6 +46,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
             raise ConfigError(f"{self.blob_dir} is a file; move it away (the cache keeps its "
                               "blobs in that folder)")
         self.unreadable: dict[str, float] = {}  # blob -> when it could not be read (monotonic)
+        self.unlink_failed = False  # a blob file could not be deleted (said once: reads.py)
         self.index_ahead = IndexReadAhead(self.path, INDEX_FILE)  # SQLite's descriptors, advised
         self.read_only = read_only  # index opened to read alone (index_read.py)
         self.db = (index_read.connect_read_only if read_only else index.connect)(
