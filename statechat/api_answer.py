@@ -1,7 +1,7 @@
 """One API request's answer, chat or text completion alike (server.py's routes call it): its
 choices submitted to the engine (api_choices.py), sent as one JSON response or streamed as
 server-sent events (api_response.py's shapes), and, whatever happened, every choice still
-running aborted and each one's reuse logged under the response's id.
+running aborted and each one's reuse logged under the response's id and counted for /metrics.
 
 A client that goes away mid-answer aborts its choices (no traceback, the connection closed);
 an error once a stream's headers are sent is reported inside the stream, before its `[DONE]`.
@@ -90,9 +90,15 @@ class AnswerHandler(JsonHandler):
     def _log_ended(self, choices: Choices | None, rid: str) -> None:
         """Abort the choices still running (a no-op for those that finished), then log the
         reuse of each once it has ended (an aborted one's marked so), under the response's id
-        `rid` (a choice's index after it where there are several)."""
+        `rid` (a choice's index after it where there are several), and count it for /metrics
+        (one that failed too)."""
         if choices is not None:
             choices.abort()
             many = len(choices.handles) > 1
+            metrics = self.server.metrics
             for i, out in choices.ended(ABORT_WAIT_S):
                 self.log_message("%s", reuse_line(out, f"{rid} choice {i}" if many else rid))
+                metrics.observe(out, choices.handles[i].latency_s)
+            for handle in choices.handles:
+                if getattr(handle, "error", None) is not None:
+                    metrics.observe_error()

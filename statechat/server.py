@@ -5,10 +5,12 @@
     GET  /v1/models, /v1/models/ID (the served model; a 404 for another id)
     GET  /health, GET or POST /ping (probes), GET /version
     POST /tokenize, /detokenize (vLLM's: a text's or a chat's token ids, and back)
+    GET  /metrics               (Prometheus's text format: api_metrics.py)
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
-"code"}}. With an API key, every request but /health needs `Authorization: Bearer KEY`. Pages
+"code"}}. With an API key, every request but /health, /ping and /metrics needs
+`Authorization: Bearer KEY` (as vLLM's, which leaves its probes and /metrics open). Pages
 of the allowed origins (those of this machine, by default) may call it from a browser (CORS). A
 request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py)
 and answered by api_answer.py: its choices are submitted, awaited and streamed by
@@ -41,6 +43,7 @@ from statechat.api_completions import (
     parse_completion,
 )
 from statechat.api_cors import LOCAL_ORIGINS
+from statechat.api_metrics import CONTENT_TYPE, ServerMetrics
 from statechat.api_reasoning import check_parser
 from statechat.api_request import DEFAULT_SAMPLING, ApiError, named, parse_n, unknown_fields
 from statechat.api_tokens import detokenize, tokenize
@@ -50,8 +53,11 @@ from statechat.engine.worker import EngineWorker
 
 ROUTES = {"/health": "GET, HEAD", "/ping": "GET, HEAD, POST", "/version": "GET, HEAD",
           "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST", "/v1/completions": "POST",
-          "/tokenize": "POST", "/detokenize": "POST"}  # each route's methods (a 405's Allow)
-PROBES = ("/health", "/ping")  # routes served without the API key (vLLM's, SageMaker's probes)
+          "/tokenize": "POST", "/detokenize": "POST",
+          "/metrics": "GET, HEAD"}  # each route's methods (a 405's Allow)
+# routes served without the API key, as vLLM serves them: its and SageMaker's probes, and the
+# Prometheus scrape (counts and pool sizes: nothing of a conversation)
+KEYLESS = ("/health", "/ping", "/metrics")
 MODEL_ROUTE = "/v1/models/"  # + a model's id (which may hold slashes): OpenAI's retrieve
 STOP_WAIT_S = 10  # how long a stop waits for the answers still being written
 FLUSH_WAIT_S = 90  # how long it waits for the engine to stop and the cache's writes (as `run`)
@@ -98,6 +104,7 @@ class ChatServer(ThreadingHTTPServer):
         self.reasoning_parser = check_parser(reasoning_parser)
         self.tool_call_parser = check_tool_parser(tool_call_parser)
         self.created = int(time.time())
+        self.metrics = ServerMetrics()  # the counts GET /metrics shows (api_answer.py's)
         self.is_stopping = False  # set by stop(): connections close after their request
         self._connections = threading.Condition()  # guards the two sets below
         self._idle: set[Handler] = set()  # connections waiting for their next request
@@ -164,16 +171,16 @@ class Handler(AnswerHandler):
     def do_GET(self) -> None:  # (HEAD: the same answers, without their bodies)
         route = self._route()
         routes = {"/health": self._health, "/ping": self._health, "/version": self._version,
-                  "/v1/models": self._models}
+                  "/v1/models": self._models, "/metrics": self._metrics}
         handler = self._model if route.startswith(MODEL_ROUTE) else routes.get(route)
-        self._guard(handler or self._unrouted, is_open=route in PROBES)
+        self._guard(handler or self._unrouted, is_open=route in KEYLESS)
 
     def do_POST(self) -> None:
         route = self._route()
         routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions,
                   "/tokenize": self._tokenize, "/detokenize": self._detokenize,
                   "/ping": self._health}
-        self._guard(routes.get(route, self._unrouted), is_open=route in PROBES)
+        self._guard(routes.get(route, self._unrouted), is_open=route in KEYLESS)
 
     do_HEAD = do_GET
 
@@ -188,7 +195,7 @@ class Handler(AnswerHandler):
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
-                "/v1/models/ID, /health, /ping, /version; POST /v1/chat/completions, "
+                "/v1/models/ID, /health, /ping, /version, /metrics; POST /v1/chat/completions, "
                 "/v1/completions, /tokenize, /detokenize, /ping")
 
     def _allow(self) -> dict[str, str]:
@@ -206,6 +213,18 @@ class Handler(AnswerHandler):
 
     def _health(self) -> None:
         self._send_json(200, {"status": "ok"})
+
+    def _metrics(self) -> None:
+        """Prometheus's scrape: the counts as text (HEAD: its headers alone)."""
+        data = self.server.metrics.render(self.server.worker.engine).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _version(self) -> None:
         self._send_json(200, {"version": __version__})

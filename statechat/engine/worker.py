@@ -51,11 +51,19 @@ class RequestHandle:
         self.speculative = False  # (see EngineWorker.submit)
         self.ended = False  # its end mark was read
         self.error: BaseException | None = None  # the error it ended with, once read
+        self.end_time: float | None = None  # (perf_counter) when the worker delivered its end
 
     def put(self, item) -> None:
         """(The worker thread) deliver an event, an error or the end mark."""
+        if item is _DONE:
+            self.end_time = time.perf_counter()
         self.events.put(item)
         self.started.set()
+
+    @property
+    def latency_s(self) -> float | None:
+        """Seconds from its submission to its end (None until it has ended)."""
+        return None if self.end_time is None else self.end_time - self.submitted
 
     def __iter__(self) -> Iterator[StreamEvent]:
         yield from self._events()

@@ -34,13 +34,15 @@ class StoreMaintenance:
     `_discard_segment` and `_unlink_blob` come from reads.py."""
 
     def total_bytes(self) -> int:
-        """The bytes of every blob the index has a row for (all models)."""
+        """The bytes of every blob the index has a row for (all models), kept as `bytes_used`
+        (which /metrics shows without a query of its own)."""
         with self.db_lock:
             row = self.db.execute(
                 "SELECT (SELECT coalesce(sum(bytes),0) FROM checkpoints) "
                 "+ (SELECT coalesce(sum(bytes),0) FROM segments)"
             ).fetchone()
-        return int(row[0])
+        self.bytes_used = int(row[0])
+        return self.bytes_used
 
     def index_bytes(self) -> int:
         """The bytes of the index's files: index.db (the chats in it too), its write-ahead log

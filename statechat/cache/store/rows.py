@@ -19,8 +19,8 @@ from statechat.cache.store.marks import ReuseMarks
 
 
 class SaveRows(ReuseMarks):
-    """StoreWriter's rows. Works on the store's db, db_lock, blob_dir, model_id, budget and
-    budget_explicit, and the marks of reuses (marks.py)."""
+    """StoreWriter's rows. Works on the store's db, db_lock, blob_dir, model_id, budget,
+    budget_explicit and num_saved_checkpoints, and the marks of reuses (marks.py)."""
 
     def _insert_rows(self, job: SaveJob, new_blocks: list[tuple[str, str, int]],
                      seg: tuple[str, int, int, str, Path] | None,
@@ -54,8 +54,10 @@ class SaveRows(ReuseMarks):
             if job.chain_blocks:
                 on_disk = index.blocks_present(self.db, job.chain_blocks)
                 missing = [h for h in job.chain_blocks if h not in on_disk]
+            is_saved = False  # (its row inserted: counted once the transaction commits)
             if ck is not None:
                 unused.append(ck[0] if missing else self._insert_checkpoint(job, ck, now))
+                is_saved = not missing and unused[-1] is None
             if job.chain:
                 index.touch_chain(self.db, job.chain, now)
             self._mark_used(marks, hits)
@@ -63,6 +65,7 @@ class SaveRows(ReuseMarks):
             for name in filter(None, unused):  # (before the commit: nothing raises after it)
                 (self.blob_dir / name).unlink(missing_ok=True)
         self._forget_touches(marks)
+        self.num_saved_checkpoints += is_saved
         return list(dict.fromkeys(missing + lost))
 
     def _published(self, blob: str, temp: Path) -> bool:

@@ -52,8 +52,10 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
         self.db = (index_read.connect_read_only if read_only else index.connect)(
             self.path / INDEX_FILE)
         self.db_lock = threading.RLock()  # one connection shared by the engine and writer threads
-        self.budget = budget_bytes if budget_bytes is not None else default_budget(
-            self.path, self._own_bytes())
+        self.bytes_used = 0  # the blobs' bytes as last summed (total_bytes: at open, and after
+        # each of this process's saves; another process's since are not seen until then)
+        own = self._own_bytes()
+        self.budget = budget_bytes if budget_bytes is not None else default_budget(self.path, own)
         self.budget_explicit = budget_bytes is not None  # set, not the default (budget.py)
         if not read_only:
             bound_log(self.db, self.budget)
@@ -70,6 +72,7 @@ class StateStore(StoreReads, StoreWriter, StoreMaintenance, StoreVerify):
         self.touched: dict[str, float] = {}  # chain -> when a reuse last used it (`touch`)
         self.hit_counts: dict[str, int] = {}  # checkpoint -> disk reads not written (`count_hit`)
         self.errors = 0  # saves that failed (a full disk, a lock held elsewhere)
+        self.num_saved_checkpoints = 0  # checkpoints this store indexed (their rows committed)
         self.failed_saves = FailedSaves(self.path)  # how they are told: a line per cause
         self.failed: str | None = None  # why the index failed (`give_up`): the disk tier is off
         self.queue: queue.Queue[SaveJob | None] = queue.Queue(maxsize=queue_size)
