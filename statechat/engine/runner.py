@@ -19,6 +19,7 @@ from statechat.engine.sampler_graphs import SamplerGraphs
 from statechat.engine.scheduler import Batch
 from statechat.engine.scoring import PromptScoring
 from statechat.engine.step_sampling import Launched, StepSampling
+from statechat.engine.structured import Grammars
 from statechat.engine.token_counts import TokenCounts
 from statechat.engine.transfer import StateTransfer
 from statechat.model.context import Context, ModelCaches
@@ -43,6 +44,7 @@ class ModelRunner(GraphReplay, PromptScoring, StepSampling, StateTransfer):
         self.rope_table: torch.Tensor | None = None  # the rotary table its steps read (None:
         # computed; see Context.rope_table)
         self.eos_ids: set[int] = set()  # (the engine's) barred with stop_token_ids by min_tokens
+        self.grammars: Grammars | None = None  # the matchers of structured outputs (the engine's)
         self.before_wait = lambda: None  # runs once a step is launched, before its tokens are read
         # pinned buffer for the tokens of a step that a later one was queued after, and the
         # event after their copy
@@ -201,6 +203,8 @@ class ModelRunner(GraphReplay, PromptScoring, StepSampling, StateTransfer):
 
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
+        if self.grammars is not None:
+            self.grammars.forget(seq_id)
         if self.counts is not None:
             self.counts.release(seq_id)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from statechat.engine.structured import StructuredOutput
 from statechat.errors import ConfigError
 
 MAX_STOPS = 64  # stop strings (and stop token ids) a request may give: each step scans them
@@ -63,6 +64,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's
     # text) at the end of the text
     skip_special_tokens: bool = True  # False: special tokens' text shows in the text
+    # the reply held to a JSON schema, regex, choice or grammar (engine/structured.py; a dict
+    # of StructuredOutput's fields is taken); None = free
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         self._check_sampling()
@@ -78,6 +82,8 @@ class SamplingParams:
         put(self, "is_plain_greedy", self.is_greedy and not self.uses_penalties)
         # logits changed before sampling: a bias, or tokens barred (the runner's ban)
         put(self, "uses_bias", bool(self.logit_bias) or self.min_tokens > 0)
+        # the tokens a row may draw come from its structured output's matcher at each step
+        put(self, "uses_grammar", self.structured is not None)
 
     def _check_sampling(self) -> None:
         """temperature, top_p, min_p, the penalties and top_k checked and clamped."""
@@ -157,6 +163,18 @@ class SamplingParams:
             raise ConfigError(f"min_tokens must be from 0 to max_tokens ({self.max_tokens}), "
                               f"got {show_value(self.min_tokens)}")
         put(self, "logit_bias", _biases(self.logit_bias))
+        if isinstance(self.structured, dict):
+            try:
+                put(self, "structured", StructuredOutput(**self.structured))
+            except TypeError:
+                raise ConfigError("structured takes json, regex, choice, grammar and "
+                                  f"after_token, got {show_value(list(self.structured))}") from None
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ConfigError("structured must be a StructuredOutput (or a dict of its fields), "
+                              f"got {show_value(self.structured)}")
+        if self.structured is not None and self.min_tokens:
+            raise ConfigError("min_tokens cannot be used with a structured output: its grammar "
+                              "decides where the reply may end")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 put(self, name, _integer(name, getattr(self, name)))

@@ -20,6 +20,7 @@ from statechat.engine.runner import ModelRunner
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.scheduler import Scheduler
 from statechat.engine.sizing import prefill_guess
+from statechat.engine.structured import Grammars
 from statechat.model.context import ModelCaches
 from statechat.model.loader import LoadedModel, load_model
 from statechat.paths import served_name
@@ -62,6 +63,8 @@ class EngineSetup:
         runner's wait telling the store's writer that the engine is idle."""
         self.runner = ModelRunner(self.loaded, num_blocks, num_slots, self.config.block_size)
         self.runner.eos_ids = self.eos_ids
+        self.runner.grammars = Grammars(self.tokenizer, self.loaded.config.vocab_size,
+                                        self.eos_ids)
         self.store = self._open_store()
         if self.store is not None:  # the store's method, not the engine's: no reference cycle
             self.runner.before_wait = self.store.engine_idle.set

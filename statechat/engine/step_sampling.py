@@ -1,6 +1,6 @@
 """The runner's sampling of a step's logits: its tokens drawn (each request's penalties, logit
-bias and min_tokens applied, on the sampler's graphs where they can serve), its logprob table
-made, and the step returned as Launched for `ModelRunner.collect` to read.
+bias, min_tokens and structured output applied, on the sampler's graphs where they can serve),
+its logprob table made, and the step returned as Launched for `ModelRunner.collect` to read.
 
 A mixin of ModelRunner (engine/runner.py), which queues the step's forward first.
 """
@@ -37,7 +37,7 @@ class Launched:
 
 class StepSampling:
     """The sampling of ModelRunner's steps (`self.device`, `self.generators`, `self.counts`,
-    `self.eos_ids`, `self._tensor`)."""
+    `self.eos_ids`, `self.grammars`, `self._tensor`)."""
 
     def _sample_step(self, batch: Batch, logits: torch.Tensor, greedy: torch.Tensor | None,
                      graphs: SamplerGraphs | None, replay: int | None,
@@ -55,8 +55,9 @@ class StepSampling:
             counts = self._counts(wanted, logits.shape[-1])
         drawn_from = logits
         biases = self._biases(batch, logits.shape[-1]) if any(p.uses_bias for p in params) else None
-        if biases:  # (a graph's argmax and sampling do not see them: this step is eager)
-            drawn_from, greedy, graphs = self._biased(logits, biases), None, None
+        held = [j for j, p in enumerate(params) if p.uses_grammar]  # (structured outputs)
+        if biases or held:  # (a graph's argmax and sampling do not see them: this step is eager)
+            drawn_from, greedy, graphs = self._biased(logits, biases, wanted, held), None, None
         tokens = sample(drawn_from, params, [self._generator(s) for s in wanted], greedy, counts,
                         graphs)
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]  # (of the raw logits)
@@ -90,14 +91,23 @@ class StepSampling:
                 values += [-math.inf] * len(barred)
         return (rows, cols, values) if rows else None
 
-    def _biased(self, logits: torch.Tensor, biases: tuple[list[int], list[int], list[float]]
-                ) -> torch.Tensor:
-        """A copy of the logits with _biases' changes added (the logits may be a graph's
-        output, which its next replay overwrites, and the logprobs read them raw)."""
-        rows, cols, values = biases
+    def _biased(self, logits: torch.Tensor,
+                biases: tuple[list[int], list[int], list[float]] | None, seqs: list,
+                held: list[int]) -> torch.Tensor:
+        """A copy of the logits with _biases' changes added, and -inf on the tokens that the
+        structured outputs of rows `held` (of `seqs`, one per row) do not allow (the logits may
+        be a graph's output, which its next replay overwrites, and the logprobs read them
+        raw)."""
         out = logits.clone()
-        index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
-        return out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
+        if biases:
+            rows, cols, values = biases
+            index = (self._tensor(rows, torch.int64), self._tensor(cols, torch.int64))
+            out.index_put_(index, self._tensor(values, out.dtype), accumulate=True)
+        if held:
+            allowed = self.grammars.mask([seqs[j] for j in held], out.shape[-1], out.device)
+            rows = self._tensor(held, torch.int64)
+            out[rows] = out[rows].masked_fill(~allowed, -math.inf)
+        return out
 
     def _generator(self, seq) -> torch.Generator | None:
         if seq.params.is_greedy or seq.params.seed is None:

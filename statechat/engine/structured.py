@@ -1,0 +1,189 @@
+"""Structured outputs: a reply held to a JSON schema, a regular expression, a list of choices or
+a grammar (vLLM's structured outputs, llama.cpp's grammars), by masking at each step the tokens
+that cannot continue it.
+
+`StructuredOutput` is what a request asks for, checked when made. `Grammars` (one per runner)
+keeps a matcher per sequence (llguidance's, over the model's tokenizer), brings it up to the
+sequence's reply before each step, and turns the steps' matchers into a mask of the tokens each
+row may draw. Once the reply is whole, the mask leaves only the end-of-sequence tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from statechat.errors import ConfigError
+
+log = logging.getLogger("statechat.engine")
+
+KINDS = ("json", "regex", "choice", "grammar")  # what a StructuredOutput may hold, one of them
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """One constraint on a reply (exactly one of the fields but `after_token`):
+
+    - json: a JSON schema (a dict, or its JSON text); True for any JSON object (OpenAI's
+      `json_object`);
+    - regex: a regular expression the whole reply matches (Rust's regex syntax);
+    - choice: the reply is one of these strings;
+    - grammar: a context-free grammar, in llama.cpp's GBNF (`root ::= ...`) or Lark.
+
+    `after_token`: the constraint starts after the reply's first such token (a reasoning model's
+    end of thinking); None: from the reply's first token. The grammar is checked when made: a
+    bad one is a ConfigError that names what is wrong."""
+
+    json: dict | str | bool | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    after_token: int | None = None
+    spec: str = field(init=False, repr=False, compare=False)  # llguidance's grammar text
+
+    def __post_init__(self) -> None:
+        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ConfigError("a structured output takes exactly one of json, regex, choice and "
+                              f"grammar, got {', '.join(given) or 'none'}")
+        if self.after_token is not None and (not isinstance(self.after_token, int)
+                                             or self.after_token < 0):
+            raise ConfigError(f"after_token must be a token id, got {self.after_token!r}")
+        object.__setattr__(self, "spec", _spec(self))
+        problem = _llguidance().LLMatcher.validate_grammar(self.spec, None)
+        if problem:
+            raise ConfigError(f"the {given[0]} of the structured output is not valid: "
+                              f"{_one_line(problem)}")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+
+def _spec(s: StructuredOutput) -> str:
+    """llguidance's grammar text for `s` (its fields' types checked)."""
+    ll = _llguidance()
+    if s.json is not None:
+        if s.json is True:
+            return ll.grammar_from("json_schema", '{"type": "object"}')
+        if isinstance(s.json, str):
+            try:
+                schema = json.loads(s.json)
+            except ValueError as e:
+                raise ConfigError(f"the JSON schema of the structured output is not JSON: {e}")
+        else:
+            schema = s.json
+        if not isinstance(schema, dict):
+            raise ConfigError("a JSON schema must be an object (a dict), got "
+                              f"{type(schema).__name__}")
+        text = json.dumps(schema, sort_keys=True)  # (kept as text: the params stay hashable)
+        object.__setattr__(s, "json", text)
+        return ll.LLMatcher.grammar_from_json_schema(text)
+    if s.choice is not None:
+        choice = list(s.choice) if isinstance(s.choice, list | tuple) else None
+        if not choice or not all(isinstance(c, str) and c for c in choice):
+            raise ConfigError("choice must be a list of non-empty strings")
+        object.__setattr__(s, "choice", tuple(choice))
+        return ll.grammar_from("choice", json.dumps(choice))
+    name, text = ("regex", s.regex) if s.regex is not None else ("grammar", s.grammar)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{name} must be a non-empty string")
+    return ll.grammar_from("regex" if name == "regex" else "grammar", text)
+
+
+def _one_line(text: str) -> str:
+    """An llguidance error (several lines, with a caret under the place) as one line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip().strip("^")]
+    return "; ".join(lines)[:300]
+
+
+def _llguidance():
+    import llguidance
+    import llguidance.hf  # (from_tokenizer)
+
+    return llguidance
+
+
+class _Matcher:
+    """A sequence's matcher and how much of its reply it has taken."""
+
+    def __init__(self, matcher, after_token: int | None) -> None:
+        self.matcher = matcher
+        self.taken = 0  # reply tokens looked at
+        self.open = after_token is None  # whether the constraint has started
+        self.after_token = after_token
+
+
+class Grammars:
+    """The runner's matchers, one per sequence with a structured output; the tokenizer's view
+    that they share is built at the first such request (a model's whole vocabulary: about a
+    second for 250k tokens)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: set[int]) -> None:
+        self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
+        self._ll_tokenizer = None
+        self._matchers: dict[int, _Matcher] = {}
+
+    def _matcher(self, seq) -> _Matcher:
+        m = self._matchers.get(seq.seq_id)
+        if m is None:
+            ll = _llguidance()
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = ll.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids))
+            s = seq.params.structured
+            m = self._matchers[seq.seq_id] = _Matcher(
+                ll.LLMatcher(self._ll_tokenizer, s.spec, log_level=0), s.after_token)
+        return m
+
+    def mask(self, seqs: list, width: int, device: torch.device) -> torch.Tensor:
+        """[len(seqs), width] bool on `device`: True where the row of seqs[i] may draw the token
+        (its logits `width` wide). Each matcher first takes the reply tokens it has not seen."""
+        import llguidance.torch as llt
+
+        bits = llt.allocate_token_bitmask(len(seqs), self.vocab_size)
+        for i, seq in enumerate(seqs):
+            m = self._catch_up(seq)
+            if not m.open:
+                bits[i].fill_(-1)  # (every token, until the constraint starts)
+                continue
+            llt.fill_next_token_bitmask(m.matcher, bits, i)
+            if m.matcher.is_error() or not bits[i].any():
+                # (a reply the grammar cannot go on from: it may only end)
+                bits[i].zero_()
+                for t in self.eos_ids:
+                    if t < self.vocab_size:
+                        bits[i, t // 32] |= _bit(t % 32)
+        shifts = torch.arange(32, dtype=torch.int32, device=device)
+        unpacked = (bits.to(device, non_blocking=True).unsqueeze(-1) >> shifts) & 1
+        allowed = unpacked.view(len(seqs), -1)[:, :width].bool()
+        if allowed.shape[1] < width:  # (logits wider than the tokenizer's vocabulary)
+            pad = allowed.new_zeros(len(seqs), width - allowed.shape[1])
+            allowed = torch.cat([allowed, pad], dim=1)
+        return allowed
+
+    def _catch_up(self, seq) -> _Matcher:
+        """The sequence's matcher, having taken every reply token it had not (a step's tokens
+        are appended to the sequence after the step is read, before the next one samples)."""
+        m = self._matcher(seq)
+        start = seq.num_prompt_tokens + m.taken
+        for t in seq.token_ids[start:]:
+            m.taken += 1
+            if not m.open:
+                m.open = t == m.after_token
+            elif not m.matcher.is_stopped() and not m.matcher.consume_token(t):
+                log.warning("statechat: request %s drew token %d that its structured output "
+                            "does not allow (%s); it may only end now", seq.request_id, t,
+                            _one_line(m.matcher.get_error()))
+        return m
+
+    def forget(self, seq_id: int) -> None:
+        self._matchers.pop(seq_id, None)
+
+
+def _bit(i: int) -> int:
+    """Bit i of an int32 word, as the signed value torch's int32 holds."""
+    return (1 << i) - (1 << 32) if i == 31 else 1 << i
