@@ -74,10 +74,13 @@ def test_a_new_chat_begins_with_the_system_message_and_an_old_chat_keeps_its_own
 def test_editing_the_system_message_makes_a_new_branch(loaded, tmp_path):
     async def run():
         app = make_app(loaded, tmp_path, SYSTEM)
-        async with app.run_test(size=(120, 50)) as pilot:
+        async with app.run_test(size=(120, 50), notifications=True) as pilot:
             await wait_ready(pilot, app)
             await send(pilot, app, "hello")
             await focus_message(pilot, app, 0)
+            await pilot.press("r")  # (nothing to regenerate: it says what to pick)
+            await pilot.pause()
+            assert app.handle is None and "Pick a reply" in list(app._notifications)[-1].message
             await pilot.press("e")
             composer = app.query_one(Composer)
             assert composer.editing == views(app)[0].message.id and composer.text == SYSTEM
