@@ -63,6 +63,7 @@ class BatchDefaults:
     sampling: SamplingParams = DEFAULT_SAMPLING  # every line's; its own fields win
     template_kwargs: dict | None = None  # chat-template variables; a line's own win
     tool_call_parser: str | None = None  # --tool-call-parser (None: a line's tools are refused)
+    system_prompt: str | None = None  # --system-prompt: a line with no system message's first
 
     def params(self, **line) -> SamplingParams:
         """A line's sampling params: its own fields (LINE_FIELDS) where it has them (a
@@ -132,6 +133,8 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
         if include_reasoning is not None and not isinstance(include_reasoning, bool):
             raise StatechatError("include_reasoning must be true or false")
         messages = chat_messages(req.get("messages"), tools is not None)
+        if defaults.system_prompt and all(m["role"] != "system" for m in messages):
+            messages = [{"role": "system", "content": defaults.system_prompt}, *messages]
         kwargs = merge_template_kwargs(defaults.template_kwargs, req.get("chat_template_kwargs"))
         if kwargs is not None:
             check_template_kwargs(None, kwargs)

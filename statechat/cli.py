@@ -70,6 +70,7 @@ from statechat.cli_options import (
 )
 from statechat.cli_serve import serve
 from statechat.cli_setup import command_setup, warn_if_embedded
+from statechat.cli_system_prompt import SystemPromptFileOpt, SystemPromptOpt, system_prompt
 
 app = typer.Typer(
     cls=FlagsGroup,
@@ -100,8 +101,10 @@ def _root(
 @app.command(short_help="Chat in the terminal app: branching conversations, each reply "
                          "reporting cache reuse.")
 def run(
+    ctx: typer.Context,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
+    system_prompt_text: SystemPromptOpt = None, system_prompt_file: SystemPromptFileOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
@@ -121,9 +124,11 @@ def run(
         from statechat.tui.app import DEFAULT_SAMPLING, StatechatApp
 
         config, sampling = command_setup(DEFAULT_SAMPLING, locals())
+        system = system_prompt(ctx, system_prompt_text, system_prompt_file)
         terminal.require_terminal()  # (before the app loads the model)
         chat_app = StatechatApp(config, chat_dir=resolve_cache_dir(cache_dir), sampling=sampling,
-                                template_kwargs=parse_template_kwargs(chat_template_kwargs))
+                                template_kwargs=parse_template_kwargs(chat_template_kwargs),
+                                system_prompt=system)
         chat_app.run()
     global _app_closed
     _app_closed = chat_app.is_closed  # (the engine stopped in time: its cache writes are done)
@@ -150,9 +155,10 @@ BatchOutputOpt = Annotated[Path | None, typer.Option(
 @app.command(short_help="Run chat requests from a JSONL file together; one JSON result per "
                          "line, in order.")
 def batch(
-    input: BatchInputArg, output: BatchOutputOpt = None,
+    ctx: typer.Context, input: BatchInputArg, output: BatchOutputOpt = None,
     model: ModelOpt = None, cache_dir: CacheDirOpt = None, device: DeviceOpt = "auto",
     no_cache: NoCacheOpt = False, chat_template_kwargs: TemplateKwargsOpt = None,
+    system_prompt_text: SystemPromptOpt = None, system_prompt_file: SystemPromptFileOpt = None,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
@@ -182,7 +188,8 @@ def batch(
     check_parser(reasoning_parser)
     check_tool_parser(tool_call_parser, enable_auto_tool_choice)
     defaults = BatchDefaults(sampling, parse_template_kwargs(chat_template_kwargs),
-                             tool_call_parser)
+                             tool_call_parser,
+                             system_prompt(ctx, system_prompt_text, system_prompt_file))
     # (read last: standard input's producer, or a person typing, is not waited on first)
     jobs = parse_lines(read_requests(input), defaults)
     if (ignored := ignored_fields(jobs)) is not None:

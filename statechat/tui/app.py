@@ -2,8 +2,8 @@
 
 The app is put together from one mixin per concern: layout.py (fitting the terminal, moving
 focus), conversations.py (opening chats; editing, regenerating, switching and deleting
-branches), replies.py (sending a message, streaming its reply) and stopping.py (Esc, and the
-reply streaming at exit). This module builds the
+branches), replies.py (sending a message, streaming its reply), system_prompt.py (a chat's
+system message) and stopping.py (Esc, and the reply streaming at exit). This module builds the
 screen, loads the engine in a thread behind a progress screen, and closes everything when the
 app quits (Ctrl+Q; SIGTERM and SIGHUP quit as it does). Conversations live in
 `<cache_dir>/index.db` (chat/tree.py): editing or regenerating adds a branch, nothing is
@@ -36,6 +36,7 @@ from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
 from statechat.tui.log_notices import NOTICE_S, LogNotices, Warned
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
 from statechat.tui.stopping import StoppingMixin
+from statechat.tui.system_prompt import SystemPromptMixin
 from statechat.tui.typed_ahead import TypedAheadMixin
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.composer import Composer
@@ -56,10 +57,11 @@ class AppClosed(Exception):
     """The app quit while the engine was loading: the load stops."""
 
 
-class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixin, StoppingMixin,
-                   App):
+class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixin,
+                   SystemPromptMixin, StoppingMixin, App):
     """`statechat run`: chat with `config`'s model; conversations are kept in `chat_dir`.
-    `loaded`: a model already loaded (tests), else the app loads `config.model`."""
+    `loaded`: a model already loaded (tests), else the app loads `config.model`;
+    `system_prompt`: the system message every chat begun in the session starts with."""
 
     CSS_PATH = "app.tcss"
     TITLE = "statechat"
@@ -74,10 +76,12 @@ class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixi
 
     def __init__(self, config: EngineConfig, chat_dir: Path, loaded=None,
                  sampling: SamplingParams | None = None,
-                 template_kwargs: dict | None = None) -> None:
+                 template_kwargs: dict | None = None, system_prompt: str | None = None) -> None:
         super().__init__()
         self.config, self.chat_dir, self.loaded = config, Path(chat_dir), loaded
         self.template_kwargs = template_kwargs  # variables of the model's chat template
+        self.system_prompt = system_prompt  # new chats' first message (system_prompt.py)
+        self.warmed_systems: set[tuple[int, ...]] = set()  # system prefixes computed
         self.sampling = sampling or DEFAULT_SAMPLING
         self.worker = None  # EngineWorker, once loaded
         self.chats: ChatStore | None = None

@@ -157,9 +157,10 @@ class ConversationsMixin:
         return False
 
     def _target(self, msg_id: str | None, hint: str | None = None,
-                role: str | None = None) -> Message | None:
+                role: str | tuple[str, ...] | None = None) -> Message | None:
         """The message an action is for: the one clicked, else the focused one; None, said in
-        one notice, when none is focused or it is not of `role` (`hint`: what to pick), or
+        one notice, when none is focused or it is not of `role` (or of one of them; `hint`:
+        what to pick), or
         another statechat deleted it (GONE: the chat is shown again, the box focused)."""
         if msg_id is None:
             focused = self.focused
@@ -172,7 +173,7 @@ class ConversationsMixin:
         if msg is None:
             self.notify(GONE.format("That message"), severity="warning")
             self.open_conversation(self.conv_id)
-        elif role is not None and msg.role != role:
+        elif role is not None and msg.role not in ((role,) if isinstance(role, str) else role):
             self.notify(hint)
             return None
         return msg
@@ -185,11 +186,12 @@ class ConversationsMixin:
         self._focus_composer()
 
     def action_edit_message(self, msg_id: str | None = None) -> None:
-        """e, or a message's `edit`: its text into the box; Enter sends it as a new branch."""
+        """e, or a message's `edit`: its text into the box; Enter sends it as a new branch
+        (a system message's, with no reply: system_prompt.py)."""
         if self.is_closing:
             return
-        msg = self._target(msg_id, "Pick one of your messages to edit (r regenerates a reply).",
-                           role="user")
+        msg = self._target(msg_id, "Pick one of your messages, or the system message, to edit "
+                           "(r regenerates a reply).", role=("user", "system"))
         if msg is None:
             return
         self.query_one(Composer).start_edit(msg.id, msg.content)
@@ -199,7 +201,7 @@ class ConversationsMixin:
         if self.is_closing or self._busy():
             return
         hint = "Pick a reply to regenerate."
-        msg = self._target(msg_id, hint)
+        msg = self._target(msg_id, hint, role=("user", "assistant"))
         if msg is None:
             return
         parent = msg if msg.role == "user" else self._prompt_of(msg, hint)

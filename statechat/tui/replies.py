@@ -41,8 +41,9 @@ class RepliesMixin:
     """StatechatApp's sending and streaming. The app has `worker` (the EngineWorker), `chats`,
     `conv_id`, `sampling`, `template_kwargs`, `next_turn`, the streaming reply's `handle`,
     `streaming_conv_id`, `streaming_reply_id` (None while none streams), `streaming_start` and
-    `streaming_thinking`, `is_closing`, and `open_conversation()` and `focused_message()`
-    (conversations.py)."""
+    `streaming_thinking`, `is_closing`, `open_conversation()` and `focused_message()`
+    (conversations.py), and `begin_chat()`, `send_system_edit()` and `warm_system_prefix()`
+    (system_prompt.py)."""
 
     def on_composer_submitted(self, event: Composer.Submitted) -> None:
         """Enter in the box: send its text (an edit's as a new branch beside the edited
@@ -63,16 +64,16 @@ class RepliesMixin:
                 self.notify(GONE.format("The message being edited"), severity="warning")
             self.open_conversation(self.conv_id)  # (it says so of a chat gone)
             return
+        if edited is not None and edited.role == "system":  # (a new branch: no reply)
+            return self.send_system_edit(edited, event.text, text)
         if composer.editing:
             parent = edited.parent_id
         else:  # (the last message shown: another statechat may have gone on with this chat)
             shown = self.query_one(ChatView).views()
             parent = shown[-1].message.id if shown else None
-        if self.conv_id is None:
-            try:
-                self.conv_id = self.chats.create(title=chat_title(text)).id
-            except BusyError as e:  # (the text stays in the box)
-                self.notify(f"Not sent: {e}.", severity="error", markup=False)
+        if self.conv_id is None:  # (with the session's system message; the text stays in
+            is_made, parent = self.begin_chat(text)  # the box where it fails)
+            if not is_made:
                 return
         user = self._add(parent, "user", text)
         if user is not None:  # (else the text stays in the box: Enter again sends it anew)
@@ -92,6 +93,7 @@ class RepliesMixin:
         try:
             check_roles(path)
             ids = self.worker.render(history, template_kwargs=self.template_kwargs)
+            self.warm_system_prefix(history, ids)  # (a first turn: system_prompt.py)
             with self.worker.tokenizer_lock:  # (shared with the stream's thread)
                 thinking = opens_thinking(self.worker.engine.tokenizer, ids)
             ids += start.token_ids
@@ -136,9 +138,10 @@ class RepliesMixin:
             return self.chats.add(self.conv_id, parent_id, role, content, stats=stats,
                                   title=title)
         except BusyError as e:  # (a reply's: its message was saved, and is shown; r asks again)
-            what = "Not sent" if role == "user" else "The reply was not started"
+            is_reply = role == "assistant"
+            what = "The reply was not started" if is_reply else "Not sent"
             self.notify(f"{what}: {e}.", severity="error", markup=False)
-            if role != "user":
+            if is_reply:
                 self.open_conversation(self.conv_id)
             return None
         except GoneError:

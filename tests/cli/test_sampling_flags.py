@@ -40,7 +40,8 @@ def started(monkeypatch, shared_engine):
         return_code = 0
         is_closed = True
 
-        def __init__(self, config, chat_dir, sampling=None, template_kwargs=None) -> None:
+        def __init__(self, config, chat_dir, sampling=None, template_kwargs=None,
+                     system_prompt=None) -> None:
             got["run"] = sampling
 
         def run(self) -> None:

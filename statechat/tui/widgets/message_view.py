@@ -21,8 +21,9 @@ ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
 class MessageView(Vertical, can_focus=True):
-    """Focus it (click, or up/down in the chat) and: e edits, r regenerates, c continues a
-    reply, [ ] switch branch, d d deletes the branch (the first d asks)."""
+    """Focus it (click, or up/down in the chat) and: e edits (a user's or a system message), r
+    regenerates, c continues a reply, [ ] switch branch, d d deletes the branch (the first d
+    asks). A system message shows dimmed (app.tcss)."""
 
     BINDINGS: ClassVar[list[Binding]] = [
         Binding("e", "app.edit_message", "Edit"),
@@ -67,7 +68,7 @@ class MessageView(Vertical, can_focus=True):
             parts.append(f"[@click=app.prev_branch('{mid}')]‹[/] "
                          f"{self.position}/{self.num_siblings} "
                          f"[@click=app.next_branch('{mid}')]›[/]")
-        action, label = (("edit_message", "edit") if self.message.role == "user"
+        action, label = (("edit_message", "edit") if self.message.role in ("user", "system")
                          else ("regenerate", "regenerate"))
         parts.append(f"[@click=app.{action}('{mid}')]{label}[/]")
         if self.message.role == "assistant" and self.message.content:  # (c says why not, else)
