@@ -21,6 +21,7 @@ from statechat.errors import ConfigError
 log = logging.getLogger("statechat.engine")
 
 KINDS = ("json", "regex", "choice", "grammar")  # what a StructuredOutput may hold, one of them
+JSON_WHITESPACE = r"( |\n[ \t]{0,20})?"  # between a JSON schema's tokens (see _spec)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class StructuredOutput:
     """One constraint on a reply (exactly one of the fields but `after_token`):
 
     - json: a JSON schema (a dict, or its JSON text); True for any JSON object (OpenAI's
-      `json_object`);
+      `json_object`). Between its tokens at most a space or a line break and an indent, unless
+      the schema's "x-guidance" key sets llguidance's JSON options (`{"whitespace_flexible":
+      false}`: none at all);
     - regex: a regular expression the whole reply matches (Rust's regex syntax);
     - choice: the reply is one of these strings;
     - grammar: a context-free grammar, in llama.cpp's GBNF (`root ::= ...`) or Lark.
@@ -52,8 +55,13 @@ class StructuredOutput:
         if self.after_token is not None and (not isinstance(self.after_token, int)
                                              or self.after_token < 0):
             raise ConfigError(f"after_token must be a token id, got {self.after_token!r}")
-        object.__setattr__(self, "spec", _spec(self))
-        problem = _llguidance().LLMatcher.validate_grammar(self.spec, None)
+        try:
+            object.__setattr__(self, "spec", _spec(self))
+            problem = _llguidance().LLMatcher.validate_grammar(self.spec, None)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 (llguidance's converters raise bare Exception too)
+            problem = str(e)
         if problem:
             raise ConfigError(f"the {given[0]} of the structured output is not valid: "
                               f"{_one_line(problem)}")
@@ -68,8 +76,8 @@ def _spec(s: StructuredOutput) -> str:
     ll = _llguidance()
     if s.json is not None:
         if s.json is True:
-            return ll.grammar_from("json_schema", '{"type": "object"}')
-        if isinstance(s.json, str):
+            schema = {"type": "object"}
+        elif isinstance(s.json, str):
             try:
                 schema = json.loads(s.json)
             except ValueError as e:
@@ -79,9 +87,13 @@ def _spec(s: StructuredOutput) -> str:
         if not isinstance(schema, dict):
             raise ConfigError("a JSON schema must be an object (a dict), got "
                               f"{type(schema).__name__}")
-        text = json.dumps(schema, sort_keys=True)  # (kept as text: the params stay hashable)
-        object.__setattr__(s, "json", text)
-        return ll.LLMatcher.grammar_from_json_schema(text)
+        if s.json is not True:  # (kept as text: the params stay hashable)
+            object.__setattr__(s, "json", json.dumps(schema, sort_keys=True))
+        # whitespace between JSON's tokens: none, a space, or a line break and an indent of up
+        # to 20 (llama.cpp's bound), unless the schema's "x-guidance" says otherwise; free
+        # whitespace lets a model that likes blanks write them until max_tokens
+        bound = None if "x-guidance" in schema else {"whitespace_pattern": JSON_WHITESPACE}
+        return ll.LLMatcher.grammar_from_json_schema(schema, defaults=bound)
     if s.choice is not None:
         choice = list(s.choice) if isinstance(s.choice, list | tuple) else None
         if not choice or not all(isinstance(c, str) and c for c in choice):

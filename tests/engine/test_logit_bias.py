@@ -135,7 +135,8 @@ def test_min_tokens_leaves_the_plain_path_once_reached(setup, engine_device, mon
     biased = []
     real = StepSampling._biased
     monkeypatch.setattr(StepSampling, "_biased",
-                        lambda self, logits, b: biased.append(len(b[0])) or real(self, logits, b))
+                        lambda self, logits, b, *rest: biased.append(len(b[0]))
+                        or real(self, logits, b, *rest))
     out = eng.generate(setup[2][:1], SamplingParams(max_tokens=6, min_tokens=2))[0]
     assert len(out.token_ids) == 6  # (this reply has no EOS: the plain one runs NEW tokens)
     assert len(biased) == 2 and all(biased)  # the first two tokens, each with EOS barred
