@@ -8,7 +8,7 @@ size: index queries, opening and parsing blobs, handing reads to threads and wai
 the pools' copy launches; on a CPU with a small model it is nearly all of it (about 1 ms, where
 the bytes take 0.1 ms), on a slow or network disk it is each read's latency. Both parts are fitted
 to every timed load by recursive least squares (a line through loads of different sizes), so a
-fixed cost is never mistaken for a slow bandwidth, which would price a larger load too high and a
+fixed cost is not taken for a slow bandwidth, which would price a larger load too high and a
 smaller one too low.
 """
 
