@@ -1,17 +1,17 @@
 """PrefixCache: where a new request resumes, across the device, host and disk tiers.
 
 On admission it finds every usable prefix (all KV blocks available in some tier and a GDN
-checkpoint at its end), predicts for each the time to load what is not on the device (bytes
-over the tier's measured bandwidth; for disk, the page cache's rate for the part of each blob
-the page cache holds and the disk's for the rest) against the time to recompute what it saves
-(tokens over the measured prefill rate), and takes the cheapest, so a hit is never slower than
-no hit. The plan goes in two steps: the checkpoints and the host tier are looked up first, and
-a bound (every other block on disk, read at the best disk rate) decides whether the disk's
-blocks are worth looking up at all; only then is the index asked about them and the page cache
-about (a sample of) their blobs. It loads what it chose into the device pools (a hit in a lower
-tier is promoted) and reports the plan. After each step it persists new checkpoints, with the
-KV blocks before them, through the store's write-behind queue (CheckpointWriter, persist.py).
-The load itself is PrefixRestore's (restore.py).
+checkpoint at its end), predicts for each the time to load what is not on the device (the load's
+fixed cost plus its bytes over the tier's measured bandwidth; for disk, the page cache's costs
+for the part of each blob the page cache holds and the disk's for the rest) against the time to
+recompute what it saves (tokens over the measured prefill rate), and takes the cheapest, so a
+hit is never slower than no hit. The plan goes in two steps: the checkpoints and the host tier
+are looked up first, and a bound (every other block on disk, read at the best disk rate) decides
+whether the disk's blocks are worth looking up at all; only then is the index asked about them
+and the page cache about (a sample of) their blobs. It loads what it chose into the device pools
+(a hit in a lower tier is promoted) and reports the plan. After each step it persists new
+checkpoints, with the KV blocks before them, through the store's write-behind queue
+(CheckpointWriter, persist.py). The load itself is PrefixRestore's (restore.py).
 """
 
 from __future__ import annotations
@@ -210,7 +210,9 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
         cost_model, rate = self.cost, self.cost.prefill_s_per_token
         best = max(cost_model.bandwidth[PAGE_CACHE], cost_model.bandwidth[DISK])
         cand_k, cand_cost, cand_load, cand_assumed = 0, float("inf"), 0.0, False
-        load_s, tiers, segment_latency, assumed = 0.0, [], 0.0, False
+        # the blocks' bytes, and their load's fixed cost: one, the slowest tier's (their
+        # segments are read together)
+        load_s, tiers, fixed, assumed = 0.0, [], 0.0, False
         for k, h in enumerate(hashes, start=1):
             if k <= num_device:  # a device block costs nothing to load
                 tier = DEVICE
@@ -221,22 +223,25 @@ class PrefixCache(PrefixRestore, CheckpointWriter):
                 if tier is None:  # (optimistic: its lookup holds no disk blocks)
                     tier, load_s, assumed = DISK, load_s + self.bytes_per_block / best, True
                 else:
-                    load_s += cost_model.load_s(tier, self.bytes_per_block, 0,
-                                                lower.cached("kv", hx[k - 1]))
-                    if tier == DISK:  # one disk latency for the blocks' segments
-                        segment_latency = cost_model.latency[DISK]
+                    cached = lower.cached("kv", hx[k - 1])
+                    load_s += cost_model.bytes_s(tier, self.bytes_per_block, cached)
+                    fixed = max(fixed, cost_model.fixed_s(tier, cached))
             tiers.append(tier)
             ck_tier = DEVICE if self.slots.has(h) else lower.ckpts.get(hx[k - 1])
             if ck_tier is None:
                 continue
+            ck_fixed = 0.0
             if ck_tier == DISK and optimistic:
                 ck_load, ck_assumed = self.bytes_per_slot / best, True
             else:
                 ck_cached = lower.cached("ckpt", hx[k - 1]) if ck_tier == DISK else 0.0
                 ck_load, ck_assumed = (
-                    cost_model.load_s(ck_tier, self.bytes_per_slot, 1, ck_cached), False
+                    cost_model.bytes_s(ck_tier, self.bytes_per_slot, ck_cached), False
                 )
-            total_load = load_s + ck_load + segment_latency
+                ck_fixed = cost_model.fixed_s(ck_tier, ck_cached)
+            # a checkpoint on disk is read while the blocks are: one fixed cost for both
+            ck_fixed = max(ck_fixed - fixed, 0.0) if ck_tier == DISK else ck_fixed
+            total_load = load_s + ck_load + fixed + ck_fixed
             cost = total_load + (num_tokens - k * self.bs) * rate
             if cost <= cand_cost:
                 cand_k, cand_cost, cand_load, cand_assumed = (k, cost, total_load,

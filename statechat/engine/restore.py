@@ -1,7 +1,8 @@
-"""PrefixRestore: PrefixCache's loading half. The prefix that `reuse` chose is put in place:
-its blocks on the device taken, the rest read from the host tier or disk into new device blocks,
-and its checkpoint pinned or read into a state slot; each load teaches the cost model its tier's
-rate, and the request's `cache_plan` says where the load's time went.
+"""PrefixRestore: PrefixCache's loading half. The prefix that `reuse` chose is put in place: its
+blocks on the device taken, the rest read from the host tier or disk into new device blocks, and
+its checkpoint pinned or read into a state slot; each load teaches the cost model its tier's
+costs (timed from its start to its state in the pools: what the request waits for), and the
+request's `cache_plan` says where the load's time went.
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ def test_the_plan_bound_is_a_lower_bound_of_every_plan():
                          rng.randint(1, 1 << 26), rate)
         pc.cost.bandwidth.update({t: 10 ** rng.uniform(8, 10.5)
                                   for t in ("host", "disk", "page cache")})
-        pc.cost.latency.update({"host": rng.choice([0.0, 1e-5]), "disk": rng.uniform(0, 1e-3)})
+        pc.cost.latency.update({"host": rng.choice([0.0, 1e-5]), "disk": rng.uniform(0, 1e-3),
+                                "page cache": rng.uniform(0, 1e-3)})
         num_tokens = n * bs + rng.randint(1, 100)
         k0, bound, *_ = pc._cheapest(num_tokens, hashes, hx, num_device, first, optimistic=True)
         k1, cost, *_ = pc._cheapest(num_tokens, hashes, hx, num_device, real)

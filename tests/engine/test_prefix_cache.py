@@ -152,9 +152,9 @@ def test_disk_loads_teach_the_rate_they_saw():
     cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
     # the disk half at 0.5 GB/s
     cost.observe_load(DISK, int(4e9), 2e9 / 4e9 + 2e9 / 0.5e9, resident=0.5)
-    assert cost.bandwidth[PAGE_CACHE] == 4e9 and cost.bandwidth[DISK] == pytest.approx(0.75e9)
+    assert cost.bandwidth[PAGE_CACHE] == 4e9 and 0.5e9 <= cost.bandwidth[DISK] < 0.8e9
     cost.bandwidth.update({DISK: 1e9, PAGE_CACHE: 4e9})
-    cost.latency[DISK] = 0.0
+    cost.latency.update({DISK: 0.0, PAGE_CACHE: 0.0})
     assert cost.load_s(DISK, 4e9, resident=1.0) == pytest.approx(1.0)
     assert cost.load_s(DISK, 4e9, resident=0.0) == pytest.approx(4.0)
     assert cost.load_s(DISK, 4e9, resident=0.5) == pytest.approx(2.5)
