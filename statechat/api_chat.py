@@ -15,6 +15,7 @@ from statechat.api_messages import continues_final_message, parse_messages
 from statechat.api_reasoning import ReasoningStream, reasoning_tokens, split_reply
 from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_params
 from statechat.api_response import Shape, finish_reason
+from statechat.api_structured import check_with_tools, gate_thinking
 from statechat.api_tool_calls import ToolCallStream, merge_deltas, parse_tool_calls
 from statechat.api_tools import (
     TOOL_FIELDS,
@@ -51,9 +52,13 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     params = parse_params({k: v for k, v in body.items() if k not in TOOL_FIELDS},
                           len(prompt_ids), worker.max_model_len, server.sampling,
                           vocab_size=worker.engine.loaded.config.vocab_size)
+    check_with_tools(params, tools)
     params, tools = end_at_call(params, tools)  # (a named function: one call, then the end)
-    return prompt_ids, params, chat_shape(worker, body, prompt_ids, server.reasoning_parser,
-                                          tools, params.skip_special_tokens)
+    shape = chat_shape(worker, body, prompt_ids, server.reasoning_parser, tools,
+                       params.skip_special_tokens)
+    with worker.tokenizer_lock:  # (a reasoning model's reply held after its thinking)
+        params = gate_thinking(params, shape.opened, worker.engine.tokenizer)
+    return prompt_ids, params, shape
 
 
 def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict | None,

@@ -28,12 +28,13 @@ NUMBER_FIELDS = {
 # than a reply made as if it had not been asked for.
 NOT_SUPPORTED = {
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
-    "response_format": ({"type": "text"},), "guided_json": (),
-    "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
     "use_beam_search": (False,), "allowed_token_ids": ([],),
     "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
     "documents": ([],), "add_special_tokens": (False,),
 }
+# the fields of a structured output (api_structured.py: OpenAI's, vLLM's and llama.cpp's)
+STRUCTURED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar", "structured_outputs", "json_schema", "grammar")
 # vLLM's true/false sampling fields (SamplingParams' names) and their defaults
 BOOL_FIELDS = {"ignore_eos": False, "include_stop_str_in_output": False,
                "skip_special_tokens": True}
@@ -43,7 +44,8 @@ IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parall
                             "prompt_cache_key", "safety_identifier"})
 # the fields parse_params, parse_n and parse_stream read, which both APIs take
 SHARED_FIELDS = frozenset({
-    *NUMBER_FIELDS, *NOT_SUPPORTED, "model", "n", "best_of", "max_tokens", "max_completion_tokens",
+    *NUMBER_FIELDS, *NOT_SUPPORTED, *STRUCTURED_FIELDS, "model", "n", "best_of", "max_tokens",
+    "max_completion_tokens",
     "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "prompt_logprobs",
     "logit_bias", "stream", "stream_options", *BOOL_FIELDS,
 })
@@ -197,7 +199,11 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
     in the context (of several prompts, `longest_len` is the longest's: each must); the
     default is capped to that room, min_tokens then with it. ApiError(400) naming the field for
     a bad one (n and best_of included; a logit_bias id outside `vocab_size`) or one the server
-    cannot honour. The seed is the request's: choice i samples with seed + i."""
+    cannot honour. The seed is the request's: choice i samples with seed + i. Its structured
+    output (api_structured.parse_structured) holds the whole reply (a reasoning model's is
+    gated after its thinking by the chat API: api_structured.gate_thinking)."""
+    from statechat.api_structured import parse_structured  # (it reads ApiError from here)
+
     _refuse_unsupported(body)
     check_model(body)
     parse_n(body)
@@ -222,6 +228,7 @@ def parse_params(body: dict, prompt_len: int, max_model_len: int,
             **{key: parse_flag(body, key, default) for key, default in BOOL_FIELDS.items()},
             logprobs=_logprobs(body), prompt_logprobs=_prompt_logprobs(body),
             logit_bias=() if body.get("logit_bias") is None else body["logit_bias"],
+            structured=parse_structured(body),
         )
         if vocab_size is not None:
             check_vocabulary(params, vocab_size)

@@ -4,8 +4,10 @@ as transformers' apply_chat_template gives them (`tools`, OpenAI's function tool
 reply is parsed for calls (api_tool_calls.py) when the request has tools and its tool_choice is
 not "none". tool_choice "none" renders the tools (as vLLM does by default) and parses nothing.
 
-statechat has no guided decoding: "required" and a named function
-({"type": "function", "function": {"name": X}}) are served by starting the reply with the
+"required" and a named function ({"type": "function", "function": {"name": X}}) are served
+without a structured output (api_structured.py: a call is Qwen3.5's XML-like parameters, not
+the JSON that the function's `parameters` schema describes, so its arguments are not held to
+that schema) by starting the reply with the
 opening of a call, in Qwen3.5's format (`force_call`): `<tool_call>` and a newline for
 "required" (the model names the function), that and `<function=X>` and a newline for X. The
 forced text goes to the engine as prompt tokens after the generation prompt (so `usage` counts

@@ -40,12 +40,16 @@ from statechat.engine.sampling import SamplingParams, check_vocabulary
 from statechat.errors import StatechatError
 
 
-def prepare(engine: LLMEngine, job: Job) -> None:
+def prepare(engine: LLMEngine, job: Job, reasoning_parser: str | None = None) -> None:
     """Render a parsed job's prompt with the model's tokenizer (and the call's opening that its
     tool_choice forces, api_tools.force_call) and check it against the model (vocabulary,
-    context limit); a failure becomes the job's one-line error."""
+    context limit); a failure becomes the job's one-line error. With a `reasoning_parser`, a
+    structured output starts after the thinking that the prompt opens, as the server's
+    (api_structured.gate_thinking)."""
+    from statechat.api_structured import gate_thinking
     from statechat.api_tools import force_call, unthinking
-    from statechat.chat.template import render
+    from statechat.batch_lines import api_errors
+    from statechat.chat.template import opens_thinking, render
 
     if job.error is not None:
         return
@@ -60,6 +64,10 @@ def prepare(engine: LLMEngine, job: Job) -> None:
         if len(ids) >= engine.max_model_len:
             raise StatechatError(f"the prompt has {len(ids)} tokens; the context limit is "
                                  f"{engine.max_model_len}; shorten the conversation")
+        if reasoning_parser is not None and job.params.structured is not None:
+            with api_errors():
+                job.params = gate_thinking(job.params, opens_thinking(engine.tokenizer, ids),
+                                           engine.tokenizer)
     except StatechatError as e:
         job.error = str(e)
         return
@@ -167,7 +175,7 @@ def run_batch(
     too: their wait for the group's warm-up is part of it.
     """
     for job in jobs:
-        prepare(engine, job)
+        prepare(engine, job, reasoning_parser)
         if job.error is not None:
             job.result = error_record(job)
     warm = (warmup_prefixes(jobs, engine.config.block_size)

@@ -20,7 +20,10 @@ template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the pro
 starts with a call's opening, as the server's; a named function's ends with its call, a stop
 added to the line's, as the server's), assistant messages' "tool_calls" and "tool"
 messages are read as the server reads them (api_tools.py, api_messages.py); without it, they
-are the line's error, as they are the server's 400. A
+are the line's error, as they are the server's 400. A structured output ("response_format",
+"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+"json_schema", "grammar") is read as the server reads it (api_structured.py), its 400 the
+line's error. A
 line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
 model's recommended sampling and the command's flags); other fields are named on stderr. With
 --seed S, a line without its own "seed" draws one made from S and its line number (line_seed):
@@ -37,7 +40,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from statechat.api_request import MAX_N, whole_number
+from statechat.api_request import MAX_N, STRUCTURED_FIELDS, whole_number
+from statechat.api_structured import check_with_tools, parse_structured
 from statechat.api_tools import TOOL_FIELDS, ToolRequest, end_at_call, parse_tools
 from statechat.engine.sampling import SamplingParams
 from statechat.errors import StatechatError
@@ -50,7 +54,7 @@ LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence
 # ("model": the loaded model answers whatever a line names, as serve's does; a name that is not
 # a string is the line's error, as it is serve's 400)
 OTHER_FIELDS = ("id", "messages", "chat_template_kwargs", "max_completion_tokens",
-                "top_logprobs", "model", "include_reasoning", *TOOL_FIELDS)
+                "top_logprobs", "model", "include_reasoning", *TOOL_FIELDS, *STRUCTURED_FIELDS)
 BATCH_FORMAT_FIELDS = ("custom_id", "method", "url", "body")  # OpenAI's batch format's; any
 # other field of such a line, outside its body, is named on stderr, as ignored
 WHOLE = ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens",
@@ -128,6 +132,7 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
                                  "(the completions form)")
         tools = line_tools(req, defaults.tool_call_parser)
         with api_errors():  # (a named function: one call, then the end, as the server's)
+            check_with_tools(params, tools)
             params, tools = end_at_call(params, tools)
         include_reasoning = req.get("include_reasoning")
         if include_reasoning is not None and not isinstance(include_reasoning, bool):
@@ -199,6 +204,10 @@ def line_params(req: dict, defaults: BatchDefaults, line: int = 1) -> SamplingPa
         if not isinstance(given.get(flag, False), bool):
             raise StatechatError(f"{flag} must be true or false, got "
                                  f"{json.dumps(given[flag])[:60]}")
+    with api_errors():  # (a structured output, read as the server reads a body's)
+        structured = parse_structured(req)
+    if structured is not None:
+        given["structured"] = structured
     n = given.get("n", 1)  # (1.0 is 1, as the server reads it, and true is not)
     if whole_number(n) is None or not 1 <= n <= MAX_N:
         raise StatechatError(f"n must be an integer from 1 to {MAX_N}, got {json.dumps(n)[:60]}")

@@ -100,8 +100,6 @@ def test_server_defaults_fill_only_what_the_body_leaves_out():
 @pytest.mark.parametrize("body, field", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"echo": 0}, "echo"),  # a number is not the False of a flag
 ])
 def test_fields_the_server_cannot_honour_are_400s(body, field):
