@@ -124,7 +124,9 @@ class LLMEngine(Requests, EngineSetup):
 
         With async scheduling, a decode step that leaves every sequence running mid-block
         queues the step after it before its own tokens are read (Scheduler.can_continue): the
-        device never waits for the host between such steps. That step is the next call's."""
+        device never waits for the host between such steps. That step is the next call's. A
+        step with a structured output's row queues that step's forward alone, and its sampling
+        at the next call, once this step's tokens are read (the row's mask needs them)."""
         # busy from admission (a restore's disk reads must not share the disk with the writer)
         # until the runner waits for sampled tokens (before_wait)
         self._busy(True)
@@ -133,6 +135,8 @@ class LLMEngine(Requests, EngineSetup):
         try:
             if ahead is not None:  # (one whose sequences all ended was forgotten: unread)
                 launched = ahead
+                if launched.pending is not None:  # (its rows' tokens before it are appended)
+                    self.runner.sample_pending(launched)
             else:
                 batch = self.scheduler.schedule()
                 if not batch.items:
@@ -140,7 +144,10 @@ class LLMEngine(Requests, EngineSetup):
                 launched = self.runner.launch(batch)
             batch = launched.batch
             if self.async_scheduling and self.scheduler.can_continue(batch, self.max_model_len):
-                self._ahead = self.runner.launch(self.scheduler.continuation(batch), after=launched)
+                held = any(it.seq.params.uses_grammar for it in batch.items)  # (their masks
+                # need this step's tokens: the step after samples once they are read)
+                self._ahead = self.runner.launch(self.scheduler.continuation(batch),
+                                                 after=launched, defer=held)
             tokens, logprobs, prompt = self.runner.collect(launched)  # (its one synchronisation)
             synchronised = bool(tokens) or prompt is not None
             if not synchronised and all(it.seq.speculative for it in batch.items):

@@ -103,13 +103,16 @@ class ModelRunner(GraphReplay, PromptScoring, StepSampling, StateTransfer):
         )
         return self._tensor(ids, i64), ctx
 
-    def launch(self, batch: Batch, after: Launched | None = None) -> Launched:
+    def launch(self, batch: Batch, after: Launched | None = None,
+               defer: bool = False) -> Launched:
         """Queue the batch's forward and sampling; nothing waits for the device.
 
         after: the decode step queued just before this one, for the same sequences in the same
         order, whose tokens are not read yet. They are this step's input tokens: they go from
         its output to this step's input on the device, and to pinned host memory in a copy
-        queued before this step can overwrite them, which `collect(after)` waits for."""
+        queued before this step can overwrite them, which `collect(after)` waits for.
+        defer: queue the forward alone; `sample_pending` queues the sampling once the tokens
+        before it are read (a structured output's mask needs them)."""
         feed = follows = replay = None
         if after is not None:
             if not batch.is_decode or len(batch.items) != len(after.batch.items):
@@ -138,7 +141,16 @@ class ModelRunner(GraphReplay, PromptScoring, StepSampling, StateTransfer):
             logits = self.model(feed if feed is not None else input_ids, ctx, self.caches)
         # (the sampler's graphs read logits in a graph's static buffer: not a split step's)
         graphs = self.sampler_graphs if greedy is not None and split is None else None
+        if defer:  # (the logits stay in the graph's buffer: no replay comes before the draw)
+            return Launched(batch, None, replay=replay, pending=(logits, greedy, graphs, prompt))
         return self._sample_step(batch, logits, greedy, graphs, replay, prompt)
+
+    def sample_pending(self, launched: Launched) -> None:
+        """Queue the sampling of a step launched with `defer` (its sequences' tokens before it
+        now appended), filling in its tokens and logprob table."""
+        logits, greedy, graphs, prompt = launched.pending
+        drawn = self._sample_step(launched.batch, logits, greedy, graphs, launched.replay, prompt)
+        launched.tokens, launched.logprobs, launched.pending = drawn.tokens, drawn.logprobs, None
 
     def _forward_scored(self, batch: Batch, scored: list[tuple[int, int, int]]
                         ) -> tuple[torch.Tensor, torch.Tensor]:

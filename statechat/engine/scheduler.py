@@ -212,8 +212,7 @@ class Scheduler(Admission, CheckpointPolicy):
         may a row of `batch` read its state from another slot than its own: a reply preempted
         and resumed from a checkpoint, all but its last token restored (the decode graphs feed
         the step after from their inputs advanced in place, which keep each row's source slot).
-        Nor may a row hold a structured output, whose next mask needs the token drawn. A
-        sequence that ends on a stop token or string still costs the step after one wasted
+        A sequence that ends on a stop token or string still costs the step after one wasted
         row: its slot and blocks are given back only to be reused by later work on the same
         stream."""
         if not batch.is_decode or self.waiting or len(batch.items) != len(self.running):
@@ -221,7 +220,7 @@ class Scheduler(Admission, CheckpointPolicy):
         for it in batch.items:
             seq = it.seq
             if (seq.status != Status.RUNNING or (it.start + 1) % self.bs == 0
-                    or it.src_slot != seq.slot or seq.params.uses_grammar):
+                    or it.src_slot != seq.slot):
                 return False
             made = len(seq) - seq.num_prompt_tokens  # (output_ids would copy the reply)
             if made + 1 >= seq.params.max_tokens or it.start + 2 >= max_len:

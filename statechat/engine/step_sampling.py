@@ -33,6 +33,8 @@ class Launched:
     host_logprobs: np.ndarray | None = None  # its pinned host copy, as `host`
     prompt: torch.Tensor | None = None  # kernels.score_logits' table of the prompt rows scored
     # (see ModelRunner.scored), in their order
+    pending: tuple | None = None  # a step launched with `defer`: what its sampling will read
+    # (logits, greedy, sampler graphs, prompt table) until ModelRunner.sample_pending queues it
 
 
 class StepSampling:

@@ -158,6 +158,9 @@ class Grammars:
 
         bits = llt.allocate_token_bitmask(len(seqs), self.vocab_size)
         for i, seq in enumerate(seqs):
+            if seq.is_finished:  # (a wasted row of a step queued ahead: its draw is dropped)
+                bits[i].fill_(-1)
+                continue
             m = self._catch_up(seq)
             if not m.open:
                 bits[i].fill_(-1)  # (every token, until the constraint starts)

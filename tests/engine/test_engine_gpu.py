@@ -224,10 +224,10 @@ def _decode_guarded(engine, prompts, params, async_scheduling: bool) -> None:
         torch.cuda.set_sync_debug_mode(0)
         read_allowed()
 
-    def checked_launch(batch, after=None):
+    def checked_launch(batch, after=None, **kw):
         assert batch.is_decode
         continued[0] += after is not None
-        return launch(batch, after)
+        return launch(batch, after, **kw)
 
     def guarded_collect(launched):
         try:

@@ -75,9 +75,9 @@ def count_continuations(engine: LLMEngine) -> list[int]:
     """A counter of the decode steps the engine queues before reading the step before's tokens."""
     count, launch = [0], engine.runner.launch
 
-    def counted(batch, after=None):
+    def counted(batch, after=None, **kw):
         count[0] += after is not None
-        return launch(batch, after)
+        return launch(batch, after, **kw)
 
     engine.runner.launch = counted
     return count

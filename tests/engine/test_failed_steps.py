@@ -35,10 +35,10 @@ def fail_when(eng: LLMEngine, asks) -> None:
     earlier user's state)."""
     launch = eng.runner.launch
 
-    def failing(batch, after=None):
+    def failing(batch, after=None, **kw):
         targets = [slot for it in batch.items for _, slot in it.checkpoints if asks(it, slot)]
         if not targets:
-            return launch(batch, after)
+            return launch(batch, after, **kw)
         eng.runner.launch = launch
         for pool in eng.runner.caches.conv + eng.runner.caches.ssm:
             pool[targets] = 0

@@ -1,10 +1,10 @@
 """Structured outputs: greedy tokens under a JSON schema, a regex, a choice or a grammar equal
 transformers' greedy `generate` with a logits processor that masks the same matcher's tokens,
 for requests batched with plain ones, with chunked prefill, preemption and async scheduling
-(a structured row never runs a step ahead: its next mask needs the token drawn), and again
-from the prefix cache. Each reply holds to its constraint (it parses, matches, is a choice),
-sampled ones too; `after_token` leaves the reply free until that token; a bad constraint is
-refused in one line when the params are made."""
+(the step after a structured row's is queued ahead, its sampling once the row's token is read:
+the next mask needs it), and again from the prefix cache. Each reply holds to its constraint
+(it parses, matches, is a choice), sampled ones too; `after_token` leaves the reply free until
+that token; a bad constraint is refused in one line when the params are made."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from statechat.engine.sampling import SamplingParams
 from statechat.engine.structured import StructuredOutput
 from statechat.errors import ConfigError
 from statechat.model.loader import load_model
+from tests.engine.test_engine_parity import count_continuations
 from tests.engine.test_penalties import engine  # (an engine on a module's setup)
 
 LENGTHS = [9, 75, 140]
@@ -107,6 +108,7 @@ def test_structured_greedy_tokens_match_transformers(setup, engine_device, overr
         pytest.skip("a block count this small is a CPU-engine case")
     _, _, prompts, hf = setup
     eng = engine(setup, engine_device, **overrides)
+    continued = count_continuations(eng)
     want = [hf_structured(hf, eng.tokenizer, eng.eos_ids, p, s)
             for p, s in zip(prompts, CONSTRAINTS)]
     plain = [hf_structured(hf, eng.tokenizer, eng.eos_ids, p, None) for p in prompts]
@@ -121,6 +123,7 @@ def test_structured_greedy_tokens_match_transformers(setup, engine_device, overr
     outs = eng.generate(prompts, [SamplingParams(max_tokens=NEW, structured=s)
                                   for s in CONSTRAINTS])
     assert all(o.finish_reason == "stop" and holds(o.text, s) for o, s in zip(outs, CONSTRAINTS))
+    assert (continued[0] > 0) == eng.async_scheduling
 
 
 def test_sampled_replies_hold_to_their_constraint(setup, engine_device):
