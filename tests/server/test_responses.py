@@ -4,17 +4,23 @@ the chat API gives for the same conversation; a stream's events come in OpenAI's
 increasing sequence numbers and its deltas join to the whole reply's text; max_output_tokens
 makes an "incomplete" response; text.format json_schema holds the reply to the schema; a
 previous_response_id continues the stored conversation and reports the engine's own reuse as
-cached_tokens; GET and DELETE find and forget a stored response (404s after); bad fields are
-400s naming them in one line."""
+cached_tokens; GET and DELETE find and forget a stored response (404s after), and the store
+keeps the latest within its bounds; a client that leaves a stream aborts its reply, and a
+failure once a stream began is an `error` event then response.failed (a whole response's is
+a 500 of one line); bad fields are 400s naming them in one line."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
 
 import pytest
 
+from statechat.api_choices import Choices
+from statechat.api_responses_store import ResponseStore
+from tests.server.conftest import steps_held_until_an_abort
 from tests.server.test_server import words
 from tests.serving import KEY, post
 
@@ -202,3 +208,45 @@ def test_bad_fields_are_400s_naming_them(server, fields, param):
     assert status == (404 if param == "previous_response_id" else 400), error
     assert error["param"] == param and "\n" not in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+def test_the_store_keeps_the_latest_within_its_bounds():
+    store = ResponseStore(max_responses=2, max_tokens=100)
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [], 10)
+    assert store.get("r0") is None and store.get("r1") is not None  # (r1 now the latest used)
+    store.put({"id": "r3"}, [], 10)
+    assert store.get("r2") is None and store.get("r1") is not None
+    store.put({"id": "big"}, [], 95)
+    assert len(store) == 1 and store.get("big") is not None
+
+
+def test_a_stream_left_by_its_client_is_aborted(server, monkeypatch):
+    aborted = steps_held_until_an_abort(server, monkeypatch)
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    conn.request("POST", "/v1/responses", json.dumps({"input": "leave", "stream": True}),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline() == b"event: response.created\n"
+    resp.close()
+    conn.close()
+    try:
+        assert aborted.wait(10)
+    finally:
+        aborted.set()
+
+
+def test_a_failure_is_a_500_or_an_error_event_then_failed(client, server, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the engine broke\nsecond line")
+
+    monkeypatch.setattr(Choices, "results", broken)
+    monkeypatch.setattr(Choices, "merged", broken)
+    status, answer, _ = call(server, "POST", "/v1/responses", {"input": "hi"})
+    assert status == 500 and answer["error"]["message"] == "the engine broke"
+    events = list(client.responses.create(model="m", input="hi", stream=True))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "error",
+                                        "response.failed"]
+    assert events[2].message == "the engine broke" and events[3].sequence_number == 3
+    assert events[3].response.status == "failed"
+    assert events[3].response.error.message == "the engine broke"
