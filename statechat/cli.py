@@ -238,7 +238,8 @@ def _exit_status_of(kind: type[BaseException]):
         raise typer.Exit(e.exit_code) from None
 
 
-app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")(
+app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+                       "/v1/responses).")(
     serve)
 
 

@@ -2,6 +2,8 @@
 
     POST /v1/chat/completions   (stream true/false, n choices; usage...cached_tokens)
     POST /v1/completions        (the legacy text API: prompts as text or token ids, echo)
+    POST /v1/responses, GET or DELETE /v1/responses/ID (OpenAI's Responses API:
+                                api_responses_http.py; stored responses in memory)
     GET  /v1/models, /v1/models/ID (the served model; a 404 for another id)
     GET  /health, GET or POST /ping (probes), GET /version
     POST /tokenize, /detokenize (vLLM's: a text's or a chat's token ids, and back)
@@ -46,6 +48,13 @@ from statechat.api_cors import LOCAL_ORIGINS
 from statechat.api_metrics import CONTENT_TYPE, ServerMetrics
 from statechat.api_reasoning import check_parser
 from statechat.api_request import DEFAULT_SAMPLING, ApiError, named, parse_n, unknown_fields
+from statechat.api_responses_http import (
+    RESPONSE_ROUTE,
+    delete_response,
+    get_response,
+    post_response,
+)
+from statechat.api_responses_store import ResponseStore
 from statechat.api_tokens import detokenize, tokenize
 from statechat.api_tools import check_tool_parser
 from statechat.engine.sampling import SamplingParams
@@ -54,7 +63,9 @@ from statechat.engine.worker import EngineWorker
 ROUTES = {"/health": "GET, HEAD", "/ping": "GET, HEAD, POST", "/version": "GET, HEAD",
           "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST", "/v1/completions": "POST",
           "/tokenize": "POST", "/detokenize": "POST",
-          "/metrics": "GET, HEAD"}  # each route's methods (a 405's Allow)
+          "/metrics": "GET, HEAD", "/v1/responses": "POST",
+          RESPONSE_ROUTE: "GET, HEAD, DELETE"}  # each route's methods (a 405's Allow; a
+# route ending in / is a prefix: its id follows)
 # routes served without the API key, as vLLM serves them: its and SageMaker's probes, and the
 # Prometheus scrape (counts and pool sizes: nothing of a conversation)
 KEYLESS = ("/health", "/ping", "/metrics")
@@ -105,6 +116,7 @@ class ChatServer(ThreadingHTTPServer):
         self.tool_call_parser = check_tool_parser(tool_call_parser)
         self.created = int(time.time())
         self.metrics = ServerMetrics()  # the counts GET /metrics shows (api_answer.py's)
+        self.responses = ResponseStore()  # the Responses API's stored responses
         self.is_stopping = False  # set by stop(): connections close after their request
         self._connections = threading.Condition()  # guards the two sets below
         self._idle: set[Handler] = set()  # connections waiting for their next request
@@ -173,13 +185,15 @@ class Handler(AnswerHandler):
         routes = {"/health": self._health, "/ping": self._health, "/version": self._version,
                   "/v1/models": self._models, "/metrics": self._metrics}
         handler = self._model if route.startswith(MODEL_ROUTE) else routes.get(route)
+        if route.startswith(RESPONSE_ROUTE):
+            handler = self._stored_response
         self._guard(handler or self._unrouted, is_open=route in KEYLESS)
 
     def do_POST(self) -> None:
         route = self._route()
         routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions,
                   "/tokenize": self._tokenize, "/detokenize": self._detokenize,
-                  "/ping": self._health}
+                  "/ping": self._health, "/v1/responses": self._responses}
         self._guard(routes.get(route, self._unrouted), is_open=route in KEYLESS)
 
     do_HEAD = do_GET
@@ -191,16 +205,23 @@ class Handler(AnswerHandler):
         if not self._preflight():  # (a plain OPTIONS: no route takes it)
             self._guard(self._unrouted)
 
-    do_DELETE = do_PATCH = do_PUT
+    do_PATCH = do_PUT
+
+    def do_DELETE(self) -> None:
+        route = self._route()
+        self._guard(self._delete_response if route.startswith(RESPONSE_ROUTE)
+                    else self._unrouted)
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
-                "/v1/models/ID, /health, /ping, /version, /metrics; POST /v1/chat/completions, "
-                "/v1/completions, /tokenize, /detokenize, /ping")
+                "/v1/models/ID, /v1/responses/ID, /health, /ping, /version, /metrics; POST "
+                "/v1/chat/completions, /v1/completions, /v1/responses, /tokenize, /detokenize, "
+                "/ping; DELETE /v1/responses/ID")
 
     def _allow(self) -> dict[str, str]:
         route = self._route()
         methods = ROUTES["/v1/models"] if route.startswith(MODEL_ROUTE) else ROUTES.get(route)
+        methods = ROUTES[RESPONSE_ROUTE] if route.startswith(RESPONSE_ROUTE) else methods
         return {"Allow": methods} if methods else {}
 
     def _unrouted(self) -> None:
@@ -267,6 +288,15 @@ class Handler(AnswerHandler):
             self.server.sampling, max_tokens=self.server.completion_max_tokens))
         self._answer(body, CompletionShape(worker.engine.tokenizer, request), request.prompts,
                      request.params, request.n, "prompt")
+
+    def _responses(self) -> None:
+        post_response(self)
+
+    def _stored_response(self) -> None:
+        get_response(self)
+
+    def _delete_response(self) -> None:
+        delete_response(self)
 
     def _log_unknown(self, body: dict, known: frozenset[str]) -> None:
         """One log line naming the body's fields the API does not read (see unknown_fields), as
