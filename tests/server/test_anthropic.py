@@ -17,7 +17,8 @@ import pytest
 
 from tests.server.conftest import KEY
 
-WORDS = "state cache block token layer chat model prefix reuse delta gate kernel".split()
+WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
+         "gate", "kernel"]
 ASK = {"model": "claude-any", "max_tokens": 8, "temperature": 0,
        "messages": [{"role": "user", "content": "Tell me about caches."}]}
 
@@ -114,8 +115,7 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(server):
     stop = text[len(text) // 2:len(text) // 2 + 3]
     assert stop.strip(), f"no stop to pick in {text!r}"
     for stream in (False, True):
-        status, got = call(server, {**body, "stop_sequences": ["@@never@@", stop],
-                                    "stream": stream})
+        got = call(server, {**body, "stop_sequences": ["@@never@@", stop], "stream": stream})[1]
         if stream:
             joined = "".join(d["delta"]["text"] for n, d in got if n == "content_block_delta")
             assert got[-2][1]["delta"] == {"stop_reason": "stop_sequence",
