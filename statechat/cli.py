@@ -238,8 +238,8 @@ def _exit_status_of(kind: type[BaseException]):
         raise typer.Exit(e.exit_code) from None
 
 
-app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions).")(
-    serve)
+app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions) "
+            "and Anthropic's /v1/messages.")(serve)
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

@@ -82,9 +82,10 @@ def serve(
     tool_call_parser: ToolCallParserOpt = None, enable_auto_tool_choice: AutoToolChoiceOpt = False,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models,
-    /health, /ping, /version, vLLM's /tokenize and /detokenize, and /metrics (Prometheus's
-    text; like /health and /ping, served without the API key). Sampling: temperature 1, top-p
-    1 (OpenAI's), 2,048 tokens (16 for a text completion; --max-tokens sets both), unless the
+    Anthropic's /v1/messages and /v1/messages/count_tokens (for Anthropic's SDK), /health,
+    /ping, /version, vLLM's /tokenize and /detokenize, and /metrics (Prometheus's text; like
+    /health and /ping, served without the API key). Sampling: temperature 1, top-p 1
+    (OpenAI's), 2,048 tokens (16 for a text completion; --max-tokens sets both), unless the
     model's generation config, the flags or a request's own fields say otherwise."""
     from statechat import api_serve
     from statechat.api_request import DEFAULT_SAMPLING

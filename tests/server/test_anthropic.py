@@ -5,17 +5,20 @@ order and its text deltas join to the whole reply's text; max_tokens and stop_se
 reply with their stop_reason; a repeated conversation reports the engine's own reuse as
 cache_read_input_tokens (input_tokens the rest); count_tokens counts the prompt a request
 has; a last assistant message is continued; errors (a missing max_tokens, an image block, a
-wrong key, an unknown route method) have Anthropic's shape; the key is taken from x-api-key."""
+wrong key, an unknown route method) have Anthropic's shape; the key is taken from x-api-key; a
+client that leaves, streamed or not, has its request aborted."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.server.conftest import KEY
+from tests.server.conftest import KEY, steps_held_until_an_abort
 
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
          "gate", "kernel"]
@@ -126,21 +129,29 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(server):
             assert text_of(got) == text[:text.index(stop)]
 
 
+def reused_by(server, send) -> tuple[object, int]:
+    """`send()`'s answer and the prompt tokens the engine reused for it, as /metrics counts
+    them (the server counts a request once its answer is sent: waited for)."""
+    metrics = server.metrics
+    prompt_tokens, cached_tokens = metrics.prompt_tokens, metrics.cached_tokens
+    answer = send()
+    deadline = time.monotonic() + 10
+    while metrics.prompt_tokens == prompt_tokens and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return answer, metrics.cached_tokens - cached_tokens
+
+
 def test_a_repeated_conversation_reports_the_engines_reuse(server):
     body = {**ASK, "max_tokens": 2, "messages": long_chat(200)}
     first = call(server, body)[1]["usage"]
-    metrics = server.metrics
-    before = metrics.cached_tokens
-    again = call(server, body)[1]["usage"]
-    reused = metrics.cached_tokens - before
+    (_, again), reused = reused_by(server, lambda: call(server, body))
+    again = again["usage"]
     assert again["cache_read_input_tokens"] == reused > 0
     assert again["input_tokens"] + reused == first["input_tokens"] + first[
         "cache_read_input_tokens"]
     count = call(server, body, "/v1/messages/count_tokens")[1]
     assert count == {"input_tokens": again["input_tokens"] + reused}
-    before = metrics.cached_tokens
-    events = call(server, {**body, "stream": True})[1]
-    reused = metrics.cached_tokens - before
+    (_, events), reused = reused_by(server, lambda: call(server, {**body, "stream": True}))
     for usage in (events[0][1]["message"]["usage"], events[-2][1]["usage"]):
         assert usage["cache_read_input_tokens"] == reused > 0
         assert usage["input_tokens"] == count["input_tokens"] - reused
@@ -203,3 +214,20 @@ def test_a_get_is_a_405_in_anthropics_shape(server):
     status, error = call(server, None, "/v1/messages", method="GET")
     assert status == 405 and error["type"] == "error"
     assert "/v1/messages/count_tokens" in error["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_has_its_request_aborted(server, monkeypatch, stream):
+    """The engine's steps wait until the request is aborted: the server notices the client
+    left while the prompt is computed (a stream's headers are out; no event yet)."""
+    aborted = steps_held_until_an_abort(server, monkeypatch)
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    conn.request("POST", "/v1/messages", json.dumps({**ASK, "stream": stream}),
+                 {"x-api-key": KEY, "Content-Type": "application/json"})
+    if stream:
+        assert conn.getresponse().status == 200
+    conn.close()
+    try:
+        assert aborted.wait(10)
+    finally:
+        aborted.set()
