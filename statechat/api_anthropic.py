@@ -256,6 +256,8 @@ def renamed_errors(origin: list):
             param = re.sub(pattern, name, param) if param is not None else None
         if e.param is not None and param != _renamed(e.param, origin):
             message = message.replace(_renamed(e.param, origin), param, 1)
+        # (api_request's hint to leave max_tokens out: not here, where it is required)
+        message = message.replace(", or leave max_tokens out to fill the room", "")
         raise ApiError(e.status, message, param, e.code, e.kind, e.headers) from None
 
 

@@ -195,6 +195,7 @@ def test_errors_have_anthropics_shape(server, body, status, kind, says):
     assert got_status == status
     assert error["type"] == "error" and error["error"]["type"] == kind
     assert says in error["error"]["message"] and set(error) == {"type", "error"}
+    assert "leave max_tokens out" not in error["error"]["message"]  # (it is required here)
 
 
 def test_the_key_is_taken_from_x_api_key_and_a_wrong_one_is_anthropics_401(server):
