@@ -186,19 +186,29 @@ class JsonHandler(BaseHTTPRequestHandler):
                 raise ApiError(403, "this origin is not allowed: serve with --allowed-origins "
                                "naming it", code="cors_origin_not_allowed")
             if self.server.api_key and not is_open and not self._authorized():
-                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                               code="invalid_api_key", kind="authentication_error")
+                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                               "(or 'x-api-key: KEY')", code="invalid_api_key",
+                               kind="authentication_error")
             route()
         except ApiError as e:
             self._drain()
-            self._send_json(e.status, e.body(), e.headers)
+            self._send_json(e.status, self._error_body(e), e.headers)
         else:
             self._drain()  # (a body its route did not read, a GET's: not the next request)
 
     def _authorized(self) -> bool:
+        """Whether the request carries the API key: `Authorization: Bearer KEY` (OpenAI's
+        clients) or `x-api-key: KEY` (Anthropic's)."""
         scheme, _, key = self.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(),
-                                                                  self.server.api_key.encode())
+        expected = self.server.api_key.encode()
+        if scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), expected):
+            return True
+        given = self.headers.get("x-api-key")
+        return given is not None and hmac.compare_digest(given.strip().encode(), expected)
+
+    def _error_body(self, error: ApiError) -> dict:
+        """The body of an error's answer: OpenAI's shape (a route may answer in its API's)."""
+        return error.body()
 
     def _framing(self) -> int | ChunkedBody:
         """How the body comes: its Content-Length (0 without one), or a ChunkedBody to read it

@@ -239,8 +239,7 @@ def _exit_status_of(kind: type[BaseException]):
 
 
 app.command(short_help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
-                       "/v1/responses).")(
-    serve)
+                       "/v1/responses) and Anthropic's /v1/messages.")(serve)
 
 
 # `run`'s app closed everything it opened (the engine stopped, the cache written, the chats

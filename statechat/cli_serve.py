@@ -82,7 +82,8 @@ def serve(
     tool_call_parser: ToolCallParserOpt = None, enable_auto_tool_choice: AutoToolChoiceOpt = False,
 ) -> None:
     """Serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/responses
-    (and GET or DELETE /v1/responses/ID: responses kept in memory), /v1/models, /health,
+    (and GET or DELETE /v1/responses/ID: responses kept in memory), /v1/models, Anthropic's
+    /v1/messages and /v1/messages/count_tokens (for Anthropic's SDK), /health,
     /ping, /version, vLLM's /tokenize and /detokenize, and /metrics (Prometheus's text; like
     /health and /ping, served without the API key). Sampling: temperature 1, top-p 1
     (OpenAI's), 2,048 tokens (16 for a text completion; --max-tokens sets both), unless the

@@ -4,6 +4,7 @@
     POST /v1/completions        (the legacy text API: prompts as text or token ids, echo)
     POST /v1/responses, GET or DELETE /v1/responses/ID (OpenAI's Responses API:
                                 api_responses_http.py; stored responses in memory)
+    POST /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API: api_anthropic*.py)
     GET  /v1/models, /v1/models/ID (the served model; a 404 for another id)
     GET  /health, GET or POST /ping (probes), GET /version
     POST /tokenize, /detokenize (vLLM's: a text's or a chat's token ids, and back)
@@ -11,10 +12,11 @@
 
 Each connection gets a thread; all of them submit to one EngineWorker, so concurrent clients
 share the engine's batch. Errors have OpenAI's shape: {"error": {"message", "type", "param",
-"code"}}. With an API key, every request but /health, /ping and /metrics needs
-`Authorization: Bearer KEY` (as vLLM's, which leaves its probes and /metrics open). Pages
-of the allowed origins (those of this machine, by default) may call it from a browser (CORS). A
-request's body is checked by statechat/api_request.py (and api_chat.py or api_completions.py)
+"code"}} (Anthropic's on its routes). With an API key, every request but /health, /ping and
+/metrics needs `Authorization: Bearer KEY` (or `x-api-key: KEY`; as vLLM's, which leaves its
+probes and /metrics open). Pages of the allowed origins (those of this machine, by default) may
+call it from a browser (CORS). A request's body is checked by statechat/api_request.py (and
+api_chat.py or api_completions.py)
 and answered by api_answer.py: its choices are submitted, awaited and streamed by
 api_choices.py, and written as a response or a stream's chunks by api_response.py, which the
 two APIs share.
@@ -37,6 +39,8 @@ from http.server import ThreadingHTTPServer
 
 from statechat import __version__
 from statechat.api_answer import AnswerHandler
+from statechat.api_anthropic import ANTHROPIC_ROUTES, COUNT_ROUTE, MESSAGES_ROUTE, error_body
+from statechat.api_anthropic_answer import count_tokens, messages
 from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
 from statechat.api_completions import (
     COMPLETION_FIELDS,
@@ -63,6 +67,7 @@ from statechat.engine.worker import EngineWorker
 ROUTES = {"/health": "GET, HEAD", "/ping": "GET, HEAD, POST", "/version": "GET, HEAD",
           "/v1/models": "GET, HEAD", "/v1/chat/completions": "POST", "/v1/completions": "POST",
           "/tokenize": "POST", "/detokenize": "POST",
+          MESSAGES_ROUTE: "POST", COUNT_ROUTE: "POST",
           "/metrics": "GET, HEAD", "/v1/responses": "POST",
           RESPONSE_ROUTE: "GET, HEAD, DELETE"}  # each route's methods (a 405's Allow; a
 # route ending in / is a prefix: its id follows)
@@ -193,7 +198,8 @@ class Handler(AnswerHandler):
         route = self._route()
         routes = {"/v1/chat/completions": self._chat, "/v1/completions": self._completions,
                   "/tokenize": self._tokenize, "/detokenize": self._detokenize,
-                  "/ping": self._health, "/v1/responses": self._responses}
+                  "/ping": self._health, "/v1/responses": self._responses,
+                  MESSAGES_ROUTE: lambda: messages(self), COUNT_ROUTE: lambda: count_tokens(self)}
         self._guard(routes.get(route, self._unrouted), is_open=route in KEYLESS)
 
     do_HEAD = do_GET
@@ -215,8 +221,12 @@ class Handler(AnswerHandler):
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
                 "/v1/models/ID, /v1/responses/ID, /health, /ping, /version, /metrics; POST "
-                "/v1/chat/completions, /v1/completions, /v1/responses, /tokenize, /detokenize, "
-                "/ping; DELETE /v1/responses/ID")
+                "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
+                "/v1/messages/count_tokens, /tokenize, /detokenize, /ping; DELETE /v1/responses/ID")
+
+    def _error_body(self, error: ApiError) -> dict:
+        """Anthropic's error shape on its routes, OpenAI's elsewhere."""
+        return error_body(error) if self._route() in ANTHROPIC_ROUTES else error.body()
 
     def _allow(self) -> dict[str, str]:
         route = self._route()
