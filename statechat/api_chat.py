@@ -36,7 +36,7 @@ log = logging.getLogger("statechat.server")
 
 # the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_generation_prompt",
-                               "chat_template_kwargs", "include_reasoning"}
+                               "chat_template", "chat_template_kwargs", "include_reasoning"}
 
 
 def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatShape]:
@@ -64,18 +64,36 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
 def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict | None,
                 tools: ToolRequest | None = None) -> list[int]:
     """The token ids of the body's conversation, rendered with the server's template variables
-    under the body's own chat_template_kwargs, and `tools` (api_tools.parse_tools; None: tools
-    off, and so are tool calls in messages); ApiError(400) naming the field at fault. (A
-    forced call's opening is chat_request's to add: api_tools.force_call.)"""
+    under the body's own chat_template_kwargs, with the body's chat_template (vLLM's: a
+    template's text) if it has one, else the engine's, and `tools` (api_tools.parse_tools;
+    None: tools off, and so are tool calls in messages); ApiError(400) naming the field at
+    fault. (A forced call's opening is chat_request's to add: api_tools.force_call.)"""
+    template = request_template(body)
     try:
         messages = parse_messages(body.get("messages"), tools=tools is not None)
         return worker.render(messages, not continues_final_message(body, messages),
                              template_kwargs=merge_template_kwargs(
                                  template_kwargs, body.get("chat_template_kwargs")),
-                             tools=tools.tools if tools is not None else None)
+                             tools=tools.tools if tools is not None else None,
+                             chat_template=template)
     except StatechatError as e:
-        kwargs = str(e).startswith("chat_template_kwargs")
-        raise ApiError(400, str(e), "chat_template_kwargs" if kwargs else "messages") from None
+        field = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else (
+            "chat_template" if template is not None and "chat template failed" in str(e)
+            else "messages")
+        raise ApiError(400, str(e), field) from None
+
+
+def request_template(body: dict) -> str | None:
+    """The body's own chat template (its text, checked: it compiles), or None where it has
+    none; ApiError(400) naming `chat_template` for anything else."""
+    from statechat.chat.template import check_template
+
+    if body.get("chat_template") is None:
+        return None
+    try:
+        return check_template(body["chat_template"])
+    except StatechatError as e:
+        raise ApiError(400, str(e), "chat_template") from None
 
 
 def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
@@ -106,7 +124,8 @@ def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
         reply = start + reply
     try:
         return warm_next_turn(worker, messages, reply, out, kwargs, still=worker.idle,
-                              tools=tools.tools if tools is not None else None)
+                              tools=tools.tools if tools is not None else None,
+                              chat_template=request_template(body))
     except StatechatError:  # (the engine stopping, a prefix past the context)
         return None
 

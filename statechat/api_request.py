@@ -29,7 +29,7 @@ NUMBER_FIELDS = {
 NOT_SUPPORTED = {
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"),
     "use_beam_search": (False,), "allowed_token_ids": ([],),
-    "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,), "chat_template": (),
+    "bad_words": ([],), "function_call": ("none", "auto"), "echo": (False,),
     "documents": ([],), "add_special_tokens": (False,),
 }
 # the fields of a structured output (api_structured.py: OpenAI's, vLLM's and llama.cpp's)

@@ -130,6 +130,13 @@ TemplateKwargsOpt = Annotated[
                  "request's own chat_template_kwargs win).",
                  envvar="STATECHAT_CHAT_TEMPLATE_KWARGS"),
 ]
+ChatTemplateOpt = Annotated[
+    str | None,
+    typer.Option("--chat-template", metavar="<path or text>", help="A chat template that "
+                 "replaces the model's for every prompt: a Jinja file, or the template's text "
+                 "itself (with {{ or {%), as vLLM's --chat-template.",
+                 envvar="STATECHAT_CHAT_TEMPLATE"),
+]
 ReasoningParserOpt = Annotated[
     str | None,
     typer.Option("--reasoning-parser", help="Split a thinking model's replies into reasoning "
@@ -165,8 +172,11 @@ MaxStepMsOpt = Annotated[float | None, typer.Option(
     "200 on the CPU; off, 0, on accelerators).", rich_help_panel=ENGINE)]
 MemoryFractionOpt = Annotated[float | None, typer.Option(
     "--memory-fraction", help="Share of the accelerator's free memory the KV and GDN state "
-    "caches take, in [0.05, 0.98] (default 0.85; on the CPU they take 1 GiB).",
-    rich_help_panel=ENGINE)]
+    "caches take, in [0.05, 0.98] (default 0.85; on the CPU they take 1 GiB). vLLM's "
+    "--gpu-memory-utilization is taken for it.", rich_help_panel=ENGINE)]
+# (vLLM's name of --memory-fraction: hidden, so that the help's column of flags stays narrow)
+GpuMemoryUtilizationOpt = Annotated[float | None, typer.Option(
+    "--gpu-memory-utilization", hidden=True)]
 DiskCacheBytesOpt = Annotated[str | None, typer.Option(
     "--disk-cache-bytes", help="Most the disk cache (--cache-dir) keeps, in bytes or with a "
     "unit: 500M, 20G, 1T; least recently used entries go first (default: 10% of the free space "

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import typer
 
+from statechat.chat.template import read_template
 from statechat.cli_options import compose_sampling, parse_size
 from statechat.errors import StatechatError
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-                "dtype", "disk_cache_bytes", "max_step_ms")
+                "dtype", "disk_cache_bytes", "max_step_ms", "chat_template")
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "max_tokens")
 
@@ -67,8 +68,18 @@ def command_setup(defaults, flags: dict, **sampling):
     one line, before the model loads."""
     engine = {name: flags.get(name) for name in ENGINE_FLAGS}
     engine["disk_cache_bytes"] = parse_size(engine["disk_cache_bytes"])
-    config = engine_config(flags["model"], flags["cache_dir"], flags["device"], flags["no_cache"],
-                           **engine)
+    engine["chat_template"] = read_template(engine["chat_template"])  # (a file's text)
+    alias = flags.get("gpu_memory_utilization")  # (vLLM's name of --memory-fraction)
+    if alias is not None and engine["memory_fraction"] is None:
+        engine["memory_fraction"] = alias
+    try:
+        config = engine_config(flags["model"], flags["cache_dir"], flags["device"],
+                               flags["no_cache"], **engine)
+    except StatechatError as e:  # (name the flag as it was typed)
+        if alias is None or not str(e).startswith("--memory-fraction "):
+            raise
+        raise type(e)(str(e).replace("--memory-fraction", "--gpu-memory-utilization", 1)) \
+            from None
     return config, compose_sampling(defaults, config.model, **sampling,
                                     **{name: flags[name] for name in SAMPLING_FLAGS})
 

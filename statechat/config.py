@@ -40,7 +40,7 @@ CPU_STEP_MS = 200.0
 
 # EngineConfig fields that the command line sets, as its flags (--max-model-len ...)
 FLAG_FIELDS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "memory_fraction",
-               "disk_cache_bytes", "max_step_ms", "dtype")
+               "disk_cache_bytes", "max_step_ms", "chat_template", "dtype")
 # a field's name as a word of its own (not inside a path), dtype only where it leads
 _FIELD_WORD = re.compile(rf"(?<![\w/.-])({'|'.join(FLAG_FIELDS[:-1])})(?![\w/])|^(dtype)\b")
 
@@ -92,6 +92,8 @@ class EngineConfig:
     # stall the streams for a whole budget's chunk (None: 200 on the CPU, where a 4,096-token
     # chunk takes seconds; 0, and None on accelerators: off, the budget alone)
     max_step_ms: float | None = None
+    # a chat template's text that replaces the tokenizer's for every render (None: its own)
+    chat_template: str | None = None
 
     def step_target_s(self, device_type: str) -> float:
         """Seconds a step with decodes should stay under on a device of `device_type` (0: no
@@ -129,6 +131,10 @@ class EngineConfig:
             raise ConfigError(f"max_step_ms must be 0 (off) or more, got {self.max_step_ms}")
         if self.checkpoint_interval < 0:
             raise ConfigError("checkpoint_interval must be >= 0")
+        if self.chat_template is not None:
+            from statechat.chat.template import check_template
+
+            check_template(self.chat_template)
         for name in ("cpu_cache_bytes", "host_cache_bytes", "disk_cache_bytes"):
             if (getattr(self, name) or 0) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")

@@ -66,13 +66,14 @@ def _shared_len(a: list[int], b: list[int]) -> int:
 
 def warm_next_turn(worker, history: list[dict], reply: str | dict, out: RequestOutput | None,
                    template_kwargs: dict | None, still: Callable[[], bool] = lambda: True,
-                   tools: list[dict] | None = None):
+                   tools: list[dict] | None = None, chat_template: str | None = None):
     """(A worker thread, once a reply's stream ended) have the engine compute the next turn's
     prefix when that saves the next message work, as a speculative request (it yields to any
     other); the request's handle, else None (nothing to do: no cache, no reply text, a prefix
     the reply's checkpoints already cover, one past the context limit, or `still()` false
     once the prefix is rendered). `reply`: its text, or its whole assistant message (the
-    server's, with tool calls); `tools`: the template's (the request's)."""
+    server's, with tool calls); `tools`: the template's (the request's); `chat_template`: the
+    request's own template (None: the engine's)."""
     config = worker.engine.config
     if out is None or not reply or not config.enable_prefix_cache:
         return None
@@ -80,7 +81,8 @@ def warm_next_turn(worker, history: list[dict], reply: str | dict, out: RequestO
     history = [*history, message]
     prefix = next_turn_prefix(
         lambda messages: worker.render(messages, add_generation_prompt=False,
-                                       template_kwargs=template_kwargs, tools=tools), history)
+                                       template_kwargs=template_kwargs, tools=tools,
+                                       chat_template=chat_template), history)
     if len(prefix) >= worker.max_model_len or not worth_warming(prefix, out, config.block_size):
         return None
     if not still():

@@ -1,9 +1,11 @@
-"""Render a conversation branch to token ids with the model's own chat template."""
+"""Render a conversation branch to token ids with the model's chat template, or with one that
+replaces it (`--chat-template`, a request's `chat_template`: checked here before any use)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+from pathlib import Path
 
 from statechat.errors import ConfigError
 
@@ -84,13 +86,15 @@ def opens_thinking(tokenizer, prompt_ids: list[int]) -> bool:
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-           template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
+           template_kwargs: dict | None = None, tools: list[dict] | None = None,
+           chat_template: str | None = None) -> list[int]:
     """Token ids of `messages`, ending with the assistant header when add_generation_prompt.
 
     A last message from the assistant with add_generation_prompt=False is continued
     (its end-of-turn marker is left off), so a reply can be extended. template_kwargs: extra
     variables of the template (see check_template_kwargs). tools: OpenAI's function tools, for
-    the template's `tools` (as apply_chat_template gives them; None: none).
+    the template's `tools` (as apply_chat_template gives them; None: none). chat_template: a
+    template's text (checked: check_template) used instead of the tokenizer's (None: its own).
     """
     validate_messages(messages)
     extra = check_template_kwargs(tokenizer, template_kwargs) if template_kwargs is not None else {}
@@ -103,9 +107,71 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
             tokenize=True,
             return_dict=False,
             **({"tools": tools} if tools is not None else {}),
+            **({"chat_template": chat_template} if chat_template is not None else {}),
             **extra,
         )
     except Exception as e:  # noqa: BLE001 - the model's own template raised (jinja's errors, ...)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"the model's chat template failed on these messages ({first})") from None
+        raise ConfigError(f"the chat template failed on these messages ({first})") from None
     return list(ids)
+
+
+def check_template(text, name: str = "chat_template") -> str:
+    """`text` if it is a Jinja chat template that compiles as transformers compiles one (its
+    filters, `{% break %}`, `{% generation %}`); else a one-line ConfigError that starts with
+    `name` (the field or flag that gave it) and gives the line at fault."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{name} must be the text of a Jinja chat template")
+    import jinja2
+
+    try:
+        _compile(text)
+    except jinja2.TemplateSyntaxError as e:  # (its TemplateAssertionError too: a filter unknown)
+        raise ConfigError(f"{name} is not a valid Jinja template (line {e.lineno}: "
+                          f"{e.message})") from None
+    return text
+
+
+def _compile(text: str) -> None:
+    try:  # (transformers' own environment, cached: the template is compiled once for its use)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # (a transformers that moved it: jinja's parser, its extension added)
+        import jinja2
+        import jinja2.ext
+
+        jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(text)
+        return
+    _compile_jinja_template(text)
+
+
+def read_template(value: str | None, flag: str = "--chat-template") -> str | None:
+    """`flag`'s value as a template's text, as vLLM takes it: a file's text, else (no such file,
+    and the value has `{{` or `{%`) the value itself; None where not given. A missing or
+    unreadable file, one not UTF-8, or a template that does not compile, is one line."""
+    if value is None:
+        return None
+    path = _file(value)
+    if path is not None:
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except OSError as e:
+            raise ConfigError(f"{flag} {path}: cannot read it ({e.strerror})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{flag} {path} is not UTF-8 text; save the template as "
+                              "UTF-8") from None
+        return check_template(text, f"{flag} {path}")
+    if "{{" in value or "{%" in value:
+        return check_template(value, flag)
+    raise ConfigError(f"{flag} {value!r:.80}: no such file; pass a Jinja file or a template's "
+                      "text (with {{ or {%)")
+
+
+def _file(value: str) -> Path | None:
+    """The file `value` names, or None where it names none (a template's text: too long a
+    name, a NUL, a `~` of no user, a folder; none of which is a file)."""
+    try:
+        path = Path(value).expanduser()
+        return path if path.is_file() else None
+    except (OSError, ValueError, RuntimeError):
+        return None
+

@@ -36,7 +36,7 @@ from statechat.engine.scheduler import Batch
 from statechat.engine.sequence import Sequence, Status
 from statechat.engine.setup import EngineSetup, load
 from statechat.engine.sizing import cache_sizes, context_limit
-from statechat.model.loader import LoadedModel
+from statechat.model.loader import LoadedModel, templated
 
 __all__ = ["LLMEngine", "RequestOutput", "StreamEvent"]
 
@@ -48,7 +48,8 @@ class LLMEngine(Requests, EngineSetup):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         loaded = load(config) if loaded is None else loaded
-        self.loaded, self.tokenizer = loaded, loaded.tokenizer
+        # (a config's chat template replaces the model's for every render)
+        self.loaded, self.tokenizer = loaded, templated(loaded.tokenizer, config.chat_template)
         # ids -> text, by skip_special_tokens
         self._decoders = {skip: fast_decode(loaded.tokenizer, skip) for skip in (True, False)}
         num_blocks, num_slots = cache_sizes(config, loaded)

@@ -33,7 +33,8 @@ def load(config: EngineConfig) -> LoadedModel:
     it names none)."""
     device = resolve_device(config.device)
     dtype = getattr(torch, config.dtype) if config.dtype else default_dtype(device)
-    return load_model(config.model, dtype=dtype, device=device)
+    return load_model(config.model, dtype=dtype, device=device,
+                      chat_template=config.chat_template)
 
 
 class EngineSetup:

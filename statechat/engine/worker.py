@@ -122,14 +122,18 @@ class EngineWorker:
 
     # --- any thread ---------------------------------------------------------------------
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
+               template_kwargs: dict | None = None, tools: list[dict] | None = None,
+               chat_template: str | None = None) -> list[int]:
         """Token ids of a conversation with the model's chat template (serialized, in the
         lane of its text's length, the tools' and template variables' counted: see
-        tokenizer_for); `tools`: the template's (chat/template.render)."""
+        tokenizer_for); `tools`: the template's, `chat_template`: a request's own template
+        (chat/template.render)."""
         from statechat.chat.template import render
 
-        with self.tokenizer_for(_num_chars((messages, tools, template_kwargs))) as tokenizer:
-            return render(tokenizer, messages, add_generation_prompt, template_kwargs, tools)
+        size = _num_chars((messages, tools, template_kwargs, chat_template))
+        with self.tokenizer_for(size) as tokenizer:
+            return render(tokenizer, messages, add_generation_prompt, template_kwargs, tools,
+                          chat_template)
 
     @contextlib.contextmanager
     def tokenizer_for(self, num_chars: int):

@@ -16,6 +16,7 @@ are copied into their rows of the fused parameters.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import re
@@ -258,8 +259,9 @@ def _copy(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
         target.copy_(tensor.to(target.dtype))
 
 
-def load_tokenizer(path: Path):
-    """The tokenizer and chat template stored beside the weights."""
+def load_tokenizer(path: Path, chat_template: str | None = None):
+    """The tokenizer and chat template stored beside the weights; `chat_template`: a template's
+    text that replaces that one (the checkpoint then need not have one)."""
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ModelError(f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     from huggingface_hub.errors import StrictDataclassError
@@ -275,18 +277,33 @@ def load_tokenizer(path: Path):
                          f"({why})") from None
     except Exception as e:  # noqa: BLE001 - any tokenizer failure is a bad checkpoint for the user
         raise ModelError(f"cannot load the tokenizer in {path}: {str(e).splitlines()[0]}") from None
-    if not getattr(tok, "chat_template", None):
-        raise ModelError(f"the tokenizer in {path} has no chat template")
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    elif not getattr(tok, "chat_template", None):
+        raise ModelError(f"the tokenizer in {path} has no chat template; give one with "
+                         "--chat-template")
     return tok
 
 
+def templated(tokenizer, chat_template: str | None):
+    """`tokenizer`, or (a template given that is not its own) a shallow copy of it whose chat
+    template is `chat_template` for every render (the tokenizer itself is left as it was: a
+    model loaded once may serve engines of other templates)."""
+    if chat_template is None or getattr(tokenizer, "chat_template", None) == chat_template:
+        return tokenizer
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16,
-               device: str | torch.device = "cpu") -> LoadedModel:
-    """Load the checkpoint directory `path` into `dtype` on `device`."""
+               device: str | torch.device = "cpu", chat_template: str | None = None) -> LoadedModel:
+    """Load the checkpoint directory `path` into `dtype` on `device`; `chat_template`: the
+    text of a template that replaces the tokenizer's (load_tokenizer)."""
     path = Path(path).expanduser()
     config = ModelConfig.from_hf(path)
     files = weight_files(path)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, chat_template)
     device = torch.device(device)
     with torch.device("meta"):
         model = Qwen3_5ForCausalLM(config)

@@ -168,7 +168,8 @@ class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixi
             device = resolve_device(self.config.device)
             dtype = (getattr(torch, self.config.dtype) if self.config.dtype
                      else default_dtype(device))
-            self.loaded = load_model(self.config.model, dtype=dtype, device=device)
+            self.loaded = load_model(self.config.model, dtype=dtype, device=device,
+                                     chat_template=self.config.chat_template)
         self._advance(screen, 2)
         with flags_named():  # (its errors name the flags of `statechat run`)
             worker = EngineWorker(LLMEngine(self.config, loaded=self.loaded))
