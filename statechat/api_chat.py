@@ -43,6 +43,7 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     """A chat body's prompt ids, sampling and choices' shape, under `server`'s (a ChatServer's)
     defaults and parsers; ApiError(400) naming the field at fault."""
     worker = server.worker
+    refuse_untrusted_template(server, body)
     tools = parse_tools(body, server.tool_call_parser)  # (checked here: not sampling's to refuse)
     prompt_ids = force_call(
         chat_prompt(worker, body, server.template_kwargs, tools), tools, worker.engine.tokenizer,
@@ -81,6 +82,16 @@ def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict | None,
             "chat_template" if template is not None and "chat template failed" in str(e)
             else "messages")
         raise ApiError(400, str(e), field) from None
+
+
+def refuse_untrusted_template(server, body: dict) -> None:
+    """ApiError(400) naming `chat_template` where the body has one and `server` (a ChatServer)
+    does not trust its clients' templates, as vLLM's refuses them: a template is code the
+    server runs, and a few nested loops hold the tokenizer, every request's, for hours."""
+    if body.get("chat_template") is not None and not server.trust_request_chat_template:
+        raise ApiError(400, "a request's own chat_template is refused: this server renders "
+                       "only its own (serve with --trust-request-chat-template to take them)",
+                       "chat_template")
 
 
 def request_template(body: dict) -> str | None:

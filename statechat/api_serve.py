@@ -59,13 +59,15 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
           completion_max_tokens: int | None = None, warm_next_turn: bool = True,
           allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
           sock: socket.socket | None = None, reasoning_parser: str | None = None,
-          tool_call_parser: str | None = None) -> None:
+          tool_call_parser: str | None = None,
+          trust_request_chat_template: bool = False) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker (flushing pending cache writes).
     `template_kwargs`, `sampling` and `completion_max_tokens` are the defaults of every
     request, `warm_next_turn` whether replies' next turns are computed, and `allowed_origins`
     the browsers' origins that may call it, `reasoning_parser` what splits a chat reply's
-    reasoning from its answer and `tool_call_parser` its tool calls (ChatServer's); `sock`:
-    the socket `bind` made for host:port, else one is bound here. A ListenError when it
+    reasoning from its answer and `tool_call_parser` its tool calls, and
+    `trust_request_chat_template` whether a request's own template is rendered (ChatServer's);
+    `sock`: the socket `bind` made for host:port, else one is bound here. A ListenError when it
     cannot listen there."""
     signals = StopSignals()
     before = {n: signal.signal(n, signals.caught) for n in (signal.SIGTERM, signal.SIGINT)}
@@ -74,7 +76,8 @@ def serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: st
                template_kwargs=template_kwargs, sampling=sampling,
                completion_max_tokens=completion_max_tokens, warm_next_turn=warm_next_turn,
                allowed_origins=allowed_origins, reasoning_parser=reasoning_parser,
-               tool_call_parser=tool_call_parser)
+               tool_call_parser=tool_call_parser,
+               trust_request_chat_template=trust_request_chat_template)
     finally:  # (SIGINT back to Python's KeyboardInterrupt, SIGTERM to what it was)
         for n, handler in before.items():
             signal.signal(n, handler)

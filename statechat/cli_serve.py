@@ -1,7 +1,7 @@
 """`statechat serve`: the OpenAI-compatible HTTP API (statechat/server.py) over one engine, with
 the options that only it takes (--host, --port, --api-key, --allowed-origins,
---served-model-name, --warm-next-turn, --reasoning-parser, --tool-call-parser,
---enable-auto-tool-choice). cli.py adds it to the app. Its port
+--served-model-name, --warm-next-turn, --trust-request-chat-template, --reasoning-parser,
+--tool-call-parser, --enable-auto-tool-choice). cli.py adds it to the app. Its port
 is bound before the model loads; an address it cannot listen on is one line that names the flag
 to change."""
 
@@ -61,6 +61,10 @@ AllowedOriginsOpt = Annotated[str | None, typer.Option(
 ServedModelNameOpt = Annotated[str | None, typer.Option(
     help="The model's name in /v1/models and in every response (default: a Hugging Face "
     "snapshot's repo id, else the model folder's name).", envvar="STATECHAT_SERVED_MODEL_NAME")]
+TrustRequestTemplateOpt = Annotated[bool, typer.Option(
+    "--trust-request-chat-template", help="Render a request's own chat_template (vLLM's flag; "
+    "without it such a request is a 400: a template is code, which could hold the server).",
+    envvar="STATECHAT_TRUST_REQUEST_CHAT_TEMPLATE")]
 WarmNextTurnOpt = Annotated[bool, typer.Option(
     help="While nothing else runs, compute the prefix a sent reply's next turn starts with (a "
     "thinking template drops the reply's reasoning from it, so it is not cached yet).")]
@@ -72,6 +76,7 @@ def serve(
     no_cache: NoCacheOpt = False, api_key: ApiKeyOpt = None,
     allowed_origins: AllowedOriginsOpt = None, served_model_name: ServedModelNameOpt = None,
     chat_template: ChatTemplateOpt = None, chat_template_kwargs: TemplateKwargsOpt = None,
+    trust_request_chat_template: TrustRequestTemplateOpt = False,
     temperature: TemperatureOpt = None, top_p: TopPOpt = None, top_k: TopKOpt = None,
     min_p: MinPOpt = None, presence_penalty: PresencePenaltyOpt = None,
     frequency_penalty: FrequencyPenaltyOpt = None, repetition_penalty: RepetitionPenaltyOpt = None,
@@ -112,7 +117,8 @@ def serve(
             api_serve.serve(EngineWorker(engine), name, host, port,
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock,
-                            reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser)
+                            reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
+                            trust_request_chat_template=trust_request_chat_template)
 
 
 def _origins(allowed_origins: str | None):

@@ -99,9 +99,11 @@ class ChatServer(ThreadingHTTPServer):
                  completion_max_tokens: int | None = None, warm_next_turn: bool = True,
                  allowed_origins: tuple[str, ...] = LOCAL_ORIGINS,
                  sock: socket.socket | None = None, reasoning_parser: str | None = None,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None,
+                 trust_request_chat_template: bool = False) -> None:
         """`sock`: a socket api_serve.bind made (host and port are then its own), else one is
-        bound."""
+        bound. `trust_request_chat_template`: render a request's own chat_template (else it is
+        a 400: a template is code, which may loop for hours with the tokenizer held)."""
         # (an IPv6 address, "::" or "::1", needs a socket of its family: AF_INET refuses it)
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), Handler, bind_and_activate=sock is None)
@@ -119,6 +121,7 @@ class ChatServer(ThreadingHTTPServer):
         self.completion_max_tokens = completion_max_tokens or DEFAULT_MAX_TOKENS
         self.reasoning_parser = check_parser(reasoning_parser)
         self.tool_call_parser = check_tool_parser(tool_call_parser)
+        self.trust_request_chat_template = trust_request_chat_template
         self.created = int(time.time())
         self.metrics = ServerMetrics()  # the counts GET /metrics shows (api_answer.py's)
         self.responses = ResponseStore()  # the Responses API's stored responses

@@ -52,7 +52,7 @@ def started(monkeypatch, shared_engine):
     def serve(worker, *args, sock=None, **kwargs):
         worker.shutdown()
         sock.close()
-        got["serve"] = worker.engine
+        got["serve"], got["serve_kwargs"] = worker.engine, kwargs
 
     got["App"] = importlib.import_module("statechat.tui.app").StatechatApp  # (the real one)
     monkeypatch.setattr("statechat.tui.app.StatechatApp", App)
@@ -82,6 +82,16 @@ def test_serve_takes_a_file_or_the_text_or_the_variable(tmp_path, started, loade
     assert invoke("serve").exit_code == 0
     assert started["serve"].config.chat_template is None  # the model's own, as before
     assert started["serve"].tokenizer.chat_template == loaded.tokenizer.chat_template
+
+
+def test_serve_trusts_a_request_s_template_only_when_told(started):
+    """A request's chat_template is code the server runs: refused unless the flag (or its
+    variable) says to render it, as vLLM's --trust-request-chat-template."""
+    for args, env, trusted in [([], None, False), (["--trust-request-chat-template"], None, True),
+                               ([], {"STATECHAT_TRUST_REQUEST_CHAT_TEMPLATE": "1"}, True)]:
+        result = invoke("serve", *args, env=env)
+        assert result.exit_code == 0, result.output
+        assert started["serve_kwargs"]["trust_request_chat_template"] is trusted
 
 
 def test_run_s_app_renders_with_the_template(tmp_path, started, loaded):

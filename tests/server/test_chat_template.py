@@ -1,4 +1,7 @@
-"""A request's own `chat_template` (vLLM's field: a template's text) replaces the model's for that
+"""A request's own `chat_template` (vLLM's field: a template's text) is refused (a 400 naming the
+field and `--trust-request-chat-template`, before it is rendered: a template is code that can
+loop for hours with the tokenizer held) unless the server trusts its clients' templates, as
+vLLM's does. A trusted one replaces the model's for that
 request alone, on /v1/chat/completions and /tokenize; a bad one (not text, not Jinja, or one
 that fails on the conversation) is a 400 naming the field. The prefix cache stays honest: the
 same conversation under two templates is two token sequences, so neither reuses the other's
@@ -10,6 +13,8 @@ import json
 import urllib.error
 import urllib.request
 
+import pytest
+
 from statechat.chat.template import render
 from tests.serving import KEY
 
@@ -20,6 +25,12 @@ SQUARE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
           "{% if add_generation_prompt %}[assistant]{% endif %}")
 LONG = [{"role": "system", "content": "You keep notes on recurrent state caches. " * 12},
         {"role": "user", "content": "What is kept at a block boundary?"}]
+
+
+@pytest.fixture(autouse=True)
+def trusted(server, monkeypatch):
+    """The server as `serve --trust-request-chat-template` makes it."""
+    monkeypatch.setattr(server, "trust_request_chat_template", True)
 
 
 def post(server, route: str, body: dict) -> tuple[int, dict]:
@@ -84,3 +95,17 @@ def test_two_templates_share_no_prefix_and_each_reuses_its_own(server):
     again_angle, again_square = chat(server, ANGLE, messages), chat(server, SQUARE, messages)
     assert cached(again_angle) >= 64 and cached(again_square) >= 64  # each reuses its own
     assert again_angle["prompt_tokens"] == angle["prompt_tokens"]
+
+
+def test_an_untrusted_server_refuses_a_request_s_template_before_rendering_it(server,
+                                                                             monkeypatch):
+    monkeypatch.setattr(server, "trust_request_chat_template", False)
+    endless = ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}"
+               "{% endfor %}")  # (10^10 turns with the tokenizer held: every request waits)
+    for route in ("/v1/chat/completions", "/tokenize"):
+        status, answer = post(server, route, {"model": "m", "messages": LONG, "max_tokens": 1,
+                                              "chat_template": endless})
+        assert status == 400, (route, answer)
+        assert answer["error"]["param"] == "chat_template", answer
+        assert "--trust-request-chat-template" in answer["error"]["message"], answer
+    assert chat(server, None)["prompt_tokens"] > 0  # (no template: served as before)
