@@ -27,6 +27,7 @@ from statechat.errors import ShuttingDownError
 
 RESPONSES_ROUTE = "/v1/responses"
 RESPONSE_ROUTE = "/v1/responses/"  # + a stored response's id
+BYTES_PER_TOKEN = 4  # a stored response's JSON, counted in the store's bound as tokens
 
 
 def post_response(handler) -> None:
@@ -74,10 +75,13 @@ def post_response(handler) -> None:
 
 def _finished(server, req: ResponsesRequest, response: dict, builder: OutputBuilder,
               out: RequestOutput) -> dict:
-    """`response`, stored first (with its conversation) when the request asks it to be."""
+    """`response`, stored first (with its conversation) when the request asks it to be. Its
+    weight in the store's bound: the conversation's tokens, and the response's own JSON (what
+    it echoes: metadata, user, text.format, none of them tokens) at a token per 4 bytes."""
     if req.is_stored and response["status"] != "cancelled":
+        echoed = len(json.dumps(response)) // BYTES_PER_TOKEN
         server.responses.put(response, [*req.history, _as_message(builder.items)],
-                             out.num_prompt_tokens + out.num_completion_tokens)
+                             out.num_prompt_tokens + out.num_completion_tokens + echoed)
     return response
 
 

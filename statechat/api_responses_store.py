@@ -4,7 +4,8 @@ previous_response_id, and its output, as chat messages), so that a request namin
 `previous_response_id` continues that conversation, and GET or DELETE /v1/responses/ID find
 it. They live in this process's memory only (a restart forgets them), in an LRU bounded by
 count (MAX_RESPONSES) and by the tokens of the conversations they hold (MAX_TOKENS: each
-response counts its input and output tokens); the least recently used go first."""
+response counts its input and output tokens, and what it echoes: api_responses_http); the
+least recently used go first."""
 
 from __future__ import annotations
 

@@ -221,6 +221,20 @@ def test_the_store_keeps_the_latest_within_its_bounds():
     assert len(store) == 1 and store.get("big") is not None
 
 
+def test_the_store_s_bound_counts_what_a_response_echoes(server, monkeypatch):
+    """A response's metadata (or user, or text.format) is kept with it: 256 of them of 30 MB
+    each held 7 GB, under a bound that counted the conversation's tokens alone."""
+    monkeypatch.setattr(server, "responses", ResponseStore(max_tokens=200_000))
+    ids = []
+    for i in range(3):
+        status, answer, _ = call(server, "POST", "/v1/responses", {
+            "model": "m", "input": f"hi {i}", "max_output_tokens": 1,
+            "metadata": {f"k{j}": "x" * 50_000 for j in range(8)}})
+        assert status == 200, answer
+        ids.append(answer["id"])
+    assert len(server.responses) == 1 and server.responses.get(ids[-1]) is not None
+
+
 def test_a_stream_left_by_its_client_is_aborted(server, monkeypatch):
     aborted = steps_held_until_an_abort(server, monkeypatch)
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
