@@ -49,7 +49,7 @@ def started(monkeypatch, shared_engine):
 
     def serve(worker, model_id, host, port, api_key=None, template_kwargs=None, sampling=None,
               completion_max_tokens=None, warm_next_turn=True, allowed_origins=None,
-              sock=None, reasoning_parser=None, tool_call_parser=None):
+              sock=None, reasoning_parser=None, tool_call_parser=None, **kwargs):
         worker.shutdown()
         sock.close()
         got["serve"], got["model_id"] = sampling, model_id
