@@ -79,7 +79,8 @@ class CostModel:
 
     def _fit(self, rate: str, nbytes: int, seconds: float) -> None:
         """Move `rate`'s fixed cost and inverse bandwidth towards the line through its loads:
-        one step of recursive least squares on relative errors, forgetting old loads by
+        one step of recursive least squares on relative errors (errors bounded by 1: relative to
+        the larger of the measured and predicted times), forgetting old loads by
         LOAD_FORGET. Loads of one size alone leave the split between the two parts to the
         prior (FIXED_SPREAD of fixed cost against BYTES_SPREAD times the byte time): a small
         load's surprise goes to the fixed cost, a large one's to the bandwidth."""
@@ -88,8 +89,12 @@ class CostModel:
         cap_f = (max(fixed, FIXED_SPREAD) / LOAD_NOISE) ** 2
         cap_b = (BYTES_SPREAD * max(per_byte, 1 / GUESSED_BANDWIDTH[rate]) / LOAD_NOISE) ** 2
         p_ff, p_fb, p_bb = self.fits.get(rate, (cap_f, 0.0, cap_b))
-        x_f, x_b = 1 / seconds, nbytes / seconds  # the load's regressors, scaled to a target of 1
-        error = 1 - (fixed * x_f + per_byte * x_b)
+        # the load's regressors and error, relative to the larger of its time and the predicted
+        # one: a load timed near zero (a disk load less a page-cache share estimated high)
+        # weighs as one at the prediction, not as one measured to the nanosecond
+        scale = max(seconds, fixed + per_byte * nbytes)
+        x_f, x_b = 1 / scale, nbytes / scale
+        error = (seconds - fixed - per_byte * nbytes) / scale
         g_f, g_b = p_ff * x_f + p_fb * x_b, p_fb * x_f + p_bb * x_b
         d = LOAD_FORGET + x_f * g_f + x_b * g_b
         k_f, k_b = g_f / d, g_b / d

@@ -37,6 +37,12 @@ class Requests:
         return check_prompt(self.tokenizer, prompt, self.loaded.config.vocab_size,
                             self.max_model_len)
 
+    def check_structured(self, params: SamplingParams) -> None:
+        """Refuse (ConfigError) a structured output that this model's tokenizer cannot follow
+        (Grammars.check); any thread may call it, holding the tokenizer if it shares it."""
+        if params.structured is not None:
+            self.runner.grammars.check(params.structured)
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str = "") -> Sequence:
         """Queue one request (a sample: params.n must be 1); its Sequence."""
@@ -54,6 +60,7 @@ class Requests:
         if params.n > 1:
             raise ConfigError(f"add_request runs one sample, not n={params.n}: use generate, "
                               "stream or add_samples")
+        self.check_structured(params)
         seq = Sequence(ids, params, request_id=request_id)
         if arrival_time is not None:
             seq.arrival_time = arrival_time

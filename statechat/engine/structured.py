@@ -138,17 +138,35 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
         self._ll_tokenizer = None
         self._matchers: dict[int, _Matcher] = {}
+        self._fitting: set[str] = set()  # specs `check` passed (the server's thread and the
+        # worker's check a request's: once is enough)
+
+    def _tokenizer(self):
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = _llguidance().hf.from_tokenizer(
+                self.tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids))
+        return self._ll_tokenizer
+
+    def check(self, s: StructuredOutput) -> None:
+        """Refuse (ConfigError) a constraint that this model's tokenizer cannot follow (a
+        special token it lacks, a token id past its vocabulary), which StructuredOutput could
+        not see: its matcher would fail at once and the reply end empty."""
+        if s.spec in self._fitting:
+            return
+        problem = _llguidance().LLMatcher.validate_grammar(s.spec, self._tokenizer())
+        if problem:
+            raise ConfigError(f"the {s.kind} of the structured output does not fit this "
+                              f"model's tokenizer: {_one_line(problem)}")
+        if len(self._fitting) >= 256:  # (a bound: specs checked are kept to check once)
+            self._fitting.clear()
+        self._fitting.add(s.spec)
 
     def _matcher(self, seq) -> _Matcher:
         m = self._matchers.get(seq.seq_id)
         if m is None:
-            ll = _llguidance()
-            if self._ll_tokenizer is None:
-                self._ll_tokenizer = ll.hf.from_tokenizer(
-                    self.tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids))
             s = seq.params.structured
             m = self._matchers[seq.seq_id] = _Matcher(
-                ll.LLMatcher(self._ll_tokenizer, s.spec, log_level=0), s.after_token)
+                _llguidance().LLMatcher(self._tokenizer(), s.spec, log_level=0), s.after_token)
         return m
 
     def mask(self, seqs: list, width: int, device: torch.device) -> torch.Tensor:

@@ -166,17 +166,20 @@ class EngineWorker:
                checked: tuple[list[int], bytes] | None = None,
                speculative: bool = False) -> RequestHandle:
         """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
-        LLMEngine.check_prompt). `checked`: what check_prompt already returned for it (a
-        prompt submitted several times is checked once). A `speculative` request (work done
-        ahead, such as a next turn's prefix) yields to every other: it is aborted as soon as
-        another request is added, so that its prefix is not computed twice and it delays the
-        request by its step in flight at most.
+        LLMEngine.check_prompt) or a structured output its tokenizer cannot follow. `checked`:
+        what check_prompt already returned for it (a prompt submitted several times is checked
+        once). A `speculative` request (work done ahead, such as a next turn's prefix) yields to
+        every other: it is aborted as soon as another request is added, so that its prefix is
+        not computed twice and it delays the request by its step in flight at most.
         No params: the engine's default_params (the checkpoint's recommended sampling), as
         LLMEngine.add_request's."""
         ids, packed = checked or self.engine.check_prompt(prompt_ids)
         ids = list(ids) if checked else ids  # (its sequence appends to it: one list each)
         if params is None:  # (set when the engine was made: read from any thread)
             params = self.engine.default_params
+        if params.structured is not None:  # (refused at once, as a bad prompt is)
+            with self.tokenizer_lock:
+                self.engine.check_structured(params)
         handle = RequestHandle(self, ids, packed, params, request_id)
         handle.speculative = speculative
         with self._submit_lock:

@@ -158,3 +158,10 @@ def test_a_forced_tool_call_with_a_structured_output_is_a_400(tmp_path):
         assert (reply["status"], reply["error"]["param"]) == (400, "tool_choice")
         reply = served.post(srv, {**served.TOOLS_ASK, "guided_choice": ["a"], "max_tokens": 9})
         assert reply["choices"][0]["message"]["content"] == "a"  # ("auto": the text is held)
+
+
+def test_a_grammar_naming_a_token_the_model_lacks_is_a_400(server):
+    """(It was a 200 with an empty reply: the matcher failed at its first step.)"""
+    reply = chat(server, guided_grammar='start: <|not_a_token|> "x"')
+    assert reply["status"] == 400, reply
+    assert "unknown special token" in reply["error"]["message"]

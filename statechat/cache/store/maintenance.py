@@ -113,6 +113,7 @@ class StoreMaintenance:
                 orphans = self._drop_orphan_segments()
                 gone += orphans
                 total -= sum(size for _, size in orphans)
+        self.bytes_used = total  # (committed: what /metrics shows is what is left)
         return gone, total, len(rows) >= EVICT_BATCH
 
     def _drop_orphan_segments(self) -> list[tuple[str, int]]:
