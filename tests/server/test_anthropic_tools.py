@@ -92,7 +92,7 @@ def test_a_reply_with_a_call_is_a_tool_use_block_whole_or_streamed(server, monke
 
 def prompt_of(loaded, chat: dict) -> str:
     """The prompt text the chat path renders for a chat body."""
-    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools: render(
+    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools, **_: render(
         loaded.tokenizer, messages, add, template_kwargs, tools))
     return loaded.tokenizer.decode(chat_prompt(worker, chat, {}, parse_tools(chat, "qwen3_coder")))
 

@@ -106,7 +106,8 @@ def test_the_known_fields_are_those_read():
     parse_stream(shared)
     assert shared.read == SHARED_FIELDS
     chat = Reads(CHAT)
-    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools=None: [1, 2])
+    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools=None,
+                             chat_template=None: [1, 2])
     chat_prompt(worker, chat, {})
     chat_shape(SimpleNamespace(engine=SimpleNamespace(tokenizer=None)), chat, [1, 2], None)
     assert chat.read | SHARED_FIELDS == CHAT_FIELDS

@@ -237,7 +237,7 @@ def test_reasoning_sent_back_reaches_the_template(loaded, name):
     is the template's `reasoning_content` (vLLM passes it on); a reasoning that is not text
     is a 400 naming it."""
     tokenizer = with_template(loaded, SHOWS_REASONING).tokenizer
-    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools=None: render(
+    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools=None, **_: render(
         tokenizer, messages, add, template_kwargs, tools))
     turn = {"role": "assistant", "content": "It is 4.", name: "Let me see."}
     body = {"messages": [ASK["messages"][0], turn]}

@@ -79,7 +79,7 @@ def without_ids(result: dict) -> dict:
 
 
 def prompt_text(loaded, body: dict) -> str:
-    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools: render(
+    worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools, **_: render(
         loaded.tokenizer, messages, add, template_kwargs, tools))
     ids = chat_prompt(worker, body, {}, parse_tools(body, "qwen3_coder"))
     return loaded.tokenizer.decode(ids)
