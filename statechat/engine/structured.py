@@ -176,16 +176,14 @@ class Grammars:
 
         bits = llt.allocate_token_bitmask(len(seqs), self.vocab_size)
         for i, seq in enumerate(seqs):
-            if seq.is_finished:  # (a wasted row of a step queued ahead: its draw is dropped)
-                bits[i].fill_(-1)
-                continue
-            m = self._catch_up(seq)
-            if not m.open:
-                bits[i].fill_(-1)  # (every token, until the constraint starts)
-                continue
-            llt.fill_next_token_bitmask(m.matcher, bits, i)
-            if m.matcher.is_error() or not bits[i].any():
-                # (a reply the grammar cannot go on from: it may only end)
+            try:
+                ends = self._fill(seq, bits, i)
+            except Exception as e:  # noqa: BLE001 (a matcher's failure ends its own reply,
+                # not every request of the step)
+                log.warning("statechat: the structured output of request %s failed (%s); its "
+                            "reply may only end now", seq.request_id, _one_line(str(e)))
+                ends = True
+            if ends:
                 bits[i].zero_()
                 for t in self.eos_ids:
                     if t < self.vocab_size:
@@ -197,6 +195,21 @@ class Grammars:
             pad = allowed.new_zeros(len(seqs), width - allowed.shape[1])
             allowed = torch.cat([allowed, pad], dim=1)
         return allowed
+
+    def _fill(self, seq, bits: torch.Tensor, i: int) -> bool:
+        """Set row i of `bits` to the tokens `seq` may draw next; True where it may only end
+        (its grammar cannot go on from its reply)."""
+        import llguidance.torch as llt
+
+        if seq.is_finished:  # (a wasted row of a step queued ahead: its draw is dropped)
+            bits[i].fill_(-1)
+            return False
+        m = self._catch_up(seq)
+        if not m.open:
+            bits[i].fill_(-1)  # (every token, until the constraint starts)
+            return False
+        llt.fill_next_token_bitmask(m.matcher, bits, i)
+        return m.matcher.is_error() or not bits[i].any()
 
     def _catch_up(self, seq) -> _Matcher:
         """The sequence's matcher, having taken every reply token it had not (a step's tokens

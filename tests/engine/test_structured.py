@@ -178,3 +178,20 @@ def test_min_tokens_is_refused_with_a_constraint():
     params = SamplingParams(structured={"json": SCHEMA})
     assert params.structured == StructuredOutput(json=json.dumps(SCHEMA, sort_keys=True))
     assert hash(params)  # (its schema kept as text: the params stay hashable)
+
+
+def test_a_failing_matcher_ends_its_own_reply_alone(setup, engine_device, monkeypatch, caplog):
+    """A structured output whose matcher raises inside a step ends that reply (EOS, with a
+    warning); a plain request in the same steps goes on as it would alone."""
+    from statechat.engine.structured import Grammars
+
+    _, _, prompts, _ = setup
+    eng = engine(setup, engine_device)
+    plain = eng.generate(prompts[1:2], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    monkeypatch.setattr(Grammars, "_catch_up", lambda self, seq: 1 / 0)
+    held, beside = eng.generate(prompts[:2], [
+        SamplingParams(max_tokens=8, structured=CONSTRAINTS[1]),
+        SamplingParams(max_tokens=8, ignore_eos=True)])
+    assert held.finish_reason == "stop" and held.token_ids[-1] in eng.eos_ids
+    assert len(held.token_ids) == 1 and beside.token_ids == plain.token_ids
+    assert "its reply may only end now" in caplog.text
