@@ -78,6 +78,14 @@ class ChatStore(ChatBranches):
             self.db[CONVERSATIONS].insert(row)
         return Conversation(**row)
 
+    def rename(self, conv_id: str, title: str) -> bool:
+        """Name chat `conv_id` `title` (its place in the list, by `updated`, stays); False, and
+        nothing changed, once it is deleted (here, or by another process). One statement: two
+        processes renaming a chat at once leave one name or the other, whole."""
+        with self._locked(), self.db.conn:
+            return self.db.execute(f"UPDATE {CONVERSATIONS} SET title = ? WHERE id = ?",
+                                   [title, conv_id]).rowcount > 0
+
     def delete_conversation(self, conv_id: str) -> None:
         with self._locked(), self.db.conn:
             self.db.execute(f"DELETE FROM {MESSAGES} WHERE conversation_id = ?", [conv_id])

@@ -2,7 +2,8 @@
 branch was left, deleting removes only a subtree, everything survives reopening the file, a
 message added to a long chat costs a few writes, not one per message above it, and a message
 added under (or a reply saved into) one another process deleted is a clear error (or False) that
-leaves nothing behind, and a reply's token ids are kept with its text (and only with it)."""
+leaves nothing behind, a reply's token ids are kept with its text (and only with it), and a
+renamed chat is named so for every process on the file."""
 
 from __future__ import annotations
 
@@ -298,3 +299,22 @@ def test_places_are_each_message_s_among_its_siblings(tmp_path):
     assert store.places(path) == expected
     store.delete_branch(a2.id)
     assert store.places(path) == [*expected[:3], (1, 1)]
+
+
+def test_a_renamed_chat_keeps_its_name_and_place_for_every_process(tmp_path):
+    """A chat renamed in one `statechat run` is named so after a reopen and in another process
+    on the same file, keeps its place in the list (renaming is no new activity), and renaming
+    one that another process deleted is False and changes nothing."""
+    store, other = open_chats(tmp_path), open_chats(tmp_path)
+    older, _, _, _, _ = build(store)
+    newer = store.create("newer")
+    assert store.rename(older.id, "Holiday plans")
+    assert [c.title for c in other.conversations()] == ["newer", "Holiday plans"]
+    other.delete_conversation(newer.id)
+    assert not store.rename(newer.id, "too late")
+    assert [c.title for c in store.conversations()] == ["Holiday plans"]
+    store.close()
+    other.close()
+    reopened = open_chats(tmp_path)
+    assert reopened.conversation(older.id).title == "Holiday plans"
+    reopened.close()
