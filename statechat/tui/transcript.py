@@ -1,0 +1,70 @@
+"""A chat's branch as Markdown, and the new file it is exported to (Copy chat, Export chat).
+
+The Markdown: `# title`, then one `**User**:` / `**Assistant**:` / `**System**:` section per
+message, in order; a reply's reasoning (shown dimmed in the app) in a collapsed `<details>`
+block before its answer. Text is written as it was stored (Markdown in a reply stays Markdown).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from statechat.tui.format import one_line, split_thinking
+
+ROLE_HEADINGS = {"user": "User", "assistant": "Assistant", "system": "System"}
+NAME_CHARS = 60  # a file name's most characters before `-N.md` (UTF-8: within 255 bytes)
+_NOT_A_WORD = re.compile(r"\W+")  # (letters and digits of any script, and _, are kept)
+
+
+def branch_markdown(title: str, turns: list[tuple[str, str, bool]]) -> str:
+    """The Markdown of a branch titled `title`; `turns`: (role, text, thinking) per message,
+    `thinking` where its prompt opened the reply's reasoning (tui/format.split_thinking)."""
+    parts = [f"# {one_line(title)}"]
+    for role, text, thinking in turns:
+        parts.append(f"**{ROLE_HEADINGS.get(role, one_line(role))}**:")
+        reasoning, answer = (split_thinking(text, opened=thinking) if role == "assistant"
+                             else ("", text))
+        if reasoning:
+            parts.append(f"<details>\n<summary>Thinking</summary>\n\n{reasoning}\n\n</details>")
+        if answer.strip():
+            parts.append(answer.strip("\n"))
+    return "\n\n".join(parts) + "\n"
+
+
+def answer_of(text: str, thinking: bool) -> tuple[str, bool]:
+    """What copying a reply takes: its answer, without its reasoning, where it has both
+    (True: reasoning was left out); else all of it."""
+    reasoning, answer = split_thinking(text, opened=thinking)
+    return (answer, True) if reasoning and answer else (text, False)
+
+
+def file_name(title: str) -> str:
+    """A file name from a chat's title: its words joined by `-`, with no folder, dot or blank
+    in it, cut to NAME_CHARS; `chat.md` for a title with no word."""
+    stem = _NOT_A_WORD.sub("-", title).strip("-_")[:NAME_CHARS].rstrip("-_")
+    return f"{stem or 'chat'}.md"
+
+
+def write_new(directory: Path, title: str, text: str) -> Path:
+    """Write `text` to a new file in `directory` named from `title` (`file_name`), or, where
+    that one exists, `-2`, `-3` ... before `.md`: an existing file is never overwritten (the
+    exclusive open holds against another process writing the same name). OSError where the
+    directory cannot be written."""
+    name = file_name(title)
+    stem = name[:-len(".md")]
+    number = 1
+    while True:
+        path = Path(directory) / (name if number == 1 else f"{stem}-{number}.md")
+        try:
+            f = open(path, "x", encoding="utf-8")  # noqa: SIM115 - (closed below)
+        except FileExistsError:
+            number += 1
+            continue
+        try:
+            with f:
+                f.write(text)
+        except BaseException:  # (a full disk: no half-written file is left)
+            path.unlink(missing_ok=True)
+            raise
+        return path
