@@ -14,11 +14,13 @@ from statechat.tui.format import clean, one_line
 
 class ConversationList(ListView):
     """Enter or a click opens a conversation; Delete (or Backspace) asks to remove it (and its
-    whole tree), the key again removes it (the app asks: conversations.py). Focused, it
+    whole tree), the key again removes it (the app asks: conversations.py); F2 or n renames it
+    (renaming.py). Focused, it
     highlights a chat (the open one, else the first), so Enter always opens one."""
 
     BINDINGS: ClassVar[list[Binding]] = [  # (Backspace: the key a Mac labels Delete)
-        Binding("delete,backspace", "delete_conversation", "Delete chat", key_display="del")]
+        Binding("delete,backspace", "delete_conversation", "Delete chat", key_display="del"),
+        Binding("f2,n", "rename_conversation", "Rename")]
 
     class Open(Message):
         def __init__(self, conv_id: str) -> None:
@@ -26,6 +28,11 @@ class ConversationList(ListView):
             self.conv_id = conv_id
 
     class Delete(Message):
+        def __init__(self, conv_id: str) -> None:
+            super().__init__()
+            self.conv_id = conv_id
+
+    class Rename(Message):
         def __init__(self, conv_id: str) -> None:
             super().__init__()
             self.conv_id = conv_id
@@ -64,6 +71,10 @@ class ConversationList(ListView):
         if self.index is None and self.conv_ids:  # (runs before has_focus is set)
             self.index = 0
 
+    def highlighted_chat(self) -> str | None:
+        """The id of the chat highlighted, if one is."""
+        return self._conv_at(self.index)
+
     def _conv_at(self, index: int | None) -> str | None:
         ids = self.conv_ids
         return ids[index] if index is not None and 0 <= index < len(ids) else None
@@ -80,3 +91,9 @@ class ConversationList(ListView):
         conv_id = self._conv_at(self.index)
         if conv_id is not None:
             self.post_message(self.Delete(conv_id))
+
+    def action_rename_conversation(self) -> None:
+        """F2 or n: post Rename for the highlighted chat (the app asks for the name)."""
+        conv_id = self._conv_at(self.index)
+        if conv_id is not None:
+            self.post_message(self.Rename(conv_id))
