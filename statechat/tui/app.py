@@ -3,11 +3,11 @@
 The app is put together from one mixin per concern: layout.py (fitting the terminal, moving
 focus), conversations.py (opening chats; editing, regenerating, switching and deleting
 branches), replies.py (sending a message, streaming its reply), system_prompt.py (a chat's
-system message) and stopping.py (Esc, and the reply streaming at exit). This module builds the
-screen, loads the engine in a thread behind a progress screen, and closes everything when the
-app quits (Ctrl+Q; SIGTERM and SIGHUP quit as it does). Conversations live in
-`<cache_dir>/index.db` (chat/tree.py): editing or regenerating adds a branch, nothing is
-overwritten.
+system message), sharing.py (copying, exporting), renaming.py (a chat's name) and stopping.py
+(Esc, and the reply streaming at exit). This module builds the screen, loads the engine in a
+thread behind a progress screen, and closes everything when the app quits (Ctrl+Q; SIGTERM and
+SIGHUP quit as it does). Conversations live in `<cache_dir>/index.db` (chat/tree.py): editing
+or regenerating adds a branch, nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from statechat.tui.conversations import ConversationsMixin
 from statechat.tui.format import clean, sampling_line
 from statechat.tui.layout import EMBEDDED_BANNER, LayoutMixin
 from statechat.tui.log_notices import NOTICE_S, LogNotices, Warned
+from statechat.tui.renaming import RenamingMixin
 from statechat.tui.replies import NEW_REPLY, RepliesMixin
+from statechat.tui.sharing import SharingMixin
 from statechat.tui.stopping import StoppingMixin
 from statechat.tui.system_prompt import SystemPromptMixin
 from statechat.tui.typed_ahead import TypedAheadMixin
@@ -58,7 +60,7 @@ class AppClosed(Exception):
 
 
 class StatechatApp(TypedAheadMixin, LayoutMixin, ConversationsMixin, RepliesMixin,
-                   SystemPromptMixin, StoppingMixin, App):
+                   SystemPromptMixin, SharingMixin, RenamingMixin, StoppingMixin, App):
     """`statechat run`: chat with `config`'s model; conversations are kept in `chat_dir`.
     `loaded`: a model already loaded (tests), else the app loads `config.model`;
     `system_prompt`: the system message every chat begun in the session starts with."""

@@ -1,7 +1,7 @@
 """The footer fits a terminal of the usual 80x24: with a message focused it shows every key of
-the message whole and still the app's Quit key (its labels took 86 columns, so it showed
-`d D` and no Ctrl+Q), and on the chat list Backspace, the key a Mac labels Delete, asks to
-delete the highlighted chat as Delete does."""
+the message whole, y Copy among them, and still the app's Quit key (its labels took 86 columns,
+so it showed `d D` and no Ctrl+Q; the keys now stand one space apart), and on the chat list
+Backspace, the key a Mac labels Delete, asks to delete the highlighted chat as Delete does."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_a_focused_message_s_keys_and_quit_fit_80_columns(loaded, tmp_path):
                 await focus_message(pilot, app, index)
                 footer = screen_lines(app)[-1]
                 for key in ("e Edit", "r Regenerate", "c Continue", "Branch", "d Delete",
-                            "^q Quit"):
+                            "y Copy", "^q Quit"):
                     assert key in footer, footer
 
     asyncio.run(run())

@@ -23,7 +23,7 @@ ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 class MessageView(Vertical, can_focus=True):
     """Focus it (click, or up/down in the chat) and: e edits (a user's or a system message), r
     regenerates, c continues a reply, [ ] switch branch, d d deletes the branch (the first d
-    asks). A system message shows dimmed (app.tcss)."""
+    asks), y copies its text (sharing.py). A system message shows dimmed (app.tcss)."""
 
     BINDINGS: ClassVar[list[Binding]] = [
         Binding("e", "app.edit_message", "Edit"),
@@ -34,6 +34,7 @@ class MessageView(Vertical, can_focus=True):
         Binding("right_square_bracket,right", "app.next_branch", "Next branch", key_display="]",
                 group=BRANCHES),
         Binding("d", "app.delete_branch", "Delete"),
+        Binding("y", "app.copy_message", "Copy"),  # (c continues; y: vim's yank)
     ]
 
     def __init__(self, message: Message, position: int = 1, num_siblings: int = 1,
@@ -73,6 +74,7 @@ class MessageView(Vertical, can_focus=True):
         parts.append(f"[@click=app.{action}('{mid}')]{label}[/]")
         if self.message.role == "assistant" and self.message.content:  # (c says why not, else)
             parts.append(f"[@click=app.continue_reply('{mid}')]continue[/]")
+        parts.append(f"[@click=app.copy_message('{mid}')]copy[/]")
         parts.append(f"[@click=app.delete_branch('{mid}')]delete[/]")
         return "  ".join(parts)
 
