@@ -88,6 +88,7 @@ def test_resumes_from_the_disk_tier_after_a_restart_give_the_cold_tokens(setup, 
     reply = first.generate([base], params)[0].token_ids
     first.close()
     again = LLMEngine(config, loaded=load_model(path, dtype=torch.float32))
+    again.prefix.cost.prefill_s_per_token = 1.0  # loading always wins: restores are exercised
     hf = transformers.Qwen3_5MoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     # the prompt's and the reply's checkpoints (at 192), an interval one (at 128)
     for ids, reused in [(base, 192), (base + reply, 192), (base[:150] + [7, 8, 9], 128)]:
