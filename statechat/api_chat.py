@@ -3,12 +3,9 @@
 (`message`, a stream's `delta`s, `logprobs.content`, the tool calls parsed); vLLM's
 `prompt_logprobs`, when asked, is a field of the whole response (the rendered prompt's). Once a
 reply is sent, the prefix its conversation's next request will start with is computed while
-the engine has nothing else to do (`warm_after_reply`)."""
+the engine has nothing else to do (api_next_turn.py)."""
 
 from __future__ import annotations
-
-import logging
-import threading
 
 from statechat.api_logprobs import logprobs_content, vllm_prompt_logprobs
 from statechat.api_messages import continues_final_message, parse_messages
@@ -25,14 +22,11 @@ from statechat.api_tools import (
     parse_tools,
     unthinking,
 )
-from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import merge_template_kwargs, opens_thinking
 from statechat.engine.engine import RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams
-from statechat.engine.worker import EngineWorker, RequestHandle
+from statechat.engine.worker import EngineWorker
 from statechat.errors import StatechatError
-
-log = logging.getLogger("statechat.server")
 
 # the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_generation_prompt",
@@ -43,13 +37,8 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     """A chat body's prompt ids, sampling and choices' shape, under `server`'s (a ChatServer's)
     defaults and parsers; ApiError(400) naming the field at fault."""
     worker = server.worker
-    refuse_untrusted_template(server, body)
     tools = parse_tools(body, server.tool_call_parser)  # (checked here: not sampling's to refuse)
-    prompt_ids = force_call(
-        chat_prompt(worker, body, server.template_kwargs, tools), tools, worker.engine.tokenizer,
-        lambda: chat_prompt(worker, {**body, "chat_template_kwargs": unthinking(
-            body.get("chat_template_kwargs"))}, server.template_kwargs, tools),
-        worker.tokenizer_lock)  # (tool_choice "required" or a function: a call's opening)
+    prompt_ids = chat_prompt_ids(server, body, tools)
     params = parse_params({k: v for k, v in body.items() if k not in TOOL_FIELDS},
                           len(prompt_ids), worker.max_model_len, server.sampling,
                           vocab_size=worker.engine.loaded.config.vocab_size)
@@ -60,6 +49,20 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     with worker.tokenizer_lock:  # (a reasoning model's reply held after its thinking)
         params = gate_thinking(params, shape.opened, worker.engine.tokenizer)
     return prompt_ids, params, shape
+
+
+def chat_prompt_ids(server, body: dict, tools: ToolRequest | None) -> list[int]:
+    """The prompt ids of a chat body under `server`'s (a ChatServer's) template, its
+    variables and its trust in a request's template, with a forced call's opening after it
+    (tool_choice "required" or a function: api_tools.force_call): what the engine is given,
+    and what /tokenize counts."""
+    worker = server.worker
+    refuse_untrusted_template(server, body)
+    return force_call(
+        chat_prompt(worker, body, server.template_kwargs, tools), tools, worker.engine.tokenizer,
+        lambda: chat_prompt(worker, {**body, "chat_template_kwargs": unthinking(
+            body.get("chat_template_kwargs"))}, server.template_kwargs, tools),
+        worker.tokenizer_lock)
 
 
 def chat_prompt(worker: EngineWorker, body: dict, template_kwargs: dict | None,
@@ -105,76 +108,6 @@ def request_template(body: dict) -> str | None:
         return check_template(body["chat_template"])
     except StatechatError as e:
         raise ApiError(400, str(e), "chat_template") from None
-
-
-def warm_after_reply(worker: EngineWorker, body: dict, template_kwargs: dict,
-                     outputs: list[RequestOutput],
-                     shape: ChatShape | None = None) -> RequestHandle | None:
-    """(Once a chat completion is sent) have the engine compute the prefix the conversation's
-    next request starts with: its messages, the reply, and a user message's header
-    (chat/next_turn.py). A thinking template renders an earlier reply without its reasoning,
-    so without this each turn computes the last answer again. Only for a reply of one choice
-    that ended of itself (not aborted), and only while the engine serves no other request,
-    before the renders and again after them: a busy server spends no work on a turn that may
-    not come, and the warm-up, speculative, yields to any request that comes while it runs.
-    With tools (`shape`'s), they are rendered too, and a reply with tool calls goes in as the
-    message the client got (its calls as the template renders them; a continued message's
-    start before its content). The warm-up's handle, or None."""
-    if len(outputs) != 1 or outputs[0].finish_reason == "abort" or not worker.idle():
-        return None
-    tools = shape.tools if shape is not None else None
-    out, messages = outputs[0], parse_messages(body.get("messages"), tools=tools is not None)
-    kwargs = merge_template_kwargs(template_kwargs, body.get("chat_template_kwargs"))
-    reply: str | dict = (shape.forced if shape is not None else "") + out.text
-    start = messages.pop()["content"] if continues_final_message(body, messages) else ""
-    if shape is not None and (message := shape.choice(0, out)["message"]).get("tool_calls"):
-        # (a continued message's calls: its start and the reply's content, then the calls)
-        message = {**message, "content": start + (message["content"] or "")}
-        reply = parse_messages([message], tools=True)[0]
-    else:  # (the reply goes on the last message, where it continues one)
-        reply = start + reply
-    try:
-        return warm_next_turn(worker, messages, reply, out, kwargs, still=worker.idle,
-                              tools=tools.tools if tools is not None else None,
-                              chat_template=request_template(body))
-    except StatechatError:  # (the engine stopping, a prefix past the context)
-        return None
-
-
-class NextTurns:
-    """The server's warm-ups (`warm_after_reply`), made by a thread of their own so that a
-    request's thread is free once its answer is sent; only the latest reply's is made (an
-    older one waiting is dropped: a newer reply means the engine was not idle for it)."""
-
-    def __init__(self, worker: EngineWorker, template_kwargs: dict) -> None:
-        self.worker, self.template_kwargs = worker, template_kwargs
-        self._latest: tuple[dict, list[RequestOutput], ChatShape | None] | None = None
-        self._ready = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self.last: RequestHandle | None = None  # the last warm-up submitted
-        self.considered = 0  # replies taken from `after_reply` so far (made or not)
-
-    def after_reply(self, body: dict, outputs: list[RequestOutput],
-                    shape: ChatShape | None = None) -> None:
-        with self._ready:
-            self._latest = (body, outputs, shape)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="statechat-next-turn",
-                                                daemon=True)
-                self._thread.start()
-            self._ready.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                self._ready.wait_for(lambda: self._latest is not None)
-                (body, outputs, shape), self._latest = self._latest, None
-            try:
-                self.last = warm_after_reply(self.worker, body, self.template_kwargs,
-                                             outputs, shape) or self.last
-            except Exception:  # (a warm-up never takes the server down)
-                log.exception("statechat: the next turn's warm-up failed")
-            self.considered += 1
 
 
 def chat_shape(worker: EngineWorker, body: dict, prompt_ids: list[int],

@@ -9,7 +9,7 @@ response.completed (or response.incomplete) last, each event with an increasing
 sequence_number; an error once it has begun is an `error` event then response.failed. A
 client that goes away aborts its reply, as the chat API's do. A finished response is stored
 (unless `store` is false) before it is sent, with its conversation, for a later request's
-previous_response_id; the next turn's warm-up is the chat API's (api_chat.NextTurns)."""
+previous_response_id; the next turn's warm-up is the chat API's (api_next_turn.NextTurns)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ their text. A client counts a prompt with them before it sends it."""
 
 from __future__ import annotations
 
-from statechat.api_chat import chat_prompt, refuse_untrusted_template
+from statechat.api_chat import chat_prompt_ids
 from statechat.api_request import ApiError, parse_flag, whole_number
 from statechat.api_tools import parse_tools
 
@@ -16,9 +16,7 @@ def tokenize(server, body: dict) -> dict:
     variables and tool parser; ApiError(400) naming the field at fault."""
     worker = server.worker
     if "messages" in body:
-        refuse_untrusted_template(server, body)
-        tools = parse_tools(body, server.tool_call_parser)
-        ids = chat_prompt(worker, body, server.template_kwargs, tools)
+        ids = chat_prompt_ids(server, body, parse_tools(body, server.tool_call_parser))
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

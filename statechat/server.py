@@ -41,7 +41,7 @@ from statechat import __version__
 from statechat.api_answer import AnswerHandler
 from statechat.api_anthropic import ANTHROPIC_ROUTES, COUNT_ROUTE, MESSAGES_ROUTE, error_body
 from statechat.api_anthropic_answer import count_tokens, messages
-from statechat.api_chat import CHAT_FIELDS, NextTurns, chat_request
+from statechat.api_chat import CHAT_FIELDS, chat_request
 from statechat.api_completions import (
     COMPLETION_FIELDS,
     DEFAULT_MAX_TOKENS,
@@ -50,6 +50,7 @@ from statechat.api_completions import (
 )
 from statechat.api_cors import LOCAL_ORIGINS
 from statechat.api_metrics import CONTENT_TYPE, ServerMetrics
+from statechat.api_next_turn import NextTurns
 from statechat.api_reasoning import check_parser
 from statechat.api_request import DEFAULT_SAMPLING, ApiError, named, parse_n, unknown_fields
 from statechat.api_responses_http import (

@@ -1,5 +1,5 @@
 """Computing the next turn's prefix while the user types (`warm_next_turn`), for the app and,
-once a reply is sent, for the server (`api_chat.warm_after_reply`).
+once a reply is sent, for the server (`api_next_turn.warm_after_reply`).
 
 A reply's own checkpoints (prompt end, reply end) serve the next turn only as far as the next
 prompt repeats the tokens they were made from. Templates of thinking models do not: Qwen3.5's

@@ -13,13 +13,22 @@ naming the field; without the flag they stay a 400 naming it."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 
 from statechat.chat.template import render
 from tests.helpers import force_reply
 from tests.server.test_tools_server import reassembled, whole, without_ids
-from tests.serving import TOOLS, TOOLS_TEMPLATE, post, serving, tools_fixtures, tools_model
+from tests.serving import (
+    KEY,
+    TOOLS,
+    TOOLS_TEMPLATE,
+    post,
+    serving,
+    tools_fixtures,
+    tools_model,
+)
 from tests.serving import TOOLS_ASK as ASK
 
 SHELL = {"type": "function", "function": {"name": "shell", "parameters": {
@@ -213,3 +222,18 @@ def test_a_block_closed_empty_is_tokenized_as_the_template_writes_one(loaded):
     got = force_call(prompt, forced, tokenizer, lambda: prompt)  # (a template that ignores it)
     assert got == tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"
                                    + OPENING["named"], add_special_tokens=False)
+
+
+@pytest.mark.parametrize("kind", ["required", "named"])
+def test_tokenize_counts_the_forced_opening_as_prompt_tokens(server, kind):
+    """/tokenize of a chat with tool_choice "required" or a function counts the call's opening
+    the engine is given, as the chat's prompt_tokens does."""
+    body = {**ASK, "tools": TOOLS, "tool_choice": CHOICE[kind]}
+    req = urllib.request.Request(f"{server.url}/tokenize", data=json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        counted = json.loads(resp.read())
+    reply = post(server, {**body, "max_tokens": 1})
+    assert counted["count"] == reply["usage"]["prompt_tokens"]
+    tokenizer = server.worker.engine.tokenizer
+    assert tokenizer.decode(counted["tokens"]).endswith(OPENING[kind])
