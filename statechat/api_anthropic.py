@@ -11,7 +11,8 @@ content, reasoning_content and tool_calls; a last assistant message is a prefill
 continues (vLLM's continue_final_message). `tools` ({name, description, input_schema}) are
 function tools; tool_choice auto, any, tool (a name) and none are the chat API's "auto",
 "required", a named function and "none"; `thinking` enabled (or adaptive) or disabled is the
-template's `enable_thinking` (its budget_tokens is not enforced); `stop_sequences` is `stop`.
+template's `enable_thinking` (its budget_tokens is not enforced); `stop_sequences` is `stop`;
+`output_config.format` (or the beta's `output_format`) is a json_schema `response_format`.
 Errors the chat path raises name Anthropic's fields (`renamed_errors`), and every error of
 these routes has Anthropic's shape (`error_body`)."""
 
@@ -30,7 +31,7 @@ PASSED = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream", "see
           "repetition_penalty", "presence_penalty", "frequency_penalty")
 # the fields these routes read (a body's others are logged as unknown, and left out)
 MESSAGES_FIELDS = frozenset({*PASSED, "messages", "system", "stop_sequences", "metadata",
-                             "tools", "tool_choice", "thinking"})
+                             "tools", "tool_choice", "thinking", "output_config", "output_format"})
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # (and "tool": a name)
 THINKING = {"enabled": True, "adaptive": True, "disabled": False}  # -> enable_thinking
 # Anthropic's error type of each status (api_error for another 5xx, invalid_request_error else)
@@ -75,6 +76,9 @@ def chat_body(body: dict, tools_on: bool, count_only: bool = False) -> tuple[dic
     chat.update(_tools(body.get("tools"), body.get("tool_choice")))
     if (enable := _thinking(body.get("thinking"))) is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": enable}
+    if (schema := _output_schema(body)) is not None:
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": schema}}
     return chat, origin
 
 
@@ -237,8 +241,34 @@ def _thinking(thinking) -> bool | None:
     return THINKING[kind]
 
 
+def _output_schema(body: dict):
+    """The JSON schema the reply is held to: `output_config.format` (`effort` taken, not
+    enforced) or the beta's `output_format`, each {"type": "json_schema", "schema"}; None."""
+    config, given = body.get("output_config"), body.get("output_format")
+    if config is not None and not isinstance(config, dict):
+        raise ApiError(400, "output_config must be an object", "output_config")
+    if (extra := sorted(set(config or {}) - {"format", "effort"})):
+        raise ApiError(400, f"output_config.{extra[0]} is not supported; leave it out",
+                       f"output_config.{extra[0]}")
+    at = "output_config.format"
+    if given is not None:
+        if (config or {}).get("format") is not None:
+            raise ApiError(400, f"output_format and {at} each give a format: leave one out",
+                           "output_format")
+        config, at = {"format": given}, "output_format"
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise ApiError(400, f'{at}.type must be "json_schema"', f"{at}.type")
+    if not isinstance(fmt.get("schema"), dict):
+        raise ApiError(400, f"{at}.schema must be a JSON schema (an object)", f"{at}.schema")
+    return fmt["schema"]
+
+
 # the chat path's names of a field that Anthropic's body names otherwise
-_FIELD_NAMES = ((r"^stop$", "stop_sequences"),
+_FIELD_NAMES = ((r"^response_format\.json_schema\.schema", "output_config.format.schema"),
+                (r"^stop$", "stop_sequences"),
                 (r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
                 (r"^tools\[(\d+)\]\.function\b", r"tools[\1]"))
 

@@ -154,6 +154,13 @@ def _stored(server, rid, param: str | None = None) -> tuple[dict, list[dict]]:
     return entry
 
 
+def is_response_route(route: str) -> bool:
+    """Whether `route` (a path) names one stored response, /v1/responses/ID: a path under it
+    (OpenAI's /input_items, /cancel) is no route here."""
+    rest = route[len(RESPONSE_ROUTE):]
+    return route.startswith(RESPONSE_ROUTE) and bool(rest) and "/" not in rest
+
+
 def _route_id(handler) -> str:
     return urllib.parse.unquote(handler._route()[len(RESPONSE_ROUTE):])
 

@@ -57,6 +57,7 @@ from statechat.api_responses_http import (
     RESPONSE_ROUTE,
     delete_response,
     get_response,
+    is_response_route,
     post_response,
 )
 from statechat.api_responses_store import ResponseStore
@@ -194,7 +195,7 @@ class Handler(AnswerHandler):
         routes = {"/health": self._health, "/ping": self._health, "/version": self._version,
                   "/v1/models": self._models, "/metrics": self._metrics}
         handler = self._model if route.startswith(MODEL_ROUTE) else routes.get(route)
-        if route.startswith(RESPONSE_ROUTE):
+        if is_response_route(route):
             handler = self._stored_response
         self._guard(handler or self._unrouted, is_open=route in KEYLESS)
 
@@ -219,8 +220,7 @@ class Handler(AnswerHandler):
 
     def do_DELETE(self) -> None:
         route = self._route()
-        self._guard(self._delete_response if route.startswith(RESPONSE_ROUTE)
-                    else self._unrouted)
+        self._guard(self._delete_response if is_response_route(route) else self._unrouted)
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
@@ -235,7 +235,7 @@ class Handler(AnswerHandler):
     def _allow(self) -> dict[str, str]:
         route = self._route()
         methods = ROUTES["/v1/models"] if route.startswith(MODEL_ROUTE) else ROUTES.get(route)
-        methods = ROUTES[RESPONSE_ROUTE] if route.startswith(RESPONSE_ROUTE) else methods
+        methods = ROUTES[RESPONSE_ROUTE] if is_response_route(route) else methods
         return {"Allow": methods} if methods else {}
 
     def _unrouted(self) -> None:

@@ -6,7 +6,8 @@ reply with their stop_reason; a repeated conversation reports the engine's own r
 cache_read_input_tokens (input_tokens the rest); count_tokens counts the prompt a request
 has; a last assistant message is continued; errors (a missing max_tokens, an image block, a
 wrong key, an unknown route method) have Anthropic's shape; the key is taken from x-api-key; a
-client that leaves, streamed or not, has its request aborted."""
+client that leaves, streamed or not, has its request aborted (structured outputs:
+test_anthropic_structured.py)."""
 
 from __future__ import annotations
 

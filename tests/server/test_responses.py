@@ -4,10 +4,11 @@ the chat API gives for the same conversation; a stream's events come in OpenAI's
 increasing sequence numbers and its deltas join to the whole reply's text; max_output_tokens
 makes an "incomplete" response; text.format json_schema holds the reply to the schema; a
 previous_response_id continues the stored conversation and reports the engine's own reuse as
-cached_tokens; GET and DELETE find and forget a stored response (404s after), and the store
-keeps the latest within its bounds; a client that leaves a stream aborts its reply, and a
-failure once a stream began is an `error` event then response.failed (a whole response's is
-a 500 of one line); bad fields are 400s naming them in one line."""
+cached_tokens; GET and DELETE find and forget a stored response (404s after; a path under
+one, OpenAI's input_items, is no route), and the store keeps the latest within its bounds; a
+client that leaves a stream aborts its reply, and a failure once a stream began is an `error`
+event then response.failed (a whole response's is a 500 of one line); bad fields are 400s
+naming them in one line."""
 
 from __future__ import annotations
 
@@ -175,6 +176,17 @@ def test_other_methods_are_405s_naming_the_routes(server):
         answer["error"]["message"]
     status, _, headers = call(server, "PUT", "/v1/responses/resp_x")
     assert status == 405 and headers["Allow"] == "GET, HEAD, DELETE"
+
+
+def test_a_path_under_a_stored_response_is_no_route(client, server):
+    """OpenAI's input_items and cancel are not served: a 404 saying there is no such route,
+    not one saying that a stored response is not stored."""
+    made = client.responses.create(model="m", input="Keep me", max_output_tokens=2)
+    for method, path in (("GET", "input_items"), ("DELETE", "input_items"), ("POST", "cancel")):
+        status, answer, _ = call(server, method, f"/v1/responses/{made.id}/{path}")
+        assert status == 404 and answer["error"]["code"] == "not_found", answer
+        assert answer["error"]["message"] == f"no route {method} /v1/responses/{made.id}/{path}"
+    assert client.responses.retrieve(made.id).id == made.id
 
 
 @pytest.mark.parametrize(("fields", "param"), [
