@@ -9,9 +9,12 @@ an error once a stream's headers are sent is reported inside the stream, before 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from statechat.api_choices import Choices, reuse_line
@@ -28,6 +31,22 @@ if TYPE_CHECKING:
 ABORT_WAIT_S = 5  # how long a request left by its client waits for its choices' aborts (to log)
 
 
+@dataclass
+class Answering:
+    """AnswerHandler.answering's word on an answer: whether its client went away."""
+
+    gone: bool = False
+
+
+def submit(worker, prompts: list[list[int]], params: SamplingParams, n: int,
+           param: str) -> Choices:
+    """Choices.submit, a server stopping being a 503 (not the request's fault; none ran)."""
+    try:
+        return Choices.submit(worker, prompts, params, n, param)
+    except ShuttingDownError as e:
+        raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
+
+
 class AnswerHandler(JsonHandler):
     """JsonHandler's transport plus `_answer`, which the routes call with a parsed request.
     Its server has `worker` (an EngineWorker) and `model_id` besides JsonHandler's needs."""
@@ -40,19 +59,32 @@ class AnswerHandler(JsonHandler):
         still running when the client goes away. The outputs once all were sent, else None."""
         stream, include_usage = parse_stream(body)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}"  # (the response's id; its log lines')
-        try:
-            choices = Choices.submit(self.server.worker, prompts, params, n, param)
-        except ShuttingDownError as e:  # (the server stops: not the request's fault; none ran)
-            raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
+        choices = submit(self.server.worker, prompts, params, n, param)
         head = {"id": rid, "created": int(time.time()), "model": self.server.model_id}
-        try:
+        with self.answering(choices, rid, stream) as answer:
             if stream:
                 self._stream(shape, choices, head, include_usage)
             else:
                 self._send_json(200, response(shape, head, choices.results(self._gone), n))
+        if answer.gone:
+            return None
+        outputs = [handle.output for handle in choices.handles]
+        return outputs if None not in outputs else None  # (None: a choice ended in an error)
+
+    @contextlib.contextmanager
+    def answering(self, choices: Choices, rid: str, stream: bool) -> Iterator[Answering]:
+        """Around the sending of an answer (any API's): a client gone (a broken pipe, a reset,
+        a timeout) closes the connection and sets `.gone`, no traceback; another failure is a
+        500 naming it where no stream has begun, and goes up to the stream's own report where
+        one has; whatever happened, each choice's reuse is logged and counted (_log_ended)."""
+        answer = Answering()
+        try:
+            yield answer
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
-            return None
+            answer.gone = True
+        except ApiError:
+            raise
         except Exception as e:
             if stream:
                 raise
@@ -60,8 +92,6 @@ class AnswerHandler(JsonHandler):
                            kind="server_error") from None
         finally:
             self._log_ended(choices, rid)
-        outputs = [handle.output for handle in choices.handles]
-        return outputs if None not in outputs else None  # (None: a choice ended in an error)
 
     def _stream(self, shape: Shape, choices: Choices, head: dict, include_usage: bool) -> None:
         """Send the choices as server-sent events (`head` and each chunk's fields), a failure

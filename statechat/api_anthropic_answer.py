@@ -17,6 +17,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING
 
+from statechat.api_answer import submit
 from statechat.api_anthropic import MESSAGES_FIELDS, chat_body, error_body, renamed_errors
 from statechat.api_anthropic_reply import (
     BlockStream,
@@ -29,7 +30,6 @@ from statechat.api_chat import ChatShape, chat_request
 from statechat.api_choices import Choices
 from statechat.api_request import ApiError, parse_flag
 from statechat.engine.output import RequestOutput
-from statechat.errors import ShuttingDownError
 
 if TYPE_CHECKING:
     from statechat.api_answer import AnswerHandler
@@ -58,30 +58,16 @@ def messages(handler: AnswerHandler) -> None:
     with renamed_errors(origin):
         prompt_ids, params, shape = chat_request(server, chat)
         stream = parse_flag(body, "stream")
-        try:
-            choices = Choices.submit(server.worker, [prompt_ids], params, 1, "messages")
-        except ShuttingDownError as e:
-            raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
+        choices = submit(server.worker, [prompt_ids], params, 1, "messages")
     rid = f"msg_{uuid.uuid4().hex[:24]}"
     head = {"id": rid, "type": "message", "role": "assistant", "model": server.model_id}
-    try:
+    out = None
+    with handler.answering(choices, rid, stream) as answer:
         if stream:
             out = _stream(handler, shape, choices, head)
         else:
             out = _whole(handler, shape, choices, head)
-    except (BrokenPipeError, ConnectionResetError, TimeoutError):
-        handler.close_connection = True
-        return
-    except ApiError:
-        raise
-    except Exception as e:
-        if stream:
-            raise
-        raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                       kind="server_error") from None
-    finally:
-        handler._log_ended(choices, rid)
-    if out is not None and server.next_turns is not None:
+    if not answer.gone and out is not None and server.next_turns is not None:
         server.next_turns.after_reply(chat, [out], shape)
 
 

@@ -17,13 +17,13 @@ import json
 import time
 import urllib.parse
 
+from statechat.api_answer import submit
 from statechat.api_chat import chat_request
 from statechat.api_choices import Choices
 from statechat.api_request import ApiError
 from statechat.api_responses import RESPONSES_FIELDS, ResponsesRequest, parse_responses, renamed
 from statechat.api_responses_out import OutputBuilder, new_id, response_object
 from statechat.engine.engine import RequestOutput, StreamEvent
-from statechat.errors import ShuttingDownError
 
 RESPONSES_ROUTE = "/v1/responses"
 RESPONSE_ROUTE = "/v1/responses/"  # + a stored response's id
@@ -40,11 +40,9 @@ def post_response(handler) -> None:
     req = parse_responses(body, previous, server.tool_call_parser is not None)
     try:
         prompt_ids, params, shape = chat_request(server, req.chat_body)
-        choices = Choices.submit(server.worker, [prompt_ids], params, 1, "input")
     except ApiError as e:
         raise renamed(e) from None
-    except ShuttingDownError as e:  # (the server stops: not the request's fault; none ran)
-        raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
+    choices = submit(server.worker, [prompt_ids], params, 1, "input")
     rid, created = new_id("resp"), int(time.time())
     builder = OutputBuilder(shape)
 
@@ -52,24 +50,15 @@ def post_response(handler) -> None:
         return response_object(rid, created, server.model_id, req.echo, builder.items, out,
                                shape, params)
 
-    try:
+    out = None
+    with handler.answering(choices, rid, req.is_stream) as answer:
         if req.is_stream:
             out = _stream(handler, req, choices, builder, made)
         else:
             out = choices.results(handler._gone)[0]
             builder.feed(StreamEvent(out.text, out.token_ids, out))
             handler._send_json(200, _finished(server, req, made(out), builder, out))
-    except (BrokenPipeError, ConnectionResetError, TimeoutError):
-        handler.close_connection = True
-        return
-    except Exception as e:
-        if req.is_stream:
-            raise
-        raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                       kind="server_error") from None
-    finally:
-        handler._log_ended(choices, rid)
-    if out is not None and server.next_turns is not None:
+    if not answer.gone and out is not None and server.next_turns is not None:
         server.next_turns.after_reply(req.chat_body, [out], shape)
 
 
