@@ -267,22 +267,25 @@ def _output_schema(body: dict):
 
 
 # the chat path's names of a field that Anthropic's body names otherwise
-_FIELD_NAMES = ((r"^response_format\.json_schema\.schema", "output_config.format.schema"),
-                (r"^stop$", "stop_sequences"),
+_FIELD_NAMES = ((r"^stop$", "stop_sequences"),
                 (r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
                 (r"^tools\[(\d+)\]\.function\b", r"tools[\1]"))
 
 
 @contextlib.contextmanager
-def renamed_errors(origin: list):
+def renamed_errors(origin: list, body: dict | None = None):
     """Raise the chat path's ApiErrors with Anthropic's field names: its messages[k] is the
     Anthropic message it came from (`origin`, chat_body's; None: `system`), its stop is
-    stop_sequences, its tools' function fields the tool's own."""
+    stop_sequences, its tools' function fields the tool's own, its response_format's schema
+    the one of the field `body` (the Anthropic body) gave it in."""
+    given = (body or {}).get("output_format") is not None
+    schema = (r"^response_format\.json_schema\.schema",
+              "output_format.schema" if given else "output_config.format.schema")
     try:
         yield
     except ApiError as e:
         message, param = _renamed(e.message, origin), _renamed(e.param, origin)
-        for pattern, name in _FIELD_NAMES:
+        for pattern, name in (schema, *_FIELD_NAMES):
             param = re.sub(pattern, name, param) if param is not None else None
         if e.param is not None and param != _renamed(e.param, origin):
             message = message.replace(_renamed(e.param, origin), param, 1)

@@ -44,7 +44,7 @@ def count_tokens(handler: AnswerHandler) -> None:
     handler._log_unknown(body, MESSAGES_FIELDS | {"max_tokens"})
     server = handler.server
     chat, origin = chat_body(body, server.tool_call_parser is not None, count_only=True)
-    with renamed_errors(origin):
+    with renamed_errors(origin, body):
         prompt_ids, _, _ = chat_request(server, chat)
     handler._send_json(200, {"input_tokens": len(prompt_ids)})
 
@@ -55,7 +55,7 @@ def messages(handler: AnswerHandler) -> None:
     handler._log_unknown(body, MESSAGES_FIELDS)
     server = handler.server
     chat, origin = chat_body(body, server.tool_call_parser is not None)
-    with renamed_errors(origin):
+    with renamed_errors(origin, body):
         prompt_ids, params, shape = chat_request(server, chat)
         stream = parse_flag(body, "stream")
         choices = submit(server.worker, [prompt_ids], params, 1, "messages")

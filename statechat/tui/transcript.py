@@ -8,13 +8,14 @@ block before its answer. Text is written as it was stored (Markdown in a reply s
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 
 from statechat.tui.format import one_line, split_thinking
 
 ROLE_HEADINGS = {"user": "User", "assistant": "Assistant", "system": "System"}
 NAME_CHARS = 60  # a file name's most characters before `-N.md` (UTF-8: within 255 bytes)
-_NOT_A_WORD = re.compile(r"\W+")  # (letters and digits of any script, and _, are kept)
+_DASHES = re.compile(r"-+")
 
 
 def branch_markdown(title: str, turns: list[tuple[str, str, bool]]) -> str:
@@ -42,8 +43,16 @@ def answer_of(text: str, thinking: bool) -> tuple[str, bool]:
 def file_name(title: str) -> str:
     """A file name from a chat's title: its words joined by `-`, with no folder, dot or blank
     in it, cut to NAME_CHARS; `chat.md` for a title with no word."""
-    stem = _NOT_A_WORD.sub("-", title).strip("-_")[:NAME_CHARS].rstrip("-_")
+    stem = _DASHES.sub("-", "".join(ch if _in_word(ch) else "-"
+                                    for ch in unicodedata.normalize("NFC", title)))
+    stem = stem.strip("-_")[:NAME_CHARS].rstrip("-_")
     return f"{stem or 'chat'}.md"
+
+
+def _in_word(ch: str) -> bool:
+    """Whether `ch` is kept in a file name: a letter or digit of any script, `_`, or a mark
+    that is part of a letter (a Devanagari vowel sign, an accent typed as a mark of its own)."""
+    return ch.isalnum() or ch == "_" or unicodedata.category(ch).startswith("M")
 
 
 def write_new(directory: Path, title: str, text: str) -> Path:

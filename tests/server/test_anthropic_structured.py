@@ -38,6 +38,9 @@ def test_the_reply_is_held_to_the_schema(server, fields):
 @pytest.mark.parametrize(("fields", "param"), [
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
      "output_config.format.schema"),
+    # (the beta's field, where it was sent: the error named output_config.format.schema)
+    ({"output_format": {"type": "json_schema", "schema": {"type": "nope"}}},
+     "output_format.schema"),
     ({"output_config": {"format": {"type": "yaml"}}}, "output_config.format.type"),
     ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
     ({"output_config": {"verbosity": "low"}}, "output_config.verbosity"),

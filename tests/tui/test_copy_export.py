@@ -112,6 +112,10 @@ def test_file_names_are_safe_and_never_reuse_a_file(tmp_path):
     assert file_name("Über Café ☕ 2024!") == "Über-Café-2024.md"
     assert file_name("...") == file_name("") == "chat.md"
     assert len(file_name("x" * 500)) <= 64
+    # (a word's combining marks are part of it: Devanagari's vowel signs, an accent typed as a
+    # mark of its own; they were cut out, and the words split at each: "नमस-त-द-न-य.md")
+    assert file_name("नमस्ते दुनिया") == "नमस्ते-दुनिया.md"
+    assert file_name("cafe\u0301 ok") == "café-ok.md"
     (tmp_path / "a.md").write_text("mine")
     assert write_new(tmp_path, "a", "new").name == "a-2.md"
     assert write_new(tmp_path, "a", "newer").name == "a-3.md"
