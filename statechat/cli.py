@@ -4,6 +4,7 @@
     statechat batch INPUT.jsonl   chat requests in, results out, all batched together
     statechat serve               OpenAI-compatible HTTP API
     statechat cache stats|ls|...  inspect and trim the persistent prefix cache
+    statechat chats ls|show|...   list, show, export and delete the app's chats
 
 Known errors print one line (`statechat: ...`); set STATECHAT_DEBUG=1 for the traceback. A
 command whose standard output's reader goes away (`| head -1`) ends quietly with exit status
@@ -12,7 +13,7 @@ from what the app raised, is in cli_exit.py. The
 options shared by several commands, and their checks, are in cli_options.py; a command's engine
 config and sampling are made from them, and its engine from that config, in cli_setup.py. The
 `serve` command is in cli_serve.py, the `cache` commands in cli_cache.py (their store opened
-in cli_cache_store.py).
+in cli_cache_store.py), the `chats` commands in cli_chats.py.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from statechat.cli_batch import (
     writes_in_place,
 )
 from statechat.cli_cache import cache_app
+from statechat.cli_chats import chats_app
 from statechat.cli_exit import end_process, exit_status
 from statechat.cli_options import (
     AutoToolChoiceOpt,
@@ -81,6 +83,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(cache_app, name="cache")
+app.add_typer(chats_app, name="chats")
 
 
 def _show_version(value: bool) -> None:

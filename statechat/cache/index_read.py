@@ -40,30 +40,39 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
         return _empty_index()
 
     def attempt() -> sqlite_utils.Database:
-        for query in OPEN_MODES:
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True,
-                                   timeout=index.BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-            try:
-                conn.execute("PRAGMA query_only = 1")
-                conn.execute(f"PRAGMA busy_timeout = {index.BUSY_TIMEOUT_S * 1000}")
-                conn.execute("PRAGMA user_version").fetchone()  # (the file's header read)
-            except sqlite3.OperationalError as e:
-                conn.close()
-                if query != "immutable=1" and ("unable to open" in str(e) or "readonly" in str(e)
-                                               or is_full(e) or on_full_disk(path.parent)):
-                    continue  # (read-only media or files, a full disk: no -shm file can be made)
-                raise
-            except sqlite3.DatabaseError as e:  # (damaged, or as read without its WAL?)
-                conn.close()
-                raise open_error(path, e, whole=query != "immutable=1") from None
-            except BaseException:
-                conn.close()
-                raise
-            return _opened(conn, path, whole=query != "immutable=1")
-        raise AssertionError("unreachable")
+        conn, whole = query_only(path, index.BUSY_TIMEOUT_S)
+        return _opened(conn, path, whole)
 
     return open_sqlite(path, attempt)
+
+
+def query_only(path: Path, timeout_s: float) -> tuple[sqlite3.Connection, bool]:
+    """A connection that only reads the existing SQLite file `path` (OPEN_MODES in turn, its
+    header read), and whether it reads it whole (with its write-ahead log; else as immutable:
+    read-only media, a full disk): for the index, and for the chats' `statechat chats` reads.
+    A damaged file is a one-line ConfigError; other OperationalErrors are open_sqlite's."""
+    for query in OPEN_MODES:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True,
+                               timeout=timeout_s, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            conn.execute("PRAGMA query_only = 1")
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            conn.execute("PRAGMA user_version").fetchone()  # (the file's header read)
+        except sqlite3.OperationalError as e:
+            conn.close()
+            if query != "immutable=1" and ("unable to open" in str(e) or "readonly" in str(e)
+                                           or is_full(e) or on_full_disk(path.parent)):
+                continue  # (read-only media or files, a full disk: no -shm file can be made)
+            raise
+        except sqlite3.DatabaseError as e:  # (damaged, or as read without its WAL?)
+            conn.close()
+            raise open_error(path, e, whole=query != "immutable=1") from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn, query != "immutable=1"
+    raise AssertionError("unreachable")
 
 
 def _opened(conn: sqlite3.Connection, path: Path, whole: bool) -> sqlite_utils.Database:

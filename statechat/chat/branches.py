@@ -109,6 +109,16 @@ class ChatBranches(ChatFile):
         self.select(target.id)
         return target
 
+    def shape(self) -> dict[str, tuple[int, int]]:
+        """Each chat's (messages, branches) by id: every message it holds, and its branches,
+        the messages with no reply or follow-up under them (a chat with no message has none)."""
+        with self._locked():
+            rows = self.db.execute(
+                f"""SELECT m.conversation_id, count(*), sum(NOT EXISTS (
+                      SELECT 1 FROM {MESSAGES} k WHERE k.parent_id = m.id))
+                    FROM {MESSAGES} m GROUP BY m.conversation_id""").fetchall()
+        return {conv_id: (num, leaves) for conv_id, num, leaves in rows}
+
     def num_under(self, msg_id: str) -> int:
         """How many messages lie under `msg_id`, on every branch (what `delete_branch` would
         delete with it)."""

@@ -41,13 +41,34 @@ class ChatFile:
     `_locked()` around each use, which also turns SQLite's errors into the user's words.
     `columns`: chat_messages' columns; a file from an earlier statechat lacks NEWER_COLUMNS
     while it cannot be written (another process holds it locked, read-only media, a full
-    disk): it opens without them, as that statechat opened it, and a later open adds them."""
+    disk): it opens without them, as that statechat opened it, and a later open adds them.
+    With `read_only`, an existing file is only read (`statechat chats ls`, on read-only media
+    too): nothing is created, and a file without the chats' tables reads as holding none."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self.file = Path(path)
         self._lock = threading.RLock()
         self.columns: set[str] = set()
-        self.db = open_sqlite(self.file, self._open)
+        self.db = open_sqlite(self.file, self._open_read_only if read_only else self._open)
+
+    def _open_read_only(self) -> sqlite_utils.Database:
+        from statechat.cache.index_read import query_only
+
+        conn, _ = query_only(self.file, BUSY_TIMEOUT_S)
+        try:
+            refuse_foreign(conn, self.file)
+        except BaseException:
+            conn.close()
+            raise
+        self.db = sqlite_utils.Database(conn)
+        self.columns = set(self.db[MESSAGES].columns_dict)
+        return self.db
+
+    @property
+    def has_chats(self) -> bool:
+        """Whether the file holds the chats' tables (a cache index alone does not)."""
+        with self._locked():
+            return self.db[CONVERSATIONS].exists()
 
     def _open(self) -> sqlite_utils.Database:
         self.file.parent.mkdir(parents=True, exist_ok=True)

@@ -185,6 +185,7 @@ class ChatStore(ChatBranches):
             ).rowcount > 0
 
 
-def open_chats(cache_dir: Path) -> ChatStore:
-    """The conversation store of a cache dir (`<cache_dir>/index.db`)."""
-    return ChatStore(Path(cache_dir) / "index.db")
+def open_chats(cache_dir: Path, read_only: bool = False) -> ChatStore:
+    """The conversation store of a cache dir (`<cache_dir>/index.db`); `read_only`: one that
+    only reads an existing file (ChatFile)."""
+    return ChatStore(Path(cache_dir) / "index.db", read_only=read_only)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+# (a reply's reasoning and a title on one line: chat/transcript.py's, which the CLI uses too)
+from statechat.chat.transcript import one_line, split_thinking  # noqa: F401
+
 # control characters (tab and line feed kept), line/paragraph separators, and the bidi marks,
 # embeddings, overrides and isolates that reorder what follows them; the zero-width (non-)joiners
 # stay, as emoji sequences and Persian or Indic words need them
@@ -14,21 +17,6 @@ _CONTROL = re.compile(
 def clean(text: str) -> str:
     """Model text safe for the terminal: control and bidi characters become U+00B7."""
     return _CONTROL.sub("\u00b7", text)
-
-
-def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
-    """(reasoning, answer) of a reply from a thinking model (Qwen's `<think>...</think>`): the
-    reasoning is what comes before `</think>` (after an opening `<think>`, where the reply has
-    one; with `opened`, its prompt opened it, as Qwen3.5's template does), and a reply still
-    inside an opened `<think>` is all reasoning. Markdown would drop the tags and, with them,
-    the text up to the next blank line."""
-    body = text.lstrip()
-    if body.startswith("<think>"):
-        opened, body = True, body[len("<think>"):]
-    if "</think>" in body:
-        reasoning, answer = body.split("</think>", 1)
-        return reasoning.strip(), answer.lstrip()
-    return (body.strip(), "") if opened else ("", text)
 
 
 def sampling_line(params) -> str:
@@ -43,11 +31,6 @@ def sampling_line(params) -> str:
         if value != off and (is_penalty or not params.is_greedy):
             parts.append(f"{name} {value:g}")
     return ", ".join(parts)
-
-
-def one_line(text: str) -> str:
-    """`text` with each run of whitespace, line breaks included, as one space (a chat's title)."""
-    return " ".join(text.split())
 
 
 def chat_title(first_message: str) -> str:

@@ -1,6 +1,6 @@
 """Taking text out of the app (SharingMixin): `y` (or a message's `copy` link) copies the
 message to the clipboard; the command palette's `Copy chat` copies the branch shown as Markdown
-and `Export chat` writes it to a new file in the current directory (transcript.py).
+and `Export chat` writes it to a new file in the current directory (chat/transcript.py).
 
 The clipboard is the terminal's: Textual's `copy_to_clipboard` sends it the text in an OSC 52
 sequence, which a terminal (or tmux, with `set-clipboard on`) that does not take it ignores;
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from textual.app import SystemCommand
 
-from statechat.tui.transcript import answer_of, branch_markdown, write_new
+from statechat.chat.transcript import answer_of, branch_markdown, write_new
 from statechat.tui.widgets.chat_view import ChatView
 from statechat.tui.widgets.conversation_list import ConversationList
 

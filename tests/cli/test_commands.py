@@ -23,7 +23,8 @@ ENGINE_FLAGS = ["--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
 
 
 @pytest.mark.parametrize("argv, needles", [
-    ([], ["run", "batch", "serve", "cache"]),
+    ([], ["run", "batch", "serve", "cache", "chats"]),
+    (["chats"], ["ls", "show", "export", "rm"]),
     (["run"], ["--model", "--cache-dir", "--device", "--chat-template-kwargs", *SAMPLING_FLAGS,
                *ENGINE_FLAGS]),
     (["batch"], ["--output", "--no-cache", "--seed", "--model", "--chat-template-kwargs",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+from statechat.chat.transcript import file_name, write_new
 from statechat.chat.tree import open_chats
-from statechat.tui.transcript import file_name, write_new
 from tests.tui.palette import run_command
 from tests.tui.test_app import make_app, views, wait_ready
 from tests.tui.test_edge_cases import focus_message, notices

@@ -1,4 +1,5 @@
-"""A chat's branch as Markdown, and the new file it is exported to (Copy chat, Export chat).
+"""A chat's branch as Markdown, and the new file it is exported to: the app's Copy chat and
+Export chat (tui/sharing.py) and `statechat chats export` (cli_chats.py); no Textual here.
 
 The Markdown: `# title`, then one `**User**:` / `**Assistant**:` / `**System**:` section per
 message, in order; a reply's reasoning (shown dimmed in the app) in a collapsed `<details>`
@@ -11,11 +12,37 @@ import re
 import unicodedata
 from pathlib import Path
 
-from statechat.tui.format import one_line, split_thinking
+from statechat.chat.records import Message
 
 ROLE_HEADINGS = {"user": "User", "assistant": "Assistant", "system": "System"}
 NAME_CHARS = 60  # a file name's most characters before `-N.md` (UTF-8: within 255 bytes)
 _DASHES = re.compile(r"-+")
+
+
+def one_line(text: str) -> str:
+    """`text` with each run of whitespace, line breaks included, as one space (a chat's title)."""
+    return " ".join(text.split())
+
+
+def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
+    """(reasoning, answer) of a reply from a thinking model (Qwen's `<think>...</think>`): the
+    reasoning is what comes before `</think>` (after an opening `<think>`, where the reply has
+    one; with `opened`, its prompt opened it, as Qwen3.5's template does), and a reply still
+    inside an opened `<think>` is all reasoning. Markdown would drop the tags and, with them,
+    the text up to the next blank line."""
+    body = text.lstrip()
+    if body.startswith("<think>"):
+        opened, body = True, body[len("<think>"):]
+    if "</think>" in body:
+        reasoning, answer = body.split("</think>", 1)
+        return reasoning.strip(), answer.lstrip()
+    return (body.strip(), "") if opened else ("", text)
+
+
+def turns_of(messages: list[Message]) -> list[tuple[str, str, bool]]:
+    """`branch_markdown`'s turns of stored messages: (role, content, thinking), `thinking` as
+    a reply's stats saved it (the app's view of a reply that ended reads it the same way)."""
+    return [(m.role, m.content, m.stats.get("thinking") is True) for m in messages]
 
 
 def branch_markdown(title: str, turns: list[tuple[str, str, bool]]) -> str:
