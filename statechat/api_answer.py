@@ -97,24 +97,35 @@ class AnswerHandler(JsonHandler):
         """Send the choices as server-sent events (`head` and each chunk's fields), a failure
         once the headers are out as an error event, then `data: [DONE]`; the connection then
         closes. A client that went away raises (BrokenPipeError and its kin)."""
+        self.start_events()
+        head = {**head, "object": shape.chunk_object}
+        try:
+            for chunk in stream_chunks(shape, choices, include_usage, self._gone):
+                self.send_event({**head, **chunk})
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
+            raise
+        except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
+            err = ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
+                           kind="server_error")
+            self.send_event(err.body())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def start_events(self) -> None:
+        """Send the headers of a server-sent event stream (any API's); the connection closes
+        after it."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        head = {**head, "object": shape.chunk_object}
-        try:
-            for chunk in stream_chunks(shape, choices, include_usage, self._gone):
-                self.wfile.write(f"data: {json.dumps({**head, **chunk})}\n\n".encode())
-                self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
-            raise
-        except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
-            err = ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                           kind="server_error")
-            self.wfile.write(f"data: {json.dumps(err.body())}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
+
+    def send_event(self, data: dict, name: str | None = None) -> None:
+        """One server-sent event, flushed: `data` as JSON, after an `event: name` line where
+        given (Anthropic's and the Responses API's streams name their events)."""
+        line = f"event: {name}\n" if name else ""
+        self.wfile.write(f"{line}data: {json.dumps(data)}\n\n".encode())
         self.wfile.flush()
 
     def _log_ended(self, choices: Choices | None, rid: str) -> None:

@@ -13,7 +13,6 @@ once the stream has begun is an `error` event, and so is a reply the server cut 
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import TYPE_CHECKING
 
@@ -87,17 +86,10 @@ def _stream(handler: AnswerHandler, shape: ChatShape, choices: Choices,
             head: dict) -> RequestOutput | None:
     """Send the reply as Anthropic's events; its output, or None where it ended in an error
     (sent as an `error` event). A client that went away raises (BrokenPipeError and its kin)."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/event-stream")
-    handler.send_header("Cache-Control", "no-cache")
-    handler.send_header("Connection", "close")
-    handler.end_headers()
-    handler.close_connection = True
+    handler.start_events()
 
     def send(name: str, data: dict) -> None:
-        handler.wfile.write(f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
-                            .encode())
-        handler.wfile.flush()
+        handler.send_event({"type": name, **data}, name)
 
     blocks, out, started = BlockStream(), None, False
     try:

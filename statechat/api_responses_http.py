@@ -95,18 +95,12 @@ def _stream(handler, req: ResponsesRequest, choices: Choices, builder: OutputBui
     """Send the reply as OpenAI's server-sent events; its output once it ended, else None
     (an error, reported in the stream). A client that went away raises (BrokenPipeError and
     its kin)."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/event-stream")
-    handler.send_header("Cache-Control", "no-cache")
-    handler.send_header("Connection", "close")
-    handler.end_headers()
-    handler.close_connection = True
+    handler.start_events()
     numbers = iter(range(1 << 62))
 
     def send(event: dict) -> None:
         event = {"type": event["type"], "sequence_number": next(numbers), **event}
-        handler.wfile.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
-        handler.wfile.flush()
+        handler.send_event(event, event["type"])
 
     send({"type": "response.created", "response": made(None)})
     send({"type": "response.in_progress", "response": made(None)})
