@@ -3,7 +3,10 @@ one EngineWorker, and an openai client of it."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -48,3 +51,22 @@ def steps_held_until_an_abort(server, monkeypatch) -> threading.Event:
     monkeypatch.setattr(engine, "step", held_step)
     monkeypatch.setattr(worker, "abort", spied_abort)
     return aborted
+
+
+def left_and_aborted(server, monkeypatch, path: str, body: dict, headers: dict,
+                     check: Callable[[http.client.HTTPResponse], None] | None = None) -> None:
+    """POST `body` to `path` with the engine's steps held (steps_held_until_an_abort), let
+    `check` look at the answer's start (None: read nothing of it), go away, and require that
+    the server aborts the request within 10 s."""
+    aborted = steps_held_until_an_abort(server, monkeypatch)
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **headers})
+    if check is not None:
+        resp = conn.getresponse()
+        check(resp)
+        resp.close()
+    conn.close()
+    try:
+        assert aborted.wait(10)
+    finally:
+        aborted.set()

@@ -11,7 +11,6 @@ test_anthropic_structured.py)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 import urllib.error
@@ -19,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from tests.server.conftest import KEY, steps_held_until_an_abort
+from tests.server.conftest import KEY, left_and_aborted
 
 WORDS = ["state", "cache", "block", "token", "layer", "chat", "model", "prefix", "reuse", "delta",
          "gate", "kernel"]
@@ -222,14 +221,8 @@ def test_a_get_is_a_405_in_anthropics_shape(server):
 def test_a_client_that_leaves_has_its_request_aborted(server, monkeypatch, stream):
     """The engine's steps wait until the request is aborted: the server notices the client
     left while the prompt is computed (a stream's headers are out; no event yet)."""
-    aborted = steps_held_until_an_abort(server, monkeypatch)
-    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
-    conn.request("POST", "/v1/messages", json.dumps({**ASK, "stream": stream}),
-                 {"x-api-key": KEY, "Content-Type": "application/json"})
-    if stream:
-        assert conn.getresponse().status == 200
-    conn.close()
-    try:
-        assert aborted.wait(10)
-    finally:
-        aborted.set()
+    def check(resp) -> None:
+        assert resp.status == 200
+
+    left_and_aborted(server, monkeypatch, "/v1/messages", {**ASK, "stream": stream},
+                     {"x-api-key": KEY}, check if stream else None)

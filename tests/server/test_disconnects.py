@@ -5,8 +5,6 @@ still being computed) gets its request aborted then, not once the prompt is done
 
 from __future__ import annotations
 
-import http.client
-import json
 import socket
 import struct
 import threading
@@ -14,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.server.conftest import KEY, steps_held_until_an_abort
+from tests.server.conftest import KEY, left_and_aborted
 
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" % (
     KEY.encode())
@@ -52,16 +50,9 @@ def test_a_client_that_resets_leaves_no_traceback(server, monkeypatch, length):
 def test_a_stream_left_before_its_first_token_is_aborted(server, monkeypatch):
     """The engine's steps wait (a long prompt's chunks, which give the stream no event) until
     the request is aborted: the server notices the client left without a token to write."""
-    aborted = steps_held_until_an_abort(server, monkeypatch)
-    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    def check(resp) -> None:
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")  # (the role chunk)
+
     body = {"messages": [{"role": "user", "content": "leave during the prompt"}], "stream": True}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.readline().startswith(b"data: ")  # (the role chunk)
-    resp.close()
-    conn.close()
-    try:
-        assert aborted.wait(10)
-    finally:
-        aborted.set()
+    left_and_aborted(server, monkeypatch, "/v1/chat/completions", body,
+                     {"Authorization": f"Bearer {KEY}"}, check)

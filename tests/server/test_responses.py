@@ -12,7 +12,6 @@ naming them in one line."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ import pytest
 
 from statechat.api_choices import Choices
 from statechat.api_responses_store import ResponseStore
-from tests.server.conftest import steps_held_until_an_abort
+from tests.server.conftest import left_and_aborted
 from tests.server.test_server import words
 from tests.serving import KEY, post
 
@@ -248,18 +247,11 @@ def test_the_store_s_bound_counts_what_a_response_echoes(server, monkeypatch):
 
 
 def test_a_stream_left_by_its_client_is_aborted(server, monkeypatch):
-    aborted = steps_held_until_an_abort(server, monkeypatch)
-    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
-    conn.request("POST", "/v1/responses", json.dumps({"input": "leave", "stream": True}),
-                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.readline() == b"event: response.created\n"
-    resp.close()
-    conn.close()
-    try:
-        assert aborted.wait(10)
-    finally:
-        aborted.set()
+    def check(resp) -> None:
+        assert resp.status == 200 and resp.readline() == b"event: response.created\n"
+
+    left_and_aborted(server, monkeypatch, "/v1/responses", {"input": "leave", "stream": True},
+                     {"Authorization": f"Bearer {KEY}"}, check)
 
 
 def test_a_failure_is_a_500_or_an_error_event_then_failed(client, server, monkeypatch):
