@@ -131,7 +131,8 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(server):
 
 def reused_by(server, send) -> tuple[object, int]:
     """`send()`'s answer and the prompt tokens the engine reused for it, as /metrics counts
-    them (the server counts a request once its answer is sent: waited for)."""
+    them (the server counts a request once its answer is sent: waited for, so a request sent
+    through here is counted before the next one's count is read)."""
     metrics = server.metrics
     prompt_tokens, cached_tokens = metrics.prompt_tokens, metrics.cached_tokens
     answer = send()
@@ -143,7 +144,7 @@ def reused_by(server, send) -> tuple[object, int]:
 
 def test_a_repeated_conversation_reports_the_engines_reuse(server):
     body = {**ASK, "max_tokens": 2, "messages": long_chat(200)}
-    first = call(server, body)[1]["usage"]
+    first = reused_by(server, lambda: call(server, body))[0][1]["usage"]
     (_, again), reused = reused_by(server, lambda: call(server, body))
     again = again["usage"]
     assert again["cache_read_input_tokens"] == reused > 0
