@@ -1,7 +1,8 @@
 """One API request's answer, chat or text completion alike (server.py's routes call it): its
 choices submitted to the engine (api_choices.py), sent as one JSON response or streamed as
 server-sent events (api_response.py's shapes), and, whatever happened, every choice still
-running aborted and each one's reuse logged under the response's id and counted for /metrics.
+running aborted and each one's reuse logged under the response's id (each is counted for
+/metrics as it ends).
 
 A client that goes away mid-answer aborts its choices (no traceback, the connection closed);
 an error once a stream's headers are sent is reported inside the stream, before its `[DONE]`.
@@ -38,11 +39,14 @@ class Answering:
     gone: bool = False
 
 
-def submit(worker, prompts: list[list[int]], params: SamplingParams, n: int,
+def submit(server: ChatServer, prompts: list[list[int]], params: SamplingParams, n: int,
            param: str) -> Choices:
-    """Choices.submit, a server stopping being a 503 (not the request's fault; none ran)."""
+    """Choices.submit on the server's worker, each choice counted for /metrics as it ends (so
+    a client that read its answer finds it counted), a server stopping being a 503 (not the
+    request's fault; none ran)."""
     try:
-        return Choices.submit(worker, prompts, params, n, param)
+        return Choices.submit(server.worker, prompts, params, n, param,
+                              on_end=server.metrics.ended)
     except ShuttingDownError as e:
         raise ApiError(503, str(e), kind="server_error", code="shutting_down") from None
 
@@ -59,7 +63,7 @@ class AnswerHandler(JsonHandler):
         still running when the client goes away. The outputs once all were sent, else None."""
         stream, include_usage = parse_stream(body)
         rid = f"{shape.id_prefix}-{uuid.uuid4().hex[:24]}"  # (the response's id; its log lines')
-        choices = submit(self.server.worker, prompts, params, n, param)
+        choices = submit(self.server, prompts, params, n, param)
         head = {"id": rid, "created": int(time.time()), "model": self.server.model_id}
         with self.answering(choices, rid, stream) as answer:
             if stream:
@@ -131,15 +135,9 @@ class AnswerHandler(JsonHandler):
     def _log_ended(self, choices: Choices | None, rid: str) -> None:
         """Abort the choices still running (a no-op for those that finished), then log the
         reuse of each once it has ended (an aborted one's marked so), under the response's id
-        `rid` (a choice's index after it where there are several), and count it for /metrics
-        (one that failed too)."""
+        `rid` (a choice's index after it where there are several)."""
         if choices is not None:
             choices.abort()
             many = len(choices.handles) > 1
-            metrics = self.server.metrics
             for i, out in choices.ended(ABORT_WAIT_S):
                 self.log_message("%s", reuse_line(out, f"{rid} choice {i}" if many else rid))
-                metrics.observe(out, choices.handles[i].latency_s)
-            for handle in choices.handles:
-                if getattr(handle, "error", None) is not None:
-                    metrics.observe_error()

@@ -57,7 +57,7 @@ def messages(handler: AnswerHandler) -> None:
     with renamed_errors(origin, body):
         prompt_ids, params, shape = chat_request(server, chat)
         stream = parse_flag(body, "stream")
-        choices = submit(server.worker, [prompt_ids], params, 1, "messages")
+        choices = submit(server, [prompt_ids], params, 1, "messages")
     rid = f"msg_{uuid.uuid4().hex[:24]}"
     head = {"id": rid, "type": "message", "role": "assistant", "model": server.model_id}
     out = None

@@ -52,7 +52,9 @@ class Choices:
 
     @classmethod
     def submit(cls, worker: EngineWorker, prompts: list[list[int]], params: SamplingParams,
-               n: int, param: str) -> Choices:
+               n: int, param: str,
+               on_end: Callable[[RequestOutput | None, float], None] | None = None,
+               ) -> Choices:
         """Submit n requests per prompt, choice 0 of each first (the others, forks of its
         prompt, wait in the engine's queue while it computes it, then resume from the prefix
         cache). A prompt the engine refuses is an ApiError(400) naming `param` (code
@@ -60,7 +62,8 @@ class Choices:
 
         ShuttingDownError if the engine stops before it takes any; once it has taken one, the
         request is in flight, and a choice it would not take then is answered as its running
-        ones are, aborted (NotRun), not failed with the request."""
+        ones are, aborted (NotRun), not failed with the request. `on_end`: each request's
+        (EngineWorker.submit)."""
         checked = []  # every prompt checked once, before any is queued
         for p, ids in enumerate(prompts):
             with _refused(param, p, len(prompts)):
@@ -71,7 +74,7 @@ class Choices:
                 for i, asked in enumerate(choice_params(params, n, len(ids),
                                                         worker.max_model_len)):
                     with _refused(param, p, len(prompts)):
-                        made[p, i] = worker.submit(ids, asked, checked=checked[p])
+                        made[p, i] = worker.submit(ids, asked, checked=checked[p], on_end=on_end)
         except ShuttingDownError:
             if not made:
                 raise

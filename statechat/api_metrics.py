@@ -116,6 +116,13 @@ class ServerMetrics:
             if latency_s is not None:
                 self.latency.observe(latency_s)
 
+    def ended(self, out: RequestOutput | None, latency_s: float) -> None:
+        """A choice's end as EngineWorker.submit's on_end gives it: counted, an error too."""
+        if out is None:
+            self.observe_error()
+        else:
+            self.observe(out, latency_s)
+
     def observe_error(self) -> None:
         """Count a choice that ended in an engine error (it has no output to count)."""
         with self._lock:

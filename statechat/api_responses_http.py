@@ -42,7 +42,7 @@ def post_response(handler) -> None:
         prompt_ids, params, shape = chat_request(server, req.chat_body)
     except ApiError as e:
         raise renamed(e) from None
-    choices = submit(server.worker, [prompt_ids], params, 1, "input")
+    choices = submit(server, [prompt_ids], params, 1, "input")
     rid, created = new_id("resp"), int(time.time())
     builder = OutputBuilder(shape)
 

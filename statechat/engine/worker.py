@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from statechat.engine.engine import LLMEngine, RequestOutput, StreamEvent
 from statechat.engine.sampling import SamplingParams
 from statechat.engine.sequence import Sequence
 from statechat.errors import ShuttingDownError
 
+log = logging.getLogger("statechat.engine")
 _DONE = object()
 LONG_TEXT_CHARS = 1 << 16  # a text past this many characters is tokenized in the long lane
 
@@ -36,7 +38,8 @@ class RequestHandle:
     """
 
     def __init__(self, worker: EngineWorker, prompt_ids: list[int], packed: bytes,
-                 params: SamplingParams, request_id: str) -> None:
+                 params: SamplingParams, request_id: str,
+                 on_end: Callable[[RequestOutput | None, float], None] | None = None) -> None:
         self.worker, self.prompt_ids, self.params, self.request_id = (worker, prompt_ids, params,
                                                                       request_id)
         self.packed = packed  # the ids' int32 bytes, from the engine's check
@@ -52,11 +55,22 @@ class RequestHandle:
         self.ended = False  # its end mark was read
         self.error: BaseException | None = None  # the error it ended with, once read
         self.end_time: float | None = None  # (perf_counter) when the worker delivered its end
+        self.on_end = on_end  # called with (its output, None if it failed; latency_s) as it ends
+        self._last: RequestOutput | BaseException | None = None  # (the worker's: on_end's)
 
     def put(self, item) -> None:
-        """(The worker thread) deliver an event, an error or the end mark."""
+        """(The worker thread) deliver an event, an error or the end mark; at the end, call
+        on_end before the mark is put, so whoever reads the end sees it called."""
+        if isinstance(item, BaseException) or getattr(item, "output", None) is not None:
+            self._last = item if isinstance(item, BaseException) else item.output
         if item is _DONE:
             self.end_time = time.perf_counter()
+            if self.on_end is not None:
+                output = None if isinstance(self._last, BaseException) else self._last
+                try:
+                    self.on_end(output, self.end_time - self.submitted)
+                except Exception:  # (logged: the engine thread goes on, and the end is put)
+                    log.exception("the end callback of request %r failed", self.request_id)
         self.events.put(item)
         self.started.set()
 
@@ -164,13 +178,17 @@ class EngineWorker:
     def submit(self, prompt_ids: list[int], params: SamplingParams | None = None,
                request_id: str = "",
                checked: tuple[list[int], bytes] | None = None,
-               speculative: bool = False) -> RequestHandle:
+               speculative: bool = False,
+               on_end: Callable[[RequestOutput | None, float], None] | None = None,
+               ) -> RequestHandle:
         """Queue a request; raise ConfigError at once for a prompt the engine cannot run (see
         LLMEngine.check_prompt) or a structured output its tokenizer cannot follow. `checked`:
         what check_prompt already returned for it (a prompt submitted several times is checked
         once). A `speculative` request (work done ahead, such as a next turn's prefix) yields to
         every other: it is aborted as soon as another request is added, so that its prefix is
         not computed twice and it delays the request by its step in flight at most.
+        `on_end(output, latency_s)` is called on the worker thread as the request ends (output
+        None if it failed), before its end can be read: keep it short.
         No params: the engine's default_params (the checkpoint's recommended sampling), as
         LLMEngine.add_request's."""
         ids, packed = checked or self.engine.check_prompt(prompt_ids)
@@ -180,7 +198,7 @@ class EngineWorker:
         if params.structured is not None:  # (refused at once, as a bad prompt is)
             with self.tokenizer_lock:
                 self.engine.check_structured(params)
-        handle = RequestHandle(self, ids, packed, params, request_id)
+        handle = RequestHandle(self, ids, packed, params, request_id, on_end)
         handle.speculative = speculative
         with self._submit_lock:
             if self._stopping:

@@ -1,7 +1,7 @@
 """EngineWorker's request handles, as the server waits on them: result(timeout) gives up with
 TimeoutError while the request runs and returns its output once it ends (and at once on every
 later call, as an iteration after it ends at once); a request that failed raises its error on
-every call; `started` is set by the first event, by a failure and by an abort; a request's
+every call; on_end is called as a request ends, before its end can be read; `started` is set by the first event, by a failure and by an abort; a request's
 time to first token counts from its submission, also when the worker was inside a step; a
 long prompt's tokenization (seconds for megabytes) holds up no short prompt's, and gives the
 same ids; a request submitted without params samples with the engine's default_params (the
@@ -65,6 +65,38 @@ def test_an_aborted_request_is_started_and_ends(worker):
     handle = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=100_000, ignore_eos=True))
     handle.abort()
     assert handle.result(timeout=60).finish_reason == "abort" and handle.started.is_set()
+
+
+def test_on_end_is_called_once_before_the_end_can_be_read(worker, monkeypatch):
+    """(The server counts each choice for /metrics this way: a client that read its answer
+    finds it counted.) A failed request's on_end gets None; one whose on_end raises still
+    ends, and the worker goes on."""
+    calls = []
+
+    def on_end(out, latency_s):
+        calls.append((out, latency_s))
+
+    done = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=3), on_end=on_end)
+    out = done.result(timeout=60)
+    assert calls == [(out, done.latency_s)] and done.latency_s > 0
+    aborted = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=100_000,
+                                                               ignore_eos=True), on_end=on_end)
+    aborted.abort()
+    assert aborted.result(timeout=60).finish_reason == "abort" and calls[-1][0] is aborted.output
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    raising = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=2), on_end=boom)
+    assert len(raising.result(timeout=60).token_ids) == 2
+    with monkeypatch.context() as m:
+        m.setattr(worker.engine, "add_checked", boom)
+        failed = worker.submit(list(range(3, 40)), SamplingParams(max_tokens=2), on_end=on_end)
+        with pytest.raises(RuntimeError, match="boom"):
+            failed.result(timeout=60)
+    assert len(calls) == 3 and calls[-1][0] is None
+    assert len(worker.submit(list(range(3, 9)), SamplingParams(max_tokens=2)).result(
+        timeout=60).token_ids) == 2
 
 
 def test_a_request_submitted_as_the_worker_stops_is_refused_not_left_unanswered():

@@ -1,5 +1,5 @@
 """`GET /metrics`, scraped as Prometheus scrapes vLLM's: its counters are the sums of what the
-responses' `usage` reported (a repeated prompt's cached tokens, a reply cut by length, a stream
+responses' `usage` reported, counted before a client can have read its answer (a repeated prompt's cached tokens, a reply cut by length, a stream
 its client left counted as aborted), its text parses as the exposition format 0.0.4 (HELP and
 TYPE for each metric, cumulative histogram buckets), its gauges show the engine's pools and the
 disk tier, it is served without the API key, and HEAD gives its headers alone."""
@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 import torch
 
+from statechat.api_answer import AnswerHandler
 from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.model.loader import load_model
@@ -117,6 +118,22 @@ def test_counters_are_the_sums_of_the_usage_reported(server):
     assert 0 < delta(before, after, "statechat_time_to_first_token_seconds_sum") <= delta(
         before, after, "statechat_request_seconds_sum")
     assert types["statechat_prompt_tokens_total"] == "counter"
+
+
+def test_an_answer_read_is_counted_at_once(server, monkeypatch):
+    """(It was counted after the answer was sent, so a scrape right after could miss it.)"""
+    log_ended = AnswerHandler._log_ended
+
+    def slow_after_the_answer(self, *args):
+        time.sleep(0.5)
+        log_ended(self, *args)
+
+    monkeypatch.setattr(AnswerHandler, "_log_ended", slow_after_the_answer)
+    for stream in (False, True):
+        before, _ = scrape(server)
+        post(server, ask("counted at once", max_tokens=2, stream=stream))
+        after, _ = scrape(server)
+        assert delta(before, after, "statechat_time_to_first_token_seconds_count") == 1
 
 
 def test_a_stream_its_client_left_counts_as_aborted(server, monkeypatch):
