@@ -141,6 +141,11 @@ class Grammars:
         self._fitting: set[str] = set()  # specs `check` passed (the server's thread and the
         # worker's check a request's: once is enough)
 
+    def warm(self) -> None:
+        """Build the tokenizer's view now (a server does at its start, off its threads that
+        answer, holding the tokenizer: the first structured request then waits for nothing)."""
+        self._tokenizer()
+
     def _tokenizer(self):
         if self._ll_tokenizer is None:
             self._ll_tokenizer = _llguidance().hf.from_tokenizer(

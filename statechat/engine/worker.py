@@ -149,6 +149,22 @@ class EngineWorker:
             return render(tokenizer, messages, add_generation_prompt, template_kwargs, tools,
                           chat_template)
 
+    def warm_structured(self) -> threading.Thread | None:
+        """Build the structured outputs' view of the tokenizer (Grammars.warm: about a second
+        for 250k tokens) in a thread of its own, holding the tokenizer as a request's check
+        does; the thread (None: the engine has no structured outputs)."""
+        grammars = getattr(getattr(self.engine, "runner", None), "grammars", None)
+        if grammars is None:
+            return None
+
+        def warm() -> None:
+            with self.tokenizer_lock:
+                grammars.warm()
+
+        thread = threading.Thread(target=warm, name="statechat-grammars", daemon=True)
+        thread.start()
+        return thread
+
     @contextlib.contextmanager
     def tokenizer_for(self, num_chars: int):
         """The tokenizer to encode a text of `num_chars` characters with, held by the caller

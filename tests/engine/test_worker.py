@@ -1,11 +1,13 @@
 """EngineWorker's request handles, as the server waits on them: result(timeout) gives up with
 TimeoutError while the request runs and returns its output once it ends (and at once on every
 later call, as an iteration after it ends at once); a request that failed raises its error on
-every call; on_end is called as a request ends, before its end can be read; `started` is set by the first event, by a failure and by an abort; a request's
-time to first token counts from its submission, also when the worker was inside a step; a
-long prompt's tokenization (seconds for megabytes) holds up no short prompt's, and gives the
-same ids; a request submitted without params samples with the engine's default_params (the
-checkpoint's recommended sampling), as LLMEngine's own requests do."""
+every call; on_end is called as a request ends, before its end can be read; `started` is set by
+the first event, by a failure and by an abort; a request's time to first token counts from its
+submission, also when the worker was inside a step; a long prompt's tokenization (seconds for
+megabytes) holds up no short prompt's, and gives the same ids; a request submitted without
+params samples with the engine's default_params (the checkpoint's recommended sampling), as
+LLMEngine's own requests do; warm_structured builds the structured outputs' tokenizer view once,
+ahead of the first such request."""
 
 from __future__ import annotations
 
@@ -217,3 +219,24 @@ def test_a_prompt_long_by_its_tools_is_tokenized_in_the_long_lane(worker, extra)
         rendering.start()
         rendering.join(10)
         assert "ids" in got, "the long render waited in the short lane"
+
+
+def test_warm_structured_builds_the_tokenizer_view_once_ahead(worker, monkeypatch):
+    """(`statechat serve` calls it at its start: its first structured request then waits for
+    no build, about a second at 250k tokens, while holding the tokenizer.)"""
+    from statechat.engine import structured
+
+    grammars, builds = worker.engine.runner.grammars, []
+    hf = structured._llguidance().hf
+    build = hf.from_tokenizer
+
+    def counted(*args, **kwargs):
+        builds.append(1)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "from_tokenizer", counted)
+    monkeypatch.setattr(grammars, "_ll_tokenizer", None)
+    worker.warm_structured().join(60)
+    params = SamplingParams(max_tokens=4, structured=structured.StructuredOutput(regex="[ab]+"))
+    assert worker.submit(list(range(3, 40)), params).result(timeout=60).token_ids
+    assert builds == [1]

@@ -1,8 +1,9 @@
 """`GET /metrics`, scraped as Prometheus scrapes vLLM's: its counters are the sums of what the
-responses' `usage` reported, counted before a client can have read its answer (a repeated prompt's cached tokens, a reply cut by length, a stream
-its client left counted as aborted), its text parses as the exposition format 0.0.4 (HELP and
-TYPE for each metric, cumulative histogram buckets), its gauges show the engine's pools and the
-disk tier, it is served without the API key, and HEAD gives its headers alone."""
+responses' `usage` reported, counted before a client can have read its answer (a repeated
+prompt's cached tokens, a reply cut by length, a stream its client left counted as aborted), its
+text parses as the exposition format 0.0.4 (HELP and TYPE for each metric, cumulative histogram
+buckets), its gauges show the engine's pools and the disk tier, it is served without the API
+key, and HEAD gives its headers alone."""
 
 from __future__ import annotations
 
