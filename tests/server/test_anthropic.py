@@ -190,6 +190,9 @@ def test_a_last_assistant_message_is_continued(server):
     ({**ASK, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400,
      "invalid_request_error", "--tool-call-parser"),
     ({**ASK, "max_tokens": 5000}, 400, "invalid_request_error", "max_tokens is too large"),
+    ({**ASK, "metadata": "me"}, 400, "invalid_request_error", "metadata must be an object"),
+    ({**ASK, "metadata": {"user_id": 7}}, 400, "invalid_request_error",
+     "metadata.user_id must be a string"),
 ])
 def test_errors_have_anthropics_shape(server, body, status, kind, says):
     got_status, error = call(server, body)
