@@ -56,6 +56,7 @@ def chat_body(body: dict, tools_on: bool, count_only: bool = False) -> tuple[dic
     if not count_only and body.get("max_tokens") is None:
         raise ApiError(400, "max_tokens is required: the most tokens the reply may have",
                        "max_tokens")
+    _check_metadata(body.get("metadata"))
     messages, origin = [], []
     if body.get("system") is not None:
         messages.append({"role": "system", "content": _system(body["system"])})
@@ -80,6 +81,16 @@ def chat_body(body: dict, tools_on: bool, count_only: bool = False) -> tuple[dic
         chat["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": schema}}
     return chat, origin
+
+
+def _check_metadata(metadata) -> None:
+    """Anthropic's metadata: an object whose user_id (the one key it has) is a string."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise ApiError(400, "metadata must be an object ({\"user_id\": ...})", "metadata")
+    if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
+        raise ApiError(400, "metadata.user_id must be a string", "metadata.user_id")
 
 
 def _text_blocks(blocks, where: str) -> str:

@@ -73,10 +73,7 @@ def parse_responses(body: dict, previous: list[dict] | None, tools_on: bool) -> 
     chat.update(_tools(body.get("tools"), body.get("tool_choice")))
     chat.update(_text_format(body.get("text")))
     chat.update(_reasoning(body.get("reasoning")))
-    for key, what in (("metadata", dict), ("store", bool), ("stream", bool)):
-        if body.get(key) is not None and not isinstance(body[key], what):
-            kind = "an object" if what is dict else "true or false"
-            raise ApiError(400, f"{key} must be {kind}", key)
+    _check_echoed(body)
     echo = {"instructions": instructions, "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": body.get("previous_response_id"),
             "text": body.get("text") or {"format": {"type": "text"}},
@@ -108,9 +105,28 @@ def _refuse_unsupported(body: dict) -> None:
                                 or any(v not in INCLUDE_TAKEN for v in include)):
         raise ApiError(400, f"include may hold only {', '.join(INCLUDE_TAKEN)} here (reasoning "
                             "items carry their text)", "include")
+
+
+def previous_id(body: dict) -> str | None:
+    """The body's previous_response_id (None: none given); ApiError(400) where it is no
+    string (an id is looked up only once it is one)."""
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise ApiError(400, "previous_response_id must be a string", "previous_response_id")
+    return previous
+
+
+def _check_echoed(body: dict) -> None:
+    """The fields a response repeats, of the types OpenAI gives them (metadata: strings)."""
+    for key, what in (("metadata", dict), ("store", bool), ("stream", bool),
+                      ("parallel_tool_calls", bool), ("user", str)):
+        if body.get(key) is not None and not isinstance(body[key], what):
+            kind = {dict: "an object", bool: "true or false", str: "a string"}[what]
+            raise ApiError(400, f"{key} must be {kind}", key)
+    for key, value in (body.get("metadata") or {}).items():
+        if not isinstance(value, str):
+            raise ApiError(400, f"metadata.{str(key)[:64]} must be a string (metadata maps "
+                                "keys to strings)", f"metadata.{str(key)[:64]}")
 
 
 def input_messages(raw, tools_on: bool) -> list[dict]:
@@ -259,6 +275,11 @@ def _text_format(text) -> dict:
     if fmt is None:
         return {}
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        if fmt.get("schema") is None:  # (else any JSON would pass for the schema left out)
+            raise ApiError(400, "text.format.schema is required: the JSON schema the reply is "
+                                "held to, in text.format itself (not nested under json_schema "
+                                "as the chat API's response_format has it)",
+                           "text.format.schema")
         spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"response_format": {"type": "json_schema", "json_schema": spec}}
     return {"response_format": fmt}

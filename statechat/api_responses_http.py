@@ -21,7 +21,13 @@ from statechat.api_answer import submit
 from statechat.api_chat import chat_request
 from statechat.api_choices import Choices
 from statechat.api_request import ApiError
-from statechat.api_responses import RESPONSES_FIELDS, ResponsesRequest, parse_responses, renamed
+from statechat.api_responses import (
+    RESPONSES_FIELDS,
+    ResponsesRequest,
+    parse_responses,
+    previous_id,
+    renamed,
+)
 from statechat.api_responses_out import OutputBuilder, new_id, response_object
 from statechat.engine.engine import RequestOutput, StreamEvent
 
@@ -35,8 +41,8 @@ def post_response(handler) -> None:
     server, body = handler.server, handler._body()
     handler._log_unknown(body, RESPONSES_FIELDS)
     previous = None
-    if body.get("previous_response_id") is not None:
-        previous = _stored(server, body["previous_response_id"], "previous_response_id")[1]
+    if (rid := previous_id(body)) is not None:
+        previous = _stored(server, rid, "previous_response_id")[1]
     req = parse_responses(body, previous, server.tool_call_parser is not None)
     try:
         prompt_ids, params, shape = chat_request(server, req.chat_body)

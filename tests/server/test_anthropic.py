@@ -5,7 +5,7 @@ order and its text deltas join to the whole reply's text; max_tokens and stop_se
 reply with their stop_reason; a repeated conversation reports the engine's own reuse as
 cache_read_input_tokens (input_tokens the rest); count_tokens counts the prompt a request
 has; a last assistant message is continued; errors (a missing max_tokens, an image block, a
-wrong key, an unknown route method) have Anthropic's shape; the key is taken from x-api-key; a
+metadata of the wrong type, a wrong key, an unknown route method) have Anthropic's shape; the key is taken from x-api-key; a
 client that leaves, streamed or not, has its request aborted (structured outputs:
 test_anthropic_structured.py)."""
 
@@ -190,6 +190,9 @@ def test_a_last_assistant_message_is_continued(server):
     ({**ASK, "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400,
      "invalid_request_error", "--tool-call-parser"),
     ({**ASK, "max_tokens": 5000}, 400, "invalid_request_error", "max_tokens is too large"),
+    ({**ASK, "metadata": "me"}, 400, "invalid_request_error", "metadata must be an object"),
+    ({**ASK, "metadata": {"user_id": 7}}, 400, "invalid_request_error",
+     "metadata.user_id must be a string"),
 ])
 def test_errors_have_anthropics_shape(server, body, status, kind, says):
     got_status, error = call(server, body)

@@ -211,12 +211,21 @@ def test_a_path_under_a_stored_response_is_no_route(client, server):
     ({"temperature": "hot"}, "temperature"),
     ({"instructions": 3}, "instructions"),
     ({"previous_response_id": "resp_none"}, "previous_response_id"),
+    ({"previous_response_id": 5}, "previous_response_id"),
+    # (a json_schema format with no schema, the chat API's nesting too: not any JSON)
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}},
+     "text.format.schema"),
+    ({"metadata": {"k": 5}}, "metadata.k"),
+    ({"user": 5}, "user"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
 ])
 def test_bad_fields_are_400s_naming_them(server, fields, param):
     status, answer, _ = call(server, "POST", "/v1/responses",
                              {"model": "m", "input": "hi", **fields})
     error = answer["error"]
-    assert status == (404 if param == "previous_response_id" else 400), error
+    missing = fields.get("previous_response_id") == "resp_none"  # (a string: looked up)
+    assert status == (404 if missing else 400), error
     assert error["param"] == param and "\n" not in error["message"], error
     assert error["type"] == "invalid_request_error"
 
