@@ -92,8 +92,7 @@ class AnswerHandler(JsonHandler):
         except Exception as e:
             if stream:
                 raise
-            raise ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                           kind="server_error") from None
+            raise ApiError.internal(e) from None
         finally:
             self._log_ended(choices, rid)
 
@@ -109,8 +108,7 @@ class AnswerHandler(JsonHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
             raise
         except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
-            err = ApiError(500, str(e).splitlines()[0] if str(e) else type(e).__name__,
-                           kind="server_error")
+            err = ApiError.internal(e)
             self.send_event(err.body())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

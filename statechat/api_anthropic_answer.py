@@ -115,8 +115,7 @@ def _stream(handler: AnswerHandler, shape: ChatShape, choices: Choices,
     except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
         raise
     except Exception as e:  # noqa: BLE001 - the stream has begun: report it in the stream
-        error = e if isinstance(e, ApiError) else ApiError(
-            500, str(e).splitlines()[0] if str(e) else type(e).__name__, kind="server_error")
+        error = e if isinstance(e, ApiError) else ApiError.internal(e)
         send("error", {"error": error_body(error)["error"]})
         return None
 

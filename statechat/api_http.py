@@ -13,6 +13,7 @@ import json
 import selectors
 import socket
 import sys
+import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
@@ -104,6 +105,7 @@ class JsonHandler(BaseHTTPRequestHandler):
             # (an HTTP/1.0 client that asked for keep-alive keeps the connection only when told
             # so; untold, it waited for a close, as the server for its next request)
             self.send_header("Connection", "keep-alive")
+        self._headers_sent = True
         super().end_headers()
 
     def _allowed_origin(self) -> str | None:
@@ -180,6 +182,7 @@ class JsonHandler(BaseHTTPRequestHandler):
         text/plain POST with no preflight, and without this any site's page could have the
         server generate (and fill its cache) though the browser keeps the answer from it."""
         self._body_read = False  # per request: a keep-alive connection carries several
+        self._headers_sent = False
         try:
             if self.command == "POST" and self.headers.get("Origin") \
                     and not self._allowed_origin():
@@ -193,8 +196,22 @@ class JsonHandler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._drain()
             self._send_json(e.status, self._error_body(e), e.headers)
+        except (ConnectionError, TimeoutError):  # (the client went: handle_one_request's)
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug: answered in one line, the trace logged
+            self._unexpected(e)
         else:
             self._drain()  # (a body its route did not read, a GET's: not the next request)
+
+    def _unexpected(self, e: Exception) -> None:
+        """A route's unexpected failure (a bug, not the client's fault): its traceback to the
+        log, a 500 of one line to the client where no answer has begun (else the connection
+        is closed: its answer cannot be whole)."""
+        sys.stderr.write("".join(traceback.format_exception(e)))
+        self.close_connection = True
+        if not self._headers_sent:
+            error = ApiError.internal(e)
+            self._send_json(error.status, self._error_body(error), error.headers)
 
     def _authorized(self) -> bool:
         """Whether the request carries the API key: `Authorization: Bearer KEY` (OpenAI's

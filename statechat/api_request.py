@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from statechat.engine.sampling import MAX_LOGPROBS, SamplingParams, check_vocabulary, show_value
-from statechat.errors import StatechatError
+from statechat.errors import StatechatError, first_line
 
 DEFAULT_MAX_TOKENS = 2048
 MAX_N = 16  # choices a request may ask for per prompt (each is an engine request of its own)
@@ -61,6 +61,12 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.code, self.kind, self.headers = code, kind, headers or {}
+
+    @classmethod
+    def internal(cls, e: BaseException) -> ApiError:
+        """A 500 server_error for an unexpected failure (a bug, not the client's fault),
+        its message's first line."""
+        return cls(500, first_line(e), kind="server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,

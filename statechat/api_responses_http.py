@@ -30,6 +30,7 @@ from statechat.api_responses import (
 )
 from statechat.api_responses_out import OutputBuilder, new_id, response_object
 from statechat.engine.engine import RequestOutput, StreamEvent
+from statechat.errors import first_line
 
 RESPONSES_ROUTE = "/v1/responses"
 RESPONSE_ROUTE = "/v1/responses/"  # + a stored response's id
@@ -123,7 +124,7 @@ def _stream(handler, req: ResponsesRequest, choices: Choices, builder: OutputBui
     except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client is gone
         raise
     except Exception as e:  # noqa: BLE001 - headers are sent: report in the stream
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         send({"type": "error", "code": "server_error", "message": message, "param": None})
         failed = {**made(None), "status": "failed",
                   "error": {"code": "server_error", "message": message}}

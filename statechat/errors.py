@@ -6,6 +6,11 @@ The CLI, TUI and server print `str(error)` on one line; a traceback only with ST
 from __future__ import annotations
 
 
+def first_line(e: BaseException) -> str:
+    """An unexpected error's message in one line (its type's name where it has none)."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 class StatechatError(Exception):
     """Base of every error statechat reports to a user as one line."""
 

@@ -7,7 +7,7 @@ import functools
 import inspect
 from pathlib import Path
 
-from statechat.errors import ConfigError
+from statechat.errors import ConfigError, first_line
 
 ROLES = ("system", "user", "assistant")
 TOOL_ROLE = "tool"  # (a tool's answer: the server's, with tools on)
@@ -111,7 +111,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
             **extra,
         )
     except Exception as e:  # noqa: BLE001 - the model's own template raised (jinja's errors, ...)
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         raise ConfigError(f"the chat template failed on these messages ({first})") from None
     return list(ids)
 

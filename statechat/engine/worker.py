@@ -314,11 +314,15 @@ class EngineWorker:
 
 def _num_chars(value) -> int:
     """The characters of the strings in `value` (messages, tools, template variables: their
-    parts' too), to choose a tokenizer's lane by."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_num_chars(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_num_chars(v) for v in value)
-    return 0
+    parts' too), to choose a tokenizer's lane by; walked without recursion, as a request's
+    values may nest deeper than Python's stack."""
+    total, left = 0, [value]
+    while left:
+        item = left.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            left.extend(item.values())
+        elif isinstance(item, list | tuple):
+            left.extend(item)
+    return total

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from statechat.errors import ModelError
+from statechat.errors import ModelError, first_line
 from statechat.model.config_checks import check_fields, flag, layer_types, need, number, width
 from statechat.model.generation_config import eos_ids, read_generation_config, sampling_defaults
 
@@ -143,7 +143,7 @@ class ModelConfig:
             return cls._from_text_fields(model_type, text, raw, path)
         except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
             # (a field of another shape)
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = first_line(e)
             raise ModelError(f"{cfg_file} has a field of an unexpected type or value "
                              f"({why})") from None
 

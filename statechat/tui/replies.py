@@ -24,7 +24,7 @@ from statechat.chat.continuing import Start, continued_text, reply_start, text_t
 from statechat.chat.next_turn import warm_next_turn
 from statechat.chat.template import ROLES, TOOL_ROLE, opens_thinking
 from statechat.chat.tree import UNFINISHED, BusyError, DamagedError, GoneError, Message
-from statechat.errors import ConfigError, ContextLengthError, StatechatError
+from statechat.errors import ConfigError, ContextLengthError, StatechatError, first_line
 from statechat.tui.conversations import GONE
 from statechat.tui.format import chat_title, reply_stats, status_line
 from statechat.tui.widgets.chat_view import ChatView
@@ -173,7 +173,7 @@ class RepliesMixin:
             stats = reply_stats(handle.output, len(start.token_ids), self.worker.max_model_len)
             token_ids = self._made_ids(start, handle.output, handle.params, text)
         except Exception as e:  # noqa: BLE001 - shown on the reply, the app stays up
-            stats = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+            stats = {"error": first_line(e)}
         try:
             self.call_from_thread(self._finish_reply, reply_id, text, stats, token_ids, start)
         except DamagedError as e:  # (raised back into this thread, whose worker would drop it

@@ -1,7 +1,8 @@
 """An unexpected failure while a request is answered (a bug, not the client's fault) reaches the
 client in OpenAI's error shape with one line of message: a 500 server_error for a whole
 response, and, once a stream's headers are sent, an error event followed by `data: [DONE]`.
-The server then goes on answering."""
+A failure before the answer is a 500 too; values nested past Python's stack are a 400. The
+server then goes on answering."""
 
 from __future__ import annotations
 
@@ -47,3 +48,27 @@ def test_a_failure_in_a_stream_is_an_error_event_then_done(server, monkeypatch):
     assert status == 200 and events[-1] == b"[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["type"] == "server_error" and error["message"] == "the sampler broke"
+
+
+def test_a_failure_before_the_answer_is_a_500_of_one_line(server, monkeypatch):
+    """(A route's unexpected error before its answer, such as in rendering, dropped the
+    connection unanswered.)"""
+    monkeypatch.setattr(server.worker, "render", broken)
+    status, body = post(server, BODY)
+    assert status == 500 and json.loads(body)["error"] == {
+        "message": "the sampler broke", "type": "server_error", "param": None, "code": None}
+    monkeypatch.undo()
+    assert post(server, BODY)[0] == 200  # (the server still answers)
+
+
+def test_deeply_nested_template_variables_are_a_400_of_one_line(server):
+    """(Nested 500 deep, counting their characters overflowed Python's stack before the
+    template could refuse them: no answer at all.)"""
+    deep: list = ["x"]
+    for _ in range(500):
+        deep = [deep]
+    status, body = post(server, {**BODY, "chat_template_kwargs": {"deep": deep}})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["type"] == "invalid_request_error"
+    assert "\n" not in error["message"] and "chat template" in error["message"]
+    assert post(server, BODY)[0] == 200

@@ -3,11 +3,11 @@ over raw HTTP on the embedded tiny model: a reply in Anthropic's shape; `system`
 as text blocks renders the prompt the chat API renders; a stream's events come in Anthropic's
 order and its text deltas join to the whole reply's text; max_tokens and stop_sequences end a
 reply with their stop_reason; a repeated conversation reports the engine's own reuse as
-cache_read_input_tokens (input_tokens the rest); count_tokens counts the prompt a request
-has; a last assistant message is continued; errors (a missing max_tokens, an image block, a
-metadata of the wrong type, a wrong key, an unknown route method) have Anthropic's shape; the key is taken from x-api-key; a
-client that leaves, streamed or not, has its request aborted (structured outputs:
-test_anthropic_structured.py)."""
+cache_read_input_tokens (input_tokens the rest); count_tokens counts the prompt a request has; a
+last assistant message is continued; errors (a missing max_tokens, an image block, a metadata of
+the wrong type, a wrong key, an unknown route method) have Anthropic's shape; the key is taken
+from x-api-key; a client that leaves, streamed or not, has its request aborted (structured
+outputs: test_anthropic_structured.py)."""
 
 from __future__ import annotations
 
