@@ -557,7 +557,7 @@ def test_a_request_in_flight_when_the_engine_stops_answers_every_choice(capsys, 
     finally:
         gate.set()
         srv.shutdown()
-        srv.server_close()
+        srv.stop()  # (waits for the request's thread: it logs the reuse after the answer)
         thread.join(10)
     assert status == 200, reply
     if stream:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -31,15 +32,17 @@ class StandInWorker:
 
 def _serve(worker: StandInWorker, signals: int) -> None:
     """api_serve.serve on a port of its own, sent SIGTERM `signals` times: the first once it
-    serves, the second once its stop has begun."""
+    serves (has answered a request), the second once its stop has begun."""
     sock = api_serve.bind("127.0.0.1", 0)
 
     def signal_it() -> None:
-        import socket
-
-        for _ in range(100):  # (until it listens)
+        # (until it answers a request: a connection alone is taken once the socket listens,
+        # before the server is made and serves, where a signal is not yet its stop)
+        host, port = sock.getsockname()[:2]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
             try:
-                socket.create_connection(sock.getsockname(), timeout=1).close()
+                urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10).close()
                 break
             except OSError:
                 threading.Event().wait(0.05)

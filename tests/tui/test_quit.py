@@ -67,9 +67,10 @@ def test_an_engine_built_as_the_app_quits_is_stopped_by_the_load(loaded, tmp_pat
     running."""
     apps: list[StatechatApp] = []
     workers = []
-    real_init = LLMEngine.__init__
+    real_init, building = LLMEngine.__init__, threading.Event()
 
     def init(self, *args, **kwargs):  # (a build that ends once the app is quitting)
+        building.set()
         real_init(self, *args, **kwargs)
         end = time.monotonic() + 30
         while not apps[0].is_closing and time.monotonic() < end:
@@ -90,7 +91,10 @@ def test_an_engine_built_as_the_app_quits_is_stopped_by_the_load(loaded, tmp_pat
         apps.append(StatechatApp(EngineConfig(model=EMBEDDED_MODEL, device="cpu"), tmp_path,
                                  loaded=loaded))
         async with apps[0].run_test() as pilot:
-            await pilot.pause(0.1)
+            end = time.monotonic() + 30
+            while not building.is_set():  # (Ctrl+Q as the engine is being built)
+                assert time.monotonic() < end, "the engine's build never began"
+                await pilot.pause(0.05)
             await pilot.press("ctrl+q")
 
     asyncio.run(run())
