@@ -95,7 +95,6 @@ def _serve(worker: EngineWorker, model_id: str, host: str, port: int, api_key: s
         worker.shutdown()
         raise
     auth = " (API key required)" if api_key else ""
-    worker.warm_structured()  # (the first structured request then waits for nothing)
     try:  # (from here a signal stops the server: the worker with it)
         print(f"statechat: serving {model_id} at {server.url}/v1{auth}; Ctrl-C stops",
               file=sys.stderr)

@@ -114,7 +114,9 @@ def serve(
         # (another server may have taken it meanwhile; only that is told as a listen's error)
         with listen_errors(host, port, api_serve.ListenError):
             name = served_model_name or served_name(engine.loaded.path)
-            api_serve.serve(EngineWorker(engine), name, host, port,
+            worker = EngineWorker(engine)
+            worker.warm_structured()  # (the first structured request then waits for nothing)
+            api_serve.serve(worker, name, host, port,
                             api_key, template_kwargs, sampling, completion_max_tokens=max_tokens,
                             warm_next_turn=warm_next_turn, allowed_origins=origins, sock=sock,
                             reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
