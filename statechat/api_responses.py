@@ -1,11 +1,12 @@
-"""POST /v1/responses (OpenAI's Responses API), read as a chat completion: a body's `input`
-(a string, or message, function_call, function_call_output and reasoning items), its
-`instructions` (a system message first) and the conversation of its `previous_response_id`
-(api_responses_store.py) become a chat body's `messages`; `max_output_tokens`, `temperature`,
-`top_p`, `text.format`, `tools` (flat function tools), `tool_choice` and `reasoning.effort`
-become the chat fields that api_chat.chat_request already checks and serves. Its errors name
-the Responses field (`renamed`). Fields this server cannot honour are 400s (NOT_SUPPORTED);
-fields it does not know are logged and left out, as the chat API's are."""
+"""POST /v1/responses (OpenAI's Responses API), read as a chat completion: a body's `input` (a
+string, or message, function_call, function_call_output and reasoning items), its `instructions`
+(a system message first, joined to an opening system or developer message) and the conversation
+of its `previous_response_id` (api_responses_store.py) become a chat body's `messages`;
+`max_output_tokens`, `temperature`, `top_p`, `text.format`, `tools` (flat function tools),
+`tool_choice` and `reasoning.effort` become the chat fields that api_chat.chat_request already
+checks and serves. Its errors name the Responses field (`renamed`). Fields this server cannot
+honour are 400s (NOT_SUPPORTED); fields it does not know are logged and left out, as the chat
+API's are."""
 
 from __future__ import annotations
 
@@ -65,8 +66,7 @@ def parse_responses(body: dict, previous: list[dict] | None, tools_on: bool) -> 
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "instructions must be a string", "instructions")
-    system = [{"role": "system", "content": instructions}] if instructions else []
-    chat = {"model": body.get("model"), "messages": system + history,
+    chat = {"model": body.get("model"), "messages": _instructed(instructions, history),
             **{k: body[k] for k in (*NUMBER_FIELDS, *BOOL_FIELDS) if k in body}}
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
@@ -83,6 +83,18 @@ def parse_responses(body: dict, previous: list[dict] | None, tools_on: bool) -> 
             "reasoning": {"effort": None, "summary": None, **(body.get("reasoning") or {})},
             "truncation": "disabled", "store": body.get("store") is not False}
     return ResponsesRequest(chat, history, echo, body.get("stream") is True, echo["store"])
+
+
+def _instructed(instructions: str | None, history: list[dict]) -> list[dict]:
+    """The conversation with the instructions as its system message first, joined (a blank
+    line between) to a system or developer message that opens it: a chat template such as
+    Qwen3.5's takes one system message, at the start, and refused the two."""
+    if not instructions:
+        return history
+    if history and history[0]["role"] == "system":
+        opening = {**history[0], "content": f"{instructions}\n\n{history[0]['content']}"}
+        return [opening, *history[1:]]
+    return [{"role": "system", "content": instructions}, *history]
 
 
 def renamed(e: ApiError) -> ApiError:

@@ -1,14 +1,14 @@
-"""POST /v1/responses (OpenAI's Responses API) through the openai client and raw HTTP, on the
-tiny model: a string input and message items with instructions give the reply (and the usage)
-the chat API gives for the same conversation; a stream's events come in OpenAI's order with
-increasing sequence numbers and its deltas join to the whole reply's text; max_output_tokens
-makes an "incomplete" response; text.format json_schema holds the reply to the schema; a
-previous_response_id continues the stored conversation and reports the engine's own reuse as
-cached_tokens; GET and DELETE find and forget a stored response (404s after; a path under
-one, OpenAI's input_items, is no route), and the store keeps the latest within its bounds; a
-client that leaves a stream aborts its reply, and a failure once a stream began is an `error`
-event then response.failed (a whole response's is a 500 of one line); bad fields are 400s
-naming them in one line."""
+"""POST /v1/responses (OpenAI's Responses API) through the openai client and raw HTTP, on the tiny
+model: a string input and message items with instructions (joined to an opening developer
+message) give the reply (and the usage) the chat API gives for the same conversation; a stream's
+events come in OpenAI's order with increasing sequence numbers and its deltas join to the whole
+reply's text; max_output_tokens makes an "incomplete" response; text.format json_schema holds
+the reply to the schema; a previous_response_id continues the stored conversation and reports
+the engine's own reuse as cached_tokens; GET and DELETE find and forget a stored response (404s
+after; a path under one, OpenAI's input_items, is no route), and the store keeps the latest
+within its bounds; a client that leaves a stream aborts its reply, and a failure once a stream
+began is an `error` event then response.failed (a whole response's is a 500 of one line); bad
+fields are 400s naming them in one line."""
 
 from __future__ import annotations
 
@@ -75,8 +75,7 @@ def test_items_and_instructions_make_the_chat_conversation(client, server):
                                           {"type": "input_text", "text": "a colour."}]}]
     made = client.responses.create(model="m", input=items, instructions="You are terse.",
                                    max_output_tokens=6, temperature=0, store=False)
-    chat = chat_reply(server, [{"role": "system", "content": "You are terse."},
-                               {"role": "system", "content": "Be brief."},
+    chat = chat_reply(server, [{"role": "system", "content": "You are terse.\n\nBe brief."},
                                {"role": "assistant", "content": "Hi."},
                                {"role": "user", "content": "Name a colour."}],
                       max_tokens=6, temperature=0)
