@@ -87,6 +87,13 @@ class ToolRequest:
         """Whether tool_choice named the function (its opening names it): one call is made."""
         return FUNC_OPEN in self.forced
 
+    @property
+    def function_name(self) -> str | None:
+        """The function tool_choice named (None: none named)."""
+        if not self.is_named:
+            return None
+        return self.forced.split(FUNC_OPEN, 1)[1].partition(">")[0]
+
 
 def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
     """The body's tools and tool_choice (None when `parser` is None: tools off); ApiError(400)
