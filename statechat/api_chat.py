@@ -14,6 +14,7 @@ from statechat.api_request import SHARED_FIELDS, ApiError, parse_flag, parse_par
 from statechat.api_response import Shape, finish_reason
 from statechat.api_structured import check_with_tools, gate_thinking
 from statechat.api_tool_calls import ToolCallStream, merge_deltas, parse_tool_calls
+from statechat.api_tool_grammar import hold_call
 from statechat.api_tools import (
     TOOL_FIELDS,
     ToolRequest,
@@ -46,7 +47,9 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
     params, tools = end_at_call(params, tools)  # (a named function: one call, then the end)
     shape = chat_shape(worker, body, prompt_ids, server.reasoning_parser, tools,
                        params.skip_special_tokens)
-    with worker.tokenizer_lock:  # (a reasoning model's reply held after its thinking)
+    with worker.tokenizer_lock:  # (a forced call held to its schema; a reasoning model's
+        # reply held after its thinking)
+        params = hold_call(params, tools, worker.engine.tokenizer)
         params = gate_thinking(params, shape.opened, worker.engine.tokenizer)
     return prompt_ids, params, shape
 

@@ -11,11 +11,13 @@ and llama.cpp's servers take for it, for both APIs and `statechat batch`:
   space between its tokens; its other back-end options only off);
 - llama.cpp's `json_schema` (a schema; {} is any JSON value) and `grammar` (GBNF).
 
-One constraint a request: two are a 400 naming both. A bad one (a schema, regex or grammar
-that does not compile, a field of the wrong type) is a 400 naming its field, with the engine's
-one line. With a reasoning parser, the reply of a prompt that opens a think block is held to it
-only after the `</think>` that ends the thinking (`gate_thinking`), as vLLM's reasoning parsers
-hold it: the reasoning is free, the answer (the message's `content`) is what is constrained.
+One constraint a request: two are a 400 naming both, and one beside a tool_choice that forces
+a call (whose reply is held to the function's schema: api_tool_grammar.py) a 400 naming
+tool_choice. A bad one (a schema, regex or grammar that does not compile, a field of the wrong
+type) is a 400 naming its field, with the engine's one line. With a reasoning parser, the reply
+of a prompt that opens a think block is held to it only after the `</think>` that ends the
+thinking (`gate_thinking`), as vLLM's reasoning parsers hold it: the reasoning is free, the
+answer (the message's `content`) is what is constrained.
 """
 
 from __future__ import annotations
@@ -180,9 +182,9 @@ def gate_thinking(params: SamplingParams, opened: bool | None, tokenizer) -> Sam
 
 def check_with_tools(params: SamplingParams, tools) -> None:
     """ApiError(400) naming tool_choice where a request with a structured output forces a call
-    (`tools`, an api_tools.ToolRequest or None: its reply is the call, which no schema of the
-    request's describes)."""
+    (`tools`, an api_tools.ToolRequest or None: its reply is the call, held to the grammar of
+    the function's schema, api_tool_grammar.py; a reply takes one grammar)."""
     if params.structured is not None and tools is not None and tools.forced:
         raise ApiError(400, 'tool_choice "required" or a named function cannot be combined with '
-                            "a structured output (the reply is a call); leave one out",
-                       "tool_choice")
+                            "a structured output (the reply is a call, held to the function's "
+                            "schema); leave one out", "tool_choice")

@@ -4,21 +4,31 @@ as transformers' apply_chat_template gives them (`tools`, OpenAI's function tool
 reply is parsed for calls (api_tool_calls.py) when the request has tools and its tool_choice is
 not "none". tool_choice "none" renders the tools (as vLLM does by default) and parses nothing.
 
-"required" and a named function ({"type": "function", "function": {"name": X}}) are served
-without a structured output (api_structured.py: a call is Qwen3.5's XML-like parameters, not
-the JSON that the function's `parameters` schema describes, so its arguments are not held to
-that schema) by starting the reply with the
-opening of a call, in Qwen3.5's format (`force_call`): `<tool_call>` and a newline for
-"required" (the model names the function), that and `<function=X>` and a newline for X. The
-forced text goes to the engine as prompt tokens after the generation prompt (so `usage` counts
-it in prompt_tokens), and the reply is parsed as the forced text followed by the generated text
-(ToolRequest.forced), so a call comes back as `tool_calls`, as with "auto". A prompt that opens
-a think block is first rendered again with `enable_thinking` false (as Qwen's templates close
-an empty one), or, where the template ignores that, has the block closed empty: a forced call
-is made without reasoning. A continuation that does not make a call (a model that writes no
-`<function=NAME>` after "required"'s opening) gives what "auto" gives for the same text: the
-forced opening and the rest as content, nothing lost. A named function that is not among the
-tools, or "required" with no tools, is a 400 naming tool_choice.
+"required" and a named function ({"type": "function", "function": {"name": X}}) start the
+reply with the opening of a call, in Qwen3.5's format (`force_call`): `<tool_call>` and a
+newline for "required" (the model names the function), that and `<function=X>` and a newline
+for X. The forced text goes to the engine as prompt tokens after the generation prompt (so
+`usage` counts it in prompt_tokens), and the reply is parsed as the forced text followed by the
+generated text (ToolRequest.forced), so a call comes back as `tool_calls`, as with "auto". A
+prompt that opens a think block is first rendered again with `enable_thinking` false (as
+Qwen's templates close an empty one), or, where the template ignores that, has the block
+closed empty: a forced call is made without reasoning (so its grammar, below, holds the reply
+from its first token). A function that is not among the tools, or "required" with no tools,
+is a 400 naming tool_choice.
+
+What follows the opening is held, as vLLM's structured outputs hold a forced call, to a
+grammar of the call (api_tool_grammar.hold_call, the request's structured output): for X, X's
+parameters as its `parameters` schema describes them, then the call's end; for "required",
+one or more calls, each to one of the tools by name, and nothing after them. The arguments
+parsed are then valid against the schema (api_tool_grammar.py says what is held: required
+parameters always, in the schema's `properties` order; values typed as the parser reads them;
+a string's enum and lengths, not its pattern). A schema the grammar cannot hold leaves the
+call unheld (logged), as it was before: then a continuation that makes no call (a model that
+writes no `<function=NAME>` after "required"'s opening) gives what "auto" gives for the same
+text, the forced opening and the rest as content, nothing lost. A held call is one grammar
+for the reply: a request's own structured output beside it (response_format, guided_json ...)
+is a 400 naming tool_choice (api_structured.check_with_tools), and min_tokens a 400 naming it
+(the grammar decides where the reply ends).
 
 A named function gets exactly one call, as vLLM's guided decoding and OpenAI give it
 (`end_at_call`): `</tool_call>` is added to the request's stop strings, so the reply ends where
@@ -28,10 +38,11 @@ named function; "required" and "auto" say "tool_calls") and stop_reason null, as
 model's own end; completion_tokens counts the tokens generated, the closing tag's included. A
 request's own stop strings still apply: one that matches inside the call ends it there (the
 call holds the parameters read so far, stop_reason names that stop), as max_tokens does
-(finish_reason "length"); min_tokens holds the call's end off as it holds off every stop
-(vLLM's rule), so a reply shorter than it may go on past the call. With 64 stop strings
-(MAX_STOPS) already, a named function is a 400 naming stop. "required" is left as it is: one
-or more calls (vLLM's rule), then whatever the model writes, as "auto" reads it.
+(finish_reason "length"); for an unheld call, min_tokens holds the call's end off as it holds
+off every stop (vLLM's rule), so a reply shorter than it may go on past the call. With 64 stop
+strings (MAX_STOPS) already, a named function is a 400 naming stop. "required" makes one or
+more calls (vLLM's rule); unheld, the model may then write whatever it writes, as "auto"
+reads it.
 
 Without the flag, tools, tool calls, tool messages and a tool_choice other than auto or none
 are a 400 that names it. `statechat batch` takes the same flag and reads its lines' tools with
@@ -52,7 +63,7 @@ PARSERS = ("qwen3_coder",)  # the names --tool-call-parser takes (vLLM's)
 # (the 400s' hint; `batch`'s line errors give it too)
 ENABLE = "`statechat serve` and `statechat batch` take them with --tool-call-parser qwen3_coder"
 CHOICES = ("auto", "none")  # the tool_choice values served without the flag
-REQUIRED = "required"  # (and a named function: served with it, by a forced call opening)
+REQUIRED = "required"  # (and a named function: served with it, by a forced, held call)
 CLOSE_THINKING = "\n</think>\n\n"  # (what a prompt still in its think block gets before one)
 TOOL_FIELDS = ("tools", "tool_choice")  # the fields parse_tools reads
 
@@ -86,6 +97,13 @@ class ToolRequest:
     def is_named(self) -> bool:
         """Whether tool_choice named the function (its opening names it): one call is made."""
         return FUNC_OPEN in self.forced
+
+    @property
+    def function_name(self) -> str | None:
+        """The function tool_choice named (None: none named)."""
+        if not self.is_named:
+            return None
+        return self.forced.split(FUNC_OPEN, 1)[1].partition(">")[0]
 
 
 def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:

@@ -42,11 +42,13 @@ from statechat.errors import StatechatError
 
 def prepare(engine: LLMEngine, job: Job, reasoning_parser: str | None = None) -> None:
     """Render a parsed job's prompt with the model's tokenizer (and the call's opening that its
-    tool_choice forces, api_tools.force_call) and check it against the model (vocabulary,
-    context limit); a failure becomes the job's one-line error. With a `reasoning_parser`, a
+    tool_choice forces, api_tools.force_call, whose call is then held to its function's schema:
+    api_tool_grammar.hold_call) and check it against the model (vocabulary, context limit); a
+    failure becomes the job's one-line error. With a `reasoning_parser`, a
     structured output starts after the thinking that the prompt opens, as the server's
     (api_structured.gate_thinking)."""
     from statechat.api_structured import gate_thinking
+    from statechat.api_tool_grammar import hold_call
     from statechat.api_tools import force_call, unthinking
     from statechat.batch_lines import api_errors
     from statechat.chat.template import opens_thinking, render
@@ -64,6 +66,8 @@ def prepare(engine: LLMEngine, job: Job, reasoning_parser: str | None = None) ->
         if len(ids) >= engine.max_model_len:
             raise StatechatError(f"the prompt has {len(ids)} tokens; the context limit is "
                                  f"{engine.max_model_len}; shorten the conversation")
+        with api_errors():  # (a forced call held to its function's schema, as the server's)
+            job.params = hold_call(job.params, job.tools, engine.tokenizer)
         if reasoning_parser is not None and job.params.structured is not None:
             with api_errors():
                 job.params = gate_thinking(job.params, opens_thinking(engine.tokenizer, ids),

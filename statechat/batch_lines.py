@@ -17,17 +17,17 @@ token after the first, with its rank; such a line computes its whole prompt), "m
 "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
 template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. With
 --tool-call-parser, "tools" and "tool_choice" ("required" or a named function: the reply
-starts with a call's opening, as the server's; a named function's ends with its call, a stop
-added to the line's, as the server's), assistant messages' "tool_calls" and "tool"
-messages are read as the server reads them (api_tools.py, api_messages.py); without it, they
-are the line's error, as they are the server's 400. A structured output ("response_format",
-"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-"json_schema", "grammar") is read as the server reads it (api_structured.py), its 400 the
-line's error. A
-line's own fields win over the run's defaults (BatchDefaults: greedy, 256 tokens, under the
-model's recommended sampling and the command's flags); other fields are named on stderr. With
---seed S, a line without its own "seed" draws one made from S and its line number (line_seed):
-the same file and S give the same outputs, and identical lines still give different samples.
+starts with a call's opening and is held to the function's schema, as the server's; a named
+function's ends with its call, a stop added to the line's, as the server's), assistant
+messages' "tool_calls" and "tool" messages are read as the server reads them (api_tools.py,
+api_messages.py); without it, they are the line's error, as they are the server's 400. A
+structured output ("response_format", "guided_json", "guided_regex", "guided_choice",
+"guided_grammar", "structured_outputs", "json_schema", "grammar") is read as the server reads
+it (api_structured.py), its 400 the line's error. A line's own fields win over the run's defaults
+(BatchDefaults: greedy, 256 tokens, under the model's recommended sampling and the command's flags);
+other fields are named on stderr. With --seed S, a line without its own "seed" draws one made from S
+and its line number (line_seed): the same file and S give the same outputs, and identical lines
+still give different samples.
 """
 
 from __future__ import annotations

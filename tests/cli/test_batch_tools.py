@@ -4,8 +4,9 @@ line's result has the text, reasoning, tool calls, finish_reason and token count
 server's whole response to the same body (with and without `--reasoning-parser qwen3`), as do
 lines whose tool_choice forces a call ("required", a named function: the call's opening in the
 prompt, as the server's; a named function's reply ends with its one call, as the server's); a
-line with bad tools, a bad tool_choice or a bad tool message has the
-server's 400 message as its error while the others run; without the flag, tools are a line
+line with bad tools, a bad tool_choice, a bad tool message or min_tokens with a forced call
+(held to its schema, as the server's) has the server's 400 message as its error while the
+others run; without the flag, tools are a line
 error that names it."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ BAD_BODIES = [  # (the server's 400s; the batch line's errors)
     {**ASK, "messages": [*HISTORY[:1], {**HISTORY[1], "tool_calls": [{"id": "c"}]}]},
     {**ASK, "messages": [*HISTORY[:1], {**HISTORY[1], "tool_calls": [{  # (json's reader raised)
         "id": "c", "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}]}]},
+    {**ASK, "tool_choice": "required", "min_tokens": 2},  # (the call is held to its schema)
 ]
 
 

@@ -106,7 +106,8 @@ def test_a_named_function_is_the_one_called_of_several(loaded, server, monkeypat
 
 @pytest.mark.parametrize("text", ["I am not sure.", "<function=nothing\nat all", ""])
 def test_a_continuation_that_makes_no_call_gives_what_auto_gives(server, text):
-    """("required"'s opening with no function after it is no call: its text is content.)"""
+    """("required"'s opening with no function after it is no call: its text is content. A
+    held call's grammar never draws such text; an unheld one's may: here it is forced in.)"""
     with pytest.MonkeyPatch.context() as patch:
         force_reply(server.worker.engine, patch, text)
         forced = post(server, {**ASK, "tool_choice": "required"})
