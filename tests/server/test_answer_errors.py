@@ -1,7 +1,7 @@
 """An unexpected failure while a request is answered (a bug, not the client's fault) reaches the
 client in OpenAI's error shape with one line of message: a 500 server_error for a whole
 response, and, once a stream's headers are sent, an error event followed by `data: [DONE]`.
-A failure before the answer is a 500 too; values nested past Python's stack are a 400. The
+A failure before the answer is a 500 too; values nested past Python's stack are answered. The
 server then goes on answering."""
 
 from __future__ import annotations
@@ -61,14 +61,18 @@ def test_a_failure_before_the_answer_is_a_500_of_one_line(server, monkeypatch):
     assert post(server, BODY)[0] == 200  # (the server still answers)
 
 
-def test_deeply_nested_template_variables_are_a_400_of_one_line(server):
+def test_deeply_nested_template_variables_are_answered(server):
     """(Nested 500 deep, counting their characters overflowed Python's stack before the
-    template could refuse them: no answer at all.)"""
+    template saw them: no answer at all.) The template then renders them (Python 3.12) or
+    refuses them in one line (3.11: its own stack overflows)."""
     deep: list = ["x"]
     for _ in range(500):
         deep = [deep]
     status, body = post(server, {**BODY, "chat_template_kwargs": {"deep": deep}})
-    error = json.loads(body)["error"]
-    assert status == 400 and error["type"] == "invalid_request_error"
-    assert "\n" not in error["message"] and "chat template" in error["message"]
+    if status == 200:
+        assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+    else:
+        error = json.loads(body)["error"]
+        assert status == 400 and error["type"] == "invalid_request_error"
+        assert "\n" not in error["message"] and "chat template" in error["message"]
     assert post(server, BODY)[0] == 200
