@@ -10,9 +10,11 @@ assistant message's text, `thinking` (its reasoning, sent back) and `tool_use` b
 content, reasoning_content and tool_calls; a last assistant message is a prefill the reply
 continues (vLLM's continue_final_message). `tools` ({name, description, input_schema}) are
 function tools; tool_choice auto, any, tool (a name) and none are the chat API's "auto",
-"required", a named function and "none"; `thinking` enabled (or adaptive) or disabled is the
-template's `enable_thinking` (its budget_tokens is not enforced); `stop_sequences` is `stop`;
-`output_config.format` (or the beta's `output_format`) is a json_schema `response_format`.
+"required", a named function and "none" (its `disable_parallel_tool_use` true is
+parallel_tool_calls false: one tool_use at most); `thinking` enabled (or adaptive) or disabled
+is the template's `enable_thinking` (its budget_tokens is not enforced); `stop_sequences` is
+`stop`; `output_config.format` (or the beta's `output_format`) is a json_schema
+`response_format`.
 Errors the chat path raises name Anthropic's fields (`renamed_errors`), and every error of
 these routes has Anthropic's shape (`error_body`)."""
 
@@ -202,7 +204,8 @@ def _stop_sequences(stops) -> list[str]:
 
 
 def _tools(tools, choice) -> dict:
-    """The chat API's {"tools", "tool_choice"} of Anthropic's (custom tools only)."""
+    """The chat API's {"tools", "tool_choice", "parallel_tool_calls"} of Anthropic's (custom
+    tools only; tool_choice's disable_parallel_tool_use true or false)."""
     chat = {}
     if tools is not None:
         if not isinstance(tools, list):
@@ -221,6 +224,11 @@ def _tools(tools, choice) -> dict:
     if kind in ("any", "tool") and not tools:
         raise ApiError(400, f'tool_choice "{kind}" needs tools to call; give tools',
                        "tool_choice")
+    if (disable := choice.get("disable_parallel_tool_use")) is not None:
+        if not isinstance(disable, bool):
+            raise ApiError(400, "tool_choice.disable_parallel_tool_use must be true or false",
+                           "tool_choice.disable_parallel_tool_use")
+        chat["parallel_tool_calls"] = not disable
     return chat
 
 

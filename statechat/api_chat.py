@@ -31,7 +31,8 @@ from statechat.errors import StatechatError
 
 # the fields this API reads (a body's others are logged as unknown, unless ignored on purpose)
 CHAT_FIELDS = SHARED_FIELDS | {"messages", "continue_final_message", "add_generation_prompt",
-                               "chat_template", "chat_template_kwargs", "include_reasoning"}
+                               "chat_template", "chat_template_kwargs", "include_reasoning",
+                               "parallel_tool_calls"}
 
 
 def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatShape]:
@@ -44,7 +45,8 @@ def chat_request(server, body: dict) -> tuple[list[int], SamplingParams, ChatSha
                           len(prompt_ids), worker.max_model_len, server.sampling,
                           vocab_size=worker.engine.loaded.config.vocab_size)
     check_with_tools(params, tools)
-    params, tools = end_at_call(params, tools)  # (a named function: one call, then the end)
+    params, tools = end_at_call(params, tools)  # (one call, then the end: a named function,
+    # or parallel_tool_calls false)
     shape = chat_shape(worker, body, prompt_ids, server.reasoning_parser, tools,
                        params.skip_special_tokens)
     with worker.tokenizer_lock:  # (a forced call held to its schema; a reasoning model's
@@ -144,7 +146,8 @@ class ChatShape(Shape):
     `tools` that parse (api_tools.ToolRequest), the answer's tool calls (api_tool_calls.py) are
     the message's `tool_calls`, its text outside them the `content` (null when none), and a
     reply with calls that ended of itself finishes with "tool_calls" ("stop" for a named
-    function's, whose stop the server added: its stop_reason null, api_tools.end_at_call); a
+    function's), its stop_reason null where the stop that ended it is the one the server added
+    (api_tools.end_at_call: a named function's, or parallel_tool_calls false); a
     stream's deltas carry the content until a call begins, then each call's `tool_calls`
     entry (its id, type and name, then its arguments whole once it ends). A call's opening
     that the request forced (ToolRequest.forced: in the prompt, not in the engine's text) is
@@ -236,8 +239,8 @@ class ChatShape(Shape):
         return "tool_calls" if has_calls and reason == "stop" and not named else reason
 
     def _stop_reason(self, out: RequestOutput) -> str | int | None:
-        """The output's stop_reason; None where it is the stop the server added (a named
-        function's call end, api_tools.end_at_call): the model's own end, as vLLM's."""
+        """The output's stop_reason; None where it is the stop the server added (the end of
+        the one call, api_tools.end_at_call): the model's own end, as vLLM's."""
         added = self.tools.stop if self.tools is not None else None
         return None if added is not None and out.stop_reason == added else out.stop_reason
 

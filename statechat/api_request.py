@@ -39,9 +39,9 @@ STRUCTURED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_c
 BOOL_FIELDS = {"ignore_eos": False, "include_stop_str_in_output": False,
                "skip_special_tokens": True}
 # OpenAI's fields that change nothing about a reply (who asked, whether OpenAI keeps it, its
-# billing tier, how tool calls may be split when there are none): taken without a word
-IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
-                            "prompt_cache_key", "safety_identifier"})
+# billing tier): taken without a word
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key",
+                            "safety_identifier"})
 # the fields parse_params, parse_n and parse_stream read, which both APIs take
 SHARED_FIELDS = frozenset({
     *NUMBER_FIELDS, *NOT_SUPPORTED, *STRUCTURED_FIELDS, "model", "n", "best_of", "max_tokens",

@@ -3,8 +3,9 @@ string, or message, function_call, function_call_output and reasoning items), it
 (a system message first, joined to an opening system or developer message) and the conversation
 of its `previous_response_id` (api_responses_store.py) become a chat body's `messages`;
 `max_output_tokens`, `temperature`, `top_p`, `text.format`, `tools` (flat function tools),
-`tool_choice` and `reasoning.effort` become the chat fields that api_chat.chat_request already
-checks and serves. Its errors name the Responses field (`renamed`). Fields this server cannot
+`tool_choice`, `parallel_tool_calls` (false: one call at most, echoed as honoured) and
+`reasoning.effort` become the chat fields that api_chat.chat_request already checks and
+serves. Its errors name the Responses field (`renamed`). Fields this server cannot
 honour are 400s (NOT_SUPPORTED); fields it does not know are logged and left out, as the chat
 API's are."""
 
@@ -71,6 +72,8 @@ def parse_responses(body: dict, previous: list[dict] | None, tools_on: bool) -> 
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     chat.update(_tools(body.get("tools"), body.get("tool_choice")))
+    if body.get("parallel_tool_calls") is not None:  # (checked by _check_echoed, and the chat's)
+        chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     chat.update(_text_format(body.get("text")))
     chat.update(_reasoning(body.get("reasoning")))
     _check_echoed(body)

@@ -6,7 +6,7 @@ that the call parses (api_tool_calls.py) into arguments the schema accepts.
 
 - A named function: its parameters, `</function>` and `</tool_call>`, then only the end of the
   reply. "required": one or more calls (each named after one of the tools, a newline and
-  `<tool_call>` between two), then only the end.
+  `<tool_call>` between two), then only the end; exactly one with `parallel_tool_calls` false.
 - Parameters are written in the order of the schema's `properties`: each name in `required`
   always (one that `properties` lacks is a string, written after them), the others where the
   model chooses; a parameter the schema does not list is never written, so a tool without
@@ -67,7 +67,8 @@ def hold_call(params: SamplingParams, tools, tokenizer) -> SamplingParams:
     engine's; hold its lock) spells the tags that are one token of their own as that token."""
     if tools is None or not tools.forced:
         return params
-    held = call_grammar(tools.tools or [], tools.function_name, tokenizer)
+    held = call_grammar(tools.tools or [], tools.function_name, tokenizer,
+                        is_parallel=tools.is_parallel)
     if held is None:
         return params
     if params.min_tokens:
@@ -77,13 +78,14 @@ def hold_call(params: SamplingParams, tools, tokenizer) -> SamplingParams:
     return dataclasses.replace(params, structured=held)
 
 
-def call_grammar(tools: list[dict], name: str | None, tokenizer) -> StructuredOutput | None:
+def call_grammar(tools: list[dict], name: str | None, tokenizer,
+                 is_parallel: bool = True) -> StructuredOutput | None:
     """The structured output of what follows a forced call's opening: the parameters of the
-    function `name`, or (None) one or more calls to any of `tools` (checked function tools);
-    None where they cannot be held (logged)."""
+    function `name`, or (None) one or more calls to any of `tools` (checked function tools;
+    one call where not `is_parallel`); None where they cannot be held (logged)."""
     try:
         tags = {tag: _tag(tag, tokenizer) for tag in (CALL_OPEN, CALL_CLOSE)}
-        return _compiled(grammar_text(tools, name, tags))
+        return _compiled(grammar_text(tools, name, tags, is_parallel))
     except Unheld as e:
         choice = f"function {name!r}" if name is not None else '"required"'
         log.warning("statechat: tool_choice %s is served without holding the call to its "
@@ -91,9 +93,11 @@ def call_grammar(tools: list[dict], name: str | None, tokenizer) -> StructuredOu
         return None
 
 
-def grammar_text(tools: list[dict], name: str | None, tags: dict[str, str]) -> str:
-    """The Lark grammar (see the module's docstring); `tags` spells CALL_OPEN and CALL_CLOSE.
-    Unheld where a function's call cannot be described."""
+def grammar_text(tools: list[dict], name: str | None, tags: dict[str, str],
+                 is_parallel: bool = True) -> str:
+    """The Lark grammar (see the module's docstring); `tags` spells CALL_OPEN and CALL_CLOSE;
+    "required" (`name` None) makes one call alone where not `is_parallel`. Unheld where a
+    function's call cannot be described."""
     rules = [f"TEXT: {TEXT}", f"close: {tags[CALL_CLOSE]}"]
     end = f"{_lit(FUNC_CLOSE + NL)} close"
     if name is not None:
@@ -107,7 +111,8 @@ def grammar_text(tools: list[dict], name: str | None, tags: dict[str, str]) -> s
         rules.append(f"call_{i}: {head} {_parameters(function, i, rules)} {end}")
         calls.append(f"call_{i}")
     rules.append(f"call: {' | '.join(calls)}")
-    rules.insert(0, f'start: call ("\\n" {tags[CALL_OPEN]} "\\n" call)*')
+    more = f' ("\\n" {tags[CALL_OPEN]} "\\n" call)*' if is_parallel else ""
+    rules.insert(0, f"start: call{more}")
     return "\n".join(rules) + "\n"
 
 

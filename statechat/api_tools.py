@@ -35,14 +35,23 @@ A named function gets exactly one call, as vLLM's guided decoding and OpenAI giv
 the model closes the call (a second call or text after it is never generated; the parser reads
 the call whole without its closing tag), with finish_reason "stop" (OpenAI's and vLLM's for a
 named function; "required" and "auto" say "tool_calls") and stop_reason null, as for the
-model's own end; completion_tokens counts the tokens generated, the closing tag's included. A
-request's own stop strings still apply: one that matches inside the call ends it there (the
-call holds the parameters read so far, stop_reason names that stop), as max_tokens does
-(finish_reason "length"); for an unheld call, min_tokens holds the call's end off as it holds
-off every stop (vLLM's rule), so a reply shorter than it may go on past the call. With 64 stop
-strings (MAX_STOPS) already, a named function is a 400 naming stop. "required" makes one or
+model's own end (the stop is the server's, not the request's); completion_tokens counts the
+tokens generated, the closing tag's included. A request's own stop strings still apply: one
+that matches inside the call ends it there (the call holds the parameters read so far,
+stop_reason names that stop), as max_tokens does (finish_reason "length"); for an unheld call,
+min_tokens holds the call's end off as it holds off every stop (vLLM's rule), so a reply
+shorter than it may go on past the call. With 64 stop strings (MAX_STOPS) already, a named
+function (or parallel_tool_calls false, below) is a 400 naming stop. "required" makes one or
 more calls (vLLM's rule); unheld, the model may then write whatever it writes, as "auto"
 reads it.
+
+`parallel_tool_calls` (true or false, true when left out or null; another value is a 400
+naming it) false makes at most one call, as OpenAI's and vLLM's: "required" is held to exactly
+one call, and "auto" and "required" end where the first call closes, by the same stop as a
+named function's (end_at_call), with finish_reason "tool_calls" where a call was made ("stop"
+where the reply closed no call: the model wrote the closing tag alone) and stop_reason null.
+It changes nothing with tool_choice "none" or without tools. The Responses API passes its own
+field on; Anthropic's `tool_choice.disable_parallel_tool_use` true is it false.
 
 Without the flag, tools, tool calls, tool messages and a tool_choice other than auto or none
 are a 400 that names it. `statechat batch` takes the same flag and reads its lines' tools with
@@ -54,7 +63,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 
-from statechat.api_request import ApiError
+from statechat.api_request import ApiError, parse_flag
 from statechat.api_tool_calls import CALL_CLOSE, CALL_OPEN, FUNC_OPEN, MAX_NAME
 from statechat.engine.sampling import MAX_STOPS, SamplingParams
 from statechat.errors import ConfigError
@@ -65,7 +74,7 @@ ENABLE = "`statechat serve` and `statechat batch` take them with --tool-call-par
 CHOICES = ("auto", "none")  # the tool_choice values served without the flag
 REQUIRED = "required"  # (and a named function: served with it, by a forced, held call)
 CLOSE_THINKING = "\n</think>\n\n"  # (what a prompt still in its think block gets before one)
-TOOL_FIELDS = ("tools", "tool_choice")  # the fields parse_tools reads
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # the fields parse_tools reads
 
 
 def check_tool_parser(name: str | None, auto_tool_choice: bool = False) -> str | None:
@@ -86,12 +95,20 @@ class ToolRequest:
     made to begin with (`forced`, "" for none: tool_choice "required" or a named function),
     which goes into the prompt and is parsed as the reply's start. `stop`: a stop string the
     server added to the request's own (end_at_call's), whose match is reported as no
-    stop_reason (None: none added)."""
+    stop_reason (None: none added). `is_parallel`: the request's parallel_tool_calls (false:
+    one call at most)."""
 
     tools: list[dict] | None = None
     is_parsed: bool = False
     forced: str = ""
     stop: str | None = None
+    is_parallel: bool = True
+
+    @property
+    def is_one_call(self) -> bool:
+        """Whether the reply ends where its first call closes (end_at_call): a named
+        function's, or parsed with parallel calls off."""
+        return self.is_parsed and (self.is_named or not self.is_parallel)
 
     @property
     def is_named(self) -> bool:
@@ -107,10 +124,11 @@ class ToolRequest:
 
 
 def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
-    """The body's tools and tool_choice (None when `parser` is None: tools off); ApiError(400)
-    naming the field at fault (with `parser` None, for any of them but an empty tools, or
-    tool_choice auto or none)."""
+    """The body's tools, tool_choice and parallel_tool_calls (None when `parser` is None: tools
+    off); ApiError(400) naming the field at fault (with `parser` None, for tools but an empty
+    one, or tool_choice but auto or none; parallel_tool_calls that is not true or false)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
+    is_parallel = parse_flag(body, "parallel_tool_calls", True)
     if parser is None:
         if tools not in (None, []):
             raise ApiError(400, f"tools are not enabled here: {ENABLE}", "tools")
@@ -123,7 +141,8 @@ def parse_tools(body: dict, parser: str | None) -> ToolRequest | None:
     for i, tool in enumerate(tools or ()):
         _check_tool(tool, i)
     forced = _forced(choice, tools or [])
-    return ToolRequest(tools or None, bool(tools) and choice != "none", forced)
+    return ToolRequest(tools or None, bool(tools) and choice != "none", forced,
+                       is_parallel=is_parallel)
 
 
 def _forced(choice, tools: list[dict]) -> str:
@@ -150,16 +169,17 @@ def _forced(choice, tools: list[dict]) -> str:
 
 def end_at_call(params: SamplingParams, tools: ToolRequest | None,
                 ) -> tuple[SamplingParams, ToolRequest | None]:
-    """(`params`, `tools`) of a named function's request made to end where its call ends, as
-    guided decoding ends it: CALL_CLOSE among the stop strings (the engine cuts the reply
+    """(`params`, `tools`) of a request that makes one call (ToolRequest.is_one_call: a named
+    function, or parallel_tool_calls false) made to end where its first call ends, as guided
+    decoding ends a named one: CALL_CLOSE among the stop strings (the engine cuts the reply
     before it; the parser reads a call whole without it), and `tools.stop` set to it where the
     request's own stops did not have it. Another request's, as they are. ApiError(400) naming
     stop where the request gave MAX_STOPS of them already (one more is the call's end)."""
-    if tools is None or not tools.is_named or CALL_CLOSE in params.stop:
+    if tools is None or not tools.is_one_call or CALL_CLOSE in params.stop:
         return params, tools
     if len(params.stop) >= MAX_STOPS:
-        raise ApiError(400, f"stop may hold at most {MAX_STOPS - 1} strings with a named "
-                            "tool_choice (the call's end is one more)", "stop")
+        raise ApiError(400, f"stop may hold at most {MAX_STOPS - 1} strings where the reply "
+                            "makes one tool call (the call's end is one more)", "stop")
     return (dataclasses.replace(params, stop=(*params.stop, CALL_CLOSE)),
             dataclasses.replace(tools, stop=CALL_CLOSE))
 

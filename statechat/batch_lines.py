@@ -16,9 +16,10 @@ logprob and those of that many likeliest tokens; or OpenAI's chat form, true wit
 token after the first, with its rank; such a line computes its whole prompt), "min_tokens",
 "logit_bias" ({"id": bias}) and "chat_template_kwargs" (variables of the model's chat
 template, over --chat-template-kwargs) as well; "max_tokens": 0 computes the prompt alone. With
---tool-call-parser, "tools" and "tool_choice" ("required" or a named function: the reply
+--tool-call-parser, "tools", "tool_choice" ("required" or a named function: the reply
 starts with a call's opening and is held to the function's schema, as the server's; a named
-function's ends with its call, a stop added to the line's, as the server's), assistant
+function's ends with its call, a stop added to the line's, as the server's) and
+"parallel_tool_calls" (false: the reply ends with its first call, as the server's), assistant
 messages' "tool_calls" and "tool" messages are read as the server reads them (api_tools.py,
 api_messages.py); without it, they are the line's error, as they are the server's 400. A
 structured output ("response_format", "guided_json", "guided_regex", "guided_choice",

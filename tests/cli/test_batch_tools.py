@@ -179,6 +179,27 @@ def test_a_named_choice_s_line_ends_with_its_call(tmp_path, monkeypatch, loaded)
     assert cut["stop_reason"] == "days"
 
 
+def test_a_line_with_parallel_tool_calls_false_makes_one_call(tmp_path, monkeypatch, loaded):
+    """A line's parallel_tool_calls is read as the server reads it: a model that writes two
+    calls gives both by default, one (finish_reason "tool_calls", stop_reason null) with it
+    false; a value that is not true or false is the line's error, the server's 400 message."""
+    second = ("\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+              "</function>\n</tool_call>")
+    reply = REPLY + second
+    lines = [ASK, {**ASK, "parallel_tool_calls": False}, {**ASK, "parallel_tool_calls": "no"}]
+    result, records = run_batch(tmp_path, monkeypatch, loaded, lines,
+                                "--tool-call-parser", "qwen3_coder", reply=reply)
+    assert result.exit_code == 0, result.output
+    assert "ignored" not in result.stderr  # (parallel_tool_calls is read)
+    both, one, bad = records
+    assert [json.loads(c["function"]["arguments"])["city"] for c in both["tool_calls"]] == [
+        "Paris", "Rome"]
+    (made,) = one["tool_calls"]
+    assert json.loads(made["function"]["arguments"]) == {"city": "Paris", "days": 3}
+    assert (one["finish_reason"], one["stop_reason"]) == ("tool_calls", None)
+    assert bad["error"]["message"] == "parallel_tool_calls must be true or false"
+
+
 def test_a_bad_line_has_the_server_s_400_message_and_the_others_run(tmp_path, monkeypatch,
                                                                       loaded):
     with serving(loaded) as srv:

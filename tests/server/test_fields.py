@@ -21,6 +21,7 @@ from statechat.api_request import (
     parse_stream,
     unknown_fields,
 )
+from statechat.api_tools import parse_tools
 from tests.server.conftest import KEY
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "temperature": 0}
@@ -109,6 +110,7 @@ def test_the_known_fields_are_those_read():
     worker = SimpleNamespace(render=lambda messages, add, template_kwargs, tools=None,
                              chat_template=None: [1, 2])
     chat_prompt(worker, chat, {})
+    parse_tools(chat, None)  # (chat_request's: tools, tool_choice and parallel_tool_calls)
     chat_shape(SimpleNamespace(engine=SimpleNamespace(tokenizer=None)), chat, [1, 2], None)
     assert chat.read | SHARED_FIELDS == CHAT_FIELDS
     text = Reads({"prompt": [1, 2, 3]})  # (its other fields go to parse_params, as `shared`)

@@ -3,7 +3,8 @@
 structured outputs hold it: the tiny random model, which writes garbage when free, makes calls
 whose arguments the schema accepts (required parameters there, values of their types, enums,
 bounds and lengths held, no parameter the schema lacks), whole or streamed, for every choice;
-"required" calls only the tools, by name, and writes nothing after its calls. A schema the
+"required" calls only the tools, by name, and writes nothing after its calls (one call alone
+with parallel_tool_calls false). A schema the
 grammar cannot hold leaves the call unheld, as before, and says so in the log; min_tokens with
 a held call is a 400 naming it."""
 
@@ -121,3 +122,37 @@ def test_min_tokens_with_a_held_call_is_a_400_naming_it(server, choice):
     answer = post(server, {**ASK, "tools": TOOLS, "tool_choice": choice, "min_tokens": 2})
     assert answer["status"] == 400 and answer["error"]["param"] == "min_tokens"
     assert "the call's grammar decides where the reply ends" in answer["error"]["message"]
+
+
+def test_required_with_parallel_calls_off_makes_one_call(server):
+    """parallel_tool_calls false: "required" is held to exactly one call (its grammar ends
+    after it), which the reply ends with."""
+    body = {**ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+            **SAMPLED, "seed": 3}
+    answer = post(server, body)
+    chunks = post(server, {**body, "stream": True})
+    for k, choice in enumerate(answer["choices"]):
+        got = whole(choice)
+        assert len(got["tool_calls"]) == 1, got
+        if got["finish_reason"] != "length":
+            assert (got["content"], got["finish_reason"]) == (None, "tool_calls"), got
+            assert_valid_call(got["tool_calls"][0])
+        assert without_ids(reassembled(chunks, k)) == without_ids(got)
+
+
+@pytest.mark.parametrize("is_parallel, takes_two", [(True, True), (False, False)])
+def test_required_s_grammar_takes_a_second_call_only_with_parallel_calls(loaded, is_parallel,
+                                                                       takes_two):
+    import llguidance
+    import llguidance.hf
+
+    from statechat.api_tool_grammar import call_grammar
+
+    held = call_grammar(TOOLS, None, loaded.tokenizer, is_parallel=is_parallel)
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(loaded.tokenizer), held.spec,
+                                   log_level=0)
+    one = "<function=ping>\n</function>\n</tool_call>"
+    ids = loaded.tokenizer.encode(one + "\n<tool_call>\n" + one, add_special_tokens=False)
+    first = len(loaded.tokenizer.encode(one, add_special_tokens=False))
+    assert matcher.consume_tokens(ids[:first]) and matcher.is_accepting()
+    assert bool(matcher.consume_tokens(ids[first:])) is takes_two
