@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import re
 
+from statechat.api_anthropic_messages import chat_messages, system_text
 from statechat.api_request import ApiError, check_model
-from statechat.api_tools import ENABLE
 
 MESSAGES_ROUTE, COUNT_ROUTE = "/v1/messages", "/v1/messages/count_tokens"
 ANTHROPIC_ROUTES = (MESSAGES_ROUTE, COUNT_ROUTE)
@@ -61,13 +61,13 @@ def chat_body(body: dict, tools_on: bool, count_only: bool = False) -> tuple[dic
     _check_metadata(body.get("metadata"))
     messages, origin = [], []
     if body.get("system") is not None:
-        messages.append({"role": "system", "content": _system(body["system"])})
+        messages.append({"role": "system", "content": system_text(body["system"])})
         origin.append(None)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "messages must be a non-empty array", "messages")
     for i, message in enumerate(raw):
-        made = _message(message, i, tools_on)
+        made = chat_messages(message, i, tools_on)
         messages += made
         origin += [i] * len(made)
     chat = {key: body[key] for key in (("model",) if count_only else PASSED) if key in body}
@@ -93,107 +93,6 @@ def _check_metadata(metadata) -> None:
         raise ApiError(400, "metadata must be an object ({\"user_id\": ...})", "metadata")
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
         raise ApiError(400, "metadata.user_id must be a string", "metadata.user_id")
-
-
-def _text_blocks(blocks, where: str) -> str:
-    """The text of a list of text blocks (joined), or ApiError(400) naming the block at fault."""
-    texts = []
-    for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text" or not isinstance(block.get("text"), str):
-            raise _not_taken(kind, f"{where}[{j}]", "text blocks")
-        texts.append(block["text"])
-    return "".join(texts)
-
-
-def _not_taken(kind, where: str, taken: str) -> ApiError:
-    """The 400 of a block this server does not take here: images and documents say why."""
-    if kind in ("image", "document", "search_result", "container_upload"):
-        return ApiError(400, f"{where}: {kind} blocks are not supported: this server's model "
-                             "reads text only", where)
-    shown = repr(kind) if len(repr(kind)) <= 40 else repr(kind)[:37] + "..."
-    return ApiError(400, f"{where}: a block of type {shown} is not taken here ({taken} are)",
-                    where)
-
-
-def _system(system) -> str:
-    if isinstance(system, str):
-        return system
-    if not isinstance(system, list):
-        raise ApiError(400, "system must be a string or an array of text blocks", "system")
-    return _text_blocks(system, "system")
-
-
-def _message(message, i: int, tools_on: bool) -> list[dict]:
-    """The chat messages of Anthropic's messages[i]: one, or (a user's tool results) more."""
-    where = f"messages[{i}]"
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise ApiError(400, f"{where}.role must be user or assistant (system goes in the "
-                            "system field)", f"{where}.role")
-    role, content = message["role"], message.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where}.content must be a string or an array of content blocks",
-                       f"{where}.content")
-    out, text, reasoning, calls = [], [], [], []
-    for j, block in enumerate(content):
-        at = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind in ("tool_use", "tool_result") and not tools_on:
-            raise ApiError(400, f"{at}: {kind} blocks are not enabled here ({ENABLE})", at)
-        if kind == "text" and isinstance(block.get("text"), str):
-            text.append(block["text"])
-        elif role == "assistant" and kind == "thinking" and isinstance(block.get("thinking"),
-                                                                        str):
-            reasoning.append(block["thinking"])
-        elif role == "assistant" and kind == "redacted_thinking":
-            continue  # (another model's: nothing this one can read)
-        elif role == "assistant" and kind == "tool_use":
-            calls.append(_tool_use(block, at))
-        elif role == "user" and kind == "tool_result":
-            if text:  # (text before the result: its own user message, in order)
-                out.append({"role": "user", "content": "".join(text)})
-                text = []
-            out.append(_tool_result(block, at))
-        else:
-            raise _not_taken(kind, at, "text, tool_use and thinking blocks" if role ==
-                             "assistant" else "text and tool_result blocks")
-    if role == "user":
-        return out + [{"role": "user", "content": "".join(text)}] if text or not out else out
-    made = {"role": "assistant", "content": "".join(text)}
-    if reasoning:
-        made["reasoning_content"] = "".join(reasoning)
-    return [{**made, "tool_calls": calls} if calls else made]
-
-
-def _tool_use(block: dict, at: str) -> dict:
-    """A tool_use block as the chat API's tool call (its input the arguments, a mapping)."""
-    for key, kind, what in (("id", str, "a string"), ("name", str, "a tool's name"),
-                            ("input", dict, "an object")):
-        if not isinstance(block.get(key), kind) or (kind is str and not block[key].strip()):
-            raise ApiError(400, f"{at}.{key} must be {what}", f"{at}.{key}")
-    return {"id": block["id"], "type": "function",
-            "function": {"name": block["name"], "arguments": block["input"]}}
-
-
-def _tool_result(block: dict, at: str) -> dict:
-    """A tool_result block as the chat API's tool message."""
-    if not isinstance(block.get("tool_use_id"), str):
-        raise ApiError(400, f"{at}.tool_use_id must be the id of the tool_use it answers",
-                       f"{at}.tool_use_id")
-    content = block.get("content")
-    if content is None:
-        content = ""
-    elif isinstance(content, list):
-        content = _text_blocks(content, f"{at}.content")
-    elif not isinstance(content, str):
-        raise ApiError(400, f"{at}.content must be a string or an array of text blocks",
-                       f"{at}.content")
-    if block.get("is_error") not in (None, True, False):
-        raise ApiError(400, f"{at}.is_error must be true or false", f"{at}.is_error")
-    content = f"Error: {content}" if block.get("is_error") else content
-    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
 
 
 def _stop_sequences(stops) -> list[str]:

@@ -20,9 +20,10 @@ from statechat.api_chat import chat_prompt
 from statechat.api_tools import parse_tools
 from statechat.chat.template import render
 from tests.helpers import force_reply
+from tests.server.conftest import tools_loaded, tools_server
 from tests.server.test_anthropic import call
 from tests.server.test_tool_choice import CONTINUED
-from tests.serving import REPLY, TOOLS, serving, tools_model
+from tests.serving import REPLY, TOOLS
 from tests.serving import TOOLS_HISTORY as HISTORY
 
 TOOL = {"name": "get_weather", "description": TOOLS[0]["function"]["description"],
@@ -41,15 +42,8 @@ ROUND_TRIP = [
 ]
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with serving(loaded, reasoning_parser="qwen3") as srv:
-        yield srv
+loaded = pytest.fixture(tools_loaded, scope="module", name="loaded")
+server = pytest.fixture(tools_server, scope="module", name="server")
 
 
 def streamed_content(events: list) -> list[dict]:
