@@ -199,7 +199,7 @@ def test_a_reuse_s_mark_never_waits_for_a_full_queue(tmp_path):
         done.set()
 
     threading.Thread(target=admit_twice, daemon=True).start()
-    assert done.wait(5) and took[0] < 0.1
+    assert done.wait(5) and took[0] < 1  # (waiting for room would be for ever: no writer)
     assert store.queue.qsize() == 1 and set(store.touched) == {"ab" * 32, "cd" * 32}
     store.db.conn.close()
 
