@@ -20,6 +20,7 @@ import typer
 from statechat.chat.records import Conversation
 from statechat.chat.transcript import branch_markdown, one_line, split_thinking, turns_of
 from statechat.chat.tree import ChatStore, open_chats
+from statechat.cli_cache import confirmed
 from statechat.cli_cache_store import cache_root
 from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt
 from statechat.errors import StatechatError
@@ -194,12 +195,7 @@ def chats_rm(chat: ChatArg, yes: YesOpt = False, cache_dir: CacheDirOpt = None) 
     if not yes:
         if not has_terminal():
             raise StatechatError(f"not deleting {what}: no terminal to ask on; pass --yes")
-        try:
-            sure = typer.confirm(f"Delete {what} and its {num:,} "
-                                 f"message{'' if num == 1 else 's'}?")
-        except typer.Abort:  # (end of input, Ctrl-C: no)
-            sure = False
-        if not sure:
+        if not confirmed(f"Delete {what} and its {num:,} message{'' if num == 1 else 's'}?"):
             typer.echo("Aborted: nothing deleted.", err=True)
             raise typer.Exit(1)
     store = open_chats(root)
