@@ -166,7 +166,8 @@ def chats_export(chat: ChatArg, output: ExportOutputOpt = None, force: ForceOpt 
 
 def _write(path: Path, text: str, force: bool) -> None:
     """`text` into the file `path`, a new one unless `force` (the exclusive open holds against
-    another process making it meanwhile); a file left half-written (a full disk) is removed;
+    another process making it meanwhile); a file left half-written (a full disk) is removed,
+    but not a link or a device written through (`-o /dev/full --force` deleted the device);
     what stops it is one line."""
     try:
         f = open(path, "w" if force else "x", encoding="utf-8")  # noqa: SIM115 - (closed below)
@@ -179,7 +180,8 @@ def _write(path: Path, text: str, force: bool) -> None:
         with f:
             f.write(text)
     except OSError as e:
-        path.unlink(missing_ok=True)
+        if path.is_file() and not path.is_symlink():  # (a plain file: not a link or a device)
+            path.unlink(missing_ok=True)
         raise StatechatError(f"cannot write {path} ({e.strerror or e}); nothing was "
                              "kept") from None
 
