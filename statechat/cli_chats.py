@@ -119,8 +119,12 @@ def _message_json(role: str, content: str, thinking: bool) -> dict:
     return {"role": role, "content": answer, **({"reasoning": reasoning} if reasoning else {})}
 
 
+ShowJsonOpt = Annotated[bool, typer.Option("--json", help="Print the messages as JSON: "
+                                           '[{"role", "content", "reasoning"}].')]
+
+
 @chats_app.command("show", short_help="Print the branch of a chat that the app shows.")
-def chats_show(chat: ChatArg, cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
+def chats_show(chat: ChatArg, cache_dir: CacheDirOpt = None, as_json: ShowJsonOpt = False) -> None:
     """Print the chat's branch that the app shows (its current one), message by message;
     --json: its messages, [{"role", "content", "reasoning" (where a reply has one)}]."""
     from statechat.tui.format import clean
