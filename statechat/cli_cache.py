@@ -5,6 +5,7 @@ fails its checks, `gc` and `clear` delete. None of them creates a cache dir or a
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -28,13 +29,18 @@ VERIFY_REPAIRED = 1  # it removed damaged entries or orphan blobs
 VERIFY_LEFT = 4  # it found problems it left as they are (unreadable blobs, a read-only cache)
 
 
-def _confirmed(question: str) -> bool:
-    """The answer to a yes/no question; no answer (end of input, Ctrl-C) is no."""
+def confirmed(question: str) -> bool:
+    """The answer to a yes/no question, asked on stderr as `rm -i` asks (stdout sent to a file
+    holds only what was done): y or yes is yes; any other answer, or none (end of input,
+    Ctrl-C), is no."""
+    typer.echo(f"{question} [y/N]: ", nl=False, err=True)
     try:
-        return typer.confirm(question)
-    except typer.Abort:
-        typer.echo()  # (ends the question's line)
-        return False
+        answer = sys.stdin.readline() if sys.stdin is not None else ""
+    except KeyboardInterrupt:
+        answer = ""
+    if not answer.endswith("\n") or not sys.stdin.isatty():  # (ends the question's line)
+        typer.echo(err=True)
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _size(n: int | None) -> str:
@@ -265,7 +271,7 @@ def cache_clear(cache_dir: CacheDirOpt = None,
         typer.echo(f"no cache at {root}; nothing to delete")
         return
     check_writable(root)
-    if not yes and not _confirmed(f"Delete every cache entry in {root}?"):
+    if not yes and not confirmed(f"Delete every cache entry in {root}?"):
         typer.echo("Aborted: nothing deleted.", err=True)
         raise typer.Exit(1)
     freed = writing(root, "clear --yes", lambda store: store.clear(),

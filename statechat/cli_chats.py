@@ -20,6 +20,7 @@ import typer
 from statechat.chat.records import Conversation
 from statechat.chat.transcript import branch_markdown, one_line, split_thinking, turns_of
 from statechat.chat.tree import ChatStore, open_chats
+from statechat.cli_cache import confirmed
 from statechat.cli_cache_store import cache_root
 from statechat.cli_options import CacheDirOpt, FlagsGroup, JsonOpt
 from statechat.errors import StatechatError
@@ -118,8 +119,12 @@ def _message_json(role: str, content: str, thinking: bool) -> dict:
     return {"role": role, "content": answer, **({"reasoning": reasoning} if reasoning else {})}
 
 
+ShowJsonOpt = Annotated[bool, typer.Option("--json", help="Print the messages as JSON: "
+                                           '[{"role", "content", "reasoning"}].')]
+
+
 @chats_app.command("show", short_help="Print the branch of a chat that the app shows.")
-def chats_show(chat: ChatArg, cache_dir: CacheDirOpt = None, as_json: JsonOpt = False) -> None:
+def chats_show(chat: ChatArg, cache_dir: CacheDirOpt = None, as_json: ShowJsonOpt = False) -> None:
     """Print the chat's branch that the app shows (its current one), message by message;
     --json: its messages, [{"role", "content", "reasoning" (where a reply has one)}]."""
     from statechat.tui.format import clean
@@ -165,7 +170,8 @@ def chats_export(chat: ChatArg, output: ExportOutputOpt = None, force: ForceOpt 
 
 def _write(path: Path, text: str, force: bool) -> None:
     """`text` into the file `path`, a new one unless `force` (the exclusive open holds against
-    another process making it meanwhile); a file left half-written (a full disk) is removed;
+    another process making it meanwhile); a file left half-written (a full disk) is removed,
+    but not a link or a device written through (`-o /dev/full --force` deleted the device);
     what stops it is one line."""
     try:
         f = open(path, "w" if force else "x", encoding="utf-8")  # noqa: SIM115 - (closed below)
@@ -178,7 +184,8 @@ def _write(path: Path, text: str, force: bool) -> None:
         with f:
             f.write(text)
     except OSError as e:
-        path.unlink(missing_ok=True)
+        if path.is_file() and not path.is_symlink():  # (a plain file: not a link or a device)
+            path.unlink(missing_ok=True)
         raise StatechatError(f"cannot write {path} ({e.strerror or e}); nothing was "
                              "kept") from None
 
@@ -194,12 +201,7 @@ def chats_rm(chat: ChatArg, yes: YesOpt = False, cache_dir: CacheDirOpt = None) 
     if not yes:
         if not has_terminal():
             raise StatechatError(f"not deleting {what}: no terminal to ask on; pass --yes")
-        try:
-            sure = typer.confirm(f"Delete {what} and its {num:,} "
-                                 f"message{'' if num == 1 else 's'}?")
-        except typer.Abort:  # (end of input, Ctrl-C: no)
-            sure = False
-        if not sure:
+        if not confirmed(f"Delete {what} and its {num:,} message{'' if num == 1 else 's'}?"):
             typer.echo("Aborted: nothing deleted.", err=True)
             raise typer.Exit(1)
     store = open_chats(root)

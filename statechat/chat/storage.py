@@ -55,6 +55,7 @@ class ChatFile:
         from statechat.cache.index_read import query_only
 
         conn, _ = query_only(self.file, BUSY_TIMEOUT_S)
+        conn.text_factory = lenient_text
         try:
             refuse_foreign(conn, self.file)
         except BaseException:
@@ -74,6 +75,7 @@ class ChatFile:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite_utils.Database(sqlite3.connect(str(self.file), check_same_thread=False,
                                                         timeout=BUSY_TIMEOUT_S))
+        self.db.conn.text_factory = lenient_text
         try:
             refuse_foreign(self.db.conn, self.file)  # (another program's file: left alone)
             self.db.enable_wal()
@@ -167,6 +169,13 @@ class ChatFile:
                     f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
                     f".recover | sqlite3 {self.file}.recovered` copies what is left of them into "
                     "a file to put in its place, or move the file away to start afresh") from None
+
+
+def lenient_text(data: bytes) -> str:
+    """A text value as SQLite holds it, read as UTF-8; bytes that are not (a title or message
+    edited by hand with `sqlite3`, which stores what it is given) read as U+FFFD, where the
+    default failed the whole read (no chat could be listed, shown or deleted)."""
+    return data.decode("utf-8", errors="replace")
 
 
 def _for_now(error: sqlite3.OperationalError) -> bool:

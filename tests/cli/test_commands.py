@@ -397,7 +397,7 @@ def test_declining_clear_deletes_nothing_and_says_so(tmp_path, shared_engine, an
     before = files(cache)
     result = runner.invoke(cli.app, ["cache", "clear", "--cache-dir", str(cache)], input=answer)
     assert result.exit_code == 1, result.output
-    assert result.stderr.strip() == "Aborted: nothing deleted."
+    assert result.stderr.splitlines()[-1] == "Aborted: nothing deleted."  # (after the question)
     assert files(cache) == before
     agreed = runner.invoke(cli.app, ["cache", "clear", "--cache-dir", str(cache)], input="y\n")
     assert agreed.exit_code == 0 and "freed" in agreed.stdout
