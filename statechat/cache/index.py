@@ -16,7 +16,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from statechat.cache.sqlite_files import open_sqlite
+from statechat.cache.sqlite_files import lenient_text, open_sqlite
 from statechat.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -60,6 +60,7 @@ def connect(path: Path) -> sqlite_utils.Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                check_same_thread=False)
+        conn.text_factory = lenient_text
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
             refuse_foreign(conn, path)

@@ -14,6 +14,7 @@ from statechat.cache import index
 from statechat.cache.sqlite_files import (
     free_bytes,
     is_full,
+    lenient_text,
     on_full_disk,
     open_error,
     open_sqlite,
@@ -56,6 +57,7 @@ def query_only(path: Path, timeout_s: float) -> tuple[sqlite3.Connection, bool]:
                                timeout=timeout_s, isolation_level=None,
                                check_same_thread=False)
         try:
+            conn.text_factory = lenient_text
             conn.execute("PRAGMA query_only = 1")
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             conn.execute("PRAGMA user_version").fetchone()  # (the file's header read)

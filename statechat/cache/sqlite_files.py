@@ -24,6 +24,14 @@ class DiskFullError(ConfigError):
     journal). `statechat cache clear` and `gc` free the cache's blob files first then."""
 
 
+def lenient_text(data: bytes) -> str:
+    """A text value as SQLite holds it, read as UTF-8 (a connection's text_factory); bytes
+    that are not (a title, message or model name edited by hand with `sqlite3`, which stores
+    what it is given) read as U+FFFD, where the default failed the whole read (no chat could
+    be listed, no cache row shown)."""
+    return data.decode("utf-8", errors="replace")
+
+
 def open_sqlite(path: Path, attempt: Callable[[], T]) -> T:
     """`attempt()` (which opens the SQLite file `path`), again while another process holds it
     locked (creating it or switching it to WAL at the same moment, SQLite can answer "locked" at

@@ -24,7 +24,13 @@ from pathlib import Path
 import sqlite_utils
 
 from statechat.cache.index import refuse_foreign
-from statechat.cache.sqlite_files import is_locked, is_unusable, open_sqlite, primary_code
+from statechat.cache.sqlite_files import (
+    is_locked,
+    is_unusable,
+    lenient_text,
+    open_sqlite,
+    primary_code,
+)
 from statechat.chat.records import BUSY_ADVICE, BusyError, DamagedError
 
 CONVERSATIONS, MESSAGES, STATE = "chat_conversations", "chat_messages", "chat_state"
@@ -55,7 +61,6 @@ class ChatFile:
         from statechat.cache.index_read import query_only
 
         conn, _ = query_only(self.file, BUSY_TIMEOUT_S)
-        conn.text_factory = lenient_text
         try:
             refuse_foreign(conn, self.file)
         except BaseException:
@@ -169,13 +174,6 @@ class ChatFile:
                     f"the chats in {self.file} are damaged ({why}); `sqlite3 {self.file} "
                     f".recover | sqlite3 {self.file}.recovered` copies what is left of them into "
                     "a file to put in its place, or move the file away to start afresh") from None
-
-
-def lenient_text(data: bytes) -> str:
-    """A text value as SQLite holds it, read as UTF-8; bytes that are not (a title or message
-    edited by hand with `sqlite3`, which stores what it is given) read as U+FFFD, where the
-    default failed the whole read (no chat could be listed, shown or deleted)."""
-    return data.decode("utf-8", errors="replace")
 
 
 def _for_now(error: sqlite3.OperationalError) -> bool:

@@ -1,7 +1,8 @@
 """An index edited by hand, as its public schema invites (`sqlite3 index.db "UPDATE ..."`),
 leaves the `cache` commands working: a NULL where the schema allows one (a checkpoint's hits,
 a row's bytes or last_used) is no traceback, and a checkpoint whose model row was deleted is
-still listed by `ls`, as `stats` counts it (until `verify` removes it)."""
+still listed by `ls`, as `stats` counts it (until `verify` removes it); a model name that is not
+UTF-8 reads with U+FFFD for its bad bytes."""
 
 from __future__ import annotations
 
@@ -64,3 +65,14 @@ def test_stats_gives_a_model_s_size_in_the_unit_of_the_total(tmp_path, shared_en
     total = next(line for line in lines if line.startswith("bytes")).split()[1:3]
     model = next(line for line in lines if line.startswith("model"))
     assert model.endswith(" ".join(total)) and "tiny-qwen3.5" in model
+
+
+def test_a_model_name_that_is_not_utf8_is_read_with_replacements(tmp_path, shared_engine):
+    """(`ls`, `stats` and `verify` failed to read the index, blaming the folder's permissions.)"""
+    cache = warm_cache(tmp_path)
+    edit(cache, "UPDATE models SET name = CAST(X'6DFF' AS TEXT)")
+    rows = json.loads(cache_cmd(cache, "ls", "--json").stdout)
+    assert rows and all(r["model"] == "m\ufffd" for r in rows)
+    stats = cache_cmd(cache, "stats")
+    assert stats.exit_code == 0 and "m\ufffd" in stats.stdout, stats.output
+    assert cache_cmd(cache, "verify").exit_code == 0
