@@ -156,8 +156,7 @@ def said_when_stopped(sink: Counted, where: str):
     try:
         yield sink
     except KeyboardInterrupt as e:
-        done = (f"the first {sink.lines:,} results (input order) {where}" if sink.lines
-                else "no request had finished")
+        done = f"{_first(sink.lines)} {where}" if sink.lines else "no request had finished"
         raise Interrupted(f"interrupted; {done}", getattr(e, "exit_code", 130)) from None
 
 
@@ -186,7 +185,13 @@ def keep_partial(tmp: Path, output: Path) -> str:
         os.replace(tmp, kept)
     except OSError as e:
         return f"the finished results could not be kept ({e.strerror}); {output} is left as it was"
-    return f"the first {count:,} results (input order) are in {kept}; {output} is left as it was"
+    return f"{_first(count)} {'is' if count == 1 else 'are'} in {kept}; {output} is left as it was"
+
+
+def _first(count: int) -> str:
+    """The words for a run's first `count` results (one result alone said "results")."""
+    return ("the first result" if count == 1 else f"the first {count:,} results") + \
+        " (input order)"
 
 
 def partial_path(output: Path, n: int) -> Path:

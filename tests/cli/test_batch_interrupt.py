@@ -117,3 +117,12 @@ def test_the_results_are_in_place_before_the_cache_is_flushed(tmp_path, shared_e
     cli.main()  # (a run with no failure returns)
     assert len(seen) == 1 and seen[0] is not None
     assert [json.loads(line)["id"] for line in seen[0].splitlines()] == [0, 1, 2]
+
+
+def test_one_result_kept_is_said_in_the_singular(tmp_path):
+    from statechat.cli_batch import keep_partial
+
+    tmp, out = tmp_path / "tmp", tmp_path / "out.jsonl"
+    tmp.write_text('{"id": 1}\n')
+    said = keep_partial(tmp, out)
+    assert said == f"the first result (input order) is in {out}.partial; {out} is left as it was"
