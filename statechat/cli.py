@@ -153,8 +153,9 @@ BatchInputArg = Annotated[Path, typer.Argument(
     "\"skip_special_tokens\", \"n\" (samples, 1 to 16: the result's \"choices\"), \"logprobs\" "
     "(a count, or true with \"top_logprobs\"), \"prompt_logprobs\", \"min_tokens\", "
     "\"logit_bias\", \"chat_template_kwargs\", \"include_reasoning\" (with --reasoning-parser), "
-    "\"tools\" and \"tool_choice\" (with --tool-call-parser), a structured output as serve "
-    "takes it: \"response_format\", vLLM's \"guided_json\", \"guided_regex\", "
+    "\"tools\", \"tool_choice\" and \"parallel_tool_calls\" (with --tool-call-parser), a "
+    "structured output as serve takes it: \"response_format\", vLLM's \"guided_json\", "
+    "\"guided_regex\", "
     "\"guided_choice\", \"guided_grammar\" or \"structured_outputs\", llama.cpp's "
     "\"json_schema\" or \"grammar\"}.")]
 BatchOutputOpt = Annotated[Path | None, typer.Option(
