@@ -90,8 +90,9 @@ def read_requests(input: Path) -> list[str]:
         # writes one, joined with `cat`, have one at each file's first line)
         return [line.removeprefix("\ufeff") for line in re.split("\r\n|\r|\n", text)]
     except UnicodeDecodeError as e:
-        raise StatechatError(f"{input_name(input)} is not UTF-8 text (byte {e.start:,}); "
-                             "save it as UTF-8") from None
+        line = len(re.split(rb"\r\n|\r|\n", e.object[:e.start]))  # (as the lines are split)
+        raise StatechatError(f"{input_name(input)} is not UTF-8 text (line {line:,}, byte "
+                             f"{e.start:,}); save it as UTF-8") from None
     except OSError as e:
         raise StatechatError(f"cannot read {input_name(input)} ({e.strerror})") from None
 

@@ -264,7 +264,8 @@ def cache_clear(cache_dir: CacheDirOpt = None,
                 yes: Annotated[bool, typer.Option("--yes", "-y",
                                                   help="Do not ask.")] = False) -> None:
     """Delete every cached checkpoint and block (conversations are kept). Asks first, unless
-    --yes; any answer but yes (or no terminal to answer on) deletes nothing and exits 1."""
+    --yes, reading the answer from standard input as `rm -i` does (a pipe's too); any answer
+    but yes, or none, deletes nothing and exits 1."""
     # (the bytes said are those of the blob files deleted; a folder with no cache is said so)
     root = cache_root(cache_dir)
     if not has_cache(root):

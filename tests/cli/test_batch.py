@@ -381,7 +381,12 @@ def test_requests_from_standard_input(tmp_path, shared_engine):
     assert not (tmp_path / "-").exists()
     bad = CliRunner().invoke(cli.app, ["batch", "-", "--model", str(EMBEDDED_MODEL)],
                              input=b"\xff\xfe{}")
-    assert str(bad.exception) == "standard input is not UTF-8 text (byte 0); save it as UTF-8"
+    assert str(bad.exception) == ("standard input is not UTF-8 text (line 1, byte 0); save it "
+                                  "as UTF-8")
+    bad = CliRunner().invoke(cli.app, ["batch", "-", "--model", str(EMBEDDED_MODEL)],
+                             input=b'{"a": 1}\r\n{"b": 2}\n\n{"c": "\xff"}\n')
+    assert str(bad.exception) == ("standard input is not UTF-8 text (line 4, byte 27); save it "
+                                  "as UTF-8")
 
 
 def test_an_input_with_no_requests_says_so_without_loading_the_model(tmp_path, monkeypatch, capsys):
