@@ -27,4 +27,4 @@ def test_a_stopped_run_keeps_its_results_beside_a_long_name(tmp_path):
         raise KeyboardInterrupt
     [kept] = tmp_path.iterdir()
     assert kept.name.endswith(".partial") and kept.read_text() == RECORD
-    assert f"are in {kept}" in str(stopped.value)
+    assert f"the first result (input order) is in {kept}" in str(stopped.value)
