@@ -221,31 +221,30 @@ class Grammars:
 
     def _compute(self, rows: list, bits: torch.Tensor) -> list[int]:
         """Fill the rows of `bits` for `rows` ((i, seq, matcher)): several on llguidance's
-        threads at once (a batch of 32 held rows cost a step 47% more one by one on an H100's
-        host), one alone here. The indices of those that may only end (their grammar cannot go
-        on, or failed); a failure of the batch's computation is retried row by row, so that
-        it ends only the rows that fail."""
+        threads at once (32 rows' masks over a 248k-token vocabulary took 0.2 ms one by one and
+        0.07 ms so on an H100's host; a counted repetition's, 176 ms and 64 ms), one alone here.
+        The indices of those that may only end (their grammar cannot go on, or failed); a
+        failure of the batch's computation is retried row by row, so that it ends only the
+        rows that fail."""
         import llguidance.torch as llt
 
         if len(rows) > 1:
             try:
                 llt.fill_next_token_bitmask_par(self._executor(),
                                                 [(m, i) for i, _, m in rows], bits)
-                return [i for i, _, m in rows if m.is_error() or not bits[i].any()]
+                return _stuck(rows, bits)
             except Exception:  # (retried one by one below)
                 log.debug("statechat: the masks of %d rows failed together", len(rows),
                           exc_info=True)
-        ends = []
+        failed, filled = [], []
         for i, seq, m in rows:
             try:
                 llt.fill_next_token_bitmask(m, bits, i)
+                filled.append((i, seq, m))
             except Exception as e:  # noqa: BLE001 - its own reply ends, not the others
                 self._failed(seq, e)
-                ends.append(i)
-                continue
-            if m.is_error() or not bits[i].any():
-                ends.append(i)
-        return ends
+                failed.append(i)
+        return failed + _stuck(filled, bits)
 
     def _executor(self):
         if self._threads is None:
@@ -274,6 +273,18 @@ class Grammars:
 
     def forget(self, seq_id: int) -> None:
         self._matchers.pop(seq_id, None)
+
+
+def _stuck(rows: list, bits: torch.Tensor) -> list[int]:
+    """The indices of `rows` ((i, seq, matcher), their masks filled in `bits`) whose grammar
+    cannot go on: a matcher in error, or a mask that allows no token (one pass over `bits`,
+    read as 64-bit words where it can be: 0.05 ms for 32 rows of 248k tokens on a CPU where
+    one `any` a row took 0.2 ms)."""
+    if not rows:
+        return []
+    words = bits.view(torch.int64) if bits.shape[1] % 2 == 0 else bits
+    allows = words.ne(0).any(dim=1).tolist()
+    return [i for i, _, m in rows if m.is_error() or not allows[i]]
 
 
 def _bit(i: int) -> int:
