@@ -123,16 +123,17 @@ def post(server, body: dict) -> list[dict] | dict:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
-def tools_fixtures():
+def tools_fixtures(**fields):
     """A test module's fixtures `loaded` (tools_model, once a module) and `server` (it served
-    by `serving`): `loaded, server = tools_fixtures()` at the module's top level."""
+    by `serving`, with `fields`): `loaded, server = tools_fixtures()` at the module's top
+    level."""
     @pytest.fixture(scope="module")
     def loaded(tmp_path_factory):
         return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
 
     @pytest.fixture(scope="module")
     def server(loaded):
-        with serving(loaded) as srv:
+        with serving(loaded, **fields) as srv:
             yield srv
 
     return loaded, server

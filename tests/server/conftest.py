@@ -15,7 +15,7 @@ from statechat.config import EngineConfig
 from statechat.engine.engine import LLMEngine
 from statechat.model.loader import load_model
 from statechat.paths import EMBEDDED_MODEL
-from tests.serving import KEY, serving, serving_engine, tools_model
+from tests.serving import KEY, serving_engine
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +24,6 @@ def server():
     engine = LLMEngine(EngineConfig(model=EMBEDDED_MODEL, device="cpu", max_model_len=1024),
                        loaded=loaded)
     with serving_engine(engine, "tiny-qwen3.5") as srv:
-        yield srv
-
-
-def tools_loaded(tmp_path_factory):
-    """A tiny model whose template renders tools and think blocks (tests.serving.tools_model):
-    a module's `loaded` fixture (pytest.fixture(tools_loaded, name="loaded"))."""
-    return tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
-
-
-def tools_server(loaded):
-    """`loaded` served with the qwen3 reasoning parser and the tool-call parser: a module's
-    `server` fixture (pytest.fixture(tools_server, name="server"))."""
-    with serving(loaded, reasoning_parser="qwen3") as srv:
         yield srv
 
 

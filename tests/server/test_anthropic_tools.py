@@ -20,10 +20,9 @@ from statechat.api_chat import chat_prompt
 from statechat.api_tools import parse_tools
 from statechat.chat.template import render
 from tests.helpers import force_reply
-from tests.server.conftest import tools_loaded, tools_server
 from tests.server.test_anthropic import call
 from tests.server.test_tool_choice import CONTINUED
-from tests.serving import REPLY, TOOLS
+from tests.serving import REPLY, TOOLS, tools_fixtures
 from tests.serving import TOOLS_HISTORY as HISTORY
 
 TOOL = {"name": "get_weather", "description": TOOLS[0]["function"]["description"],
@@ -42,8 +41,7 @@ ROUND_TRIP = [
 ]
 
 
-loaded = pytest.fixture(tools_loaded, scope="module", name="loaded")
-server = pytest.fixture(tools_server, scope="module", name="server")
+loaded, server = tools_fixtures(reasoning_parser="qwen3")
 
 
 def streamed_content(events: list) -> list[dict]:

@@ -15,7 +15,6 @@ import json
 import pytest
 
 from tests.helpers import force_reply
-from tests.server.conftest import tools_loaded, tools_server
 from tests.server.test_anthropic import call
 from tests.server.test_anthropic_tools import ASK as ANTHROPIC_ASK
 from tests.server.test_anthropic_tools import SHELL as ANTHROPIC_SHELL
@@ -23,7 +22,7 @@ from tests.server.test_anthropic_tools import streamed_content
 from tests.server.test_tool_choice import BOTH, REST
 from tests.server.test_tool_choice_named import spelt
 from tests.server.test_tools_server import reassembled, whole, without_ids
-from tests.serving import KEY, post
+from tests.serving import KEY, post, tools_fixtures
 from tests.serving import TOOLS_ASK as ASK
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -35,8 +34,7 @@ WEATHER = {"city": "Paris", "days": 3}
 FLAT = [{"type": "function", **tool["function"]} for tool in BOTH]  # (the Responses shape)
 
 
-loaded = pytest.fixture(tools_loaded, scope="module", name="loaded")
-server = pytest.fixture(tools_server, scope="module", name="server")
+loaded, server = tools_fixtures(reasoning_parser="qwen3")
 
 
 def names(calls: list[dict]) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import force_reply
 from tests.server.test_tool_choice import REST
-from tests.serving import CALL, TOOLS, post, serving, tools_model
+from tests.serving import CALL, TOOLS, post, tools_fixtures
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
 FLAT = [{"type": "function", **tool["function"]} for tool in TOOLS]  # (the Responses shape)
@@ -23,11 +23,7 @@ ASK = {"model": "m", "input": "Weather in Paris?", "tools": FLAT, "temperature":
        "store": False}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    loaded = tools_model(tmp_path_factory.mktemp("tools") / "tiny-tools")
-    with serving(loaded, reasoning_parser="qwen3") as srv:
-        yield srv
+loaded, server = tools_fixtures(reasoning_parser="qwen3")
 
 
 @pytest.fixture(scope="module")
