@@ -146,8 +146,13 @@ class Grammars:
 
     def warm(self) -> None:
         """Build the tokenizer's view now (a server does at its start, off its threads that
-        answer, holding the tokenizer: the first structured request then waits for nothing)."""
-        self._tokenizer()
+        answer, holding the tokenizer: the first structured request then waits for nothing).
+        A failure is one line in the log (the first structured request tries again)."""
+        try:
+            self._tokenizer()
+        except Exception as e:  # noqa: BLE001 - no request asked for it yet
+            log.warning("statechat: the structured outputs' view of the tokenizer was not "
+                        "built (%s)", _one_line(str(e)) or type(e).__name__)
 
     def _tokenizer(self):
         if self._ll_tokenizer is None:

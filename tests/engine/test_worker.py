@@ -7,7 +7,7 @@ submission, also when the worker was inside a step; a long prompt's tokenization
 megabytes) holds up no short prompt's, and gives the same ids; a request submitted without
 params samples with the engine's default_params (the checkpoint's recommended sampling), as
 LLMEngine's own requests do; warm_structured builds the structured outputs' tokenizer view once,
-ahead of the first such request."""
+ahead of the first such request (a failure there one line in the log)."""
 
 from __future__ import annotations
 
@@ -240,3 +240,21 @@ def test_warm_structured_builds_the_tokenizer_view_once_ahead(worker, monkeypatc
     params = SamplingParams(max_tokens=4, structured=structured.StructuredOutput(regex="[ab]+"))
     assert worker.submit(list(range(3, 40)), params).result(timeout=60).token_ids
     assert builds == [1]
+
+
+def test_a_failed_warm_up_is_one_line_in_the_log_not_a_traceback(worker, monkeypatch, caplog):
+    """(`statechat serve` warms at its start: a tokenizer llguidance cannot take printed a
+    thread's traceback there, though no request had asked for a structured output.)"""
+    from statechat.engine import structured
+
+    def broken(*args, **kwargs):
+        raise ValueError("this tokenizer cannot be read\nsecond line")
+
+    uncaught = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    monkeypatch.setattr(structured._llguidance().hf, "from_tokenizer", broken)
+    monkeypatch.setattr(worker.engine.runner.grammars, "_ll_tokenizer", None)
+    worker.warm_structured().join(60)
+    assert uncaught == []
+    (said,) = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert "\n" not in said
