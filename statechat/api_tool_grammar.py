@@ -122,7 +122,7 @@ def _parameters(function: dict, i: int, rules: list[str]) -> str:
     schema = function.get("parameters") or {}
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = schema.get("required") if isinstance(schema.get("required"), list) else []
-    names = [*properties, *(r for r in required if isinstance(r, str) and r not in properties)]
+    names = list(dict.fromkeys([*properties, *(r for r in required if isinstance(r, str))]))
     defs = {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema.get(k), dict)}
     out = []
     for j, pname in enumerate(names):

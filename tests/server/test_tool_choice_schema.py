@@ -156,3 +156,14 @@ def test_required_s_grammar_takes_a_second_call_only_with_parallel_calls(loaded,
     first = len(loaded.tokenizer.encode(one, add_special_tokens=False))
     assert matcher.consume_tokens(ids[:first]) and matcher.is_accepting()
     assert bool(matcher.consume_tokens(ids[first:])) is takes_two
+
+
+def test_a_name_required_twice_is_written_once():
+    """(A name listed twice in `required`, and not in `properties`, was written twice.)"""
+    from statechat.api_tool_grammar import grammar_text
+
+    function = {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["b", "b", "a"]}}
+    text = grammar_text([{"type": "function", "function": function}], "f",
+                        {"<tool_call>": '"<tool_call>"', "</tool_call>": '"</tool_call>"'})
+    assert text.count('"<parameter=b>\\n"') == 1 and text.count('"<parameter=a>\\n"') == 1
