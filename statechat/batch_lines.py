@@ -106,7 +106,7 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
     from statechat.chat.template import check_template_kwargs, merge_template_kwargs
 
     try:
-        req, url, id_field, body, outside = _line_request(text, line)
+        req, (method, url), id_field, body, outside = _line_request(text, line)
     except StatechatError as e:
         return Job(line, None, error=str(e))
     rid = req.get("id")
@@ -116,6 +116,9 @@ def parse_line(text: str, line: int, defaults: BatchDefaults) -> Job:
             or (isinstance(rid, float) and not math.isfinite(rid)):
         return Job(line, None, error=f'line {line}: "{id_field}" must be a string or a number, '
                                      f"got {json.dumps(rid)[:60]}")
+    if method != "POST":  # (OpenAI's batch format: the API's method; its custom_id kept)
+        return Job(line, rid, error=f'line {line}: "method" must be "POST" (batch runs chat '
+                                    f"requests), got {json.dumps(method)[:60]}")
     if url != "/v1/chat/completions":  # (its custom_id still names its error record)
         return Job(line, rid, error=f'line {line}: "url" must be "/v1/chat/completions" (batch '
                                     f"runs chat requests), got {json.dumps(url)[:60]}")
@@ -155,10 +158,11 @@ PLAIN_TEXT_HINT = ('; each line is one JSON request, such as '
                    '{"messages": [{"role": "user", "content": "..."}]}')
 
 
-def _line_request(text: str, line: int) -> tuple[dict, object, str, object, tuple[str, ...]]:
-    """A line's request (`req`, its "id" as id_field names it), its url, id_field, body and the
-    fields outside its body (OpenAI's batch format's envelope unwrapped; a plain line is its own
-    body). A line that is not a JSON object is StatechatError, one line."""
+def _line_request(text: str, line: int) -> tuple[dict, tuple, str, object, tuple[str, ...]]:
+    """A line's request (`req`, its "id" as id_field names it), its (method, url), id_field,
+    body and the fields outside its body (OpenAI's batch format's envelope unwrapped, its
+    method POST where it gives none; a plain line is its own body). A line that is not a JSON
+    object is StatechatError, one line."""
     try:
         req = json.loads(text)
     except json.JSONDecodeError as e:
@@ -170,12 +174,12 @@ def _line_request(text: str, line: int) -> tuple[dict, object, str, object, tupl
     if not isinstance(req, dict):
         raise StatechatError(f"line {line} must be a JSON object")
     if "body" not in req or "messages" in req:
-        return req, "/v1/chat/completions", "id", req, ()
+        return req, ("POST", "/v1/chat/completions"), "id", req, ()
     body = req["body"]  # (OpenAI's batch format)
     outside = tuple(k for k in req if k not in BATCH_FORMAT_FIELDS)  # (not its body's)
     unwrapped = {**body, "id": req.get("custom_id")} if isinstance(body, dict) else \
         {"id": req.get("custom_id")}
-    return unwrapped, req.get("url"), "custom_id", body, outside
+    return unwrapped, (req.get("method", "POST"), req.get("url")), "custom_id", body, outside
 
 
 def unread_fields(req: dict, outside: tuple[str, ...] = ()) -> tuple[str, ...]:

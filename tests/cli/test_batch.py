@@ -513,22 +513,26 @@ def test_a_line_asks_for_logprobs_in_openai_s_chat_form(tmp_path, shared_engine)
 def test_a_line_of_openai_s_batch_format_is_its_body(tmp_path, shared_engine):
     """A line of OpenAI's batch file format (vLLM's run-batch reads it) runs its body, with its
     custom_id as the id (every such line failed: "messages must be a non-empty list"); another
-    url is that line's error, named by its custom_id (its error record's id was null)."""
+    url, or a method other than POST (it ran), is that line's error, named by its custom_id
+    (its error record's id was null)."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     lines = [{"id": "own", **body},
              {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": body},
-             {"custom_id": "req-2", "method": "POST", "url": "/v1/embeddings", "body": body}]
+             {"custom_id": "req-2", "method": "POST", "url": "/v1/embeddings", "body": body},
+             {"custom_id": "req-3", "method": "GET", "url": "/v1/chat/completions", "body": body}]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = CliRunner().invoke(cli.app, ["batch", str(src), "-o", str(out), "--model",
                                           str(EMBEDDED_MODEL), "--device", "cpu", "--no-cache"])
     assert result.exit_code == 0, result.output
-    own, wrapped, other = [json.loads(line) for line in out.read_text().splitlines()]
+    own, wrapped, other, got = [json.loads(line) for line in out.read_text().splitlines()]
     assert wrapped["id"] == "req-1" and wrapped["text"] == own["text"]
     assert wrapped["usage"]["completion_tokens"] == 3
     assert other["error"]["message"] == ('line 3: "url" must be "/v1/chat/completions" (batch '
                                          'runs chat requests), got "/v1/embeddings"')
     assert other["id"] == "req-2" and other["line"] == 3
+    assert got["error"]["message"] == ('line 4: "method" must be "POST" (batch runs chat '
+                                       'requests), got "GET"') and got["id"] == "req-3"
     assert "ignored" not in result.stderr  # (every such line names a model: the loaded one
     # answers, as in serve, without a warning on every run)
 
