@@ -5,7 +5,8 @@ events come in OpenAI's order with increasing sequence numbers and its deltas jo
 reply's text; max_output_tokens makes an "incomplete" response; text.format json_schema holds
 the reply to the schema; a previous_response_id continues the stored conversation and reports
 the engine's own reuse as cached_tokens; GET and DELETE find and forget a stored response (404s
-after; a path under one, OpenAI's input_items, is no route), and the store keeps the latest
+after; a path under one other than input_items, tested in test_responses_items.py, such as
+OpenAI's cancel, is no route), and the store keeps the latest
 within its bounds; a client that leaves a stream aborts its reply, and a failure once a stream
 began is an `error` event then response.failed (a whole response's is a 500 of one line); bad
 fields are 400s naming them in one line."""
@@ -177,10 +178,10 @@ def test_other_methods_are_405s_naming_the_routes(server):
 
 
 def test_a_path_under_a_stored_response_is_no_route(client, server):
-    """OpenAI's input_items and cancel are not served: a 404 saying there is no such route,
-    not one saying that a stored response is not stored."""
+    """OpenAI's cancel is not served: a 404 saying there is no such route, not one saying that
+    a stored response is not stored."""
     made = client.responses.create(model="m", input="Keep me", max_output_tokens=2)
-    for method, path in (("GET", "input_items"), ("DELETE", "input_items"), ("POST", "cancel")):
+    for method, path in (("GET", "cancel"), ("POST", "cancel"), ("GET", "input_items/x")):
         status, answer, _ = call(server, method, f"/v1/responses/{made.id}/{path}")
         assert status == 404 and answer["error"]["code"] == "not_found", answer
         assert answer["error"]["message"] == f"no route {method} /v1/responses/{made.id}/{path}"

@@ -4,7 +4,8 @@ replies forced token by token: a reply's thinking is a `reasoning` item, its tex
 item and its call a `function_call` item, whole or streamed alike (the stream with its
 reasoning_text and function_call_arguments events); function_call and function_call_output
 items, given or continued from a previous_response_id, render the conversation the chat API
-renders; a named tool_choice gives its call; reasoning.effort "none" turns the thinking off."""
+renders, and are the continued response's input items (GET /v1/responses/ID/input_items); a
+named tool_choice gives its call; reasoning.effort "none" turns the thinking off."""
 
 from __future__ import annotations
 
@@ -100,6 +101,29 @@ def test_a_call_continued_by_previous_response_id(client, server, monkeypatch):
              "function": {"name": "get_weather", "arguments": called.arguments}}]},
         {"role": "tool", "tool_call_id": called.call_id, "content": "Sunny, 21 C"}])
     assert second.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_a_call_s_round_trip_is_the_next_response_s_input_items(client, monkeypatch, server):
+    force_reply(server.worker.engine, monkeypatch, THOUGHT)
+    first = client.responses.create(**{**ASK, "store": True})
+    reasoning, message, called = first.output
+    force_reply(server.worker.engine, monkeypatch, "Sunny.")
+    second = client.responses.create(**{**ASK, "store": True, "previous_response_id": first.id,
+                                        "input": [{"type": "function_call_output",
+                                                   "call_id": called.call_id,
+                                                   "output": "Sunny, 21 C"}]})
+    items = client.responses.input_items.list(second.id, order="asc").data
+    assert [item.type for item in items] == ["message", "reasoning", "message", "function_call",
+                                             "function_call_output"]
+    asked, thought, said, call, answer = items
+    assert asked.role == "user" and asked.content[0].text == "Weather in Paris?"
+    assert shown(thought) == shown(reasoning) and thought.status == "completed"
+    assert shown(said) == shown(message) and said.status == "completed"
+    assert (call.call_id, call.name, call.arguments, call.status) == (
+        called.call_id, "get_weather", called.arguments, "completed")
+    assert (answer.call_id, answer.output) == (called.call_id, "Sunny, 21 C")
+    assert call.id.startswith("fc_") and thought.id.startswith("rs_")
+    assert said.id.startswith("msg_") and len({item.id for item in items}) == 5
 
 
 def test_a_named_tool_choice_gives_its_call(client, server, monkeypatch):
