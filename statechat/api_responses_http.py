@@ -1,5 +1,6 @@
 """The Responses API's routes on a server.py Handler: POST /v1/responses (a whole response or
-its server-sent events), GET /v1/responses/ID (a stored one) and DELETE /v1/responses/ID.
+its server-sent events), GET /v1/responses/ID (a stored one) and DELETE /v1/responses/ID
+(GET /v1/responses/ID/input_items is api_responses_items.py's).
 
 A request is read by api_responses.py into a chat body, made by the chat path
 (api_chat.chat_request: template, sampling, structured output, tools, reasoning), submitted as
@@ -77,7 +78,8 @@ def _finished(server, req: ResponsesRequest, response: dict, builder: OutputBuil
     if req.is_stored and response["status"] != "cancelled":
         echoed = len(json.dumps(response)) // BYTES_PER_TOKEN
         server.responses.put(response, [*req.history, _as_message(builder.items)],
-                             out.num_prompt_tokens + out.num_completion_tokens + echoed)
+                             out.num_prompt_tokens + out.num_completion_tokens + echoed,
+                             len(req.history))
     return response
 
 
@@ -136,33 +138,44 @@ def _stored(server, rid, param: str | None = None) -> tuple[dict, list[dict]]:
     """The stored response `rid` and its conversation; ApiError(404) in OpenAI's shape."""
     entry = server.responses.get(rid) if isinstance(rid, str) else None
     if entry is None:
-        raise ApiError(404, f"no stored response has the id {str(rid)[:80]!r} (never stored, "
-                            "deleted, or evicted: this server keeps the latest "
-                            f"{server.responses.max_responses} in memory)", param,
-                       code="response_not_found" if param is None
-                       else "previous_response_not_found", kind="invalid_request_error")
+        raise not_stored(server, rid, param)
     return entry
 
 
-def is_response_route(route: str) -> bool:
-    """Whether `route` (a path) names one stored response, /v1/responses/ID: a path under it
-    (OpenAI's /input_items, /cancel) is no route here."""
+def not_stored(server, rid, param: str | None = None) -> ApiError:
+    """The 404 for a response id `rid` not stored (`param`: the field that named it)."""
+    return ApiError(404, f"no stored response has the id {str(rid)[:80]!r} (never stored, "
+                         "deleted, or evicted: this server keeps the latest "
+                         f"{server.responses.max_responses} in memory)", param,
+                    code="response_not_found" if param is None
+                    else "previous_response_not_found", kind="invalid_request_error")
+
+
+def is_response_route(route: str, under: str = "") -> bool:
+    """Whether `route` (a path) names one stored response, /v1/responses/ID (`under` "":
+    itself; "/input_items": its input items); another path under it (OpenAI's /cancel) is
+    no route here."""
     rest = route[len(RESPONSE_ROUTE):]
-    return route.startswith(RESPONSE_ROUTE) and bool(rest) and "/" not in rest
+    if not route.startswith(RESPONSE_ROUTE) or not rest.endswith(under):
+        return False
+    rest = rest[:len(rest) - len(under)]
+    return bool(rest) and "/" not in rest
 
 
-def _route_id(handler) -> str:
-    return urllib.parse.unquote(handler._route()[len(RESPONSE_ROUTE):])
+def route_id(handler, under: str = "") -> str:
+    """The response id in the handler's path, /v1/responses/ID`under`."""
+    route = handler._route()
+    return urllib.parse.unquote(route[len(RESPONSE_ROUTE):len(route) - len(under)])
 
 
 def get_response(handler) -> None:
     """GET /v1/responses/ID: a stored response, as it was sent."""
-    handler._send_json(200, _stored(handler.server, _route_id(handler))[0])
+    handler._send_json(200, _stored(handler.server, route_id(handler))[0])
 
 
 def delete_response(handler) -> None:
     """DELETE /v1/responses/ID: forget a stored response (a 404 when there is none)."""
-    rid = _route_id(handler)
+    rid = route_id(handler)
     _stored(handler.server, rid)
     handler.server.responses.delete(rid)
     handler._send_json(200, {"id": rid, "object": "response", "deleted": True})

@@ -3,7 +3,8 @@ answer and tool calls, as a chat stream's deltas): its output items (a `reasonin
 `message` item with one `output_text` part, `function_call` items, in the order the reply
 makes them) and the stream's events that build them. A whole (non-streamed) reply is read as
 one delta, so both give the same items. A reply with no text and no call still has a message
-item (its text ""). The response object and its `usage` are `response_object`'s."""
+item (its text ""). The response object and its `usage` are `response_object`'s; `text_item` and
+`call_item` make the items (api_responses_items.py's stored ones too)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,25 @@ from statechat.engine.engine import RequestOutput, StreamEvent
 def new_id(prefix: str) -> str:
     """An id of OpenAI's shape: `prefix`_ and 32 hex digits."""
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def text_item(kind: str, text: str = "", status: str = "in_progress",
+              item_id: str | None = None) -> dict:
+    """A `message` item (an assistant's, one output_text part) or a `reasoning` item (one
+    reasoning_text part) holding `text`; its id `item_id`, else a new one."""
+    if kind == "message":
+        return {"type": "message", "id": item_id or new_id("msg"), "status": status,
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {"type": "reasoning", "id": item_id or new_id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+
+def call_item(call_id: str | None, name: str | None, arguments: str,
+              status: str = "in_progress", item_id: str | None = None) -> dict:
+    """A `function_call` item; its id `item_id`, else a new one."""
+    return {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call_id,
+            "name": name, "arguments": arguments, "status": status}
 
 
 class OutputBuilder:
@@ -61,9 +81,7 @@ class OutputBuilder:
         events, item = [], self._calls.get(call["index"])
         if item is None:
             events += self._close("completed")
-            item = {"type": "function_call", "id": new_id("fc"), "call_id": call.get("id"),
-                    "name": call.get("function", {}).get("name"), "arguments": "",
-                    "status": "in_progress"}
+            item = call_item(call.get("id"), call.get("function", {}).get("name"), "")
             self._calls[call["index"]], self._open = item, item
             self.items.append(item)
             events.append({"type": "response.output_item.added", **self._index(item),
@@ -78,14 +96,8 @@ class OutputBuilder:
     def _open_item(self, kind: str) -> list[dict]:
         """Close the open item and open one of `kind` (a message or reasoning item)."""
         events = self._close("completed")
-        if kind == "message":
-            part = {"type": "output_text", "text": "", "annotations": []}
-            item = {"type": "message", "id": new_id("msg"), "status": "in_progress",
-                    "role": "assistant", "content": [part]}
-        else:
-            part = {"type": "reasoning_text", "text": ""}
-            item = {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": [part],
-                    "status": "in_progress"}
+        item = text_item(kind)
+        part = item["content"][0]
         self.items.append(item)
         self._open = item
         added = {**item, "content": []}

@@ -2,8 +2,9 @@
 
     POST /v1/chat/completions   (stream true/false, n choices; usage...cached_tokens)
     POST /v1/completions        (the legacy text API: prompts as text or token ids, echo)
-    POST /v1/responses, GET or DELETE /v1/responses/ID (OpenAI's Responses API:
-                                api_responses_http.py; stored responses in memory)
+    POST /v1/responses, GET or DELETE /v1/responses/ID, GET /v1/responses/ID/input_items
+                                (OpenAI's Responses API: api_responses_http.py,
+                                api_responses_items.py; stored responses in memory)
     POST /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API: api_anthropic*.py)
     GET  /v1/models, /v1/models/ID (the served model; a 404 for another id)
     GET  /health, GET or POST /ping (probes), GET /version
@@ -60,6 +61,7 @@ from statechat.api_responses_http import (
     is_response_route,
     post_response,
 )
+from statechat.api_responses_items import ITEMS_ROUTE, list_input_items
 from statechat.api_responses_store import ResponseStore
 from statechat.api_tokens import detokenize, tokenize
 from statechat.api_tools import check_tool_parser
@@ -197,6 +199,8 @@ class Handler(AnswerHandler):
         handler = self._model if route.startswith(MODEL_ROUTE) else routes.get(route)
         if is_response_route(route):
             handler = self._stored_response
+        elif is_response_route(route, ITEMS_ROUTE):
+            handler = lambda: list_input_items(self)
         self._guard(handler or self._unrouted, is_open=route in KEYLESS)
 
     def do_POST(self) -> None:
@@ -224,7 +228,8 @@ class Handler(AnswerHandler):
 
     def _methods_message(self) -> str:
         return (f"method {self.command} is not supported here: GET (or HEAD) /v1/models, "
-                "/v1/models/ID, /v1/responses/ID, /health, /ping, /version, /metrics; POST "
+                "/v1/models/ID, /v1/responses/ID, /v1/responses/ID/input_items, /health, "
+                "/ping, /version, /metrics; POST "
                 "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
                 "/v1/messages/count_tokens, /tokenize, /detokenize, /ping; DELETE /v1/responses/ID")
 
@@ -236,6 +241,7 @@ class Handler(AnswerHandler):
         route = self._route()
         methods = ROUTES["/v1/models"] if route.startswith(MODEL_ROUTE) else ROUTES.get(route)
         methods = ROUTES[RESPONSE_ROUTE] if is_response_route(route) else methods
+        methods = "GET, HEAD" if is_response_route(route, ITEMS_ROUTE) else methods
         return {"Allow": methods} if methods else {}
 
     def _unrouted(self) -> None:

@@ -4,12 +4,14 @@ the responses before it through previous_response_id, their outputs, then its ow
 its instructions, nor its own output) as message items, newest first unless `order` is asc;
 `limit` and `after` page through them with ids that stay the same from call to call; an id not
 stored is the 404 that GET /v1/responses/ID gives, and a bad limit, order, after or include is
-a 400 naming it; the route takes GET (and HEAD) only."""
+a 400 naming it; the route takes GET (and HEAD) only; the store keeps where each response's
+input ends."""
 
 from __future__ import annotations
 
 import pytest
 
+from statechat.api_responses_store import ResponseStore
 from tests.server.test_responses import call
 
 openai = pytest.importorskip("openai", reason="the openai client is a dev dependency")
@@ -102,3 +104,11 @@ def test_other_methods_are_405s(server, chain):
     assert status == 405 and headers["Allow"] == "GET, HEAD", answer
     assert "GET (or HEAD) /v1/models" in answer["error"]["message"]
     assert "/v1/responses/ID/input_items" in answer["error"]["message"]
+
+
+def test_the_store_keeps_where_a_response_s_input_ends():
+    store = ResponseStore()
+    said = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}]
+    store.put({"id": "r"}, [*said, {"role": "assistant", "content": "d"}], 4, num_input=3)
+    assert store.input_of("r") == said and store.input_of("x") is None
