@@ -60,7 +60,7 @@ def list_input_items(handler) -> None:
 def _query(query: dict[str, list[str]]) -> tuple[int, str, str | None]:
     """(limit, order, after) of the query; ApiError(400) naming the parameter at fault."""
     raw = query.get("limit", [str(DEFAULT_LIMIT)])[-1]
-    limit = int(raw) if raw.strip().isdigit() else 0
+    limit = int(raw) if raw.strip().isdecimal() else 0
     if not 1 <= limit <= MAX_LIMIT:
         raise ApiError(400, f"limit must be an integer from 1 to {MAX_LIMIT}, got {raw[:40]!r}",
                        "limit")

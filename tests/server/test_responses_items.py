@@ -82,7 +82,7 @@ def test_an_unknown_response_is_a_404_as_get_gives(client, server):
 
 
 @pytest.mark.parametrize(("query", "param"), [
-    ("limit=0", "limit"), ("limit=101", "limit"), ("limit=ten", "limit"),
+    ("limit=0", "limit"), ("limit=101", "limit"), ("limit=ten", "limit"), ("limit=%C2%B2", "limit"),
     ("order=up", "order"), ("after=msg_none", "after"),
     ("include[]=message.output_text.logprobs", "include"), ("include=nope", "include"),
 ])
